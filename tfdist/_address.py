@@ -1,0 +1,77 @@
+"""Task addresses: validation of ``host:port`` and picking free local ports."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+
+from tfdist.errors import ClusterSpecError, invalid
+
+_HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?)"
+_ADDRESS = re.compile(rf"^(?P<host>{_HOST}):(?P<port>[0-9]{{1,5}})$")
+_SCHEME = re.compile(r"^[a-z+]+://")
+
+
+def check_address(field: str, value: object) -> str:
+    """Returns ``value`` when it is a valid ``host:port``; raises ClusterSpecError."""
+    if not isinstance(value, str):
+        raise invalid(ClusterSpecError, field, value, "a 'host:port' string",
+                      "Write each task address as a string such as 'worker-0.svc:2222'.")
+    if _SCHEME.match(value):
+        raise invalid(ClusterSpecError, field, value, "a bare 'host:port' without a scheme",
+                      f"Drop the '{value.split('://')[0]}://' prefix; the protocol goes in "
+                      "the top-level 'rpc_layer' field.")
+    match = _ADDRESS.match(value)
+    if match is None:
+        raise invalid(ClusterSpecError, field, value,
+                      "'host:port' (IPv6 hosts in brackets, e.g. '[::1]:2222')",
+                      "Add the port after a colon, e.g. 'localhost:2222'.")
+    port = int(match.group("port"))
+    if not 1 <= port <= 65535:
+        raise invalid(ClusterSpecError, field, value, "a port in 1..65535",
+                      "Pick a port in 1..65535 (0 means 'any' and cannot be dialled).")
+    return value
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """Splits a valid ``host:port`` into ``(host, port)``, unbracketing IPv6."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def join_address(host: str, port: int) -> str:
+    """Joins ``host`` and ``port``, bracketing IPv6 hosts."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns ``count`` distinct ports that were free on ``host`` a moment ago.
+
+    All sockets stay open until every port is picked, so the ports differ.
+    Another process may still take one before it is used: the launcher checks
+    again (see :func:`port_is_free`) just before starting any task.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when ``port`` can be bound on every interface right now.
+
+    TensorFlow's gRPC server binds ``*:port`` whatever host the cluster names,
+    so a port counts as free only when the wildcard bind succeeds.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,103 @@
+"""Pure-Python reading of a Slurm step's layout from ``SLURM_*`` variables.
+
+The layout matches TensorFlow's ``SlurmClusterResolver``: hosts sorted by
+name, ``port_base + i`` for the i-th task on a host, job names sorted and
+filled in rank order. Unlike TF's resolver it needs no GPUs, runs no
+``nvidia-smi`` and never writes ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from tfdist.errors import ClusterSpecError, invalid
+
+_PART = re.compile(r"^([^,\[\]]*)(?:\[([^\]]+)\])?(.*)$")
+_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char == "["
+        depth -= char == "]"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return parts
+
+
+def expand_hostlist(field: str, hostlist: str) -> list[str]:
+    """Expands ``'n[01-02],m5'`` to ``['n01', 'n02', 'm5']`` (order kept)."""
+    hosts: list[str] = []
+    for part in _split_top(hostlist.strip()):
+        match = _PART.match(part)
+        if not part or match is None or "[" in match.group(3) or "]" in match.group(3):
+            raise invalid(ClusterSpecError, field, hostlist, "a Slurm hostlist such as 'node[01-04],gpu7'",
+                          "Run inside an allocation (sbatch/salloc) so Slurm sets it.")
+        prefix, ranges, suffix = match.groups()
+        if ranges is None:
+            hosts.append(prefix + suffix)
+            continue
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            high = high or low
+            if not (low.isdigit() and high.isdigit()) or int(high) < int(low):
+                raise invalid(ClusterSpecError, field, hostlist, "ranges like '[1-4,7]' with low <= high")
+            hosts.extend(f"{prefix}{str(n).zfill(len(low))}{suffix}" for n in range(int(low), int(high) + 1))
+    return hosts
+
+
+def expand_tasks_per_node(field: str, text: str) -> list[int]:
+    """Expands ``'2(x3),1'`` to ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in text.strip().split(","):
+        match = _TASKS.match(part)
+        if match is None:
+            raise invalid(ClusterSpecError, field, text, "a Slurm task count list such as '2(x3),1'")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _first(env: Mapping[str, str], *names: str) -> tuple[str, str]:
+    for name in names:
+        if env.get(name):
+            return name, env[name]
+    raise invalid(ClusterSpecError, names[0], None, "a value set by Slurm",
+                  f"Run inside 'srun' or an 'sbatch' script (looked for {', '.join(names)}).")
+
+
+def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
+                 port_base: int) -> tuple[dict[str, list[str]], str, int]:
+    """Returns ``(cluster, task_type, task_id)`` for this Slurm task."""
+    name, procid = _first(env, "SLURM_PROCID")
+    if not procid.isdigit():
+        raise invalid(ClusterSpecError, name, procid, "a non-negative integer")
+    rank = int(procid)
+    list_name, hostlist = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    hosts = expand_hostlist(list_name, hostlist)
+    count_name, per_node = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    counts = expand_tasks_per_node(count_name, per_node)
+    if len(counts) != len(hosts):
+        raise invalid(ClusterSpecError, count_name, per_node,
+                      f"one count per host of {list_name}={hostlist!r} ({len(hosts)} hosts)")
+    addresses = [f"{host}:{port_base + i}" for host, n in sorted(zip(hosts, counts)) for i in range(n)]
+    jobs = dict(jobs) if jobs is not None else {"worker": len(addresses)}
+    if sum(jobs.values()) != len(addresses) or any(n < 1 for n in jobs.values()):
+        raise invalid(ClusterSpecError, "jobs", jobs,
+                      f"task counts >= 1 that add up to the {len(addresses)} Slurm tasks of this step",
+                      "Match 'sbatch --ntasks' to the jobs you ask for.")
+    if rank >= len(addresses):
+        raise invalid(ClusterSpecError, name, procid, f"a rank below the {len(addresses)} tasks of this step")
+    cluster: dict[str, list[str]] = {}
+    task_type, task_id, start = "", 0, 0
+    for job in sorted(jobs):
+        cluster[job] = addresses[start:start + jobs[job]]
+        if start <= rank < start + jobs[job]:
+            task_type, task_id = job, rank - start
+        start += jobs[job]
+    return cluster, task_type, task_id

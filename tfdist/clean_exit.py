@@ -1,0 +1,83 @@
+"""End a process with the right exit code when native code would abort at exit.
+
+After any S3 access, tensorflow-io's file system aborts the process during
+interpreter teardown ("pure virtual method called", exit 134; upstream
+tensorflow/io#2039). A job scheduler then marks a successful training job as
+failed. :func:`exit_cleanly` is the opt-in fix: it runs ``main``, works out
+the exit code the way Python would, runs the ``atexit`` handlers, flushes
+logging and the standard streams, then leaves with ``os._exit(code)`` before
+native destructors can run.
+
+Example:
+    >>> import tfdist
+    >>> def main() -> int:
+    ...     return 0
+    >>> # if __name__ == "__main__":
+    >>> #     tfdist.exit_cleanly(main)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+__all__ = ["exit_cleanly", "exit_code_of"]
+
+
+def exit_code_of(value: Any) -> int:
+    """The exit code Python gives ``sys.exit(value)`` (None -> 0, int -> int, other -> 1)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value & 0xFF
+    return 1
+
+
+def _flush_everything() -> None:
+    try:
+        atexit._run_exitfuncs()  # What normal interpreter exit would run first.
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
+    """Runs ``main(*args, **kwargs)`` and ends the process without native teardown.
+
+    The exit code is what the same script would have returned without the
+    abort: ``main``'s integer result or ``sys.exit`` code, 1 for an uncaught
+    exception (its traceback printed to stderr as Python would), 130 for
+    Ctrl-C.
+
+    Args:
+      main: The program's entry point.
+      *args: Positional arguments for ``main``.
+      **kwargs: Keyword arguments for ``main``.
+    """
+    try:
+        code = exit_code_of(main(*args, **kwargs))
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            sys.stderr.write(f"{exc.code}\n")
+        code = exit_code_of(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # noqa: BLE001 - report any failure as Python would.
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    try:
+        _flush_everything()
+    finally:
+        os._exit(code)

@@ -1,0 +1,118 @@
+"""``tfdist-launch``: run a whole cluster as local processes, or emit it for a real engine.
+
+    tfdist-launch --workers 2 -- python train.py
+    tfdist-launch --chief --workers 2 --ps 1 --max-restarts 2 --log-dir logs -- python train.py
+    tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Optional, Sequence
+
+from tfdist.errors import Error
+from tfdist.launch import emit
+from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
+from tfdist.launch.runner import run_config
+
+USAGE_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfdist-launch", description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
+        "or emit the same topology for Kubernetes (TFJob) or Slurm.",
+        usage="tfdist-launch [options] -- CMD [ARGS...]")
+    topo = parser.add_argument_group("topology")
+    topo.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    topo.add_argument("--ps", type=int, default=0, help="parameter-server tasks (needs --chief)")
+    topo.add_argument("--chief", action="store_true", help="add a chief task")
+    topo.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    topo.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto",
+                      help="auto: every worker without ps, the chief (coordinator) with ps")
+    run = parser.add_argument_group("local run")
+    run.add_argument("--max-restarts", type=int, default=0, help="restarts after task failures")
+    run.add_argument("--threads-per-task", type=int, default=None, help="intra-op threads per task")
+    run.add_argument("--timeout", type=float, default=None, help="seconds before every task is killed")
+    run.add_argument("--log-dir", default=None, help="write one log file per task here")
+    run.add_argument("--kill", action="append", default=[], metavar="TASK@SECONDS",
+                     help="SIGKILL a task once, e.g. worker:1@20 (fault injection)")
+    run.add_argument("--isolate-network", action="store_true",
+                     help="run the cluster in a private network namespace with only loopback")
+    run.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping")
+    out = parser.add_argument_group("emit for a real engine")
+    out.add_argument("--emit", choices=emit.EMIT_FORMATS, default=None, help="print instead of running")
+    out.add_argument("--name", default="tfdist-job", help="job name (tfjob, slurm)")
+    out.add_argument("--namespace", default=None, help="Kubernetes namespace (tfjob)")
+    out.add_argument("--image", default="tensorflow/tensorflow:2.17.1", help="container image (tfjob)")
+    out.add_argument("--cpu", default=None, help="CPU limit per task (tfjob), e.g. 4")
+    out.add_argument("--memory", default=None, help="memory limit per task (tfjob), e.g. 16Gi")
+    out.add_argument("--gpus", type=int, default=0, help="GPUs per task (tfjob, slurm)")
+    out.add_argument("--hosts", default=None, help="comma-separated hosts in task order (tf-config)")
+    out.add_argument("--port", type=int, default=emit.TFJOB_PORT, help="task port (tf-config)")
+    out.add_argument("--port-base", type=int, default=8888, help="first port per node (slurm)")
+    out.add_argument("--time", default="01:00:00", help="time limit (slurm)")
+    out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm)")
+    return parser
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
+    if args.emit == "tf-config":
+        hosts = args.hosts.split(",") if args.hosts else None
+        configs = emit.tf_configs(config, hosts=hosts, port=args.port)
+        return json.dumps(configs, indent=2)
+    if args.emit == "tfjob":
+        return emit.to_yaml(emit.tfjob_manifest(config, name=args.name, namespace=args.namespace, image=args.image,
+                                                cpu=args.cpu, memory=args.memory, gpus=args.gpus))
+    return emit.slurm_script(config, name=args.name, time_limit=args.time, cpus_per_task=args.cpus_per_task,
+                             gpus_per_task=args.gpus, port_base=args.port_base)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    own, command = _split(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(own)
+    logging.basicConfig(level=logging.WARNING, format="tfdist-launch: %(message)s")
+    if args.emit == "tf-config" and not command:
+        command = ["CMD"]
+    try:
+        config = LaunchConfig(command=tuple(command), workers=args.workers, ps=args.ps, chief=args.chief,
+                              evaluator=args.evaluator, run_on=args.run_on, max_restarts=args.max_restarts,
+                              threads_per_task=args.threads_per_task, timeout=args.timeout, log_dir=args.log_dir,
+                              kills=tuple(KillAt.parse(k) for k in args.kill),
+                              isolate_network=args.isolate_network, grace_seconds=args.grace)
+        if args.emit:
+            sys.stdout.write(_emit(args, config) + "\n")
+            return 0
+
+        def _line(task: str, line: str) -> None:
+            sys.stdout.write(f"[{task}] {line}\n")
+            sys.stdout.flush()
+
+        def _status(message: str) -> None:
+            sys.stderr.write(f"tfdist-launch: {message}\n")
+            sys.stderr.flush()
+
+        result = run_config(config, on_line=_line, on_status=_status)
+    except Error as err:
+        sys.stderr.write(f"tfdist-launch: error: {err}\n")
+        return USAGE_ERROR
+    if result.exit_code != 0:
+        sys.stderr.write(result.summary() + "\n")
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Runs a local cluster inside a private network namespace that has only loopback.
+
+The supervisor re-runs itself under ``unshare -n`` (root) or ``unshare -rn``
+(rootless, where the kernel allows user namespaces), brings ``lo`` up, and
+runs the cluster there; lines and the final result come back over pipes and
+a JSON file. No task port is reachable from outside the namespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+from tfdist.cluster import ClusterSpec
+from tfdist.errors import LaunchError
+from tfdist.launch.config import KillAt, LaunchConfig
+
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """Brings the namespace's ``lo`` interface up (it starts down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
+
+
+def unshare_argv() -> list[str]:
+    """The ``unshare`` prefix that works here; LaunchError where none does."""
+    if shutil.which("unshare") is None:
+        raise LaunchError("--isolate-network needs the 'unshare' command (util-linux); install it, or run "
+                          "without --isolate-network.")
+    argv = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    probe = subprocess.run(argv + ["true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        raise LaunchError(f"--isolate-network is unavailable: `{' '.join(argv)} true` failed with "
+                          f"{probe.stderr.strip() or probe.returncode!r}. Run as root or enable unprivileged user "
+                          "namespaces (sysctl kernel.unprivileged_userns_clone=1), or drop --isolate-network.")
+    return argv
+
+
+def config_to_json(config: LaunchConfig) -> dict[str, Any]:
+    data = dataclasses.asdict(config)
+    data["isolate_network"] = False
+    return data
+
+
+def config_from_json(data: dict[str, Any]) -> LaunchConfig:
+    data = dict(data)
+    data["kills"] = tuple(KillAt(**k) for k in data["kills"])
+    data["command"] = tuple(data["command"])
+    return LaunchConfig(**data)
+
+
+def result_to_json(result: Any) -> dict[str, Any]:
+    return {"exit_code": result.exit_code, "reason": result.reason, "failed_task": result.failed_task,
+            "cluster": result.cluster.cluster_dict(dense=False),
+            "tasks": [dataclasses.asdict(t) for t in result.tasks]}
+
+
+def run_isolated(config: LaunchConfig, *, on_line: Optional[Callable[[str, str], None]],
+                 on_status: Callable[[str], None], base_env: Mapping[str, str]) -> Any:
+    """Runs ``config`` in a new network namespace; returns its LaunchResult."""
+    from tfdist.launch.runner import LaunchResult, TaskResult
+
+    prefix = unshare_argv()
+    with tempfile.TemporaryDirectory(prefix="tfdist-netns-") as tmp:
+        config_path, result_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "result.json")
+        with open(config_path, "w") as f:
+            json.dump(config_to_json(config), f)
+        argv = prefix + [sys.executable, "-m", "tfdist.cli._netns_child", config_path, result_path]
+        proc = subprocess.Popen(argv, env=dict(base_env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+        def _lines() -> None:
+            for raw in proc.stdout:  # type: ignore[union-attr]
+                task, _, line = raw.rstrip("\n").partition("\t")
+                if on_line is not None:
+                    on_line(task, line)
+
+        def _status() -> None:
+            for raw in proc.stderr:  # type: ignore[union-attr]
+                on_status(raw.rstrip("\n"))
+
+        readers = [threading.Thread(target=fn, daemon=True) for fn in (_lines, _status)]
+        for reader in readers:
+            reader.start()
+        try:
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+                try:
+                    proc.wait(config.grace_seconds + 10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+            for reader in readers:
+                reader.join(5)
+        if not os.path.exists(result_path):
+            raise LaunchError(f"The isolated launcher exited with {proc.returncode} before reporting a result; "
+                              "see the status lines above.")
+        with open(result_path) as f:
+            data = json.load(f)
+    tasks = tuple(TaskResult(**t) for t in data["tasks"])
+    return LaunchResult(data["exit_code"], data["reason"], data["failed_task"], tasks,
+                        ClusterSpec(jobs=data["cluster"]))

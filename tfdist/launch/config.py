@@ -1,0 +1,148 @@
+"""What to launch: a validated, frozen description of a local cluster run.
+
+Example:
+    >>> from tfdist.launch.config import LaunchConfig
+    >>> config = LaunchConfig(command=("python", "train.py"), workers=2)
+    >>> config.mode, [t for t in config.cmd_task_types()]
+    ('collective', ['chief', 'worker', 'evaluator'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from typing import Optional
+
+from tfdist._names import describe_choices
+from tfdist.errors import LaunchError, invalid
+
+__all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES"]
+
+RUN_ON_CHOICES = ("auto", "all", "chief")
+_KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(\d+(?:\.\d+)?)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class KillAt:
+    """Fault injection: SIGKILL ``task`` (e.g. 'worker:1') once, ``seconds`` after launch.
+
+    Example:
+        >>> KillAt.parse("worker:1@20")
+        KillAt(task='worker:1', seconds=20.0)
+    """
+
+    task: str
+    seconds: float
+
+    @classmethod
+    def parse(cls, text: str) -> "KillAt":
+        """Parses ``TASK:INDEX@SECONDS``."""
+        match = _KILL.match(text.strip())
+        if match is None:
+            raise invalid(LaunchError, "--kill", text, "TASK:INDEX@SECONDS, e.g. 'worker:1@20'")
+        return cls(f"{match.group(1)}:{match.group(2)}", float(match.group(3)))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """A local cluster run.
+
+    Args:
+      command: The program each user-code task runs (argv).
+      workers: Worker tasks (>= 1).
+      ps: Parameter-server tasks; with ps the run is parameter-server style.
+      chief: Add a chief task.
+      evaluator: Add an evaluator task (runs the command; not in the cluster).
+      run_on: 'auto' (collective: chief+workers+evaluator; parameter server:
+        chief+evaluator, workers and ps run tfdist's TF server), 'all' (the
+        command on every task), or 'chief' (the command on the chief only).
+      max_restarts: Restarts allowed after failures (whole group for
+        collectives, the failed worker for parameter servers).
+      threads_per_task: Intra-op threads per task (and the inter-op floor).
+      timeout: Seconds before every task is killed; None: no limit.
+      log_dir: Directory for one log file per task.
+      kills: Fault injections.
+      isolate_network: Run the cluster in a private network namespace.
+      grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks.
+      host: Address the tasks use.
+      env: Extra variables for every task.
+    """
+
+    command: tuple[str, ...]
+    workers: int = 1
+    ps: int = 0
+    chief: bool = False
+    evaluator: bool = False
+    run_on: str = "auto"
+    max_restarts: int = 0
+    threads_per_task: Optional[int] = None
+    timeout: Optional[float] = None
+    log_dir: Optional[str] = None
+    kills: tuple[KillAt, ...] = ()
+    isolate_network: bool = False
+    grace_seconds: float = 5.0
+    host: str = "127.0.0.1"
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "kills", tuple(self.kills))
+        object.__setattr__(self, "env", dict(self.env))
+        if not self.command:
+            raise invalid(LaunchError, "command", [], "a program to run after '--'",
+                          "Example: tfdist-launch --workers 2 -- python train.py")
+        for name, minimum in (("workers", 1), ("ps", 0), ("max_restarts", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                fix = "A cluster trains on at least one worker." if name == "workers" else ""
+                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"an integer >= {minimum}", fix)
+        if self.threads_per_task is not None and self.threads_per_task < 1:
+            raise invalid(LaunchError, "--threads-per-task", self.threads_per_task, "an integer >= 1")
+        if self.timeout is not None and self.timeout <= 0:
+            raise invalid(LaunchError, "--timeout", self.timeout, "seconds > 0")
+        if self.run_on not in RUN_ON_CHOICES:
+            raise invalid(LaunchError, "--run-on", self.run_on, describe_choices(self.run_on, RUN_ON_CHOICES))
+        if self.run_on == "chief" and not self.chief:
+            raise invalid(LaunchError, "--run-on", "chief", "a cluster with a chief (--chief)",
+                          "Add --chief, or use --run-on auto.")
+        if self.ps and not self.chief:
+            raise invalid(LaunchError, "--ps", self.ps, "--chief as well (the coordinator runs on the chief)",
+                          "Add --chief: ParameterServerStrategy's coordinator is the chief task.")
+        names = {t for t in self.task_names()}
+        for kill in self.kills:
+            if kill.task not in names:
+                raise invalid(LaunchError, "--kill", kill.task, describe_choices(kill.task, names))
+
+    @property
+    def mode(self) -> str:
+        """'parameter_server' when there are ps tasks, else 'collective'."""
+        return "parameter_server" if self.ps else "collective"
+
+    def task_names(self) -> list[str]:
+        """Every task as 'type:index', in launch order."""
+        names = ["chief:0"] if self.chief else []
+        names += [f"worker:{i}" for i in range(self.workers)]
+        names += [f"ps:{i}" for i in range(self.ps)]
+        names += ["evaluator:0"] if self.evaluator else []
+        return names
+
+    def cmd_task_types(self) -> tuple[str, ...]:
+        """Task types that run the user's command (the others run a TF server)."""
+        if self.run_on == "all":
+            return ("chief", "worker", "ps", "evaluator")
+        if self.run_on == "chief" or self.mode == "parameter_server":
+            return ("chief", "evaluator")
+        return ("chief", "worker", "evaluator")
+
+    def check_command(self) -> None:
+        """Raises LaunchError unless the command can be started on this machine."""
+        if shutil.which(self.command[0]) is None and not os.path.isfile(self.command[0]):
+            raise invalid(LaunchError, "command", self.command[0], "an executable on PATH or a file path",
+                          "Check the spelling, or give the full path.")
+
+    def runs_command(self, task: str) -> bool:
+        """True when ``task`` ('type:index') runs the user's command."""
+        return task.split(":")[0] in self.cmd_task_types()

@@ -1,0 +1,310 @@
+"""Distribution strategy builders over a registry, never ``None``.
+
+Example:
+    >>> import tfdist
+    >>> strategy = tfdist.build_strategy("default")
+    >>> strategy.num_replicas_in_sync
+    1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from tfdist._names import describe_choices
+from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec
+from tfdist.errors import StrategyError, invalid
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["StrategyOptions", "build_strategy", "register_strategy", "strategy_names",
+           "choose_kind", "communication_options", "variable_partitioner", "cluster_coordinator"]
+
+_log = logging.getLogger("tfdist.strategy")
+
+COMMUNICATIONS = ("auto", "ring", "nccl")
+PARTITIONS = ("none", "min_size", "max_size", "fixed")
+_STARTUP_FIX = ("Build the strategy first thing in main(), before any tensor, variable, dataset or model "
+                "is created: TensorFlow configures collectives and threads only at program start-up.")
+
+ClusterLike = Union[ClusterSpec, str, Mapping[str, Any], None]
+Builder = Callable[["StrategyOptions", Optional[ClusterSpec]], "tf.distribute.Strategy"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyOptions:
+    """Validated options shared by every strategy builder.
+
+    Args:
+      communication: Collective implementation for multi-worker mirrored:
+        'auto' (NCCL on GPUs, RING otherwise), 'ring' or 'nccl'.
+      bytes_per_pack: Pack gradients into chunks of this many bytes per
+        all-reduce; 0 lets TensorFlow decide.
+      timeout_seconds: Abort a collective that takes longer; None waits forever.
+      partition: Variable partitioning for parameter servers: 'none',
+        'min_size', 'max_size' or 'fixed'.
+      min_shard_bytes: Smallest shard for 'min_size' (256 KiB default).
+      max_shard_bytes: Largest shard for 'max_size' (required there).
+      max_shards: Shard cap for 'min_size'/'max_size'; default the ps count.
+      num_shards: Shards for 'fixed'; default the ps count.
+      inter_op_threads: Coordinator inter-op threads for parameter servers;
+        default raises them to workers + 1 on machines with fewer cores.
+      devices: Devices for 'mirrored'; default every local GPU (or the CPU).
+      device: Device for 'one_device'; default the first GPU, else the CPU.
+
+    Example:
+        >>> StrategyOptions(communication="ring", bytes_per_pack=4 << 20).bytes_per_pack
+        4194304
+    """
+
+    communication: str = "auto"
+    bytes_per_pack: int = 0
+    timeout_seconds: Optional[float] = None
+    partition: str = "min_size"
+    min_shard_bytes: int = 256 << 10
+    max_shard_bytes: Optional[int] = None
+    max_shards: Optional[int] = None
+    num_shards: Optional[int] = None
+    inter_op_threads: Optional[int] = None
+    devices: Optional[tuple[str, ...]] = None
+    device: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name, choices in (("communication", COMMUNICATIONS), ("partition", PARTITIONS)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise invalid(StrategyError, name, value, describe_choices(str(value), choices))
+        _check_int("bytes_per_pack", self.bytes_per_pack, minimum=0)
+        _check_int("min_shard_bytes", self.min_shard_bytes, minimum=1)
+        for name in ("max_shard_bytes", "max_shards", "num_shards", "inter_op_threads"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        if self.timeout_seconds is not None and (
+                isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float))
+                or self.timeout_seconds <= 0):
+            raise invalid(StrategyError, "timeout_seconds", self.timeout_seconds, "a number > 0 or None",
+                          "Use None to wait forever.")
+        if self.partition == "max_size" and self.max_shard_bytes is None:
+            raise invalid(StrategyError, "max_shard_bytes", None, "a byte count with partition='max_size'",
+                          "Pass max_shard_bytes=..., or use partition='min_size'.")
+        if self.devices is not None:
+            object.__setattr__(self, "devices", tuple(self.devices))
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise invalid(StrategyError, name, value, f"an integer >= {minimum}")
+
+
+# ------------------------------------------------------------------ registry
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register_strategy(name: str) -> Callable[[Builder], Builder]:
+    """Registers ``builder(options, cluster)`` under ``name`` for :func:`build_strategy`."""
+    def decorator(builder: Builder) -> Builder:
+        if name in _BUILDERS:
+            raise invalid(StrategyError, "name", name, "a name not registered yet")
+        _BUILDERS[name] = builder
+        return builder
+    return decorator
+
+
+def strategy_names() -> tuple[str, ...]:
+    """The registered strategy kinds."""
+    return tuple(sorted(_BUILDERS))
+
+
+def _resolve_cluster(cluster: ClusterLike) -> Optional[ClusterSpec]:
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    if cluster is not None:
+        return ClusterSpec.from_tf_config(cluster)
+    if os.environ.get(TF_CONFIG_VAR):
+        return ClusterSpec.from_tf_config(None)
+    return None
+
+
+def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None, **options: Any) -> "tf.distribute.Strategy":
+    """Builds a distribution strategy; call it before any other TensorFlow op.
+
+    Args:
+      kind: One of :func:`strategy_names`: 'auto', 'default', 'one_device',
+        'mirrored', 'multi_worker_mirrored', 'parameter_server'.
+      cluster: A ClusterSpec, TF_CONFIG JSON/mapping, or None to read the
+        ``TF_CONFIG`` variable (no variable: this machine alone).
+      **options: Fields of :class:`StrategyOptions`.
+
+    Returns:
+      A ``tf.distribute.Strategy``; never None ('default' when nothing is
+      distributed).
+
+    Raises:
+      StrategyError: Unknown kind, invalid options, or a strategy TensorFlow
+        cannot create at this point.
+      ClusterSpecError: The cluster or TF_CONFIG is invalid.
+    """
+    if kind not in _BUILDERS:
+        raise invalid(StrategyError, "kind", kind, describe_choices(str(kind), _BUILDERS))
+    try:
+        opts = StrategyOptions(**options)
+    except TypeError as err:
+        fields = [f.name for f in dataclasses.fields(StrategyOptions)]
+        raise invalid(StrategyError, "options", sorted(options), f"keyword options among {fields}") from err
+    spec = _resolve_cluster(cluster)
+    if spec is not None:
+        _log.info("Cluster: %s", spec.describe())
+    try:
+        strategy = _BUILDERS[kind](opts, spec)
+    except RuntimeError as err:
+        if "startup" in str(err) or "after initialization" in str(err):
+            raise StrategyError(f"Cannot build the '{kind}' strategy now: {err}. {_STARTUP_FIX}") from err
+        raise
+    _log.info("Built %s with %d replica(s) in sync.", type(strategy).__name__, strategy.num_replicas_in_sync)
+    return strategy
+
+
+# ------------------------------------------------------------------ choices
+def choose_kind(cluster: Optional[ClusterSpec], num_gpus: int) -> tuple[str, str]:
+    """What 'auto' builds, and why. Pure: no TensorFlow needed.
+
+    Example:
+        >>> choose_kind(None, num_gpus=0)
+        ('default', 'no cluster and at most one GPU')
+    """
+    if cluster is not None and cluster.task_type == "evaluator":
+        return "default", "the evaluator does not join the training cluster"
+    if cluster is not None and cluster.num_ps:
+        return "parameter_server", f"the cluster has {cluster.num_ps} ps task(s)"
+    if cluster is not None and cluster.num_workers > 1:
+        return "multi_worker_mirrored", f"the cluster has {cluster.num_workers} workers and no ps"
+    if num_gpus > 1:
+        return "mirrored", f"{num_gpus} local GPUs"
+    return "default", "no cluster and at most one GPU" if cluster is None else "a single-worker cluster"
+
+
+def communication_options(options: StrategyOptions, *, num_gpus: int) -> "tf.distribute.experimental.CommunicationOptions":
+    """Maps options to TensorFlow's ``CommunicationOptions``.
+
+    'nccl' on a host without GPUs is an error rather than a silent fallback:
+    the request cannot be honoured and the same script on a GPU host would
+    behave differently. Use 'auto' for scripts that run on both.
+    """
+    import tensorflow as tf
+
+    impl = tf.distribute.experimental.CommunicationImplementation
+    if options.communication == "nccl" and num_gpus == 0:
+        raise invalid(StrategyError, "communication", "nccl", "'ring' or 'auto' on a host without GPUs",
+                      "NCCL runs only between GPUs; use communication='auto' (NCCL on GPUs, RING on CPUs).")
+    implementation = {"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}[options.communication]
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds,
+        implementation=implementation)
+
+
+def variable_partitioner(options: StrategyOptions, *, num_ps: int) -> Optional[Callable[..., Any]]:
+    """TensorFlow's partitioner for ``options.partition`` (None for 'none')."""
+    import tensorflow as tf
+
+    partitioners = tf.distribute.experimental.partitioners
+    if options.partition == "none":
+        return None
+    if options.partition == "fixed":
+        return partitioners.FixedShardsPartitioner(num_shards=options.num_shards or num_ps)
+    if options.partition == "max_size":
+        return partitioners.MaxSizePartitioner(max_shard_bytes=options.max_shard_bytes,
+                                               max_shards=options.max_shards or num_ps)
+    return partitioners.MinSizePartitioner(min_shard_bytes=options.min_shard_bytes,
+                                           max_shards=options.max_shards or num_ps)
+
+
+def _num_gpus() -> int:
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+# ------------------------------------------------------------------ builders
+@register_strategy("default")
+def _default(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+@register_strategy("one_device")
+def _one_device(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+    import tensorflow as tf
+
+    device = options.device or ("/gpu:0" if _num_gpus() else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+@register_strategy("mirrored")
+def _mirrored(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(devices=list(options.devices) if options.devices else None)
+
+
+@register_strategy("multi_worker_mirrored")
+def _multi_worker_mirrored(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+    import tensorflow as tf
+
+    from tfdist.resolver import cluster_resolver
+
+    if cluster is not None and cluster.num_ps:
+        raise invalid(StrategyError, "kind", "multi_worker_mirrored", "a cluster without ps tasks",
+                      "Use kind='parameter_server' (or 'auto') for a cluster with ps tasks.")
+    comm = communication_options(options, num_gpus=_num_gpus())
+    resolver = cluster_resolver(cluster) if cluster is not None else None
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=comm)
+
+
+@register_strategy("parameter_server")
+def _parameter_server(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+    import tensorflow as tf
+
+    from tfdist.resolver import cluster_resolver
+
+    if cluster is None or not cluster.num_ps or not cluster.has_chief:
+        raise invalid(StrategyError, "cluster", cluster, "a cluster with a chief, workers and ps tasks",
+                      "Launch with `tfdist-launch --chief --workers N --ps M` or set TF_CONFIG accordingly.")
+    if cluster.task_type in ("worker", "ps"):
+        raise invalid(StrategyError, "task_type", cluster.task_type, "'chief' (the coordinator)",
+                      "Worker and ps tasks of a ParameterServerStrategy cluster run a TensorFlow server, not "
+                      "user code: `tfdist-launch` starts them, or call tfdist.launch.run_server().")
+    if os.environ.get("GRPC_FAIL_FAST") != "use_caller":
+        _log.warning("GRPC_FAIL_FAST is not 'use_caller': the coordinator may wait long on a dead worker. "
+                     "Set GRPC_FAIL_FAST=use_caller before starting the coordinator (tfdist-launch does).")
+    threads = options.inter_op_threads
+    if threads is None and (os.cpu_count() or 1) < cluster.num_workers + 1:
+        threads = cluster.num_workers + 1
+    if threads is not None and tf.config.threading.get_inter_op_parallelism_threads() < threads:
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        _log.info("Inter-op threads raised to %d so the coordinator can drive %d workers.", threads,
+                  cluster.num_workers)
+    partitioner = variable_partitioner(options, num_ps=cluster.num_ps)
+    return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster), variable_partitioner=partitioner)
+
+
+@register_strategy("auto")
+def _auto(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+    kind, reason = choose_kind(cluster, _num_gpus())
+    _log.info("Strategy 'auto' chose '%s': %s.", kind, reason)
+    return _BUILDERS[kind](options, cluster)
+
+
+def cluster_coordinator(strategy: "tf.distribute.Strategy") -> "tf.distribute.coordinator.ClusterCoordinator":
+    """The ``ClusterCoordinator`` for a parameter-server strategy (one per strategy)."""
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        raise invalid(StrategyError, "strategy", type(strategy).__name__, "a ParameterServerStrategy",
+                      "Only parameter-server training uses a coordinator; build it with kind='parameter_server'.")
+    return tf.distribute.coordinator.ClusterCoordinator(strategy)
