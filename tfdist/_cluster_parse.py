@@ -69,8 +69,13 @@ def _parse_job(job: str, tasks: object) -> dict[int, str]:
         raise invalid(ClusterSpecError, field, tasks, "a list of 'host:port' strings",
                       f"Wrap the address in a list: \"{job}\": [{json.dumps(tasks)}].")
     if isinstance(tasks, Mapping):  # Sparse form: {"1": "host:port"} (TFJob dynamic workers).
-        parsed = {parse_index(f"{field} key {key!r}", key): check_address(f"{field}[{key}]", addr)
-                  for key, addr in tasks.items()}
+        parsed = {}
+        for key, addr in tasks.items():
+            index = parse_index(f"{field} key {key!r}", key)
+            if index in parsed:
+                raise invalid(ClusterSpecError, f"{field} key {key!r}", key, "each task index once",
+                              f"Index {index} is given twice; remove one of the two tasks.")
+            parsed[index] = check_address(f"{field}[{key}]", addr)
     elif isinstance(tasks, (list, tuple)):
         parsed = {i: check_address(f"{field}[{i}]", addr) for i, addr in enumerate(tasks)}
     else:
@@ -92,7 +97,7 @@ def parse_cluster(cluster: object) -> dict[str, dict[int, str]]:
                       "Add a 'worker' (or 'chief') job with the task addresses.")
     jobs: dict[str, dict[int, str]] = {}
     for raw_name, tasks in cluster.items():
-        name = normalize_job_name(f"cluster key {raw_name!r}", raw_name)
+        name = normalize_job_name("cluster job name", raw_name)
         if name in jobs:
             raise invalid(ClusterSpecError, "cluster", sorted(cluster), "only one of 'chief' and 'master'",
                           "Remove the legacy 'master' job; 'chief' replaces it.")

@@ -133,6 +133,9 @@ class ClusterSpec:
         for name, value in (("workers", workers), ("ps", ps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise invalid(ClusterSpecError, name, value, "an integer >= 0")
+        if workers == 0 and not chief:
+            raise invalid(ClusterSpecError, "workers", workers, "at least one training task",
+                          "Pass workers >= 1, or chief=True.")
         counts = {"chief": int(bool(chief)), "worker": workers, "ps": ps, "evaluator": int(bool(evaluator))}
         ports = iter(_address.free_ports(sum(counts.values()), host))
         jobs = {job: [_address.join_address(host, next(ports)) for _ in range(n)]

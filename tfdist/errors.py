@@ -66,7 +66,7 @@ def invalid(cls: type[_E], field: str, value: Any, expected: str, fix: str = "")
     Returns:
       An instance of ``cls`` (not raised).
     """
-    message = f"Invalid value for `{field}`. Received: {field}={_short(value)}. Expected {expected}."
+    message = f"Invalid value for `{field}`. Received: {_short(value)}. Expected {expected}."
     if fix:
         message += f" {fix}"
     return cls(message)

@@ -43,8 +43,8 @@ def slurm_cluster_resolver(*, jobs: Mapping[str, int] | None = None, port_base: 
     On GPU nodes (``gpus_per_node`` > 0) this is TensorFlow's own
     ``SlurmClusterResolver`` with ``auto_set_gpu=False``, so the environment is
     left alone; pin devices with ``tf.config.set_visible_devices``. On CPU-only
-    nodes TF's resolver yields an empty cluster (its task layout walks the GPU
-    allocation), so the spec from :meth:`ClusterSpec.from_slurm`, which lays
+    nodes TF's resolver cannot work (its task layout walks the GPU allocation:
+    it raises for ``gpus_per_node=0``), so the spec from :meth:`ClusterSpec.from_slurm`, which lays
     tasks out the same way, is used instead.
 
     Args:

@@ -1,0 +1,81 @@
+"""Functions that run inside the tasks of local test clusters (imported by file in each task)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _regression_data(n: int = 512, seed: int = 0) -> tuple[Any, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    w = rng.normal(size=(8, 1)).astype("float32")
+    return x, (x @ w + 0.1 * rng.normal(size=(n, 1))).astype("float32")
+
+
+def _small_model(keras: Any) -> Any:
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def mwms_fit(epochs: int = 3) -> dict[str, Any]:
+    """build_strategy('auto') on a 2-worker cluster, a short fit; report what the test checks."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist import keras
+
+    keras.utils.set_random_seed(1)
+    spec = tfdist.ClusterSpec.from_tf_config()
+    x, y = _regression_data()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).with_options(options)
+    with strategy.scope():
+        model = _small_model(keras)
+    history = model.fit(dataset, epochs=epochs, verbose=0)
+    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    return {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
+            "is_mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+            "fingerprint": spec.fingerprint, "is_chief": spec.is_chief,
+            "loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist()}
+
+
+def ps_fit(epochs: int = 3, steps: int = 20) -> dict[str, Any]:
+    """build_strategy('auto') on chief+workers+ps; tf-keras fit/evaluate with a sharded embedding."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", partition="fixed")
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist import keras
+
+    keras.utils.set_random_seed(1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, size=(2048, 1))
+    target = (np.sin(ids / 50.0)).astype("float32")
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = tf.data.Dataset.from_tensor_slices((ids, target)).shuffle(2048, seed=context.input_pipeline_id)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.repeat().batch(context.get_per_replica_batch_size(64)).prefetch(2)
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,), dtype="int64"), keras.layers.Embedding(1000, 8),
+                                  keras.layers.Flatten(), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", steps_per_execution=5)
+    creator = keras.utils.experimental.DatasetCreator(dataset_fn)
+    history = model.fit(creator, epochs=epochs, steps_per_epoch=steps, verbose=0)
+    evaluation = model.evaluate(creator, steps=5, verbose=0, return_dict=True)
+    table = model.layers[0].embeddings
+    shards = getattr(table, "variables", [table])
+    return {"strategy": type(strategy).__name__,
+            "is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
+            "loss": [float(v) for v in history.history["loss"]], "eval_loss": float(evaluation["loss"]),
+            "shard_devices": [v.device for v in shards], "shard_rows": [int(v.shape[0]) for v in shards]}

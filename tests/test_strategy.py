@@ -1,0 +1,139 @@
+"""Strategy builders: registry, options, auto choice, TF mappings, clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from absl.testing import parameterized
+
+import tfdist
+from tfdist import ClusterSpec, StrategyError
+from tfdist.strategy import StrategyOptions, choose_kind, communication_options, variable_partitioner
+
+PS_CLUSTER = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]})
+
+
+class OptionsTest(parameterized.TestCase):
+
+    def test_unknown_kind_lists_kinds_and_closest(self) -> None:
+        with pytest.raises(StrategyError, match=r"'multi_worker_mirrored'.*did you mean 'multi_worker_mirrored'"):
+            tfdist.build_strategy("multi_worker_mirored")
+        self.assertEqual(tfdist.strategy_names(), ("auto", "default", "mirrored", "multi_worker_mirrored",
+                                                   "one_device", "parameter_server"))
+
+    @parameterized.named_parameters(
+        ("communication", {"communication": "nccl2"}, r"`communication`. Received: 'nccl2'.*did you mean 'nccl'"),
+        ("bytes_per_pack", {"bytes_per_pack": -1}, r"`bytes_per_pack`. Received: -1. Expected an integer >= 0"),
+        ("timeout", {"timeout_seconds": 0}, "a number > 0 or None"),
+        ("partition", {"partition": "min"}, "did you mean 'min_size'"),
+        ("max_size_needs_bytes", {"partition": "max_size"}, "Pass max_shard_bytes"),
+        ("max_shards", {"max_shards": 0}, r"`max_shards`. Received: 0"),
+    )
+    def test_invalid_options(self, options: dict, message: str) -> None:
+        with pytest.raises(StrategyError, match=message):
+            StrategyOptions(**options)
+        with pytest.raises(StrategyError, match=message):
+            tfdist.build_strategy("default", **options)
+
+    def test_unknown_option_names_the_valid_ones(self) -> None:
+        with pytest.raises(StrategyError, match=r"`options`. Received: \['byte_per_pack'\].*bytes_per_pack"):
+            tfdist.build_strategy("default", byte_per_pack=4)
+
+    def test_registry_rejects_duplicates(self) -> None:
+        with pytest.raises(StrategyError, match="a name not registered yet"):
+            tfdist.register_strategy("auto")(lambda options, cluster: None)
+
+    @parameterized.named_parameters(
+        ("nothing", None, 0, "default"),
+        ("one_gpu", None, 1, "default"),
+        ("two_gpus", None, 2, "mirrored"),
+        ("single_worker", ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker"), 0, "default"),
+        ("single_worker_two_gpus", ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker"), 2, "mirrored"),
+        ("two_workers", ClusterSpec(jobs={"worker": ["a:1", "b:1"]}, task_type="worker"), 0, "multi_worker_mirrored"),
+        ("chief_and_worker", ClusterSpec(jobs={"chief": ["a:1"], "worker": ["b:1"]}, task_type="chief"), 0,
+         "multi_worker_mirrored"),
+        ("ps", PS_CLUSTER.with_task("chief"), 0, "parameter_server"),
+        ("evaluator", PS_CLUSTER.with_task("evaluator"), 0, "default"),
+    )
+    def test_auto_choice(self, cluster: ClusterSpec | None, gpus: int, expected: str) -> None:
+        kind, reason = choose_kind(cluster, gpus)
+        self.assertEqual(kind, expected)
+        self.assertTrue(reason)
+
+
+class TensorFlowMappingTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("auto_cpu", "auto", 0, "AUTO"),
+        ("ring", "ring", 0, "RING"),
+        ("nccl_on_gpus", "nccl", 2, "NCCL"),
+    )
+    def test_communication_options(self, communication: str, gpus: int, implementation: str) -> None:
+        options = StrategyOptions(communication=communication, bytes_per_pack=4 << 20, timeout_seconds=30)
+        comm = communication_options(options, num_gpus=gpus)
+        self.assertEqual(comm.implementation.name, implementation)
+        self.assertEqual((comm.bytes_per_pack, comm.timeout_seconds), (4 << 20, 30))
+
+    def test_nccl_without_gpus_is_an_error(self) -> None:
+        with pytest.raises(StrategyError, match="NCCL runs only between GPUs; use communication='auto'"):
+            communication_options(StrategyOptions(communication="nccl"), num_gpus=0)
+
+    @parameterized.named_parameters(
+        ("none", {"partition": "none"}, None, None),
+        ("fixed_default", {"partition": "fixed"}, "FixedShardsPartitioner", 2),
+        ("fixed_given", {"partition": "fixed", "num_shards": 5}, "FixedShardsPartitioner", 5),
+        ("min_size", {"min_shard_bytes": 1024}, "MinSizePartitioner", 2),
+        ("max_size", {"partition": "max_size", "max_shard_bytes": 4096, "max_shards": 3}, "MaxSizePartitioner", 3),
+    )
+    def test_variable_partitioner(self, options: dict, name: str | None, shards: int | None) -> None:
+        import tensorflow as tf
+
+        partitioner = variable_partitioner(StrategyOptions(**options), num_ps=2)
+        if name is None:
+            self.assertIsNone(partitioner)
+            return
+        self.assertEqual(type(partitioner).__name__, name)
+        # A 100k x 64 float32 table (25.6 MB) hits every shard cap.
+        self.assertEqual(max(partitioner(tf.TensorShape([100_000, 64]), tf.float32)), shards)
+
+    def test_single_process_builders_never_return_none(self) -> None:
+        import tensorflow as tf
+
+        default = tfdist.build_strategy("default")
+        self.assertIs(default, tf.distribute.get_strategy())
+        self.assertEqual(default.num_replicas_in_sync, 1)
+        self.assertIsInstance(tfdist.build_strategy("one_device"), tf.distribute.OneDeviceStrategy)
+        self.assertIsInstance(tfdist.build_strategy("mirrored", devices=["/cpu:0"]), tf.distribute.MirroredStrategy)
+        self.assertIs(tfdist.build_strategy("auto", cluster=None), tf.distribute.get_strategy())
+
+    def test_parameter_server_needs_a_ps_cluster_and_the_chief(self) -> None:
+        with pytest.raises(StrategyError, match="a cluster with a chief, workers and ps tasks"):
+            tfdist.build_strategy("parameter_server", cluster=ClusterSpec(jobs={"worker": ["a:1"]}))
+        with pytest.raises(StrategyError, match="run a TensorFlow server, not user code"):
+            tfdist.build_strategy("parameter_server", cluster=PS_CLUSTER.with_task("worker", 1))
+        with pytest.raises(StrategyError, match="Use kind='parameter_server'"):
+            tfdist.build_strategy("multi_worker_mirrored", cluster=PS_CLUSTER.with_task("chief"))
+        with pytest.raises(StrategyError, match="Only parameter-server training uses a coordinator"):
+            tfdist.cluster_coordinator(tfdist.build_strategy("default"))
+
+    def test_cluster_accepts_tf_config_text(self) -> None:
+        with pytest.raises(tfdist.ClusterSpecError, match="did you mean 'worker'"):
+            tfdist.build_strategy("auto", cluster='{"cluster": {"wroker": ["a:1"]}}')
+
+
+def test_building_after_other_ops_says_to_build_first() -> None:
+    code = textwrap.dedent("""
+        import tensorflow as tf, tfdist
+        tf.constant(1.0) + 1
+        spec = tfdist.ClusterSpec.local(workers=1, chief=True).with_task("chief", 0)
+        try:
+            tfdist.build_strategy("multi_worker_mirrored", cluster=spec)
+        except tfdist.StrategyError as err:
+            print("STRATEGY_ERROR", err)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "STRATEGY_ERROR Cannot build the 'multi_worker_mirrored' strategy now" in out
+    assert "Build the strategy first thing in main()" in out

@@ -1,0 +1,56 @@
+"""``tfdist doctor``: validate TF_CONFIG, show the role and fingerprint, probe the other tasks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tfdist.cluster import ClusterSpec
+from tfdist.errors import ClusterSpecError
+from tfdist.probe import probe_tasks
+
+EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE = 0, 2, 3
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser("doctor", help="validate TF_CONFIG and probe the cluster",
+                                   description="Validate TF_CONFIG (from the environment or --tf-config), print "
+                                   "this task's role, the cluster and its fingerprint. Exit 0 valid, 2 invalid, "
+                                   "3 unreachable (with --probe).")
+    parser.add_argument("--tf-config", default=None, metavar="JSON|@FILE",
+                        help="TF_CONFIG text, or @path to a file holding it (default: $TF_CONFIG)")
+    parser.add_argument("--probe", type=float, default=None, metavar="SECONDS",
+                        help="check that the other tasks' ports accept connections within SECONDS")
+    parser.set_defaults(run=run)
+
+
+def _load(value: str | None) -> str | None:
+    if value is not None and value.startswith("@"):
+        with open(value[1:]) as f:
+            return f.read()
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = ClusterSpec.from_tf_config(_load(args.tf_config))
+    except (ClusterSpecError, OSError) as err:
+        sys.stdout.write(f"TF_CONFIG is invalid: {err}\n")
+        return EXIT_INVALID
+    task = spec.task
+    sys.stdout.write(f"role:        {task.name if task else '(no task)'}{' (chief)' if spec.is_chief else ''}\n")
+    sys.stdout.write(f"fingerprint: {spec.fingerprint}  (must be equal on every task)\n")
+    sys.stdout.write(f"workers:     {spec.num_workers} training task(s), {spec.num_ps} ps\n")
+    for t in spec.tasks():
+        mark = "  <- this task" if task and (t.type, t.index) == (task.type, task.index) else ""
+        sys.stdout.write(f"  {t.name:<12} {t.address}{mark}\n")
+    if args.probe is None:
+        return EXIT_OK
+    results = probe_tasks(spec, timeout=args.probe)
+    down = [name for name, ok in results.items() if not ok]
+    for name, ok in results.items():
+        sys.stdout.write(f"probe {name:<12} {'reachable' if ok else f'NOT reachable within {args.probe:g}s'}\n")
+    if down:
+        sys.stdout.write(f"unreachable: {', '.join(down)} - is the task running, and its port open to this host?\n")
+        return EXIT_UNREACHABLE
+    return EXIT_OK

@@ -1,0 +1,27 @@
+"""``tfdist``: the command-line tool. Subcommands register themselves here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional, Sequence
+
+from tfdist.cli import doctor
+
+_SUBCOMMANDS = (doctor,)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in _SUBCOMMANDS:
+        module.add_parser(subparsers)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
