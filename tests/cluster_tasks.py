@@ -46,7 +46,7 @@ def mwms_fit(epochs: int = 3) -> dict[str, Any]:
             "loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist()}
 
 
-def ps_fit(epochs: int = 3, steps: int = 20) -> dict[str, Any]:
+def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[str, Any]:
     """build_strategy('auto') on chief+workers+ps; tf-keras fit/evaluate with a sharded embedding."""
     import tfdist
 
@@ -71,7 +71,10 @@ def ps_fit(epochs: int = 3, steps: int = 20) -> dict[str, Any]:
                                   keras.layers.Flatten(), keras.layers.Dense(1)])
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", steps_per_execution=5)
     creator = keras.utils.experimental.DatasetCreator(dataset_fn)
-    history = model.fit(creator, epochs=epochs, steps_per_epoch=steps, verbose=0)
+    import time
+
+    pause = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.sleep(epoch_sleep))
+    history = model.fit(creator, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[pause])
     evaluation = model.evaluate(creator, steps=5, verbose=0, return_dict=True)
     table = model.layers[0].embeddings
     shards = getattr(table, "variables", [table])
@@ -79,3 +82,63 @@ def ps_fit(epochs: int = 3, steps: int = 20) -> dict[str, Any]:
             "is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
             "loss": [float(v) for v in history.history["loss"]], "eval_loss": float(evaluation["loss"]),
             "shard_devices": [v.device for v in shards], "shard_rows": [int(v.shape[0]) for v in shards]}
+
+
+def mwms_backup_fit(backup_dir: str, log_path: str, epochs: int, crash_marker: str = "",
+                    epoch_sleep: float = 0.0) -> dict[str, Any]:
+    """MWMS fit with BackupAndRestore; logs 'restart epoch' per finished epoch; may crash once."""
+    import os
+    import time
+
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    import tensorflow as tf
+
+    from tfdist import keras
+
+    keras.utils.set_random_seed(1)
+    task, restart = os.environ["TFDIST_TASK"], os.environ["TFDIST_RESTART"]
+    x, y = _regression_data()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).with_options(options)
+    with strategy.scope():
+        model = _small_model(keras)
+
+    def _epoch_end(epoch: int, logs: Any) -> None:
+        with open(f"{log_path}.{task.replace(':', '-')}", "a") as f:
+            f.write(f"{restart} {epoch}\n")
+        if crash_marker and task == "worker:1" and epoch == 1 and not os.path.exists(crash_marker):
+            open(crash_marker, "w").close()
+            os._exit(3)
+        time.sleep(epoch_sleep)
+
+    callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=_epoch_end)]
+    history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=callbacks)
+    return {"epochs_run": len(history.history["loss"]), "restart": int(restart)}
+
+
+def ready_then_fit(seconds: float) -> dict[str, Any]:
+    """Builds the strategy, prints READY, waits (ports can be probed from outside), then trains."""
+    import sys
+    import time
+
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
+    time.sleep(seconds)
+    import tensorflow as tf
+
+    from tfdist import keras
+
+    x, y = _regression_data()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    with strategy.scope():
+        model = _small_model(keras)
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64).with_options(options), epochs=2,
+                        verbose=0)
+    return {"replicas": strategy.num_replicas_in_sync, "loss": [float(v) for v in history.history["loss"]]}

@@ -24,7 +24,7 @@ from typing import Any, Union
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch.runner import LaunchResult, run
 
-__all__ = ["ClusterRun", "run_cluster", "RESULT_PREFIX"]
+__all__ = ["ClusterRun", "run_cluster", "command_for", "RESULT_PREFIX"]
 
 RESULT_PREFIX = "TFDIST_RESULT "
 Target = Union[Sequence[str], str, Callable[..., Any]]
@@ -50,7 +50,8 @@ class ClusterRun:
         return self.result.task(task).output
 
 
-def _argv(target: Target, args: Sequence[Any]) -> list[str]:
+def command_for(target: Target, args: Sequence[Any] = ()) -> list[str]:
+    """The argv that runs ``target`` (a command, 'module:function' or function) in a task."""
     if isinstance(target, str):
         module, _, function = target.partition(":")
         if not function:
@@ -81,7 +82,7 @@ def run_cluster(target: Target, *, workers: int, timeout: float, ps: int = 0, ch
       args: JSON-serializable positional arguments for the function.
       **options: More :class:`tfdist.launch.LaunchConfig` fields.
     """
-    result = run(_argv(target, args), workers=workers, ps=ps, chief=chief, evaluator=evaluator,
+    result = run(command_for(target, args), workers=workers, ps=ps, chief=chief, evaluator=evaluator,
                  timeout=timeout, **options)
     values = {}
     for task in result.tasks:

@@ -48,6 +48,7 @@ class TaskResult:
     restarts: int
     runs_command: bool
     output: str
+    pid: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +226,8 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
         supervisor.stop_all()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    tasks = tuple(TaskResult(task, child.poll(), child.restarts, config.runs_command(task), "\n".join(child.lines))
-                  for task, child in supervisor.children.items())
+    tasks = tuple(TaskResult(task, child.poll(), child.restarts, config.runs_command(task), "\n".join(child.lines),
+                             child.pid) for task, child in supervisor.children.items())
     result = LaunchResult(code, reason, failed, tasks, spec)
     status(result.summary().splitlines()[0] + f" in {time.monotonic() - t0:.1f}s")
     return result

@@ -1,0 +1,59 @@
+"""Shared fixtures: a real S3-compatible server on loopback, process-leak checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from absl import flags
+
+from tfdist import _address
+from tfdist.probe import can_connect
+
+# absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
+flags.FLAGS.mark_as_parsed()
+
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "tfdist", "AWS_SECRET_ACCESS_KEY": "tfdist-secret", "AWS_REGION": "us-east-1",
+           "S3_USE_HTTPS": "0", "S3_VERIFY_SSL": "0"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # A zombie is dead, only not yet reaped.
+    except FileNotFoundError:
+        return False
+
+
+def assert_all_gone(pids: list[int | None], within: float = 5.0) -> None:
+    """Every pid has died (SIGKILL delivery and reaping by init are asynchronous: allow ``within`` s)."""
+    deadline = time.monotonic() + within
+    alive = [pid for pid in pids if pid is not None]
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _alive(pid)]
+        time.sleep(0.05)
+    assert not alive, f"processes still running: {alive}"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """Starts the moto S3 server on 127.0.0.1; yields the env that points S3 clients at it."""
+    server = shutil.which("moto_server") or os.path.join(os.path.dirname(sys.executable), "moto_server")
+    port = _address.free_ports(1)[0]
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert can_connect(f"127.0.0.1:{port}", timeout=30), "moto_server did not start"
+        yield dict(S3_KEYS, S3_ENDPOINT=f"http://127.0.0.1:{port}", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,192 @@
+"""tfdist-launch with plain Python tasks: env, output, failures, restarts, timeouts, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from absl.testing import parameterized
+from conftest import assert_all_gone
+
+from tfdist import ClusterSpec, LaunchError, launch
+from tfdist.launch import runner
+from tfdist.launch.config import KillAt, LaunchConfig
+
+PY = sys.executable
+pytestmark = pytest.mark.timeout(120)
+
+ENV_REPORT = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+              "['TF_CONFIG', 'TF_USE_LEGACY_KERAS', 'GRPC_FAIL_FAST', 'TF_NUM_INTEROP_THREADS', "
+              "'TF_NUM_INTRAOP_THREADS', 'TFDIST_TASK', 'TFDIST_RESTART']}))")
+
+
+def _env_of(result: launch.LaunchResult, task: str) -> dict:
+    return json.loads(result.task(task).output.splitlines()[-1])
+
+
+class LaunchTest(parameterized.TestCase):
+
+    def test_every_task_gets_its_own_tf_config_and_output_is_prefixed(self) -> None:
+        lines: list[tuple[str, str]] = []
+        statuses: list[str] = []
+        log_dir = self.create_tempdir().full_path
+        result = launch.run([PY, "-c", ENV_REPORT], workers=2, chief=True, evaluator=True, threads_per_task=1,
+                            log_dir=log_dir, timeout=60, on_line=lambda t, l: lines.append((t, l)),
+                            on_status=statuses.append)
+        self.assertEqual((result.exit_code, result.reason), (0, "ok"))
+        fingerprints = set()
+        for task in ["chief:0", "worker:0", "worker:1", "evaluator:0"]:
+            env = _env_of(result, task)
+            spec = ClusterSpec.from_tf_config(env["TF_CONFIG"])
+            self.assertEqual(spec.task.name, task)  # type: ignore[union-attr]
+            fingerprints.add(spec.fingerprint)
+            self.assertEqual((env["TF_USE_LEGACY_KERAS"], env["TFDIST_TASK"], env["TFDIST_RESTART"]), ("1", task, "0"))
+            self.assertEqual((env["TF_NUM_INTRAOP_THREADS"], env["GRPC_FAIL_FAST"]), ("1", None))
+            self.assertIn(task, {t for t, _ in lines})
+            log = Path(log_dir, task.replace(":", "-") + ".log").read_text()
+            self.assertIn(result.task(task).output.splitlines()[-1], log)
+        self.assertLen(fingerprints, 1)
+        self.assertEqual(result.cluster.fingerprint, fingerprints.pop())
+        self.assertIn(runner.EXPOSURE_WARNING, statuses)
+        self.assertTrue(any("worker:1 started" in s for s in statuses))
+        assert_all_gone([t.pid for t in result.tasks])
+
+    def test_parameter_server_env_and_run_on_all(self) -> None:
+        result = launch.run([PY, "-c", ENV_REPORT], workers=3, ps=1, chief=True, run_on="all", timeout=60)
+        self.assertEqual(result.exit_code, 0)
+        env = _env_of(result, "chief:0")
+        # TF's parameter-server guide: inter-op threads >= workers + 1 (chief + 3 workers) on small machines.
+        self.assertEqual((env["GRPC_FAIL_FAST"], env["TF_NUM_INTEROP_THREADS"]), ("use_caller", "5"))
+        self.assertTrue(all(t.runs_command for t in result.tasks))
+
+    def test_a_failing_worker_ends_the_run_fast_and_nothing_is_left(self) -> None:
+        script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(60)"
+        start = time.monotonic()
+        result = launch.run([PY, "-c", script], workers=3, timeout=60, grace_seconds=2)
+        self.assertLess(time.monotonic() - start, 15)
+        self.assertEqual((result.exit_code, result.reason, result.failed_task), (7, "failed", "worker:1"))
+        self.assertIn("worker:1 ended the run", result.summary())
+        assert_all_gone([t.pid for t in result.tasks])
+
+    def test_timeout_kills_everything(self) -> None:
+        result = launch.run([PY, "-c", "import time; time.sleep(60)"], workers=2, timeout=2, grace_seconds=1)
+        self.assertEqual((result.exit_code, result.reason), (124, "timeout"))
+        assert_all_gone([t.pid for t in result.tasks])
+
+    def test_grandchildren_are_reaped_too(self) -> None:
+        script = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+                  "'import time; time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)")
+        result = launch.run([PY, "-c", script], workers=1, timeout=3, grace_seconds=1)
+        grandchild = int(result.task("worker:0").output.split()[0])
+        time.sleep(0.2)
+        assert_all_gone([grandchild])
+
+    def test_restart_whole_group_after_a_crash(self) -> None:
+        marker = Path(self.create_tempdir().full_path, "crashed")
+        script = (f"import os, sys\nif os.environ['TFDIST_TASK'] == 'worker:1' and not os.path.exists({str(marker)!r}):"
+                  f"\n    open({str(marker)!r}, 'w').close(); sys.exit(3)\nimport time; time.sleep(0.5); "
+                  "print('attempt', os.environ['TFDIST_RESTART'])")
+        statuses: list[str] = []
+        result = launch.run([PY, "-c", script], workers=2, max_restarts=1, timeout=60, on_status=statuses.append)
+        self.assertEqual(result.exit_code, 0)
+        self.assertEqual([t.restarts for t in result.tasks], [1, 1])  # Collectives restart the whole group.
+        self.assertIn("attempt 1", result.task("worker:0").output)
+        self.assertTrue(any("restart 1/1 of worker:0, worker:1" in s for s in statuses))
+
+    def test_restarts_run_out(self) -> None:
+        result = launch.run([PY, "-c", "import sys; sys.exit(5)"], workers=1, max_restarts=2, timeout=60)
+        self.assertEqual((result.exit_code, result.task("worker:0").restarts), (5, 2))
+
+    def test_kill_injection(self) -> None:
+        result = launch.run([PY, "-c", "import time; time.sleep(30)"], workers=2, timeout=60,
+                            kills=(KillAt.parse("worker:1@1"),))
+        self.assertEqual((result.exit_code, result.failed_task), (128 + signal.SIGKILL, "worker:1"))
+
+    def test_taken_ports_are_picked_again(self) -> None:
+        import socket
+
+        from tfdist import _address
+
+        with socket.socket() as taken:
+            taken.bind(("0.0.0.0", 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+            real = _address.free_ports
+            calls = []
+
+            def fake(count: int, host: str = "127.0.0.1") -> list[int]:
+                calls.append(count)
+                return [busy] + real(count - 1, host) if len(calls) == 1 else real(count, host)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(_address, "free_ports", fake)
+                spec = runner._pick_cluster(LaunchConfig(command=("x",), workers=2))
+        self.assertLen(calls, 2)
+        self.assertNotIn(f"127.0.0.1:{busy}", [t.address for t in spec.tasks()])
+
+    @parameterized.named_parameters(
+        ("no_command", {"command": ()}, "a program to run after '--'"),
+        ("zero_workers", {"workers": 0}, r"`--workers`. Received: 0. Expected an integer >= 1"),
+        ("ps_without_chief", {"ps": 1}, "Add --chief"),
+        ("run_on_chief_without_chief", {"run_on": "chief"}, "Add --chief, or use --run-on auto"),
+        ("run_on_typo", {"run_on": "al"}, "did you mean 'all'"),
+        ("kill_unknown_task", {"kills": (KillAt("worker:5", 1.0),)}, "did you mean 'worker:0'"),
+        ("negative_restarts", {"max_restarts": -1}, "`--max-restarts`"),
+    )
+    def test_bad_config(self, overrides: dict, message: str) -> None:
+        fields = dict(command=(PY, "-c", "pass"), workers=1)
+        fields.update(overrides)
+        with pytest.raises(LaunchError, match=message):
+            LaunchConfig(**fields)
+
+    def test_missing_command_starts_nothing(self) -> None:
+        with pytest.raises(LaunchError, match="Check the spelling"):
+            launch.run(["no-such-program-xyz"], workers=1, timeout=10)
+        with pytest.raises(LaunchError, match="TASK:INDEX@SECONDS"):
+            KillAt.parse("worker1@5")
+
+
+class CliTest(parameterized.TestCase):
+
+    def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([PY, "-m", "tfdist.cli.launch", *args], capture_output=True, text=True,
+                              timeout=timeout)
+
+    @parameterized.named_parameters(
+        ("no_command", [], "a program to run after '--'"),
+        ("zero_workers", ["--workers", "0", "--", "true"], "Expected an integer >= 1"),
+        ("ps_without_workers", ["--chief", "--workers", "0", "--ps", "1", "--", "true"], "Expected an integer >= 1"),
+        ("run_on_chief", ["--run-on", "chief", "--", "true"], "Add --chief"),
+        ("missing_program", ["--", "no-such-program-xyz"], "Check the spelling"),
+        ("bad_kill", ["--kill", "worker:1", "--", "true"], "TASK:INDEX@SECONDS"),
+    )
+    def test_bad_input_exits_2_and_starts_nothing(self, args: list, message: str) -> None:
+        done = self._cli(*args)
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn(message, done.stderr)
+        self.assertNotIn("started", done.stderr)
+
+    def test_success_and_failure_exit_codes(self) -> None:
+        ok = self._cli("--workers", "2", "--", PY, "-c", "print('hello')")
+        self.assertEqual(ok.returncode, 0)
+        self.assertIn("[worker:1] hello", ok.stdout)
+        failed = self._cli("--workers", "2", "--", PY, "-c",
+                           "import os,sys; print('boom'); sys.exit(4 if os.environ['TFDIST_TASK']=='worker:0' else 0)")
+        self.assertEqual(failed.returncode, 4)
+        self.assertIn("worker:0 ended the run", failed.stderr)
+        self.assertIn("last lines of worker:0:\n    boom", failed.stderr)
+
+    def test_ctrl_c_stops_every_task(self) -> None:
+        proc = subprocess.Popen([PY, "-m", "tfdist.cli.launch", "--workers", "2", "--", PY, "-c",
+                                 "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pids = [int(proc.stdout.readline().split()[1]) for _ in range(2)]  # type: ignore[union-attr]
+        proc.send_signal(signal.SIGINT)
+        self.assertEqual(proc.wait(30), 130)
+        assert_all_gone(pids)

@@ -1,0 +1,131 @@
+"""Real TensorFlow clusters on 127.0.0.1: MWMS and PS training, restarts, isolation (bounded, always reaped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from absl.testing import absltest
+from conftest import assert_all_gone
+
+import cluster_tasks
+from tfdist import launch, testing
+from tfdist.launch.config import KillAt
+from tfdist.probe import can_connect
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _attempts(log_path: str, task: str) -> dict[int, list[int]]:
+    """restart -> epochs finished, from the per-task epoch log."""
+    attempts: dict[int, list[int]] = {}
+    for line in Path(f"{log_path}.{task.replace(':', '-')}").read_text().split("\n"):
+        if line:
+            restart, epoch = map(int, line.split())
+            attempts.setdefault(restart, []).append(epoch)
+    return attempts
+
+
+class MultiWorkerMirroredTest(absltest.TestCase):
+
+    def test_auto_strategy_two_workers_identical_weights(self) -> None:
+        run = testing.run_cluster(cluster_tasks.mwms_fit, workers=2, timeout=180)
+        self.assertTrue(run.ok, run.result.summary())
+        a, b = run.values["worker:0"], run.values["worker:1"]
+        for value in (a, b):
+            self.assertTrue(value["is_mwms"])
+            self.assertEqual(value["replicas"], 2)
+            self.assertLess(value["loss"][-1], value["loss"][0])
+        self.assertEqual(a["fingerprint"], b["fingerprint"])
+        self.assertEqual((a["is_chief"], b["is_chief"]), (True, False))
+        np.testing.assert_allclose(a["weights"], b["weights"], rtol=0, atol=1e-6)
+        assert_all_gone([t.pid for t in run.result.tasks])
+
+    def test_cli_runs_a_script_on_both_workers(self) -> None:
+        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "180", "--",
+                               sys.executable, str(REPO / "scripts" / "demo_train.py"), "--epochs", "2"],
+                              capture_output=True, text=True, timeout=240)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        results = [json.loads(m) for m in re.findall(r"^\[worker:\d\] RESULT (.*)$", done.stdout, re.M)]
+        self.assertLen(results, 2)
+        self.assertEqual({r["weights_sha1"] for r in results}.__len__(), 1)
+        self.assertEqual([r["replicas"] for r in results], [2, 2])
+
+    def test_crash_once_restarts_group_and_resumes_from_backup(self) -> None:
+        tmp = self.create_tempdir().full_path
+        log, marker = os.path.join(tmp, "epochs"), os.path.join(tmp, "crashed")
+        run = testing.run_cluster(cluster_tasks.mwms_backup_fit, workers=2, timeout=240, max_restarts=1,
+                                  args=[os.path.join(tmp, "backup"), log, 5, marker])
+        self.assertTrue(run.ok, run.result.summary())
+        self.assertEqual([t.restarts for t in run.result.tasks], [1, 1])
+        attempts = _attempts(log, "worker:0")
+        self.assertEqual(attempts[0][:2], [0, 1])
+        self.assertGreaterEqual(attempts[1][0], 1, attempts)  # Resumed from the backup, not from zero.
+        self.assertEqual(attempts[1][-1], 4)
+        self.assertLess(len(attempts[1]), 5)
+
+    def test_killed_worker_restarts_group_and_resumes_from_backup(self) -> None:
+        tmp = self.create_tempdir().full_path
+        log = os.path.join(tmp, "epochs")
+        run = testing.run_cluster(cluster_tasks.mwms_backup_fit, workers=2, timeout=240, max_restarts=1,
+                                  kills=(KillAt("worker:1", 12.0),),
+                                  args=[os.path.join(tmp, "backup"), log, 14, "", 1.0])
+        self.assertTrue(run.ok, run.result.summary())
+        attempts = _attempts(log, "worker:0")
+        self.assertIn(1, attempts, attempts)
+        self.assertGreater(attempts[1][0], 0, attempts)
+        self.assertGreaterEqual(attempts[1][0], attempts[0][-1], attempts)
+        self.assertEqual(attempts[1][-1], 13)
+
+
+class ParameterServerTest(absltest.TestCase):
+
+    def test_fit_and_evaluate_with_sharded_embedding(self) -> None:
+        run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=2, chief=True, timeout=240)
+        self.assertTrue(run.ok, run.result.summary())
+        value = run.values["chief:0"]
+        self.assertTrue(value["is_ps"])
+        self.assertLess(value["loss"][-1], value["loss"][0])
+        self.assertGreater(value["eval_loss"], 0)
+        self.assertEqual(sorted(d.split("/device")[0] for d in value["shard_devices"]),
+                         ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"])
+        self.assertEqual(value["shard_rows"], [500, 500])
+        self.assertEqual(set(run.values), {"chief:0"})  # Workers and ps ran tfdist's TF server, not the function.
+
+    def test_killed_worker_is_restarted_alone_and_training_finishes(self) -> None:
+        run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
+                                  kills=(KillAt("worker:1", 10.0),), args=[8, 20, 1.0])
+        self.assertTrue(run.ok, run.result.summary())
+        restarts = {t.task: t.restarts for t in run.result.tasks}
+        self.assertEqual(restarts, {"chief:0": 0, "worker:0": 0, "worker:1": 1, "ps:0": 0})
+        self.assertLen(run.values["chief:0"]["loss"], 8)
+
+
+class IsolatedNetworkTest(absltest.TestCase):
+
+    def test_ports_unreachable_from_outside_while_training_inside(self) -> None:
+        statuses: list[str] = []
+        probes: dict[str, bool] = {}
+
+        def _on_line(task: str, line: str) -> None:
+            if line == "READY" and not probes:
+                ports = re.findall(r"started \(command, pid \d+, (127\.0\.0\.1:\d+)\)", "\n".join(statuses))
+                for address in ports:
+                    probes[address] = can_connect(address, timeout=0.5)
+
+        run = testing.command_for(cluster_tasks.ready_then_fit, [3.0])
+        result = launch.run(run, workers=2, timeout=180, isolate_network=True, on_line=_on_line,
+                            on_status=statuses.append)
+        self.assertEqual(result.exit_code, 0, result.summary())
+        self.assertLen(probes, 2)
+        self.assertEqual(set(probes.values()), {False})  # Refused from outside the namespace...
+        outputs = [result.task(t).output for t in ("worker:0", "worker:1")]
+        self.assertTrue(all('"replicas": 2' in out for out in outputs))  # ...while training inside succeeded.
+        self.assertTrue(any("network namespace: private" in s for s in statuses))
