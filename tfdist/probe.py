@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,11 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from tfdist._address import split_address
 from tfdist.cluster import ClusterSpec
 
-__all__ = ["probe_tasks", "can_connect"]
+__all__ = ["probe_tasks", "can_connect", "wait_until_reachable"]
+
+_log = logging.getLogger("tfdist.probe")
 
 
-def can_connect(address: str, timeout: float) -> bool:
-    """True when ``address`` accepts a TCP connection within ``timeout`` seconds (retrying)."""
+def can_connect(address: str, timeout: float, *, interval: float = 0.1) -> bool:
+    """True when ``address`` accepts a TCP connection within ``timeout`` seconds (retrying every ``interval``)."""
     host, port = split_address(address)
     deadline = time.monotonic() + timeout
     while True:
@@ -30,9 +33,23 @@ def can_connect(address: str, timeout: float) -> bool:
             with socket.create_connection((host, port), timeout=max(0.05, min(1.0, remaining))):
                 return True
         except OSError:
-            if time.monotonic() + 0.1 >= deadline:
+            if time.monotonic() + interval >= deadline:
                 return False
-            time.sleep(0.1)
+            time.sleep(interval)
+
+
+def wait_until_reachable(name: str, address: str, timeout: float, *, log_every: float = 10.0) -> bool:
+    """Waits for ``address`` to accept connections, logging progress; False after ``timeout``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if can_connect(address, min(log_every, timeout - (time.monotonic() - start)), interval=0.02):
+            waited = time.monotonic() - start
+            if waited > 1.0:
+                _log.info("%s at %s is up after %.1fs.", name, address, waited)
+            return True
+        _log.warning("Still waiting for %s at %s (%.0fs so far). Is that task running, with the same TF_CONFIG "
+                     "cluster (compare fingerprints with `tfdist doctor`)?", name, address, time.monotonic() - start)
+    return False
 
 
 def probe_tasks(spec: ClusterSpec, *, timeout: float, include_self: bool = False) -> dict[str, bool]:

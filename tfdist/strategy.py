@@ -56,6 +56,11 @@ class StrategyOptions:
         default raises them to workers + 1 on machines with fewer cores.
       devices: Devices for 'mirrored'; default every local GPU (or the CPU).
       device: Device for 'one_device'; default the first GPU, else the CPU.
+      peer_wait_seconds: Multi-worker mirrored, on every task but the leader
+        (the chief, else the lowest worker): wait up to this long for the
+        leader's port before TensorFlow dials it. A first dial that fails costs
+        a ~1 s gRPC reconnect backoff; waiting also logs who is missing. 0
+        disables.
 
     Example:
         >>> StrategyOptions(communication="ring", bytes_per_pack=4 << 20).bytes_per_pack
@@ -73,6 +78,7 @@ class StrategyOptions:
     inter_op_threads: Optional[int] = None
     devices: Optional[tuple[str, ...]] = None
     device: Optional[str] = None
+    peer_wait_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         for name, choices in (("communication", COMMUNICATIONS), ("partition", PARTITIONS)):
@@ -89,6 +95,10 @@ class StrategyOptions:
                 or self.timeout_seconds <= 0):
             raise invalid(StrategyError, "timeout_seconds", self.timeout_seconds, "a number > 0 or None",
                           "Use None to wait forever.")
+        if isinstance(self.peer_wait_seconds, bool) or not isinstance(self.peer_wait_seconds, (int, float)) \
+                or self.peer_wait_seconds < 0:
+            raise invalid(StrategyError, "peer_wait_seconds", self.peer_wait_seconds, "a number >= 0",
+                          "Use 0 to let TensorFlow dial the leader without waiting.")
         if self.partition == "max_size" and self.max_shard_bytes is None:
             raise invalid(StrategyError, "max_shard_bytes", None, "a byte count with partition='max_size'",
                           "Pass max_shard_bytes=..., or use partition='min_size'.")
@@ -223,6 +233,24 @@ def variable_partitioner(options: StrategyOptions, *, num_ps: int) -> Optional[C
                                            max_shards=options.max_shards or num_ps)
 
 
+def _leader(cluster: ClusterSpec) -> tuple[str, str]:
+    """The coordination-service leader TensorFlow picks: the chief, else the lowest worker."""
+    job = "chief" if cluster.has_chief else "worker"
+    index = min(cluster.jobs[job])
+    return f"{job}:{index}", cluster.jobs[job][index]
+
+
+def _wait_for_leader(cluster: ClusterSpec, timeout: float) -> None:
+    from tfdist.probe import wait_until_reachable
+
+    name, address = _leader(cluster)
+    if cluster.task is None or cluster.task.name == name or cluster.task_type == "evaluator":
+        return
+    if not wait_until_reachable(name, address, timeout):
+        _log.warning("%s at %s did not answer within %.0fs; handing over to TensorFlow, which keeps trying.",
+                     name, address, timeout)
+
+
 def _num_gpus() -> int:
     import tensorflow as tf
 
@@ -263,6 +291,8 @@ def _multi_worker_mirrored(options: StrategyOptions, cluster: Optional[ClusterSp
                       "Use kind='parameter_server' (or 'auto') for a cluster with ps tasks.")
     comm = communication_options(options, num_gpus=_num_gpus())
     resolver = cluster_resolver(cluster) if cluster is not None else None
+    if cluster is not None and cluster.num_workers > 1 and options.peer_wait_seconds:
+        _wait_for_leader(cluster, options.peer_wait_seconds)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=comm)
 
 
