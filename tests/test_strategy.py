@@ -137,3 +137,36 @@ def test_building_after_other_ops_says_to_build_first() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert "STRATEGY_ERROR Cannot build the 'multi_worker_mirrored' strategy now" in out
     assert "Build the strategy first thing in main()" in out
+
+
+class PeerWaitTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("chief_leads", {"chief": ["c:1"], "worker": ["w:1"]}, ("chief:0", "c:1")),
+        ("lowest_worker_leads", {"worker": {"3": "w:3", "1": "w:1"}}, ("worker:1", "w:1")),
+    )
+    def test_leader(self, jobs: dict, expected: tuple) -> None:
+        from tfdist.strategy import _leader
+
+        self.assertEqual(_leader(ClusterSpec(jobs=jobs)), expected)
+
+    def test_wait_returns_when_the_port_opens_and_warns_when_it_does_not(self) -> None:
+        import socket
+        import time
+
+        from tfdist.probe import wait_until_reachable
+
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            start = time.monotonic()
+            self.assertTrue(wait_until_reachable("chief:0", f"127.0.0.1:{listener.getsockname()[1]}", 5))
+            self.assertLess(time.monotonic() - start, 1)
+        closed = ClusterSpec.local(workers=1).tasks()[0].address
+        with self.assertLogs("tfdist.probe", "WARNING") as logs:
+            self.assertFalse(wait_until_reachable("worker:0", closed, 0.4, log_every=0.2))
+        self.assertIn(f"Still waiting for worker:0 at {closed}", logs.output[0])
+
+    def test_option_validation(self) -> None:
+        with pytest.raises(StrategyError, match="`peer_wait_seconds`. Received: -1"):
+            StrategyOptions(peer_wait_seconds=-1)
