@@ -4,6 +4,7 @@
 # Extra arguments go to scripts/demo_train.py (e.g. --epochs 5).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+tfdist_venv
 cd "$ROOT"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT

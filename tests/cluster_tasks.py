@@ -14,6 +14,16 @@ def _regression_data(n: int = 512, seed: int = 0) -> tuple[Any, Any]:
     return x, (x @ w + 0.1 * rng.normal(size=(n, 1))).astype("float32")
 
 
+def _regression_dataset(batch: int = 64) -> Any:
+    """The regression data as a dataset that MWMS shards by element (DATA), without TF's fallback warning."""
+    import tensorflow as tf
+
+    x, y = _regression_data()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).with_options(options)
+
+
 def _small_model(keras: Any) -> Any:
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
@@ -32,10 +42,7 @@ def mwms_fit(epochs: int = 3) -> dict[str, Any]:
 
     keras.utils.set_random_seed(1)
     spec = tfdist.ClusterSpec.from_tf_config()
-    x, y = _regression_data()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).with_options(options)
+    dataset = _regression_dataset()
     with strategy.scope():
         model = _small_model(keras)
     history = model.fit(dataset, epochs=epochs, verbose=0)
@@ -81,6 +88,7 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
     return {"strategy": type(strategy).__name__,
             "is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
             "loss": [float(v) for v in history.history["loss"]], "eval_loss": float(evaluation["loss"]),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
             "shard_devices": [v.device for v in shards], "shard_rows": [int(v.shape[0]) for v in shards]}
 
 
@@ -93,16 +101,11 @@ def mwms_backup_fit(backup_dir: str, log_path: str, epochs: int, crash_marker: s
     import tfdist
 
     strategy = tfdist.build_strategy("auto", communication="ring")
-    import tensorflow as tf
-
     from tfdist import keras
 
     keras.utils.set_random_seed(1)
     task, restart = os.environ["TFDIST_TASK"], os.environ["TFDIST_RESTART"]
-    x, y = _regression_data()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).with_options(options)
+    dataset = _regression_dataset()
     with strategy.scope():
         model = _small_model(keras)
 
@@ -130,15 +133,9 @@ def ready_then_fit(seconds: float) -> dict[str, Any]:
     sys.stdout.write("READY\n")
     sys.stdout.flush()
     time.sleep(seconds)
-    import tensorflow as tf
-
     from tfdist import keras
 
-    x, y = _regression_data()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     with strategy.scope():
         model = _small_model(keras)
-    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64).with_options(options), epochs=2,
-                        verbose=0)
+    history = model.fit(_regression_dataset(), epochs=2, verbose=0)
     return {"replicas": strategy.num_replicas_in_sync, "loss": [float(v) for v in history.history["loss"]]}

@@ -97,6 +97,8 @@ class ParameterServerTest(absltest.TestCase):
         self.assertEqual(sorted(d.split("/device")[0] for d in value["shard_devices"]),
                          ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"])
         self.assertEqual(value["shard_rows"], [500, 500])
+        # TF's PS guide: the coordinator needs inter-op threads >= workers + 1 on small machines.
+        self.assertEqual(value["inter_op_threads"], 4 if (os.cpu_count() or 1) < 4 else 0)
         self.assertEqual(set(run.values), {"chief:0"})  # Workers and ps ran tfdist's TF server, not the function.
 
     def test_killed_worker_is_restarted_alone_and_training_finishes(self) -> None:
