@@ -62,6 +62,7 @@ class BadInputTest(parameterized.TestCase):
         ("task_type_unknown", _cfg({"worker": ["a:1"]}, {"type": "wroker", "index": 0}), "did you mean 'worker'"),
         ("task_not_mapping", _cfg({"worker": ["a:1"]}, "worker"), "mapping such as"),
         ("sparse_duplicate_index", _cfg({"worker": {"1": "a:1", "01": "b:1"}}), "Index 1 is given twice"),
+        ("superscript_index", _cfg({"worker": {"²": "a:1"}}), r"Received: '²'. Expected an integer >= 0"),
         ("sparse_bad_key", _cfg({"worker": {"x": "a:1"}}), r"`cluster.worker key 'x'`"),
         ("rpc_layer_number", _cfg({"worker": ["a:1"]}, rpc_layer=5), "`rpc_layer`. Received: 5"),
     )

@@ -38,6 +38,8 @@ class SlurmTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
         ("no_procid", {}, "SLURM_PROCID.*Run inside 'srun'"),
+        ("unicode_procid", dict(STEP, SLURM_PROCID="²"), "`SLURM_PROCID`. Received: '²'"),
+        ("unicode_range", dict(STEP, SLURM_STEP_NODELIST="n[1-²]"), "low <= high"),
         ("bad_hostlist", dict(STEP, SLURM_STEP_NODELIST="node[1-"), "Slurm hostlist"),
         ("reversed_range", dict(STEP, SLURM_STEP_NODELIST="node[5-1]"), "low <= high"),
         ("bad_counts", dict(STEP, SLURM_STEP_TASKS_PER_NODE="2(y2)"), "task count list"),

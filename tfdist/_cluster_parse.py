@@ -55,7 +55,7 @@ def parse_index(field: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise invalid(ClusterSpecError, field, value, "an integer >= 0")
     if isinstance(value, str):
-        if not value.strip().isdigit():
+        if not (value.strip().isascii() and value.strip().isdigit()):
             raise invalid(ClusterSpecError, field, value, "an integer >= 0")
         value = int(value)
     if value < 0:

@@ -46,7 +46,7 @@ def expand_hostlist(field: str, hostlist: str) -> list[str]:
         for item in ranges.split(","):
             low, _, high = item.partition("-")
             high = high or low
-            if not (low.isdigit() and high.isdigit()) or int(high) < int(low):
+            if not (f"{low}{high}".isascii() and low.isdigit() and high.isdigit()) or int(high) < int(low):
                 raise invalid(ClusterSpecError, field, hostlist, "ranges like '[1-4,7]' with low <= high")
             hosts.extend(f"{prefix}{str(n).zfill(len(low))}{suffix}" for n in range(int(low), int(high) + 1))
     return hosts
@@ -75,7 +75,7 @@ def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
                  port_base: int) -> tuple[dict[str, list[str]], str, int]:
     """Returns ``(cluster, task_type, task_id)`` for this Slurm task."""
     name, procid = _first(env, "SLURM_PROCID")
-    if not procid.isdigit():
+    if not (procid.isascii() and procid.isdigit()):
         raise invalid(ClusterSpecError, name, procid, "a non-negative integer")
     rank = int(procid)
     list_name, hostlist = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")

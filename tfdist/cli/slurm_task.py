@@ -23,7 +23,7 @@ def _jobs(text: str) -> dict[str, int]:
     jobs = {}
     for part in text.split(","):
         job, _, count = part.partition("=")
-        if not count.isdigit():
+        if not (count.isascii() and count.isdigit()):
             raise invalid(LaunchError, "--jobs", text, "JOB=COUNT pairs, e.g. 'chief=1,worker=2,ps=1'")
         jobs[job.strip()] = int(count)
     return jobs
