@@ -1,0 +1,104 @@
+"""Stratified sampling against class skew, on ``tf.data.Dataset.sample_from_datasets``.
+
+Example:
+    >>> from tfdist.data.sampling import resolve_weights
+    >>> resolve_weights("sqrt", counts={"cat": 900, "dog": 100})
+    {'cat': 0.75, 'dog': 0.25}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from tfdist._names import describe_choices
+from tfdist.errors import DataError, invalid
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["stratified_sample", "resolve_weights", "WEIGHT_SCHEMES", "EXHAUSTED_POLICIES"]
+
+WEIGHT_SCHEMES = ("balanced", "natural", "sqrt")
+EXHAUSTED_POLICIES = ("repeat", "stop", "drop")
+Weights = Union[str, Mapping[Any, float], "tf.Variable"]
+
+
+def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optional[Mapping[Any, int]] = None,
+                    classes: Optional[Sequence[Any]] = None) -> dict[Any, float]:
+    """Turns a weight scheme or mapping into normalized per-class probabilities.
+
+    Args:
+      weights: 'balanced' (equal), 'natural' (proportional to counts), 'sqrt'
+        (proportional to the square root of counts), or class -> weight.
+      counts: Class -> record count; needed by 'natural' and 'sqrt'.
+      classes: The classes, when no counts are given.
+    """
+    keys = list(counts) if counts is not None else list(classes or [])
+    if isinstance(weights, str):
+        if weights not in WEIGHT_SCHEMES:
+            raise invalid(DataError, "class_weights", weights,
+                          describe_choices(weights, WEIGHT_SCHEMES) + ", a mapping, or a tf.Variable")
+        if weights != "balanced" and counts is None:
+            raise invalid(DataError, "class_weights", weights, "class counts to weigh by",
+                          "Pass counts=..., or write the data with write_tfrecords(partition_by=...).")
+        if not keys:
+            raise invalid(DataError, "classes", keys, "at least one class")
+        raw = {k: 1.0 if weights == "balanced" else float(counts[k]) if weights == "natural"  # type: ignore[index]
+               else math.sqrt(counts[k]) for k in keys}  # type: ignore[index]
+    else:
+        raw = {k: float(v) for k, v in weights.items()}
+        missing = [k for k in keys if k not in raw]
+        if missing:
+            raise invalid(DataError, "class_weights", dict(weights), f"a weight for every class (missing {missing})")
+    if any(v < 0 or not math.isfinite(v) for v in raw.values()) or sum(raw.values()) <= 0:
+        raise invalid(DataError, "class_weights", raw, "finite weights >= 0 with a positive sum")
+    total = sum(raw.values())
+    return {k: v / total for k, v in raw.items()}
+
+
+def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence["tf.data.Dataset"]],
+                      weights: Weights, *, counts: Optional[Mapping[Any, int]] = None, seed: Optional[int] = None,
+                      on_exhausted: str = "repeat") -> "tf.data.Dataset":
+    """Samples from per-class datasets with the given class mix.
+
+    Args:
+      datasets: Class -> dataset (or a list, classes 0..n-1).
+      weights: 'balanced', 'natural', 'sqrt', class -> weight, or a 1-D
+        float ``tf.Variable`` (one entry per class, in ``datasets`` order) that
+        is read for every element, so it can be changed while training (see
+        :class:`tfdist.data.AdaptiveClassWeights`).
+      counts: Class -> record count, for 'natural'/'sqrt'.
+      seed: Sampling seed (deterministic mix when set).
+      on_exhausted: What happens when one class runs out: 'repeat' (default:
+        every class repeats, so the mix holds forever; bound the result with
+        ``take``), 'stop' (end at the first exhausted class: the mix holds but
+        data of other classes is left unread), or 'drop' (keep going without
+        it: the mix drifts toward the remaining classes).
+
+    Returns:
+      A dataset of the elements of ``datasets``, interleaved by weight.
+    """
+    import tensorflow as tf
+
+    if on_exhausted not in EXHAUSTED_POLICIES:
+        raise invalid(DataError, "on_exhausted", on_exhausted, describe_choices(on_exhausted, EXHAUSTED_POLICIES))
+    mapping = dict(datasets) if isinstance(datasets, Mapping) else dict(enumerate(datasets))
+    if not mapping:
+        raise invalid(DataError, "datasets", [], "at least one per-class dataset")
+    keys = list(mapping)
+    members = [mapping[k].repeat() if on_exhausted == "repeat" else mapping[k] for k in keys]
+    if isinstance(weights, tf.Variable):
+        if weights.shape.rank != 1 or weights.shape[0] != len(keys):
+            raise invalid(DataError, "class_weights", f"tf.Variable{weights.shape}",
+                          f"a 1-D variable with {len(keys)} entries (one per class)")
+        variable = weights
+        # A dataset of weights reads the variable at every element, so updates take effect while training.
+        live = tf.data.Dataset.from_tensors(0).repeat().map(
+            lambda _: tf.cast(variable.read_value(), tf.float32) / tf.reduce_sum(variable))
+        return tf.data.Dataset.sample_from_datasets(members, weights=live, seed=seed,
+                                                    stop_on_empty_dataset=on_exhausted == "stop")
+    probabilities = resolve_weights(weights, counts=counts, classes=keys)
+    return tf.data.Dataset.sample_from_datasets(members, weights=[probabilities[k] for k in keys], seed=seed,
+                                                stop_on_empty_dataset=on_exhausted == "stop")

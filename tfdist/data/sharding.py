@@ -1,0 +1,124 @@
+"""Per-worker sharding decisions: which policy, and which files each worker reads.
+
+Pure Python: the same file list gives the same plan on every worker.
+
+Example:
+    >>> from tfdist.data.sharding import plan_shards
+    >>> plan = plan_shards([("a", 100), ("b", 100), ("c", 90), ("d", 110)], num_workers=2)
+    >>> plan.policy, plan.files_for(0), plan.files_for(1)
+    ('file', ('c', 'd'), ('a', 'b'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+from typing import Optional
+
+from tfdist._names import describe_choices
+from tfdist.errors import DataError, invalid
+
+__all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files"]
+
+SHARD_POLICIES = ("auto", "file", "data", "hash", "off")
+# 'auto' shards by file when the per-worker byte load is within this factor of the mean.
+BALANCE_TOLERANCE = 1.10
+
+
+def balance_files(files: Sequence[tuple[str, int]], num_workers: int) -> list[list[str]]:
+    """Assigns files to workers so bytes are balanced: largest file to the lightest worker.
+
+    Ties break by file name and worker index, so every worker computes the same
+    plan. Each worker's files are returned sorted by name.
+    """
+    heap = [(0, worker) for worker in range(num_workers)]
+    assignment: list[list[str]] = [[] for _ in range(num_workers)]
+    for name, size in sorted(files, key=lambda item: (-item[1], item[0])):
+        load, worker = heapq.heappop(heap)
+        assignment[worker].append(name)
+        heapq.heappush(heap, (load + size, worker))
+    return [sorted(names) for names in assignment]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """How input is split across ``num_workers`` input pipelines.
+
+    Attributes:
+      policy: 'file', 'data', 'hash' or 'off' (never 'auto').
+      reason: Why, for logs and reports.
+      num_workers: Input pipelines (one per worker).
+      assignment: For 'file', each worker's files; else every worker reads all.
+      worker_bytes: Bytes each worker reads (before data/hash filtering).
+    """
+
+    policy: str
+    reason: str
+    num_workers: int
+    assignment: tuple[tuple[str, ...], ...]
+    worker_bytes: tuple[int, ...]
+
+    def files_for(self, worker: int) -> tuple[str, ...]:
+        """The files worker ``worker`` reads."""
+        return self.assignment[worker]
+
+    @property
+    def imbalance(self) -> float:
+        """Max over mean of the bytes each worker reads (1.0 is perfect)."""
+        mean = sum(self.worker_bytes) / max(1, len(self.worker_bytes))
+        return max(self.worker_bytes) / mean if mean else 1.0
+
+
+def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: str = "auto",
+                shard_key: Optional[str] = None) -> ShardPlan:
+    """Chooses and lays out a sharding policy.
+
+    'auto' picks 'file' when there are at least as many files as workers and
+    the byte-balanced assignment is within 10% of even, else 'data' (every
+    worker reads everything and keeps every N-th record: exact, but N times
+    the I/O). One worker means 'off'.
+
+    Args:
+      files: (path, size in bytes) for every input file.
+      num_workers: Input pipelines.
+      policy: One of :data:`SHARD_POLICIES`.
+      shard_key: Feature hashed by 'hash'.
+
+    Raises:
+      DataError: Unknown policy, 'file' with fewer files than workers, 'hash'
+        without a key.
+    """
+    if policy not in SHARD_POLICIES:
+        raise invalid(DataError, "shard_policy", policy, describe_choices(str(policy), SHARD_POLICIES))
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise invalid(DataError, "num_workers", num_workers, "an integer >= 1")
+    if not files:
+        raise invalid(DataError, "files", [], "at least one input file", "Check the glob pattern or the list.")
+    total = sum(size for _, size in files)
+    everything = tuple(sorted(name for name, _ in files))
+    if policy == "hash" and not shard_key:
+        raise invalid(DataError, "shard_key", shard_key, "the feature to hash with shard_policy='hash'",
+                      "Pass shard_key='user_id' (for example).")
+    if policy in ("off", "data", "hash") or (policy == "auto" and num_workers == 1):
+        chosen = "off" if policy == "auto" else policy
+        reason = {"off": "one input pipeline reads everything" if num_workers == 1 else "sharding is off: every "
+                  "worker reads every record", "data": "every worker reads all files and keeps every "
+                  f"{num_workers}-th record", "hash": f"records go to worker hash({shard_key}) % {num_workers}"}
+        return ShardPlan(chosen, reason[chosen], num_workers, (everything,) * num_workers, (total,) * num_workers)
+    if len(files) < num_workers:
+        if policy == "file":
+            raise invalid(DataError, "shard_policy", "file", f"at least as many files as workers ({num_workers})",
+                          f"Only {len(files)} file(s): use shard_policy='data' or 'auto', or write more shards.")
+        return ShardPlan("data", f"{len(files)} file(s) for {num_workers} workers: too few to shard by file",
+                         num_workers, (everything,) * num_workers, (total,) * num_workers)
+    sizes = dict(files)
+    assignment = balance_files(files, num_workers)
+    loads = tuple(sum(sizes[name] for name in names) for names in assignment)
+    mean = total / num_workers
+    imbalance = max(loads) / mean if mean else 1.0
+    if policy == "auto" and imbalance > BALANCE_TOLERANCE:
+        return ShardPlan("data", f"file sizes do not split evenly (the busiest worker would read {imbalance:.2f}x "
+                         "the mean)", num_workers, (everything,) * num_workers, (total,) * num_workers)
+    return ShardPlan("file", f"{len(files)} files over {num_workers} workers, byte-balanced within "
+                     f"{(imbalance - 1) * 100:.1f}%", num_workers, tuple(tuple(a) for a in assignment), loads)
