@@ -7,9 +7,9 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from tfdist.cli import doctor
+from tfdist.cli import data_report, doctor
 
-_SUBCOMMANDS = (doctor,)
+_SUBCOMMANDS = (doctor, data_report)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

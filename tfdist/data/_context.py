@@ -7,6 +7,7 @@ import os
 from typing import Any, Optional
 
 from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec
+from tfdist.errors import DataError, invalid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,12 @@ class PipelineSlot:
 def slot(input_context: Optional[Any], global_batch: int) -> PipelineSlot:
     """The slot for ``input_context``, or from TF_CONFIG (chief and workers count), or one pipeline."""
     if input_context is not None:
+        replicas = input_context.num_replicas_in_sync
+        if global_batch % replicas:
+            suggestion = max(replicas, global_batch // replicas * replicas)
+            raise invalid(DataError, "batch_size", global_batch,
+                          f"a global batch divisible by the {replicas} replicas in sync",
+                          f"Use a multiple of {replicas}, e.g. {suggestion}.")
         return PipelineSlot(input_context.input_pipeline_id, input_context.num_input_pipelines,
                             input_context.get_per_replica_batch_size(global_batch), True)
     if os.environ.get(TF_CONFIG_VAR):

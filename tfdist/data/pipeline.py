@@ -204,6 +204,7 @@ class TFRecordPipeline:
         with ThreadPoolExecutor(max_workers=min(8, max(1, len(todo)))) as pool:
             checks = list(pool.map(lambda p: _framing.check_file(p, _compression_of(p, self.compression)), todo))
         limits: dict[str, int] = {}
+        lost: dict[str, tuple[int, bool]] = {c.path: _lost_records(c) for c in checks if not c.ok}
         for check in checks:
             if check.ok:
                 continue
@@ -212,12 +213,13 @@ class TFRecordPipeline:
                                 f"before it, {check.lost_bytes} bytes unreadable. Re-write the file, or pass "
                                 "on_corrupt='skip' to train on the readable records.")
             limits[check.path] = check.records
-            _log.warning("Skipping the damaged part of %s: %s (%d bytes, ~%d records lost).", check.path,
-                         check.problem, check.lost_bytes, _estimate_lost(check))
-        report = {"files_checked": len(checks), "corrupt_files": [c.path for c in checks if not c.ok],
+            count, exact = lost[check.path]
+            _log.warning("Skipping the damaged part of %s: %s; %s%d records lost.", check.path, check.problem,
+                         "" if exact else "about ", count)
+        report = {"files_checked": len(checks), "corrupt_files": sorted(lost),
                   "records_kept_from_corrupt": sum(c.records for c in checks if not c.ok),
-                  "bytes_lost": sum(c.lost_bytes for c in checks if not c.ok),
-                  "records_lost_estimate": sum(_estimate_lost(c) for c in checks if not c.ok)}
+                  "records_lost": sum(count for count, _ in lost.values()),
+                  "records_lost_exact": all(exact for _, exact in lost.values())}
         object.__setattr__(self, "_last_report", report)
         return limits
 
@@ -381,17 +383,26 @@ def _size_of(path: str) -> int:
         raise DataError(f"Cannot read {path}: {err.message}. Check that it exists and is readable.") from err
 
 
-def _estimate_lost(check: _framing.FileCheck) -> int:
+def _lost_records(check: _framing.FileCheck) -> tuple[int, bool]:
+    """(records lost, exact?): exact from the writer's manifest, else estimated from the unreadable bytes."""
+    from tfdist.data.writer import prefix_of, read_manifest
+
+    prefix = prefix_of(check.path)
+    manifest = read_manifest(prefix) if prefix else None
+    if manifest is not None and check.path in manifest["files"]:
+        return manifest["files"][check.path]["records"] - check.records, True
     mean = check.valid_bytes / check.records if check.records else 0
-    return round(check.lost_bytes / mean) if mean else 0
+    return (round(check.lost_bytes / mean) if mean else 0), False
 
 
 def _records_in(pipeline: TFRecordPipeline, files: Sequence[tuple[str, int]]) -> int:
     """Records in ``files``: from the writer's manifest when present, else a framing walk."""
     from tfdist.data.writer import read_manifest
 
-    prefix = CLASS_GROUP.split(files[0][0])[0]
-    manifest = read_manifest(prefix)
+    from tfdist.data.writer import prefix_of
+
+    prefix = prefix_of(files[0][0])
+    manifest = read_manifest(prefix) if prefix else None
     if manifest is not None and all(path in manifest["files"] for path, _ in files):
         return sum(manifest["files"][path]["records"] for path, _ in files)
     return sum(_framing.check_file(path, _compression_of(path, pipeline.compression)).records for path, _ in files)

@@ -103,8 +103,8 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
     if policy in ("off", "data", "hash") or (policy == "auto" and num_workers == 1):
         chosen = "off" if policy == "auto" else policy
         reason = {"off": "one input pipeline reads everything" if num_workers == 1 else "sharding is off: every "
-                  "worker reads every record", "data": "every worker reads all files and keeps every "
-                  f"{num_workers}-th record", "hash": f"records go to worker hash({shard_key}) % {num_workers}"}
+                  "worker reads every record", "data": "every worker reads all files and keeps one "
+                  f"record in {num_workers}", "hash": f"records go to worker hash({shard_key}) % {num_workers}"}
         return ShardPlan(chosen, reason[chosen], num_workers, (everything,) * num_workers, (total,) * num_workers)
     if len(files) < num_workers:
         if policy == "file":

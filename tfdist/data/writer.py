@@ -20,7 +20,8 @@ from typing import Any, Optional, Union
 
 from tfdist.errors import DataError, invalid
 
-__all__ = ["write_tfrecords", "shard_name", "manifest_path", "read_manifest", "COMPRESSIONS", "CLASS_GROUP"]
+__all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_manifest", "COMPRESSIONS",
+           "CLASS_GROUP"]
 
 _log = logging.getLogger("tfdist.data")
 COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
@@ -33,6 +34,15 @@ Progress = Callable[[int], None]
 def shard_name(prefix: str, index: int, count: int, compression: Optional[str] = None) -> str:
     """``PREFIX-00003-of-00016.tfrecord`` (plus ``.gz``/``.zz`` when compressed)."""
     return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression]}"
+
+
+_SHARD_SUFFIX = re.compile(r"(?:-[A-Za-z0-9_]+=[^/]+?)?-\d{5}-of-\d{5}\.tfrecord(?:\.gz|\.zz)?$")
+
+
+def prefix_of(path: str) -> Optional[str]:
+    """The ``path_prefix`` a shard written by :func:`write_tfrecords` came from, or None."""
+    match = _SHARD_SUFFIX.search(path)
+    return path[: match.start()] if match else None
 
 
 def manifest_path(prefix: str) -> str:

@@ -1,0 +1,72 @@
+"""tf.data service: move parsing and decoding off the trainers, onto service workers.
+
+:class:`LocalDataService` starts an in-process dispatcher and workers, for
+tests, demos and ``tfdist-launch``; a pipeline with
+``data_service="grpc://host:port"`` sends its processing there.
+
+Example::
+
+    from tfdist.data.service import LocalDataService
+    with LocalDataService(num_workers=2) as service:
+        pipeline = TFRecordPipeline(..., data_service=service.address)   # "grpc://localhost:PORT"
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Optional
+
+from tfdist import _address
+from tfdist.errors import DataError, invalid
+
+__all__ = ["LocalDataService"]
+
+
+class LocalDataService:
+    """A tf.data service dispatcher plus ``num_workers`` workers in this process.
+
+    Args:
+      num_workers: Service workers (each runs pipeline processing).
+      host: Address the workers report to the dispatcher.
+    """
+
+    def __init__(self, *, num_workers: int = 1, host: str = "127.0.0.1") -> None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise invalid(DataError, "num_workers", num_workers, "an integer >= 1")
+        self.num_workers = num_workers
+        self.host = host
+        self._dispatcher: Any = None
+        self._workers: list[Any] = []
+
+    @property
+    def address(self) -> str:
+        """``grpc://host:port`` of the dispatcher (for ``TFRecordPipeline(data_service=...)``)."""
+        if self._dispatcher is None:
+            raise DataError("The data service is not started; use `with LocalDataService(...) as service:`.")
+        return self._dispatcher.target
+
+    def start(self) -> "LocalDataService":
+        import tensorflow as tf
+
+        service = tf.data.experimental.service
+        port = _address.free_ports(1, self.host)[0]
+        self._dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
+        dispatcher = self._dispatcher.target.split("://")[1]
+        for _ in range(self.num_workers):
+            self._workers.append(service.WorkerServer(service.WorkerConfig(
+                dispatcher_address=dispatcher, worker_address=f"{self.host}:%port%")))
+        return self
+
+    def stop(self) -> None:
+        for worker in self._workers:
+            worker._stop()  # pylint: disable=protected-access - TF's only way to stop an in-process server.
+        if self._dispatcher is not None:
+            self._dispatcher._stop()  # pylint: disable=protected-access
+        self._workers, self._dispatcher = [], None
+
+    def __enter__(self) -> "LocalDataService":
+        return self.start()
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.stop()
