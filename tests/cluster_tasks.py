@@ -139,3 +139,32 @@ def ready_then_fit(seconds: float) -> dict[str, Any]:
         model = _small_model(keras)
     history = model.fit(_regression_dataset(), epochs=2, verbose=0)
     return {"replicas": strategy.num_replicas_in_sync, "loss": [float(v) for v in history.history["loss"]]}
+
+
+def mwms_pipeline(prefix: str) -> dict[str, Any]:
+    """Reads this worker's share (from TF_CONFIG) for one epoch, then fits one epoch on it under MWMS."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    import tensorflow as tf
+
+    from tfdist import keras
+    from tfdist.data import TFRecordPipeline
+
+    features = {"x": tf.io.FixedLenFeature([8], tf.float32), "id": tf.io.FixedLenFeature([], tf.int64),
+                "label": tf.io.FixedLenFeature([], tf.int64)}
+    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=32, label_key="label",
+                                shuffle_buffer=100, seed=1)
+    ids = [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
+    supervised = dataclasses_replace(pipeline, as_supervised=True)
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Lambda(lambda f: f["x"]), keras.layers.Dense(3)])
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(supervised.dataset(), epochs=1, verbose=0)
+    return {"ids": ids, "plan": pipeline.plan(2).policy, "loss": history.history["loss"][-1]}
+
+
+def dataclasses_replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)

@@ -316,3 +316,26 @@ class ReportTest(parameterized.TestCase):
                               "--label-key", "label", "--workers", "2"], capture_output=True, text=True, timeout=120)
         self.assertEqual(bad.returncode, 2)
         self.assertIn("matches at least one file", bad.stderr)
+
+
+class AdaptiveWeightsTest(parameterized.TestCase):
+
+    def test_weight_moves_to_the_class_with_high_loss(self) -> None:
+        from tfdist import keras
+        from tfdist.data.adaptive import AdaptiveClassWeights, reweight
+
+        self.assertEqual(reweight([0.5, 0.5], [1.0, 1.0], rate=1.0, floor=0.0), [0.5, 0.5])
+        rng = np.random.default_rng(0)
+        x0, x1 = rng.normal(size=(256, 4)).astype("float32"), rng.normal(size=(256, 4)).astype("float32")
+        easy = tf.data.Dataset.from_tensor_slices((x0, np.zeros(256, "int64")))   # Class 0: constant label.
+        hard = tf.data.Dataset.from_tensor_slices((x1, rng.integers(0, 2, 256)))  # Class 1: noise labels.
+        weights = tf.Variable([0.5, 0.5])
+        train = stratified_sample([easy, hard], weights, seed=0).batch(32).take(20)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.Adam(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        callback = AdaptiveClassWeights(weights, per_class_data={0: easy.batch(64), 1: hard.batch(64)}, rate=1.0)
+        model.fit(train, epochs=3, verbose=0, callbacks=[callback])
+        self.assertLen(callback.history, 3)
+        self.assertGreater(float(weights[1]), 0.6)  # The noisy class keeps a high loss and gains weight.
+        self.assertAlmostEqual(float(tf.reduce_sum(weights)), 1.0, places=5)

@@ -58,6 +58,25 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         self.assertEqual({r["weights_sha1"] for r in results}.__len__(), 1)
         self.assertEqual([r["replicas"] for r in results], [2, 2])
 
+    def test_pipeline_shards_from_tf_config_and_fits(self) -> None:
+        import tensorflow as tf
+
+        from tfdist.data import write_tfrecords
+
+        rng = np.random.default_rng(0)
+        prefix = os.path.join(self.create_tempdir().full_path, "train")
+        write_tfrecords((tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=rng.normal(size=8))),
+            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))})) for i in range(640)),
+            prefix, num_shards=4)
+        run = testing.run_cluster(cluster_tasks.mwms_pipeline, workers=2, timeout=180, args=[prefix])
+        self.assertTrue(run.ok, run.result.summary())
+        a, b = run.values["worker:0"], run.values["worker:1"]
+        self.assertEqual(sorted(a["ids"] + b["ids"]), list(range(640)))  # Each record once per epoch.
+        self.assertEqual((len(a["ids"]), len(b["ids"]), a["plan"]), (320, 320, "file"))
+        self.assertAlmostEqual(a["loss"], b["loss"], places=5)
+
     def test_crash_once_restarts_group_and_resumes_from_backup(self) -> None:
         tmp = self.create_tempdir().full_path
         log, marker = os.path.join(tmp, "epochs"), os.path.join(tmp, "crashed")
