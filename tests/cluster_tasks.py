@@ -168,3 +168,17 @@ def dataclasses_replace(obj: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
+
+
+def service_consumer(prefix: str) -> dict[str, Any]:
+    """Reads a pipeline through the launcher's tf.data service; returns the ids this worker got."""
+    import os
+
+    import tensorflow as tf
+
+    from tfdist.data import TFRecordPipeline
+
+    features = {"id": tf.io.FixedLenFeature([], tf.int64)}
+    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=10, drop_remainder=False,
+                                data_service=os.environ["TFDIST_DATA_SERVICE"])
+    return {"ids": [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]}

@@ -77,6 +77,20 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         self.assertEqual((len(a["ids"]), len(b["ids"]), a["plan"]), (320, 320, "file"))
         self.assertAlmostEqual(a["loss"], b["loss"], places=5)
 
+    def test_launcher_data_service_splits_records_between_workers(self) -> None:
+        import tensorflow as tf
+
+        from tfdist.data import write_tfrecords
+
+        prefix = os.path.join(self.create_tempdir().full_path, "svc")
+        write_tfrecords((tf.train.Example(features=tf.train.Features(feature={"id": tf.train.Feature(
+            int64_list=tf.train.Int64List(value=[i]))})) for i in range(400)), prefix, num_shards=8)
+        run = testing.run_cluster(cluster_tasks.service_consumer, workers=2, timeout=180, args=[prefix],
+                                  data_service_workers=2)
+        self.assertTrue(run.ok, run.result.summary())
+        ids = run.values["worker:0"]["ids"] + run.values["worker:1"]["ids"]
+        self.assertEqual(sorted(ids), list(range(400)))  # One shared job: each record to one consumer.
+
     def test_crash_once_restarts_group_and_resumes_from_backup(self) -> None:
         tmp = self.create_tempdir().full_path
         log, marker = os.path.join(tmp, "epochs"), os.path.join(tmp, "crashed")

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="SIGKILL a task once, e.g. worker:1@20 (fault injection)")
     run.add_argument("--isolate-network", action="store_true",
                      help="run the cluster in a private network namespace with only loopback")
+    run.add_argument("--data-service-workers", type=int, default=0, metavar="N",
+                     help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE")
     run.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping")
     out = parser.add_argument_group("emit for a real engine")
     out.add_argument("--emit", choices=emit.EMIT_FORMATS, default=None, help="print instead of running")
@@ -92,7 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               evaluator=args.evaluator, run_on=args.run_on, max_restarts=args.max_restarts,
                               threads_per_task=args.threads_per_task, timeout=args.timeout, log_dir=args.log_dir,
                               kills=tuple(KillAt.parse(k) for k in args.kill),
-                              isolate_network=args.isolate_network, grace_seconds=args.grace)
+                              isolate_network=args.isolate_network, grace_seconds=args.grace,
+                              data_service_workers=args.data_service_workers)
         if args.emit:
             sys.stdout.write(_emit(args, config) + "\n")
             return 0

@@ -28,13 +28,15 @@ class LocalDataService:
     Args:
       num_workers: Service workers (each runs pipeline processing).
       host: Address the workers report to the dispatcher.
+      port: Dispatcher port; 0 picks a free one.
     """
 
-    def __init__(self, *, num_workers: int = 1, host: str = "127.0.0.1") -> None:
+    def __init__(self, *, num_workers: int = 1, host: str = "127.0.0.1", port: int = 0) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise invalid(DataError, "num_workers", num_workers, "an integer >= 1")
         self.num_workers = num_workers
         self.host = host
+        self.port = port
         self._dispatcher: Any = None
         self._workers: list[Any] = []
 
@@ -49,7 +51,7 @@ class LocalDataService:
         import tensorflow as tf
 
         service = tf.data.experimental.service
-        port = _address.free_ports(1, self.host)[0]
+        port = self.port or _address.free_ports(1, self.host)[0]
         self._dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
         dispatcher = self._dispatcher.target.split("://")[1]
         for _ in range(self.num_workers):

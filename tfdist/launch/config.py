@@ -69,6 +69,9 @@ class LaunchConfig:
       grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks.
       host: Address the tasks use.
       env: Extra variables for every task.
+      data_service_workers: Start a tf.data service (dispatcher plus this many
+        workers) beside the cluster; every task gets its address in
+        ``TFDIST_DATA_SERVICE``. 0: none.
     """
 
     command: tuple[str, ...]
@@ -86,6 +89,7 @@ class LaunchConfig:
     grace_seconds: float = 5.0
     host: str = "127.0.0.1"
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    data_service_workers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
@@ -94,7 +98,7 @@ class LaunchConfig:
         if not self.command:
             raise invalid(LaunchError, "command", [], "a program to run after '--'",
                           "Example: tfdist-launch --workers 2 -- python train.py")
-        for name, minimum in (("workers", 1), ("ps", 0), ("max_restarts", 0)):
+        for name, minimum in (("workers", 1), ("ps", 0), ("max_restarts", 0), ("data_service_workers", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 fix = "A cluster trains on at least one worker." if name == "workers" else ""

@@ -33,6 +33,7 @@ __all__ = ["run", "run_config", "LaunchResult", "TaskResult", "EXPOSURE_WARNING"
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
 SERVER_ARGV = (sys.executable, "-m", "tfdist.launch.server")
+DATA_SERVICE_TASK = "data-service:0"
 EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
                     "cluster unreachable from outside.")
@@ -114,6 +115,14 @@ class _Supervisor:
             log_path = os.path.join(config.log_dir, task.replace(":", "-") + ".log") if config.log_dir else None
             self.children[task] = Child(task, argv, env=None, sink=sink, log_path=log_path)
         self.finished: dict[str, int] = {}
+        self.data_service: Optional[Child] = None
+        if config.data_service_workers:
+            port = _address.free_ports(1, config.host)[0]
+            self.base_env = dict(base_env, TFDIST_DATA_SERVICE=f"grpc://{config.host}:{port}")
+            argv = (sys.executable, "-m", "tfdist.cli.data_service", "--workers", str(config.data_service_workers),
+                    "--port", str(port))
+            log_path = os.path.join(config.log_dir, "data-service.log") if config.log_dir else None
+            self.data_service = Child(DATA_SERVICE_TASK, argv, env=dict(self.base_env), sink=sink, log_path=log_path)
 
     def _start(self, task: str) -> None:
         child = self.children[task]
@@ -148,6 +157,10 @@ class _Supervisor:
 
     def run(self, deadline: Optional[float], t0: float) -> tuple[int, str, Optional[str]]:
         pending_kills: list[KillAt] = sorted(self.config.kills, key=lambda k: k.seconds)
+        if self.data_service is not None:
+            self.data_service.start()
+            self.status(f"tf.data service started (pid {self.data_service.pid}, "
+                        f"{self.base_env['TFDIST_DATA_SERVICE']}, {self.config.data_service_workers} worker(s))")
         for task in sorted(self.children, key=lambda n: self.config.runs_command(n)):
             self._start(task)
         while True:
@@ -184,9 +197,10 @@ class _Supervisor:
             time.sleep(0.1)
 
     def stop_all(self) -> None:
-        for child in reversed(list(self.children.values())):
+        everyone = list(self.children.values()) + ([self.data_service] if self.data_service else [])
+        for child in reversed(everyone):
             child.signal(signal.SIGTERM)
-        for child in reversed(list(self.children.values())):
+        for child in reversed(everyone):
             child.stop(self.config.grace_seconds)
 
 
