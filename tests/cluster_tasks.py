@@ -182,3 +182,141 @@ def service_consumer(prefix: str) -> dict[str, Any]:
     pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=10, drop_remainder=False,
                                 data_service=os.environ["TFDIST_DATA_SERVICE"])
     return {"ids": [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]}
+
+
+def _equivalence_fn(global_batch: int) -> Any:
+    """A dataset function whose global batch k is records k*B..(k+1)*B-1 whatever the replica layout."""
+    import tensorflow as tf
+
+    x, y = _regression_data(n=1024)
+
+    def dataset_fn(context: Any) -> Any:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(context.get_per_replica_batch_size(global_batch), drop_remainder=True)
+
+    return dataset_fn
+
+
+def _equivalence_model(keras: Any) -> Any:
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def equivalence_mwms(global_batch: int, epochs: int) -> dict[str, Any]:
+    """2-worker MWMS fit through fit_input; returns the final weights."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    import numpy as np
+
+    from tfdist import keras
+
+    keras.enable_determinism(5)
+    with strategy.scope():
+        model = _equivalence_model(keras)
+    steps = 1024 // global_batch
+    model.fit(keras.fit_input(_equivalence_fn(global_batch), strategy=strategy, steps_per_epoch=steps),
+              epochs=epochs, steps_per_epoch=steps, verbose=0)
+    return {"weights": np.concatenate([w.reshape(-1) for w in model.get_weights()]).tolist(),
+            "replicas": strategy.num_replicas_in_sync}
+
+
+def equivalence_mirrored(global_batch: int, epochs: int) -> dict[str, Any]:
+    """One process, MirroredStrategy over 2 logical CPUs, the same global batch."""
+    import numpy as np
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tfdist
+    from tfdist import keras
+
+    strategy = tfdist.build_strategy("mirrored", cluster=None, devices=["/cpu:0", "/cpu:1"])
+    keras.enable_determinism(5)
+    with strategy.scope():
+        model = _equivalence_model(keras)
+    steps = 1024 // global_batch
+    model.fit(keras.fit_input(_equivalence_fn(global_batch), strategy=strategy, steps_per_epoch=steps),
+              epochs=epochs, steps_per_epoch=steps, verbose=0)
+    return {"weights": np.concatenate([w.reshape(-1) for w in model.get_weights()]).tolist(),
+            "replicas": strategy.num_replicas_in_sync}
+
+
+def mwms_with_cluster_callbacks(root: str, epochs: int) -> dict[str, Any]:
+    """MWMS fit with tfdist's cluster callbacks; reports what each task saw."""
+    import os
+
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    from tfdist import keras
+
+    dirs = {name: os.path.join(root, name) for name in ("backup", "ckpt", "tb", "throughput")}
+    with strategy.scope():
+        model = _small_model(keras)
+    callbacks = keras.cluster_callbacks(backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"],
+                                        tensorboard_dir=dirs["tb"], global_batch_size=64,
+                                        report_dir=dirs["throughput"])
+    model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
+    logger = [c for c in callbacks if type(c).__name__ == "ThroughputLogger"][0]
+    return {"callbacks": sorted(type(c).__name__ for c in callbacks), "throughput": logger.history,
+            "stragglers": logger.stragglers}
+
+
+def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[str, Any]:
+    """PS fit through fit_input + cluster callbacks on the chief; the evaluator runs the side-car."""
+    import os
+
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist import keras
+
+    spec = tfdist.ClusterSpec.from_tf_config()
+    dirs = {name: os.path.join(root, name) for name in ("backup", "ckpt", "tb")}
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2048, 8)).astype("float32")
+    y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
+
+    def build() -> Any:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=["accuracy"],
+                      steps_per_execution=5)
+        return model
+
+    if spec.task_type == "evaluator":
+        model = build()
+        data = tf.data.Dataset.from_tensor_slices((x[:512], y[:512])).batch(128)
+        keras.sidecar_evaluate(model, data, checkpoint_dir=dirs["ckpt"], epochs=epochs,
+                               log_dir=os.path.join(dirs["tb"], "eval"))
+        return {"evaluated": True}
+    strategy = tfdist.build_strategy("auto")
+
+    def dataset_fn(context: Any) -> Any:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(context.num_input_pipelines,
+                                                                   context.input_pipeline_id)
+        return dataset.shuffle(2048, seed=context.input_pipeline_id).repeat().batch(
+            context.get_per_replica_batch_size(64))
+
+    with strategy.scope():
+        model = build()
+    epochs_seen: list[int] = []
+    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch))
+    callbacks = keras.cluster_callbacks(backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"],
+                                        tensorboard_dir=dirs["tb"]) + [record]
+    errors = {}
+    for name, source, steps in (("missing_steps_error", dataset_fn, None),
+                                ("dataset_not_function_error", tf.data.Dataset.range(3), steps)):
+        try:
+            keras.fit_input(source, strategy=strategy, steps_per_epoch=steps)
+        except tfdist.StrategyError as err:
+            errors[name] = str(err)
+    history = model.fit(keras.fit_input(dataset_fn, strategy=strategy, steps_per_epoch=steps), epochs=epochs,
+                        steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+    return {"loss": history.history["loss"], "epochs_seen": epochs_seen, "restart": int(os.environ["TFDIST_RESTART"]),
+            **errors}

@@ -100,14 +100,17 @@ class EmitTest(parameterized.TestCase):
         env["SLURM_STEP_NODELIST"] = "127.0.0.1"
         from tfdist import _address
 
-        argv[argv.index("0")] = str(_address.free_ports(1)[0])
+        base = next(p for p in range(20000, 60000, 7) if all(_address.port_is_free("127.0.0.1", p + i)
+                                                               for i in range(4)))
+        argv[argv.index("0")] = str(base)  # The 4 tasks on this "node" use base..base+3.
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
         reader.start()
         try:
             deadline = time.monotonic() + 60
-            while not any("TensorFlow server ps:0 up" in line for line in lines) and time.monotonic() < deadline:
+            while (not any("TensorFlow server ps:0 up" in line for line in lines) and proc.poll() is None
+                   and time.monotonic() < deadline):
                 time.sleep(0.2)
             self.assertTrue(any("TensorFlow server ps:0 up" in line for line in lines), "".join(lines))
         finally:

@@ -56,11 +56,12 @@ class StrategyOptions:
         default raises them to workers + 1 on machines with fewer cores.
       devices: Devices for 'mirrored'; default every local GPU (or the CPU).
       device: Device for 'one_device'; default the first GPU, else the CPU.
-      peer_wait_seconds: Multi-worker mirrored, on every task but the leader
-        (the chief, else the lowest worker): wait up to this long for the
-        leader's port before TensorFlow dials it. A first dial that fails costs
-        a ~1 s gRPC reconnect backoff; waiting also logs who is missing. 0
-        disables.
+      peer_wait_seconds: Before TensorFlow dials its peers, wait up to this
+        long for their ports, logging who is missing every 10 s: under
+        multi-worker mirrored every task but the leader waits for the leader
+        (a failed first dial costs a ~1 s gRPC reconnect backoff); under
+        parameter servers the coordinator waits for every worker and ps (TF
+        itself waits silently). 0 disables.
 
     Example:
         >>> StrategyOptions(communication="ring", bytes_per_pack=4 << 20).bytes_per_pack
@@ -251,6 +252,21 @@ def _wait_for_leader(cluster: ClusterSpec, timeout: float) -> None:
                      name, address, timeout)
 
 
+def _wait_for_servers(cluster: ClusterSpec, timeout: float) -> None:
+    """The coordinator connects to every worker and ps; TF waits silently for missing ones, so say who."""
+    import time
+
+    from tfdist.probe import wait_until_reachable
+
+    deadline = time.monotonic() + timeout
+    for task in cluster.tasks():
+        if task.type in ("worker", "ps"):
+            remaining = max(0.0, deadline - time.monotonic())
+            if not wait_until_reachable(task.name, task.address, remaining):
+                _log.warning("%s at %s did not answer within %.0fs; handing over to TensorFlow, which waits for it.",
+                             task.name, task.address, timeout)
+
+
 def _num_gpus() -> int:
     import tensorflow as tf
 
@@ -319,6 +335,8 @@ def _parameter_server(options: StrategyOptions, cluster: Optional[ClusterSpec]) 
         tf.config.threading.set_inter_op_parallelism_threads(threads)
         _log.info("Inter-op threads raised to %d so the coordinator can drive %d workers.", threads,
                   cluster.num_workers)
+    if options.peer_wait_seconds:
+        _wait_for_servers(cluster, options.peer_wait_seconds)
     partitioner = variable_partitioner(options, num_ps=cluster.num_ps)
     return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster), variable_partitioner=partitioner)
 

@@ -1,10 +1,12 @@
-"""The Keras tfdist supports: tf-keras 2.17 (legacy Keras 2), whatever ``tf.keras`` is.
+"""The Keras tfdist supports: tf-keras 2.17 (legacy Keras 2), whatever ``tf.keras`` is, plus tfdist's helpers.
 
 Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy and does not support
 ParameterServerStrategy ``fit``. ``tfdist.keras`` is the ``tf_keras`` module,
 so ``from tfdist import keras`` gives the right Keras without setting
 ``TF_USE_LEGACY_KERAS=1`` (which only works when set before TensorFlow is
-imported; ``tfdist-launch`` sets it for every task).
+imported; ``tfdist-launch`` sets it for every task). tfdist's own names
+(``fit_input``, ``cluster_callbacks``, ``ThroughputLogger``,
+``sidecar_evaluate``, ``enable_determinism``) are added on top, loaded lazily.
 
 Example:
     >>> from tfdist import keras
@@ -13,10 +15,21 @@ Example:
     True
 """
 
+import importlib
 from typing import Any
 
+_TFDIST_NAMES = {
+    "fit_input": "tfdist.keras.inputs",
+    "cluster_callbacks": "tfdist.keras.cluster_callbacks",
+    "ThroughputLogger": "tfdist.keras.cluster_callbacks",
+    "sidecar_evaluate": "tfdist.keras.sidecar",
+    "enable_determinism": "tfdist.keras.inputs",
+}
 
-def __getattr__(name: str) -> Any:  # Re-exports tf_keras lazily: no import-time side effects.
+
+def __getattr__(name: str) -> Any:  # Lazy re-exports: no import-time side effects.
+    if name in _TFDIST_NAMES:
+        return getattr(importlib.import_module(_TFDIST_NAMES[name]), name)
     import tf_keras
 
     return getattr(tf_keras, name)

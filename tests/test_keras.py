@@ -1,0 +1,80 @@
+"""Keras under both strategies: equivalence, cluster callbacks, PS with the evaluator side-car, fault tolerance."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+from absl.testing import absltest
+
+import cluster_tasks
+from tfdist import testing
+from tfdist.launch.config import KillAt
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+class DataParallelTest(absltest.TestCase):
+
+    def test_two_workers_equal_one_process_with_two_replicas(self) -> None:
+        mwms = testing.run_cluster(cluster_tasks.equivalence_mwms, workers=2, timeout=180, args=[64, 3])
+        mirrored = testing.run_cluster(cluster_tasks.equivalence_mirrored, workers=1, timeout=180, args=[64, 3])
+        self.assertTrue(mwms.ok, mwms.result.summary())
+        self.assertTrue(mirrored.ok, mirrored.result.summary())
+        reference = mirrored.values["worker:0"]
+        self.assertEqual((reference["replicas"], mwms.values["worker:0"]["replicas"]), (2, 2))
+        for task in ("worker:0", "worker:1"):
+            np.testing.assert_allclose(mwms.values[task]["weights"], reference["weights"], rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(mwms.values["worker:0"]["weights"], mwms.values["worker:1"]["weights"])
+
+    def test_cluster_callbacks_under_mwms(self) -> None:
+        root = self.create_tempdir().full_path
+        run = testing.run_cluster(cluster_tasks.mwms_with_cluster_callbacks, workers=2, timeout=180, args=[root, 3])
+        self.assertTrue(run.ok, run.result.summary())
+        chief, other = run.values["worker:0"], run.values["worker:1"]
+        self.assertIn("TensorBoard", chief["callbacks"])
+        self.assertNotIn("TensorBoard", other["callbacks"])  # TensorBoard on the chief only.
+        self.assertEqual(sorted(os.listdir(os.path.join(root, "ckpt")))[:2], ["checkpoint", "ckpt-1.data-00000-of-00001"])
+        self.assertTrue(os.path.exists(os.path.join(root, "ckpt", "ckpt-3.index")))
+        leftovers = glob.glob(os.path.join(root, "**", "workertemp_*"), recursive=True)
+        self.assertEqual(leftovers, [])  # Non-chief copies went to temporary directories, now removed.
+        self.assertFalse(os.path.exists(os.path.join(root, "backup", "chief")))  # Backup deleted after success.
+        self.assertTrue(glob.glob(os.path.join(root, "tb", "train", "events.out.tfevents.*")))
+        for value in (chief, other):
+            self.assertLen(value["throughput"], 3)
+            self.assertGreater(value["throughput"][-1]["examples_per_s"], 0)
+        reports = sorted(os.listdir(os.path.join(root, "throughput")))
+        self.assertEqual(reports, [f"throughput-worker-{w}-epoch{e}.json" for w in (0, 1) for e in range(3)])
+        self.assertLen(chief["stragglers"], 3)  # The chief compared both workers every epoch.
+
+
+class ParameterServerKerasTest(absltest.TestCase):
+
+    def test_fit_input_callbacks_and_evaluator_sidecar(self) -> None:
+        root = self.create_tempdir().full_path
+        run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240,
+                                  args=[root, 4, 20])
+        self.assertTrue(run.ok, run.result.summary())
+        chief = run.values["chief:0"]
+        self.assertLess(chief["loss"][-1], chief["loss"][0])
+        self.assertIn("PS fit cannot detect the end of an epoch", chief["missing_steps_error"])
+        self.assertIn("Each worker builds its own input", chief["dataset_not_function_error"])
+        self.assertEqual(run.values["evaluator:0"], {"evaluated": True})  # Stopped by itself after ckpt-4.
+        evaluations = [line for line in run.output("evaluator:0").splitlines() if "- loss:" in line]
+        self.assertGreaterEqual(len(evaluations), 1)  # It may skip checkpoints saved while it evaluated.
+        self.assertTrue(glob.glob(os.path.join(root, "tb", "eval", "**", "events.out.tfevents.*"), recursive=True))
+
+    def test_killed_ps_is_recovered_from_the_backup(self) -> None:
+        root = self.create_tempdir().full_path
+        run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
+                                  kills=(KillAt("ps:0", 12.0),), args=[root, 30, 60])
+        self.assertTrue(run.ok, run.result.summary())
+        restarts = {t.task: t.restarts for t in run.result.tasks}
+        self.assertEqual(restarts["ps:0"], 1)
+        self.assertEqual(restarts["chief:0"], 1)  # A lost ps restarts the group from the backup.
+        resumed = run.values["chief:0"]
+        self.assertEqual(resumed["restart"], 1)
+        self.assertGreater(resumed["epochs_seen"][0], 0, resumed)  # Resumed, not from zero.
+        self.assertEqual(resumed["epochs_seen"][-1], 29)

@@ -1,0 +1,155 @@
+"""Callbacks that know the cluster: backups, checkpoints, TensorBoard on the chief, throughput.
+
+Example:
+    >>> # callbacks = cluster_callbacks(backup_dir="gs://b/backup", checkpoint_dir="gs://b/ckpt",
+    >>> #                               tensorboard_dir="gs://b/tb", global_batch_size=256)
+    >>> # model.fit(..., callbacks=callbacks)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Any, Optional
+
+from tfdist.cluster import ClusterSpec
+
+__all__ = ["cluster_callbacks", "ThroughputLogger", "CHECKPOINT_PATTERN"]
+
+_log = logging.getLogger("tfdist.keras")
+CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
+
+
+def _spec() -> Optional[ClusterSpec]:
+    return ClusterSpec.from_tf_config() if os.environ.get("TF_CONFIG") else None
+
+
+def _task_name(spec: Optional[ClusterSpec]) -> str:
+    return spec.task.name if spec is not None and spec.task is not None else "local"
+
+
+def _callback_base() -> Any:
+    import tf_keras
+
+    return tf_keras.callbacks.Callback
+
+
+class ThroughputLogger(_callback_base()):  # type: ignore[misc]
+    """Logs examples/s and step time each epoch; with ``report_dir``, names straggling workers.
+
+    Every worker writes ``throughput-<task>-epoch<N>.json`` into ``report_dir``
+    (shared storage); the chief waits (up to 10 s) for every training worker's
+    report, then logs workers whose mean step time is above
+    ``straggler_factor`` x the median. The first ``warmup_steps`` steps
+    of each epoch (tracing, pipeline fill) are not timed.
+
+    Args:
+      global_batch_size: Examples per step over all replicas.
+      report_dir: Shared directory for per-worker reports; None: local only.
+      straggler_factor: How much slower than the median counts as straggling.
+      warmup_steps: Steps skipped at the start of each epoch.
+    """
+
+    def __init__(self, global_batch_size: int, *, report_dir: Optional[str] = None,
+                 straggler_factor: float = 1.25, warmup_steps: int = 2) -> None:
+        super().__init__()
+        self.global_batch_size = global_batch_size
+        self.report_dir = report_dir
+        self.straggler_factor = straggler_factor
+        self.warmup_steps = warmup_steps
+        self.history: list[dict[str, Any]] = []
+        self.stragglers: list[list[str]] = []
+        self._spec = _spec()
+        self._task = _task_name(self._spec)
+        self._steps: list[float] = []
+        self._step_start = 0.0
+        self._seen = 0
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._steps, self._seen = [], 0
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._seen += 1
+        if self._seen > self.warmup_steps:
+            self._steps.append(time.perf_counter() - self._step_start)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if not self._steps:
+            return
+        step = statistics.mean(self._steps)
+        record = {"task": self._task, "epoch": epoch, "steps_timed": len(self._steps), "step_s": step,
+                  "examples_per_s": self.global_batch_size / step}
+        self.history.append(record)
+        _log.info("Epoch %d on %s: %.0f examples/s, %.1f ms/step.", epoch, self._task, record["examples_per_s"],
+                  step * 1e3)
+        if self.report_dir is None:
+            return
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(self.report_dir)
+        name = f"throughput-{self._task.replace(':', '-')}-epoch{epoch}.json"
+        with tf.io.gfile.GFile(os.path.join(self.report_dir, name), "w") as f:
+            json.dump(record, f)
+        if self._spec is None or self._spec.is_chief:
+            self._name_stragglers(epoch)
+
+    def _name_stragglers(self, epoch: int, wait_seconds: float = 10.0) -> None:
+        import tensorflow as tf
+
+        expected = self._spec.num_workers if self._spec is not None else 1
+        pattern = os.path.join(self.report_dir, f"throughput-*-epoch{epoch}.json")  # type: ignore[arg-type]
+        deadline = time.monotonic() + wait_seconds
+        while len(tf.io.gfile.glob(pattern)) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)  # The other workers write theirs at the same epoch end.
+        reports = []
+        for path in tf.io.gfile.glob(pattern):
+            with tf.io.gfile.GFile(path) as f:
+                reports.append(json.load(f))
+        if len(reports) < 2:
+            return
+        median = statistics.median(r["step_s"] for r in reports)
+        slow = sorted(r["task"] for r in reports if r["step_s"] > self.straggler_factor * median)
+        self.stragglers.append(slow)
+        if slow:
+            _log.warning("Epoch %d stragglers (step time > %.2fx the median %.1f ms): %s.", epoch,
+                         self.straggler_factor, median * 1e3, ", ".join(slow))
+
+
+def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optional[str] = None,
+                      tensorboard_dir: Optional[str] = None, global_batch_size: Optional[int] = None,
+                      save_before_preemption: bool = False, report_dir: Optional[str] = None) -> list[Any]:
+    """The callbacks a cluster job wants, each on the tasks that should run it.
+
+    - ``BackupAndRestore(backup_dir)`` on every task: tf-keras writes the chief's
+      backup there and the other workers' to temporary directories it deletes,
+      and restores from it after a restart. ``save_before_preemption`` also
+      saves on SIGTERM (MultiWorkerMirroredStrategy; TF's
+      PreemptionCheckpointHandler).
+    - ``ModelCheckpoint(checkpoint_dir/ckpt-{epoch}, save_weights_only=True)`` on
+      every task (saving is collective under MWMS; non-chief copies go to
+      temporary directories that are removed): what the evaluator side-car reads.
+    - ``TensorBoard(tensorboard_dir)`` on the chief only.
+    - :class:`ThroughputLogger` when ``global_batch_size`` is given.
+    """
+    import tf_keras
+
+    spec = _spec()
+    is_chief = spec is None or spec.is_chief
+    callbacks: list[Any] = []
+    if backup_dir:
+        callbacks.append(tf_keras.callbacks.BackupAndRestore(backup_dir,
+                                                             save_before_preemption=save_before_preemption))
+    if checkpoint_dir:
+        callbacks.append(tf_keras.callbacks.ModelCheckpoint(os.path.join(checkpoint_dir, CHECKPOINT_PATTERN),
+                                                            save_weights_only=True))
+    if tensorboard_dir and is_chief:
+        callbacks.append(tf_keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch"))
+    if global_batch_size:
+        callbacks.append(ThroughputLogger(global_batch_size, report_dir=report_dir))
+    return callbacks

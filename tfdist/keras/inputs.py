@@ -1,0 +1,80 @@
+"""The right ``model.fit`` input for the strategy in use, and a determinism switch.
+
+Example:
+    >>> from tfdist.keras.inputs import fit_input
+    >>> # model.fit(fit_input(pipeline, strategy=strategy, steps_per_epoch=100), steps_per_epoch=100)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional, Union
+
+from tfdist.errors import StrategyError, invalid
+
+__all__ = ["fit_input", "enable_determinism"]
+
+_log = logging.getLogger("tfdist.keras")
+DatasetFn = Callable[[Any], Any]
+
+
+def fit_input(source: Union[Any, DatasetFn], *, strategy: Optional[Any] = None,
+              steps_per_epoch: Optional[int] = None) -> Any:
+    """Turns a ``TFRecordPipeline``, a dataset function or a dataset into ``fit``'s ``x``.
+
+    - ParameterServerStrategy: a ``DatasetCreator`` over the dataset function
+      (each worker builds its own pipeline); ``steps_per_epoch`` is required,
+      as PS ``fit`` cannot know an epoch's end.
+    - Mirrored / MultiWorkerMirrored with a ``TFRecordPipeline``: its
+      ``dataset()`` (this worker's shard from TF_CONFIG, global batches that
+      Keras splits over replicas); no step count needed.
+    - Mirrored / MultiWorkerMirrored with a dataset function:
+      ``distribute_datasets_from_function`` (per-replica batches); Keras then
+      needs ``steps_per_epoch``.
+    - No distribution: the dataset itself.
+
+    Args:
+      source: A ``TFRecordPipeline``, ``fn(input_context) -> Dataset``, or a
+        ``tf.data.Dataset`` (used as is except under parameter servers).
+      strategy: The strategy; default the one in scope.
+      steps_per_epoch: Steps per epoch; pass the same value to ``fit``.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    strategy = strategy or tf.distribute.get_strategy()
+    dataset_fn = getattr(source, "dataset_fn", None) or (source if callable(source) else None)
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        if dataset_fn is None:
+            raise invalid(StrategyError, "source", type(source).__name__,
+                          "a TFRecordPipeline or a dataset function under ParameterServerStrategy",
+                          "Each worker builds its own input: pass `lambda ctx: make_dataset(ctx)`.")
+        if steps_per_epoch is None:
+            raise invalid(StrategyError, "steps_per_epoch", None, "a number of steps under ParameterServerStrategy",
+                          "PS fit cannot detect the end of an epoch: pass steps_per_epoch=... here and to fit().")
+        return tf_keras.utils.experimental.DatasetCreator(dataset_fn)
+    if dataset_fn is None:
+        return source
+    if hasattr(source, "dataset_fn"):
+        return source.dataset()
+    if type(strategy).__name__.startswith("_Default"):
+        return dataset_fn(tf.distribute.InputContext())
+    if steps_per_epoch is None:
+        raise invalid(StrategyError, "steps_per_epoch", None, f"a number of steps with a dataset function under "
+                      f"{type(strategy).__name__}", "Keras cannot size an epoch of a distributed dataset: pass "
+                      "steps_per_epoch=... here and to fit(), or give a TFRecordPipeline.")
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def enable_determinism(seed: int) -> None:
+    """Seeds Python, NumPy and TF and turns on deterministic TF ops, for reproducible runs.
+
+    Call it before building the model. Deterministic ops can be slower, and ops
+    without a deterministic kernel then raise instead of running.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+    _log.info("Determinism on: seed %d, deterministic TF ops.", seed)
