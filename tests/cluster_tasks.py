@@ -320,3 +320,4 @@ def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[s
                         steps_per_epoch=steps, verbose=0, callbacks=callbacks)
     return {"loss": history.history["loss"], "epochs_seen": epochs_seen, "restart": int(os.environ["TFDIST_RESTART"]),
             **errors}
+

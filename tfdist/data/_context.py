@@ -38,7 +38,9 @@ def slot(input_context: Optional[Any], global_batch: int) -> PipelineSlot:
                             input_context.get_per_replica_batch_size(global_batch), True)
     if os.environ.get(TF_CONFIG_VAR):
         spec = ClusterSpec.from_tf_config()
-        if spec.task_type in ("chief", "worker") and spec.num_workers > 1:
+        # Only collective clusters split input by TF_CONFIG: parameter-server workers get their share through
+        # the InputContext of a dataset function, and the coordinator's own datasets (evaluation) read all.
+        if spec.task_type in ("chief", "worker") and spec.num_workers > 1 and not spec.num_ps:
             # TensorFlow's multi-worker order: the chief first, then workers by index.
             order = [("chief", i) for i in spec.jobs.get("chief", {})] + [("worker", i) for i in
                                                                            spec.jobs.get("worker", {})]

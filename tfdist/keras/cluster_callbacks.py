@@ -44,7 +44,8 @@ class ThroughputLogger(_callback_base()):  # type: ignore[misc]
     (shared storage); the chief waits (up to 10 s) for every training worker's
     report, then logs workers whose mean step time is above
     ``straggler_factor`` x the median. The first ``warmup_steps`` steps
-    of each epoch (tracing, pipeline fill) are not timed.
+    of each epoch (tracing, pipeline fill) are not timed. Under
+    ParameterServerStrategy (no batch hooks allowed) whole epochs are timed.
 
     Args:
       global_batch_size: Examples per step over all replicas.
@@ -68,8 +69,19 @@ class ThroughputLogger(_callback_base()):  # type: ignore[misc]
         self._step_start = 0.0
         self._seen = 0
 
+    def _is_parameter_server(self) -> bool:
+        import tensorflow as tf
+
+        model = getattr(self, "model", None)
+        return model is not None and isinstance(model.distribute_strategy, tf.distribute.ParameterServerStrategy)
+
+    def _implements_train_batch_hooks(self) -> bool:
+        # tf-keras forbids batch hooks under ParameterServerStrategy: time whole epochs there.
+        return not self._is_parameter_server()
+
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._steps, self._seen = [], 0
+        self._epoch_start = time.perf_counter()
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self._step_start = time.perf_counter()
@@ -80,6 +92,8 @@ class ThroughputLogger(_callback_base()):  # type: ignore[misc]
             self._steps.append(time.perf_counter() - self._step_start)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._is_parameter_server() and self.params.get("steps"):
+            self._steps = [(time.perf_counter() - self._epoch_start) / self.params["steps"]]
         if not self._steps:
             return
         step = statistics.mean(self._steps)
