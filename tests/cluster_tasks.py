@@ -205,11 +205,7 @@ def _equivalence_model(keras: Any) -> Any:
     return model
 
 
-def equivalence_mwms(global_batch: int, epochs: int) -> dict[str, Any]:
-    """2-worker MWMS fit through fit_input; returns the final weights."""
-    import tfdist
-
-    strategy = tfdist.build_strategy("auto", communication="ring")
+def _equivalence_fit(strategy: Any, global_batch: int, epochs: int) -> dict[str, Any]:
     import numpy as np
 
     from tfdist import keras
@@ -224,25 +220,23 @@ def equivalence_mwms(global_batch: int, epochs: int) -> dict[str, Any]:
             "replicas": strategy.num_replicas_in_sync}
 
 
+def equivalence_mwms(global_batch: int, epochs: int) -> dict[str, Any]:
+    """2-worker MWMS fit through fit_input; returns the final weights."""
+    import tfdist
+
+    return _equivalence_fit(tfdist.build_strategy("auto", communication="ring"), global_batch, epochs)
+
+
 def equivalence_mirrored(global_batch: int, epochs: int) -> dict[str, Any]:
     """One process, MirroredStrategy over 2 logical CPUs, the same global batch."""
-    import numpy as np
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import tfdist
-    from tfdist import keras
 
     strategy = tfdist.build_strategy("mirrored", cluster=None, devices=["/cpu:0", "/cpu:1"])
-    keras.enable_determinism(5)
-    with strategy.scope():
-        model = _equivalence_model(keras)
-    steps = 1024 // global_batch
-    model.fit(keras.fit_input(_equivalence_fn(global_batch), strategy=strategy, steps_per_epoch=steps),
-              epochs=epochs, steps_per_epoch=steps, verbose=0)
-    return {"weights": np.concatenate([w.reshape(-1) for w in model.get_weights()]).tolist(),
-            "replicas": strategy.num_replicas_in_sync}
+    return _equivalence_fit(strategy, global_batch, epochs)
 
 
 def mwms_with_cluster_callbacks(root: str, epochs: int) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import numpy as np
@@ -78,3 +79,27 @@ class ParameterServerKerasTest(absltest.TestCase):
         self.assertEqual(resumed["restart"], 1)
         self.assertGreater(resumed["epochs_seen"][0], 0, resumed)  # Resumed, not from zero.
         self.assertEqual(resumed["epochs_seen"][-1], 29)
+
+
+class DemoTest(absltest.TestCase):
+
+    def test_demo_script_trains_and_summarizes_under_mwms(self) -> None:
+        import subprocess
+        import sys
+
+        root = self.create_tempdir().full_path
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        make = [sys.executable, os.path.join(repo, "scripts", "make_synthetic_images.py"), "--classes", "4",
+                "--size", "32", "--shards", "2"]
+        for args in (["--out", f"{root}/data/train", "--num", "800", "--partition"],
+                     ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1"]):
+            subprocess.run(make + args, check=True, capture_output=True, timeout=120)
+        command = [sys.executable, os.path.join(repo, "scripts", "demo.py"), "--data", f"{root}/data", "--out",
+                   f"{root}/out", "--classes", "4", "--image-size", "32", "--epochs", "2", "--batch", "32"]
+        run = testing.run_cluster(command, workers=2, timeout=240)
+        self.assertTrue(run.ok, run.result.summary())
+        summary = json.load(open(f"{root}/out/summary.json"))
+        self.assertEqual((summary["replicas"], summary["sampling"], summary["worker_records"]), (2, "stratified",
+                                                                                                 [400, 400]))
+        self.assertEqual(sorted(summary["per_class_accuracy"]), ["0", "1", "2", "3"])
+        self.assertTrue(glob.glob(f"{root}/out/tensorboard/train/events.out.tfevents.*"))
