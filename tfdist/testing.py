@@ -7,7 +7,7 @@ comes back per task in :attr:`ClusterRun.values`.
 Example:
     >>> import sys
     >>> from tfdist import testing
-    >>> run = testing.run_cluster([sys.executable, "-c", "print(1)"], workers=2, timeout=60)
+    >>> run = testing.run_cluster([sys.executable, "-c", "pass"], workers=2, timeout=60)
     >>> run.ok
     True
 """

@@ -25,7 +25,7 @@ class Child:
 
     Example:
         >>> import sys
-        >>> child = Child("worker:0", [sys.executable, "-c", "print('hi')"], env=None)
+        >>> child = Child("worker:0", [sys.executable, "-c", "import sys; sys.stdout.write('hi')"], env=None)
         >>> child.start(); child.wait(10)
         0
         >>> child.lines[-1]

@@ -3,7 +3,7 @@
 Example:
     >>> import sys
     >>> from tfdist import launch
-    >>> result = launch.run([sys.executable, "-c", "print('ok')"], workers=2, timeout=60)
+    >>> result = launch.run([sys.executable, "-c", "import sys; sys.stdout.write('ok')"], workers=2, timeout=60)
     >>> result.exit_code, result.task("worker:1").output.strip()
     (0, 'ok')
 """

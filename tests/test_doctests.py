@@ -1,0 +1,19 @@
+"""The examples in public docstrings run as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdist.probe", "tfdist.testing",
+           "tfdist.launch.config", "tfdist.launch.emit", "tfdist.launch.runner", "tfdist.launch._process",
+           "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.data.adaptive",
+           "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
