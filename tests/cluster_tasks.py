@@ -315,3 +315,29 @@ def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[s
     return {"loss": history.history["loss"], "epochs_seen": epochs_seen, "restart": int(os.environ["TFDIST_RESTART"]),
             **errors}
 
+
+
+def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: float) -> dict[str, Any]:
+    """MWMS fit whose only backups are preemption saves; logs 'begin EPOCH ITERATIONS' per epoch."""
+    import os
+    import time
+
+    import tfdist
+
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    from tfdist import keras
+
+    task = os.environ["TFDIST_TASK"]
+    with strategy.scope():
+        model = _small_model(keras)
+
+    def _log(kind: str, epoch: int) -> None:
+        with open(f"{log_path}.{task.replace(':', '-')}", "a") as f:
+            f.write(f"{kind} {epoch} {int(model.optimizer.iterations.numpy())}\n")
+
+    callbacks = [keras.PreemptionSafeBackup(backup_dir, save_freq=False),
+                 keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: _log("begin", e),
+                                                on_epoch_end=lambda e, logs: time.sleep(epoch_sleep))]
+    model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
+    _log("done", epochs)
+    return {"done": True}

@@ -103,3 +103,39 @@ class DemoTest(absltest.TestCase):
                                                                                                  [400, 400]))
         self.assertEqual(sorted(summary["per_class_accuracy"]), ["0", "1", "2", "3"])
         self.assertTrue(glob.glob(f"{root}/out/tensorboard/train/events.out.tfevents.*"))
+
+
+class PreemptionTest(absltest.TestCase):
+
+    def test_sigterm_saves_and_the_rerun_resumes_there(self) -> None:
+        import signal
+        import subprocess
+        import sys
+        import time
+
+        root = self.create_tempdir().full_path
+        log = os.path.join(root, "epochs")
+        tasks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_tasks.py")
+        command = [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "30", "--timeout", "200",
+                   "--", sys.executable, "-m", "tfdist.cli._function_task", "--file", tasks, "preemptible_fit",
+                   json.dumps([os.path.join(root, "backup"), log, 40, 0.2])]
+        first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # SIGTERM once a few epochs have run on worker 0.
+            if os.path.exists(log + ".worker-0") and len(open(log + ".worker-0").read().split()) >= 3 * 4:
+                break
+            time.sleep(0.2)
+        signal_sent = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        output = first.communicate(timeout=120)[0]
+        self.assertEqual(first.returncode, 143, output[-3000:])
+        self.assertLess(time.monotonic() - signal_sent, 25, "workers should save and exit, not wait for SIGKILL")
+        before = [line.split() for line in open(log + ".worker-0").read().splitlines()]
+        second = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        self.assertEqual(second.returncode, 0, second.stdout[-3000:])
+        after = [line.split() for line in open(log + ".worker-0").read().splitlines()][len(before):]
+        last_epoch_before = int(before[-1][1])
+        resumed_epoch, resumed_step = int(after[0][1]), int(after[0][2])
+        self.assertGreaterEqual(resumed_epoch, last_epoch_before)  # Where SIGTERM stopped it, not from zero.
+        self.assertGreater(resumed_step, int(before[-1][2]) - 1)
+        self.assertEqual(after[-1], ["done", "40", str(40 * 8)])

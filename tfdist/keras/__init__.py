@@ -22,6 +22,7 @@ _TFDIST_NAMES = {
     "fit_input": "tfdist.keras.inputs",
     "cluster_callbacks": "tfdist.keras.cluster_callbacks",
     "ThroughputLogger": "tfdist.keras.cluster_callbacks",
+    "PreemptionSafeBackup": "tfdist.keras.cluster_callbacks",
     "sidecar_evaluate": "tfdist.keras.sidecar",
     "enable_determinism": "tfdist.keras.inputs",
 }

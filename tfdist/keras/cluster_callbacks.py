@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from tfdist.cluster import ClusterSpec
 
-__all__ = ["cluster_callbacks", "ThroughputLogger", "CHECKPOINT_PATTERN"]
+__all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
 
 _log = logging.getLogger("tfdist.keras")
 CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
@@ -135,6 +135,52 @@ class ThroughputLogger(_callback_base()):  # type: ignore[misc]
                          self.straggler_factor, median * 1e3, ", ".join(slow))
 
 
+def _backup_base() -> Any:
+    import tf_keras
+
+    return tf_keras.callbacks.BackupAndRestore
+
+
+class PreemptionSafeBackup(_backup_base()):  # type: ignore[misc]
+    """``BackupAndRestore(save_before_preemption=True)`` that works off Google Cloud too.
+
+    tf-keras 2.17 enables saving on SIGTERM only when it detects GCP
+    (``support_on_demand_checkpoint_callback``); elsewhere the flag is silently
+    ignored and a preempted job loses everything since the last backup. This
+    callback attaches TensorFlow's own ``PreemptionCheckpointHandler`` (which
+    handles SIGTERM on any platform) to the backup tf-keras already manages,
+    under multi-worker MirroredStrategy: on SIGTERM all workers agree on a step,
+    save the backup there and exit with code 42; the rerun resumes from it.
+    Relies on tf-keras 2.17 internals (pinned in setup.cfg).
+
+    Args:
+      backup_dir: Where the backup lives (shared storage).
+      save_freq: Regular backups as in ``BackupAndRestore`` ('epoch', a number
+        of batches, or False for preemption saves only).
+    """
+
+    def __init__(self, backup_dir: str, *, save_freq: Any = "epoch") -> None:
+        super().__init__(backup_dir, save_freq=save_freq, save_before_preemption=True)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        super().on_train_begin(logs)
+        import tensorflow as tf
+
+        state = self._training_state
+        strategy = self.model.distribute_strategy
+        resolver = getattr(strategy, "cluster_resolver", None)
+        multi_worker = (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None
+                        and bool(resolver.cluster_spec().as_dict()))
+        if state._enable_save_before_preemption or not multi_worker:
+            return
+        handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, state.write_checkpoint_manager)
+        handler._read_checkpoint_manager = state.read_checkpoint_manager
+        state.preemption_handler = handler
+        state._enable_save_before_preemption = True
+        self.model._preemption_handler = handler
+        _log.info("Saving before preemption is on: SIGTERM makes every worker save the backup and exit (code 42).")
+
+
 def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optional[str] = None,
                       tensorboard_dir: Optional[str] = None, global_batch_size: Optional[int] = None,
                       save_before_preemption: bool = False, report_dir: Optional[str] = None) -> list[Any]:
@@ -157,8 +203,8 @@ def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optio
     is_chief = spec is None or spec.is_chief
     callbacks: list[Any] = []
     if backup_dir:
-        callbacks.append(tf_keras.callbacks.BackupAndRestore(backup_dir,
-                                                             save_before_preemption=save_before_preemption))
+        callbacks.append(PreemptionSafeBackup(backup_dir) if save_before_preemption
+                         else tf_keras.callbacks.BackupAndRestore(backup_dir))
     if checkpoint_dir:
         callbacks.append(tf_keras.callbacks.ModelCheckpoint(os.path.join(checkpoint_dir, CHECKPOINT_PATTERN),
                                                             save_weights_only=True))
