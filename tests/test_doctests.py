@@ -10,7 +10,7 @@ import pytest
 MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdist.probe", "tfdist.testing",
            "tfdist.launch.config", "tfdist.launch.emit", "tfdist.launch.runner", "tfdist.launch._process",
            "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.data.adaptive",
-           "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit"]
+           "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -7,9 +7,9 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from tfdist.cli import data_report, doctor
+from tfdist.cli import data_report, doctor, plan
 
-_SUBCOMMANDS = (doctor, data_report)
+_SUBCOMMANDS = (doctor, data_report, plan)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

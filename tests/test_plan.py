@@ -1,0 +1,82 @@
+"""The cost model and `tfdist plan`: units, formulas, recommendations, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from absl.testing import parameterized
+
+from tfdist.plan import Plan, PlanError, parse_quantity
+
+GBPS10 = 1.25e9
+
+
+class UnitsTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("count_m", "25.6M", "count", 25.6e6), ("count_b", "7G", "count", 7e9), ("count_plain", "1000", "count", 1e3),
+        ("gbps", "10Gbps", "bandwidth", 1.25e9), ("mbit", "100Mbit/s", "bandwidth", 12.5e6),
+        ("gbyte_s", "1.25GB/s", "bandwidth", 1.25e9), ("gib", "16GiB", "bytes", 16 * 2**30),
+        ("gb", "80GB", "bytes", 80e9), ("us", "50us", "time", 50e-6), ("ms", "2ms", "time", 2e-3),
+        ("s", "0.1s", "time", 0.1),
+    )
+    def test_parse(self, text: str, kind: str, expected: float) -> None:
+        self.assertAlmostEqual(parse_quantity(text, kind), expected, delta=expected * 1e-9)
+
+    @parameterized.named_parameters(
+        ("bandwidth", "10 gigabits", "bandwidth", "a bandwidth such as '10Gbps'"),
+        ("time", "50", "time", "a time such as '50us'"),
+        ("count", "lots", "count", "a count such as '25.6M'"),
+    )
+    def test_bad_units(self, text: str, kind: str, message: str) -> None:
+        with pytest.raises(PlanError, match=message):
+            parse_quantity(text, kind)
+
+
+class ModelTest(parameterized.TestCase):
+
+    def test_formulas(self) -> None:
+        plan = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, ps_shards=2)
+        self.assertAlmostEqual(plan.ring_allreduce_s, 6 * 50e-6 + 1.5 * 102.4e6 / GBPS10)
+        self.assertAlmostEqual(plan.tree_allreduce_s, 4 * 50e-6 + 2 * 102.4e6 / GBPS10)
+        self.assertAlmostEqual(plan.ps_s, 2 * 50e-6 + 2 * 4 * 102.4e6 / (2 * GBPS10))
+        self.assertEqual(plan.memory_per_replica_bytes, 25.6e6 * 4 * 4)  # weights, gradients, two Adam slots
+        self.assertEqual(Plan(params=1e6, workers=1, bandwidth=1e9, latency=1e-5).ring_allreduce_s, 0.0)
+        half = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, bytes_per_value=2)
+        self.assertAlmostEqual(half.gradient_bytes, plan.gradient_bytes / 2)
+
+    @parameterized.named_parameters(
+        ("fits_and_allreduce_wins", dict(params=25.6e6, workers=4, device_memory=16 * 2**30), "data_parallel"),
+        ("too_big", dict(params=7e9, workers=8, device_memory=16 * 2**30), "model_parallel"),
+        # Dense gradients: each worker pushes and pulls all of them (2S/B), more than ring's 2(N-1)/N S/B,
+        # however many ps shards there are. PS wins on sparse updates (embeddings), not modelled here yet.
+        ("dense_many_ps_shards", dict(params=25.6e6, workers=2, ps_shards=16, compute_s=0.001), "data_parallel"),
+    )
+    def test_recommendation(self, fields: dict, expected: str) -> None:
+        plan = Plan(bandwidth=GBPS10, latency=50e-6, **fields)
+        self.assertEqual(plan.recommendation, expected)
+        self.assertTrue(plan.reasons)
+
+    def test_invalid(self) -> None:
+        with pytest.raises(PlanError, match="did you mean 'adam'"):
+            Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, optimizer="adan")
+        with pytest.raises(PlanError, match="`workers`. Received: 0"):
+            Plan(params=1e6, workers=0, bandwidth=1e9, latency=1e-5)
+
+    def test_cli_json_and_errors(self) -> None:
+        done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "plan", "--params", "25.6M", "--workers", "4",
+                               "--bandwidth", "10Gbps", "--latency", "50us", "--device-memory", "16GiB",
+                               "--optimizer", "adam", "--json"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        data = json.loads(done.stdout)
+        for key in ("ring_allreduce_s", "tree_allreduce_s", "ps_s", "memory_per_replica_bytes", "recommendation",
+                    "reasons"):
+            self.assertIn(key, data)
+        self.assertEqual(data["recommendation"], "data_parallel")
+        bad = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "plan", "--params", "25.6M", "--workers", "4",
+                              "--bandwidth", "fast", "--latency", "50us"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("a bandwidth such as '10Gbps'", bad.stderr)

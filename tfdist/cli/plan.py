@@ -1,0 +1,50 @@
+"""``tfdist plan``: per-step communication and memory estimates, and which parallelism to use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tfdist.plan import OPTIMIZER_SLOTS, Plan, PlanError, parse_quantity
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser("plan", help="estimate communication and memory; recommend a parallelism",
+                                   description="Alpha-beta cost model for ring and tree all-reduce and parameter "
+                                   "servers, plus weights+gradients+optimizer memory per replica.")
+    parser.add_argument("--params", required=True, help="trainable parameters, e.g. 25.6M")
+    parser.add_argument("--workers", type=int, required=True, help="machines")
+    parser.add_argument("--gpus-per-worker", type=int, default=1)
+    parser.add_argument("--bandwidth", required=True, help="per-machine link, e.g. 10Gbps or 1.25GB/s")
+    parser.add_argument("--latency", required=True, help="message latency, e.g. 50us")
+    parser.add_argument("--device-memory", default=None, help="memory per device, e.g. 16GiB")
+    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
+    parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
+    parser.add_argument("--ps-shards", type=int, default=None, help="parameter servers (default: --workers)")
+    parser.add_argument("--compute", default=None, help="compute time per step, e.g. 120ms")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = Plan(params=parse_quantity(args.params), workers=args.workers, gpus_per_worker=args.gpus_per_worker,
+                    bandwidth=parse_quantity(args.bandwidth, "bandwidth"), latency=parse_quantity(args.latency, "time"),
+                    device_memory=parse_quantity(args.device_memory, "bytes") if args.device_memory else None,
+                    optimizer=args.optimizer, bytes_per_value=2 if args.compression != "none" else 4,
+                    ps_shards=args.ps_shards, compute_s=parse_quantity(args.compute, "time") if args.compute else None)
+    except PlanError as err:
+        sys.stderr.write(f"tfdist plan: error: {err}\n")
+        return 2
+    data = plan.to_dict()
+    if args.json:
+        sys.stdout.write(json.dumps(data) + "\n")
+        return 0
+    sys.stdout.write(f"ring all-reduce:   {data['ring_allreduce_s'] * 1e3:10.2f} ms/step\n"
+                     f"tree all-reduce:   {data['tree_allreduce_s'] * 1e3:10.2f} ms/step\n"
+                     f"parameter servers: {data['ps_s'] * 1e3:10.2f} ms/step\n"
+                     f"memory/replica:    {data['memory_per_replica_bytes'] / 2**30:10.2f} GiB (no activations)\n"
+                     f"recommendation:    {data['recommendation']}\n" +
+                     "".join(f"  - {reason}\n" for reason in data["reasons"]))
+    return 0

@@ -1,0 +1,188 @@
+"""A communication and memory cost model for data-parallel, parameter-server and model-parallel training.
+
+Alpha-beta model: sending ``n`` bytes over one link costs ``latency + n / bandwidth``.
+
+Example:
+    >>> from tfdist.plan import Plan, parse_quantity
+    >>> plan = Plan(params=parse_quantity("25.6M"), workers=4, bandwidth=parse_quantity("10Gbps", "bandwidth"),
+    ...             latency=parse_quantity("50us", "time"))
+    >>> round(plan.ring_allreduce_s, 4), plan.recommendation
+    (0.1232, 'data_parallel')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Optional
+
+from tfdist._names import describe_choices
+from tfdist.errors import Error, invalid
+
+__all__ = ["Plan", "PlanError", "parse_quantity", "OPTIMIZER_SLOTS"]
+
+
+class PlanError(Error, ValueError):
+    """Planner input that cannot be understood."""
+
+
+# Extra per-parameter state each optimizer keeps (in copies of the weights).
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2}
+_SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_NUMBER = r"(?P<value>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*"
+
+
+def parse_quantity(text: Any, kind: str = "count") -> float:
+    """Parses counts ('25.6M'), bandwidths ('10Gbps', '1.25GB/s') -> bytes/s, sizes ('16GiB') -> bytes,
+    and times ('50us', '2ms') -> seconds.
+
+    Example:
+        >>> parse_quantity("10Gbps", "bandwidth"), parse_quantity("16GiB", "bytes"), round(parse_quantity("50us", "time"), 9)
+        (1250000000.0, 17179869184.0, 5e-05)
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    raw = str(text).strip()
+    low = raw.lower()
+    patterns = {
+        "count": (rf"^{_NUMBER}(?P<unit>[kmgt]?)$", lambda v, u: v * _SI[u]),
+        "bytes": (rf"^{_NUMBER}(?P<unit>(?:[kmgt]i?)?)b?$", lambda v, u: v * (_IEC.get(u) or _SI[u])),
+        "time": (rf"^{_NUMBER}(?P<unit>ns|us|µs|ms|s)$", lambda v, u: v * _TIME[u]),
+    }
+    if kind == "bandwidth":
+        match = re.match(rf"^{_NUMBER}(?P<unit>[kmgt]?)(?P<what>bps|bit/s|b/s|bytes/s|byte/s)$", low)
+        if match:
+            value = float(match.group("value")) * _SI[match.group("unit")]
+            bits = match.group("what") in ("bps", "bit/s") or (match.group("what") == "b/s" and "B/s" not in raw)
+            return value / 8 if bits else value
+        expected = "a bandwidth such as '10Gbps', '100Mbit/s' or '1.25GB/s'"
+    else:
+        pattern, convert = patterns[kind]
+        match = re.match(pattern, low)
+        if match:
+            return convert(float(match.group("value")), match.group("unit"))
+        expected = {"count": "a count such as '25.6M' or '7B'", "bytes": "a size such as '16GiB' or '80GB'",
+                    "time": "a time such as '50us', '2ms' or '0.1s'"}[kind]
+    raise invalid(PlanError, kind, raw, expected)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Per-step communication and per-replica memory for one model on one cluster.
+
+    Args:
+      params: Trainable parameters.
+      workers: Machines (N).
+      bandwidth: Link bandwidth per machine, bytes/s.
+      latency: One-way message latency, seconds.
+      gpus_per_worker: Devices per machine; gradients are first reduced inside
+        a machine (assumed free next to the network), then across machines.
+      device_memory: Bytes per device; None skips the fit check.
+      optimizer: One of :data:`OPTIMIZER_SLOTS`.
+      bytes_per_value: 4 for fp32, 2 for fp16/bf16-compressed gradients.
+      ps_shards: Parameter-server tasks for the PS estimate; default ``workers``.
+      compute_s: Compute time of one step; None skips the ratio.
+    """
+
+    params: float
+    workers: int
+    bandwidth: float
+    latency: float
+    gpus_per_worker: int = 1
+    device_memory: Optional[float] = None
+    optimizer: str = "adam"
+    bytes_per_value: int = 4
+    ps_shards: Optional[int] = None
+    compute_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        for name in ("params", "bandwidth"):
+            if getattr(self, name) <= 0:
+                raise invalid(PlanError, name, getattr(self, name), "a value > 0")
+        if self.latency < 0:
+            raise invalid(PlanError, "latency", self.latency, "a time >= 0")
+        for name in ("workers", "gpus_per_worker"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise invalid(PlanError, name, value, "an integer >= 1")
+        if self.optimizer not in OPTIMIZER_SLOTS:
+            raise invalid(PlanError, "optimizer", self.optimizer, describe_choices(self.optimizer, OPTIMIZER_SLOTS))
+        if self.bytes_per_value not in (2, 4):
+            raise invalid(PlanError, "bytes_per_value", self.bytes_per_value, "4 (fp32) or 2 (fp16/bf16)")
+
+    @property
+    def gradient_bytes(self) -> float:
+        return self.params * self.bytes_per_value
+
+    @property
+    def ring_allreduce_s(self) -> float:
+        """Ring: 2(N-1) steps, each a latency and 1/N of the gradients."""
+        n = self.workers
+        return 0.0 if n == 1 else 2 * (n - 1) * self.latency + 2 * (n - 1) / n * self.gradient_bytes / self.bandwidth
+
+    @property
+    def tree_allreduce_s(self) -> float:
+        """Pipelined (double binary) tree: 2 log2(N) latencies, ~2 gradient volumes per link."""
+        n = self.workers
+        return 0.0 if n == 1 else 2 * math.ceil(math.log2(n)) * self.latency + 2 * self.gradient_bytes / self.bandwidth
+
+    @property
+    def ps_s(self) -> float:
+        """Push gradients and pull weights: the slower of a worker's link and a ps shard's link.
+
+        For dense gradients a worker moves 2S bytes per step, more than ring
+        all-reduce's 2(N-1)/N S, so this model prefers all-reduce for dense
+        models; sparse (embedding) updates, where PS shines, are not modelled yet.
+        """
+        shards = self.ps_shards or self.workers
+        worker_link = 2 * self.gradient_bytes / self.bandwidth
+        ps_link = 2 * self.workers * self.gradient_bytes / (shards * self.bandwidth)
+        return 2 * self.latency + max(worker_link, ps_link)
+
+    @property
+    def memory_per_replica_bytes(self) -> float:
+        """Weights + gradients + optimizer slots in fp32 (activations not included)."""
+        return self.params * 4 * (2 + OPTIMIZER_SLOTS[self.optimizer])
+
+    @property
+    def recommendation(self) -> str:
+        return self._decide()[0]
+
+    @property
+    def reasons(self) -> list[str]:
+        return self._decide()[1]
+
+    def _decide(self) -> tuple[str, list[str]]:
+        gib = 2**30
+        reasons = []
+        if self.device_memory is not None and self.memory_per_replica_bytes > self.device_memory:
+            reasons.append(f"one replica needs {self.memory_per_replica_bytes / gib:.1f} GiB for weights, gradients "
+                           f"and {self.optimizer} state, more than the {self.device_memory / gib:.1f} GiB per device")
+            return "model_parallel", reasons
+        allreduce = min(self.ring_allreduce_s, self.tree_allreduce_s)
+        best = "ring" if self.ring_allreduce_s <= self.tree_allreduce_s else "tree"
+        reasons.append(f"{best} all-reduce of {self.gradient_bytes / 1e6:.1f} MB takes {allreduce * 1e3:.1f} ms per "
+                       f"step; parameter servers {self.ps_s * 1e3:.1f} ms")
+        if self.compute_s is not None:
+            ratio = self.compute_s / allreduce if allreduce else math.inf
+            reasons.append(f"compute/communication ratio {ratio:.2f} (compute {self.compute_s * 1e3:.1f} ms)")
+            if ratio < 1 and self.ps_s < allreduce:
+                reasons.append("communication dominates and sharded parameter servers move less per link")
+                return "parameter_server", reasons
+        if self.ps_s < 0.5 * allreduce:
+            reasons.append("sharded parameter servers take less than half the all-reduce time")
+            return "parameter_server", reasons
+        reasons.append("the replica fits and all-reduce is the cheapest synchronization")
+        return "data_parallel", reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        allreduce = min(self.ring_allreduce_s, self.tree_allreduce_s)
+        return {"ring_allreduce_s": self.ring_allreduce_s, "tree_allreduce_s": self.tree_allreduce_s,
+                "ps_s": self.ps_s, "memory_per_replica_bytes": self.memory_per_replica_bytes,
+                "gradient_bytes": self.gradient_bytes,
+                "compute_communication_ratio": (self.compute_s / allreduce if self.compute_s is not None and
+                                                allreduce else None),
+                "recommendation": self.recommendation, "reasons": self.reasons}
