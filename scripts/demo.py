@@ -88,7 +88,8 @@ def main() -> int:
     labels, predictions = np.concatenate(labels), np.concatenate(predictions)
     per_class = {str(c): round(float((predictions[labels == c] == c).mean()), 3) for c in range(args.classes)
                  if (labels == c).any()}
-    plan = train.plan(spec.num_workers if spec and not is_ps else (len(spec.jobs.get("worker", ())) if spec else 1))
+    input_workers = 1 if spec is None else len(spec.jobs.get("worker", ())) if is_ps else spec.num_workers
+    plan = train.plan(input_workers)
     files = manifest.get("files", {})
     shares = [sum(files.get(p, {}).get("records", 0) for p in plan.files_for(w)) for w in range(plan.num_workers)]
     summary = {"sampling": args.sampling, "strategy": type(strategy).__name__,

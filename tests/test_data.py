@@ -139,6 +139,18 @@ class StratifiedTest(parameterized.TestCase):
             labels = [int(v) for b in pipeline.dataset(context).take(300) for v in b["label"].numpy()]
             np.testing.assert_allclose(np.bincount(labels, minlength=3) / len(labels), [1 / 3] * 3, atol=0.02)
 
+    def test_class_order_is_numeric_and_small_groups_fall_back_to_data(self) -> None:
+        prefix = os.path.join(self.create_tempdir().full_path, "many")
+        write_tfrecords([_example(i, i % 12) for i in range(240)], prefix, num_shards=1, partition_by="label")
+        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=24, label_key="label",
+                                    class_weights="balanced", shard_policy="file", seed=0)
+        self.assertEqual(list(pipeline.class_groups()), [str(c) for c in range(12)])
+        seen = []
+        for worker in range(2):  # One file per class, two workers: each class is split by record.
+            seen += _ids(pipeline, 2, worker)
+        self.assertLen(seen, 240)
+        self.assertTrue(set(seen) <= set(range(240)))
+
     def test_unpartitioned_fallback_resamples(self) -> None:
         # Rejection resampling reads sum(p/a) records per output: ~3 here (60/30/10), ~50 for 90/9/1 data.
         prefix = os.path.join(self.create_tempdir().full_path, "plain")

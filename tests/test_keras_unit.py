@@ -60,3 +60,12 @@ def test_dataset_function_under_mirrored_needs_steps() -> None:
         fit_input(lambda ctx: tf.data.Dataset.range(4).batch(2), strategy=strategy)
     dataset = fit_input(lambda ctx: tf.data.Dataset.range(4).batch(2), strategy=strategy, steps_per_epoch=2)
     assert type(dataset).__name__.startswith("DistributedDatasetsFromFunction")
+
+
+def test_default_strategy_gets_the_plain_dataset() -> None:
+    import tensorflow as tf
+
+    from tfdist.keras import fit_input
+
+    dataset = fit_input(lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(2)))
+    assert [list(b.numpy()) for b in dataset] == [[0, 1], [2, 3]]

@@ -66,7 +66,8 @@ class TFRecordPipeline:
       seed: Seed for file order, shuffling, sampling and augmentation.
       label_key: The label feature (for ``as_supervised`` and stratification).
       class_weights: Stratify by ``label_key``: 'balanced', 'natural', 'sqrt',
-        class -> weight, or a ``tf.Variable``. Reads per-class shard groups
+        class -> weight, or a ``tf.Variable`` (one entry per class, in
+        ``class_groups()`` order: integer labels ascending). Reads per-class shard groups
         written with ``write_tfrecords(partition_by=label_key)``; otherwise
         falls back to rejection resampling (reads more data to keep the mix).
       num_classes: Classes 0..n-1 for the unpartitioned fallback.
@@ -198,7 +199,9 @@ class TFRecordPipeline:
             if match is None or match.group("key") != self.label_key:
                 return {}
             groups.setdefault(match.group("value"), []).append((path, size))
-        return dict(sorted(groups.items()))
+        # Integer labels in numeric order (2 before 10): the order of a tf.Variable of class weights.
+        return dict(sorted(groups.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].lstrip("-").isdigit()
+                           else (1, 0, kv[0])))
 
     def _checked(self, paths: Sequence[str]) -> dict[str, int]:
         """Framing-checks ``paths``; returns path -> records to take (-1: all). Raises or records losses."""
@@ -222,11 +225,15 @@ class TFRecordPipeline:
             count, exact = lost[check.path]
             _log.warning("Skipping the damaged part of %s: %s; %s%d records lost.", check.path, check.problem,
                          "" if exact else "about ", count)
-        report = {"files_checked": len(checks), "corrupt_files": sorted(lost),
-                  "records_kept_from_corrupt": sum(c.records for c in checks if not c.ok),
-                  "records_lost": sum(count for count, _ in lost.values()),
-                  "records_lost_exact": all(exact for _, exact in lost.values())}
-        object.__setattr__(self, "_last_report", report)
+        report = getattr(self, "_last_report", None) or {"files_checked": 0, "corrupt_files": [],
+                                                         "records_kept_from_corrupt": 0, "records_lost": 0,
+                                                         "records_lost_exact": True}
+        report["files_checked"] += len(checks)
+        report["corrupt_files"] = sorted(report["corrupt_files"] + list(lost))
+        report["records_kept_from_corrupt"] += sum(c.records for c in checks if not c.ok)
+        report["records_lost"] += sum(count for count, _ in lost.values())
+        report["records_lost_exact"] = report["records_lost_exact"] and all(exact for _, exact in lost.values())
+        object.__setattr__(self, "_last_report", report)  # A diagnostic cache, not configuration.
         return limits
 
     @property
@@ -250,6 +257,7 @@ class TFRecordPipeline:
         import tensorflow as tf
 
         where = _context.slot(input_context, self.batch_size)
+        object.__setattr__(self, "_last_report", None)  # Each dataset() call reports its own checks.
         groups = self.class_groups() if self.class_weights is not None else {}
         if self.data_service is not None:
             records, plan_text = self._records(self.plan(1), 0, None), "tf.data service splits the work"
@@ -330,10 +338,12 @@ class TFRecordPipeline:
     def _stratified(self, groups: dict[str, list[tuple[str, int]]], where: Any) -> tuple[Any, str]:
         counts = {label: _records_in(self, files) for label, files in groups.items()}
         per_class = {}
+        # Each class group is split on its own: 'data'/'off' as asked, otherwise 'auto' (by file when the
+        # group has enough balanced files, else by record). 'hash' needs parsed keys and is not applied here.
+        policy = self.shard_policy if self.shard_policy in ("data", "off") else "auto"
         for label, files in groups.items():
-            plan = plan_shards(files, num_workers=where.count, policy=self.shard_policy if self.shard_policy in
-                               ("file", "data", "off", "auto") else "data", shard_key=self.shard_key)
-            per_class[label] = self._records(plan, where.index, None)
+            per_class[label] = self._records(plan_shards(files, num_workers=where.count, policy=policy),
+                                             where.index, None)
         epoch = sum(counts.values()) // where.count
         weights = self.class_weights
         if isinstance(weights, Mapping):

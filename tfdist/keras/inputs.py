@@ -57,7 +57,7 @@ def fit_input(source: Union[Any, DatasetFn], *, strategy: Optional[Any] = None,
         return source
     if hasattr(source, "dataset_fn"):
         return source.dataset()
-    if type(strategy).__name__.startswith("_Default"):
+    if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():  # TF's default strategy.
         return dataset_fn(tf.distribute.InputContext())
     if steps_per_epoch is None:
         raise invalid(StrategyError, "steps_per_epoch", None, f"a number of steps with a dataset function under "
