@@ -20,7 +20,7 @@ from typing import Any, Optional
 from tfdist._names import describe_choices
 from tfdist.errors import Error, invalid
 
-__all__ = ["Plan", "PlanError", "parse_quantity", "OPTIMIZER_SLOTS"]
+__all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS"]
 
 
 class PlanError(Error, ValueError):
@@ -186,3 +186,34 @@ class Plan:
                 "compute_communication_ratio": (self.compute_s / allreduce if self.compute_s is not None and
                                                 allreduce else None),
                 "recommendation": self.recommendation, "reasons": self.reasons}
+
+
+def fit_ring(samples: list[tuple[float, float]], *, workers: int) -> tuple[float, float]:
+    """Fits (latency s, bandwidth bytes/s) of the ring model to measured (bytes, seconds) all-reduces.
+
+    Least squares on ``t = 2(N-1) * latency + 2(N-1)/N * bytes / bandwidth``,
+    weighted by 1/t so small and large messages count alike (relative error).
+
+    Example:
+        >>> truth = Plan(params=1, workers=2, bandwidth=1e9, latency=1e-4)
+        >>> samples = [(b, 2 * 1e-4 + b / 1e9) for b in (4e3, 1e6, 64e6)]
+        >>> [round(v, 6) for v in fit_ring(samples, workers=2)]
+        [0.0001, 1000000000.0]
+    """
+    if workers < 2 or len(samples) < 2:
+        raise invalid(PlanError, "samples", len(samples), "two or more sizes measured on >= 2 workers")
+    k_lat, k_bytes = 2 * (workers - 1), 2 * (workers - 1) / workers
+    rows = [(k_lat / t, k_bytes * b / t, 1.0) for b, t in samples]  # Each row divided by t: relative error.
+    sxx = sum(r[0] * r[0] for r in rows)
+    sxy = sum(r[0] * r[1] for r in rows)
+    syy = sum(r[1] * r[1] for r in rows)
+    sxz = sum(r[0] * r[2] for r in rows)
+    syz = sum(r[1] * r[2] for r in rows)
+    det = sxx * syy - sxy * sxy
+    if det == 0:
+        raise invalid(PlanError, "samples", samples, "messages of at least two different sizes")
+    latency = (sxz * syy - syz * sxy) / det
+    inverse_bandwidth = (sxx * syz - sxy * sxz) / det
+    if latency < 0 or inverse_bandwidth <= 0:
+        raise invalid(PlanError, "samples", samples, "times that grow with message size")
+    return latency, 1.0 / inverse_bandwidth
