@@ -12,7 +12,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 
@@ -33,7 +32,7 @@ def main() -> int:
 
     from tfdist import keras
 
-    spec = tfdist.ClusterSpec.from_tf_config() if os.environ.get("TF_CONFIG") else None
+    spec = tfdist.cluster.current_cluster()
     keras.utils.set_random_seed(7)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.examples, 32)).astype("float32")

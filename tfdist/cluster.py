@@ -21,10 +21,21 @@ from typing import Any, Optional
 from tfdist import _address, _cluster_parse, _slurm
 from tfdist.errors import ClusterSpecError, invalid
 
-__all__ = ["ClusterSpec", "Task", "JOB_NAMES"]
+__all__ = ["ClusterSpec", "Task", "JOB_NAMES", "current_cluster"]
 
 JOB_NAMES = _cluster_parse.JOB_NAMES
 TF_CONFIG_VAR = "TF_CONFIG"
+
+
+def current_cluster(env: Mapping[str, str] | None = None) -> Optional["ClusterSpec"]:
+    """This process's cluster from ``TF_CONFIG``, or None when it is unset (the process runs alone).
+
+    Example:
+        >>> current_cluster(env={}) is None
+        True
+    """
+    env = os.environ if env is None else env
+    return ClusterSpec.from_tf_config(env=env) if env.get(TF_CONFIG_VAR) else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist._names import describe_choices
-from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec
+from tfdist.cluster import ClusterSpec, current_cluster
 from tfdist.errors import StrategyError, invalid
 
 if TYPE_CHECKING:
@@ -136,9 +136,7 @@ def _resolve_cluster(cluster: ClusterLike) -> Optional[ClusterSpec]:
         return cluster
     if cluster is not None:
         return ClusterSpec.from_tf_config(cluster)
-    if os.environ.get(TF_CONFIG_VAR):
-        return ClusterSpec.from_tf_config(None)
-    return None
+    return current_cluster()
 
 
 def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None, **options: Any) -> "tf.distribute.Strategy":

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Optional
 
-from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec
+from tfdist.cluster import current_cluster
 from tfdist.errors import DataError, invalid
 
 
@@ -36,8 +35,8 @@ def slot(input_context: Optional[Any], global_batch: int) -> PipelineSlot:
                           f"Use a multiple of {replicas}, e.g. {suggestion}.")
         return PipelineSlot(input_context.input_pipeline_id, input_context.num_input_pipelines,
                             input_context.get_per_replica_batch_size(global_batch), True)
-    if os.environ.get(TF_CONFIG_VAR):
-        spec = ClusterSpec.from_tf_config()
+    spec = current_cluster()
+    if spec is not None:
         # Only collective clusters split input by TF_CONFIG: parameter-server workers get their share through
         # the InputContext of a dataset function, and the coordinator's own datasets (evaluation) read all.
         if spec.task_type in ("chief", "worker") and spec.num_workers > 1 and not spec.num_ps:

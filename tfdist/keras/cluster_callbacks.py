@@ -15,16 +15,12 @@ import statistics
 import time
 from typing import Any, Optional
 
-from tfdist.cluster import ClusterSpec
+from tfdist.cluster import ClusterSpec, current_cluster
 
 __all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
 
 _log = logging.getLogger("tfdist.keras")
 CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
-
-
-def _spec() -> Optional[ClusterSpec]:
-    return ClusterSpec.from_tf_config() if os.environ.get("TF_CONFIG") else None
 
 
 def _task_name(spec: Optional[ClusterSpec]) -> str:
@@ -63,7 +59,7 @@ class ThroughputLogger(_callback_base()):  # type: ignore[misc]
         self.warmup_steps = warmup_steps
         self.history: list[dict[str, Any]] = []
         self.stragglers: list[list[str]] = []
-        self._spec = _spec()
+        self._spec = current_cluster()
         self._task = _task_name(self._spec)
         self._steps: list[float] = []
         self._step_start = 0.0
@@ -199,7 +195,7 @@ def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optio
     """
     import tf_keras
 
-    spec = _spec()
+    spec = current_cluster()
     is_chief = spec is None or spec.is_chief
     callbacks: list[Any] = []
     if backup_dir:
