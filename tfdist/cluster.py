@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from tfdist import _address, _cluster_parse, _slurm
-from tfdist.errors import ClusterSpecError, invalid
+from tfdist.errors import ClusterSpecError, invalid, require_int
 
 __all__ = ["ClusterSpec", "Task", "JOB_NAMES", "current_cluster"]
 
@@ -142,8 +142,7 @@ class ClusterSpec:
             3
         """
         for name, value in (("workers", workers), ("ps", ps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise invalid(ClusterSpecError, name, value, "an integer >= 0")
+            require_int(ClusterSpecError, name, value, minimum=0)
         if workers == 0 and not chief:
             raise invalid(ClusterSpecError, "workers", workers, "at least one training task",
                           "Pass workers >= 1, or chief=True.")

@@ -22,6 +22,7 @@ __all__ = [
     "LaunchError",
     "DataError",
     "invalid",
+    "require_int",
 ]
 
 
@@ -51,6 +52,18 @@ _E = TypeVar("_E", bound=Error)
 def _short(value: Any, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def require_int(cls: type[_E], field: str, value: Any, *, minimum: int, fix: str = "") -> int:
+    """Returns ``value`` if it is an int >= ``minimum`` (bools refused); else raises ``cls``.
+
+    Example:
+        >>> require_int(DataError, "num_shards", 4, minimum=1)
+        4
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise invalid(cls, field, value, f"an integer >= {minimum}", fix)
+    return value
 
 
 def invalid(cls: type[_E], field: str, value: Any, expected: str, fix: str = "") -> _E:

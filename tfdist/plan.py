@@ -18,7 +18,7 @@ import re
 from typing import Any, Optional
 
 from tfdist._names import describe_choices
-from tfdist.errors import Error, invalid
+from tfdist.errors import Error, invalid, require_int
 
 __all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS"]
 
@@ -105,9 +105,7 @@ class Plan:
         if self.latency < 0:
             raise invalid(PlanError, "latency", self.latency, "a time >= 0")
         for name in ("workers", "gpus_per_worker"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise invalid(PlanError, name, value, "an integer >= 1")
+            require_int(PlanError, name, getattr(self, name), minimum=1)
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise invalid(PlanError, "optimizer", self.optimizer, describe_choices(self.optimizer, OPTIMIZER_SLOTS))
         if self.bytes_per_value not in (2, 4):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec, current_cluster
-from tfdist.errors import StrategyError, invalid
+from tfdist.errors import StrategyError, invalid, require_int
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -86,11 +86,11 @@ class StrategyOptions:
             value = getattr(self, name)
             if value not in choices:
                 raise invalid(StrategyError, name, value, describe_choices(str(value), choices))
-        _check_int("bytes_per_pack", self.bytes_per_pack, minimum=0)
-        _check_int("min_shard_bytes", self.min_shard_bytes, minimum=1)
+        require_int(StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0)
+        require_int(StrategyError, "min_shard_bytes", self.min_shard_bytes, minimum=1)
         for name in ("max_shard_bytes", "max_shards", "num_shards", "inter_op_threads"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), minimum=1)
+                require_int(StrategyError, name, getattr(self, name), minimum=1)
         if self.timeout_seconds is not None and (
                 isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float))
                 or self.timeout_seconds <= 0):
@@ -105,11 +105,6 @@ class StrategyOptions:
                           "Pass max_shard_bytes=..., or use partition='min_size'.")
         if self.devices is not None:
             object.__setattr__(self, "devices", tuple(self.devices))
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise invalid(StrategyError, name, value, f"an integer >= {minimum}")
 
 
 # ------------------------------------------------------------------ registry

@@ -27,7 +27,7 @@ from tfdist.data.remote import ensure_filesystem
 from tfdist.data.sampling import Weights, resolve_weights, stratified_sample
 from tfdist.data.sharding import SHARD_POLICIES, ShardPlan, plan_shards
 from tfdist.data.writer import CLASS_GROUP
-from tfdist.errors import DataError, invalid
+from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["TFRecordPipeline", "CORRUPT_POLICIES", "VERIFY_MODES"]
 
@@ -131,11 +131,11 @@ class TFRecordPipeline:
             raise invalid(DataError, "files", self.files, "a glob or a non-empty list of paths")
         object.__setattr__(self, "files", tuple(files))
         for name in ("batch_size", "sample_block"):
-            _positive(name, getattr(self, name))
+            require_int(DataError, name, getattr(self, name), minimum=1)
         if self.num_epochs is not None:
-            _positive("num_epochs", self.num_epochs)
+            require_int(DataError, "num_epochs", self.num_epochs, minimum=1)
         for name in ("shuffle_buffer", "private_threadpool_size"):
-            _positive(name, getattr(self, name), minimum=0)
+            require_int(DataError, name, getattr(self, name), minimum=0)
         if (self.features is None) == (self.parse_fn is None):
             raise invalid(DataError, "features", self.features, "exactly one of `features` and `parse_fn`",
                           "Pass a feature spec dict, or a parse function of one serialized record.")
@@ -166,7 +166,7 @@ class TFRecordPipeline:
         for name in ("prefetch", "num_parallel_reads"):
             value = getattr(self, name)
             if value != "autotune":
-                _positive(name, value)
+                require_int(DataError, name, value, minimum=1)
 
     # ------------------------------------------------------------------ files
     @functools.cached_property
@@ -399,11 +399,6 @@ class TFRecordPipeline:
         resampled = dataset.rejection_resample(lambda f: tf.cast(tf.reshape(f[label], []), tf.int32), target,
                                                seed=self.seed)
         return resampled.map(lambda _, features: features)
-
-
-def _positive(name: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise invalid(DataError, name, value, f"an integer >= {minimum}")
 
 
 def _is_variable(value: object) -> bool:

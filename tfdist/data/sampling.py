@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist._names import describe_choices
-from tfdist.errors import DataError, invalid
+from tfdist.errors import DataError, invalid, require_int
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -87,8 +87,7 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     """
     if on_exhausted not in EXHAUSTED_POLICIES:
         raise invalid(DataError, "on_exhausted", on_exhausted, describe_choices(on_exhausted, EXHAUSTED_POLICIES))
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise invalid(DataError, "block", block, "an integer >= 1")
+    require_int(DataError, "block", block, minimum=1)
     mapping = dict(datasets) if isinstance(datasets, Mapping) else dict(enumerate(datasets))
     if not mapping:
         raise invalid(DataError, "datasets", [], "at least one per-class dataset")

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 from tfdist import _address
-from tfdist.errors import DataError, invalid
+from tfdist.errors import DataError, require_int
 
 __all__ = ["LocalDataService"]
 
@@ -32,8 +32,7 @@ class LocalDataService:
     """
 
     def __init__(self, *, num_workers: int = 1, host: str = "127.0.0.1", port: int = 0) -> None:
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise invalid(DataError, "num_workers", num_workers, "an integer >= 1")
+        require_int(DataError, "num_workers", num_workers, minimum=1)
         self.num_workers = num_workers
         self.host = host
         self.port = port

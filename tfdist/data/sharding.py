@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from tfdist._names import describe_choices
-from tfdist.errors import DataError, invalid
+from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files"]
 
@@ -91,8 +91,7 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
     """
     if policy not in SHARD_POLICIES:
         raise invalid(DataError, "shard_policy", policy, describe_choices(str(policy), SHARD_POLICIES))
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise invalid(DataError, "num_workers", num_workers, "an integer >= 1")
+    require_int(DataError, "num_workers", num_workers, minimum=1)
     if not files:
         raise invalid(DataError, "files", [], "at least one input file", "Check the glob pattern or the list.")
     total = sum(size for _, size in files)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
 
-from tfdist.errors import DataError, invalid
+from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_manifest", "COMPRESSIONS",
            "CLASS_GROUP"]
@@ -100,8 +100,7 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
 
     from tfdist.data.remote import ensure_filesystem
 
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise invalid(DataError, "num_shards", num_shards, "an integer >= 1")
+    require_int(DataError, "num_shards", num_shards, minimum=1)
     if compression not in COMPRESSIONS:
         raise invalid(DataError, "compression", compression, "None, 'GZIP' or 'ZLIB'")
     ensure_filesystem(path_prefix)

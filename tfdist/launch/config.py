@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Optional
 
 from tfdist._names import describe_choices
-from tfdist.errors import LaunchError, invalid
+from tfdist.errors import LaunchError, invalid, require_int
 
 __all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES"]
 
@@ -99,10 +99,8 @@ class LaunchConfig:
             raise invalid(LaunchError, "command", [], "a program to run after '--'",
                           "Example: tfdist-launch --workers 2 -- python train.py")
         for name, minimum in (("workers", 1), ("ps", 0), ("max_restarts", 0), ("data_service_workers", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                fix = "A cluster trains on at least one worker." if name == "workers" else ""
-                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"an integer >= {minimum}", fix)
+            fix = "A cluster trains on at least one worker." if name == "workers" else ""
+            require_int(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=minimum, fix=fix)
         if self.threads_per_task is not None and self.threads_per_task < 1:
             raise invalid(LaunchError, "--threads-per-task", self.threads_per_task, "an integer >= 1")
         if self.timeout is not None and self.timeout <= 0:
