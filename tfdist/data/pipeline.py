@@ -26,7 +26,7 @@ from tfdist.data import _context, _decode, _framing
 from tfdist.data.remote import ensure_filesystem
 from tfdist.data.sampling import Weights, resolve_weights, stratified_sample
 from tfdist.data.sharding import SHARD_POLICIES, ShardPlan, plan_shards
-from tfdist.data.writer import CLASS_GROUP
+from tfdist.data.writer import CLASS_GROUP, prefix_of, read_manifest
 from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["TFRecordPipeline", "CORRUPT_POLICIES", "VERIFY_MODES"]
@@ -187,6 +187,16 @@ class TFRecordPipeline:
             sizes = list(pool.map(_size_of, paths))
         return tuple(zip(paths, sizes))
 
+    @functools.cached_property
+    def _manifest_records(self) -> dict[str, int]:
+        """path -> records, from the writer manifests beside the input files (each read once)."""
+        counts: dict[str, int] = {}
+        for prefix in sorted({p for p in (prefix_of(path) for path, _ in self._listing) if p}):
+            manifest = read_manifest(prefix)
+            if manifest is not None:
+                counts.update((path, info["records"]) for path, info in manifest["files"].items())
+        return counts
+
     def plan(self, num_workers: int) -> ShardPlan:
         """How the files split over ``num_workers`` input pipelines (logged by ``dataset``)."""
         return plan_shards(self._listing, num_workers=num_workers, policy=self.shard_policy, shard_key=self.shard_key)
@@ -213,7 +223,7 @@ class TFRecordPipeline:
         with ThreadPoolExecutor(max_workers=min(8, max(1, len(todo)))) as pool:
             checks = list(pool.map(lambda p: _framing.check_file(p, _compression_of(p, self.compression)), todo))
         limits: dict[str, int] = {}
-        lost: dict[str, tuple[int, bool]] = {c.path: _lost_records(c) for c in checks if not c.ok}
+        lost = {c.path: _lost_records(c, self._manifest_records.get(c.path)) for c in checks if not c.ok}
         for check in checks:
             if check.ok:
                 continue
@@ -336,7 +346,7 @@ class TFRecordPipeline:
         return records.take(limit) if limit is not None else records
 
     def _stratified(self, groups: dict[str, list[tuple[str, int]]], where: Any) -> tuple[Any, str]:
-        counts = {label: _records_in(self, files) for label, files in groups.items()}
+        counts = {label: self._records_in(files) for label, files in groups.items()}
         per_class = {}
         # Each class group is split on its own: 'data'/'off' as asked, otherwise 'auto' (by file when the
         # group has enough balanced files, else by record). 'hash' needs parsed keys and is not applied here.
@@ -353,6 +363,12 @@ class TFRecordPipeline:
         sampled = sampled.take(epoch * self.num_epochs) if self.num_epochs is not None else sampled
         mix = resolve_weights(weights, counts=counts) if not _is_variable(weights) else "a tf.Variable"
         return sampled, f"stratified over {len(groups)} class shard groups, mix {mix}, {epoch} records per epoch"
+
+    def _records_in(self, files: Sequence[tuple[str, int]]) -> int:
+        """Records in ``files``: from the writer's manifest when it covers them, else a framing walk."""
+        if all(path in self._manifest_records for path, _ in files):
+            return sum(self._manifest_records[path] for path, _ in files)
+        return sum(_framing.check_file(path, _compression_of(path, self.compression)).records for path, _ in files)
 
     def _parse_elements(self, records: Any) -> Any:
         """Per record: the user's parse_fn, or parse (and decode) one example at a time."""
@@ -414,26 +430,9 @@ def _size_of(path: str) -> int:
         raise DataError(f"Cannot read {path}: {err.message}. Check that it exists and is readable.") from err
 
 
-def _lost_records(check: _framing.FileCheck) -> tuple[int, bool]:
-    """(records lost, exact?): exact from the writer's manifest, else estimated from the unreadable bytes."""
-    from tfdist.data.writer import prefix_of, read_manifest
-
-    prefix = prefix_of(check.path)
-    manifest = read_manifest(prefix) if prefix else None
-    if manifest is not None and check.path in manifest["files"]:
-        return manifest["files"][check.path]["records"] - check.records, True
+def _lost_records(check: _framing.FileCheck, written: Optional[int]) -> tuple[int, bool]:
+    """(records lost, exact?): exact when the writer's count is known, else estimated from unreadable bytes."""
+    if written is not None:
+        return written - check.records, True
     mean = check.valid_bytes / check.records if check.records else 0
     return (round(check.lost_bytes / mean) if mean else 0), False
-
-
-def _records_in(pipeline: TFRecordPipeline, files: Sequence[tuple[str, int]]) -> int:
-    """Records in ``files``: from the writer's manifest when present, else a framing walk."""
-    from tfdist.data.writer import read_manifest
-
-    from tfdist.data.writer import prefix_of
-
-    prefix = prefix_of(files[0][0])
-    manifest = read_manifest(prefix) if prefix else None
-    if manifest is not None and all(path in manifest["files"] for path, _ in files):
-        return sum(manifest["files"][path]["records"] for path, _ in files)
-    return sum(_framing.check_file(path, _compression_of(path, pipeline.compression)).records for path, _ in files)
