@@ -156,18 +156,14 @@ def mwms_pipeline(prefix: str) -> dict[str, Any]:
     pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=32, label_key="label",
                                 shuffle_buffer=100, seed=1)
     ids = [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
-    supervised = dataclasses_replace(pipeline, as_supervised=True)
+    import dataclasses
+
+    supervised = dataclasses.replace(pipeline, as_supervised=True)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Lambda(lambda f: f["x"]), keras.layers.Dense(3)])
         model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(supervised.dataset(), epochs=1, verbose=0)
     return {"ids": ids, "plan": pipeline.plan(2).policy, "loss": history.history["loss"][-1]}
-
-
-def dataclasses_replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
 
 
 def service_consumer(prefix: str) -> dict[str, Any]:

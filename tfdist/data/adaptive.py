@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfdist.errors import DataError, invalid
+from tfdist.keras._bases import callback_base
 
 __all__ = ["AdaptiveClassWeights", "reweight"]
 
@@ -36,13 +37,7 @@ def reweight(weights: list[float], losses: list[float], *, rate: float, floor: f
     return [w / total for w in floored]
 
 
-def _callback_base() -> Any:
-    import tf_keras
-
-    return tf_keras.callbacks.Callback
-
-
-class AdaptiveClassWeights(_callback_base()):  # type: ignore[misc]
+class AdaptiveClassWeights(callback_base()):  # type: ignore[misc]
     """A tf-keras callback that moves sampling weight toward classes with high loss.
 
     At each epoch end it evaluates the model on a small held-out dataset per

@@ -16,6 +16,7 @@ import time
 from typing import Any, Optional
 
 from tfdist.cluster import ClusterSpec, current_cluster
+from tfdist.keras._bases import backup_base, callback_base
 
 __all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
 
@@ -27,13 +28,7 @@ def _task_name(spec: Optional[ClusterSpec]) -> str:
     return spec.task.name if spec is not None and spec.task is not None else "local"
 
 
-def _callback_base() -> Any:
-    import tf_keras
-
-    return tf_keras.callbacks.Callback
-
-
-class ThroughputLogger(_callback_base()):  # type: ignore[misc]
+class ThroughputLogger(callback_base()):  # type: ignore[misc]
     """Logs examples/s and step time each epoch; with ``report_dir``, names straggling workers.
 
     Every worker writes ``throughput-<task>-epoch<N>.json`` into ``report_dir``
@@ -131,13 +126,7 @@ class ThroughputLogger(_callback_base()):  # type: ignore[misc]
                          self.straggler_factor, median * 1e3, ", ".join(slow))
 
 
-def _backup_base() -> Any:
-    import tf_keras
-
-    return tf_keras.callbacks.BackupAndRestore
-
-
-class PreemptionSafeBackup(_backup_base()):  # type: ignore[misc]
+class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     """``BackupAndRestore(save_before_preemption=True)`` that works off Google Cloud too.
 
     tf-keras 2.17 enables saving on SIGTERM only when it detects GCP
