@@ -337,3 +337,75 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
     model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
     _log("done", epochs)
     return {"done": True}
+
+
+def _comm_fit(keras: Any, strategy: Any, *, batch: int, epochs: int, compression: str = "",
+              accumulate: int = 1, tuning: str = "") -> dict[str, Any]:
+    """One seeded fit of the regression model; compression/accumulation/tuning as asked."""
+    import numpy as np
+
+    from tfdist.keras import accumulate_gradients, with_communication
+
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.05)
+        if compression or tuning:
+            optimizer = with_communication(optimizer, compression=compression or "none", tuning=tuning or None)
+        model.compile(optimizer=optimizer, loss="mse")
+    accumulate_gradients(model, steps=accumulate)
+    history = model.fit(_regression_dataset(batch), epochs=epochs, verbose=0)
+    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
+            "bytes": getattr(optimizer, "communication_bytes_per_step", None),
+            "updates": int(optimizer.iterations.numpy())}
+
+
+def communication_checks(tuning_path: str) -> dict[str, Any]:
+    """Compression, accumulation and the autotuner on one 2-worker MWMS cluster (many checks per TF start)."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
+    from tfdist import keras
+    from tfdist.autotune import CollectiveTuning, autotune_collectives
+
+    out = {name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name)
+           for name in ("none", "fp16", "bf16")}
+    out["plain"] = _comm_fit(keras, strategy, batch=64, epochs=4)
+    out["batch128"] = _comm_fit(keras, strategy, batch=128, epochs=3)
+    out["accumulate4"] = _comm_fit(keras, strategy, batch=128, epochs=3, accumulate=4)
+    out["accumulate4_fp16"] = _comm_fit(keras, strategy, batch=128, epochs=3, accumulate=4, compression="fp16")
+    shapes = [(8, 16), (16,), (16, 1), (1,), (512, 1024)]
+    tuning = autotune_collectives(strategy, shapes, candidates=(0, 64 << 10, 1 << 20), repeats=2)
+    spec = tfdist.ClusterSpec.from_tf_config()
+    if spec.is_chief:
+        tuning.save(tuning_path)
+    out["tuning"] = {"bytes_per_pack": tuning.bytes_per_pack, "split_bytes": tuning.split_bytes,
+                     "timings_ms": dict(tuning.timings_ms), "workers": tuning.workers,
+                     "total_bytes": tuning.total_bytes}
+    strategy.reduce("SUM", strategy.experimental_distribute_values_from_function(lambda c: 1.0), axis=None)
+    out["reloaded_equal"] = CollectiveTuning.load(tuning_path) == tuning if spec.is_chief else None
+    out["tuned_fit"] = _comm_fit(keras, strategy, batch=64, epochs=2, tuning=tuning_path)
+    out["fp16_sums"] = _fp16_sums(strategy)
+    return out
+
+
+def _fp16_sums(strategy: Any) -> dict[str, list[float]]:
+    """fp16 all-reduce of values whose sum overflows float16, and of a non-finite gradient."""
+    import tensorflow as tf
+
+    from tfdist.collective import CollectiveConfig, all_reduce_sum
+
+    device = strategy.extended.worker_devices[0]
+    fp16 = CollectiveConfig(compression="fp16")
+
+    def reduce(values: list[float]) -> list[float]:
+        def replica_fn() -> Any:
+            with tf.device(device):
+                return all_reduce_sum([tf.constant(values)], fp16)[0]
+        result = strategy.run(tf.function(replica_fn))
+        return [float(v) for v in strategy.experimental_local_results(result)[0].numpy()]
+
+    return {"large": reduce([60000.0, 1e-6, -3.0, 0.0]), "inf": reduce([float("inf"), 1.0]),
+            "zeros": reduce([0.0, 0.0])}

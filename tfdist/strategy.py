@@ -22,6 +22,8 @@ from tfdist.errors import StrategyError, invalid, require_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from tfdist.autotune import CollectiveTuning
+
 __all__ = ["StrategyOptions", "build_strategy", "register_strategy", "strategy_names",
            "choose_kind", "communication_options", "variable_partitioner", "cluster_coordinator"]
 
@@ -134,7 +136,9 @@ def _resolve_cluster(cluster: ClusterLike) -> Optional[ClusterSpec]:
     return current_cluster()
 
 
-def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None, **options: Any) -> "tf.distribute.Strategy":
+def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
+                   tuning: Union[str, "os.PathLike[str]", "CollectiveTuning", None] = None,
+                   **options: Any) -> "tf.distribute.Strategy":
     """Builds a distribution strategy; call it before any other TensorFlow op.
 
     Args:
@@ -142,6 +146,9 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None, **options
         'mirrored', 'multi_worker_mirrored', 'parameter_server'.
       cluster: A ClusterSpec, TF_CONFIG JSON/mapping, or None to read the
         ``TF_CONFIG`` variable (no variable: this machine alone).
+      tuning: A :class:`tfdist.autotune.CollectiveTuning` or the path of its
+        JSON (from :func:`tfdist.autotune.autotune_collectives`): sets
+        ``bytes_per_pack`` unless ``options`` set it explicitly.
       **options: Fields of :class:`StrategyOptions`.
 
     Returns:
@@ -155,6 +162,12 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None, **options
     """
     if kind not in _BUILDERS:
         raise invalid(StrategyError, "kind", kind, describe_choices(str(kind), _BUILDERS))
+    if tuning is not None:
+        from tfdist.autotune import CollectiveTuning
+
+        loaded = tuning if isinstance(tuning, CollectiveTuning) else CollectiveTuning.load(tuning)
+        options = {**loaded.strategy_options(), **options}
+        _log.info("Collective tuning: %s", loaded.strategy_options())
     try:
         opts = StrategyOptions(**options)
     except TypeError as err:

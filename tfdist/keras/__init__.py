@@ -6,7 +6,8 @@ so ``from tfdist import keras`` gives the right Keras without setting
 ``TF_USE_LEGACY_KERAS=1`` (which only works when set before TensorFlow is
 imported; ``tfdist-launch`` sets it for every task). tfdist's own names
 (``fit_input``, ``cluster_callbacks``, ``ThroughputLogger``,
-``sidecar_evaluate``, ``enable_determinism``) are added on top, loaded lazily.
+``sidecar_evaluate``, ``enable_determinism``, ``with_communication``,
+``accumulate_gradients``) are added on top, loaded lazily.
 
 Example:
     >>> from tfdist import keras
@@ -25,6 +26,8 @@ _TFDIST_NAMES = {
     "PreemptionSafeBackup": "tfdist.keras.cluster_callbacks",
     "sidecar_evaluate": "tfdist.keras.sidecar",
     "enable_determinism": "tfdist.keras.inputs",
+    "with_communication": "tfdist.keras.communication",
+    "accumulate_gradients": "tfdist.keras.accumulation",
 }
 
 

@@ -1,0 +1,119 @@
+"""Cheaper gradient communication for ``model.fit``: compression and packing.
+
+:func:`with_communication` returns a copy of a tf-keras optimizer whose
+gradient all-reduce goes through :func:`tfdist.collective.all_reduce_sum`:
+
+* ``compression='fp16'`` or ``'bf16'`` halves the bytes on the wire. float16
+  is range-scaled by a power of two so sums cannot overflow, and non-finite
+  gradients stay non-finite, so ``LossScaleOptimizer`` (mixed precision)
+  still detects an overflow and skips the step.
+* ``bytes_per_pack`` / ``split_bytes`` (or ``tuning=``, the autotuner's JSON)
+  set how gradients are cut into all-reduces.
+
+Gradient accumulation (one all-reduce per k micro-batches) is
+:func:`tfdist.keras.accumulate_gradients`; the two combine.
+
+Example:
+    >>> import tf_keras
+    >>> opt = with_communication(tf_keras.optimizers.SGD(0.1), compression="bf16", bytes_per_pack=4 << 20)
+    >>> opt.communication.compression, opt.communication.bytes_per_pack
+    ('bf16', 4194304)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Optional, Union
+
+from tfdist.collective import CollectiveConfig, all_reduce_sum, payload_bytes
+from tfdist.errors import StrategyError, invalid
+
+__all__ = ["with_communication"]
+
+
+def with_communication(optimizer: Any, *, compression: str = "none", bytes_per_pack: int = 0, split_bytes: int = 0,
+                       tuning: Union[str, "os.PathLike[str]", Any, None] = None) -> Any:
+    """A copy of ``optimizer`` that communicates gradients as configured.
+
+    Args:
+      optimizer: A tf-keras optimizer (``tf_keras.optimizers.SGD``, ``Adam``...),
+        not yet used. Create it under the strategy's scope, as usual.
+      compression: Wire dtype for the gradient all-reduce: 'none', 'fp16', 'bf16'.
+      bytes_per_pack: Pack size of the all-reduce (0: the strategy's setting).
+      split_bytes: Split larger gradients into pieces of this size (0: never).
+      tuning: A ``CollectiveTuning`` or its JSON path; supplies
+        ``bytes_per_pack`` and ``split_bytes`` (explicit arguments win).
+
+    Returns:
+      An optimizer of a subclass of ``type(optimizer)`` with the same config.
+      ``communication_bytes_per_step`` tells the bytes each replica hands to the
+      gradient all-reduce per applied update, counted from the tensors traced
+      into it (None before the first step).
+
+    Raises:
+      StrategyError: An invalid setting, or an optimizer that is not a tf-keras
+        ``Optimizer``.
+    """
+    import tf_keras
+
+    if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+        raise invalid(StrategyError, "optimizer", type(optimizer).__name__, "a tf_keras.optimizers.Optimizer",
+                      "Pass e.g. tf_keras.optimizers.SGD(...); legacy and Keras 3 optimizers are not supported.")
+    if tuning is not None:
+        from tfdist.autotune import CollectiveTuning
+
+        loaded = tuning if isinstance(tuning, CollectiveTuning) else CollectiveTuning.load(tuning)
+        bytes_per_pack = bytes_per_pack or loaded.bytes_per_pack
+        split_bytes = split_bytes or loaded.split_bytes
+    config = CollectiveConfig(compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes)
+    base = type(optimizer)
+    if issubclass(base, _CommunicationMixin):
+        raise invalid(StrategyError, "optimizer", base.__name__, "an optimizer not wrapped yet",
+                      "Call with_communication on the original optimizer once.")
+    new = _subclass(base).from_config(optimizer.get_config())
+    new._tfdist_setup(config)
+    return new
+
+
+@functools.lru_cache(maxsize=None)
+def _subclass(base: type) -> type:
+    return type(f"Communicating{base.__name__}", (_CommunicationMixin, base), {"__module__": __name__})
+
+
+class _CommunicationMixin:
+    """Overrides the tf-keras ``Optimizer`` hooks for aggregation and application."""
+
+    def _tfdist_setup(self, config: CollectiveConfig) -> None:
+        # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
+        object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
+
+    @property
+    def communication(self) -> CollectiveConfig:
+        return self._tfdist["config"]
+
+    @property
+    def communication_bytes_per_step(self) -> Optional[int]:
+        return self._tfdist["bytes"]
+
+    def aggregate_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
+        import tensorflow as tf
+
+        pairs = list(grads_and_vars)
+        dense = [i for i, (g, _) in enumerate(pairs) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        is_dense = set(dense)
+        sparse = [pairs[i] for i in range(len(pairs)) if i not in is_dense and pairs[i][0] is not None]
+        config = self._tfdist["config"]
+        grads = [pairs[i][0] for i in dense]
+        reduced = all_reduce_sum(grads, config)
+        scale_bytes = 4 if config.compression == "fp16" and grads else 0
+        self._tfdist["bytes"] = payload_bytes(grads, config) + scale_bytes
+        out = list(pairs)
+        for i, grad in zip(dense, reduced):
+            out[i] = (grad, pairs[i][1])
+        if sparse:  # IndexedSlices (embedding rows) keep TF's own sparse aggregation.
+            merged = iter(super().aggregate_gradients(sparse))  # type: ignore[misc]
+            for i in range(len(out)):
+                if i not in is_dense and out[i][0] is not None:
+                    out[i] = next(merged)
+        return [pair for pair in out if pair[0] is not None]
