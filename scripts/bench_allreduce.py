@@ -1,83 +1,285 @@
-"""Benchmark: all-reduce time between 2 local processes (RING over gRPC), and the cost model fitted to it.
+"""Benchmark: all-reduce between local processes, TF through tfdist vs TF defaults vs torch gloo vs loopback.
 
-    .venv/bin/python scripts/bench_allreduce.py [--repeats 5]
+    .venv/bin/python scripts/bench_allreduce.py [--repeats 5] [--workers 2] [--no-gloo] [--json PATH]
 
-Each worker all-reduces float32 tensors of 4 KB .. 64 MB inside a tf.function under MultiWorkerMirroredStrategy
-(RING, TF's default packing) and reports the median time per size. The script then fits the ring model
-t = 2(N-1) latency + 2(N-1)/N bytes / bandwidth (tfdist.plan.fit_ring) and prints predicted vs measured.
+With 2 workers (the default) one run measures, side by side:
+  * tensor sizes 4 KB .. 64 MB and a ResNet-50-shaped gradient list (161 tensors, 25.6M floats);
+  * TF RING all-reduce as TF does it by default (one pack, float32);
+  * tfdist tuned: the pack size picked by tfdist's autotuner on the ResNet-50 list (with bf16), then
+    float32, bf16 and fp16 on the wire;
+  * torch.distributed gloo all_reduce on the same sizes, float32; the list both in DDP's 25 MB buckets
+    and one all_reduce per tensor;
+  * the loopback limit: both processes exchanging the same bytes over TCP at once (a 2-process ring
+    moves each byte once in each direction), with no arithmetic;
+  * the cost model (tfdist.plan) fitted to TF's default all-reduce, predicted vs measured.
+With --workers 3 or 4 it measures only TF's default all-reduce and fits the cost model there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import socket
 import statistics
+import subprocess
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+DDP_BUCKET_BYTES = 25 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def measure(repeats: int) -> dict[str, Any]:
-    """Runs in each worker task: median all-reduce seconds per size."""
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """Gradient shapes of ResNet-50 (torchvision layout: convs without bias, batch norm scale and offset)."""
+    shapes: list[tuple[int, ...]] = [(7, 7, 3, 64), (64,), (64,)]
+    inplanes = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for block in range(blocks):
+            shapes += [(1, 1, inplanes, width), (width,), (width,), (3, 3, width, width), (width,), (width,),
+                       (1, 1, width, 4 * width), (4 * width,), (4 * width,)]
+            if block == 0:
+                shapes += [(1, 1, inplanes, 4 * width), (4 * width,), (4 * width,)]
+            inplanes = 4 * width
+    return shapes + [(2048, 1000), (1000,)]
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, before: Callable[[], Any] = lambda: None) -> float:
+    """Median seconds of ``fn`` after a warm-up run (tracing, collective set-up); ``before`` runs untimed."""
+    before()
+    fn()
+    times = []
+    for _ in range(repeats):
+        before()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- TF (runs in each worker)
+def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
+    """Median all-reduce seconds per case; with ``full`` also the autotuned and fp16 variants."""
     import tfdist
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
     import tensorflow as tf
 
-    out = {}
-    for size in SIZES:
-        value = strategy.experimental_distribute_values_from_function(
-            lambda context, n=size // 4: tf.ones([n], tf.float32))
+    from tfdist.autotune import autotune_collectives
+    from tfdist.collective import CollectiveConfig, all_reduce_sum
 
-        device = strategy.extended.worker_devices[0]
+    device = strategy.extended.worker_devices[0]
 
-        def replica_fn(t: Any) -> Any:
-            # ReplicaContext.all_reduce sends the result to the tensor's own device; in a tf.function an
-            # unplaced tensor has none ("destinations can not be empty"), so place it first.
-            with tf.device(device):
-                t = tf.identity(t)
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, t)
+    def timer(shapes: list[tuple[int, ...]], config: CollectiveConfig | None) -> float:
+        values = [strategy.experimental_distribute_values_from_function(lambda c, s=s: tf.ones(s)) for s in shapes]
 
-        @tf.function
-        def step(x: Any) -> Any:
-            return strategy.run(replica_fn, args=(x,))
+        def replica_fn(*tensors: Any) -> Any:
+            with tf.device(device):  # An unplaced tensor has no destination for the all-reduce.
+                tensors = [tf.identity(t) for t in tensors]
+            if config is None:  # What TF does by default (as Keras' fit does with a plain optimizer).
+                return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tensors)
+            return all_reduce_sum(tensors, config)
 
-        step(value)  # Trace and warm up (group set-up happens here).
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            result = step(value)
-            strategy.experimental_local_results(result)[0].numpy()  # Wait for the result.
-            times.append(time.perf_counter() - start)
-        out[str(size)] = statistics.median(times)
+        step = tf.function(lambda *xs: strategy.run(replica_fn, args=xs))
+        return _median_time(lambda: strategy.experimental_local_results(step(*values)[0])[0].numpy(), repeats)
+
+    out: dict[str, Any] = {"default": {str(s): timer([(s // 4,)], None) for s in SIZES}}
+    if not full:
+        return out
+    resnet = resnet50_shapes()
+    tuning = autotune_collectives(strategy, resnet, compression="bf16", repeats=2)
+    pack = tuning.bytes_per_pack
+    out["tuning"] = {"bytes_per_pack": pack, "timings_ms": dict(tuning.timings_ms)}
+    for name, compression in (("tuned_fp32", "none"), ("tuned_fp16", "fp16"), ("tuned_bf16", "bf16")):
+        config = CollectiveConfig(compression=compression, bytes_per_pack=pack, split_bytes=pack)
+        out[name] = {str(s): timer([(s // 4,)], config) for s in SIZES}
+        out[name]["resnet50"] = timer(resnet, config)
+    out["default"]["resnet50"] = timer(resnet, None)
+    out["default_fp16"] = {"resnet50": timer(resnet, CollectiveConfig(compression="fp16"))}
     return out
+
+
+# ----------------------------------------------------------------------------- gloo and loopback peers
+def _gloo_child(rank: int, port: int, repeats: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    out: dict[str, float] = {}
+    for size in SIZES:
+        tensor = torch.ones(size // 4)
+        out[str(size)] = _median_time(lambda t=tensor: dist.all_reduce(t), repeats, before=dist.barrier)
+    total = sum(math.prod(s) for s in resnet50_shapes())
+    buckets = [torch.ones(min(DDP_BUCKET_BYTES // 4, total - i)) for i in range(0, total, DDP_BUCKET_BYTES // 4)]
+    out["resnet50"] = _median_time(lambda: [dist.all_reduce(b) for b in buckets], repeats, before=dist.barrier)
+    tensors = [torch.ones(math.prod(s)) for s in resnet50_shapes()]
+    out["resnet50_per_tensor"] = _median_time(lambda: [dist.all_reduce(t) for t in tensors], repeats,
+                                              before=dist.barrier)
+    dist.destroy_process_group()
+    if rank == 0:
+        sys.stdout.write(json.dumps(out) + "\n")
+
+
+def gloo(repeats: int) -> dict[str, float]:
+    """Runs two gloo ranks as processes; returns rank 0's medians."""
+    from tfdist._address import free_ports
+
+    port = free_ports(1)[0]
+    cmd = [sys.executable, __file__, "--gloo-child", "{rank}", str(port), "--repeats", str(repeats)]
+    procs = [subprocess.Popen([c.format(rank=r) for c in cmd], stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"gloo ranks failed: {[p.returncode for p in procs]}")
+    return json.loads(outputs[0].strip().splitlines()[-1])
+
+
+def _buffers(sizes: list[int]) -> tuple[memoryview, memoryview]:
+    """Send and receive buffers for the largest size, allocated (and touched) once, outside the timing."""
+    largest = max(sizes)
+    return memoryview(bytearray(b"\1" * largest)), memoryview(bytearray(b"\1" * largest))
+
+
+def _exchange(sock: socket.socket, nbytes: int, buffers: tuple[memoryview, memoryview]) -> None:
+    """Sends and receives ``nbytes`` at the same time (full duplex)."""
+    payload, inbox = buffers[0][:nbytes], buffers[1]
+    sender = threading.Thread(target=sock.sendall, args=(payload,))
+    sender.start()
+    got = 0
+    while got < nbytes:
+        chunk = sock.recv_into(inbox[got:nbytes])
+        if not chunk:
+            raise ConnectionError(f"peer closed after {got} of {nbytes} bytes")
+        got += chunk
+    sender.join()
+
+
+def _loopback_child(port: int, sizes: list[int], repeats: int) -> None:
+    buffers = _buffers(sizes)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for size in sizes:
+            for _ in range(repeats + 1):
+                _exchange(sock, size, buffers)
+
+
+def loopback(repeats: int, sizes: list[int]) -> dict[str, float]:
+    """Seconds for two processes to swap ``size`` bytes each way over TCP on 127.0.0.1."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        child = subprocess.Popen([sys.executable, __file__, "--loopback-child", str(port), "--repeats", str(repeats),
+                                  "--sizes", ",".join(map(str, sizes))])
+        buffers = _buffers(sizes)
+        try:
+            conn, _ = server.accept()
+            with conn:
+                return {str(size): _median_time(lambda s=size: _exchange(conn, s, buffers), repeats)
+                        for size in sizes}
+        finally:
+            child.wait(timeout=120)
+
+
+# ----------------------------------------------------------------------------- report
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 2)
+
+
+def cost_model(default: dict[str, float], workers: int) -> dict[str, Any]:
+    """Fits the ring model to TF's default all-reduce times and compares prediction with measurement."""
+    from tfdist.plan import Plan, fit_ring
+
+    samples = sorted((int(k), v) for k, v in default.items() if k.isdigit())
+    latency, bandwidth = fit_ring(samples, workers=workers)
+    rows = []
+    for size, seconds in samples:
+        predicted = Plan(params=size / 4, workers=workers, bandwidth=bandwidth, latency=latency).ring_allreduce_s
+        rows.append({"bytes": size, "measured_ms": _ms(seconds), "predicted_ms": _ms(predicted),
+                     "error": round(predicted / seconds - 1, 3)})
+    return {"workers": workers, "fitted_latency_us": round(latency * 1e6, 1),
+            "fitted_bandwidth_MBps": round(bandwidth / 1e6, 1), "rows": rows,
+            "max_abs_error": max(abs(r["error"]) for r in rows)}
+
+
+def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[str, float]) -> dict[str, Any]:
+    """Speed-ups against TF's default, and times relative to gloo and to the loopback limit."""
+    default = tf_times["default"]
+    variants = ("tuned_fp32", "tuned_bf16", "tuned_fp16")
+    rows = []
+    for key in [str(s) for s in SIZES] + ["resnet50"]:
+        row: dict[str, Any] = {"case": key, "tf_default_ms": _ms(default[key])}
+        row.update({f"{v}_ms": _ms(tf_times[v][key]) for v in variants})
+        row["limit_ms"] = _ms(limit[key])
+        if key in gloo_times:
+            row["gloo_fp32_ms"] = _ms(gloo_times[key])
+        for v in variants:
+            row[f"{v}_speedup_vs_tf_default"] = round(default[key] / tf_times[v][key], 2)
+            if key in gloo_times:
+                row[f"{v}_over_gloo"] = round(tf_times[v][key] / gloo_times[key], 2)
+        row["gloo_over_limit"] = round(gloo_times[key] / limit[key], 2) if key in gloo_times else None
+        rows.append(row)
+    resnet, big = rows[-1], rows[SIZES.index(64 << 20)]
+    goals = {"resnet50 speed-up vs TF default, tuned bf16 (goal >= 2.5)": resnet["tuned_bf16_speedup_vs_tf_default"],
+             "resnet50 speed-up vs TF default, tuned fp16": resnet["tuned_fp16_speedup_vs_tf_default"],
+             "resnet50 speed-up vs TF default, packing only (fp32)": resnet["tuned_fp32_speedup_vs_tf_default"]}
+    if gloo_times:
+        goals["resnet50 tuned bf16 / gloo DDP buckets (goal < 1)"] = resnet["tuned_bf16_over_gloo"]
+        goals["resnet50 tuned bf16 / gloo per tensor"] = round(
+            tf_times["tuned_bf16"]["resnet50"] / gloo_times["resnet50_per_tensor"], 2)
+        goals["64MB tuned bf16 / gloo (goal <= 4)"] = big["tuned_bf16_over_gloo"]
+        goals["64MB tuned fp16 / gloo (goal <= 4)"] = big["tuned_fp16_over_gloo"]
+        goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
+        goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
+    return {"rows": rows, "goals": goals}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2, choices=(2, 3, 4))
+    parser.add_argument("--no-gloo", action="store_true", help="skip torch (when the bench extra is missing)")
+    parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--gloo-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--loopback-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from tfdist import testing
-    from tfdist.plan import Plan, fit_ring
+    if args.gloo_child:
+        _gloo_child(*args.gloo_child, args.repeats)
+        return 0
+    if args.loopback_child:
+        _loopback_child(args.loopback_child, [int(s) for s in args.sizes.split(",")], args.repeats)
+        return 0
 
-    run = testing.run_cluster("bench_allreduce:measure", workers=2, timeout=900, args=[args.repeats],
-                              env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    from tfdist import testing
+
+    full = args.workers == 2
+    run = testing.run_cluster("bench_allreduce:tf_worker", workers=args.workers, timeout=1200,
+                              args=[args.repeats, full], env={"PYTHONPATH": HERE})
     if not run.ok:
-        sys.stderr.write(run.result.summary() + "\n")
+        sys.stderr.write(run.result.summary() + "\n" + run.output("worker:0")[-3000:] + "\n")
         return 1
-    measured = {int(k): max(run.values[w][k] for w in run.values) for k in run.values["worker:0"]}
-    latency, bandwidth = fit_ring(sorted(measured.items()), workers=2)
-    rows = []
-    for size, seconds in sorted(measured.items()):
-        predicted = Plan(params=size / 4, workers=2, bandwidth=bandwidth, latency=latency).ring_allreduce_s
-        rows.append({"bytes": size, "measured_ms": round(seconds * 1e3, 3), "predicted_ms": round(predicted * 1e3, 3),
-                     "error": round(predicted / seconds - 1, 3)})
-    report = {"fitted_latency_us": round(latency * 1e6, 1), "fitted_bandwidth_MBps": round(bandwidth / 1e6, 1),
-              "rows": rows, "max_abs_error": max(abs(r["error"]) for r in rows), "goal": "within 25%"}
-    sys.stdout.write(json.dumps(report, indent=1) + "\n")
+    # A collective ends when the slowest worker has its result: take the slower worker's time per case.
+    tf_times = {variant: {case: max(run.values[w][variant][case] for w in run.values)
+                          for case in run.values["worker:0"][variant]}
+                for variant in run.values["worker:0"] if variant != "tuning"}
+    report: dict[str, Any] = {"cost_model": cost_model(tf_times["default"], args.workers)}
+    if full:
+        limit_sizes = SIZES + [4 * sum(math.prod(s) for s in resnet50_shapes())]
+        limit = loopback(args.repeats, limit_sizes)
+        limit["resnet50"] = limit.pop(str(limit_sizes[-1]))
+        gloo_times = {} if args.no_gloo else gloo(args.repeats)
+        report["tuning"] = run.values["worker:0"]["tuning"]
+        report.update(ratios(tf_times, gloo_times, limit))
+    text = json.dumps(report, indent=1)
+    sys.stdout.write(text + "\n")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
     return 0
 
 

@@ -20,7 +20,8 @@ from typing import Any, Optional
 from tfdist._names import describe_choices
 from tfdist.errors import Error, invalid, require_int
 
-__all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS"]
+__all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS", "EmbeddingTraffic",
+           "embedding_traffic"]
 
 
 class PlanError(Error, ValueError):
@@ -186,11 +187,13 @@ class Plan:
                 "recommendation": self.recommendation, "reasons": self.reasons}
 
 
-def fit_ring(samples: list[tuple[float, float]], *, workers: int) -> tuple[float, float]:
-    """Fits (latency s, bandwidth bytes/s) of the ring model to measured (bytes, seconds) all-reduces.
+def fit_ring(samples: list[tuple[float, ...]], *, workers: Optional[int] = None) -> tuple[float, float]:
+    """Fits (latency s, bandwidth bytes/s) of the ring model to measured (bytes, seconds[, workers]) all-reduces.
 
     Least squares on ``t = 2(N-1) * latency + 2(N-1)/N * bytes / bandwidth``,
     weighted by 1/t so small and large messages count alike (relative error).
+    A sample's third element is its worker count N (default ``workers``), so
+    one fit can span clusters of several sizes.
 
     Example:
         >>> truth = Plan(params=1, workers=2, bandwidth=1e9, latency=1e-4)
@@ -198,10 +201,11 @@ def fit_ring(samples: list[tuple[float, float]], *, workers: int) -> tuple[float
         >>> [round(v, 6) for v in fit_ring(samples, workers=2)]
         [0.0001, 1000000000.0]
     """
-    if workers < 2 or len(samples) < 2:
-        raise invalid(PlanError, "samples", len(samples), "two or more sizes measured on >= 2 workers")
-    k_lat, k_bytes = 2 * (workers - 1), 2 * (workers - 1) / workers
-    rows = [(k_lat / t, k_bytes * b / t, 1.0) for b, t in samples]  # Each row divided by t: relative error.
+    counts = [int(s[2]) if len(s) > 2 else workers for s in samples]
+    if any(n is None or n < 2 for n in counts) or len(samples) < 2:
+        raise invalid(PlanError, "samples", len(samples), "two or more sizes measured on >= 2 workers each")
+    rows = [(2 * (n - 1) / s[1], 2 * (n - 1) / n * s[0] / s[1], 1.0)  # Each row divided by t: relative error.
+            for s, n in zip(samples, counts)]
     sxx = sum(r[0] * r[0] for r in rows)
     sxy = sum(r[0] * r[1] for r in rows)
     syy = sum(r[1] * r[1] for r in rows)
@@ -215,3 +219,48 @@ def fit_ring(samples: list[tuple[float, float]], *, workers: int) -> tuple[float
     if latency < 0 or inverse_bandwidth <= 0:
         raise invalid(PlanError, "samples", samples, "times that grow with message size")
     return latency, 1.0 / inverse_bandwidth
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingTraffic:
+    """Bytes one worker moves per step for embedding tables, PS rows vs dense all-reduce.
+
+    Attributes:
+      ps_bytes: Rows pulled from the ps plus their gradients pushed back.
+      allreduce_bytes: Ring all-reduce of the tables' full (dense) gradients.
+      ratio: ``allreduce_bytes / ps_bytes``: how much less the PS moves.
+    """
+
+    ps_bytes: float
+    allreduce_bytes: float
+    ratio: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 2) for k, v in dataclasses.asdict(self).items()}
+
+
+def embedding_traffic(*, table_values: float, values_touched_per_step: float, workers: int,
+                      bytes_per_value: int = 4) -> EmbeddingTraffic:
+    """Per-worker bytes per step for embedding tables under parameter servers vs ring all-reduce.
+
+    A PS worker pulls the rows its batch touches and pushes their gradients
+    (``2 * touched * bytes``); an all-reduce of the dense table gradients moves
+    ``2(N-1)/N * table * bytes`` whatever the batch touched.
+
+    Args:
+      table_values: Values (rows x dim, summed over tables) in the embedding tables.
+      values_touched_per_step: Values in the distinct rows one worker's batch reads.
+      workers: Workers (N) sharing the all-reduce.
+      bytes_per_value: 4 for float32.
+
+    Example:
+        >>> embedding_traffic(table_values=1e6 * 16, values_touched_per_step=1000 * 16, workers=2).ratio
+        500.0
+    """
+    for name, value in (("table_values", table_values), ("values_touched_per_step", values_touched_per_step)):
+        if value <= 0:
+            raise invalid(PlanError, name, value, "a value > 0")
+    require_int(PlanError, "workers", workers, minimum=2, fix="An all-reduce needs at least 2 workers.")
+    ps_bytes = 2 * values_touched_per_step * bytes_per_value
+    allreduce_bytes = 2 * (workers - 1) / workers * table_values * bytes_per_value
+    return EmbeddingTraffic(ps_bytes=ps_bytes, allreduce_bytes=allreduce_bytes, ratio=allreduce_bytes / ps_bytes)

@@ -7,7 +7,7 @@ so ``from tfdist import keras`` gives the right Keras without setting
 imported; ``tfdist-launch`` sets it for every task). tfdist's own names
 (``fit_input``, ``cluster_callbacks``, ``ThroughputLogger``,
 ``sidecar_evaluate``, ``enable_determinism``, ``with_communication``,
-``accumulate_gradients``) are added on top, loaded lazily.
+``accumulate_gradients``, ``embedding_layout``, ``local_weights``) are added on top, loaded lazily.
 
 Example:
     >>> from tfdist import keras
@@ -28,6 +28,8 @@ _TFDIST_NAMES = {
     "enable_determinism": "tfdist.keras.inputs",
     "with_communication": "tfdist.keras.communication",
     "accumulate_gradients": "tfdist.keras.accumulation",
+    "embedding_layout": "tfdist.keras.embeddings",
+    "local_weights": "tfdist.keras.embeddings",
 }
 
 
