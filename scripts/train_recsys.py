@@ -69,7 +69,10 @@ def _spec() -> dict[str, Any]:
     return {key: tf.io.FixedLenFeature([], tf.int64) for key in FEATURES}
 
 
-def _model(keras: Any, users: int, items: int, dim: int, learning_rate: float) -> Any:
+OPTIMIZERS = {"adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD"}
+
+
+def _model(keras: Any, users: int, items: int, dim: int, learning_rate: float, optimizer: str = "adam") -> Any:
     """logit = <user, item> + item bias + bias, from embedding tables (sharded over the ps when built in scope)."""
     user_id = keras.Input((), dtype="int64", name="user_id")
     item_id = keras.Input((), dtype="int64", name="item_id")
@@ -81,7 +84,7 @@ def _model(keras: Any, users: int, items: int, dim: int, learning_rate: float) -
     logit = keras.layers.Add()([keras.layers.Dot(axes=1)([user, item]), keras.layers.Flatten()(bias)])
     output = keras.layers.Dense(1, activation="sigmoid", name="click")(logit)
     model = keras.Model({"user_id": user_id, "item_id": item_id}, output)
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="binary_crossentropy",
+    model.compile(optimizer=getattr(keras.optimizers, OPTIMIZERS[optimizer])(learning_rate), loss="binary_crossentropy",
                   steps_per_execution=10)
     return model
 
@@ -152,7 +155,7 @@ def _train(keras: Any, strategy: Any, meta: dict[str, Any], args: Any, cold_weig
 
     keras.utils.set_random_seed(args.seed)
     with strategy.scope():
-        model = _model(keras, meta["users"], meta["items"], args.dim, args.learning_rate)
+        model = _model(keras, meta["users"], meta["items"], args.dim, args.learning_rate, args.optimizer)
     steps = args.steps_per_epoch or max(10, meta["train_records"] // args.batch)
     marks: list[float] = []
     timer = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter()))
@@ -170,6 +173,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1024, help="global batch")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=0.01)
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
+                        help="adam updates its moments for whole tables each step; adagrad and sgd only touched rows")
     parser.add_argument("--cold-weight", default="auto", help="sample weight of cold users' examples, or 'auto'")
     parser.add_argument("--compare", action="store_true", help="also train without cold-user weights first")
     parser.add_argument("--partition", default="fixed", help="tfdist partition: fixed (one shard per ps), min_size")

@@ -7,20 +7,25 @@ from typing import Any, Callable, Optional
 
 
 def hash_bucket(value: Any, buckets: int) -> Any:
-    """``fingerprint(str(value)) % buckets``: the same on every worker and every run."""
+    """``fingerprint(str(value)) % buckets`` per element of ``value``: the same on every worker and every run."""
     import tensorflow as tf
 
     if value.dtype != tf.string:
         value = tf.strings.as_string(value)
-    return tf.strings.to_hash_bucket_fast(tf.reshape(value, [-1])[0], buckets)
+    return tf.strings.to_hash_bucket_fast(value, buckets)
 
 
-def key_filter(key: str, spec: Any, buckets: int, index: int) -> Callable[[Any], Any]:
-    """A predicate on serialized records: keep those whose ``key`` hashes to ``index``."""
+def key_mask(key: str, spec: Any, buckets: int, index: int) -> Callable[[Any], Any]:
+    """On a batch of serialized records: True where the record's ``key`` hashes to ``index``.
+
+    Vectorized (one ``parse_example`` per batch): a per-record filter parses
+    one record at a time and ran 8x slower than plain reading.
+    """
     import tensorflow as tf
 
-    def keep(record: Any) -> Any:
-        value = tf.io.parse_single_example(record, {key: spec})[key]
+    def keep(records: Any) -> Any:
+        value = tf.io.parse_example(records, {key: spec})[key]
+        value = tf.reshape(value, [tf.shape(records)[0], -1])[:, 0]  # The key's first value per record.
         return tf.equal(hash_bucket(value, buckets), index)
 
     return keep

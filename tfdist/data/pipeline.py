@@ -36,6 +36,7 @@ CORRUPT_POLICIES = ("raise", "skip")
 VERIFY_MODES = ("local", "all", "none")
 _COMPRESSION_BY_SUFFIX = ((".gz", "GZIP"), (".gzip", "GZIP"), (".zz", "ZLIB"), (".zlib", "ZLIB"))
 AUTOTUNE = -1
+_HASH_BLOCK = 512  # Records per vectorized hash-key parse.
 
 
 def _compression_of(path: str, given: Optional[str]) -> Optional[str]:
@@ -341,8 +342,11 @@ class TFRecordPipeline:
         if plan.policy == "data":
             records = records.shard(plan.num_workers, index)
         elif plan.policy == "hash":
-            records = records.filter(_decode.key_filter(self.shard_key, self.features[self.shard_key],  # type: ignore
-                                                        plan.num_workers, index))
+            keep = _decode.key_mask(self.shard_key, self.features[self.shard_key],  # type: ignore[index]
+                                    plan.num_workers, index)
+            records = records.batch(_HASH_BLOCK).map(
+                lambda block: tf.boolean_mask(block, keep(block)), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=self.deterministic).unbatch()
         return records.take(limit) if limit is not None else records
 
     def _stratified(self, groups: dict[str, list[tuple[str, int]]], where: Any) -> tuple[Any, str]:
