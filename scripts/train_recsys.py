@@ -197,10 +197,12 @@ def main() -> int:
     workers = len(spec.jobs.get("worker", ())) if spec else 1
     summary: dict[str, Any] = {**_baseline(train, eval_data, meta["items"]), "cold_weight": round(cold_weight, 3),
                                "workers": workers, "ps": spec.num_ps if spec else 0}
+    fit_start = time.time()
     if args.compare:
         model, rate = _train(keras, strategy, meta, args, cold_weight=1.0)
         summary["unweighted"] = {**_evaluate(keras, model, eval_data, meta, args), "steps_per_s": rate}
     model, rate = _train(keras, strategy, meta, args, cold_weight=cold_weight)
+    summary["fit_seconds"] = [fit_start, time.time()]  # Wall clock (Unix s) around every fit.
     summary.update(_evaluate(keras, model, eval_data, meta, args))
     summary["steps_per_s"] = rate
     summary["embedding_shards"] = {t.name: t.to_dict() for t in embedding_layout(model)}

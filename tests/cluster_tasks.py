@@ -366,7 +366,8 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     """Compression, accumulation and the autotuner on one 2-worker MWMS cluster (many checks per TF start)."""
     import tfdist
 
-    strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
+    strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring", bytes_per_pack=1 << 20,
+                                     timeout_seconds=120)
     from tfdist import keras
     from tfdist.autotune import CollectiveTuning, autotune_collectives
 
@@ -388,6 +389,9 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     out["reloaded_equal"] = CollectiveTuning.load(tuning_path) == tuning if spec.is_chief else None
     out["tuned_fit"] = _comm_fit(keras, strategy, batch=64, epochs=2, tuning=tuning_path)
     out["fp16_sums"] = _fp16_sums(strategy)
+    effective = strategy.extended._communication_options  # What TF's all-reduce launchers merge per call.
+    out["strategy_options"] = {"implementation": effective.implementation.name,
+                               "bytes_per_pack": effective.bytes_per_pack, "timeout_seconds": effective.timeout_seconds}
     return out
 
 

@@ -81,6 +81,10 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
         self.assertEqual(CollectiveTuning.load(self.tuning_path).bytes_per_pack, tuning["bytes_per_pack"])
         self.assertLess(self.a["tuned_fit"]["loss"][-1], self.a["tuned_fit"]["loss"][0])
 
+    def test_build_strategy_options_reach_tf_collectives(self) -> None:
+        self.assertEqual(self.a["strategy_options"],
+                         {"implementation": "RING", "bytes_per_pack": 1 << 20, "timeout_seconds": 120})
+
     def test_fp16_sums_do_not_overflow_and_keep_non_finite(self) -> None:
         sums = self.a["fp16_sums"]
         self.assertEqual(sums["large"][0], 120000.0)  # float16 tops out at 65504

@@ -7,13 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from absl.testing import absltest
+from conftest import assert_all_gone
 
+from tfdist import testing
+from tfdist.launch.config import KillAt
 from tfdist.plan import PlanError, embedding_traffic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,22 +118,26 @@ class RecsysTrainingTest(absltest.TestCase):
         root = self.create_tempdir().full_path
         _make_clicks(os.path.join(root, "data"))
         summary_path = os.path.join(root, "summary.json")
-        done = subprocess.run(
-            [sys.executable, "-m", "tfdist.cli.launch", "--chief", "--workers", "2", "--ps", "2", "--timeout", "300",
-             "--max-restarts", "1", "--kill", "worker:1@14", "--",
-             sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--data", os.path.join(root, "data"),
-             "--epochs", "8", "--compare", "--summary", summary_path],
-            capture_output=True, text=True, timeout=360)
-        self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
-        self.assertRegex(done.stderr + done.stdout, r"worker:1.*(restart|killed)")
+        command = [sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--data", os.path.join(root, "data"),
+                   "--epochs", "10", "--compare", "--summary", summary_path]
+        launched = time.time()
+        run = testing.run_cluster(command, chief=True, workers=2, ps=2, timeout=300, max_restarts=1,
+                                  kills=(KillAt("worker:1", 14.0),))
+        self.assertTrue(run.ok, run.result.summary() + run.output("chief:0")[-3000:])
+        restarts = {t.task: t.restarts for t in run.result.tasks}
+        self.assertEqual(restarts, {"chief:0": 0, "worker:0": 0, "worker:1": 1, "ps:0": 0, "ps:1": 0})
+        assert_all_gone([t.pid for t in run.result.tasks])
         summary = json.loads(Path(summary_path).read_text())
+        fit_start, fit_end = summary["fit_seconds"]
+        self.assertLess(fit_start, launched + 14.0, "the kill must land while the model trains")
+        self.assertGreater(fit_end, launched + 14.0, "the kill must land while the model trains")
         for table in ("user_embedding", "item_embedding", "item_bias"):
             layout = summary["embedding_shards"][table]
             self.assertEqual(layout["shards"], 2, layout)
             self.assertEqual(sorted(layout["tasks"]), ["ps:0", "ps:1"], layout)
         self.assertEqual(summary["embedding_shards"]["user_embedding"]["rows"], 3000)
         self.assertGreater(summary["auc"], summary["baseline_auc"] + 0.02, summary)
-        self.assertGreater(summary["unweighted"]["auc"], summary["baseline_auc"], summary)
+        self.assertGreater(summary["unweighted"]["auc"], summary["baseline_auc"] + 0.02, summary)
         for key in ("auc_hot", "auc_cold", "baseline_auc_cold", "steps_per_s", "cold_weight"):
             self.assertIn(key, summary)
         self.assertGreater(summary["bytes_per_step"]["ratio"], 1.0)

@@ -67,11 +67,6 @@ class CollectiveTuning(CollectiveConfig):
         """The :class:`tfdist.StrategyOptions` fields this tuning sets."""
         return {"bytes_per_pack": self.bytes_per_pack}
 
-    def collective(self) -> CollectiveConfig:
-        """Only the settings, for ``tfdist.keras.with_communication``."""
-        return CollectiveConfig(compression=self.compression, bytes_per_pack=self.bytes_per_pack,
-                                split_bytes=self.split_bytes)
-
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
         body["timings_ms"] = dict(self.timings_ms)
