@@ -6,7 +6,6 @@ import json
 import math
 import os
 import tempfile
-import types
 
 import numpy as np
 import pytest
@@ -135,14 +134,13 @@ class TuningFileTest(absltest.TestCase):
             CollectiveTuning.load("/nonexistent/t.json")
 
     def test_build_strategy_loads_the_pack_size_and_explicit_options_win(self) -> None:
+        from tfdist.strategy import resolve_options
+
         CollectiveTuning(bytes_per_pack=2 << 20, split_bytes=2 << 20).save(self.path)
-        seen = []
-        name = "tuning_probe"
-        if name not in tfdist.strategy_names():
-            tfdist.register_strategy(name)(lambda options, cluster: seen.append(options) or types.SimpleNamespace(num_replicas_in_sync=1))
-        tfdist.build_strategy(name, tuning=self.path)
-        tfdist.build_strategy(name, tuning=self.path, bytes_per_pack=1024)
-        self.assertEqual([o.bytes_per_pack for o in seen[-2:]], [2 << 20, 1024])
+        self.assertEqual(resolve_options(tuning=self.path).bytes_per_pack, 2 << 20)
+        self.assertEqual(resolve_options(tuning=self.path, bytes_per_pack=1024).bytes_per_pack, 1024)
+        with pytest.raises(StrategyError, match=r"`tuning`.*Received: '/nonexistent.json'"):
+            tfdist.build_strategy("default", tuning="/nonexistent.json")
 
 
 class KerasWrappersTest(absltest.TestCase):

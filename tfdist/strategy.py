@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from tfdist.autotune import CollectiveTuning
 
-__all__ = ["StrategyOptions", "build_strategy", "register_strategy", "strategy_names",
+__all__ = ["StrategyOptions", "build_strategy", "resolve_options", "register_strategy", "strategy_names",
            "choose_kind", "communication_options", "variable_partitioner", "cluster_coordinator"]
 
 _log = logging.getLogger("tfdist.strategy")
@@ -162,17 +162,7 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
     """
     if kind not in _BUILDERS:
         raise invalid(StrategyError, "kind", kind, describe_choices(str(kind), _BUILDERS))
-    if tuning is not None:
-        from tfdist.autotune import CollectiveTuning
-
-        loaded = tuning if isinstance(tuning, CollectiveTuning) else CollectiveTuning.load(tuning)
-        options = {**loaded.strategy_options(), **options}
-        _log.info("Collective tuning: %s", loaded.strategy_options())
-    try:
-        opts = StrategyOptions(**options)
-    except TypeError as err:
-        fields = [f.name for f in dataclasses.fields(StrategyOptions)]
-        raise invalid(StrategyError, "options", sorted(options), f"keyword options among {fields}") from err
+    opts = resolve_options(tuning=tuning, **options)
     spec = _resolve_cluster(cluster)
     if spec is not None:
         _log.info("Cluster: %s", spec.describe())
@@ -184,6 +174,27 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
         raise
     _log.info("Built %s with %d replica(s) in sync.", type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
+
+
+def resolve_options(*, tuning: Union[str, "os.PathLike[str]", "CollectiveTuning", None] = None,
+                    **options: Any) -> StrategyOptions:
+    """The :class:`StrategyOptions` that :func:`build_strategy` uses: ``options`` over the tuning file's.
+
+    Example:
+        >>> resolve_options(bytes_per_pack=1024).bytes_per_pack
+        1024
+    """
+    if tuning is not None:
+        from tfdist.autotune import CollectiveTuning
+
+        loaded = tuning if isinstance(tuning, CollectiveTuning) else CollectiveTuning.load(tuning)
+        options = {**loaded.strategy_options(), **options}
+        _log.info("Collective tuning: %s", loaded.strategy_options())
+    try:
+        return StrategyOptions(**options)
+    except TypeError as err:
+        fields = [f.name for f in dataclasses.fields(StrategyOptions)]
+        raise invalid(StrategyError, "options", sorted(options), f"keyword options among {fields}") from err
 
 
 # ------------------------------------------------------------------ choices
