@@ -91,7 +91,7 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
     if not full:
         return out
     resnet = resnet50_shapes()
-    tuning = autotune_collectives(strategy, resnet, compression="bf16", repeats=2)
+    tuning = autotune_collectives(strategy, resnet, compression="bf16", repeats=3)
     pack = tuning.bytes_per_pack
     out["tuning"] = {"bytes_per_pack": pack, "timings_ms": dict(tuning.timings_ms)}
     for name, compression in (("tuned_fp32", "none"), ("tuned_fp16", "fp16"), ("tuned_bf16", "bf16")):

@@ -24,7 +24,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from tfdist.collective import CollectiveConfig, all_reduce_sum
@@ -80,6 +80,11 @@ class CollectiveTuning(CollectiveConfig):
         os.replace(tmp, path)
 
     @classmethod
+    def of(cls, tuning: Union["CollectiveTuning", str, os.PathLike]) -> "CollectiveTuning":
+        """``tuning`` itself, or the tuning saved at that path."""
+        return tuning if isinstance(tuning, cls) else cls.load(tuning)
+
+    @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "CollectiveTuning":
         """Reads a file written by :meth:`save`."""
         try:
@@ -99,7 +104,8 @@ class CollectiveTuning(CollectiveConfig):
         return cls(**body)
 
 
-def _timed(strategy: "tf.distribute.Strategy", values: Any, config: CollectiveConfig, repeats: int) -> float:
+def _timer(strategy: "tf.distribute.Strategy", values: Any, config: CollectiveConfig) -> Callable[[], float]:
+    """A traced, warmed-up all-reduce of ``values`` under ``config``; each call returns its seconds."""
     import tensorflow as tf
 
     device = strategy.extended.worker_devices[0]
@@ -121,7 +127,7 @@ def _timed(strategy: "tf.distribute.Strategy", values: Any, config: CollectiveCo
         return time.perf_counter() - start
 
     once()  # Trace, and set up the collective groups.
-    return statistics.median(once() for _ in range(repeats))
+    return once
 
 
 def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Sequence[int]], *,
@@ -139,7 +145,8 @@ def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Se
       shapes: The gradient shapes, e.g. ``[v.shape for v in model.trainable_variables]``.
       candidates: Pack sizes in bytes to try.
       compression: Wire dtype to tune with: 'none', 'fp16' or 'bf16'.
-      repeats: Timed runs per candidate (median taken).
+      repeats: Timed rounds; each round runs every candidate once, and each
+        candidate's median counts.
 
     Returns:
       The winning settings and every candidate's time.
@@ -158,7 +165,11 @@ def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Se
         raise invalid(StrategyError, "candidates", list(candidates), "at least one pack size in bytes")
     values = [strategy.experimental_distribute_values_from_function(
         lambda context, s=shape: tf.ones(s, tf.float32)) for shape in shapes]
-    local = [_timed(strategy, values, config, repeats) for config in configs]
+    timers = [_timer(strategy, values, config) for config in configs]
+    # Rounds over all candidates, not all runs of one candidate in a row: drift on a shared machine then
+    # hits every candidate alike.
+    runs = [[timer() for timer in timers] for _ in range(repeats)]
+    local = [statistics.median(column) for column in zip(*runs)]
     summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.experimental_distribute_values_from_function(
         lambda context: tf.constant(local, tf.float64)), axis=None).numpy()
     mean_ms = [float(t) * 1e3 / strategy.num_replicas_in_sync for t in summed]

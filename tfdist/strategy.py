@@ -187,7 +187,7 @@ def resolve_options(*, tuning: Union[str, "os.PathLike[str]", "CollectiveTuning"
     if tuning is not None:
         from tfdist.autotune import CollectiveTuning
 
-        loaded = tuning if isinstance(tuning, CollectiveTuning) else CollectiveTuning.load(tuning)
+        loaded = CollectiveTuning.of(tuning)
         options = {**loaded.strategy_options(), **options}
         _log.info("Collective tuning: %s", loaded.strategy_options())
     try:

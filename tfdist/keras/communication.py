@@ -63,7 +63,7 @@ def with_communication(optimizer: Any, *, compression: str = "none", bytes_per_p
     if tuning is not None:
         from tfdist.autotune import CollectiveTuning
 
-        loaded = tuning if isinstance(tuning, CollectiveTuning) else CollectiveTuning.load(tuning)
+        loaded = CollectiveTuning.of(tuning)
         bytes_per_pack = bytes_per_pack or loaded.bytes_per_pack
         split_bytes = split_bytes or loaded.split_bytes
     config = CollectiveConfig(compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes)
