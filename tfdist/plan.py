@@ -134,7 +134,7 @@ class Plan:
 
         For dense gradients a worker moves 2S bytes per step, more than ring
         all-reduce's 2(N-1)/N S, so this model prefers all-reduce for dense
-        models; sparse (embedding) updates, where PS shines, are not modelled yet.
+        models; for sparse (embedding) updates, where PS shines, see :func:`embedding_traffic`.
         """
         shards = self.ps_shards or self.workers
         worker_link = 2 * self.gradient_bytes / self.bandwidth
