@@ -60,6 +60,19 @@ class ModelTest(parameterized.TestCase):
         self.assertEqual(plan.recommendation, expected)
         self.assertTrue(plan.reasons)
 
+    def test_embeddings_make_parameter_servers_win(self) -> None:
+        dense = Plan(params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6)
+        sparse = Plan(params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6, embedding_values=320e6,
+                      embedding_touched=16e3)
+        self.assertEqual(dense.recommendation, "data_parallel")
+        self.assertEqual(sparse.recommendation, "parameter_server")
+        self.assertAlmostEqual(sparse.ps_s, 2 * 50e-6 + 2 * (1e6 + 16e3) * 4 / GBPS10)
+        self.assertEqual(sparse.ring_allreduce_s, dense.ring_allreduce_s)
+        with pytest.raises(PlanError, match=r"`embedding_touched`.*Received: 0"):
+            Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, embedding_values=1e5)
+        with pytest.raises(PlanError, match=r"`embedding_values`.*Received: 2000000.0"):
+            Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, embedding_values=2e6, embedding_touched=1)
+
     def test_invalid(self) -> None:
         with pytest.raises(PlanError, match="did you mean 'adam'"):
             Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, optimizer="adan")
@@ -80,3 +93,22 @@ class ModelTest(parameterized.TestCase):
                               "--bandwidth", "fast", "--latency", "50us"], capture_output=True, text=True, timeout=60)
         self.assertEqual(bad.returncode, 2)
         self.assertIn("a bandwidth such as '10Gbps'", bad.stderr)
+
+    def test_cli_embedding_traffic(self) -> None:
+        base = [sys.executable, "-m", "tfdist.cli.main", "plan", "--params", "321M", "--workers", "2",
+                "--bandwidth", "10Gbps", "--latency", "50us"]
+        done = subprocess.run(base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"],
+                              capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        data = json.loads(done.stdout)
+        self.assertEqual(data["embedding_ps_bytes"], 2 * 16e3 * 4)
+        self.assertEqual(data["embedding_allreduce_bytes"], 320e6 * 4)
+        self.assertEqual(data["embedding_ratio"], 10000.0)
+        self.assertEqual(data["recommendation"], "parameter_server")  # Dense all-reduce of 320M values loses.
+        self.assertIn("embedding rows a batch touches", " ".join(data["reasons"]))
+        text = subprocess.run(base + ["--embedding-values", "320M", "--embedding-touched", "16k"],
+                              capture_output=True, text=True, timeout=60)
+        self.assertIn("as ps rows", text.stdout)
+        half = subprocess.run(base + ["--embedding-values", "320M"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(half.returncode, 2)
+        self.assertIn("Expected both", half.stderr)

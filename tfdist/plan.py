@@ -86,6 +86,11 @@ class Plan:
       bytes_per_value: 4 for fp32, 2 for fp16/bf16-compressed gradients.
       ps_shards: Parameter-server tasks for the PS estimate; default ``workers``.
       compute_s: Compute time of one step; None skips the ratio.
+      embedding_values: Of ``params``, the values in embedding tables; 0 for
+        a dense model. With parameter servers only the rows a batch touches
+        move, while all-reduce moves the tables' full (dense) gradients.
+      embedding_touched: Values in the distinct embedding rows one worker's
+        batch reads per step (required with ``embedding_values``).
     """
 
     params: float
@@ -98,6 +103,8 @@ class Plan:
     bytes_per_value: int = 4
     ps_shards: Optional[int] = None
     compute_s: Optional[float] = None
+    embedding_values: float = 0.0
+    embedding_touched: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("params", "bandwidth"):
@@ -111,6 +118,13 @@ class Plan:
             raise invalid(PlanError, "optimizer", self.optimizer, describe_choices(self.optimizer, OPTIMIZER_SLOTS))
         if self.bytes_per_value not in (2, 4):
             raise invalid(PlanError, "bytes_per_value", self.bytes_per_value, "4 (fp32) or 2 (fp16/bf16)")
+        if not 0 <= self.embedding_values <= self.params:
+            raise invalid(PlanError, "embedding_values", self.embedding_values, f"between 0 and params ({self.params:g})")
+        if not 0 <= self.embedding_touched <= self.embedding_values or (self.embedding_values and
+                                                                          not self.embedding_touched):
+            raise invalid(PlanError, "embedding_touched", self.embedding_touched,
+                          f"a value in (0, embedding_values={self.embedding_values:g}] when embedding_values is set",
+                          "Count the values in the distinct rows one worker's batch reads.")
 
     @property
     def gradient_bytes(self) -> float:
@@ -134,11 +148,13 @@ class Plan:
 
         For dense gradients a worker moves 2S bytes per step, more than ring
         all-reduce's 2(N-1)/N S, so this model prefers all-reduce for dense
-        models; for sparse (embedding) updates, where PS shines, see :func:`embedding_traffic`.
+        models. Embedding tables (``embedding_values``) move only the rows a
+        batch touches (``embedding_touched``), which is where PS wins.
         """
         shards = self.ps_shards or self.workers
-        worker_link = 2 * self.gradient_bytes / self.bandwidth
-        ps_link = 2 * self.workers * self.gradient_bytes / (shards * self.bandwidth)
+        moved = (self.params - self.embedding_values + self.embedding_touched) * self.bytes_per_value
+        worker_link = 2 * moved / self.bandwidth
+        ps_link = 2 * self.workers * moved / (shards * self.bandwidth)
         return 2 * self.latency + max(worker_link, ps_link)
 
     @property
@@ -172,6 +188,9 @@ class Plan:
                 reasons.append("communication dominates and sharded parameter servers move less per link")
                 return "parameter_server", reasons
         if self.ps_s < 0.5 * allreduce:
+            if self.embedding_values:
+                reasons.append(f"parameter servers move only the embedding rows a batch touches "
+                               f"({self.embedding_touched:g} of {self.embedding_values:g} values)")
             reasons.append("sharded parameter servers take less than half the all-reduce time")
             return "parameter_server", reasons
         reasons.append("the replica fits and all-reduce is the cheapest synchronization")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from tfdist.plan import OPTIMIZER_SLOTS, Plan, PlanError, parse_quantity
+from tfdist.plan import OPTIMIZER_SLOTS, Plan, PlanError, embedding_traffic, parse_quantity
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -23,28 +23,49 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
     parser.add_argument("--ps-shards", type=int, default=None, help="parameter servers (default: --workers)")
     parser.add_argument("--compute", default=None, help="compute time per step, e.g. 120ms")
+    parser.add_argument("--embedding-values", default=None,
+                        help="of --params, the values in embedding tables (rows x dim, all tables), e.g. 320M")
+    parser.add_argument("--embedding-touched", default=None,
+                        help="values in the distinct rows one worker's batch reads, e.g. 20k")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if bool(args.embedding_values) != bool(args.embedding_touched):
+            raise PlanError("Invalid value for `--embedding-touched`/`--embedding-values`. Received: only one. "
+                            "Expected both, e.g. --embedding-values 320M --embedding-touched 20k.")
+        embedding_values = parse_quantity(args.embedding_values) if args.embedding_values else 0.0
+        embedding_touched = parse_quantity(args.embedding_touched) if args.embedding_touched else 0.0
         plan = Plan(params=parse_quantity(args.params), workers=args.workers, gpus_per_worker=args.gpus_per_worker,
                     bandwidth=parse_quantity(args.bandwidth, "bandwidth"), latency=parse_quantity(args.latency, "time"),
                     device_memory=parse_quantity(args.device_memory, "bytes") if args.device_memory else None,
                     optimizer=args.optimizer, bytes_per_value=2 if args.compression != "none" else 4,
-                    ps_shards=args.ps_shards, compute_s=parse_quantity(args.compute, "time") if args.compute else None)
+                    ps_shards=args.ps_shards, compute_s=parse_quantity(args.compute, "time") if args.compute else None,
+                    embedding_values=embedding_values, embedding_touched=embedding_touched)
+        traffic = None
+        if embedding_values:
+            traffic = embedding_traffic(table_values=embedding_values, values_touched_per_step=embedding_touched,
+                                        workers=max(2, args.workers), bytes_per_value=plan.bytes_per_value)
     except PlanError as err:
         sys.stderr.write(f"tfdist plan: error: {err}\n")
         return 2
     data = plan.to_dict()
+    if traffic is not None:
+        data.update({f"embedding_{k}": v for k, v in traffic.to_dict().items()})
     if args.json:
         sys.stdout.write(json.dumps(data) + "\n")
         return 0
+    embedding = ""
+    if traffic is not None:
+        embedding = (f"embedding tables:  {data['embedding_ps_bytes'] / 1e6:10.3f} MB/worker step as ps rows, "
+                     f"{data['embedding_allreduce_bytes'] / 1e6:.3f} MB as a dense all-reduce "
+                     f"({data['embedding_ratio']:.1f}x)\n")
     sys.stdout.write(f"ring all-reduce:   {data['ring_allreduce_s'] * 1e3:10.2f} ms/step\n"
                      f"tree all-reduce:   {data['tree_allreduce_s'] * 1e3:10.2f} ms/step\n"
                      f"parameter servers: {data['ps_s'] * 1e3:10.2f} ms/step\n"
                      f"memory/replica:    {data['memory_per_replica_bytes'] / 2**30:10.2f} GiB (no activations)\n"
-                     f"recommendation:    {data['recommendation']}\n" +
+                     f"{embedding}recommendation:    {data['recommendation']}\n" +
                      "".join(f"  - {reason}\n" for reason in data["reasons"]))
     return 0
