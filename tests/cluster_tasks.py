@@ -389,10 +389,34 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     out["reloaded_equal"] = CollectiveTuning.load(tuning_path) == tuning if spec.is_chief else None
     out["tuned_fit"] = _comm_fit(keras, strategy, batch=64, epochs=2, tuning=tuning_path)
     out["fp16_sums"] = _fp16_sums(strategy)
+    out["loss_scaled"] = _loss_scaled_fit(keras, strategy)
     effective = strategy.extended._communication_options  # What TF's all-reduce launchers merge per call.
     out["strategy_options"] = {"implementation": effective.implementation.name,
                                "bytes_per_pack": effective.bytes_per_pack, "timeout_seconds": effective.timeout_seconds}
     return out
+
+
+def _loss_scaled_fit(keras: Any, strategy: Any) -> dict[str, Any]:
+    """Mixed precision: LossScaleOptimizer around an fp16-compressing optimizer, starting at an overflowing scale."""
+    import numpy as np
+
+    from tfdist.keras import with_communication
+
+    keras.utils.set_random_seed(1)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                                      keras.layers.Dense(1, dtype="float32")])
+            inner = with_communication(keras.optimizers.SGD(0.05), compression="fp16")
+            optimizer = keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=2.0 ** 40)
+            model.compile(optimizer=optimizer, loss="mse")
+        history = model.fit(_regression_dataset(64), epochs=5, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
+            "final_scale": float(optimizer.loss_scale.numpy()), "finite": bool(np.isfinite(weights).all())}
 
 
 def _fp16_sums(strategy: Any) -> dict[str, list[float]]:

@@ -80,6 +80,17 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
         self.assertEqual(CollectiveTuning.load(self.tuning_path).bytes_per_pack, tuning["bytes_per_pack"])
         self.assertLess(self.a["tuned_fit"]["loss"][-1], self.a["tuned_fit"]["loss"][0])
 
+    def test_loss_scale_optimizer_skips_overflowing_steps_and_then_trains(self) -> None:
+        scaled = self.a["loss_scaled"]
+        self.assertTrue(scaled["finite"])
+        # Each overflow (seen through the fp16 all-reduce) halves the scale and skips the step: 2**40 needs
+        # 25 of them, i.e. all of the first 3 epochs (8 steps each), whose loss is therefore unchanged ...
+        self.assertLessEqual(scaled["final_scale"], 2.0 ** 15)
+        self.assertEqual(scaled["loss"][0], scaled["loss"][2])
+        # ... and then it trains.
+        self.assertLess(scaled["loss"][-1], scaled["loss"][0] / 2)
+        np.testing.assert_array_equal(scaled["weights"], self.b["loss_scaled"]["weights"])
+
     def test_build_strategy_options_reach_tf_collectives(self) -> None:
         self.assertEqual(self.a["strategy_options"],
                          {"implementation": "RING", "bytes_per_pack": 1 << 20, "timeout_seconds": 120})
