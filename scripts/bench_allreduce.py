@@ -67,25 +67,12 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
     import tfdist
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
-    import tensorflow as tf
-
-    from tfdist.autotune import autotune_collectives
-    from tfdist.collective import CollectiveConfig, all_reduce_sum
-
-    device = strategy.extended.worker_devices[0]
+    from tfdist.autotune import all_reduce_timer, autotune_collectives
+    from tfdist.collective import CollectiveConfig
 
     def timer(shapes: list[tuple[int, ...]], config: CollectiveConfig | None) -> float:
-        values = [strategy.experimental_distribute_values_from_function(lambda c, s=s: tf.ones(s)) for s in shapes]
-
-        def replica_fn(*tensors: Any) -> Any:
-            with tf.device(device):  # An unplaced tensor has no destination for the all-reduce.
-                tensors = [tf.identity(t) for t in tensors]
-            if config is None:  # What TF does by default (as Keras' fit does with a plain optimizer).
-                return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tensors)
-            return all_reduce_sum(tensors, config)
-
-        step = tf.function(lambda *xs: strategy.run(replica_fn, args=xs))
-        return _median_time(lambda: strategy.experimental_local_results(step(*values)[0])[0].numpy(), repeats)
+        once = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, as fit does it.
+        return statistics.median(once() for _ in range(repeats))
 
     out: dict[str, Any] = {"default": {str(s): timer([(s // 4,)], None) for s in SIZES}}
     if not full:

@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist.collective import CollectiveConfig, all_reduce_sum
 from tfdist.errors import StrategyError, invalid
@@ -33,7 +33,7 @@ from tfdist.errors import StrategyError, invalid
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["CollectiveTuning", "autotune_collectives", "DEFAULT_PACK_CANDIDATES"]
+__all__ = ["CollectiveTuning", "autotune_collectives", "all_reduce_timer", "DEFAULT_PACK_CANDIDATES"]
 
 _log = logging.getLogger("tfdist.autotune")
 _MB = 1 << 20
@@ -104,15 +104,30 @@ class CollectiveTuning(CollectiveConfig):
         return cls(**body)
 
 
-def _timer(strategy: "tf.distribute.Strategy", values: Any, config: CollectiveConfig) -> Callable[[], float]:
-    """A traced, warmed-up all-reduce of ``values`` under ``config``; each call returns its seconds."""
+def all_reduce_timer(strategy: "tf.distribute.Strategy", shapes: Sequence[Sequence[int]],
+                     config: Optional[CollectiveConfig] = None) -> Callable[[], float]:
+    """A traced, warmed-up all-reduce of float32 tensors of ``shapes``; each call runs it once, returns seconds.
+
+    Call on every worker in the same order (it is a collective).
+
+    Args:
+      strategy: The strategy whose replicas all-reduce.
+      shapes: Tensor shapes, e.g. a model's gradient shapes.
+      config: How tfdist sends them (:func:`tfdist.collective.all_reduce_sum`);
+        None times TF's own ``ReplicaContext.all_reduce`` with the strategy's
+        options, i.e. what Keras ``fit`` does with a plain optimizer.
+    """
     import tensorflow as tf
 
+    values = [strategy.experimental_distribute_values_from_function(
+        lambda context, s=tuple(shape): tf.ones(s, tf.float32)) for shape in shapes]
     device = strategy.extended.worker_devices[0]
 
     def replica_fn(*tensors: Any) -> Any:
         with tf.device(device):  # An unplaced tensor has no destination for the all-reduce.
             tensors = [tf.identity(t) for t in tensors]
+        if config is None:
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
         return all_reduce_sum(tensors, config)
 
     @tf.function
@@ -163,9 +178,7 @@ def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Se
     configs = [CollectiveConfig(compression=compression, bytes_per_pack=c, split_bytes=c) for c in candidates]
     if not configs:
         raise invalid(StrategyError, "candidates", list(candidates), "at least one pack size in bytes")
-    values = [strategy.experimental_distribute_values_from_function(
-        lambda context, s=shape: tf.ones(s, tf.float32)) for shape in shapes]
-    timers = [_timer(strategy, values, config) for config in configs]
+    timers = [all_reduce_timer(strategy, shapes, config) for config in configs]
     # Rounds over all candidates, not all runs of one candidate in a row: drift on a shared machine then
     # hits every candidate alike.
     runs = [[timer() for timer in timers] for _ in range(repeats)]
