@@ -10,7 +10,9 @@ import pytest
 MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdist.probe", "tfdist.testing",
            "tfdist.launch.config", "tfdist.launch.emit", "tfdist.launch.runner", "tfdist.launch._process",
            "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.data.adaptive",
-           "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan"]
+           "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan",
+           "tfdist.collective", "tfdist.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
+           "tfdist.keras.embeddings"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -248,6 +248,10 @@ class EmbeddingTraffic:
       ps_bytes: Rows pulled from the ps plus their gradients pushed back.
       allreduce_bytes: Ring all-reduce of the tables' full (dense) gradients.
       ratio: ``allreduce_bytes / ps_bytes``: how much less the PS moves.
+
+    Example:
+        >>> embedding_traffic(table_values=1000, values_touched_per_step=10, workers=4).to_dict()
+        {'ps_bytes': 80.0, 'allreduce_bytes': 6000.0, 'ratio': 75.0}
     """
 
     ps_bytes: float
@@ -280,6 +284,6 @@ def embedding_traffic(*, table_values: float, values_touched_per_step: float, wo
         if value <= 0:
             raise invalid(PlanError, name, value, "a value > 0")
     require_int(PlanError, "workers", workers, minimum=2, fix="An all-reduce needs at least 2 workers.")
-    ps_bytes = 2 * values_touched_per_step * bytes_per_value
+    ps_bytes = 2.0 * values_touched_per_step * bytes_per_value
     allreduce_bytes = 2 * (workers - 1) / workers * table_values * bytes_per_value
     return EmbeddingTraffic(ps_bytes=ps_bytes, allreduce_bytes=allreduce_bytes, ratio=allreduce_bytes / ps_bytes)

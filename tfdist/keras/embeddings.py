@@ -32,7 +32,12 @@ __all__ = ["EmbeddingShard", "EmbeddingTable", "embedding_layout", "local_weight
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingShard:
-    """One shard of an embedding table: its rows and the device holding them."""
+    """One shard of an embedding table: its rows and the device holding them.
+
+    Example:
+        >>> EmbeddingShard(device="/job:ps/replica:0/task:1/device:CPU:0", rows=500).task
+        'ps:1'
+    """
 
     device: str
     rows: int
@@ -46,7 +51,13 @@ class EmbeddingShard:
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingTable:
-    """An embedding layer's table: name, full size and shards."""
+    """An embedding layer's table: name, full size and shards.
+
+    Example:
+        >>> shard = EmbeddingShard(device="/job:ps/replica:0/task:0/device:CPU:0", rows=10)
+        >>> EmbeddingTable(name="users", rows=10, dim=4, shards=(shard,)).to_dict()["tasks"]
+        ['ps:0']
+    """
 
     name: str
     rows: int
