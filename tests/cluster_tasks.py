@@ -390,10 +390,36 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     out["tuned_fit"] = _comm_fit(keras, strategy, batch=64, epochs=2, tuning=tuning_path)
     out["fp16_sums"] = _fp16_sums(strategy)
     out["loss_scaled"] = _loss_scaled_fit(keras, strategy)
+    out["sparse"] = _sparse_fit(keras, strategy)
     effective = strategy.extended._communication_options  # What TF's all-reduce launchers merge per call.
     out["strategy_options"] = {"implementation": effective.implementation.name,
                                "bytes_per_pack": effective.bytes_per_pack, "timeout_seconds": effective.timeout_seconds}
     return out
+
+
+def _sparse_fit(keras: Any, strategy: Any) -> dict[str, Any]:
+    """An embedding (IndexedSlices gradient) next to dense layers, with fp16 compression of the dense ones."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.keras import with_communication
+
+    keras.utils.set_random_seed(1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, size=(512,))
+    targets = (ids % 7 / 7.0).astype("float32")
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    data = tf.data.Dataset.from_tensor_slices((ids, targets)).batch(64).with_options(options)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((), dtype="int64"), keras.layers.Embedding(50, 4),
+                                  keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        optimizer = with_communication(keras.optimizers.SGD(0.1), compression="fp16")
+        model.compile(optimizer=optimizer, loss="mse")
+    history = model.fit(data, epochs=4, verbose=0)
+    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
+            "bytes": optimizer.communication_bytes_per_step}
 
 
 def _loss_scaled_fit(keras: Any, strategy: Any) -> dict[str, Any]:

@@ -91,6 +91,13 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
         self.assertLess(scaled["loss"][-1], scaled["loss"][0] / 2)
         np.testing.assert_array_equal(scaled["weights"], self.b["loss_scaled"]["weights"])
 
+    def test_sparse_embedding_gradients_keep_tf_aggregation(self) -> None:
+        sparse = self.a["sparse"]
+        np.testing.assert_array_equal(sparse["weights"], self.b["sparse"]["weights"])
+        self.assertLess(sparse["loss"][-1], sparse["loss"][0])
+        dense_params = (4 * 8 + 8) + (8 + 1)  # The embedding's IndexedSlices are not in the compressed bytes.
+        self.assertEqual(sparse["bytes"], 2 * dense_params + 4)
+
     def test_build_strategy_options_reach_tf_collectives(self) -> None:
         self.assertEqual(self.a["strategy_options"],
                          {"implementation": "RING", "bytes_per_pack": 1 << 20, "timeout_seconds": 120})
