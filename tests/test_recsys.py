@@ -119,7 +119,7 @@ class RecsysTrainingTest(absltest.TestCase):
         _make_clicks(os.path.join(root, "data"))
         summary_path = os.path.join(root, "summary.json")
         command = [sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--data", os.path.join(root, "data"),
-                   "--epochs", "10", "--compare", "--summary", summary_path]
+                   "--epochs", "14", "--compare", "--summary", summary_path]
         launched = time.time()
         run = testing.run_cluster(command, chief=True, workers=2, ps=2, timeout=300, max_restarts=1,
                                   kills=(KillAt("worker:1", 14.0),))
