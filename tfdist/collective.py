@@ -33,7 +33,7 @@ from tfdist.errors import StrategyError, invalid, require_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["CollectiveConfig", "COMPRESSIONS", "all_reduce_sum", "payload_bytes"]
+__all__ = ["CollectiveConfig", "COMPRESSIONS", "all_reduce_sum", "payload_bytes", "wire_bytes"]
 
 COMPRESSIONS = ("none", "fp16", "bf16")
 _WIRE_DTYPES = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
@@ -88,6 +88,18 @@ def payload_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
         itemsize = 2 if config.wire_dtype_name else _itemsize(tensor)
         total += math.prod(int(d) for d in tensor.shape) * itemsize
     return total
+
+
+def wire_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
+    """Bytes :func:`all_reduce_sum` all-reduces per replica: the payload, plus fp16's float32 range scalar.
+
+    Example:
+        >>> import numpy as np
+        >>> wire_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="fp16"))
+        2004
+    """
+    scale = 4 if config.compression == "fp16" and len(tensors) else 0
+    return payload_bytes(tensors, config) + scale
 
 
 def _itemsize(tensor: Any) -> int:

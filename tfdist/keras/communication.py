@@ -26,7 +26,7 @@ import functools
 import os
 from typing import Any, Optional, Union
 
-from tfdist.collective import CollectiveConfig, all_reduce_sum, payload_bytes
+from tfdist.collective import CollectiveConfig, all_reduce_sum, wire_bytes
 from tfdist.errors import StrategyError, invalid
 
 __all__ = ["with_communication"]
@@ -99,21 +99,17 @@ class _CommunicationMixin:
     def aggregate_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         import tensorflow as tf
 
-        pairs = list(grads_and_vars)
-        dense = [i for i, (g, _) in enumerate(pairs) if g is not None and not isinstance(g, tf.IndexedSlices)]
-        is_dense = set(dense)
-        sparse = [pairs[i] for i in range(len(pairs)) if i not in is_dense and pairs[i][0] is not None]
+        pairs = [pair for pair in grads_and_vars if pair[0] is not None]
+        dense = [i for i, (g, _) in enumerate(pairs) if not isinstance(g, tf.IndexedSlices)]
+        sparse = [i for i, (g, _) in enumerate(pairs) if isinstance(g, tf.IndexedSlices)]
         config = self._tfdist["config"]
         grads = [pairs[i][0] for i in dense]
-        reduced = all_reduce_sum(grads, config)
-        scale_bytes = 4 if config.compression == "fp16" and grads else 0
-        self._tfdist["bytes"] = payload_bytes(grads, config) + scale_bytes
+        self._tfdist["bytes"] = wire_bytes(grads, config)
         out = list(pairs)
-        for i, grad in zip(dense, reduced):
+        for i, grad in zip(dense, all_reduce_sum(grads, config)):
             out[i] = (grad, pairs[i][1])
         if sparse:  # IndexedSlices (embedding rows) keep TF's own sparse aggregation.
-            merged = iter(super().aggregate_gradients(sparse))  # type: ignore[misc]
-            for i in range(len(out)):
-                if i not in is_dense and out[i][0] is not None:
-                    out[i] = next(merged)
-        return [pair for pair in out if pair[0] is not None]
+            merged = super().aggregate_gradients([pairs[i] for i in sparse])  # type: ignore[misc]
+            for i, pair in zip(sparse, merged):
+                out[i] = pair
+        return out
