@@ -197,8 +197,15 @@ class Plan:
         return "data_parallel", reasons
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimates as JSON-ready values; ``embedding_*`` keys too when the model has embedding tables."""
         allreduce = min(self.ring_allreduce_s, self.tree_allreduce_s)
-        return {"ring_allreduce_s": self.ring_allreduce_s, "tree_allreduce_s": self.tree_allreduce_s,
+        embedding = {}
+        if self.embedding_values:
+            traffic = embedding_traffic(table_values=self.embedding_values,
+                                        values_touched_per_step=self.embedding_touched,
+                                        workers=max(2, self.workers), bytes_per_value=self.bytes_per_value)
+            embedding = {f"embedding_{k}": v for k, v in traffic.to_dict().items()}
+        return {**embedding, "ring_allreduce_s": self.ring_allreduce_s, "tree_allreduce_s": self.tree_allreduce_s,
                 "ps_s": self.ps_s, "memory_per_replica_bytes": self.memory_per_replica_bytes,
                 "gradient_bytes": self.gradient_bytes,
                 "compute_communication_ratio": (self.compute_s / allreduce if self.compute_s is not None and

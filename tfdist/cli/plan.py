@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from tfdist.plan import OPTIMIZER_SLOTS, Plan, PlanError, embedding_traffic, parse_quantity
+from tfdist.plan import OPTIMIZER_SLOTS, Plan, PlanError, parse_quantity
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -44,21 +44,15 @@ def run(args: argparse.Namespace) -> int:
                     optimizer=args.optimizer, bytes_per_value=2 if args.compression != "none" else 4,
                     ps_shards=args.ps_shards, compute_s=parse_quantity(args.compute, "time") if args.compute else None,
                     embedding_values=embedding_values, embedding_touched=embedding_touched)
-        traffic = None
-        if embedding_values:
-            traffic = embedding_traffic(table_values=embedding_values, values_touched_per_step=embedding_touched,
-                                        workers=max(2, args.workers), bytes_per_value=plan.bytes_per_value)
     except PlanError as err:
         sys.stderr.write(f"tfdist plan: error: {err}\n")
         return 2
     data = plan.to_dict()
-    if traffic is not None:
-        data.update({f"embedding_{k}": v for k, v in traffic.to_dict().items()})
     if args.json:
         sys.stdout.write(json.dumps(data) + "\n")
         return 0
     embedding = ""
-    if traffic is not None:
+    if "embedding_ratio" in data:
         embedding = (f"embedding tables:  {data['embedding_ps_bytes'] / 1e6:10.3f} MB/worker step as ps rows, "
                      f"{data['embedding_allreduce_bytes'] / 1e6:.3f} MB as a dense all-reduce "
                      f"({data['embedding_ratio']:.1f}x)\n")
