@@ -14,14 +14,28 @@ def _regression_data(n: int = 512, seed: int = 0) -> tuple[Any, Any]:
     return x, (x @ w + 0.1 * rng.normal(size=(n, 1))).astype("float32")
 
 
+def _sharded_by_element(dataset: Any) -> Any:
+    """``dataset`` for MWMS to shard by element (DATA), without TF's file-sharding fallback warning."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
+def _flat_weights(model: Any) -> Any:
+    """All of a model's weights as one flat numpy vector."""
+    import numpy as np
+
+    return np.concatenate([w.reshape(-1) for w in model.get_weights()])
+
+
 def _regression_dataset(batch: int = 64) -> Any:
-    """The regression data as a dataset that MWMS shards by element (DATA), without TF's fallback warning."""
+    """The regression data, batched, sharded by element."""
     import tensorflow as tf
 
     x, y = _regression_data()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).with_options(options)
+    return _sharded_by_element(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
 
 
 def _small_model(keras: Any) -> Any:
@@ -35,7 +49,6 @@ def mwms_fit(epochs: int = 3) -> dict[str, Any]:
     import tfdist
 
     strategy = tfdist.build_strategy("auto", communication="ring")
-    import numpy as np
     import tensorflow as tf
 
     from tfdist import keras
@@ -46,7 +59,7 @@ def mwms_fit(epochs: int = 3) -> dict[str, Any]:
     with strategy.scope():
         model = _small_model(keras)
     history = model.fit(dataset, epochs=epochs, verbose=0)
-    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    weights = _flat_weights(model)
     return {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
             "is_mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
             "fingerprint": spec.fingerprint, "is_chief": spec.is_chief,
@@ -202,8 +215,6 @@ def _equivalence_model(keras: Any) -> Any:
 
 
 def _equivalence_fit(strategy: Any, global_batch: int, epochs: int) -> dict[str, Any]:
-    import numpy as np
-
     from tfdist import keras
 
     keras.enable_determinism(5)
@@ -212,7 +223,7 @@ def _equivalence_fit(strategy: Any, global_batch: int, epochs: int) -> dict[str,
     steps = 1024 // global_batch
     model.fit(keras.fit_input(_equivalence_fn(global_batch), strategy=strategy, steps_per_epoch=steps),
               epochs=epochs, steps_per_epoch=steps, verbose=0)
-    return {"weights": np.concatenate([w.reshape(-1) for w in model.get_weights()]).tolist(),
+    return {"weights": _flat_weights(model).tolist(),
             "replicas": strategy.num_replicas_in_sync}
 
 
@@ -342,8 +353,6 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
 def _comm_fit(keras: Any, strategy: Any, *, batch: int, epochs: int, compression: str = "",
               accumulate: int = 1, tuning: str = "") -> dict[str, Any]:
     """One seeded fit of the regression model; compression/accumulation/tuning as asked."""
-    import numpy as np
-
     from tfdist.keras import accumulate_gradients, with_communication
 
     keras.utils.set_random_seed(1)
@@ -356,7 +365,7 @@ def _comm_fit(keras: Any, strategy: Any, *, batch: int, epochs: int, compression
         model.compile(optimizer=optimizer, loss="mse")
     accumulate_gradients(model, steps=accumulate)
     history = model.fit(_regression_dataset(batch), epochs=epochs, verbose=0)
-    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    weights = _flat_weights(model)
     return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
             "bytes": getattr(optimizer, "communication_bytes_per_step", None),
             "updates": int(optimizer.iterations.numpy())}
@@ -408,16 +417,14 @@ def _sparse_fit(keras: Any, strategy: Any) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, size=(512,))
     targets = (ids % 7 / 7.0).astype("float32")
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    data = tf.data.Dataset.from_tensor_slices((ids, targets)).batch(64).with_options(options)
+    data = _sharded_by_element(tf.data.Dataset.from_tensor_slices((ids, targets)).batch(64))
     with strategy.scope():
         model = keras.Sequential([keras.Input((), dtype="int64"), keras.layers.Embedding(50, 4),
                                   keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
         optimizer = with_communication(keras.optimizers.SGD(0.1), compression="fp16")
         model.compile(optimizer=optimizer, loss="mse")
     history = model.fit(data, epochs=4, verbose=0)
-    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    weights = _flat_weights(model)
     return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
             "bytes": optimizer.communication_bytes_per_step}
 
@@ -440,7 +447,7 @@ def _loss_scaled_fit(keras: Any, strategy: Any) -> dict[str, Any]:
         history = model.fit(_regression_dataset(64), epochs=5, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    weights = _flat_weights(model)
     return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
             "final_scale": float(optimizer.loss_scale.numpy()), "finite": bool(np.isfinite(weights).all())}
 
