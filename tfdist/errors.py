@@ -1,14 +1,27 @@
 """The one exception hierarchy of tfdist.
 
-Every error names the field, repeats the value received, says what was
-expected and how to fix it. Use :func:`invalid` to build such a message.
+Two families sit under :class:`Error`:
+
+* **Bad input** (a ``ValueError`` too): :class:`ClusterSpecError`,
+  :class:`StrategyError`, :class:`LaunchError`, :class:`DataError`,
+  :class:`PlanError`. The caller passed something that can never work; the
+  message names the field, repeats the value, says what was expected and how
+  to fix it, and the error keeps those as attributes.
+* **Runtime failure** (a ``RuntimeError`` too): :class:`RuntimeFailure` and its
+  subclasses. The input was fine but the world was not: no free port, a
+  network namespace that cannot be made, a service not started, storage that
+  cannot be read, an engine that is not there.
+
+Use :func:`invalid` to build a bad-input error.
 
 Example:
     >>> from tfdist import errors
     >>> err = errors.invalid(errors.ClusterSpecError, "task.index", -1,
     ...                      "an integer >= 0", "Use the task's position in its job.")
-    >>> isinstance(err, ValueError)
-    True
+    >>> isinstance(err, ValueError), err.field, err.value, err.expected
+    (True, 'task.index', -1, 'an integer >= 0')
+    >>> isinstance(errors.StorageError("disk gone"), ValueError)
+    False
 """
 
 from __future__ import annotations
@@ -21,14 +34,40 @@ __all__ = [
     "StrategyError",
     "LaunchError",
     "DataError",
+    "PlanError",
+    "RuntimeFailure",
+    "LaunchFailure",
+    "StorageError",
+    "ServiceError",
+    "EngineError",
     "invalid",
     "require_int",
 ]
 
+_UNSET: Any = object()
+
 
 class Error(Exception):
-    """Base class of every error tfdist raises on purpose."""
+    """Base class of every error tfdist raises on purpose.
 
+    Attributes:
+      field: The argument, flag or field at fault, when there is one.
+      value: The value received (``None`` when not applicable or unknown).
+      expected: What was expected instead, in words.
+      fix: How to fix it, in words.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, value: Any = _UNSET,
+                 expected: str | None = None, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.value = None if value is _UNSET else value
+        self.expected = expected
+        self.fix = fix or None
+
+
+# ---- bad input: each is a ValueError -------------------------------------------------------------------------
 
 class ClusterSpecError(Error, ValueError):
     """A cluster spec or TF_CONFIG is malformed or inconsistent."""
@@ -39,11 +78,37 @@ class StrategyError(Error, ValueError):
 
 
 class LaunchError(Error, ValueError):
-    """A local cluster cannot be launched with the options given."""
+    """A cluster cannot be launched with the options given."""
 
 
 class DataError(Error, ValueError):
     """Input data is missing, corrupt, or inconsistent with its pipeline."""
+
+
+class PlanError(Error, ValueError):
+    """A planning input (size, bandwidth, measurement) is invalid."""
+
+
+# ---- runtime failure: never a ValueError ---------------------------------------------------------------------
+
+class RuntimeFailure(Error, RuntimeError):
+    """The input was valid, but the environment failed (ports, services, storage, engines)."""
+
+
+class LaunchFailure(RuntimeFailure):
+    """Starting or supervising tasks failed: no free port, no network namespace, a task that cannot start."""
+
+
+class StorageError(RuntimeFailure):
+    """A file or object store could not be read or written (permissions, I/O, a missing file system)."""
+
+
+class ServiceError(RuntimeFailure):
+    """A service tfdist relies on is not started or not reachable (tf.data service, S3 endpoint)."""
+
+
+class EngineError(RuntimeFailure):
+    """An execution engine (Slurm, Ray, Kubernetes) is unavailable or refused the job."""
 
 
 _E = TypeVar("_E", bound=Error)
@@ -54,15 +119,22 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def require_int(cls: type[_E], field: str, value: Any, *, minimum: int, fix: str = "") -> int:
-    """Returns ``value`` if it is an int >= ``minimum`` (bools refused); else raises ``cls``.
+def require_int(cls: type[_E], field: str, value: Any, *, minimum: int, fix: str = "",
+                maximum: int | None = None) -> int:
+    """Returns ``value`` if it is an int in ``[minimum, maximum]`` (bools refused); else raises ``cls``.
 
     Example:
         >>> require_int(DataError, "num_shards", 4, minimum=1)
         4
+        >>> require_int(DataError, "num_shards", 0, minimum=1).field
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.DataError: Invalid value for `num_shards`. Received: 0. Expected an integer >= 1.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise invalid(cls, field, value, f"an integer >= {minimum}", fix)
+    too_big = maximum is not None and isinstance(value, int) and value > maximum
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
+        expected = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+        raise invalid(cls, field, value, expected, fix)
     return value
 
 
@@ -72,14 +144,21 @@ def invalid(cls: type[_E], field: str, value: Any, expected: str, fix: str = "")
     Args:
       cls: Error subclass to instantiate.
       field: Name of the field or argument, e.g. ``"cluster.worker[1]"``.
-      value: The value received; repeated (shortened) in the message.
+      value: The value received; repeated (shortened) in the message and kept as ``err.value``.
       expected: What was expected instead.
       fix: How to fix it; optional.
 
     Returns:
-      An instance of ``cls`` (not raised).
+      An instance of ``cls`` (not raised), with ``field``, ``value``, ``expected`` and ``fix`` set.
+
+    Example:
+        >>> err = invalid(LaunchError, "workers", -1, "an integer >= 1", "Pass --workers 2.")
+        >>> str(err)
+        'Invalid value for `workers`. Received: -1. Expected an integer >= 1. Pass --workers 2.'
+        >>> err.fix
+        'Pass --workers 2.'
     """
     message = f"Invalid value for `{field}`. Received: {_short(value)}. Expected {expected}."
     if fix:
         message += f" {fix}"
-    return cls(message)
+    return cls(message, field=field, value=value, expected=expected, fix=fix)

@@ -18,15 +18,10 @@ import re
 from typing import Any, Optional
 
 from tfdist._names import describe_choices
-from tfdist.errors import Error, invalid, require_int
+from tfdist.errors import PlanError, invalid, require_int
 
 __all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS", "EmbeddingTraffic",
            "embedding_traffic"]
-
-
-class PlanError(Error, ValueError):
-    """Planner input that cannot be understood."""
-
 
 # Extra per-parameter state each optimizer keeps (in copies of the weights).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2}
