@@ -93,7 +93,11 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
     creator = keras.utils.experimental.DatasetCreator(dataset_fn)
     import time
 
-    pause = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.sleep(epoch_sleep))
+    def _epoch_end(epoch: int, logs: Any) -> None:
+        print(f"EPOCH_END {epoch}", flush=True)  # Fault tests trigger their kills on this line.
+        time.sleep(epoch_sleep)
+
+    pause = keras.callbacks.LambdaCallback(on_epoch_end=_epoch_end)
     history = model.fit(creator, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[pause])
     evaluation = model.evaluate(creator, steps=5, verbose=0, return_dict=True)
     table = model.layers[0].embeddings
@@ -107,7 +111,10 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
 
 def mwms_backup_fit(backup_dir: str, log_path: str, epochs: int, crash_marker: str = "",
                     epoch_sleep: float = 0.0) -> dict[str, Any]:
-    """MWMS fit with BackupAndRestore; logs 'restart epoch' per finished epoch; may crash once."""
+    """MWMS fit with BackupAndRestore; logs 'restart epoch' per finished epoch; may crash once.
+
+    After each epoch's backup it prints ``EPOCH_END task restart epoch`` (fault tests trigger on it).
+    """
     import os
     import time
 
@@ -125,6 +132,7 @@ def mwms_backup_fit(backup_dir: str, log_path: str, epochs: int, crash_marker: s
     def _epoch_end(epoch: int, logs: Any) -> None:
         with open(f"{log_path}.{task.replace(':', '-')}", "a") as f:
             f.write(f"{restart} {epoch}\n")
+        print(f"EPOCH_END {task} {restart} {epoch}", flush=True)
         if crash_marker and task == "worker:1" and epoch == 1 and not os.path.exists(crash_marker):
             open(crash_marker, "w").close()
             os._exit(3)
@@ -307,7 +315,9 @@ def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[s
     with strategy.scope():
         model = build()
     epochs_seen: list[int] = []
-    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch))
+    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch),
+                                            # After the backup callback: the backup of `epoch` exists.
+                                            on_epoch_end=lambda epoch, logs: print(f"EPOCH_END {epoch}", flush=True))
     callbacks = keras.cluster_callbacks(backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"],
                                         tensorboard_dir=dirs["tb"]) + [record]
     errors = {}

@@ -107,6 +107,54 @@ class LaunchTest(parameterized.TestCase):
                             kills=(KillAt.parse("worker:1@1"),))
         self.assertEqual((result.exit_code, result.failed_task), (128 + signal.SIGKILL, "worker:1"))
 
+    def test_kill_on_progress_fires_once_when_any_task_prints_the_line(self) -> None:
+        script = ("import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:0':\n"
+                  "    print('epoch 2 saved', flush=True); time.sleep(1); sys.exit(0)\n"
+                  "time.sleep(30 if os.environ['TFDIST_RESTART'] == '0' else 0.5)")
+        statuses: list[str] = []
+        start = time.monotonic()
+        result = launch.run([PY, "-c", script], workers=2, timeout=60, max_restarts=1, on_status=statuses.append,
+                            kills=("worker:1@after=^epoch 2 saved$",))
+        self.assertEqual((result.exit_code, result.reason), (0, "ok"), result.summary())
+        self.assertEqual([t.restarts for t in result.tasks], [1, 1])  # Killed once; the rerun printed it again.
+        kills = [s for s in statuses if s.startswith("fault injection")]
+        self.assertLen(kills, 1)
+        self.assertIn("SIGKILL worker:1 after worker:0 printed /^epoch 2 saved$/", kills[0])
+        self.assertLess(time.monotonic() - start, 25)  # worker:1 did not sleep its 30 s out.
+
+    def test_kill_trigger_that_never_matches_kills_nothing(self) -> None:
+        result = launch.run([PY, "-c", "print('epoch 1 saved')"], workers=2, timeout=60,
+                            kills=(KillAt("worker:1", after="epoch 2"),))
+        self.assertEqual((result.exit_code, [t.restarts for t in result.tasks]), (0, [0, 0]))
+
+    @parameterized.named_parameters(
+        ("seconds", "worker:1@20", KillAt("worker:1", seconds=20.0)),
+        ("fraction", "ps:0@0.5", KillAt("ps:0", 0.5)),
+        ("regex", "worker:1@after=Epoch 3/", KillAt("worker:1", after="Epoch 3/")),
+        ("regex_with_at", "chief:0@after=a@b=c", KillAt("chief:0", after="a@b=c")),
+    )
+    def test_kill_parses(self, text: str, expected: KillAt) -> None:
+        self.assertEqual(KillAt.parse(text), expected)
+        self.assertEqual(KillAt.parse(str(expected)), expected)
+
+    @parameterized.named_parameters(
+        ("no_trigger", "worker:1", "TASK:INDEX@after=REGEX"),
+        ("empty_regex", "worker:1@after=", "non-empty regular expression"),
+        ("bad_regex", "worker:1@after=(", "valid regular expression"),
+        ("nan", "worker:1@nan", "finite number"),
+        ("negative", "worker:1@-1", "finite number"),
+        ("words", "worker:1@soon", "TASK:INDEX@SECONDS"),
+    )
+    def test_bad_kill(self, text: str, message: str) -> None:
+        with pytest.raises(LaunchError, match=message):
+            KillAt.parse(text)
+
+    def test_kill_needs_exactly_one_trigger(self) -> None:
+        with pytest.raises(LaunchError, match="exactly one trigger"):
+            KillAt("worker:1", seconds=1.0, after="x")
+        with pytest.raises(LaunchError, match="exactly one trigger"):
+            KillAt("worker:1")
+
     def test_taken_ports_are_picked_again(self) -> None:
         import socket
 

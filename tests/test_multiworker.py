@@ -107,15 +107,19 @@ class MultiWorkerMirroredTest(absltest.TestCase):
     def test_killed_worker_restarts_group_and_resumes_from_backup(self) -> None:
         tmp = self.create_tempdir().full_path
         log = os.path.join(tmp, "epochs")
+        statuses: list[str] = []
+        # Kill worker 1 once worker 0 has backed up epoch 2: the fault lands there however slow the machine.
         run = testing.run_cluster(cluster_tasks.mwms_backup_fit, workers=2, timeout=240, max_restarts=1,
-                                  kills=(KillAt("worker:1", 12.0),),
-                                  args=[os.path.join(tmp, "backup"), log, 14, "", 1.0])
+                                  kills=("worker:1@after=^EPOCH_END worker:0 0 2$",), on_status=statuses.append,
+                                  args=[os.path.join(tmp, "backup"), log, 6, "", 0.5])
         self.assertTrue(run.ok, run.result.summary())
+        self.assertLen([s for s in statuses if "fault injection: SIGKILL worker:1 after worker:0" in s], 1)
+        self.assertEqual([t.restarts for t in run.result.tasks], [1, 1])
         attempts = _attempts(log, "worker:0")
-        self.assertIn(1, attempts, attempts)
-        self.assertGreater(attempts[1][0], 0, attempts)
+        self.assertEqual(attempts[0][:3], [0, 1, 2], attempts)
+        self.assertGreaterEqual(attempts[1][0], 3, attempts)  # Resumed after the backed-up epoch 2, not from zero.
         self.assertGreaterEqual(attempts[1][0], attempts[0][-1], attempts)
-        self.assertEqual(attempts[1][-1], 13)
+        self.assertEqual(attempts[1][-1], 5)
 
 
 class ParameterServerTest(absltest.TestCase):
@@ -135,12 +139,15 @@ class ParameterServerTest(absltest.TestCase):
         self.assertEqual(set(run.values), {"chief:0"})  # Workers and ps ran tfdist's TF server, not the function.
 
     def test_killed_worker_is_restarted_alone_and_training_finishes(self) -> None:
+        statuses: list[str] = []
         run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
-                                  kills=(KillAt("worker:1", 10.0),), args=[8, 20, 1.0])
+                                  kills=(KillAt("worker:1", after="^EPOCH_END 1$"),), on_status=statuses.append,
+                                  args=[6, 20, 0.2])
         self.assertTrue(run.ok, run.result.summary())
+        self.assertLen([s for s in statuses if "fault injection: SIGKILL worker:1 after chief:0" in s], 1)
         restarts = {t.task: t.restarts for t in run.result.tasks}
         self.assertEqual(restarts, {"chief:0": 0, "worker:0": 0, "worker:1": 1, "ps:0": 0})
-        self.assertLen(run.values["chief:0"]["loss"], 8)
+        self.assertLen(run.values["chief:0"]["loss"], 6)
 
 
 class IsolatedNetworkTest(absltest.TestCase):

@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 from tfdist.errors import LaunchError, invalid
+from tfdist.launch.config import KillAt
 from tfdist.launch.runner import LaunchResult, run
 
-__all__ = ["ClusterRun", "run_cluster", "command_for", "RESULT_PREFIX"]
+__all__ = ["ClusterRun", "KillAt", "run_cluster", "command_for", "RESULT_PREFIX"]
 
 RESULT_PREFIX = "TFDIST_RESULT "
 Target = Union[Sequence[str], str, Callable[..., Any]]
@@ -80,7 +81,10 @@ def run_cluster(target: Target, *, workers: int, timeout: float, ps: int = 0, ch
       chief: Add a chief.
       evaluator: Add an evaluator.
       args: JSON-serializable positional arguments for the function.
-      **options: More :class:`tfdist.launch.LaunchConfig` fields.
+      **options: More :class:`tfdist.launch.LaunchConfig` fields, e.g.
+        ``kills=("worker:1@after=^EPOCH 2 DONE$",)`` to SIGKILL worker 1 once
+        any task prints that line (fault tests trigger on progress, not time),
+        and ``max_restarts=1``.
     """
     result = run(command_for(target, args), workers=workers, ps=ps, chief=chief, evaluator=evaluator,
                  timeout=timeout, **options)

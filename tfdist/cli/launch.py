@@ -38,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--threads-per-task", type=int, default=None, help="intra-op threads per task")
     run.add_argument("--timeout", type=float, default=None, help="seconds before every task is killed")
     run.add_argument("--log-dir", default=None, help="write one log file per task here")
-    run.add_argument("--kill", action="append", default=[], metavar="TASK@SECONDS",
-                     help="SIGKILL a task once, e.g. worker:1@20 (fault injection)")
+    run.add_argument("--kill", action="append", default=[], metavar="TASK@TRIGGER",
+                     help="SIGKILL a task once (fault injection): worker:1@after='Epoch 3/' when any task prints "
+                          "a line matching the regex, or worker:1@20 after 20 s")
     run.add_argument("--isolate-network", action="store_true",
                      help="run the cluster in a private network namespace with only loopback")
     run.add_argument("--data-service-workers", type=int, default=0, metavar="N",

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -22,28 +23,71 @@ from tfdist.errors import LaunchError, invalid, require_int
 __all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
-_KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(\d+(?:\.\d+)?)$")
+_KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(.*)$", re.S)
+_KILL_FORMAT = "TASK:INDEX@SECONDS or TASK:INDEX@after=REGEX, e.g. 'worker:1@20' or 'worker:1@after=Epoch 3/'"
 
 
 @dataclasses.dataclass(frozen=True)
 class KillAt:
-    """Fault injection: SIGKILL ``task`` (e.g. 'worker:1') once, ``seconds`` after launch.
+    """Fault injection: SIGKILL ``task`` (e.g. 'worker:1') once, on progress or after a time.
+
+    Give exactly one trigger. ``after`` (a regular expression) fires the first
+    time any task prints a matching line, so the fault lands at the same point
+    of the work however fast the machine is; ``seconds`` fires that long after
+    launch.
 
     Example:
         >>> KillAt.parse("worker:1@20")
-        KillAt(task='worker:1', seconds=20.0)
+        KillAt(task='worker:1', seconds=20.0, after=None)
+        >>> KillAt.parse("ps:0@after=Epoch 3/").after
+        'Epoch 3/'
+        >>> KillAt("worker:1", after="epoch 2 saved").matches("worker:0", "epoch 2 saved")
+        True
     """
 
     task: str
-    seconds: float
+    seconds: Optional[float] = None
+    after: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, str) or not re.fullmatch(r"(chief|worker|ps|evaluator):\d+", self.task):
+            raise invalid(LaunchError, "--kill", self.task, "a task 'type:index', e.g. 'worker:1'")
+        if (self.seconds is None) == (self.after is None):
+            raise invalid(LaunchError, "--kill", self, "exactly one trigger: seconds or after", _KILL_FORMAT)
+        if self.seconds is not None:
+            if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+                    or not math.isfinite(self.seconds) or self.seconds < 0:
+                raise invalid(LaunchError, "--kill", self.seconds, "seconds as a finite number >= 0")
+            object.__setattr__(self, "seconds", float(self.seconds))
+        if self.after is not None:
+            if not isinstance(self.after, str) or not self.after:
+                raise invalid(LaunchError, "--kill", self.after, "a non-empty regular expression after 'after='")
+            try:
+                re.compile(self.after)
+            except re.error as err:
+                raise invalid(LaunchError, "--kill", self.after, f"a valid regular expression ({err})") from None
 
     @classmethod
     def parse(cls, text: str) -> "KillAt":
-        """Parses ``TASK:INDEX@SECONDS``."""
-        match = _KILL.match(text.strip())
+        """Parses ``TASK:INDEX@SECONDS`` or ``TASK:INDEX@after=REGEX``."""
+        match = _KILL.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise invalid(LaunchError, "--kill", text, "TASK:INDEX@SECONDS, e.g. 'worker:1@20'")
-        return cls(f"{match.group(1)}:{match.group(2)}", float(match.group(3)))
+            raise invalid(LaunchError, "--kill", text, _KILL_FORMAT)
+        task, trigger = f"{match.group(1)}:{match.group(2)}", match.group(3)
+        if trigger.startswith("after="):
+            return cls(task, after=trigger[len("after="):])
+        try:
+            seconds = float(trigger)
+        except ValueError:
+            raise invalid(LaunchError, "--kill", text, _KILL_FORMAT) from None
+        return cls(task, seconds=seconds)
+
+    def matches(self, task: str, line: str) -> bool:
+        """True when ``line``, printed by ``task``, fires this progress trigger."""
+        return self.after is not None and re.search(self.after, line) is not None
+
+    def __str__(self) -> str:
+        return f"{self.task}@after={self.after}" if self.after is not None else f"{self.task}@{self.seconds:g}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +108,8 @@ class LaunchConfig:
       threads_per_task: Intra-op threads per task (and the inter-op floor).
       timeout: Seconds before every task is killed; None: no limit.
       log_dir: Directory for one log file per task.
-      kills: Fault injections.
+      kills: Fault injections: :class:`KillAt` values or their text form,
+        e.g. ``("worker:1@after=Epoch 3/",)``.
       isolate_network: Run the cluster in a private network namespace.
       grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks.
       host: Address the tasks use.
@@ -93,7 +138,7 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
-        object.__setattr__(self, "kills", tuple(self.kills))
+        object.__setattr__(self, "kills", tuple(KillAt.parse(k) if isinstance(k, str) else k for k in self.kills))
         object.__setattr__(self, "env", dict(self.env))
         if not self.command:
             raise invalid(LaunchError, "command", [], "a program to run after '--'",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -108,6 +109,11 @@ class _Supervisor:
         self.restarts_used = 0
         self.stop_signal: Optional[int] = None
         self.children: dict[str, Child] = {}
+        self._user_sink = sink
+        self._line_kills = [kill for kill in config.kills if kill.after is not None]
+        self._fired: "queue.SimpleQueue[tuple[KillAt, str]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        sink = self._on_line
         if config.log_dir:
             os.makedirs(config.log_dir, exist_ok=True)
         for task in config.task_names():
@@ -123,6 +129,16 @@ class _Supervisor:
                     "--port", str(port))
             log_path = os.path.join(config.log_dir, "data-service.log") if config.log_dir else None
             self.data_service = Child(DATA_SERVICE_TASK, argv, env=dict(self.base_env), sink=sink, log_path=log_path)
+
+    def _on_line(self, task: str, line: str) -> None:
+        """Every output line of every task: fires progress triggers, then goes to the caller's sink."""
+        if self._line_kills:
+            with self._lock:
+                for kill in [k for k in self._line_kills if k.matches(task, line)]:
+                    self._line_kills.remove(kill)
+                    self._fired.put((kill, task))
+        if self._user_sink is not None:
+            self._user_sink(task, line)
 
     def _start(self, task: str) -> None:
         child = self.children[task]
@@ -156,7 +172,7 @@ class _Supervisor:
             self._start(name)
 
     def run(self, deadline: Optional[float], t0: float) -> tuple[int, str, Optional[str]]:
-        pending_kills: list[KillAt] = sorted(self.config.kills, key=lambda k: k.seconds)
+        pending_kills = sorted((k for k in self.config.kills if k.seconds is not None), key=lambda k: k.seconds or 0)
         if self.data_service is not None:
             self.data_service.start()
             self.status(f"tf.data service started (pid {self.data_service.pid}, "
@@ -173,6 +189,11 @@ class _Supervisor:
             while pending_kills and now - t0 >= pending_kills[0].seconds:
                 kill = pending_kills.pop(0)
                 self.status(f"fault injection: SIGKILL {kill.task} at {now - t0:.1f}s")
+                self.children[kill.task].signal(signal.SIGKILL)
+            while not self._fired.empty():
+                kill, source = self._fired.get()
+                self.status(f"fault injection: SIGKILL {kill.task} after {source} printed /{kill.after}/ "
+                            f"({now - t0:.1f}s)")
                 self.children[kill.task].signal(signal.SIGKILL)
             for task, child in self.children.items():
                 code = child.poll()
