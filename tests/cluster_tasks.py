@@ -480,3 +480,65 @@ def _fp16_sums(strategy: Any) -> dict[str, list[float]]:
 
     return {"large": reduce([60000.0, 1e-6, -3.0, 0.0]), "inf": reduce([float("inf"), 1.0]),
             "zeros": reduce([0.0, 0.0])}
+
+
+def _write_result(root: str, value: dict[str, Any]) -> None:
+    """Writes ``value`` (plus this task's identity) to ``root/result-TASK-RESTART.json``."""
+    import json
+    import os
+    import time
+
+    task, restart = os.environ["TFDIST_TASK"], os.environ.get("TFDIST_RESTART", "0")
+    env = {k: os.environ.get(k) for k in ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS",
+                                          "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_JOB_ID")}
+    path = os.path.join(root, f"result-{task.replace(':', '-')}-{restart}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(value, task=task, restart=int(restart), env=env, end=time.time()), f)
+    os.replace(path + ".tmp", path)
+
+
+def slurm_mwms(root: str, epochs: int, crash_epoch: int = -1) -> dict[str, Any]:
+    """MWMS fit under Slurm: BackupAndRestore + ckpt-{epoch} in ``root``; worker:1 may crash once.
+
+    The evaluator task runs the side-car on the checkpoints instead. Results go to files in ``root``.
+    """
+    import os
+
+    import tfdist
+    from tfdist import keras
+
+    spec = tfdist.ClusterSpec.from_tf_config()
+    if spec.task_type == "evaluator":
+        keras.utils.set_random_seed(1)
+        model = _small_model(keras)
+        keras.sidecar_evaluate(model, _regression_dataset(), checkpoint_dir=os.path.join(root, "ckpt"),
+                               epochs=epochs)
+        _write_result(root, {"evaluated": True})
+        return {}
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = _small_model(keras)
+    begun: list[int] = []
+    marker = os.path.join(root, "crashed")
+
+    def _epoch_end(epoch: int, logs: Any) -> None:
+        if spec.task_type == "worker" and spec.task_id == 1 and epoch == crash_epoch and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)
+
+    callbacks = keras.cluster_callbacks(backup_dir=os.path.join(root, "backup"),
+                                        checkpoint_dir=os.path.join(root, "ckpt"))
+    callbacks.append(keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: begun.append(epoch),
+                                                    on_epoch_end=_epoch_end))
+    model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
+    _write_result(root, {"epochs_begun": begun, "weights": _flat_weights(model).tolist(),
+                         "replicas": strategy.num_replicas_in_sync})
+    return {}
+
+
+def slurm_ps(root: str) -> dict[str, Any]:
+    """The parameter-server fit on the chief; records when the coordinator finished."""
+    result = ps_fit(epochs=2, steps=5)
+    _write_result(root, {"is_ps": result["is_ps"], "loss": result["loss"]})
+    return {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -57,3 +58,29 @@ def s3_server() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _slurm_local():  # type: ignore[no-untyped-def]
+    """scripts/slurm_local.py, the single-node Slurm cluster users can start too."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "slurm_local.py")
+    spec = importlib.util.spec_from_file_location("_tfdist_slurm_local", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real single-node Slurm cluster (munged, slurmctld, slurmd) on 127.0.0.1, installed with apt-get if missing.
+
+    Skips only when the packages cannot be installed here (no apt-get, not root, or apt-get failed).
+    """
+    slurm_local = _slurm_local()
+    reason = slurm_local.ensure_installed()
+    if reason:
+        pytest.skip(reason)
+    cluster = slurm_local.start(str(tmp_path_factory.mktemp("slurm")))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

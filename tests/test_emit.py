@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -75,16 +76,18 @@ class EmitTest(parameterized.TestCase):
         script = emit.slurm_script(PS_TOPOLOGY, name="rec", cpus_per_task=4, port_base=9000)
         self.assertTrue(script.startswith("#!/bin/bash\n#SBATCH --job-name=rec\n#SBATCH --ntasks=6"))
         self.assertIn("#SBATCH --cpus-per-task=4", script)
-        srun = [line for line in script.splitlines() if line.startswith("srun ")][0]
-        self.assertIn("--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base 9000", srun)
+        self.assertIn("\nPORT_BASE=9000\n", script)
+        srun = [line for line in script.splitlines() if " srun " in line][0]
+        self.assertIn("--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base \"$PORT_BASE\"", srun)
         # Run what srun would run on each of 6 Slurm tasks over 2 nodes, with a program that shows its env.
         show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]
-        tail = srun.split(" -- ")[0].split()[2:]  # python -m tfdist.cli.slurm_task --jobs ... --run-on auto
+        args = srun.split('"$PYTHON" ', 1)[1].split(" -- ")[0]
+        tail = shlex.split(args.replace('"$PORT_BASE"', "9000").replace('"$attempt"', "0"))
         seen = {}
         for procid in range(6):
             env = dict(os.environ, SLURM_PROCID=str(procid), SLURM_STEP_NODELIST="n[1-2]",
                        SLURM_STEP_TASKS_PER_NODE="3(x2)")
-            argv = [sys.executable] + tail[1:-1] + ["all", "--"] + show  # --run-on all: every task shows its env.
+            argv = [sys.executable] + tail[:-1] + ["all", "--"] + show  # --run-on all: every task shows its env.
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual(done.returncode, 0, done.stderr)
             spec = ClusterSpec.from_tf_config(done.stdout.strip().splitlines()[-1])
@@ -132,3 +135,30 @@ class EmitTest(parameterized.TestCase):
                               capture_output=True, text=True, timeout=60)
         self.assertEqual(done.returncode, 2)
         self.assertIn("a program to run after '--'", done.stderr)
+
+
+def test_server_watch_ends_after_the_chief_goes() -> None:
+    """What lets a Slurm PS job end: the server leaves once the chief was up and then gone for the grace."""
+    import socket
+
+    from tfdist.launch.server import watch_chief
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    never_up = threading.Event()
+    threading.Thread(target=watch_chief, args=("127.0.0.1:1", never_up), kwargs={"grace": 0.2},
+                     daemon=True).start()
+    done = threading.Event()
+    listener.listen()
+    watcher = threading.Thread(target=watch_chief, args=(address, done), kwargs={"grace": 1.0, "interval": 0.1})
+    watcher.start()
+    time.sleep(1.5)
+    assert not done.is_set()  # The chief is up: keep serving.
+    listener.close()
+    gone = time.monotonic()
+    assert done.wait(10)
+    assert 0.8 <= time.monotonic() - gone <= 5
+    watcher.join(5)
+    assert not never_up.is_set()  # A chief never seen is a chief still starting, not a finished one.
+    never_up.set()

@@ -9,7 +9,7 @@ filled in rank order. Unlike TF's resolver it needs no GPUs, runs no
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from tfdist.errors import ClusterSpecError, invalid
 
@@ -101,3 +101,34 @@ def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
             task_type, task_id = job, rank - start
         start += jobs[job]
     return cluster, task_type, task_id
+
+
+# Per-job ports: job J starts its search at slot J mod SLOTS of PORT_SLOT ports in [PORT_LOW, PORT_HIGH),
+# below Linux's ephemeral range (32768+), so two jobs on one node start on different ports.
+PORT_LOW, PORT_HIGH, PORT_SLOT = 20000, 32768, 32
+
+
+def job_port_base(job_id: int, tasks_per_node: int, is_free: Callable[[int], bool]) -> int:
+    """The first port of this job's tasks on each node, from its Slurm job id.
+
+    Job ``J`` takes slot ``J mod S`` of ``S`` slots of 32 ports (or of the next
+    multiple of 32 above ``tasks_per_node``) in ``[20000, 32768)``. When one of
+    the slot's ports is taken (``is_free`` says no), the next slot is tried.
+
+    Example:
+        >>> job_port_base(7, 3, lambda port: True)
+        20224
+        >>> job_port_base(7, 3, lambda port: port >= 20256)  # Slot 7 busy: slot 8.
+        20256
+    """
+    width = PORT_SLOT * -(-max(tasks_per_node, 1) // PORT_SLOT)
+    slots = (PORT_HIGH - PORT_LOW) // width
+    if slots < 1:
+        raise invalid(ClusterSpecError, "SLURM_TASKS_PER_NODE", tasks_per_node,
+                      f"at most {PORT_HIGH - PORT_LOW} tasks per node")
+    for step in range(slots):
+        base = PORT_LOW + width * ((job_id + step) % slots)
+        if all(is_free(base + i) for i in range(tasks_per_node)):
+            return base
+    raise invalid(ClusterSpecError, "ports", f"{PORT_LOW}-{PORT_HIGH - 1}",
+                  f"{tasks_per_node} free consecutive ports in one slot", "Pass a fixed --port-base.")

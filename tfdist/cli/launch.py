@@ -56,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--gpus", type=int, default=0, help="GPUs per task (tfjob, slurm)")
     out.add_argument("--hosts", default=None, help="comma-separated hosts in task order (tf-config)")
     out.add_argument("--port", type=int, default=emit.TFJOB_PORT, help="task port (tf-config)")
-    out.add_argument("--port-base", type=int, default=8888, help="first port per node (slurm)")
+    out.add_argument("--port-base", type=int, default=None,
+                     help="fixed first port per node (slurm); default a per-job base from SLURM_JOB_ID")
+    out.add_argument("--python", default=None, help="interpreter the tasks run (slurm); default this one")
+    out.add_argument("--tf-log-level", type=int, default=2, help="default TF_CPP_MIN_LOG_LEVEL (slurm)")
     out.add_argument("--time", default="01:00:00", help="time limit (slurm)")
     out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm)")
     return parser
@@ -79,7 +82,8 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
         return emit.to_yaml(emit.tfjob_manifest(config, name=args.name, namespace=args.namespace, image=args.image,
                                                 cpu=args.cpu, memory=args.memory, gpus=args.gpus))
     return emit.slurm_script(config, name=args.name, time_limit=args.time, cpus_per_task=args.cpus_per_task,
-                             gpus_per_task=args.gpus, port_base=args.port_base)
+                             gpus_per_task=args.gpus, port_base=args.port_base, python=args.python,
+                             tf_log_level=args.tf_log_level)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -2,7 +2,10 @@
 
 Used by the batch scripts ``tfdist-launch --emit slurm`` writes:
 
-    srun python -m tfdist.cli.slurm_task --jobs chief=1,worker=2,ps=1 -- python train.py
+    srun python -m tfdist.cli.slurm_task --jobs chief=1,worker=2,ps=1 --port-base 20224 -- python train.py
+
+``--pick-port-base`` (in the batch script, once per job) prints the port base
+for this job: see :func:`tfdist._slurm.job_port_base`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,16 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from tfdist import _address, _slurm
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import Error, LaunchError, invalid
+from tfdist.errors import Error, LaunchError, invalid, require_int
 from tfdist.launch import _env
 from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
 from tfdist.launch.runner import SERVER_ARGV
+
+# Servers (ps, and workers of a parameter-server job) end this long after the chief is gone, so srun ends.
+SERVER_EXIT_WITH_CHIEF = 3.0
+_PREFIX = "tfdist slurm task: "
 
 
 def _jobs(text: str) -> dict[str, int]:
@@ -29,28 +37,57 @@ def _jobs(text: str) -> dict[str, int]:
     return jobs
 
 
+def _pick_port_base(env: dict[str, str]) -> int:
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not (job_id.isascii() and job_id.isdigit()):
+        raise invalid(LaunchError, "SLURM_JOB_ID", job_id or None, "the job id Slurm sets",
+                      "Run --pick-port-base inside an sbatch script.")
+    per_node = _slurm.expand_tasks_per_node("SLURM_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1"))
+    return _slurm.job_port_base(int(job_id), max(per_node), lambda port: _address.port_is_free("0.0.0.0", port))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tfdist.cli.slurm_task")
+    parser.add_argument("--jobs", default=None, help="JOB=COUNT pairs; default every task a worker")
+    parser.add_argument("--port-base", type=int, default=8888, help="port of the first task on each node")
+    parser.add_argument("--pick-port-base", action="store_true",
+                        help="print this job's port base (from SLURM_JOB_ID and free ports) and exit")
+    parser.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto")
+    parser.add_argument("--restart", type=int, default=0, help="attempt number (TFDIST_RESTART)")
+    return parser
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="python -m tfdist.cli.slurm_task")
-    parser.add_argument("--jobs", default=None, help="JOB=COUNT pairs; default every task a worker")
-    parser.add_argument("--port-base", type=int, default=8888)
-    parser.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto")
-    args = parser.parse_args(argv[:cut])
+    args = _parser().parse_args(argv[:cut])
     command = argv[cut + 1:]
     try:
+        if args.pick_port_base:
+            sys.stdout.write(f"{_pick_port_base(dict(os.environ))}\n")
+            return 0
+        require_int(LaunchError, "--port-base", args.port_base, minimum=1, maximum=65535)
+        require_int(LaunchError, "--restart", args.restart, minimum=0)
         jobs = _jobs(args.jobs) if args.jobs else None
         spec = ClusterSpec.from_slurm(jobs=jobs, port_base=args.port_base)
         config = LaunchConfig(command=tuple(command), workers=len(spec.jobs.get("worker", ())), ps=spec.num_ps,
                               chief=spec.has_chief, evaluator="evaluator" in spec.jobs, run_on=args.run_on)
         task = spec.task.name  # type: ignore[union-attr]
-        program = list(config.command) if config.runs_command(task) else list(SERVER_ARGV)
-        env = _env.child_env(os.environ, config, spec, task, restart=0)
+        program = list(config.command) if config.runs_command(task) else [
+            *SERVER_ARGV, "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
+        env = _env.child_env(os.environ, config, spec, task, restart=args.restart)
     except Error as err:
-        sys.stderr.write(f"tfdist slurm task: error: {err}\n")
+        sys.stderr.write(f"{_PREFIX}error: {err}\n")
         return 2
-    sys.stderr.write(f"tfdist slurm task: {spec.describe()}\n")
-    os.execvpe(program[0], program, env)
+    sys.stderr.write(f"{_PREFIX}{spec.describe()}\n")
+    sys.stderr.flush()
+    try:
+        os.execvpe(program[0], program, env)
+    except OSError as err:  # Not found (127) or not executable (126), as a shell reports them.
+        code = 127 if isinstance(err, FileNotFoundError) else 126
+        sys.stderr.write(f"{_PREFIX}error: cannot run {program[0]!r} on {os.uname().nodename}: "
+                         f"{err.strerror}. Check the command after '--' and PATH on the nodes.\n")
+        return code
     return 1  # Not reached.
 
 

@@ -11,10 +11,10 @@ Example:
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any, Optional, Sequence
 
 from tfdist.cluster import ClusterSpec
+from tfdist.launch._emit_slurm import slurm_script
 from tfdist.launch.config import LaunchConfig
 
 __all__ = ["emit_spec", "tf_configs", "tfjob_manifest", "slurm_script", "to_yaml", "EMIT_FORMATS"]
@@ -87,28 +87,6 @@ def tfjob_manifest(config: LaunchConfig, *, name: str = "tfdist-job", namespace:
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
             "spec": {"runPolicy": {"backoffLimit": config.max_restarts, "cleanPodPolicy": "Running"},
                      "tfReplicaSpecs": replicas}}
-
-
-def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: str = "01:00:00",
-                 cpus_per_task: Optional[int] = None, gpus_per_task: int = 0, port_base: int = 8888,
-                 python: str = "python") -> str:
-    """An ``sbatch`` script: one Slurm task per TF task, each building TF_CONFIG with tfdist."""
-    counts = _counts(config)
-    jobs = ",".join(f"{job}={n}" for job, n in counts.items())
-    total = sum(counts.values())
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --ntasks={total}",
-             f"#SBATCH --time={time_limit}"]
-    if cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    if gpus_per_task:
-        lines.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
-    task_argv = [python, "-m", "tfdist.cli.slurm_task", "--jobs", jobs, "--port-base", str(port_base),
-                 "--run-on", config.run_on, "--"] + list(config.command)
-    lines += ["set -euo pipefail",
-              "# Each task reads SLURM_PROCID and the step's node list and becomes one TensorFlow task:",
-              f"# {jobs} (job names sorted, ranks in order; ports {port_base}+ per node).",
-              "srun --kill-on-bad-exit=1 " + shlex.join(task_argv), ""]
-    return "\n".join(lines)
 
 
 def _yaml_scalar(value: Any) -> str:

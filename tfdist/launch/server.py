@@ -2,35 +2,69 @@
 
 ``tfdist-launch`` runs ``python -m tfdist.launch.server`` on every task that
 does not run user code (the workers and ps of a parameter-server cluster).
+Under a scheduler that waits for every task (Slurm's ``srun``), pass
+``--exit-with-chief SECONDS``: the server then ends with exit code 0 once the
+chief (the coordinator), after having been reachable, stays unreachable that
+long, so the job ends when training does instead of at its time limit.
 
 Example:
     >>> # TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' \\
-    >>> #     python -m tfdist.launch.server
+    >>> #     python -m tfdist.launch.server --exit-with-chief 3
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
 import threading
 from types import FrameType
-from typing import Optional
+from typing import Optional, Sequence
 
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, invalid
 
-__all__ = ["run_server"]
+__all__ = ["run_server", "watch_chief"]
 
 _log = logging.getLogger("tfdist.launch.server")
 
 
-def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.Event] = None) -> int:
-    """Serves this task until SIGTERM/SIGINT (or ``stop`` is set); returns 0.
+def watch_chief(address: str, done: threading.Event, *, grace: float, interval: float = 0.5) -> None:
+    """Sets ``done`` once ``address`` has accepted connections and then refused them for ``grace`` seconds.
+
+    Before the chief first answers nothing happens: a coordinator that is
+    still starting is not a finished one. Returns when ``done`` is set.
+
+    Example:
+        >>> import threading
+        >>> done = threading.Event(); done.set()
+        >>> watch_chief("127.0.0.1:1", done, grace=1.0)  # Returns at once: already done.
+    """
+    from tfdist.probe import can_connect
+
+    seen, missed = False, 0.0
+    while not done.wait(interval):
+        if can_connect(address, timeout=interval, interval=interval):
+            if not seen:
+                _log.info("Chief at %s is up; this server ends %.0fs after it goes away.", address, grace)
+            seen, missed = True, 0.0
+        elif seen:
+            missed += interval
+            if missed >= grace:
+                _log.info("Chief at %s gone for %.0fs: the coordinator is done, stopping.", address, grace)
+                done.set()
+
+
+def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.Event] = None,
+               exit_with_chief: Optional[float] = None) -> int:
+    """Serves this task until SIGTERM/SIGINT, ``stop`` is set, or the chief is gone; returns 0.
 
     Args:
       spec: The cluster and this task; default from ``TF_CONFIG``.
       stop: Optional event that ends the server when set.
+      exit_with_chief: Seconds the chief may stay unreachable, after it was
+        first seen, before this server ends; None: serve until stopped.
     """
     import tensorflow as tf
 
@@ -49,17 +83,34 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
     def _handle(signum: int, frame: Optional[FrameType]) -> None:
         done.set()
 
-    signal.signal(signal.SIGTERM, _handle)
-    signal.signal(signal.SIGINT, _handle)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _handle)
+        signal.signal(signal.SIGINT, _handle)
+    if exit_with_chief is not None and spec.has_chief and spec.task_type != "chief":
+        chief = spec.jobs["chief"][min(spec.jobs["chief"])]
+        threading.Thread(target=watch_chief, args=(chief, done), kwargs={"grace": exit_with_chief},
+                         name="tfdist-watch-chief", daemon=True).start()
     while not done.wait(1.0):
         pass
     _log.info("TensorFlow server %s stopping.", spec.task.name)
     return 0
 
 
+def _main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfdist.launch.server")
+    parser.add_argument("--exit-with-chief", type=float, default=None, metavar="SECONDS",
+                        help="end (exit 0) once the chief has been unreachable this long after it was up")
+    args = parser.parse_args(argv)
+    grace = args.exit_with_chief
+    if grace is not None and not 0 < grace < 86400:
+        sys.stderr.write(f"tfdist server: error: --exit-with-chief must be seconds in (0, 86400), got {grace}\n")
+        return 2
+    return run_server(exit_with_chief=grace)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from tfdist.clean_exit import exit_cleanly
 
-    exit_cleanly(run_server)
+    exit_cleanly(_main)
     sys.exit(1)  # Not reached.

@@ -1,0 +1,190 @@
+"""What ``tfdist-launch --emit slurm`` prints, submitted with ``sbatch --wait`` to a real Slurm cluster.
+
+The ``slurm_cluster`` fixture (tests/conftest.py) starts munged, slurmctld and slurmd on 127.0.0.1 with
+scripts/slurm_local.py, installing Debian's slurm-wlm and munge first when they are missing. Jobs are
+submitted with PATH=/usr/bin:/bin, so they work only because the script pins the interpreter.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+import pytest
+
+from tfdist import _slurm
+
+pytestmark = [pytest.mark.slurm]
+TASKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_tasks.py")
+BASE_PYTHON = os.path.join(sys.base_prefix, "bin", "python3")  # The venv's base interpreter: no tfdist.
+
+
+def emit(*args: str) -> str:
+    """What ``tfdist-launch --emit slurm ARGS`` prints (run by this test's interpreter)."""
+    done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--emit", "slurm", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def task_command(function: str, *args: Any) -> list[str]:
+    return ["python", "-m", "tfdist.cli._function_task", "--file", TASKS_FILE, function, json.dumps(list(args))]
+
+
+def submit(cluster: Any, script: str, workdir: str, *, pythonpath: Optional[str] = None) -> subprocess.Popen:
+    """``sbatch --wait --parsable`` of ``script`` from a bare environment; the job's output goes to workdir."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "job.sbatch")
+    with open(path, "w") as f:
+        f.write(script)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": cluster.conf, "HOME": os.environ.get("HOME", "/root"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath}
+    return subprocess.Popen(["sbatch", "--wait", "--parsable", "--chdir", workdir,
+                             "--output", os.path.join(workdir, "job.out"), path],
+                            env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, cluster: Any, timeout: float) -> tuple[int, dict[str, str], str]:
+    """Waits for ``sbatch --wait``; returns its exit code, the job's record and its output."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env, timeout=30)
+        raise
+    job_id = out.strip().split(";")[0]
+    assert job_id.isdigit(), f"sbatch printed {out!r}, {err!r}"
+    record = job_record(cluster, job_id)
+    with open(os.path.join(record["WorkDir"], "job.out"), errors="replace") as f:
+        output = f.read()
+    return proc.returncode, record, output
+
+
+def job_record(cluster: Any, job_id: str) -> dict[str, str]:
+    """The job as ``scontrol`` keeps it (MinJobAge=900 in the fixture; no slurmdbd here for sacct)."""
+    done = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=cluster.env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return dict(item.split("=", 1) for item in done.stdout.split() if "=" in item)
+
+
+def seconds(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def results(root: str) -> dict[str, dict[str, Any]]:
+    """result-TASK-RESTART.json files, keyed 'task/restart'."""
+    found = {}
+    for path in glob.glob(os.path.join(root, "result-*.json")):
+        with open(path) as f:
+            value = json.load(f)
+        found[f"{value['task']}/{value['restart']}"] = value
+    return found
+
+
+def test_failures_end_the_job_at_once_with_their_code(slurm_cluster: Any, tmp_path: Any) -> None:
+    """No TensorFlow here: three jobs at once, each failing a different way."""
+    show = ("import os, sys, time; t = os.environ['TFDIST_TASK']; "
+            "print('|'.join(['ENV', t, os.environ['TF_CONFIG'], os.environ['TF_CPP_MIN_LOG_LEVEL'], "
+            "os.environ['TF_USE_LEGACY_KERAS'], sys.executable]), flush=True); "
+            "time.sleep(1); sys.exit(7) if t == 'worker:1' else time.sleep(300)")
+    jobs = {
+        # A task exits 7: the job fails within seconds with 7 (srun itself would report 143 for the others).
+        "code7": submit(slurm_cluster, emit("--workers", "3", "--max-restarts", "0", "--", "python", "-c", show),
+                        str(tmp_path / "code7")),
+        # The interpreter has no tfdist: the script stops at once and names it (exit 2, no restarts).
+        "no_tfdist": submit(slurm_cluster, emit("--workers", "2", "--max-restarts", "3", "--python", BASE_PYTHON,
+                                                "--", "true"), str(tmp_path / "no_tfdist"), pythonpath=""),
+        # A command that does not exist: 127 (not retried although restarts are allowed), one line, no traceback.
+        "no_cmd": submit(slurm_cluster, emit("--workers", "2", "--max-restarts", "3", "--", "/no/such/cmd"),
+                         str(tmp_path / "no_cmd")),
+    }
+    done = {name: finish(proc, slurm_cluster, timeout=120) for name, proc in jobs.items()}
+
+    code, record, output = done["code7"]
+    assert code == 7, output
+    assert (record["JobState"], record["ExitCode"]) == ("FAILED", "7:0"), record
+    assert seconds(record["EndTime"]) - seconds(record["StartTime"]) <= 15, record
+    envs = [line.split("|") for line in output.splitlines() if line.startswith("ENV|")]
+    assert len(envs) == 3, output
+    ports = {int(address.rsplit(":", 1)[1]) for address in json.loads(envs[0][2])["cluster"]["worker"]}
+    base = _slurm.job_port_base(int(record["JobId"]), 3, lambda port: True)
+    assert ports == {base, base + 1, base + 2}, (ports, base)  # From SLURM_JOB_ID, not the old fixed 8888.
+    assert {tuple(e[3:6]) for e in envs} == {("2", "1", sys.executable)}, envs  # Pinned, quiet, legacy Keras.
+
+    code, record, output = done["no_tfdist"]
+    assert code == 2 and record["ExitCode"] == "2:0", output
+    assert f"{BASE_PYTHON} cannot import tfdist" in output, output
+    assert "srun" not in output and "restart" not in output, output
+
+    code, record, output = done["no_cmd"]
+    assert code == 127 and record["ExitCode"] == "127:0", output
+    assert "cannot run '/no/such/cmd'" in output and "Traceback" not in output, output
+    assert "restart 1" not in output, output
+
+
+@pytest.mark.multiprocess
+def test_two_mwms_jobs_at_once_one_restarting_with_an_evaluator(slurm_cluster: Any, tmp_path: Any) -> None:
+    """Job A: 2 workers + evaluator, worker:1 crashes after epoch 1, --max-restarts 1. Job B: 2 workers."""
+    root_a, root_b = str(tmp_path / "a"), str(tmp_path / "b")
+    for root in (root_a, root_b):
+        os.makedirs(root)
+    job_a = submit(slurm_cluster, emit("--workers", "2", "--evaluator", "--max-restarts", "1", "--",
+                                       *task_command("slurm_mwms", root_a, 3, 1)), root_a)
+    job_b = submit(slurm_cluster, emit("--workers", "2", "--", *task_command("slurm_mwms", root_b, 2)), root_b)
+    code_a, record_a, output_a = finish(job_a, slurm_cluster, timeout=420)
+    code_b, record_b, output_b = finish(job_b, slurm_cluster, timeout=420)
+    assert (code_b, record_b["JobState"], record_b["ExitCode"]) == (0, "COMPLETED", "0:0"), output_b
+    assert (code_a, record_a["JobState"], record_a["ExitCode"]) == (0, "COMPLETED", "0:0"), output_a
+
+    b = results(root_b)
+    assert sorted(b) == ["worker:0/0", "worker:1/0"], output_b
+    assert b["worker:0/0"]["weights"] == b["worker:1/0"]["weights"]
+    assert b["worker:0/0"]["replicas"] == 2
+
+    a = results(root_a)
+    assert os.path.exists(os.path.join(root_a, "crashed"))
+    assert "step failed with exit code 3; restart 1 of 1" in output_a, output_a
+    assert sorted(a) == ["evaluator:0/1", "worker:0/1", "worker:1/1"], (sorted(a), output_a)
+    assert a["worker:0/1"]["weights"] == a["worker:1/1"]["weights"]
+    for task in ("worker:0/1", "worker:1/1"):
+        assert a[task]["epochs_begun"] == [2], a[task]  # Resumed from the backup of epoch 1, not from 0.
+    evaluator = a["evaluator:0/1"]
+    assert json.loads(evaluator["env"]["TF_CONFIG"])["task"] == {"type": "evaluator", "index": 0}
+    procids = {a[t]["env"]["SLURM_PROCID"] for t in a}
+    assert len(procids) == 3, procids  # The side-car is a Slurm task of its own.
+    assert evaluator["end"] >= max(a[t]["end"] for t in ("worker:0/1", "worker:1/1")) - 1
+    assert evaluator["end"] <= seconds(record_a["EndTime"]) + 1  # It ended with training, not at the limit.
+
+    ports = [set(json.loads(r[t]["env"]["TF_CONFIG"])["cluster"]["worker"]) for r, t in ((a, "worker:0/1"),
+                                                                                        (b, "worker:0/0"))]
+    assert not ports[0] & ports[1], ports
+    for output in (output_a, output_b):
+        assert "Could not start gRPC server" not in output and "already exists" not in output
+
+
+@pytest.mark.multiprocess
+def test_parameter_server_job_ends_when_the_chief_does(slurm_cluster: Any, tmp_path: Any) -> None:
+    root = str(tmp_path)
+    started = time.time()
+    job = submit(slurm_cluster, emit("--chief", "--workers", "2", "--ps", "1", "--time", "30",
+                                     "--", *task_command("slurm_ps", root)), root)
+    code, record, output = finish(job, slurm_cluster, timeout=420)
+    assert (code, record["JobState"], record["ExitCode"]) == (0, "COMPLETED", "0:0"), output
+    chief = results(root)["chief:0/0"]
+    assert chief["is_ps"], chief
+    lag = seconds(record["EndTime"]) - chief["end"]
+    assert lag <= 15, (lag, output)  # Not at the time limit (30 min), and no 137 from srun --wait.
+    for task in ("ps:0", "worker:0", "worker:1"):  # Each server saw the chief go and left by itself.
+        assert re.search(rf"Chief at \S+ gone for \d+s: the coordinator is done, stopping", output), output
+        assert f"TensorFlow server {task} stopping" in output, output
+    assert output.count("the coordinator is done") == 3, output
+    assert "CANCELLED" not in output and "Terminated" not in output, output
+    assert seconds(record["EndTime"]) - started < 400
