@@ -163,7 +163,11 @@ def ready_then_fit(seconds: float) -> dict[str, Any]:
 
 
 def mwms_pipeline(prefix: str) -> dict[str, Any]:
-    """Reads this worker's share (from TF_CONFIG) for one epoch, then fits one epoch on it under MWMS."""
+    """Reads this worker's share (from TF_CONFIG) for one epoch, then fits and evaluates on it under MWMS.
+
+    The global batch (24) divides neither the data nor a worker's share, so the last batches are partial
+    and the workers' step counts may differ: ``examples`` counts what fit and evaluate really consumed.
+    """
     import tfdist
 
     strategy = tfdist.build_strategy("auto", communication="ring")
@@ -172,9 +176,20 @@ def mwms_pipeline(prefix: str) -> dict[str, Any]:
     from tfdist import keras
     from tfdist.data import TFRecordPipeline
 
+    class Examples(keras.metrics.Metric):  # Summed over replicas and workers, like every Keras metric.
+        def __init__(self) -> None:
+            super().__init__(name="examples")
+            self.count = self.add_weight(name="count", initializer="zeros", dtype=tf.float32)
+
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            self.count.assign_add(tf.cast(tf.shape(y_true)[0], tf.float32))
+
+        def result(self) -> Any:
+            return self.count
+
     features = {"x": tf.io.FixedLenFeature([8], tf.float32), "id": tf.io.FixedLenFeature([], tf.int64),
                 "label": tf.io.FixedLenFeature([], tf.int64)}
-    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=32, label_key="label",
+    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=24, label_key="label",
                                 shuffle_buffer=100, seed=1)
     ids = [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
     import dataclasses
@@ -182,9 +197,12 @@ def mwms_pipeline(prefix: str) -> dict[str, Any]:
     supervised = dataclasses.replace(pipeline, as_supervised=True)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Lambda(lambda f: f["x"]), keras.layers.Dense(3)])
-        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[Examples()])
     history = model.fit(supervised.dataset(), epochs=1, verbose=0)
-    return {"ids": ids, "plan": pipeline.plan(2).policy, "loss": history.history["loss"][-1]}
+    evaluated = model.evaluate(supervised.dataset(), verbose=0, return_dict=True)
+    return {"ids": ids, "plan": pipeline.plan(2).policy, "loss": history.history["loss"][-1],
+            "fit_examples": history.history["examples"][-1], "evaluated": evaluated["examples"]}
 
 
 def service_consumer(prefix: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import collections
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -37,6 +38,16 @@ def _skewed(n: int = 1000) -> list[tf.train.Example]:
     return [_example(i, label) for i, label in enumerate(labels)]
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def _ids(pipeline: TFRecordPipeline, workers: int, worker: int) -> list[int]:
     context = tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=worker,
                                          num_replicas_in_sync=workers)
@@ -64,7 +75,11 @@ class WriterTest(parameterized.TestCase):
         self.assertLen(paths, 6)
         self.assertEqual(seen[-1], 1000)
         self.assertEqual(read_manifest(prefix)["classes"], {"0": 900, "1": 90, "2": 10})
-        self.assertEqual(gzip.open(paths[0]).read(2), gzip.open(paths[0]).read(2))  # Really gzip.
+        for path in paths:  # Really gzip: the magic bytes, and a stream gzip can read to its end.
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(2), b"\x1f\x8b")
+            with gzip.open(path) as f:
+                self.assertGreater(len(f.read()), 0)
 
     @parameterized.named_parameters(
         ("no_shards", {"num_shards": 0}, "`num_shards`. Received: 0"),
@@ -87,6 +102,11 @@ class ShardingTest(parameterized.TestCase):
         examples = [_example(i % 600, i % 3) for i in range(1200)]
         cls.prefix = os.path.join(cls.dir, "data")
         write_tfrecords(examples, cls.prefix, num_shards=6)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.dir, ignore_errors=True)
+        super().tearDownClass()
 
     @parameterized.product(workers=(2, 3), policy=("file", "data", "hash"))
     def test_each_record_exactly_once(self, workers: int, policy: str) -> None:
@@ -149,7 +169,7 @@ class StratifiedTest(parameterized.TestCase):
         for worker in range(2):  # One file per class, two workers: each class is split by record.
             seen += _ids(pipeline, 2, worker)
         self.assertLen(seen, 240)
-        self.assertTrue(set(seen) <= set(range(240)))
+        self.assertEqual(set(seen), set(range(240)))  # 240 distinct ids: none duplicated, none lost.
 
     def test_unpartitioned_fallback_resamples(self) -> None:
         # Rejection resampling reads sum(p/a) records per output: ~3 here (60/30/10), ~50 for 90/9/1 data.
@@ -209,22 +229,22 @@ class CorruptTest(parameterized.TestCase):
 
     def test_truncated_file_raises_naming_it(self) -> None:
         good, bad = self._files()
-        data = open(bad, "rb").read()
-        open(bad, "wb").write(data[: len(data) // 2])
+        data = _read(bad)
+        _write(bad, data[: len(data) // 2])
         pipeline = TFRecordPipeline(files=[good, bad], features=FEATURES, batch_size=10)
         with pytest.raises(DataError, match=rf"Corrupt TFRecord file {bad}: truncated record at byte \d+"):
             pipeline.dataset()
 
     def test_garbage_file_raises_naming_it(self) -> None:
         good, bad = self._files()
-        open(bad, "wb").write(os.urandom(3000))
+        _write(bad, os.urandom(3000))
         with pytest.raises(DataError, match=rf"{bad}: corrupt record header at byte 0"):
             TFRecordPipeline(files=[good, bad], features=FEATURES, batch_size=10).dataset()
 
     def test_skip_keeps_the_good_records_and_counts_the_loss(self) -> None:
         good, bad = self._files()
-        data = open(bad, "rb").read()
-        open(bad, "wb").write(data[: len(data) // 2] + b"\x00" * 7)
+        data = _read(bad)
+        _write(bad, data[: len(data) // 2] + b"\x00" * 7)
         pipeline = TFRecordPipeline(files=[good, bad], features=FEATURES, batch_size=10, on_corrupt="skip",
                                     drop_remainder=False)
         kept = sum(len(b["id"]) for b in pipeline.dataset())
@@ -237,8 +257,8 @@ class CorruptTest(parameterized.TestCase):
     def test_compressed_files_are_checked_with_verify_all(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "z")
         good, bad = write_tfrecords(_skewed(200), prefix, num_shards=2, compression="GZIP")
-        raw = gzip.decompress(open(bad, "rb").read())
-        open(bad, "wb").write(gzip.compress(raw[:-5]))
+        raw = gzip.decompress(_read(bad))
+        _write(bad, gzip.compress(raw[:-5]))
         with pytest.raises(DataError, match=rf"{bad}: truncated record"):
             TFRecordPipeline(files=[good, bad], features=FEATURES, batch_size=10, verify="all").dataset()
 

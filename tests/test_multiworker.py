@@ -68,14 +68,17 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         write_tfrecords((tf.train.Example(features=tf.train.Features(feature={
             "x": tf.train.Feature(float_list=tf.train.FloatList(value=rng.normal(size=8))),
             "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))})) for i in range(640)),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))})) for i in range(643)),
             prefix, num_shards=4)
         run = testing.run_cluster(cluster_tasks.mwms_pipeline, workers=2, timeout=180, args=[prefix])
         self.assertTrue(run.ok, run.result.summary())
         a, b = run.values["worker:0"], run.values["worker:1"]
-        self.assertEqual(sorted(a["ids"] + b["ids"]), list(range(640)))  # Each record once per epoch.
-        self.assertEqual((len(a["ids"]), len(b["ids"]), a["plan"]), (320, 320, "file"))
+        self.assertEqual(sorted(a["ids"] + b["ids"]), list(range(643)))  # Each record once per epoch.
+        self.assertEqual((len(a["ids"]), len(b["ids"]), a["plan"]), (322, 321, "file"))  # Uneven shares.
         self.assertAlmostEqual(a["loss"], b["loss"], places=5)
+        # Partial and uneven last batches: fit and evaluate still see every record once.
+        self.assertEqual((a["fit_examples"], b["fit_examples"]), (643, 643))
+        self.assertEqual((a["evaluated"], b["evaluated"]), (643, 643))
 
     def test_launcher_data_service_splits_records_between_workers(self) -> None:
         import tensorflow as tf

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 from tfdist._names import describe_choices
-from tfdist.data import _context, _decode, _framing
+from tfdist.data import _batching, _context, _decode, _framing
 from tfdist.data.remote import ensure_filesystem
 from tfdist.data.sampling import Weights, resolve_weights, stratified_sample
 from tfdist.data.sharding import SHARD_POLICIES, ShardPlan, plan_shards
@@ -71,6 +71,9 @@ class TFRecordPipeline:
         ``class_groups()`` order: integer labels ascending). Reads per-class shard groups
         written with ``write_tfrecords(partition_by=label_key)``; otherwise
         falls back to rejection resampling (reads more data to keep the mix).
+        A finite epoch in the data's own mix ('natural') reads each record
+        once; any other mix draws as many records as the worker's share,
+        re-drawing small classes and leaving part of large ones unread.
       num_classes: Classes 0..n-1 for the unpartitioned fallback.
       sample_block: Records drawn per class choice when stratifying (see
         :func:`stratified_sample`). 4 (default) keeps stratified reading
@@ -89,7 +92,10 @@ class TFRecordPipeline:
       augment: Random left-right flips (seeded) of decoded images.
       deterministic: Keep element order reproducible (slower interleave).
       as_supervised: Yield (features, label) pairs for ``fit``.
-      drop_remainder: Drop the last partial batch (static shapes).
+      drop_remainder: Drop the last partial batch for a static batch shape.
+        Off by default: a finite epoch keeps every record (tf.distribute
+        handles partial and uneven batches). When on, what is dropped is
+        logged with its count.
       prefetch: Batches to prefetch, or 'autotune'.
       num_parallel_reads: Files read at once, or 'autotune'.
       cache: Cache parsed elements in memory (True) or in a file (a path).
@@ -119,7 +125,7 @@ class TFRecordPipeline:
     augment: bool = False
     deterministic: bool = True
     as_supervised: bool = False
-    drop_remainder: bool = True
+    drop_remainder: bool = False
     prefetch: Union[int, str] = "autotune"
     num_parallel_reads: Union[int, str] = "autotune"
     cache: Union[bool, str] = False
@@ -283,16 +289,20 @@ class TFRecordPipeline:
         if not groups:
             records = records.repeat(self.num_epochs)
         fallback = self.class_weights is not None and not groups
+        batching = dict(drop_remainder=self.drop_remainder, finite=self.num_epochs is not None,
+                        where=f"{where.index}/{where.count}",
+                        # The drop count is taken in this process; not where the pipeline runs elsewhere.
+                        logged=self.data_service is None and tf.executing_eagerly())
         if self.parse_fn is not None or fallback:
             dataset = self._parse_elements(records)
             if fallback:
                 dataset = self._resample(dataset)
-            dataset = dataset.batch(where.batch_size, drop_remainder=self.drop_remainder,
-                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
+            dataset = _batching.batch(dataset, where.batch_size, parallel=True, deterministic=self.deterministic,
+                                      **batching)
         else:
             # Batch the serialized records first, then parse (and decode) a whole batch per map call: one
             # tf.data element per batch instead of per record (measured in BENCHMARKS.md).
-            dataset = records.batch(where.batch_size, drop_remainder=self.drop_remainder).map(
+            dataset = _batching.batch(records, where.batch_size, **batching).map(
                 self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
         if self.cache:
             dataset = dataset.cache("" if self.cache is True else str(self.cache))
@@ -362,10 +372,19 @@ class TFRecordPipeline:
         weights = self.class_weights
         if isinstance(weights, Mapping):
             weights = {str(k): v for k, v in weights.items()}
+        mix = resolve_weights(weights, counts=counts) if not _is_variable(weights) else "a tf.Variable"
+        total = sum(counts.values())
+        natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
+        if natural and self.num_epochs is not None:
+            # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
+            per_class = {label: data.repeat(self.num_epochs) for label, data in per_class.items()}
+            sampled = stratified_sample(per_class, weights, counts=counts, seed=self.seed,  # type: ignore[arg-type]
+                                        block=self.sample_block, on_exhausted="drop")
+            return sampled, f"stratified over {len(groups)} class shard groups, natural mix, each record once"
+        # Any other mix re-draws small classes and leaves part of large ones unread in an epoch (its purpose).
         sampled = stratified_sample(per_class, weights, counts=counts, seed=self.seed,  # type: ignore[arg-type]
                                     block=self.sample_block)
         sampled = sampled.take(epoch * self.num_epochs) if self.num_epochs is not None else sampled
-        mix = resolve_weights(weights, counts=counts) if not _is_variable(weights) else "a tf.Variable"
         return sampled, f"stratified over {len(groups)} class shard groups, mix {mix}, {epoch} records per epoch"
 
     def _records_in(self, files: Sequence[tuple[str, int]]) -> int:
