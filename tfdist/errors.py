@@ -26,7 +26,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import math
+from collections.abc import Iterable
+from typing import Any, Optional, TypeVar
 
 __all__ = [
     "Error",
@@ -42,6 +44,9 @@ __all__ = [
     "EngineError",
     "invalid",
     "require_int",
+    "require_number",
+    "require_type",
+    "check_keywords",
 ]
 
 _UNSET: Any = object()
@@ -133,7 +138,7 @@ def require_int(cls: type[_E], field: str, value: Any, *, minimum: int, fix: str
     """
     too_big = maximum is not None and isinstance(value, int) and value > maximum
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
-        expected = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+        expected = f"an integer >= {minimum}" + ("" if maximum is None else f" and <= {maximum}")
         raise invalid(cls, field, value, expected, fix)
     return value
 
@@ -162,3 +167,65 @@ def invalid(cls: type[_E], field: str, value: Any, expected: str, fix: str = "")
     if fix:
         message += f" {fix}"
     return cls(message, field=field, value=value, expected=expected, fix=fix)
+
+
+def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[float] = None,
+                   above: Optional[float] = None, allow_none: bool = False, fix: str = "") -> Any:
+    """Returns ``value`` if it is a finite real number (bools refused) within the bounds; else raises ``cls``.
+
+    ``minimum`` is inclusive, ``above`` exclusive; ``allow_none`` lets ``None`` through.
+
+    Example:
+        >>> require_number(PlanError, "latency", 5e-5, minimum=0)
+        5e-05
+        >>> require_number(LaunchError, "timeout", "5", above=0).field
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.LaunchError: Invalid value for `timeout`. Received: '5'. Expected a number > 0.
+    """
+    if value is None and allow_none:
+        return value
+    in_range = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and (minimum is None or value >= minimum) and (above is None or value > above))
+    if not in_range:
+        bounds = [f">= {minimum:g}"] if minimum is not None else []
+        bounds += [f"> {above:g}"] if above is not None else []
+        expected = "a number" + (" " + " and ".join(bounds) if bounds else "") + (" or None" if allow_none else "")
+        raise invalid(cls, field, value, expected, fix)
+    return value
+
+
+def require_type(cls: type[_E], field: str, value: Any, types: type | tuple[type, ...], expected: str,
+                 fix: str = "") -> Any:
+    """Returns ``value`` if it is an instance of ``types`` (bools only where ``bool`` is named); else raises ``cls``.
+
+    Example:
+        >>> require_type(LaunchError, "host", "127.0.0.1", str, "a host name or address")
+        '127.0.0.1'
+    """
+    wanted = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+        raise invalid(cls, field, value, expected, fix)
+    return value
+
+
+def check_keywords(cls: type[_E], field: str, given: Iterable[str], allowed: Iterable[str], fix: str = "") -> None:
+    """Raises ``cls`` naming the first unknown keyword in ``given`` and the closest allowed one.
+
+    Example:
+        >>> check_keywords(LaunchError, "options", ["timeot"], ["timeout", "workers"])
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.LaunchError: Invalid value for `options`. Received: ['timeot']. Expected keyword options among \
+'timeout', 'workers' (did you mean 'timeout'?).
+    """
+    from tfdist._names import closest
+
+    allowed = sorted(allowed)
+    unknown = sorted(str(name) for name in set(given) - set(allowed))
+    if unknown:
+        expected = "keyword options among " + ", ".join(repr(name) for name in allowed)
+        guess = closest(unknown[0], allowed)
+        if guess is not None:
+            expected += f" (did you mean {guess!r}?)"
+        raise invalid(cls, field, unknown, expected, fix)
