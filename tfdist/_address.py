@@ -6,7 +6,7 @@ import contextlib
 import re
 import socket
 
-from tfdist.errors import ClusterSpecError, invalid
+from tfdist.errors import ClusterSpecError, LaunchFailure, invalid
 
 _HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?)"
 _ADDRESS = re.compile(rf"^(?P<host>{_HOST}):(?P<port>[0-9]{{1,5}})$")
@@ -56,8 +56,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(count):
-            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            sock.bind((host, 0))
+            try:
+                sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+                sock.bind((host, 0))
+            except OSError as err:
+                raise LaunchFailure(f"Cannot pick a free port on {host!r}: {err}. Check that the host is an "
+                                    "address of this machine and that ports and file descriptors are left.",
+                                    field="host", value=host) from err
             ports.append(sock.getsockname()[1])
         return ports
 

@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from tfdist import _address, _cluster_parse, _slurm
-from tfdist.errors import ClusterSpecError, invalid, require_int
+from tfdist.errors import ClusterSpecError, invalid, require_int, require_type
 
 __all__ = ["ClusterSpec", "Task", "JOB_NAMES", "current_cluster"]
 
 JOB_NAMES = _cluster_parse.JOB_NAMES
 TF_CONFIG_VAR = "TF_CONFIG"
+# Tasks per job that tfdist builds or launches (a sanity bound; ports run out long before it on one machine).
+MAX_TASKS_PER_JOB = 10_000
 
 
 def current_cluster(env: Mapping[str, str] | None = None) -> Optional["ClusterSpec"]:
@@ -142,7 +144,11 @@ class ClusterSpec:
             3
         """
         for name, value in (("workers", workers), ("ps", ps)):
-            require_int(ClusterSpecError, name, value, minimum=0)
+            require_int(ClusterSpecError, name, value, minimum=0, maximum=MAX_TASKS_PER_JOB,
+                        fix="A local cluster runs every task on this machine.")
+        for name, flag in (("chief", chief), ("evaluator", evaluator)):
+            require_type(ClusterSpecError, name, flag, bool, "True or False")
+        require_type(ClusterSpecError, "host", host, str, "a host name or address of this machine")
         if workers == 0 and not chief:
             raise invalid(ClusterSpecError, "workers", workers, "at least one training task",
                           "Pass workers >= 1, or chief=True.")

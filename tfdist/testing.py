@@ -63,8 +63,11 @@ def command_for(target: Target, args: Sequence[Any] = ()) -> list[str]:
         if "<locals>" in function:
             raise invalid(LaunchError, "target", function, "a module-level function", "Move it to module level.")
         where = ["--file", inspect.getfile(target)]
-    else:
+    elif isinstance(target, Sequence) and not isinstance(target, bytes) and target and all(
+            isinstance(arg, str) for arg in target):
         return list(target)
+    else:
+        raise invalid(LaunchError, "target", target, "'module:function', a function or a command list")
     return [sys.executable, "-m", "tfdist.cli._function_task", *where, function, json.dumps(list(args))]
 
 

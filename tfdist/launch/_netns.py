@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import LaunchError
+from tfdist.errors import LaunchFailure
 from tfdist.launch.config import KillAt, LaunchConfig
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
@@ -38,14 +38,14 @@ def loopback_up() -> None:
 
 
 def unshare_argv() -> list[str]:
-    """The ``unshare`` prefix that works here; LaunchError where none does."""
+    """The ``unshare`` prefix that works here; LaunchFailure where none does."""
     if shutil.which("unshare") is None:
-        raise LaunchError("--isolate-network needs the 'unshare' command (util-linux); install it, or run "
+        raise LaunchFailure("--isolate-network needs the 'unshare' command (util-linux); install it, or run "
                           "without --isolate-network.")
     argv = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
     probe = subprocess.run(argv + ["true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
-        raise LaunchError(f"--isolate-network is unavailable: `{' '.join(argv)} true` failed with "
+        raise LaunchFailure(f"--isolate-network is unavailable: `{' '.join(argv)} true` failed with "
                           f"{probe.stderr.strip() or probe.returncode!r}. Run as root or enable unprivileged user "
                           "namespaces (sysctl kernel.unprivileged_userns_clone=1), or drop --isolate-network.")
     return argv
@@ -110,7 +110,7 @@ def run_isolated(config: LaunchConfig, *, on_line: Optional[Callable[[str, str],
             for reader in readers:
                 reader.join(5)
         if not os.path.exists(result_path):
-            raise LaunchError(f"The isolated launcher exited with {proc.returncode} before reporting a result; "
+            raise LaunchFailure(f"The isolated launcher exited with {proc.returncode} before reporting a result; "
                               "see the status lines above.")
         with open(result_path) as f:
             data = json.load(f)

@@ -15,10 +15,11 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 from tfdist._names import describe_choices
-from tfdist.errors import LaunchError, invalid, require_int
+from tfdist.cluster import MAX_TASKS_PER_JOB
+from tfdist.errors import LaunchError, invalid, require_int, require_number, require_type
 
 __all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES"]
 
@@ -137,19 +138,36 @@ class LaunchConfig:
     data_service_workers: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "command", tuple(self.command))
-        object.__setattr__(self, "kills", tuple(KillAt.parse(k) if isinstance(k, str) else k for k in self.kills))
+        command = _iterable(self.command)
+        kills = tuple(KillAt.parse(k) if isinstance(k, str) else k for k in _iterable(self.kills))
+        if isinstance(self.command, str) or not all(isinstance(arg, str) for arg in command):
+            raise invalid(LaunchError, "command", self.command, "a sequence of strings (argv)",
+                          "Example: command=('python', 'train.py').")
+        if not all(isinstance(kill, KillAt) for kill in kills):
+            raise invalid(LaunchError, "kills", self.kills, "a sequence of KillAt or 'TASK:INDEX@...' strings",
+                          "Build them with KillAt.parse().")
+        if not isinstance(self.env, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in self.env.items()):
+            raise invalid(LaunchError, "env", self.env, "a mapping of strings to strings")
+        for name in ("chief", "evaluator", "isolate_network"):
+            require_type(LaunchError, name, getattr(self, name), bool, "True or False")
+        require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")
+        require_type(LaunchError, "run_on", self.run_on, str, describe_choices("", RUN_ON_CHOICES))
+        require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
+        object.__setattr__(self, "command", command)
+        object.__setattr__(self, "kills", kills)
         object.__setattr__(self, "env", dict(self.env))
         if not self.command:
             raise invalid(LaunchError, "command", [], "a program to run after '--'",
                           "Example: tfdist-launch --workers 2 -- python train.py")
         for name, minimum in (("workers", 1), ("ps", 0), ("max_restarts", 0), ("data_service_workers", 0)):
             fix = "A cluster trains on at least one worker." if name == "workers" else ""
-            require_int(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=minimum, fix=fix)
-        if self.threads_per_task is not None and self.threads_per_task < 1:
-            raise invalid(LaunchError, "--threads-per-task", self.threads_per_task, "an integer >= 1")
-        if self.timeout is not None and self.timeout <= 0:
-            raise invalid(LaunchError, "--timeout", self.timeout, "seconds > 0")
+            require_int(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=minimum, fix=fix,
+                        maximum=MAX_TASKS_PER_JOB)
+        if self.threads_per_task is not None:
+            require_int(LaunchError, "--threads-per-task", self.threads_per_task, minimum=1)
+        require_number(LaunchError, "--timeout", self.timeout, above=0, allow_none=True, fix="Seconds, e.g. 600.")
+        require_number(LaunchError, "grace_seconds", self.grace_seconds, minimum=0)
         if self.run_on not in RUN_ON_CHOICES:
             raise invalid(LaunchError, "--run-on", self.run_on, describe_choices(self.run_on, RUN_ON_CHOICES))
         if self.run_on == "chief" and not self.chief:
@@ -193,3 +211,11 @@ class LaunchConfig:
     def runs_command(self, task: str) -> bool:
         """True when ``task`` ('type:index') runs the user's command."""
         return task.split(":")[0] in self.cmd_task_types()
+
+
+def _iterable(value: Any) -> tuple[Any, ...]:
+    """``value`` as a tuple, or a tuple holding it when it is not iterable (so checks can reject it)."""
+    try:
+        return tuple(value)
+    except TypeError:
+        return (value,)

@@ -23,8 +23,9 @@ from types import FrameType
 from typing import Any, Optional
 
 from tfdist import _address
+from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import LaunchError
+from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
 from tfdist.launch import _env
 from tfdist.launch._process import Child, LineSink
 from tfdist.launch.config import KillAt, LaunchConfig
@@ -39,6 +40,7 @@ EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
                     "cluster unreachable from outside.")
 _TIMEOUT_CODE, _TAIL = 124, 15
+_OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(LaunchConfig))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +79,7 @@ class LaunchResult:
         for result in self.tasks:
             if result.task == name:
                 return result
-        raise KeyError(f"No task {name!r}; tasks are {[t.task for t in self.tasks]}.")
+        raise invalid(LaunchError, "task", name, describe_choices(str(name), [t.task for t in self.tasks]))
 
     def summary(self) -> str:
         """A few lines for people: the outcome and, on failure, the failing task's last lines."""
@@ -98,7 +100,7 @@ def _pick_cluster(config: LaunchConfig) -> ClusterSpec:
         if not taken:
             return spec
         _log.info("Ports %s were taken before start; picking again.", taken)
-    raise LaunchError("Could not find free ports for the cluster after 10 tries; is the machine out of ports?")
+    raise LaunchFailure("Could not find free ports for the cluster after 10 tries; is the machine out of ports?")
 
 
 class _Supervisor:
@@ -278,7 +280,9 @@ def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = Fals
 
     Raises:
       LaunchError: The configuration is invalid; nothing was started.
+      LaunchFailure: The cluster could not be started here (no free ports, no network namespace).
     """
-    config = LaunchConfig(command=tuple(command), workers=workers, ps=ps, chief=chief, evaluator=evaluator,
-                          **options)
+    check_keywords(LaunchError, "options", options, _OPTION_NAMES - {"command", "workers", "ps", "chief", "evaluator"},
+                   "See tfdist.launch.LaunchConfig for the options.")
+    config = LaunchConfig(command=command, workers=workers, ps=ps, chief=chief, evaluator=evaluator, **options)
     return run_config(config, on_line=on_line, on_status=on_status, base_env=base_env)
