@@ -18,7 +18,7 @@ import re
 from typing import Any, Optional
 
 from tfdist._names import describe_choices
-from tfdist.errors import PlanError, invalid, require_int
+from tfdist.errors import PlanError, invalid, require_int, require_number, require_type
 
 __all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS", "EmbeddingTraffic",
            "embedding_traffic"]
@@ -29,6 +29,10 @@ _SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _NUMBER = r"(?P<value>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*"
+# Each kind parse_quantity reads, with examples for its error message.
+_KINDS = {"count": "a count such as '25.6M' or '7B'", "bytes": "a size such as '16GiB' or '80GB'",
+          "time": "a time such as '50us', '2ms' or '0.1s'",
+          "bandwidth": "a bandwidth such as '10Gbps', '100Mbit/s' or '1.25GB/s'"}
 
 
 def parse_quantity(text: Any, kind: str = "count") -> float:
@@ -39,9 +43,13 @@ def parse_quantity(text: Any, kind: str = "count") -> float:
         >>> parse_quantity("10Gbps", "bandwidth"), parse_quantity("16GiB", "bytes"), round(parse_quantity("50us", "time"), 9)
         (1250000000.0, 17179869184.0, 5e-05)
     """
+    if not isinstance(kind, str) or kind not in _KINDS:
+        raise invalid(PlanError, "kind", kind, describe_choices(str(kind), _KINDS))
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)
-    raw = str(text).strip()
+    if not isinstance(text, str):
+        raise invalid(PlanError, kind, text, f"a number, or {_KINDS[kind]}")
+    raw = text.strip()
     low = raw.lower()
     patterns = {
         "count": (rf"^{_NUMBER}(?P<unit>[kmgt]?)$", lambda v, u: v * _SI[u]),
@@ -54,15 +62,12 @@ def parse_quantity(text: Any, kind: str = "count") -> float:
             value = float(match.group("value")) * _SI[match.group("unit")]
             bits = match.group("what") in ("bps", "bit/s") or (match.group("what") == "b/s" and "B/s" not in raw)
             return value / 8 if bits else value
-        expected = "a bandwidth such as '10Gbps', '100Mbit/s' or '1.25GB/s'"
     else:
         pattern, convert = patterns[kind]
         match = re.match(pattern, low)
         if match:
             return convert(float(match.group("value")), match.group("unit"))
-        expected = {"count": "a count such as '25.6M' or '7B'", "bytes": "a size such as '16GiB' or '80GB'",
-                    "time": "a time such as '50us', '2ms' or '0.1s'"}[kind]
-    raise invalid(PlanError, kind, raw, expected)
+    raise invalid(PlanError, kind, raw, _KINDS[kind])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,16 +107,22 @@ class Plan:
     embedding_touched: float = 0.0
 
     def __post_init__(self) -> None:
+        quantity = "Pass a number; parse_quantity() reads strings such as '25.6M' or '10Gbps'."
         for name in ("params", "bandwidth"):
-            if getattr(self, name) <= 0:
-                raise invalid(PlanError, name, getattr(self, name), "a value > 0")
-        if self.latency < 0:
-            raise invalid(PlanError, "latency", self.latency, "a time >= 0")
+            require_number(PlanError, name, getattr(self, name), above=0, fix=quantity)
+        require_number(PlanError, "latency", self.latency, minimum=0, fix=quantity)
+        for name in ("device_memory", "compute_s"):
+            require_number(PlanError, name, getattr(self, name), above=0, allow_none=True, fix=quantity)
+        for name in ("embedding_values", "embedding_touched"):
+            require_number(PlanError, name, getattr(self, name), minimum=0, fix=quantity)
+        if self.ps_shards is not None:
+            require_int(PlanError, "ps_shards", self.ps_shards, minimum=1)
+        require_type(PlanError, "optimizer", self.optimizer, str, describe_choices("", OPTIMIZER_SLOTS))
         for name in ("workers", "gpus_per_worker"):
             require_int(PlanError, name, getattr(self, name), minimum=1)
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise invalid(PlanError, "optimizer", self.optimizer, describe_choices(self.optimizer, OPTIMIZER_SLOTS))
-        if self.bytes_per_value not in (2, 4):
+        if self.bytes_per_value not in (2, 4) or isinstance(self.bytes_per_value, bool):
             raise invalid(PlanError, "bytes_per_value", self.bytes_per_value, "4 (fp32) or 2 (fp16/bf16)")
         if not 0 <= self.embedding_values <= self.params:
             raise invalid(PlanError, "embedding_values", self.embedding_values, f"between 0 and params ({self.params:g})")
@@ -283,9 +294,10 @@ def embedding_traffic(*, table_values: float, values_touched_per_step: float, wo
         500.0
     """
     for name, value in (("table_values", table_values), ("values_touched_per_step", values_touched_per_step)):
-        if value <= 0:
-            raise invalid(PlanError, name, value, "a value > 0")
+        require_number(PlanError, name, value, above=0)
     require_int(PlanError, "workers", workers, minimum=2, fix="An all-reduce needs at least 2 workers.")
+    if bytes_per_value not in (2, 4) or isinstance(bytes_per_value, bool):
+        raise invalid(PlanError, "bytes_per_value", bytes_per_value, "4 (fp32) or 2 (fp16/bf16)")
     ps_bytes = 2.0 * values_touched_per_step * bytes_per_value
     allreduce_bytes = 2 * (workers - 1) / workers * table_values * bytes_per_value
     return EmbeddingTraffic(ps_bytes=ps_bytes, allreduce_bytes=allreduce_bytes, ratio=allreduce_bytes / ps_bytes)

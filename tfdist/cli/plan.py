@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from tfdist.plan import OPTIMIZER_SLOTS, Plan, PlanError, parse_quantity
+from tfdist.errors import PlanError, invalid
+from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -34,8 +35,10 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 def run(args: argparse.Namespace) -> int:
     try:
         if bool(args.embedding_values) != bool(args.embedding_touched):
-            raise PlanError("Invalid value for `--embedding-touched`/`--embedding-values`. Received: only one. "
-                            "Expected both, e.g. --embedding-values 320M --embedding-touched 20k.")
+            given = "--embedding-values" if args.embedding_values else "--embedding-touched"
+            raise invalid(PlanError, given, args.embedding_values or args.embedding_touched,
+                          "both --embedding-values and --embedding-touched",
+                          "Pass both, e.g. --embedding-values 320M --embedding-touched 20k.")
         embedding_values = parse_quantity(args.embedding_values) if args.embedding_values else 0.0
         embedding_touched = parse_quantity(args.embedding_touched) if args.embedding_touched else 0.0
         plan = Plan(params=parse_quantity(args.params), workers=args.workers, gpus_per_worker=args.gpus_per_worker,
