@@ -17,7 +17,7 @@ import tfdist
 from tfdist import testing
 from tfdist.autotune import CollectiveTuning
 from tfdist.collective import CollectiveConfig, payload_bytes
-from tfdist.errors import StrategyError
+from tfdist.errors import StorageError, StrategyError
 
 
 @pytest.mark.multiprocess
@@ -148,8 +148,10 @@ class TuningFileTest(absltest.TestCase):
             CollectiveTuning.load(self.path)
 
     def test_rejects_missing_file(self) -> None:
-        with pytest.raises(StrategyError, match=r"`tuning`.*Received: '/nonexistent/t.json'.*readable"):
+        with pytest.raises(StorageError, match=r"Cannot read the tuning file '/nonexistent/t.json'") as caught:
             CollectiveTuning.load("/nonexistent/t.json")
+        self.assertEqual((caught.value.field, caught.value.value), ("tuning", "/nonexistent/t.json"))
+        self.assertNotIsInstance(caught.value, ValueError)
 
     def test_build_strategy_loads_the_pack_size_and_explicit_options_win(self) -> None:
         from tfdist.strategy import resolve_options
@@ -157,7 +159,7 @@ class TuningFileTest(absltest.TestCase):
         CollectiveTuning(bytes_per_pack=2 << 20, split_bytes=2 << 20).save(self.path)
         self.assertEqual(resolve_options(tuning=self.path).bytes_per_pack, 2 << 20)
         self.assertEqual(resolve_options(tuning=self.path, bytes_per_pack=1024).bytes_per_pack, 1024)
-        with pytest.raises(StrategyError, match=r"`tuning`.*Received: '/nonexistent.json'"):
+        with pytest.raises(StorageError, match=r"tuning file '/nonexistent.json'"):
             tfdist.build_strategy("default", tuning="/nonexistent.json")
 
 

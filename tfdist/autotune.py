@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist.collective import CollectiveConfig, all_reduce_sum
-from tfdist.errors import StrategyError, invalid
+from tfdist.errors import StorageError, StrategyError, invalid
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -89,9 +89,14 @@ class CollectiveTuning(CollectiveConfig):
         """Reads a file written by :meth:`save`."""
         try:
             with open(path, encoding="utf-8") as f:
-                body = json.load(f)
-        except (OSError, ValueError) as err:
-            raise invalid(StrategyError, "tuning", os.fspath(path), "a readable tuning JSON file",
+                text = f.read()
+        except OSError as err:
+            raise StorageError(f"Cannot read the tuning file {os.fspath(path)!r}: {err}. Check the path, or write "
+                               "it with CollectiveTuning.save().", field="tuning", value=os.fspath(path)) from err
+        try:
+            body = json.loads(text)
+        except ValueError as err:
+            raise invalid(StrategyError, "tuning", os.fspath(path), "a tuning JSON file",
                           f"Write it with CollectiveTuning.save() ({err}).") from err
         if not isinstance(body, dict) or body.pop("format", None) != _FORMAT:
             raise invalid(StrategyError, "tuning", os.fspath(path), f"a JSON object with format '{_FORMAT}'",

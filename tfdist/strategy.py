@@ -9,15 +9,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec, current_cluster
-from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.errors import StrategyError, check_keywords, invalid, require_int
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -166,12 +167,7 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
     spec = _resolve_cluster(cluster)
     if spec is not None:
         _log.info("Cluster: %s", spec.describe())
-    try:
-        strategy = _BUILDERS[kind](opts, spec)
-    except RuntimeError as err:
-        if "startup" in str(err) or "after initialization" in str(err):
-            raise StrategyError(f"Cannot build the '{kind}' strategy now: {err}. {_STARTUP_FIX}") from err
-        raise
+    strategy = _BUILDERS[kind](opts, spec)
     _log.info("Built %s with %d replica(s) in sync.", type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
 
@@ -190,11 +186,8 @@ def resolve_options(*, tuning: Union[str, "os.PathLike[str]", "CollectiveTuning"
         loaded = CollectiveTuning.of(tuning)
         options = {**loaded.strategy_options(), **options}
         _log.info("Collective tuning: %s", loaded.strategy_options())
-    try:
-        return StrategyOptions(**options)
-    except TypeError as err:
-        fields = [f.name for f in dataclasses.fields(StrategyOptions)]
-        raise invalid(StrategyError, "options", sorted(options), f"keyword options among {fields}") from err
+    check_keywords(StrategyError, "options", options, [f.name for f in dataclasses.fields(StrategyOptions)])
+    return StrategyOptions(**options)
 
 
 # ------------------------------------------------------------------ choices
@@ -284,6 +277,20 @@ def _wait_for_servers(cluster: ClusterSpec, timeout: float) -> None:
                              task.name, task.address, timeout)
 
 
+@contextlib.contextmanager
+def _at_startup(what: str) -> Iterator[None]:
+    """Wraps one TensorFlow call that configures process-wide state, which TF allows only before it initializes.
+
+    TensorFlow raises ``RuntimeError`` from these calls exactly when its context already exists, so here (and
+    only here) a ``RuntimeError`` means "too late" and becomes a :class:`StrategyError` that says what to do.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        raise StrategyError(f"Cannot {what} now: {err}. {_STARTUP_FIX}", field="build_strategy",
+                            expected="a call before TensorFlow initializes", fix=_STARTUP_FIX) from err
+
+
 def _num_gpus() -> int:
     import tensorflow as tf
 
@@ -326,7 +333,8 @@ def _multi_worker_mirrored(options: StrategyOptions, cluster: Optional[ClusterSp
     resolver = cluster_resolver(cluster) if cluster is not None else None
     if cluster is not None and cluster.num_workers > 1 and options.peer_wait_seconds:
         _wait_for_leader(cluster, options.peer_wait_seconds)
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=comm)
+    with _at_startup("build the 'multi_worker_mirrored' strategy"):  # It configures collective ops.
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=comm)
 
 
 @register_strategy("parameter_server")
@@ -349,13 +357,15 @@ def _parameter_server(options: StrategyOptions, cluster: Optional[ClusterSpec]) 
     if threads is None and (os.cpu_count() or 1) < cluster.num_workers + 1:
         threads = cluster.num_workers + 1
     if threads is not None and tf.config.threading.get_inter_op_parallelism_threads() < threads:
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        with _at_startup("raise the inter-op threads for the 'parameter_server' strategy"):
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
         _log.info("Inter-op threads raised to %d so the coordinator can drive %d workers.", threads,
                   cluster.num_workers)
     if options.peer_wait_seconds:
         _wait_for_servers(cluster, options.peer_wait_seconds)
     partitioner = variable_partitioner(options, num_ps=cluster.num_ps)
-    return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster), variable_partitioner=partitioner)
+    with _at_startup("build the 'parameter_server' strategy"):  # It sets the server definition.
+        return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster), variable_partitioner=partitioner)
 
 
 @register_strategy("auto")
