@@ -35,7 +35,8 @@ class DoctorTest(absltest.TestCase):
     def test_invalid_config_exits_2_with_the_reason(self) -> None:
         done = _doctor("--tf-config", '{"cluster": {"worker": ["a:99999"]}}')
         self.assertEqual(done.returncode, 2)
-        self.assertIn("port in 1..65535", done.stdout)
+        self.assertIn("port in 1..65535", done.stderr)
+        self.assertEqual(done.stdout, "")
         self.assertEqual(_doctor().returncode, 2)  # No TF_CONFIG at all.
 
     def test_probe_reports_reachable_and_unreachable_tasks(self) -> None:

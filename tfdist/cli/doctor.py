@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = ClusterSpec.from_tf_config(_load(args.tf_config))
     except (ClusterSpecError, OSError) as err:
-        sys.stdout.write(f"TF_CONFIG is invalid: {err}\n")
+        sys.stderr.write(f"tfdist doctor: error: TF_CONFIG is invalid: {err}\n")
         return EXIT_INVALID
     task = spec.task
     sys.stdout.write(f"role:        {task.name if task else '(no task)'}{' (chief)' if spec.is_chief else ''}\n")

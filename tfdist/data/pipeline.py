@@ -27,7 +27,7 @@ from tfdist.data.remote import ensure_filesystem
 from tfdist.data.sampling import Weights, resolve_weights, stratified_sample
 from tfdist.data.sharding import SHARD_POLICIES, ShardPlan, plan_shards
 from tfdist.data.writer import CLASS_GROUP, prefix_of, read_manifest
-from tfdist.errors import DataError, invalid, require_int
+from tfdist.errors import DataError, StorageError, invalid, require_int
 
 __all__ = ["TFRecordPipeline", "CORRUPT_POLICIES", "VERIFY_MODES"]
 
@@ -450,7 +450,7 @@ def _size_of(path: str) -> int:
     try:
         return tf.io.gfile.stat(path).length
     except tf.errors.OpError as err:
-        raise DataError(f"Cannot read {path}: {err.message}. Check that it exists and is readable.") from err
+        raise StorageError(f"Cannot read {path}: {err.message}. Check that it exists and is readable.") from err
 
 
 def _lost_records(check: _framing.FileCheck, written: Optional[int]) -> tuple[int, bool]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from tfdist.errors import DataError
+from tfdist.errors import DataError, StorageError, invalid
 
 __all__ = ["ensure_filesystem", "scheme_of", "TFIO_SCHEMES"]
 
@@ -33,8 +33,9 @@ def ensure_filesystem(path: str) -> None:
     """Makes ``path``'s file system usable, importing tensorflow-io if it needs it.
 
     Raises:
-      DataError: The scheme is unknown, tensorflow-io cannot be imported, or it
-        imported but did not register the scheme (TF other than 2.17.x).
+      DataError: The scheme is unknown.
+      StorageError: tensorflow-io cannot be imported, or it imported but did
+        not register the scheme (TF other than 2.17.x).
     """
     scheme = scheme_of(path)
     if scheme in BUILTIN_SCHEMES:
@@ -44,15 +45,16 @@ def ensure_filesystem(path: str) -> None:
     if scheme in tf.io.gfile.get_registered_schemes():
         return
     if scheme not in TFIO_SCHEMES:
-        raise DataError(f"Invalid value for `path`. Received: {path!r}. Expected a local path or one of the schemes "
-                        f"{sorted((BUILTIN_SCHEMES | TFIO_SCHEMES) - {''})}. Check the scheme's spelling.")
+        known = sorted((BUILTIN_SCHEMES | TFIO_SCHEMES) - {""})
+        raise invalid(DataError, "path", path, f"a local path or one of the schemes {known}",
+                      "Check the scheme's spelling.")
     try:
         import tensorflow_io  # noqa: F401 - registers its file systems on import.
     except Exception as err:  # noqa: BLE001 - any failure to load means the same to the user.
-        raise DataError(f"Reading {path!r} needs tensorflow-io, which failed to import: {err}. "
+        raise StorageError(f"Reading {path!r} needs tensorflow-io, which failed to import: {err}. "
                         "Install tensorflow-io==0.37.1 with tensorflow==2.17.1 (see BUILD_NOTES.md).") from err
     if scheme not in tf.io.gfile.get_registered_schemes():
-        raise DataError(f"Reading {path!r} needs tensorflow-io's '{scheme}' file system, which did not load with "
+        raise StorageError(f"Reading {path!r} needs tensorflow-io's '{scheme}' file system, which did not load with "
                         f"TensorFlow {tf.__version__} (its native library has undefined symbols on TF 2.18+). "
                         "Use tensorflow==2.17.1 with tensorflow-io==0.37.1 (see BUILD_NOTES.md).")
     _log.info("Loaded tensorflow-io for %s:// paths.", scheme)

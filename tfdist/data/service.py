@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 from tfdist import _address
-from tfdist.errors import DataError, require_int
+from tfdist.errors import DataError, ServiceError, require_int
 
 __all__ = ["LocalDataService"]
 
@@ -43,7 +43,7 @@ class LocalDataService:
     def address(self) -> str:
         """``grpc://host:port`` of the dispatcher (for ``TFRecordPipeline(data_service=...)``)."""
         if self._dispatcher is None:
-            raise DataError("The data service is not started; use `with LocalDataService(...) as service:`.")
+            raise ServiceError("The data service is not started; use `with LocalDataService(...) as service:`.")
         return self._dispatcher.target
 
     def start(self) -> "LocalDataService":

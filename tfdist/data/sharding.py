@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from tfdist._names import describe_choices
+from tfdist.cluster import MAX_TASKS_PER_JOB
 from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files"]
@@ -91,7 +92,11 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
     """
     if policy not in SHARD_POLICIES:
         raise invalid(DataError, "shard_policy", policy, describe_choices(str(policy), SHARD_POLICIES))
-    require_int(DataError, "num_workers", num_workers, minimum=1)
+    require_int(DataError, "num_workers", num_workers, minimum=1, maximum=MAX_TASKS_PER_JOB)
+    if isinstance(files, (str, bytes)) or not isinstance(files, Sequence) or not all(
+            isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
+            and not isinstance(item[1], bool) and item[1] >= 0 for item in files):
+        raise invalid(DataError, "files", files, "a sequence of (path, size in bytes) pairs")
     if not files:
         raise invalid(DataError, "files", [], "at least one input file", "Check the glob pattern or the list.")
     total = sum(size for _, size in files)
