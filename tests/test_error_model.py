@@ -1,0 +1,127 @@
+"""The error model: every bad input to a public constructor or function raises a tfdist error, nothing else.
+
+Each row of ``CALLS`` is a public callable with valid keyword arguments. For every argument, every value in
+``HOSTILE`` is passed in its place: the call either accepts it or raises a :class:`tfdist.Error` that is a
+``ValueError`` (bad input) and names the argument it rejects. A raw ``TypeError``/``KeyError``/
+``AttributeError`` fails the test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import tfdist
+from tfdist import errors, launch, plan, testing
+from tfdist.autotune import CollectiveTuning
+from tfdist.collective import CollectiveConfig
+from tfdist.data.sharding import plan_shards
+from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.strategy import StrategyOptions, resolve_options
+
+HOSTILE: tuple[Any, ...] = (None, "", "x", "5", -1, 0, 2**70, 1.5, -0.5, math.nan, math.inf, True, [], ["x"], {},
+                            {"x": 1}, (1, 2), object(), b"bytes")
+_FILES = [("/data/a-0", 100), ("/data/a-1", 120), ("/data/a-2", 90)]
+
+# name -> (callable, valid keyword arguments)
+CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+    "ClusterSpec.local": (tfdist.ClusterSpec.local, {"workers": 2, "ps": 1, "chief": True, "evaluator": False,
+                                                     "host": "127.0.0.1"}),
+    "ClusterSpec": (tfdist.ClusterSpec, {"jobs": {"worker": ["a:1", "b:2"]}}),
+    "ClusterSpec.from_tf_config": (tfdist.ClusterSpec.from_tf_config,
+                                   {"tf_config": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'}),
+    "ClusterSpec.with_task": (tfdist.ClusterSpec.local(workers=2).with_task, {"task_type": "worker", "task_id": 1}),
+    "StrategyOptions": (StrategyOptions, {"communication": "ring", "bytes_per_pack": 0, "partition": "min_size"}),
+    "resolve_options": (resolve_options, {"bytes_per_pack": 1024, "timeout_seconds": 5.0}),
+    "LaunchConfig": (LaunchConfig, {"command": ("python", "x.py"), "workers": 2, "ps": 0, "chief": False,
+                                    "evaluator": False, "run_on": "auto", "max_restarts": 0, "threads_per_task": 1,
+                                    "timeout": 5.0, "log_dir": None, "kills": (), "isolate_network": False,
+                                    "grace_seconds": 1.0, "host": "127.0.0.1", "env": {},
+                                    "data_service_workers": 0}),
+    "KillAt.parse": (KillAt.parse, {"text": "worker:1@2"}),
+    "Plan": (plan.Plan, {"params": 1e6, "workers": 2, "bandwidth": 1e9, "latency": 1e-5, "gpus_per_worker": 1,
+                         "device_memory": None, "optimizer": "adam", "bytes_per_value": 4, "ps_shards": None,
+                         "compute_s": None, "embedding_values": 0.0, "embedding_touched": 0.0}),
+    "parse_quantity": (plan.parse_quantity, {"text": "10Gbps", "kind": "bandwidth"}),
+    "embedding_traffic": (plan.embedding_traffic, {"table_values": 1e6, "values_touched_per_step": 1e3,
+                                                   "workers": 2}),
+    "CollectiveConfig": (CollectiveConfig, {"compression": "fp16", "bytes_per_pack": 0, "split_bytes": 0}),
+    "plan_shards": (plan_shards, {"files": _FILES, "num_workers": 2, "policy": "auto"}),
+    "command_for": (testing.command_for, {"target": "tests.cluster_tasks:noop"}),
+}
+
+
+def _cases() -> list[tuple[str, str, Any]]:
+    return [(name, field, value) for name, (_, kwargs) in CALLS.items() for field in kwargs for value in HOSTILE]
+
+
+@pytest.mark.parametrize("name,field,value", _cases(),
+                         ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None)
+def test_hostile_values_raise_only_tfdist_errors(name: str, field: str, value: Any) -> None:
+    function, kwargs = CALLS[name]
+    try:
+        function(**{**kwargs, field: value})
+    except errors.Error as err:
+        assert isinstance(err, (ValueError, errors.RuntimeFailure)), f"{name}({field}={value!r}): {err!r}"
+        assert str(err), f"{name}({field}={value!r}) raised an empty message"
+    except Exception as err:  # noqa: BLE001 - the point: anything else is a leak.
+        pytest.fail(f"{name}({field}={value!r}) leaked {type(err).__name__}: {err}")
+
+
+def test_unknown_keywords_name_the_closest_option() -> None:
+    with pytest.raises(errors.LaunchError, match=r"`options`. Received: \['timeot'\].*did you mean 'timeout'"):
+        launch.run(["true"], workers=1, timeot=5)
+    with pytest.raises(errors.LaunchError, match=r"Received: \['bogus'\]") as caught:
+        launch.run(["true"], workers=1, bogus=1)
+    assert (caught.value.field, caught.value.value) == ("options", ["bogus"])
+    with pytest.raises(errors.LaunchError, match="did you mean 'max_restarts'"):
+        testing.run_cluster(["true"], workers=1, timeout=5, max_restart=1)
+    with pytest.raises(errors.StrategyError, match="did you mean 'bytes_per_pack'"):
+        tfdist.build_strategy("default", byte_per_pack=1)
+
+
+def test_errors_carry_what_they_report() -> None:
+    with pytest.raises(errors.LaunchError) as caught:
+        LaunchConfig(command=("true",), timeout="5")
+    assert (caught.value.field, caught.value.value) == ("--timeout", "5")
+    assert caught.value.expected == "a number > 0 or None"
+    with pytest.raises(errors.PlanError) as caught_plan:
+        plan.parse_quantity("10", "size")
+    assert caught_plan.value.field == "kind" and "did you mean" in caught_plan.value.expected
+    with pytest.raises(errors.PlanError, match="`params`. Received: '1M'.*parse_quantity"):
+        plan.Plan(params="1M", workers=2, bandwidth=1e9, latency=1e-5)
+    result = launch.LaunchResult(0, "ok", None, (), tfdist.ClusterSpec.local(workers=1))
+    with pytest.raises(errors.LaunchError, match="`task`. Received: 'worker:9'"):
+        result.task("worker:9")
+
+
+def test_runtime_failures_are_not_value_errors() -> None:
+    for cls in (errors.LaunchFailure, errors.StorageError, errors.ServiceError, errors.EngineError):
+        assert issubclass(cls, errors.RuntimeFailure) and not issubclass(cls, ValueError)
+    with pytest.raises(errors.StorageError) as caught:
+        CollectiveTuning.load(os.path.join(tempfile.mkdtemp(), "missing.json"))
+    assert caught.value.field == "tuning" and not isinstance(caught.value, ValueError)
+    from tfdist.data.service import LocalDataService
+
+    with pytest.raises(errors.ServiceError, match="not started"):
+        LocalDataService(num_workers=1).address  # noqa: B018 - the property is the call under test.
+
+
+def test_a_strategy_built_after_tensorflow_started_is_a_strategy_error() -> None:
+    """The "too late" case is recognised by where TensorFlow raises, not by its message."""
+    script = ("import tensorflow as tf, tfdist\n"
+              "tf.constant(1.0) + 1\n"
+              "try:\n"
+              "    tfdist.build_strategy('multi_worker_mirrored', peer_wait_seconds=0, cluster={'cluster': "
+              "{'worker': ['127.0.0.1:1', '127.0.0.1:2']}, 'task': {'type': 'worker', 'index': 0}})\n"
+              "except tfdist.StrategyError as err:\n"
+              "    print('StrategyError', err.fix)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("StrategyError Build the strategy first thing in main()"), done.stderr[-2000:]
