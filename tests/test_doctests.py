@@ -12,7 +12,8 @@ MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdi
            "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.data.adaptive",
            "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan",
            "tfdist.collective", "tfdist.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
-           "tfdist.keras.embeddings"]
+           "tfdist.keras.embeddings", "tfdist.exit_codes", "tfdist._slurm", "tfdist._jobset",
+           "tfdist.launch._emit_k8s", "tfdist.launch._emit_slurm", "tfdist.launch.server"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import pytest
 import yaml
 from absl.testing import parameterized
 
@@ -67,7 +68,7 @@ class EmitTest(parameterized.TestCase):
 
     def test_collective_tfjob_runs_the_command_everywhere(self) -> None:
         config = LaunchConfig(command=("python", "train.py"), workers=4)
-        manifest = yaml.safe_load(emit.to_yaml(emit.tfjob_manifest(config)))
+        manifest = yaml.safe_load(emit.to_yaml(emit.tfjob_manifest(config, image="me/train:1")))
         worker = manifest["spec"]["tfReplicaSpecs"]["Worker"]
         self.assertEqual(worker["template"]["spec"]["containers"][0]["command"], ["python", "train.py"])
         self.assertEqual(list(manifest["spec"]["tfReplicaSpecs"]), ["Worker"])
@@ -162,3 +163,66 @@ def test_server_watch_ends_after_the_chief_goes() -> None:
     watcher.join(5)
     assert not never_up.is_set()  # A chief never seen is a chief still starting, not a finished one.
     never_up.set()
+
+
+# Issue #17, "Nonsense accepted": every value that goes into an emitted script or manifest is validated.
+NONSENSE = {
+    "slurm_name_injection": (["--emit", "slurm", "--name", "x\necho PWNED"], "--name"),
+    "slurm_name_space": (["--emit", "slurm", "--name", "my job"], "--name"),
+    "slurm_time_forever": (["--emit", "slurm", "--time", "forever"], "--time"),
+    "slurm_time_injection": (["--emit", "slurm", "--time", "1:00\n#SBATCH --x"], "--time"),
+    "slurm_port_base_70000": (["--emit", "slurm", "--port-base", "70000"], "--port-base"),
+    "slurm_port_base_negative": (["--emit", "slurm", "--port-base", "-1"], "--port-base"),
+    "slurm_port_base_no_room": (["--emit", "slurm", "--workers", "4", "--port-base", "65534"], "--port-base"),
+    "slurm_cpus_negative": (["--emit", "slurm", "--cpus-per-task", "-2"], "--cpus-per-task"),
+    "slurm_gpus_negative": (["--emit", "slurm", "--gpus", "-1"], "--gpus"),
+    "slurm_python_newline": (["--emit", "slurm", "--python", "/py\nrm -rf /"], "--python"),
+    "slurm_tf_log_level": (["--emit", "slurm", "--tf-log-level", "9"], "--tf-log-level"),
+    "tfjob_name_spaces": (["--emit", "tfjob", "--image", "i:1", "--name", "My Job"], "--name"),
+    "tfjob_name_300": (["--emit", "tfjob", "--image", "i:1", "--name", "a" * 300], "--name"),
+    "tfjob_name_empty": (["--emit", "tfjob", "--image", "i:1", "--name", ""], "--name"),
+    "tfjob_namespace": (["--emit", "tfjob", "--image", "i:1", "--namespace", "Bad NS"], "--namespace"),
+    "tfjob_gpus_negative": (["--emit", "tfjob", "--image", "i:1", "--gpus", "-1"], "--gpus"),
+    "tfjob_cpu_abc": (["--emit", "tfjob", "--image", "i:1", "--cpu", "abc"], "--cpu"),
+    "tfjob_cpu_zero": (["--emit", "tfjob", "--image", "i:1", "--cpu", "0"], "--cpu"),
+    "tfjob_memory_injection": (["--emit", "tfjob", "--image", "i:1", "--memory", "1Gi\nkind: Pod"], "--memory"),
+    "tfjob_no_image": (["--emit", "tfjob"], "--image"),
+    "tfjob_image_newline": (["--emit", "tfjob", "--image", "i:1\nkind: Pod"], "--image"),
+    "jobset_no_image": (["--emit", "jobset"], "--image"),
+    "jobset_name": (["--emit", "jobset", "--image", "i:1", "--name", "Bad_Name"], "--name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NONSENSE))
+def test_cli_rejects_nonsense_in_one_line(case: str) -> None:
+    args, field = NONSENSE[case]
+    done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", *args, "--", "python", "train.py"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and f"`{field}`" in done.stderr, done.stderr
+
+
+def test_slurm_script_quotes_the_command_for_bash(tmp_path) -> None:
+    """Whatever the command holds (newlines, $(...), quotes), bash hands the task exactly that argv."""
+    command = ["python", "-c", "print(1)\necho PWNED $(touch /tmp/pwned) `id` 'q' \"d\"", "a b", "--x=$HOME"]
+    script = emit.slurm_script(LaunchConfig(command=command, workers=2), python="/opt/py 3/bin/python")
+    assert "\necho PWNED" not in script.split("srun")[0]
+    srun = script.split("srun --kill-on-bad-exit=1 ", 1)[1].split(" 2>&1 1>&3")[0]
+    probe = ("PYTHON=" + shlex.quote("/opt/py 3/bin/python") + "; PORT_BASE=20000; attempt=0; "
+             "set -- " + srun + "; printf '%s\\0' \"$@\"")
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    argv = done.stdout.split("\0")[:-1]
+    assert argv[argv.index("--") + 1:] == ["/opt/py 3/bin/python", *command[1:]]  # 'python' runs pinned.
+    assert argv[0] == "/opt/py 3/bin/python" and not os.path.exists("/tmp/pwned")
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert header == ["#SBATCH --job-name=tfdist-job", "#SBATCH --ntasks=2", "#SBATCH --time=01:00:00"]
+
+
+def test_slurm_task_missing_command_is_one_line() -> None:
+    """`python -m tfdist.cli.slurm_task ... -- /no/such/cmd` raised FileNotFoundError (issue #17)."""
+    env = dict(os.environ, SLURM_PROCID="0", SLURM_STEP_NODELIST="n1", SLURM_STEP_TASKS_PER_NODE="1")
+    done = subprocess.run([sys.executable, "-m", "tfdist.cli.slurm_task", "--", "/no/such/cmd"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 127 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot run '/no/such/cmd'" in done.stderr.splitlines()[-1]

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["exit_cleanly", "exit_code_of"]
+__all__ = ["exit_cleanly", "exit_code_of", "exit_code_for_exception"]
 
 
 def exit_code_of(value: Any) -> int:
@@ -38,6 +38,29 @@ def exit_code_of(value: Any) -> int:
     if isinstance(value, int):
         return value & 0xFF
     return 1
+
+
+def exit_code_for_exception(exc: BaseException) -> int:
+    """The code a task ends with for an uncaught ``exc`` (see :mod:`tfdist.exit_codes`).
+
+    TensorFlow's Unavailable/Aborted/DeadlineExceeded errors mean a peer went
+    away: a rerun can fix that (LOST_PEER, retryable). A tfdist input error
+    (``tfdist.Error`` that is a ``ValueError``) is BAD_CONFIG; anything else 1.
+
+    Example:
+        >>> from tfdist.errors import LaunchError
+        >>> exit_code_for_exception(LaunchError("bad")), exit_code_for_exception(RuntimeError("bug"))
+        (2, 1)
+    """
+    from tfdist import exit_codes
+    from tfdist.errors import Error
+
+    for cls in type(exc).__mro__:
+        if cls.__module__.startswith("tensorflow") and cls.__name__ in exit_codes.PEER_LOST_ERRORS:
+            return exit_codes.LOST_PEER
+    if isinstance(exc, Error) and isinstance(exc, ValueError):
+        return exit_codes.BAD_CONFIG
+    return exit_codes.FAILED
 
 
 def _flush_everything() -> None:
@@ -57,8 +80,9 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
 
     The exit code is what the same script would have returned without the
     abort: ``main``'s integer result or ``sys.exit`` code, 1 for an uncaught
-    exception (its traceback printed to stderr as Python would), 130 for
-    Ctrl-C.
+    exception (its traceback printed to stderr as Python would; 201 when
+    TensorFlow lost a peer, 2 for a tfdist input error: see
+    :func:`exit_code_for_exception`), 130 for Ctrl-C.
 
     Args:
       main: The program's entry point.
@@ -74,9 +98,9 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
     except KeyboardInterrupt:
         traceback.print_exc()
         code = 130
-    except BaseException:  # noqa: BLE001 - report any failure as Python would.
+    except BaseException as exc:  # noqa: BLE001 - report any failure as Python would.
         sys.excepthook(*sys.exc_info())
-        code = 1
+        code = exit_code_for_exception(exc)
     try:
         _flush_everything()
     finally:

@@ -18,7 +18,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from tfdist import _address, _cluster_parse, _slurm
+from tfdist import _address, _cluster_parse, _jobset, _slurm
 from tfdist.errors import ClusterSpecError, invalid, require_int, require_type
 
 __all__ = ["ClusterSpec", "Task", "JOB_NAMES", "current_cluster"]
@@ -175,6 +175,35 @@ class ClusterSpec:
         """
         cluster, task_type, task_id = _slurm.slurm_layout(
             os.environ if env is None else env, jobs=jobs, port_base=port_base)
+        return cls(jobs=cluster, task_type=task_type, task_id=task_id)
+
+    @classmethod
+    def from_jobset(cls, env: Mapping[str, str] | None = None, *, jobs: Mapping[str, int], port: int = 2222,
+                    subdomain: str | None = None) -> "ClusterSpec":
+        """The cluster of a JobSet pod (Kubeflow Trainer v2 / ``tfdist-launch --emit jobset``).
+
+        Reads ``JOBSET_NAME``, ``REPLICATED_JOB_NAME``, ``JOB_INDEX`` (the JobSet
+        labels, passed in by the downward API) and ``JOB_COMPLETION_INDEX``;
+        task ``i`` of job ``t`` is at ``{jobset}-{t}-0-{i}.{subdomain}:{port}``.
+
+        Args:
+          env: Variables to read; default ``os.environ``.
+          jobs: Job name -> task count, e.g. ``{"chief": 1, "worker": 2, "ps": 1}``.
+          port: The port every task listens on.
+          subdomain: The JobSet's ``spec.network.subdomain``; default its name.
+
+        Example:
+            >>> env = {"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "ps", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "0"}
+            >>> ClusterSpec.from_jobset(env, jobs={"chief": 1, "worker": 2, "ps": 1}).task.address
+            'rec-ps-0-0.rec:2222'
+        """
+        if not isinstance(jobs, Mapping) or not jobs:
+            raise invalid(ClusterSpecError, "jobs", jobs, "a mapping of job name to task count, e.g. {'worker': 2}")
+        for job, count in jobs.items():
+            require_int(ClusterSpecError, f"jobs[{job!r}]", count, minimum=1)
+        require_int(ClusterSpecError, "port", port, minimum=1, maximum=65535)
+        cluster, task_type, task_id = _jobset.jobset_layout(
+            os.environ if env is None else env, jobs=jobs, port=port, subdomain=subdomain)
         return cls(jobs=cluster, task_type=task_type, task_id=task_id)
 
     def with_task(self, task_type: str, task_id: int = 0) -> "ClusterSpec":

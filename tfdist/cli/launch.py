@@ -3,6 +3,8 @@
     tfdist-launch --workers 2 -- python train.py
     tfdist-launch --chief --workers 2 --ps 1 --max-restarts 2 --log-dir logs -- python train.py
     tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- python train.py
+    tfdist-launch --emit jobset --workers 4 --image my/image:1 -- python train.py
+    tfdist-launch --emit slurm --workers 4 --time 04:00:00 -- python train.py
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ USAGE_ERROR = 2
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfdist-launch", description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
-        "or emit the same topology for Kubernetes (TFJob) or Slurm.",
+        "or emit the same topology for Kubernetes (TFJob, JobSet) or Slurm.",
         usage="tfdist-launch [options] -- CMD [ARGS...]")
     topo = parser.add_argument_group("topology")
     topo.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
@@ -48,12 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping")
     out = parser.add_argument_group("emit for a real engine")
     out.add_argument("--emit", choices=emit.EMIT_FORMATS, default=None, help="print instead of running")
-    out.add_argument("--name", default="tfdist-job", help="job name (tfjob, slurm)")
-    out.add_argument("--namespace", default=None, help="Kubernetes namespace (tfjob)")
-    out.add_argument("--image", default="tensorflow/tensorflow:2.17.1", help="container image (tfjob)")
-    out.add_argument("--cpu", default=None, help="CPU limit per task (tfjob), e.g. 4")
-    out.add_argument("--memory", default=None, help="memory limit per task (tfjob), e.g. 16Gi")
-    out.add_argument("--gpus", type=int, default=0, help="GPUs per task (tfjob, slurm)")
+    out.add_argument("--name", default="tfdist-job", help="job name (tfjob, jobset, slurm)")
+    out.add_argument("--namespace", default=None, help="Kubernetes namespace (tfjob, jobset)")
+    out.add_argument("--image", default=None,
+                     help="container image with tfdist installed (tfjob, jobset; required there)")
+    out.add_argument("--cpu", default=None, help="CPU limit per task (tfjob, jobset), e.g. 4")
+    out.add_argument("--memory", default=None, help="memory limit per task (tfjob, jobset), e.g. 16Gi")
+    out.add_argument("--gpus", type=int, default=0, help="GPUs per task (tfjob, jobset, slurm)")
     out.add_argument("--hosts", default=None, help="comma-separated hosts in task order (tf-config)")
     out.add_argument("--port", type=int, default=emit.TFJOB_PORT, help="task port (tf-config)")
     out.add_argument("--port-base", type=int, default=None,
@@ -78,9 +81,10 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
         hosts = args.hosts.split(",") if args.hosts else None
         configs = emit.tf_configs(config, hosts=hosts, port=args.port)
         return json.dumps(configs, indent=2)
-    if args.emit == "tfjob":
-        return emit.to_yaml(emit.tfjob_manifest(config, name=args.name, namespace=args.namespace, image=args.image,
-                                                cpu=args.cpu, memory=args.memory, gpus=args.gpus))
+    if args.emit in ("tfjob", "jobset"):
+        build = emit.tfjob_manifest if args.emit == "tfjob" else emit.jobset_manifest
+        return emit.to_yaml(build(config, name=args.name, namespace=args.namespace, image=args.image,
+                                  cpu=args.cpu, memory=args.memory, gpus=args.gpus))
     return emit.slurm_script(config, name=args.name, time_limit=args.time, cpus_per_task=args.cpus_per_task,
                              gpus_per_task=args.gpus, port_base=args.port_base, python=args.python,
                              tf_log_level=args.tf_log_level)

@@ -15,26 +15,12 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from tfdist import _address, _slurm
+from tfdist import _address, _slurm, exit_codes
+from tfdist.cli._task import exec_task, parse_jobs
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import Error, LaunchError, invalid, require_int
-from tfdist.launch import _env
-from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
-from tfdist.launch.runner import SERVER_ARGV
-
-# Servers (ps, and workers of a parameter-server job) end this long after the chief is gone, so srun ends.
-SERVER_EXIT_WITH_CHIEF = 3.0
+from tfdist.launch.config import RUN_ON_CHOICES
 _PREFIX = "tfdist slurm task: "
-
-
-def _jobs(text: str) -> dict[str, int]:
-    jobs = {}
-    for part in text.split(","):
-        job, _, count = part.partition("=")
-        if not (count.isascii() and count.isdigit()):
-            raise invalid(LaunchError, "--jobs", text, "JOB=COUNT pairs, e.g. 'chief=1,worker=2,ps=1'")
-        jobs[job.strip()] = int(count)
-    return jobs
 
 
 def _pick_port_base(env: dict[str, str]) -> int:
@@ -68,27 +54,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         require_int(LaunchError, "--port-base", args.port_base, minimum=1, maximum=65535)
         require_int(LaunchError, "--restart", args.restart, minimum=0)
-        jobs = _jobs(args.jobs) if args.jobs else None
+        jobs = parse_jobs(args.jobs) if args.jobs else None
         spec = ClusterSpec.from_slurm(jobs=jobs, port_base=args.port_base)
-        config = LaunchConfig(command=tuple(command), workers=len(spec.jobs.get("worker", ())), ps=spec.num_ps,
-                              chief=spec.has_chief, evaluator="evaluator" in spec.jobs, run_on=args.run_on)
-        task = spec.task.name  # type: ignore[union-attr]
-        program = list(config.command) if config.runs_command(task) else [
-            *SERVER_ARGV, "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
-        env = _env.child_env(os.environ, config, spec, task, restart=args.restart)
+        return exec_task(_PREFIX, spec, command, run_on=args.run_on, restart=args.restart)
     except Error as err:
         sys.stderr.write(f"{_PREFIX}error: {err}\n")
-        return 2
-    sys.stderr.write(f"{_PREFIX}{spec.describe()}\n")
-    sys.stderr.flush()
-    try:
-        os.execvpe(program[0], program, env)
-    except OSError as err:  # Not found (127) or not executable (126), as a shell reports them.
-        code = 127 if isinstance(err, FileNotFoundError) else 126
-        sys.stderr.write(f"{_PREFIX}error: cannot run {program[0]!r} on {os.uname().nodename}: "
-                         f"{err.strerror}. Check the command after '--' and PATH on the nodes.\n")
-        return code
-    return 1  # Not reached.
+        return exit_codes.BAD_CONFIG
 
 
 if __name__ == "__main__":

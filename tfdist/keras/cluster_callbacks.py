@@ -12,9 +12,11 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from typing import Any, Optional
 
+from tfdist import exit_codes
 from tfdist.cluster import ClusterSpec, current_cluster
 from tfdist.keras._bases import backup_base, callback_base
 
@@ -126,6 +128,11 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
                          self.straggler_factor, median * 1e3, ", ".join(slow))
 
 
+def exit_preempted() -> None:
+    """Ends a worker after its preemption save with ``exit_codes.PREEMPTED`` (retryable)."""
+    sys.exit(exit_codes.PREEMPTED)
+
+
 class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     """``BackupAndRestore(save_before_preemption=True)`` that works off Google Cloud too.
 
@@ -135,7 +142,9 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     callback attaches TensorFlow's own ``PreemptionCheckpointHandler`` (which
     handles SIGTERM on any platform) to the backup tf-keras already manages,
     under multi-worker MirroredStrategy: on SIGTERM all workers agree on a step,
-    save the backup there and exit with code 42; the rerun resumes from it.
+    save the backup there and exit with ``exit_codes.PREEMPTED`` (200, which
+    schedulers retry; TensorFlow's own default, 42, the training operator
+    would not); the rerun resumes from it.
     Relies on tf-keras 2.17 internals (pinned in setup.cfg).
 
     Args:
@@ -158,12 +167,15 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
                         and bool(resolver.cluster_spec().as_dict()))
         if state._enable_save_before_preemption or not multi_worker:
             return
-        handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, state.write_checkpoint_manager)
+        handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            resolver, state.write_checkpoint_manager,
+            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted))
         handler._read_checkpoint_manager = state.read_checkpoint_manager
         state.preemption_handler = handler
         state._enable_save_before_preemption = True
         self.model._preemption_handler = handler
-        _log.info("Saving before preemption is on: SIGTERM makes every worker save the backup and exit (code 42).")
+        _log.info("Saving before preemption is on: SIGTERM makes every worker save the backup and exit "
+                  "(code %d).", exit_codes.PREEMPTED)
 
 
 def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optional[str] = None,

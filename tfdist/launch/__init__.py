@@ -1,9 +1,9 @@
-"""Run a whole cluster as local processes, or emit it for Kubernetes and Slurm."""
+"""Run a whole cluster as local processes, or emit it for Kubernetes (TFJob, JobSet) and Slurm."""
 
 from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.launch.emit import slurm_script, tf_configs, tfjob_manifest
+from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest
 from tfdist.launch.runner import LaunchResult, TaskResult, run, run_config
 from tfdist.launch.server import run_server
 
-__all__ = ["KillAt", "LaunchConfig", "LaunchResult", "TaskResult", "run", "run_config", "run_server",
-           "slurm_script", "tf_configs", "tfjob_manifest"]
+__all__ = ["KillAt", "LaunchConfig", "LaunchResult", "TaskResult", "jobset_manifest", "run", "run_config",
+           "run_server", "slurm_script", "tf_configs", "tfjob_manifest"]

@@ -1,4 +1,4 @@
-"""The same topology for real engines: per-task TF_CONFIG, a Kubeflow TFJob, a Slurm script.
+"""The same topology for real engines: per-task TF_CONFIG, a Kubeflow TFJob, a JobSet, a Slurm script.
 
 Example:
     >>> from tfdist.launch.config import LaunchConfig
@@ -14,20 +14,14 @@ import json
 from typing import Any, Optional, Sequence
 
 from tfdist.cluster import ClusterSpec
+from tfdist.launch._emit_k8s import TFJOB_PORT, jobset_manifest, tfjob_manifest, validate_tfjob
 from tfdist.launch._emit_slurm import slurm_script
 from tfdist.launch.config import LaunchConfig
 
-__all__ = ["emit_spec", "tf_configs", "tfjob_manifest", "slurm_script", "to_yaml", "EMIT_FORMATS"]
+__all__ = ["emit_spec", "tf_configs", "tfjob_manifest", "validate_tfjob", "jobset_manifest", "slurm_script",
+           "to_yaml", "EMIT_FORMATS", "TFJOB_PORT"]
 
-EMIT_FORMATS = ("tf-config", "tfjob", "slurm")
-SERVER_COMMAND = ("python", "-m", "tfdist.launch.server")
-TFJOB_PORT = 2222
-_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-
-
-def _counts(config: LaunchConfig) -> dict[str, int]:
-    counts = {"chief": int(config.chief), "worker": config.workers, "ps": config.ps, "evaluator": int(config.evaluator)}
-    return {job: n for job, n in counts.items() if n}
+EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 
 
 def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
@@ -51,44 +45,6 @@ def tf_configs(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None,
     return {t.name: spec.to_tf_config(t.type, t.index) for t in spec.tasks()}
 
 
-def tfjob_manifest(config: LaunchConfig, *, name: str = "tfdist-job", namespace: Optional[str] = None,
-                   image: str = "tensorflow/tensorflow:2.17.1", cpu: Optional[str] = None,
-                   memory: Optional[str] = None, gpus: int = 0) -> dict[str, Any]:
-    """A Kubeflow training-operator ``TFJob`` (kubeflow.org/v1) for the topology.
-
-    Tasks that run user code get ``config.command``; in a parameter-server
-    topology the workers and ps run tfdist's TensorFlow server.
-    """
-    limits: dict[str, Any] = {}
-    if cpu:
-        limits["cpu"] = cpu
-    if memory:
-        limits["memory"] = memory
-    if gpus:
-        limits["nvidia.com/gpu"] = gpus
-    replicas = {}
-    for job, count in _counts(config).items():
-        command = list(config.command) if job in config.cmd_task_types() else list(SERVER_COMMAND)
-        container: dict[str, Any] = {
-            "name": "tensorflow",  # The training operator requires this container name.
-            "image": image,
-            "command": command,
-            "env": [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}] +
-                   ([{"name": "GRPC_FAIL_FAST", "value": "use_caller"}] if config.ps else []),
-            "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}],
-        }
-        if limits:
-            container["resources"] = {"limits": dict(limits)}
-        replicas[_REPLICA_TYPES[job]] = {"replicas": count, "restartPolicy": "OnFailure",
-                                         "template": {"spec": {"containers": [container]}}}
-    metadata: dict[str, Any] = {"name": name}
-    if namespace:
-        metadata["namespace"] = namespace
-    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
-            "spec": {"runPolicy": {"backoffLimit": config.max_restarts, "cleanPodPolicy": "Running"},
-                     "tfReplicaSpecs": replicas}}
-
-
 def _yaml_scalar(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return "{}" if isinstance(value, dict) else "[]"
@@ -105,11 +61,15 @@ def to_yaml(value: Any, indent: int = 0) -> str:
     if isinstance(value, dict):
         out = []
         for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
+            if isinstance(item, list) and len(item) > 8 and not any(isinstance(v, (dict, list)) for v in item):
+                out.append(f"{pad}{key}: {to_yaml(item)}")
+            elif isinstance(item, (dict, list)) and item:
                 out.append(f"{pad}{key}:\n{to_yaml(item, indent + 1)}")
             else:
                 out.append(f"{pad}{key}: {_yaml_scalar(item)}")
         return "\n".join(out)
+    if isinstance(value, list) and len(value) > 8 and not any(isinstance(v, (dict, list)) for v in value):
+        return pad + "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"  # A flow sequence, e.g. exit codes.
     if isinstance(value, list):
         out = []
         for item in value:

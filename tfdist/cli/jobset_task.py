@@ -1,0 +1,44 @@
+"""One pod of a tfdist JobSet: build TF_CONFIG from the JobSet's labels and index, then exec the task's program.
+
+Used by the manifests ``tfdist-launch --emit jobset`` writes (Kubeflow Trainer v2 runs TrainJobs as JobSets
+but writes no TF_CONFIG):
+
+    python -m tfdist.cli.jobset_task --jobs chief=1,worker=2,ps=1 --port 2222 -- python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from tfdist import exit_codes
+from tfdist.cli._task import exec_task, parse_jobs
+from tfdist.cluster import ClusterSpec
+from tfdist.errors import Error, LaunchError, require_int
+from tfdist.launch.config import RUN_ON_CHOICES
+
+_PREFIX = "tfdist jobset task: "
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m tfdist.cli.jobset_task")
+    parser.add_argument("--jobs", required=True, help="JOB=COUNT pairs, e.g. chief=1,worker=2,ps=1")
+    parser.add_argument("--port", type=int, default=2222, help="the port every task listens on")
+    parser.add_argument("--subdomain", default=None, help="the JobSet's network subdomain; default its name")
+    parser.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto")
+    args = parser.parse_args(argv[:cut])
+    try:
+        require_int(LaunchError, "--port", args.port, minimum=1, maximum=65535)
+        spec = ClusterSpec.from_jobset(jobs=parse_jobs(args.jobs), port=args.port, subdomain=args.subdomain)
+        # A rerun after a JobSet restart starts from scratch here; BackupAndRestore resumes the training.
+        return exec_task(_PREFIX, spec, argv[cut + 1:], run_on=args.run_on, restart=0)
+    except Error as err:
+        sys.stderr.write(f"{_PREFIX}error: {err}\n")
+        return exit_codes.BAD_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
