@@ -56,7 +56,7 @@ class EmitTest(parameterized.TestCase):
         worker = replicas["Worker"]["template"]["spec"]["containers"][0]
         self.assertEqual((chief["name"], chief["image"]), ("tensorflow", "me/img:1"))
         self.assertEqual(chief["command"], ["python", "train.py", "--epochs", "3"])
-        self.assertEqual(worker["command"], ["python", "-m", "tfdist.launch.server"])
+        self.assertEqual(worker["command"], ["python", "-m", "tfdist.cli.server"])
         self.assertEqual(chief["resources"]["limits"], {"cpu": "4", "memory": "8Gi"})
         self.assertIn({"name": "TF_USE_LEGACY_KERAS", "value": "1"}, chief["env"])
         self.assertEqual(manifest["spec"]["runPolicy"]["backoffLimit"], 3)

@@ -128,8 +128,21 @@ class MultiWorkerMirroredTest(absltest.TestCase):
 class ParameterServerTest(absltest.TestCase):
 
     def test_fit_and_evaluate_with_sharded_embedding(self) -> None:
-        run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=2, chief=True, timeout=240)
+        shown: list[tuple[str, str]] = []
+        logs = self.create_tempdir().full_path
+        run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=2, chief=True, timeout=240, log_dir=logs,
+                                  on_line=lambda task, line: shown.append((task, line)))
         self.assertTrue(run.ok, run.result.summary())
+        # Issue 11: the TF servers' console output reads well: no runpy warning, no ConfigProto dump, but
+        # tfdist's own lines; the full TF INFO output stays in the task's log file.
+        for server in ("worker:0", "worker:1", "ps:0", "ps:1"):
+            lines = [line for task, line in shown if task == server]
+            self.assertIn(f"TensorFlow server {server} up", "\n".join(lines))
+            for noise in ("RuntimeWarning", "SessionOptions", "device_count {", "allow_soft_placement",
+                          "Started server with target", "absl::InitializeLog"):
+                self.assertNotIn(noise, "\n".join(lines), server)
+        with open(os.path.join(logs, "ps-0.log"), encoding="utf-8") as f:
+            self.assertIn("SessionOptions: device_count {", f.read())
         value = run.values["chief:0"]
         self.assertTrue(value["is_ps"])
         self.assertLess(value["loss"][-1], value["loss"][0])

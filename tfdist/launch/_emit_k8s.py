@@ -17,7 +17,7 @@ from tfdist.launch.config import LaunchConfig
 
 TFJOB_PORT = 2222
 CONTAINER = "tensorflow"  # The training operator requires a container of this name.
-SERVER_ARGS = ("-m", "tfdist.launch.server")
+SERVER_ARGS = ("-m", "tfdist.cli.server")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}

@@ -26,7 +26,7 @@ from tfdist import _address
 from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
-from tfdist.launch import _env
+from tfdist.launch import _env, _tf_logs
 from tfdist.launch._process import Child, LineSink
 from tfdist.launch.config import KillAt, LaunchConfig
 
@@ -34,7 +34,7 @@ __all__ = ["run", "run_config", "LaunchResult", "TaskResult", "EXPOSURE_WARNING"
 
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
-SERVER_ARGV = (sys.executable, "-m", "tfdist.launch.server")
+SERVER_ARGV = (sys.executable, "-m", "tfdist.cli.server")
 DATA_SERVICE_TASK = "data-service:0"
 EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
@@ -103,6 +103,20 @@ def _pick_cluster(config: LaunchConfig) -> ClusterSpec:
     raise LaunchFailure("Could not find free ports for the cluster after 10 tries; is the machine out of ports?")
 
 
+def _make_log_dir(path: str) -> None:
+    """Creates the log directory, or raises LaunchError saying why it cannot be one."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".tfdist-write-test-{os.getpid()}")
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path.
+        reason = getattr(err, "strerror", None) or str(err)
+        raise invalid(LaunchError, "--log-dir", path, "a directory tfdist-launch can create and write",
+                      f"It cannot be used: {reason}. Pick another path.") from None
+
+
 class _Supervisor:
     def __init__(self, config: LaunchConfig, spec: ClusterSpec, sink: Optional[LineSink],
                  status: StatusSink, base_env: Mapping[str, str]) -> None:
@@ -117,11 +131,15 @@ class _Supervisor:
         self._lock = threading.Lock()
         sink = self._on_line
         if config.log_dir:
-            os.makedirs(config.log_dir, exist_ok=True)
+            _make_log_dir(config.log_dir)
+        # TF servers are tfdist's own tasks: their INFO chatter stays in the log files, out of the console.
+        server_sink = sink if _tf_logs.wants_tf_info(base_env) else _tf_logs.quiet_sink(sink)
         for task in config.task_names():
-            argv = config.command if config.runs_command(task) else SERVER_ARGV
+            runs_command = config.runs_command(task)
+            argv = config.command if runs_command else SERVER_ARGV
             log_path = os.path.join(config.log_dir, task.replace(":", "-") + ".log") if config.log_dir else None
-            self.children[task] = Child(task, argv, env=None, sink=sink, log_path=log_path)
+            self.children[task] = Child(task, argv, env=None, sink=sink if runs_command else server_sink,
+                                        log_path=log_path)
         self.finished: dict[str, int] = {}
         self.data_service: Optional[Child] = None
         if config.data_service_workers:

@@ -1,26 +1,22 @@
 """A standard TensorFlow server for the worker and ps tasks of a cluster.
 
-``tfdist-launch`` runs ``python -m tfdist.launch.server`` on every task that
-does not run user code (the workers and ps of a parameter-server cluster).
-Under a scheduler that waits for every task (Slurm's ``srun``), pass
-``--exit-with-chief SECONDS``: the server then ends with exit code 0 once the
-chief (the coordinator), after having been reachable, stays unreachable that
-long, so the job ends when training does instead of at its time limit.
-
-Example:
-    >>> # TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' \\
-    >>> #     python -m tfdist.launch.server --exit-with-chief 3
+``tfdist-launch`` runs it on every task that does not run user code (the
+workers and ps of a parameter-server cluster) through its command-line entry
+point, ``python -m tfdist.cli.server``; the package never imports that entry
+point, so ``python -m`` runs it without a warning. Under a scheduler that waits
+for every task (Slurm's ``srun``), ``exit_with_chief=SECONDS`` ends the server
+with exit code 0 once the chief (the coordinator), after having been
+reachable, stays unreachable that long, so the job ends when training does
+instead of at its time limit.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
-import sys
 import threading
 from types import FrameType
-from typing import Optional, Sequence
+from typing import Optional
 
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, invalid
@@ -95,22 +91,3 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
     _log.info("TensorFlow server %s stopping.", spec.task.name)
     return 0
 
-
-def _main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfdist.launch.server")
-    parser.add_argument("--exit-with-chief", type=float, default=None, metavar="SECONDS",
-                        help="end (exit 0) once the chief has been unreachable this long after it was up")
-    args = parser.parse_args(argv)
-    grace = args.exit_with_chief
-    if grace is not None and not 0 < grace < 86400:
-        sys.stderr.write(f"tfdist server: error: --exit-with-chief must be seconds in (0, 86400), got {grace}\n")
-        return 2
-    return run_server(exit_with_chief=grace)
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tfdist.clean_exit import exit_cleanly
-
-    exit_cleanly(_main)
-    sys.exit(1)  # Not reached.

@@ -1,0 +1,118 @@
+"""What every tfdist command line shares: one-line errors, exit codes, and a closed pipe that is not a crash.
+
+Bad input ends a command with exit 2 and exactly one line on stderr, never a
+traceback. An environment failure (:class:`tfdist.errors.RuntimeFailure`)
+ends it with exit 1 and one line. A reader that closes the pipe early
+(``tfdist doctor | head -1``) ends it quietly, like any Unix filter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn, Optional
+
+from tfdist.errors import Error, RuntimeFailure
+
+__all__ = ["ArgumentParser", "cli_main", "one_line", "finite_float", "port_number", "EXIT_USAGE", "EXIT_FAILURE",
+           "EXIT_PIPE"]
+
+EXIT_FAILURE, EXIT_USAGE = 1, 2
+EXIT_PIPE = 128 + 13  # What a shell reports for a filter killed by SIGPIPE.
+
+Main = Callable[[Optional[Sequence[str]]], int]
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped, so it prints as one line.
+
+    Example:
+        >>> one_line("bad value 'a\\nb\\udcff'")
+        "bad value 'a\\\\nb\\\\udcff'"
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (``PROG: error: MESSAGE``) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def finite_float(text: str) -> float:
+    """argparse ``type=`` for a finite number (refuses nan and inf, which ``float`` accepts).
+
+    Example:
+        >>> finite_float("2.5")
+        2.5
+    """
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+finite_float.__name__ = "finite number"  # argparse names the type in its message.
+
+
+def port_number(text: str) -> int:
+    """argparse ``type=`` for a TCP port, 0 (pick a free one) to 65535."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(text)
+    return value
+
+
+port_number.__name__ = "port (0-65535)"
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def cli_main(prog: str) -> Callable[[Main], Main]:
+    """Decorates a ``main(argv) -> int`` so tfdist errors, Ctrl-C and closed pipes end it in one line.
+
+    Args:
+      prog: The command's name in messages, e.g. ``"tfdist-launch"``.
+
+    Example:
+        >>> from tfdist.errors import LaunchError
+        >>> @cli_main("demo")
+        ... def main(argv=None):
+        ...     raise LaunchError("Invalid value for `--workers`. Received: -1.")
+        >>> import contextlib, io
+        >>> err = io.StringIO()
+        >>> with contextlib.redirect_stderr(err):
+        ...     main([])
+        2
+        >>> err.getvalue()
+        'demo: error: Invalid value for `--workers`. Received: -1.\\n'
+    """
+    def decorate(main: Main) -> Main:
+        @functools.wraps(main)
+        def wrapper(argv: Optional[Sequence[str]] = None) -> int:
+            try:
+                return main(argv)
+            except BrokenPipeError:
+                _silence_stdout()
+                return EXIT_PIPE
+            except KeyboardInterrupt:
+                sys.stderr.write(f"{prog}: interrupted\n")
+                return 128 + 2
+            except Error as err:
+                sys.stderr.write(f"{prog}: error: {one_line(str(err))}\n")
+                return EXIT_FAILURE if isinstance(err, RuntimeFailure) else EXIT_USAGE
+        return wrapper
+    return decorate
