@@ -61,7 +61,18 @@ class BadInputTest(parameterized.TestCase):
         ("task_type_missing", _cfg({"worker": ["a:1"]}, {"index": 0}), 'Add "type" to "task"'),
         ("task_type_unknown", _cfg({"worker": ["a:1"]}, {"type": "wroker", "index": 0}), "did you mean 'worker'"),
         ("task_not_mapping", _cfg({"worker": ["a:1"]}, "worker"), "mapping such as"),
-        ("sparse_duplicate_index", _cfg({"worker": {"1": "a:1", "01": "b:1"}}), "Index 1 is given twice"),
+        ("sparse_duplicate_index", {"cluster": {"worker": {"1": "a:1", 1: "b:1"}}}, "Index 1 is given twice"),
+        # Issue 17: spellings that name no real task, or the same task twice.
+        ("index_with_space", _cfg({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": " 1"}), "plain digits"),
+        ("sparse_index_leading_zero", _cfg({"worker": {"01": "a:1"}}), r"Received: '01'.*plain digits"),
+        ("host_of_300_chars", _cfg({"worker": ["h" * 300 + ":1"]}), "at most 253 characters"),
+        ("host_empty_label", _cfg({"worker": ["a..b:1"]}), "dot-separated labels"),
+        ("ipv4_out_of_range", _cfg({"worker": ["999.1.1.1:1"]}), "IPv4 address of four numbers 0-255"),
+        ("ipv6_not_an_address", _cfg({"worker": ["[1:::2:3]:1"]}), "IPv6 address inside the brackets"),
+        ("port_leading_zeros", _cfg({"worker": ["a:00080"]}), "without leading zeros"),
+        ("same_task_other_case", _cfg({"worker": ["A:1", "a:1"]}), r"host names ignore case"),
+        ("evaluator_index_7", _cfg({"worker": ["a:1"]}, {"type": "evaluator", "index": 7}), "0 for the evaluator"),
+        ("nested_100k_deep", "[" * 100_000 + "]" * 100_000, "nested a few levels deep"),
         ("superscript_index", _cfg({"worker": {"²": "a:1"}}), r"Received: '²'. Expected an integer >= 0"),
         ("sparse_bad_key", _cfg({"worker": {"x": "a:1"}}), r"`cluster.worker key 'x'`"),
         ("rpc_layer_number", _cfg({"worker": ["a:1"]}, rpc_layer=5), "`rpc_layer`. Received: 5"),
@@ -82,6 +93,25 @@ class BadInputTest(parameterized.TestCase):
             ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker", task_id=3)
         with pytest.raises(ClusterSpecError, match="mapping of job name"):
             ClusterSpec(jobs=["a:1"])  # type: ignore[arg-type]
+
+    def test_deeply_nested_python_values_are_clusterspec_errors(self) -> None:
+        deep: list = []
+        for _ in range(100_000):
+            deep = [deep]
+        with pytest.raises(ClusterSpecError, match="`cluster.worker\\[0\\]`"):
+            ClusterSpec(jobs={"worker": [deep]})
+
+    def test_loopback_aliases_of_one_port_are_warned_about(self) -> None:
+        with self.assertLogs("tfdist.cluster", "WARNING") as logs:
+            ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:5"]})
+        self.assertIn("both name this machine's port 5", logs.output[0])
+        with self.assertNoLogs("tfdist.cluster", "WARNING"):
+            ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:6", "otherhost:5"]})
+
+    def test_valid_addresses_stay_valid(self) -> None:
+        spec = ClusterSpec(jobs={"worker": ["10.0.0.1:2222", "[::1]:2222", "w-1.ns.svc.cluster.local:2222",
+                                            "my_host:1", "h" * 63 + ".x:65535"]})
+        self.assertEqual(spec.num_workers, 5)
 
     def test_local_rejects_bad_counts(self) -> None:
         with pytest.raises(ClusterSpecError, match="`workers`. Received: -1"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import re
 import socket
 
@@ -11,6 +12,30 @@ from tfdist.errors import ClusterSpecError, LaunchFailure, invalid
 _HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?)"
 _ADDRESS = re.compile(rf"^(?P<host>{_HOST}):(?P<port>[0-9]{{1,5}})$")
 _SCHEME = re.compile(r"^[a-z+]+://")
+_LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")  # RFC 1123, plus '_' (Docker names).
+_MAX_HOST = 253  # A DNS name's longest text form.
+_DOTTED_QUAD = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (the part before ':port', brackets kept) cannot name a machine, or None."""
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return "an IPv6 address inside the brackets"
+        return None
+    if _DOTTED_QUAD.match(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "an IPv4 address of four numbers 0-255 without leading zeros"
+        return None
+    if len(host) > _MAX_HOST:
+        return f"a host name of at most {_MAX_HOST} characters"
+    if not all(_LABEL.match(label) for label in host.split(".")):
+        return "a host name of dot-separated labels of 1-63 letters, digits, '-' or '_'"
+    return None
 
 
 def check_address(field: str, value: object) -> str:
@@ -27,11 +52,35 @@ def check_address(field: str, value: object) -> str:
         raise invalid(ClusterSpecError, field, value,
                       "'host:port' (IPv6 hosts in brackets, e.g. '[::1]:2222')",
                       "Add the port after a colon, e.g. 'localhost:2222'.")
-    port = int(match.group("port"))
-    if not 1 <= port <= 65535:
-        raise invalid(ClusterSpecError, field, value, "a port in 1..65535",
+    port_text = match.group("port")
+    if not 1 <= int(port_text) <= 65535 or port_text.startswith("0"):
+        raise invalid(ClusterSpecError, field, value, "a port in 1..65535 written without leading zeros",
                       "Pick a port in 1..65535 (0 means 'any' and cannot be dialled).")
+    problem = _host_problem(match.group("host"))
+    if problem:
+        raise invalid(ClusterSpecError, field, value, problem, "Write the host as DNS or `hostname -f` names it.")
     return value
+
+
+def same_endpoint_key(address: str) -> str:
+    """``address`` as one machine sees it: host names are case-insensitive.
+
+    Example:
+        >>> same_endpoint_key("Worker-0.Example.COM:2222")
+        'worker-0.example.com:2222'
+    """
+    return address.lower()
+
+
+def is_loopback(host: str) -> bool:
+    """True for names of this machine's loopback interface ('localhost', 127.x.x.x, ::1)."""
+    host = host.strip("[]").lower()
+    if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tfdist._address import check_address
+from tfdist._address import check_address, is_loopback, same_endpoint_key, split_address
 from tfdist._names import describe_choices
 from tfdist.errors import ClusterSpecError, invalid
 
@@ -29,6 +29,9 @@ def load_json(text: str) -> Any:
                       "Set TF_CONFIG to the JSON your cluster manager writes, or unset it to run locally.")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise invalid(ClusterSpecError, "TF_CONFIG", text, "JSON nested a few levels deep",
+                      "TF_CONFIG is an object of jobs, each a list of 'host:port' strings.") from None
     except json.JSONDecodeError as err:
         hint = "Quote the whole value in the shell: TF_CONFIG='{\"cluster\": ...}'"
         if "'" in text:
@@ -51,12 +54,13 @@ def normalize_job_name(field: str, name: object) -> str:
 
 
 def parse_index(field: str, value: object) -> int:
-    """Accepts an int >= 0 or a string of digits (some managers write "0")."""
+    """Accepts an int >= 0 or its plain decimal text (some managers write "0"): no spaces, signs or leading zeros."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise invalid(ClusterSpecError, field, value, "an integer >= 0")
     if isinstance(value, str):
-        if not (value.strip().isascii() and value.strip().isdigit()):
-            raise invalid(ClusterSpecError, field, value, "an integer >= 0")
+        if not (value.isascii() and value.isdigit() and len(value) <= 9) or (value.startswith("0") and value != "0"):
+            raise invalid(ClusterSpecError, field, value, "an integer >= 0 written as plain digits, e.g. 1",
+                          "Remove spaces and leading zeros.")
         value = int(value)
     if value < 0:
         raise invalid(ClusterSpecError, field, value, "an integer >= 0")
@@ -120,13 +124,23 @@ def check_jobs(jobs: Mapping[str, Mapping[int, str]]) -> None:
         raise invalid(ClusterSpecError, "cluster.worker", None, "worker tasks when 'ps' tasks are present",
                       "ParameterServerStrategy needs at least one worker; add a 'worker' job or drop 'ps'.")
     seen: dict[str, str] = {}
+    loopback_ports: dict[int, tuple[str, str]] = {}
     for job, tasks in jobs.items():
         for index, address in tasks.items():
             where = f"{job}[{index}]"
-            if address in seen:
+            key = same_endpoint_key(address)
+            if key in seen:
                 raise invalid(ClusterSpecError, f"cluster.{where}", address, "an address used by one task only",
-                              f"It is also {seen[address]}; give each task its own port.")
-            seen[address] = where
+                              f"It is also {seen[key]} (host names ignore case); give each task its own port.")
+            seen[key] = where
+            host, port = split_address(address)
+            if is_loopback(host):
+                if port in loopback_ports:
+                    other, other_address = loopback_ports[port]
+                    _log.warning("cluster.%s (%s) and cluster.%s (%s) both name this machine's port %d; the second "
+                                 "task will fail to start. Give each task its own port.",
+                                 where, address, other, other_address, port)
+                loopback_ports.setdefault(port, (where, address))
 
 
 def parse_task(task: object, jobs: Mapping[str, Mapping[int, str]]) -> tuple[str | None, int]:
@@ -149,8 +163,11 @@ def parse_task(task: object, jobs: Mapping[str, Mapping[int, str]]) -> tuple[str
 def check_task(task_type: str, task_id: int, jobs: Mapping[str, Mapping[int, str]]) -> None:
     """Checks that the task exists in ``jobs`` (an evaluator need not)."""
     if task_type not in jobs:
-        if task_type == "evaluator":
-            return  # TFJob and Vertex AI leave the evaluator out of "cluster".
+        if task_type == "evaluator":  # TFJob and Vertex AI leave the evaluator out of "cluster".
+            if task_id != 0:
+                raise invalid(ClusterSpecError, "task.index", task_id, "0 for the evaluator (there is only one)",
+                              "Run one evaluator with index 0; it follows the chief's checkpoints.")
+            return
         raise invalid(ClusterSpecError, "task.type", task_type,
                       f"a job of the cluster, {describe_choices(task_type, jobs)}",
                       "Every task but the evaluator must be listed in 'cluster'.")

@@ -120,7 +120,10 @@ _E = TypeVar("_E", bound=Error)
 
 
 def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # Nested too deep, or an int too long to print.
+        text = f"<{type(value).__name__} too deeply nested or too large to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
