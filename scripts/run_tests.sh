@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Creates .venv if missing, installs tfdist[test], runs pytest. Extra arguments go to pytest, e.g.
+# Creates the stack's venv if missing, installs tfdist[test], runs pytest. Extra arguments go to pytest, e.g.
 #   scripts/run_tests.sh -m "not multiprocess"     # the fast, TF-light part
 #   scripts/run_tests.sh tests/test_cluster.py -k fuzz
+#   TFDIST_STACK=newest scripts/run_tests.sh       # on TF 2.21 + tf-keras 2.21, in .venv-newest
+# TFDIST_STACK is pinned (default: TF 2.17.1 + tf-keras 2.17 + tensorflow-io 0.37.1) or newest;
+# scripts/_venv.sh and scripts/stacks/ say what each installs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 tfdist_venv test

@@ -288,7 +288,7 @@ def mwms_with_cluster_callbacks(root: str, epochs: int) -> dict[str, Any]:
                                         tensorboard_dir=dirs["tb"], global_batch_size=64,
                                         report_dir=dirs["throughput"])
     model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
-    logger = [c for c in callbacks if type(c).__name__ == "ThroughputLogger"][0]
+    logger = [c for c in callbacks if isinstance(c, keras.ThroughputLogger)][0]
     return {"callbacks": sorted(type(c).__name__ for c in callbacks), "throughput": logger.history,
             "stragglers": logger.stragglers}
 
@@ -406,6 +406,7 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring", bytes_per_pack=1 << 20,
                                      timeout_seconds=120)
     from tfdist import keras
+    from tfdist._compat import communication_options
     from tfdist.autotune import CollectiveTuning, autotune_collectives
 
     out = {name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name)
@@ -428,7 +429,7 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     out["fp16_sums"] = _fp16_sums(strategy)
     out["loss_scaled"] = _loss_scaled_fit(keras, strategy)
     out["sparse"] = _sparse_fit(keras, strategy)
-    effective = strategy.extended._communication_options  # What TF's all-reduce launchers merge per call.
+    effective = communication_options(strategy)  # What TF's all-reduce launchers merge per call.
     out["strategy_options"] = {"implementation": effective.implementation.name,
                                "bytes_per_pack": effective.bytes_per_pack, "timeout_seconds": effective.timeout_seconds}
     return out

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from absl.testing import parameterized
 
+from tfdist._compat import tfio_unavailable_reason
 from tfdist.clean_exit import exit_code_of
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
@@ -37,6 +38,8 @@ S3_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(tfio_unavailable_reason() is not None,
+                    reason=f"the abort comes from tensorflow-io, and {tfio_unavailable_reason()}")
 class CleanExitTest(parameterized.TestCase):
 
     @pytest.fixture(autouse=True)

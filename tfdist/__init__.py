@@ -12,7 +12,7 @@ Example:
 from tfdist.clean_exit import exit_cleanly
 from tfdist.cluster import ClusterSpec, Task
 from tfdist.errors import (ClusterSpecError, DataError, EngineError, Error, LaunchError, LaunchFailure, PlanError,
-                           RuntimeFailure, ServiceError, StorageError, StrategyError)
+                           RuntimeFailure, ServiceError, StackError, StorageError, StrategyError)
 from tfdist.strategy import (StrategyOptions, build_strategy, cluster_coordinator, register_strategy,
                              strategy_names)
 
@@ -20,6 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClusterSpec", "ClusterSpecError", "DataError", "EngineError", "Error", "LaunchError", "LaunchFailure",
-    "PlanError", "RuntimeFailure", "ServiceError", "StorageError", "StrategyError", "StrategyOptions",
+    "PlanError", "RuntimeFailure", "ServiceError", "StackError", "StorageError", "StrategyError", "StrategyOptions",
     "Task", "build_strategy", "cluster_coordinator", "exit_cleanly", "register_strategy", "strategy_names",
 ]

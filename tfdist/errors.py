@@ -42,6 +42,7 @@ __all__ = [
     "StorageError",
     "ServiceError",
     "EngineError",
+    "StackError",
     "invalid",
     "require_int",
     "require_number",
@@ -114,6 +115,10 @@ class ServiceError(RuntimeFailure):
 
 class EngineError(RuntimeFailure):
     """An execution engine (Slurm, Ray, Kubernetes) is unavailable or refused the job."""
+
+
+class StackError(RuntimeFailure):
+    """The installed TensorFlow / tf-keras lacks what tfdist needs (an unsupported version, a moved internal)."""
 
 
 _E = TypeVar("_E", bound=Error)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfdist.errors import DataError, invalid
-from tfdist.keras._bases import callback_base
+from tfdist._compat import callback_base
 
 __all__ = ["AdaptiveClassWeights", "reweight"]
 

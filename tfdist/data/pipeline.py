@@ -441,7 +441,9 @@ class TFRecordPipeline:
 
 
 def _is_variable(value: object) -> bool:
-    return type(value).__name__.endswith("Variable")
+    from tfdist._compat import is_variable
+
+    return is_variable(value)
 
 
 def _size_of(path: str) -> int:

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 from tfdist import _address
+from tfdist._compat import stop_data_server
 from tfdist.errors import DataError, ServiceError, require_int
 
 __all__ = ["LocalDataService"]
@@ -60,9 +61,9 @@ class LocalDataService:
 
     def stop(self) -> None:
         for worker in self._workers:
-            worker._stop()  # pylint: disable=protected-access - TF's only way to stop an in-process server.
+            stop_data_server(worker)
         if self._dispatcher is not None:
-            self._dispatcher._stop()  # pylint: disable=protected-access
+            stop_data_server(self._dispatcher)
         self._workers, self._dispatcher = [], None
 
     def __enter__(self) -> "LocalDataService":

@@ -1,4 +1,4 @@
-"""The Keras tfdist supports: tf-keras 2.17 (legacy Keras 2), whatever ``tf.keras`` is, plus tfdist's helpers.
+"""The Keras tfdist supports: tf-keras (legacy Keras 2, the same minor as TensorFlow), whatever ``tf.keras`` is, plus tfdist's helpers.
 
 Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy and does not support
 ParameterServerStrategy ``fit``. ``tfdist.keras`` is the ``tf_keras`` module,
@@ -12,7 +12,8 @@ imported; ``tfdist-launch`` sets it for every task). tfdist's own names
 Example:
     >>> from tfdist import keras
     >>> model = keras.Sequential([keras.layers.Dense(1)])
-    >>> keras.__version__.startswith("2.17")
+    >>> import tensorflow as tf
+    >>> keras.__version__.split(".")[:2] == tf.__version__.split(".")[:2]
     True
 """
 

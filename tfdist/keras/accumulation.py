@@ -79,16 +79,18 @@ def _micro_batches(data: Any, steps: int) -> list[tuple[Any, Any]]:
 
 def _accumulating_train_step(self: Any, data: Any) -> dict[str, Any]:
     import tensorflow as tf
-    from tf_keras.src.engine import data_adapter
+    import tf_keras
+
+    from tfdist._compat import validate_target_and_loss
 
     total, variables = None, []
     for piece, share in _micro_batches(data, self.accumulation_steps):
-        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(piece)
+        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(piece)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             # Keras' mean over an empty slice is 0 (divide_no_nan), so a short last batch is harmless.
             loss = self.compute_loss(x, y, y_pred, sample_weight)
-        self._validate_target_and_loss(y, loss)
+        validate_target_and_loss(self, y, loss)
         variables = self.trainable_variables  # Built by the first call.
         # The optimizer's compute_gradients: a LossScaleOptimizer scales the loss and unscales the gradients.
         pairs = self.optimizer.compute_gradients(loss, variables, tape=tape)

@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 from tfdist import exit_codes
 from tfdist.cluster import ClusterSpec, current_cluster
-from tfdist.keras._bases import backup_base, callback_base
+from tfdist._compat import (attach_preemption_handler, backup_base, callback_base, saving_before_preemption,
+                            training_state)
 
 __all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
 
@@ -68,7 +69,7 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
         model = getattr(self, "model", None)
         return model is not None and isinstance(model.distribute_strategy, tf.distribute.ParameterServerStrategy)
 
-    def _implements_train_batch_hooks(self) -> bool:
+    def wants_train_batch_hooks(self) -> bool:
         # tf-keras forbids batch hooks under ParameterServerStrategy: time whole epochs there.
         return not self._is_parameter_server()
 
@@ -136,7 +137,7 @@ def exit_preempted() -> None:
 class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     """``BackupAndRestore(save_before_preemption=True)`` that works off Google Cloud too.
 
-    tf-keras 2.17 enables saving on SIGTERM only when it detects GCP
+    tf-keras (2.17 to 2.21) enables saving on SIGTERM only when it detects GCP
     (``support_on_demand_checkpoint_callback``); elsewhere the flag is silently
     ignored and a preempted job loses everything since the last backup. This
     callback attaches TensorFlow's own ``PreemptionCheckpointHandler`` (which
@@ -145,7 +146,7 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     save the backup there and exit with ``exit_codes.PREEMPTED`` (200, which
     schedulers retry; TensorFlow's own default, 42, the training operator
     would not); the rerun resumes from it.
-    Relies on tf-keras 2.17 internals (pinned in setup.cfg).
+    Relies on tf-keras internals, reached through ``tfdist._compat``.
 
     Args:
       backup_dir: Where the backup lives (shared storage).
@@ -160,20 +161,17 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
         super().on_train_begin(logs)
         import tensorflow as tf
 
-        state = self._training_state
+        state = training_state(self)
         strategy = self.model.distribute_strategy
         resolver = getattr(strategy, "cluster_resolver", None)
         multi_worker = (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None
                         and bool(resolver.cluster_spec().as_dict()))
-        if state._enable_save_before_preemption or not multi_worker:
+        if saving_before_preemption(state) or not multi_worker:
             return
         handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver, state.write_checkpoint_manager,
             termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted))
-        handler._read_checkpoint_manager = state.read_checkpoint_manager
-        state.preemption_handler = handler
-        state._enable_save_before_preemption = True
-        self.model._preemption_handler = handler
+        attach_preemption_handler(state, self.model, handler)
         _log.info("Saving before preemption is on: SIGTERM makes every worker save the backup and exit "
                   "(code %d).", exit_codes.PREEMPTED)
 

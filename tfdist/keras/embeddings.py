@@ -133,6 +133,7 @@ def local_weights(model: Any) -> list[Any]:
 
 def _layer_variables(layer: Any) -> list[Any]:
     """A layer's weights with each ShardedVariable kept whole (``layer.weights`` lists its shards)."""
-    sharded = {id(part): var for var in vars(layer).values() if hasattr(var, "variables") and
-               type(var).__name__ == "ShardedVariable" for part in var.variables}
+    from tfdist._compat import is_sharded_variable
+
+    sharded = {id(part): var for var in vars(layer).values() if is_sharded_variable(var) for part in var.variables}
     return [sharded.get(id(w), w) for w in layer.weights]

@@ -1,0 +1,41 @@
+"""Every private TF / tf-keras internal tfdist uses resolves on the installed stack (CI runs both ends)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfdist import _compat
+from tfdist.errors import StackError
+
+
+def test_every_internal_resolves_on_this_stack() -> None:
+    import tensorflow as tf
+
+    assert _compat.stack_problem() is None, _compat.stack_problem()
+    checked = _compat.check_internals()
+    assert set(checked) == set(_compat._CHECKS) and set(checked.values()) == {"ok"}, tf.__version__
+
+
+def test_a_missing_internal_fails_naming_the_versions() -> None:
+    import tensorflow as tf
+
+    with pytest.raises(StackError, match=rf"object.missing_thing.*TensorFlow {tf.__version__} with tf-keras") as err:
+        _compat._attr(object(), "missing_thing", "a test")
+    assert err.value.field == "stack" and "pip install" in err.value.fix
+
+
+def test_helpers_behave() -> None:
+    import tensorflow as tf
+
+    assert _compat.is_variable(tf.Variable(1.0)) and not _compat.is_variable(tf.constant(1.0))
+    assert not _compat.is_sharded_variable(tf.Variable(1.0))
+    assert _compat.parse_version("2.17.1") == (2, 17) and _compat.parse_version("2.21.0rc2") == (2, 21)
+
+
+def test_tensorflow_io_availability_matches_the_stack() -> None:
+    tf_minor = _compat.parse_version(_compat.installed_version("tensorflow") or "0.0")
+    reason = _compat.tfio_unavailable_reason()
+    if tf_minor > _compat.TFIO_LAST_TF:
+        assert reason is not None and ("not installed" in reason or "cannot load" in reason)
+    elif _compat.installed_version("tensorflow-io") is not None:
+        assert reason is None

@@ -1,0 +1,268 @@
+"""The one module that touches private TensorFlow and tf-keras internals.
+
+tfdist supports TensorFlow 2.17 to 2.21, each with the tf-keras of the same
+minor version. Everything tfdist needs beyond their public APIs (private
+attributes, ``tensorflow.python`` classes, overridable private hooks) is
+reached through the accessors below, so an upgrade has one file to check.
+Each accessor either resolves or raises :class:`tfdist.errors.StackError`
+naming the installed versions; :func:`check_internals` resolves all of them
+(``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
+
+Version facts are read from package metadata, without importing TensorFlow.
+
+Example:
+    >>> from tfdist import _compat
+    >>> _compat.parse_version("2.21.0rc1")
+    (2, 21)
+    >>> _compat.SUPPORTED_TF
+    ((2, 17), (2, 21))
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any, Optional
+
+from tfdist.errors import StackError
+
+__all__ = [
+    "SUPPORTED_TF", "parse_version", "installed_version", "stack_problem", "tfio_unavailable_reason",
+    "keras3_loaded", "callback_base", "backup_base", "training_state", "saving_before_preemption",
+    "attach_preemption_handler", "validate_target_and_loss", "stop_data_server", "communication_options",
+    "is_sharded_variable", "is_variable", "check_internals",
+]
+
+SUPPORTED_TF = ((2, 17), (2, 21))  # Inclusive minor range; 2.16 stalls MWMS start-up (BUILD_NOTES.md).
+TFIO_LAST_TF = (2, 17)  # tensorflow-io 0.37.1's file systems have undefined symbols on TF >= 2.18.
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as '2.17.1' or '2.21.0rc1'."""
+    major, minor = text.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def installed_version(distribution: str) -> Optional[str]:
+    """The installed version of a distribution ('tensorflow', 'tf-keras', ...), or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _stack_text() -> str:
+    return f"TensorFlow {installed_version('tensorflow')} with tf-keras {installed_version('tf-keras')}"
+
+
+def stack_problem() -> Optional[str]:
+    """Why the installed TF / tf-keras pair is unsupported, or None if it is supported."""
+    tf_version, keras_version = installed_version("tensorflow"), installed_version("tf-keras")
+    if tf_version is None:
+        return "TensorFlow is not installed: pip install 'tensorflow>=2.17,<2.22'."
+    tf_minor = parse_version(tf_version)
+    if not SUPPORTED_TF[0] <= tf_minor <= SUPPORTED_TF[1]:
+        return (f"TensorFlow {tf_version} is outside tfdist's range 2.17-2.21 (2.16 stalls at the start of a "
+                "multi-worker fit). Install e.g. tensorflow==2.21.0 tf-keras==2.21.0.")
+    if keras_version is None:
+        return f"tf-keras is not installed: pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
+    if parse_version(keras_version) != tf_minor:
+        return (f"tf-keras {keras_version} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
+                f"minor version. pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'.")
+    return None
+
+
+def tfio_unavailable_reason() -> Optional[str]:
+    """Why tensorflow-io's file systems cannot load here, or None when they can (no TF import)."""
+    tf_version = installed_version("tensorflow")
+    if importlib.util.find_spec("tensorflow_io") is None:
+        return "tensorflow-io is not installed (it loads on TF 2.17 only: pip install 'tfdist[tfio]')"
+    if tf_version is not None and parse_version(tf_version) > TFIO_LAST_TF:
+        return f"tensorflow-io's file systems cannot load on TF {tf_version} (undefined symbols on TF >= 2.18)"
+    return None
+
+
+def keras3_loaded() -> Optional[str]:
+    """The version of Keras 3 if a script has imported it (``import keras``), else None."""
+    module = sys.modules.get("keras")
+    version = str(getattr(module, "__version__", "")) if module is not None else ""
+    return version if version[:1].isdigit() and int(version.split(".")[0]) >= 3 else None
+
+
+def _missing(what: str, needed_by: str) -> StackError:
+    return StackError(f"tfdist needs {what} for {needed_by}, which {_stack_text()} does not have. tfdist supports "
+                      "TensorFlow 2.17-2.21 with the tf-keras of the same minor version; install one of those, or "
+                      "report the version at tfdist's issue tracker.",
+                      field="stack", value=_stack_text(), expected=what,
+                      fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras")
+
+
+def _attr(obj: Any, name: str, needed_by: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise _missing(f"{type(obj).__name__}.{name}", needed_by) from None
+
+
+# ---- tf-keras callbacks ------------------------------------------------------------------------------------
+
+def callback_base() -> type:
+    """``tf_keras.callbacks.Callback`` with tf-keras' private batch-hook switch as a public method.
+
+    Subclasses override ``wants_train_batch_hooks()`` instead of
+    ``_implements_train_batch_hooks`` (which tf-keras asks to decide whether to
+    call ``on_train_batch_*``; they are forbidden under ParameterServerStrategy).
+    """
+    import tf_keras
+
+    base = tf_keras.callbacks.Callback
+    hook = _attr(base, "_implements_train_batch_hooks", "ThroughputLogger's per-batch timing")
+
+    class Callback(base):  # type: ignore[misc, valid-type]
+        def wants_train_batch_hooks(self) -> bool:
+            """Whether tf-keras should call ``on_train_batch_begin/end`` (default: if they are overridden)."""
+            return bool(hook(self))
+
+        def _implements_train_batch_hooks(self) -> bool:
+            return self.wants_train_batch_hooks()
+
+    return Callback
+
+
+def backup_base() -> type:
+    """``tf_keras.callbacks.BackupAndRestore``."""
+    import tf_keras
+
+    return tf_keras.callbacks.BackupAndRestore
+
+
+def training_state(backup: Any) -> Any:
+    """The ``WorkerTrainingState`` a ``BackupAndRestore`` made in ``on_train_begin``."""
+    return _attr(backup, "_training_state", "PreemptionSafeBackup")
+
+
+def saving_before_preemption(state: Any) -> bool:
+    """Whether tf-keras itself enabled saving on SIGTERM (it does so only on GCP)."""
+    return bool(_attr(state, "_enable_save_before_preemption", "PreemptionSafeBackup"))
+
+
+def attach_preemption_handler(state: Any, model: Any, handler: Any) -> None:
+    """Wires TF's ``PreemptionCheckpointHandler`` into tf-keras as tf-keras does on GCP.
+
+    The same four assignments as ``WorkerTrainingState.__init__`` when
+    ``save_before_preemption`` holds (identical in tf-keras 2.17 to 2.21).
+    """
+    for obj, name in ((state, "_enable_save_before_preemption"), (state, "read_checkpoint_manager"),
+                      (handler, "_read_checkpoint_manager")):
+        _attr(obj, name, "PreemptionSafeBackup")
+    handler._read_checkpoint_manager = state.read_checkpoint_manager
+    state.preemption_handler = handler
+    state._enable_save_before_preemption = True
+    model._preemption_handler = handler
+
+
+def validate_target_and_loss(model: Any, y: Any, loss: Any) -> None:
+    """tf-keras' own check in ``train_step`` that targets and a loss were given."""
+    _attr(model, "_validate_target_and_loss", "accumulate_gradients")(y, loss)
+
+
+# ---- TensorFlow ---------------------------------------------------------------------------------------------
+
+def stop_data_server(server: Any) -> None:
+    """Stops an in-process tf.data service dispatcher or worker (TF has no public stop)."""
+    _attr(server, "_stop", "LocalDataService.stop")()
+
+
+def communication_options(strategy: Any) -> Any:
+    """The ``CommunicationOptions`` a MultiWorkerMirroredStrategy merges into every all-reduce."""
+    return _attr(_attr(strategy, "extended", "communication_options"), "_communication_options",
+                 "communication_options")
+
+
+def _sharded_variable_class() -> type:
+    try:
+        from tensorflow.python.distribute.sharded_variable import ShardedVariable
+    except ImportError:
+        raise _missing("tensorflow.python.distribute.sharded_variable.ShardedVariable",
+                       "embedding_layout/local_weights") from None
+    return ShardedVariable
+
+
+def is_sharded_variable(value: Any) -> bool:
+    """Whether ``value`` is a ParameterServerStrategy ``ShardedVariable`` (no public class exists)."""
+    return isinstance(value, _sharded_variable_class())
+
+
+def is_variable(value: Any) -> bool:
+    """A ``tf.Variable`` (mirrored and PS variables included) or a ``ShardedVariable``."""
+    import tensorflow as tf
+
+    return isinstance(value, tf.Variable) or is_sharded_variable(value)
+
+
+# ---- the check every stack runs ------------------------------------------------------------------------------
+
+def _check_preemption_wiring() -> None:
+    import tensorflow as tf
+
+    source = inspect.getsource(tf.distribute.experimental.PreemptionCheckpointHandler)
+    if "self._read_checkpoint_manager" not in source:
+        raise _missing("PreemptionCheckpointHandler._read_checkpoint_manager", "PreemptionSafeBackup")
+
+
+def _check_backup_state() -> None:
+    import tempfile
+
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with tempfile.TemporaryDirectory() as tmp:
+        backup = backup_base()(tmp)
+        backup.set_model(model)
+        backup.on_train_begin()
+        state = training_state(backup)
+        saving_before_preemption(state)
+        for name in ("read_checkpoint_manager", "write_checkpoint_manager"):
+            _attr(state, name, "PreemptionSafeBackup")
+        _attr(model, "_validate_target_and_loss", "accumulate_gradients")
+
+
+def _check_data_service() -> None:
+    import tensorflow as tf
+
+    for cls in (tf.data.experimental.service.DispatchServer, tf.data.experimental.service.WorkerServer):
+        _attr(cls, "_stop", "LocalDataService.stop")
+
+
+def _check_communication_options() -> None:
+    import tensorflow as tf
+
+    module = sys.modules[tf.distribute.MultiWorkerMirroredStrategy.__module__]
+    extended = getattr(module, "CollectiveAllReduceExtended", None)
+    if extended is None or "self._communication_options =" not in inspect.getsource(extended):
+        raise _missing("CollectiveAllReduceExtended._communication_options", "communication_options")
+
+
+_CHECKS: dict[str, Callable[[], None]] = {
+    "Callback._implements_train_batch_hooks": lambda: callback_base() and None,
+    "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
+    "PreemptionCheckpointHandler._read_checkpoint_manager": _check_preemption_wiring,
+    "ShardedVariable": lambda: _sharded_variable_class() and None,
+    "tf.data service servers' _stop": _check_data_service,
+    "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
+}
+
+
+def check_internals() -> dict[str, str]:
+    """Resolves every internal tfdist uses; returns name -> 'ok'. Raises StackError on the first that fails."""
+    problem = stack_problem()
+    if problem is not None:
+        raise StackError(problem, field="stack", value=_stack_text(), expected="TF 2.17-2.21 with matching tf-keras",
+                         fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras")
+    for check in _CHECKS.values():
+        check()
+    return {name: "ok" for name in _CHECKS}
