@@ -1,4 +1,8 @@
-"""TFRecords on s3:// against a real S3-compatible server (moto) on 127.0.0.1, through tensorflow-io."""
+"""TFRecords on s3:// against a real S3-compatible server (moto) on 127.0.0.1, through both readers.
+
+``tensorflow`` is tensorflow-io's file system (TF 2.17 only); ``boto3`` is tfdist's own reader
+(tfdist/data/s3.py), which every TF version uses where tensorflow-io cannot load.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +15,37 @@ import pytest
 
 from tfdist._compat import tfio_unavailable_reason
 
-# TEMPORARY until the boto3 reader lands (issue #13 part 3): s3:// needs tensorflow-io until then.
-pytestmark = [pytest.mark.s3, pytest.mark.timeout(300),
-              pytest.mark.skipif(tfio_unavailable_reason() is not None,
-                                 reason=f"s3:// needs tensorflow-io until the boto3 reader lands; {tfio_unavailable_reason()}")]
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
+READERS = [pytest.param("boto3", id="boto3"),
+           pytest.param("tensorflow", id="tensorflow_io", marks=pytest.mark.skipif(
+               tfio_unavailable_reason() is not None, reason=str(tfio_unavailable_reason())))]
 
 SCRIPT = textwrap.dedent("""
-    import collections, json, sys
+    import collections, json, logging, sys
     import boto3, tensorflow as tf
     import tfdist
     from tfdist.data import TFRecordPipeline, write_tfrecords, read_manifest
     from tfdist.data.report import skew_report
 
     def main():
-        boto3.client("s3", endpoint_url=sys.argv[1]).create_bucket(Bucket="tfdist-data")
+        logging.basicConfig(level=logging.INFO)
+        boto3.client("s3", endpoint_url=sys.argv[1]).create_bucket(Bucket=sys.argv[2])
         def example(i):
             return tf.train.Example(features=tf.train.Features(feature={
                 "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
                 "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))}))
-        paths = write_tfrecords((example(i) for i in range(500)), "s3://tfdist-data/train/part", num_shards=4,
+        paths = write_tfrecords((example(i) for i in range(500)), f"s3://{sys.argv[2]}/train/part", num_shards=4,
                                 compression="GZIP")
         features = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64)}
         seen = []
         for worker in range(2):
             context = tf.distribute.InputContext(2, worker, 2)
-            pipeline = TFRecordPipeline(files="s3://tfdist-data/train/part-*", features=features, batch_size=10,
+            pipeline = TFRecordPipeline(files=f"s3://{sys.argv[2]}/train/part-*", features=features, batch_size=10,
                                         verify="all", drop_remainder=False)
             seen += [int(v) for b in pipeline.dataset(context) for v in b["id"].numpy()]
-        report = skew_report("s3://tfdist-data/train/part-*", label_key="label", num_workers=2)
+        report = skew_report(f"s3://{sys.argv[2]}/train/part-*", label_key="label", num_workers=2)
         print("RESULT", json.dumps({"paths": paths, "ids": sorted(seen), "checked": pipeline.last_report,
-                                    "manifest_records": read_manifest("s3://tfdist-data/train/part")["records"],
+                                    "manifest_records": read_manifest(f"s3://{sys.argv[2]}/train/part")["records"],
                                     "report": report.worker_records}), flush=True)
         return 0
 
@@ -48,16 +53,22 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_write_and_read_sharded_tfrecords_on_s3(s3_server: dict[str, str]) -> None:
+@pytest.mark.parametrize("reader", READERS)
+def test_write_and_read_sharded_tfrecords_on_s3(s3_server: dict[str, str], reader: str) -> None:
     import json
 
-    env = dict(os.environ, **s3_server)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, s3_server["S3_ENDPOINT"]], env=env, capture_output=True,
+    # The boto3 run sees only tensorflow-io's S3_ENDPOINT (host:port), as a tensorflow-io user's job would.
+    env = dict(os.environ, **s3_server, TFDIST_S3_READER=reader, TFDIST_S3_CACHE_MB="1")
+    if reader == "boto3":
+        env.pop("AWS_ENDPOINT_URL")
+        env["S3_ENDPOINT"] = env["S3_ENDPOINT"].split("://")[1]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, s3_server["S3_ENDPOINT"], f"tfdist-{reader}"], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert ("Reading s3:// through boto3" in done.stderr) == (reader == "boto3"), done.stderr[-3000:]
     line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
     result = json.loads(line[len("RESULT "):])
-    assert result["paths"] == [f"s3://tfdist-data/train/part-0000{i}-of-00004.tfrecord.gz" for i in range(4)]
+    assert result["paths"] == [f"s3://tfdist-{reader}/train/part-0000{i}-of-00004.tfrecord.gz" for i in range(4)]
     assert result["ids"] == list(range(500))  # Two workers, file sharding, each record once.
     assert result["checked"]["files_checked"] == 2 and result["checked"]["corrupt_files"] == []
     assert result["manifest_records"] == 500

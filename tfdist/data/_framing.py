@@ -125,20 +125,21 @@ def _walk(data: Any, path: str) -> FileCheck:
 
 def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
     """Walks the framing of one TFRecord file (local or any ``tf.io.gfile`` path)."""
+    from tfdist.data import remote
+
     compression = (compression or "").upper()
-    if "://" not in path and not compression:
-        with open(path, "rb") as f:
+    local = remote.readable_path(path)  # An s3:// object read through boto3 is checked in its staged copy.
+    if "://" not in local and not compression:
+        with open(local, "rb") as f:
             if not os.fstat(f.fileno()).st_size:
                 return FileCheck(path, 0, 0, 0)
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:  # Only the headers' pages are read.
                 return _walk(data, path)
-    if "://" in path:
-        import tensorflow as tf
-
-        with tf.io.gfile.GFile(path, "rb") as f:
+    if "://" in local:
+        with remote.open_file(local, "rb") as f:
             raw = f.read()
     else:
-        with open(path, "rb") as f:
+        with open(local, "rb") as f:
             raw = f.read()
     try:
         if compression == "GZIP":

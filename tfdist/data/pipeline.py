@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 from tfdist._names import describe_choices
-from tfdist.data import _batching, _context, _decode, _framing
-from tfdist.data.remote import ensure_filesystem
+from tfdist.data import _batching, _context, _decode, _framing, remote
 from tfdist.data.sampling import Weights, resolve_weights, stratified_sample
 from tfdist.data.sharding import SHARD_POLICIES, ShardPlan, plan_shards
 from tfdist.data.writer import CLASS_GROUP, prefix_of, read_manifest
@@ -183,15 +182,15 @@ class TFRecordPipeline:
 
         paths: list[str] = []
         for pattern in self.files:
-            ensure_filesystem(pattern)
-            matched = tf.io.gfile.glob(pattern) if any(c in pattern for c in "*?[") else [pattern]
+            remote.ensure_filesystem(pattern)
+            matched = remote.glob(pattern)
             if not matched:
                 raise invalid(DataError, "files", pattern, "a pattern that matches at least one file",
                               "Check the path; globs need quotes in the shell.")
             paths.extend(matched)
         paths = sorted(set(p for p in paths if not p.endswith("-manifest.json")))
         with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:
-            sizes = list(pool.map(_size_of, paths))
+            sizes = list(pool.map(remote.size, paths))
         return tuple(zip(paths, sizes))
 
     @functools.cached_property
@@ -343,8 +342,8 @@ class TFRecordPipeline:
         files = tf.data.Dataset.from_tensor_slices(paths)
         if self.shuffle_buffer and plan.policy != "data":
             files = files.shuffle(len(paths), seed=self.seed)
-        records = files.interleave(
-            lambda path: tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20)
+        records = remote.staged_files(files, paths).interleave(
+            lambda path, local: tf.data.TFRecordDataset(local, compression_type=compression, buffer_size=1 << 20)
             .take(take.lookup(path)), cycle_length=max(1, reads), block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic or plan.policy == "data")
         if self.on_corrupt == "skip":
@@ -444,15 +443,6 @@ def _is_variable(value: object) -> bool:
     from tfdist._compat import is_variable
 
     return is_variable(value)
-
-
-def _size_of(path: str) -> int:
-    import tensorflow as tf
-
-    try:
-        return tf.io.gfile.stat(path).length
-    except tf.errors.OpError as err:
-        raise StorageError(f"Cannot read {path}: {err.message}. Check that it exists and is readable.") from err
 
 
 def _lost_records(check: _framing.FileCheck, written: Optional[int]) -> tuple[int, bool]:

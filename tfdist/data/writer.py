@@ -52,12 +52,12 @@ def manifest_path(prefix: str) -> str:
 
 def read_manifest(prefix: str) -> Optional[dict[str, Any]]:
     """The manifest next to ``prefix``, or None when there is none."""
-    import tensorflow as tf
+    from tfdist.data import remote
 
     path = manifest_path(prefix)
-    if not tf.io.gfile.exists(path):
+    if not remote.exists(path):
         return None
-    with tf.io.gfile.GFile(path) as f:
+    with remote.open_file(path, "r") as f:
         return json.load(f)
 
 
@@ -98,17 +98,18 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
     """
     import tensorflow as tf
 
-    from tfdist.data.remote import ensure_filesystem
+    from tfdist.data import remote
 
     require_int(DataError, "num_shards", num_shards, minimum=1)
     if compression not in COMPRESSIONS:
         raise invalid(DataError, "compression", compression, "None, 'GZIP' or 'ZLIB'")
-    ensure_filesystem(path_prefix)
+    remote.ensure_filesystem(path_prefix)
     parent = path_prefix.rsplit("/", 1)[0] if "/" in path_prefix else "."
     if "://" not in parent:
         tf.io.gfile.makedirs(parent)
     options = tf.io.TFRecordOptions(compression_type=compression or "")
     writers: dict[str, list[Any]] = {}
+    finishers: list[Any] = []
     counters: dict[str, int] = {}
     files: dict[str, dict[str, Any]] = {}
     start, written = time.monotonic(), 0
@@ -119,7 +120,9 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
             if group not in writers:
                 prefix = f"{path_prefix}-{partition_by}={group}" if partition_by else path_prefix
                 names = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
-                writers[group] = [tf.io.TFRecordWriter(name, options) for name in names]
+                targets = [remote.writable_path(name) for name in names]  # Uploaded on close where needed.
+                finishers.extend(finish for _, finish in targets)
+                writers[group] = [tf.io.TFRecordWriter(local, options) for local, _ in targets]
                 for name in names:
                     files[name] = {"records": 0, "bytes": 0, "class": group if partition_by else None}
                 counters[group] = 0
@@ -139,13 +142,23 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
         for group_writers in writers.values():
             for writer in group_writers:
                 writer.close()
+    _upload_all(finishers)
     if not written:
         raise invalid(DataError, "examples", [], "at least one example")
     manifest = {"prefix": path_prefix, "compression": compression, "partition_by": partition_by,
                 "num_shards": num_shards, "records": written, "files": files,
                 "classes": {g: n for g, n in counters.items()} if partition_by else None}
-    with tf.io.gfile.GFile(manifest_path(path_prefix), "w") as f:
+    with remote.open_file(manifest_path(path_prefix), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
     _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix,
               time.monotonic() - start)
     return sorted(files)
+
+
+def _upload_all(finishers: list[Any]) -> None:
+    """Runs the upload-on-close steps of the shards (boto3-served objects), in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if finishers:
+        with ThreadPoolExecutor(max_workers=min(8, len(finishers))) as pool:
+            list(pool.map(lambda finish: finish(), finishers))
