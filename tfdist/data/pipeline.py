@@ -26,7 +26,7 @@ from tfdist.data import _batching, _context, _decode, _framing, remote
 from tfdist.data.sampling import Weights, resolve_weights, stratified_sample
 from tfdist.data.sharding import SHARD_POLICIES, ShardPlan, plan_shards
 from tfdist.data.writer import CLASS_GROUP, prefix_of, read_manifest
-from tfdist.errors import DataError, StorageError, invalid, require_int
+from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["TFRecordPipeline", "CORRUPT_POLICIES", "VERIFY_MODES"]
 
