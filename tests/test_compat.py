@@ -29,6 +29,8 @@ def test_helpers_behave() -> None:
 
     assert _compat.is_variable(tf.Variable(1.0)) and not _compat.is_variable(tf.constant(1.0))
     assert not _compat.is_sharded_variable(tf.Variable(1.0))
+    assert _compat.is_tf_error(tf.errors.UnavailableError(None, None, "gone"), ("UnavailableError",))
+    assert not _compat.is_tf_error(RuntimeError("x"), ("UnavailableError", "NoSuchError"))
     assert _compat.parse_version("2.17.1") == (2, 17) and _compat.parse_version("2.21.0rc2") == (2, 21)
 
 

@@ -33,7 +33,7 @@ __all__ = [
     "SUPPORTED_TF", "parse_version", "installed_version", "stack_problem", "tfio_unavailable_reason",
     "keras3_loaded", "callback_base", "backup_base", "training_state", "saving_before_preemption",
     "attach_preemption_handler", "validate_target_and_loss", "stop_data_server", "communication_options",
-    "is_sharded_variable", "is_variable", "check_internals",
+    "is_sharded_variable", "is_tf_error", "is_variable", "check_internals",
 ]
 
 SUPPORTED_TF = ((2, 17), (2, 21))  # Inclusive minor range; 2.16 stalls MWMS start-up (BUILD_NOTES.md).
@@ -194,6 +194,13 @@ def _sharded_variable_class() -> type:
 def is_sharded_variable(value: Any) -> bool:
     """Whether ``value`` is a ParameterServerStrategy ``ShardedVariable`` (no public class exists)."""
     return isinstance(value, _sharded_variable_class())
+
+
+def is_tf_error(exc: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether ``exc`` is one of ``tf.errors.<name>`` (without importing TensorFlow if nothing has yet)."""
+    tf = sys.modules.get("tensorflow")
+    classes = tuple(c for c in (getattr(getattr(tf, "errors", None), n, None) for n in names) if isinstance(c, type))
+    return bool(classes) and isinstance(exc, classes)
 
 
 def is_variable(value: Any) -> bool:

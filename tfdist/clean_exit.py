@@ -53,11 +53,11 @@ def exit_code_for_exception(exc: BaseException) -> int:
         (2, 1)
     """
     from tfdist import exit_codes
+    from tfdist._compat import is_tf_error
     from tfdist.errors import Error
 
-    for cls in type(exc).__mro__:
-        if cls.__module__.startswith("tensorflow") and cls.__name__ in exit_codes.PEER_LOST_ERRORS:
-            return exit_codes.LOST_PEER
+    if is_tf_error(exc, exit_codes.PEER_LOST_ERRORS):
+        return exit_codes.LOST_PEER
     if isinstance(exc, Error) and isinstance(exc, ValueError):
         return exit_codes.BAD_CONFIG
     return exit_codes.FAILED
