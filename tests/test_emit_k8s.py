@@ -181,7 +181,8 @@ def test_jobset_follows_the_documented_schema(config: LaunchConfig) -> None:
 def _pod_env(manifest: dict[str, Any], rjob: dict[str, Any], index: int) -> dict[str, str]:
     """The environment Kubernetes gives pod ``index`` of ``rjob``: labels through the downward API, and the index."""
     labels = {"jobset.sigs.k8s.io/jobset-name": manifest["metadata"]["name"],
-              "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"], "jobset.sigs.k8s.io/job-index": "0"}
+              "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"], "jobset.sigs.k8s.io/job-index": "0",
+              "jobset.sigs.k8s.io/restart-attempt": "2"}
     env = {"JOB_COMPLETION_INDEX": str(index)}
     for var in rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"]:
         if "valueFrom" in var:
@@ -194,7 +195,8 @@ def _pod_env(manifest: dict[str, Any], rjob: dict[str, Any], index: int) -> dict
 
 def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None:
     manifest = jobset(PS, name="rec")
-    show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG']); print(os.environ['TFDIST_TASK'])"]
+    show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG']); "
+            "print(os.environ['TFDIST_TASK'] + ' ' + os.environ['TFDIST_RESTART'])"]
     seen = {}
     for rjob in manifest["spec"]["replicatedJobs"]:
         for index in range(rjob["template"]["spec"]["completions"]):
@@ -205,7 +207,9 @@ def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None
             env = dict(os.environ, **_pod_env(manifest, rjob, index))
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, done.stderr
-            tf_config, task = done.stdout.strip().splitlines()[-2:]
+            tf_config, line = done.stdout.strip().splitlines()[-2:]
+            task, restart = line.split()
+            assert restart == "2"  # JobSet's restart attempt reaches the task as TFDIST_RESTART.
             spec = ClusterSpec.from_tf_config(tf_config)
             assert spec.task.name == task == f"{rjob['name']}:{index}"
             # JobSet's documented host name: <jobSet.name>-<replicatedJob.name>-<job-index>-<pod-index>.<subdomain>

@@ -9,6 +9,7 @@ but writes no TF_CONFIG):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -33,8 +34,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         require_int(LaunchError, "--port", args.port, minimum=1, maximum=65535)
         spec = ClusterSpec.from_jobset(jobs=parse_jobs(args.jobs), port=args.port, subdomain=args.subdomain)
-        # A rerun after a JobSet restart starts from scratch here; BackupAndRestore resumes the training.
-        return exec_task(_PREFIX, spec, argv[cut + 1:], run_on=args.run_on, restart=0)
+        # JobSet's restart count (a label, passed in by the manifest) becomes TFDIST_RESTART.
+        attempt = os.environ.get("JOBSET_RESTART_ATTEMPT") or "0"
+        restart = int(attempt) if attempt.isascii() and attempt.isdigit() else 0
+        return exec_task(_PREFIX, spec, argv[cut + 1:], run_on=args.run_on, restart=restart)
     except Error as err:
         sys.stderr.write(f"{_PREFIX}error: {err}\n")
         return exit_codes.BAD_CONFIG

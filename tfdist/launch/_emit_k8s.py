@@ -23,7 +23,8 @@ CLEAN_POD_POLICIES = ("All", "Running", "None")
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 JOBSET_LABELS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
                  "REPLICATED_JOB_NAME": "jobset.sigs.k8s.io/replicatedjob-name",
-                 "JOB_INDEX": "jobset.sigs.k8s.io/job-index"}
+                 "JOB_INDEX": "jobset.sigs.k8s.io/job-index",
+                 "JOBSET_RESTART_ATTEMPT": "jobset.sigs.k8s.io/restart-attempt"}
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE]\d+)?$")

@@ -7,11 +7,12 @@ import shlex
 import sys
 from typing import Optional
 
+from tfdist import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig
 
 # Exit codes a rerun cannot fix: tfdist's bad-configuration code, and a command that cannot be run.
-PERMANENT_CODES = (2, 126, 127)
+PERMANENT_CODES = (exit_codes.BAD_CONFIG, exit_codes.CANNOT_EXECUTE, exit_codes.NOT_FOUND)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _TIME = re.compile(r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(?::\d{1,2}){0,2}"
                    r"|UNLIMITED|INFINITE)$")
