@@ -28,7 +28,7 @@ import time
 from typing import Optional
 
 PACKAGES = ("slurm-wlm", "munge")
-BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "srun", "scontrol")
+BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "srun", "scontrol", "scancel", "squeue")
 NODE = "localhost"
 _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
@@ -128,7 +128,20 @@ class LocalSlurm:
         return "\n".join(out)
 
     def stop(self, grace: float = 15.0) -> None:
-        """Stops the daemons this object started (slurmd, slurmctld, munged), each by its own pid."""
+        """Cancels this cluster's jobs, then stops the daemons this object started, each by its own pid."""
+        if all(self.processes.get(n) is not None and self.processes[n].poll() is None for n in ("slurmctld", "slurmd")):
+            try:
+                subprocess.run([_which("scancel") or "scancel", "--full", "--user", "root"], env=self.env,
+                               capture_output=True, timeout=20)
+                deadline = time.monotonic() + grace
+                while time.monotonic() < deadline:  # Their tasks end before slurmd does.
+                    queue = subprocess.run([_which("squeue") or "squeue", "-h"], env=self.env,
+                                           capture_output=True, text=True, timeout=20)
+                    if queue.returncode != 0 or not queue.stdout.strip():
+                        break
+                    time.sleep(0.5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.processes.get(name)
             if proc is None or proc.poll() is not None:
