@@ -188,6 +188,7 @@ NONSENSE = {
     "tfjob_memory_injection": (["--emit", "tfjob", "--image", "i:1", "--memory", "1Gi\nkind: Pod"], "--memory"),
     "tfjob_no_image": (["--emit", "tfjob"], "--image"),
     "tfjob_image_newline": (["--emit", "tfjob", "--image", "i:1\nkind: Pod"], "--image"),
+    "tfjob_image_not_ascii": (["--emit", "tfjob", "--image", "imäge:1"], "--image"),
     "jobset_no_image": (["--emit", "jobset"], "--image"),
     "jobset_name": (["--emit", "jobset", "--image", "i:1", "--name", "Bad_Name"], "--name"),
 }

@@ -56,7 +56,7 @@ def check_quantity(field: str, value: Any) -> str:
 
 def check_image(image: Any) -> str:
     """A container image reference; tfdist must be installed in it."""
-    if not isinstance(image, str) or not image or any(c.isspace() or ord(c) < 32 for c in image):
+    if not isinstance(image, str) or not image or not (image.isascii() and image.isprintable()) or " " in image:
         raise invalid(LaunchError, "--image", image or None, "a container image with tfdist installed",
                       "TensorFlow's own images do not have tfdist: build one (FROM tensorflow/tensorflow:2.17.1, "
                       "pip install tfdist) and pass --image REGISTRY/NAME:TAG.")
