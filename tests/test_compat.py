@@ -41,3 +41,42 @@ def test_tensorflow_io_availability_matches_the_stack() -> None:
         assert reason is not None and ("not installed" in reason or "cannot load" in reason)
     elif _compat.installed_version("tensorflow-io") is not None:
         assert reason is None
+
+
+KERAS3_FIT = """
+import sys
+import keras, numpy as np
+from tfdist import _compat
+from tfdist.errors import StrategyError
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)  # No guard yet: Keras 3 fits on one process.
+assert _compat.forbid_keras3_fit("MultiWorkerMirroredStrategy")
+try:
+    model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
+except StrategyError as err:
+    print("ERROR", err.fix, "|", err)
+"""
+
+
+def test_keras3_fit_under_a_multi_worker_strategy_names_the_fix() -> None:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KERAS3_FIT], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ERROR from tfdist import keras | Keras 3 (keras 3." in done.stdout
+    assert "cannot fit under MultiWorkerMirroredStrategy" in done.stdout and "PerReplica" in done.stdout
+
+
+def test_stack_report_names_the_stack_and_its_s3_reader() -> None:
+    from tfdist.stack import stack_report
+
+    report = stack_report(probe=True)
+    assert report.ok, report.problems
+    assert report.internals.startswith("ok: all ")
+    assert report.schemes["s3"] == ("tensorflow-io" if _compat.tfio_unavailable_reason() is None else "boto3 (tfdist)")
+    text = report.to_text()
+    assert f"tensorflow:         {report.tensorflow}" in text and text.endswith("stack: supported")

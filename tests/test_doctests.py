@@ -13,7 +13,8 @@ MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdi
            "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan",
            "tfdist.collective", "tfdist.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
            "tfdist.keras.embeddings", "tfdist.exit_codes", "tfdist._slurm", "tfdist._jobset",
-           "tfdist.launch._emit_k8s", "tfdist.launch._emit_slurm", "tfdist.launch.server"]
+           "tfdist.launch._emit_k8s", "tfdist.launch._emit_slurm", "tfdist.launch.server", "tfdist._compat",
+           "tfdist.stack", "tfdist.data.s3"]
 
 
 @pytest.mark.parametrize("name", MODULES)

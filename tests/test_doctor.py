@@ -84,3 +84,19 @@ class ResolverAndKerasTest(absltest.TestCase):
         self.assertEqual(keras.__version__.split(".")[:2], tf.__version__.split(".")[:2])
         self.assertIs(keras.layers, tf_keras.layers)
         self.assertIs(keras.Sequential, tf_keras.Sequential)
+
+
+class DoctorStackTest(absltest.TestCase):
+
+    def test_stack_report_exits_0_on_a_supported_stack(self) -> None:
+        done = _doctor("--stack")
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        for line in ("tensorflow:", "tf-keras:", "keras (Keras 3):", "TF_USE_LEGACY_KERAS:", "tensorboard:",
+                     "tensorflow-io:", "  s3://", "internals:          ok: all", "stack: supported"):
+            self.assertIn(line, done.stdout)
+
+    def test_the_task_report_ends_with_a_stack_line(self) -> None:
+        spec = ClusterSpec.local(workers=1)
+        done = _doctor(tf_config=json.dumps(spec.to_tf_config("worker", 0)))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertRegex(done.stdout, r"stack:       TF 2\.\d+\.\d+, tf-keras 2\.\d+\.\d+: supported")

@@ -31,7 +31,7 @@ from tfdist.errors import StackError
 
 __all__ = [
     "SUPPORTED_TF", "parse_version", "installed_version", "stack_problem", "tfio_unavailable_reason",
-    "keras3_loaded", "callback_base", "backup_base", "training_state", "saving_before_preemption",
+    "keras3_loaded", "forbid_keras3_fit", "callback_base", "backup_base", "training_state", "saving_before_preemption",
     "attach_preemption_handler", "validate_target_and_loss", "stop_data_server", "communication_options",
     "is_sharded_variable", "is_tf_error", "is_variable", "check_internals",
 ]
@@ -105,6 +105,38 @@ def _attr(obj: Any, name: str, needed_by: str) -> Any:
         return getattr(obj, name)
     except AttributeError:
         raise _missing(f"{type(obj).__name__}.{name}", needed_by) from None
+
+
+def forbid_keras3_fit(strategy_name: str) -> bool:
+    """Makes Keras 3's ``Model.fit`` raise a tfdist error naming the fix, if this process imported Keras 3.
+
+    Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy with TF's
+    ``ValueError: Attempt to convert a value (PerReplica...)`` and has no
+    ParameterServerStrategy ``fit``; ``build_strategy`` calls this for those
+    strategies. Returns whether the guard is in place. Keras 3 imported later is
+    not guarded (``tfdist doctor`` warns about it).
+    """
+    version = keras3_loaded()
+    if version is None:
+        return False
+    model = sys.modules["keras"].Model
+    if getattr(model.fit, "_tfdist_guard", False):
+        return True
+
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from tfdist.errors import StrategyError
+
+        raise StrategyError(
+            f"Keras 3 (keras {version}) cannot fit under {strategy_name}: under MultiWorkerMirroredStrategy TF "
+            "raises 'Attempt to convert a value (PerReplica...)', and Keras 3 has no ParameterServerStrategy fit. "
+            "Build the model with tf-keras: `from tfdist import keras` (or `import tf_keras as keras`), or set "
+            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
+            field="keras", value=f"keras {version}", expected="tf-keras (Keras 2)",
+            fix="from tfdist import keras")
+
+    fit._tfdist_guard = True  # type: ignore[attr-defined]
+    model.fit = fit
+    return True
 
 
 # ---- tf-keras callbacks ------------------------------------------------------------------------------------

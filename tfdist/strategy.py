@@ -169,7 +169,20 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
         _log.info("Cluster: %s", spec.describe())
     strategy = _BUILDERS[kind](opts, spec)
     _log.info("Built %s with %d replica(s) in sync.", type(strategy).__name__, strategy.num_replicas_in_sync)
+    _guard_keras3(strategy)
     return strategy
+
+
+def _guard_keras3(strategy: "tf.distribute.Strategy") -> None:
+    """Keras 3 cannot fit under MWMS or PS: make its fit say so (tfdist._compat.forbid_keras3_fit)."""
+    import tensorflow as tf
+
+    from tfdist._compat import forbid_keras3_fit
+
+    for cls in (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.ParameterServerStrategy):
+        if isinstance(strategy, cls) and forbid_keras3_fit(cls.__name__):
+            _log.warning("This process imported Keras 3, whose fit fails under %s; use `from tfdist import keras`.",
+                         cls.__name__)
 
 
 def resolve_options(*, tuning: Union[str, "os.PathLike[str]", "CollectiveTuning", None] = None,

@@ -1,4 +1,4 @@
-"""``tfdist doctor``: validate TF_CONFIG, show the role and fingerprint, probe the other tasks."""
+"""``tfdist doctor``: validate TF_CONFIG, show the role and fingerprint, probe the other tasks; report the stack."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser = subparsers.add_parser("doctor", help="validate TF_CONFIG and probe the cluster",
                                    description="Validate TF_CONFIG (from the environment or --tf-config), print "
                                    "this task's role, the cluster and its fingerprint. Exit 0 valid, 2 invalid, "
-                                   "3 unreachable (with --probe).")
+                                   "3 unreachable (with --probe). --stack reports the installed TensorFlow stack "
+                                   "instead (exit 0 supported, 2 not).")
     parser.add_argument("--tf-config", default=None, metavar="JSON|@FILE",
                         help="TF_CONFIG text, or @path to a file holding it (default: $TF_CONFIG)")
     parser.add_argument("--probe", type=float, default=None, metavar="SECONDS",
                         help="check that the other tasks' ports accept connections within SECONDS")
+    parser.add_argument("--stack", action="store_true",
+                        help="report TF, tf-keras, Keras 3, tensorboard, tensorflow-io, which remote schemes work "
+                        "through what, and known traps (imports TensorFlow)")
     parser.set_defaults(run=run)
 
 
@@ -32,6 +36,12 @@ def _load(value: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tfdist.stack import stack_report
+
+    if args.stack:
+        report = stack_report(probe=True)
+        sys.stdout.write(report.to_text() + "\n")
+        return EXIT_OK if report.ok else EXIT_INVALID
     try:
         spec = ClusterSpec.from_tf_config(_load(args.tf_config))
     except (ClusterSpecError, OSError) as err:
@@ -44,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     for t in spec.tasks():
         mark = "  <- this task" if task and (t.type, t.index) == (task.type, task.index) else ""
         sys.stdout.write(f"  {t.name:<12} {t.address}{mark}\n")
+    stack = stack_report()
+    sys.stdout.write(f"stack:       TF {stack.tensorflow}, tf-keras {stack.tf_keras}: "
+                     f"{'supported' if stack.ok else 'NOT supported'} (tfdist doctor --stack for details)\n")
+    for line in stack.problems + stack.warnings:
+        sys.stdout.write(f"  {'PROBLEM' if line in stack.problems else 'warning'}: {line}\n")
     if args.probe is None:
         return EXIT_OK
     results = probe_tasks(spec, timeout=args.probe)

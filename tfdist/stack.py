@@ -1,0 +1,157 @@
+"""What TensorFlow stack is installed, which remote schemes work through what, and the known traps.
+
+``tfdist doctor --stack`` prints :meth:`StackReport.to_text`. :func:`stack_report`
+reads package metadata only, unless ``probe=True``, which imports TensorFlow to
+ask which file systems are registered and resolves every private internal
+tfdist uses (``tfdist._compat.check_internals``).
+
+Example:
+    >>> from tfdist.stack import stack_report
+    >>> report = stack_report()
+    >>> report.tensorflow is not None and "s3" in report.schemes
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+from typing import Optional
+
+from tfdist import _compat
+
+__all__ = ["StackReport", "stack_report"]
+
+_TFIO_ONLY = ("hdfs", "az", "oss", "http")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StackReport:
+    """The installed stack and what it can do.
+
+    Attributes:
+      python, tensorflow, tf_keras, keras, tensorboard, tensorflow_io, boto3:
+        Installed versions (None: not installed). ``keras`` is the ``keras``
+        distribution (Keras 3 on TF >= 2.16).
+      tf_use_legacy_keras: ``$TF_USE_LEGACY_KERAS`` (None: unset).
+      keras3_imported: The Keras 3 version this process has imported, if any.
+      schemes: Remote scheme -> what serves it ('TensorFlow', 'tensorflow-io',
+        'boto3 (tfdist)') or 'unavailable: why'.
+      internals: 'ok: N resolve', the StackError's text, or 'not probed'.
+      problems: Why this stack is unsupported (empty: supported).
+      warnings: Known traps that apply here.
+    """
+
+    python: str
+    tensorflow: Optional[str]
+    tf_keras: Optional[str]
+    keras: Optional[str]
+    tensorboard: Optional[str]
+    tensorflow_io: Optional[str]
+    boto3: Optional[str]
+    tf_use_legacy_keras: Optional[str]
+    keras3_imported: Optional[str]
+    schemes: dict[str, str]
+    internals: str
+    problems: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether tfdist supports this stack."""
+        return not self.problems
+
+    def to_text(self) -> str:
+        """The report as ``tfdist doctor --stack`` prints it."""
+        def show(value: Optional[str]) -> str:
+            return value if value is not None else "not installed"
+
+        lines = [f"python:             {self.python}",
+                 f"tensorflow:         {show(self.tensorflow)}",
+                 f"tf-keras:           {show(self.tf_keras)}",
+                 f"keras (Keras 3):    {show(self.keras)}"
+                 + (f" - imported by this process ({self.keras3_imported})" if self.keras3_imported else ""),
+                 f"TF_USE_LEGACY_KERAS: {self.tf_use_legacy_keras if self.tf_use_legacy_keras is not None else 'unset'}",
+                 f"tensorboard:        {show(self.tensorboard)}",
+                 f"tensorflow-io:      {show(self.tensorflow_io)}",
+                 f"boto3:              {show(self.boto3)}",
+                 "remote schemes:"]
+        lines += [f"  {scheme + '://':<10} {how}" for scheme, how in self.schemes.items()]
+        lines.append(f"internals:          {self.internals}")
+        lines += [f"PROBLEM: {p}" for p in self.problems] + [f"warning: {w}" for w in self.warnings]
+        lines.append("stack: supported" if self.ok else "stack: NOT supported")
+        return "\n".join(lines)
+
+
+def _warnings(tf: Optional[str], keras: Optional[str], legacy: Optional[str], tensorboard: Optional[str],
+              tfio: Optional[str], keras3_imported: Optional[str]) -> list[str]:
+    out = []
+    if keras is not None and _compat.parse_version(keras) >= (3, 0) and legacy != "1":
+        out.append("tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1). Keras 3 fails model.fit under "
+                   "MultiWorkerMirroredStrategy (ValueError: Attempt to convert a value (PerReplica...)) and has no "
+                   "ParameterServerStrategy fit. Use `from tfdist import keras` (tf-keras), or set "
+                   "TF_USE_LEGACY_KERAS=1 before importing TensorFlow (tfdist-launch sets it).")
+    if keras3_imported:
+        out.append(f"this process imported Keras 3 ({keras3_imported}); tfdist makes its fit raise under "
+                   "MultiWorkerMirroredStrategy and ParameterServerStrategy.")
+    if tf is not None and tensorboard is None:
+        out.append("tensorboard is not installed (TF >= 2.21 no longer installs it): tf-keras' TensorBoard callback "
+                   "fails inside fit. pip install tensorboard.")
+    if tf is not None and tfio is not None and _compat.parse_version(tf) > _compat.TFIO_LAST_TF:
+        out.append(f"tensorflow-io {tfio} is installed, but its file systems cannot load on TF {tf} (undefined "
+                   "symbols on TF >= 2.18): s3:// goes through boto3; hdfs/az need TF 2.17 or a mount.")
+    return out
+
+
+def _schemes(probe: bool) -> dict[str, str]:
+    tfio_problem = _compat.tfio_unavailable_reason()
+    boto3 = importlib.util.find_spec("boto3") is not None
+    if not probe:
+        s3 = "tensorflow-io" if tfio_problem is None else (
+            "boto3 (tfdist)" if boto3 else "unavailable: pip install 'tfdist[s3]'")
+        out = {"gs": "TensorFlow", "s3": s3}
+        out.update({s: "tensorflow-io" if tfio_problem is None else f"unavailable: {tfio_problem}" for s in _TFIO_ONLY})
+        return out
+    from tfdist.data import remote
+    from tfdist.errors import Error
+
+    out = {}
+    for scheme in ("gs", "s3") + _TFIO_ONLY:
+        try:
+            reader = remote.reader_for(f"{scheme}://bucket/x")
+            if reader == "boto3":
+                remote.ensure_filesystem(f"{scheme}://bucket/x")
+                out[scheme] = "boto3 (tfdist)"
+            else:
+                out[scheme] = "TensorFlow" if scheme in remote.BUILTIN_SCHEMES else "tensorflow-io"
+        except Error as err:
+            out[scheme] = f"unavailable: {str(err).split('. ')[0]}"
+    return out
+
+
+def stack_report(*, probe: bool = False) -> StackReport:
+    """The installed stack; ``probe`` also imports TensorFlow, checks file systems and internals."""
+    version = _compat.installed_version
+    tf, keras, legacy = version("tensorflow"), version("keras"), os.environ.get("TF_USE_LEGACY_KERAS")
+    tensorboard, tfio = version("tensorboard"), version("tensorflow-io")
+    keras3_imported = _compat.keras3_loaded()  # Before probing, which may import Keras 3 itself.
+    problem = _compat.stack_problem()
+    problems = [problem] if problem else []
+    if tf is not None and _compat.parse_version(tf) == (2, 16):
+        problems.append("TF 2.16 stalls ~7.5 s at the start of every 2-worker MWMS fit (BUILD_NOTES.md).")
+    internals = "not probed (tfdist doctor --stack probes)"
+    if probe and not problems:
+        from tfdist.errors import StackError
+
+        try:
+            internals = f"ok: all {len(_compat.check_internals())} private TF/tf-keras internals resolve"
+        except StackError as err:
+            internals = str(err)
+            problems.append(str(err))
+    return StackReport(
+        python=".".join(map(str, sys.version_info[:3])), tensorflow=tf, tf_keras=version("tf-keras"), keras=keras,
+        tensorboard=tensorboard, tensorflow_io=tfio, boto3=version("boto3"), tf_use_legacy_keras=legacy,
+        keras3_imported=keras3_imported, schemes=_schemes(probe and tf is not None), internals=internals,
+        problems=tuple(problems), warnings=tuple(_warnings(tf, keras, legacy, tensorboard, tfio, keras3_imported)))
