@@ -374,7 +374,7 @@ class AdaptiveWeightsTest(parameterized.TestCase):
 
     def test_weight_moves_to_the_class_with_high_loss(self) -> None:
         from tfdist import keras
-        from tfdist.data.adaptive import AdaptiveClassWeights, reweight
+        from tfdist.keras.adaptive import AdaptiveClassWeights, reweight
 
         self.assertEqual(reweight([0.5, 0.5], [1.0, 1.0], rate=1.0, floor=0.0), [0.5, 0.5])
         rng = np.random.default_rng(0)

@@ -9,8 +9,10 @@ import pytest
 
 MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdist.probe", "tfdist.testing",
            "tfdist.launch.config", "tfdist.launch.emit", "tfdist.launch.runner", "tfdist.launch._process",
-           "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.data.adaptive",
-           "tfdist.data.remote", "tfdist.data.writer", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan",
+           "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.keras.adaptive",
+           "tfdist.data.remote", "tfdist.data.writer", "tfdist.data.options", "tfdist.data.files",
+           "tfdist.data.verify", "tfdist.data.reading", "tfdist.data.stratify", "tfdist.data.parsing",
+           "tfdist.data.pipeline", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan",
            "tfdist.collective", "tfdist.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
            "tfdist.keras.embeddings", "tfdist.exit_codes", "tfdist._slurm", "tfdist._jobset",
            "tfdist.launch._emit_k8s", "tfdist.launch._emit_slurm", "tfdist.launch.server", "tfdist._compat",

@@ -1,11 +1,11 @@
-"""Which input pipeline this process is: from an InputContext, TF_CONFIG, or alone."""
+"""Which input pipeline this process is: from an InputContext, a cluster spec, TF_CONFIG, or alone."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Optional
 
-from tfdist.cluster import current_cluster
+from tfdist.cluster import ClusterSpec, current_cluster
 from tfdist.errors import DataError, invalid
 
 
@@ -24,8 +24,12 @@ class PipelineSlot:
     per_replica: bool
 
 
-def slot(input_context: Optional[Any], global_batch: int) -> PipelineSlot:
-    """The slot for ``input_context``, or from TF_CONFIG (chief and workers count), or one pipeline."""
+def slot(input_context: Optional[Any], global_batch: int, *, cluster: Optional[ClusterSpec] = None) -> PipelineSlot:
+    """The slot for ``input_context``; else from ``cluster``, then TF_CONFIG (chief and workers count); else alone.
+
+    Explicit arguments win: an ``input_context`` over a ``cluster``, a
+    ``cluster`` over the environment.
+    """
     if input_context is not None:
         replicas = input_context.num_replicas_in_sync
         if global_batch % replicas:
@@ -35,9 +39,12 @@ def slot(input_context: Optional[Any], global_batch: int) -> PipelineSlot:
                           f"Use a multiple of {replicas}, e.g. {suggestion}.")
         return PipelineSlot(input_context.input_pipeline_id, input_context.num_input_pipelines,
                             input_context.get_per_replica_batch_size(global_batch), True)
-    spec = current_cluster()
-    if spec is not None:
-        # Only collective clusters split input by TF_CONFIG: parameter-server workers get their share through
+    if cluster is not None and not isinstance(cluster, ClusterSpec):
+        raise invalid(DataError, "cluster", type(cluster).__name__, "a tfdist.ClusterSpec",
+                      "Build one with ClusterSpec.from_tf_config(...) or tfdist.current_cluster().")
+    spec = cluster if cluster is not None else current_cluster()
+    if spec is not None and spec.task_type is not None:
+        # Only collective clusters split input by the cluster: parameter-server workers get their share through
         # the InputContext of a dataset function, and the coordinator's own datasets (evaluation) read all.
         if spec.task_type in ("chief", "worker") and spec.num_workers > 1 and not spec.num_ps:
             # TensorFlow's multi-worker order: the chief first, then workers by index.

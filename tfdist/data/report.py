@@ -149,6 +149,8 @@ def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: s
     """
     import tensorflow as tf
 
+    from tfdist.data.files import compression_of
+    from tfdist.data.parsing import check_features
     from tfdist.data.pipeline import TFRecordPipeline
 
     spec = label_spec or tf.io.FixedLenFeature([], tf.int64)
@@ -158,16 +160,20 @@ def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: s
     # The report runs each worker's real record stream (the pipeline's own sharding code), so it is exact.
     probe = TFRecordPipeline(files=files, features=features, batch_size=1, shard_policy=shard_policy,
                              shard_key=shard_key, deterministic=True)
-    plan = probe.plan(num_workers)
-    sizes = dict(probe._listing)
+    listing = probe.listing()
+    plan = probe.plan(num_workers, listing)
+    sizes = dict(listing.sizes)
     records, nbytes, classes = [], [], []
     for worker in range(num_workers):
-        stream = probe._records(plan, worker, None).batch(8192).map(lambda r: tf.io.parse_example(r, features))
+        share, _ = probe.worker_records(worker, num_workers, plan=plan, listing=listing)
+        if worker == 0:
+            first = plan.files_for(0)[0]
+            check_features(first, compression_of(first, "auto") or "", probe.parsing)
+        stream = share.batch(8192).map(lambda r: tf.io.parse_example(r, features))
         counts: Counter[str] = Counter()
         for batch in stream:
             counts.update(v.decode() if isinstance(v, bytes) else str(v) for v in batch[label_key].numpy().reshape(-1))
         records.append(sum(counts.values()))
-        read_bytes = sum(sizes[p] for p in plan.files_for(worker))
-        nbytes.append(read_bytes)
+        nbytes.append(sum(sizes[p] for p in plan.files_for(worker)))
         classes.append(dict(sorted(counts.items())))
     return SkewReport(plan.policy, plan.reason, label_key, tuple(records), tuple(nbytes), tuple(classes))

@@ -68,7 +68,7 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
       weights: 'balanced', 'natural', 'sqrt', class -> weight, or a 1-D
         float ``tf.Variable`` (one entry per class, in ``datasets`` order) that
         is read for every element, so it can be changed while training (see
-        :class:`tfdist.data.adaptive.AdaptiveClassWeights`); a change shows
+        :class:`tfdist.keras.adaptive.AdaptiveClassWeights`); a change shows
         after the elements already prefetched (2-14 measured here).
       counts: Class -> record count, for 'natural'/'sqrt'.
       seed: Sampling seed (deterministic mix when set).

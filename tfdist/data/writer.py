@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
 
-from tfdist.errors import DataError, invalid, require_int
+from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
 __all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_manifest", "COMPRESSIONS",
            "CLASS_GROUP"]
@@ -50,15 +50,38 @@ def manifest_path(prefix: str) -> str:
     return f"{prefix}-manifest.json"
 
 
-def read_manifest(prefix: str) -> Optional[dict[str, Any]]:
-    """The manifest next to ``prefix``, or None when there is none."""
+def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> Optional[dict[str, Any]]:
+    """The manifest next to ``prefix``, or None when there is none.
+
+    Args:
+      prefix: The ``path_prefix`` given to :func:`write_tfrecords`.
+      on_corrupt: A manifest that is not the writer's JSON: 'raise' a
+        DataError naming it, or 'skip' it (log a warning and return None).
+    """
     from tfdist.data import remote
 
     path = manifest_path(prefix)
     if not remote.exists(path):
         return None
-    with remote.open_file(path, "r") as f:
-        return json.load(f)
+    try:
+        with remote.open_file(path, "rb") as f:
+            raw = f.read()
+    except Error:
+        raise
+    except Exception as err:  # noqa: BLE001 - OSError or TF's OpError: the file is there but unreadable.
+        raise StorageError(f"Cannot read {path}: {err}. Check that it is readable.") from err
+    try:
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict) or not all(isinstance(info, dict) and isinstance(info.get("records"), int)
+                                                     for info in manifest["files"].values()):
+            raise ValueError("no per-file record counts")
+        return manifest
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        if on_corrupt == "skip":
+            _log.warning("Ignoring the corrupt manifest %s (%s): record counts are unknown.", path, err)
+            return None
+        raise invalid(DataError, "manifest", path, f"the JSON manifest write_tfrecords writes ({err})",
+                      "Delete it (reading works without it), re-write the data, or pass on_corrupt='skip'.") from err
 
 
 def _label_of(record: bytes, key: str) -> str:

@@ -7,7 +7,7 @@ so ``from tfdist import keras`` gives the right Keras without setting
 imported; ``tfdist-launch`` sets it for every task). tfdist's own names
 (``fit_input``, ``cluster_callbacks``, ``ThroughputLogger``,
 ``sidecar_evaluate``, ``enable_determinism``, ``with_communication``,
-``accumulate_gradients``, ``embedding_layout``, ``local_weights``) are added on top, loaded lazily.
+``accumulate_gradients``, ``embedding_layout``, ``local_weights``, ``AdaptiveClassWeights``) are added on top, loaded lazily.
 
 Example:
     >>> from tfdist import keras
@@ -31,6 +31,7 @@ _TFDIST_NAMES = {
     "accumulate_gradients": "tfdist.keras.accumulation",
     "embedding_layout": "tfdist.keras.embeddings",
     "local_weights": "tfdist.keras.embeddings",
+    "AdaptiveClassWeights": "tfdist.keras.adaptive",
 }
 
 

@@ -2,7 +2,7 @@
 
 Example:
     >>> import tensorflow as tf
-    >>> from tfdist.data.adaptive import AdaptiveClassWeights
+    >>> from tfdist.keras.adaptive import AdaptiveClassWeights
     >>> weights = tf.Variable([1.0, 1.0])
     >>> callback = AdaptiveClassWeights(weights, per_class_data={0: [], 1: []}, rate=0.5)
 """
@@ -19,7 +19,7 @@ from tfdist._compat import callback_base
 
 __all__ = ["AdaptiveClassWeights", "reweight"]
 
-_log = logging.getLogger("tfdist.data")
+_log = logging.getLogger("tfdist.keras")
 
 
 def reweight(weights: list[float], losses: list[float], *, rate: float, floor: float) -> list[float]:

@@ -1,0 +1,135 @@
+"""Input files: expand globs, size them, find the writer's record counts, name their compression.
+
+The read side lists and sizes files only through :func:`glob`,
+:func:`size_of` and :func:`is_dir` here, which ask :mod:`tfdist.data.remote`
+(TF's file systems, or boto3 for ``s3://``).
+
+Example:
+    >>> from tfdist.data.files import compression_of
+    >>> compression_of("/data/train-00000-of-00004.tfrecord.gz", "auto"), compression_of("/data/x.tfrecord", "auto")
+    ('GZIP', None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+from tfdist.data import remote
+from tfdist.data.writer import COMPRESSIONS, prefix_of, read_manifest
+from tfdist.errors import DataError, Error, StorageError, invalid
+
+__all__ = ["FileInfo", "Listing", "list_files", "compression_of", "glob", "size_of", "is_dir"]
+
+# File name endings -> compression: the writer's own endings first, then common spellings.
+_COMPRESSION_BY_SUFFIX = tuple((suffix, kind) for kind, suffix in COMPRESSIONS.items() if kind) + (
+    (".gzip", "GZIP"), (".zlib", "ZLIB"))
+
+
+def compression_of(path: str, given: Optional[str]) -> Optional[str]:
+    """``given`` when it is 'GZIP' or 'ZLIB'; for None or 'auto', the compression the file name ends in."""
+    if given not in (None, "auto"):
+        return given
+    for suffix, kind in _COMPRESSION_BY_SUFFIX:
+        if path.endswith(suffix):
+            return kind
+    return None
+
+
+def glob(pattern: str) -> list[str]:
+    """The paths ``pattern`` matches (a pattern without wildcards is itself), through the path's reader."""
+    remote.ensure_filesystem(pattern)
+    try:
+        return remote.glob(pattern)
+    except Error:
+        raise
+    except Exception as err:  # noqa: BLE001 - TF's OpError or the object store's: listing failed.
+        raise StorageError(f"Cannot list {pattern}: {err}. Check the path and your access to it.") from err
+
+
+def is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (object stores have none)."""
+    if remote.reader_for(path) != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    try:
+        return bool(tf.io.gfile.isdir(path))
+    except tf.errors.OpError:
+        return False
+
+
+def size_of(path: str) -> int:
+    """Bytes in ``path``; DataError when it does not exist, StorageError when it cannot be read."""
+    try:
+        return remote.size(path)
+    except StorageError:
+        if not remote.exists(path):
+            raise invalid(DataError, "files", path, "existing TFRecord files",
+                          "Check that the path exists; globs need quotes in the shell.") from None
+        raise
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FileInfo:
+    """One input file: its path, size in bytes, and records (from the writer's manifest; None if unknown)."""
+
+    path: str
+    size: int
+    records: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """The input files, sorted by path (the same on every worker)."""
+
+    files: tuple[FileInfo, ...]
+
+    @property
+    def sizes(self) -> tuple[tuple[str, int], ...]:
+        """(path, size) pairs, as :func:`~tfdist.data.sharding.plan_shards` takes them."""
+        return tuple((f.path, f.size) for f in self.files)
+
+    def records(self, paths: Sequence[str]) -> Optional[int]:
+        """Records in ``paths`` per the writer's manifests, or None when any count is unknown."""
+        known = {f.path: f.records for f in self.files}
+        counts = [known.get(p) for p in paths]
+        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+
+
+def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing:
+    """Expands ``patterns``, sizes every file and attaches the writer's record counts.
+
+    Args:
+      patterns: Globs or paths.
+      on_corrupt: For a corrupt manifest: 'raise' a DataError, or 'skip' it
+        (record counts are then unknown).
+
+    Raises:
+      DataError: A pattern matches nothing, names a directory, or a manifest is corrupt.
+      StorageError: A file cannot be listed or read.
+    """
+    paths: list[str] = []
+    for pattern in patterns:
+        matched = glob(pattern)
+        if not matched:
+            raise invalid(DataError, "files", pattern, "a pattern that matches at least one file",
+                          "Check the path; globs need quotes in the shell.")
+        paths.extend(matched)
+    paths = sorted(set(p for p in paths if not p.endswith("-manifest.json")))
+    if not paths:
+        raise invalid(DataError, "files", list(patterns), "TFRecord files (only manifests matched)")
+    directories = [p for p in paths if is_dir(p)]
+    if directories:
+        raise invalid(DataError, "files", directories[0], "TFRecord files, not a directory",
+                      f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.")
+    with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:
+        sizes = list(pool.map(size_of, paths))
+    counts: dict[str, int] = {}
+    for prefix in sorted({p for p in (prefix_of(path) for path in paths) if p}):
+        manifest = read_manifest(prefix, on_corrupt=on_corrupt)
+        if manifest is not None:
+            counts.update((path, info["records"]) for path, info in manifest["files"].items())
+    return Listing(tuple(FileInfo(path=p, size=s, records=counts.get(p)) for p, s in zip(paths, sizes)))

@@ -1,0 +1,81 @@
+"""One worker's serialized records: its files, read in parallel, cut to its share by the shard plan.
+
+Example:
+    >>> from tfdist.data.sharding import plan_shards
+    >>> from tfdist.data.reading import worker_files
+    >>> worker_files(plan_shards([("a", 10), ("b", 10)], num_workers=2, policy="file"), 1)
+    ('b',)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tfdist.data import _decode, remote
+from tfdist.data.files import compression_of
+from tfdist.data.options import EpochOptions, ShardOptions, SourceOptions, TuningOptions
+from tfdist.data.sharding import ShardPlan
+from tfdist.errors import DataError, invalid
+
+__all__ = ["worker_files", "read_records", "HASH_BLOCK"]
+
+HASH_BLOCK = 512  # Records per vectorized hash-key parse.
+
+
+def worker_files(plan: ShardPlan, worker: int) -> tuple[str, ...]:
+    """The files input pipeline ``worker`` opens under ``plan`` (under 'data'/'hash'/'off': every file)."""
+    return plan.files_for(worker)
+
+
+def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
+    kinds = {compression_of(p, source.compression) or "" for p in paths}
+    if len(kinds) > 1:
+        raise invalid(DataError, "compression", sorted(kinds), "one compression for all files",
+                      "Split compressed and uncompressed files into two pipelines.")
+    return next(iter(kinds), "")
+
+
+def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: ShardOptions,
+                 features: Mapping[str, Any] | None, epoch: EpochOptions, tuning: TuningOptions,
+                 limits: Mapping[str, int]) -> Any:
+    """The serialized records input pipeline ``worker`` reads, once (no repeat, no shuffle of records).
+
+    Args:
+      plan: The shard plan over every input file.
+      worker: This input pipeline's index in ``plan``.
+      source: Compression and damaged-file handling.
+      shard: The policy (from ``plan``) and the hash key.
+      features: The feature spec, for hashing ``shard.key``.
+      epoch: The seed and whether to shuffle the file order.
+      tuning: Parallel reads and determinism.
+      limits: Damaged file -> records to take (from :func:`~tfdist.data.verify.verify_files`).
+
+    Returns:
+      A ``tf.data.Dataset`` of serialized records.
+    """
+    import tensorflow as tf
+
+    paths = list(worker_files(plan, worker))
+    compression = _one_compression(paths, source)
+    reads = min(len(paths), 16) if tuning.num_parallel_reads == "autotune" else tuning.num_parallel_reads
+    take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    if epoch.shuffle_buffer and plan.policy != "data":
+        files = files.shuffle(len(paths), seed=epoch.seed)
+    records = remote.staged_files(files, paths).interleave(
+        lambda path, local: tf.data.TFRecordDataset(local, compression_type=compression, buffer_size=1 << 20)
+        .take(take.lookup(path)), cycle_length=max(1, reads), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=tuning.deterministic or plan.policy == "data")
+    if source.on_corrupt == "skip":
+        records = records.ignore_errors(log_warning=True)
+    if plan.policy == "data":
+        records = records.shard(plan.num_workers, worker)
+    elif plan.policy == "hash":
+        keep = _decode.key_mask(shard.key, features[shard.key],  # type: ignore[arg-type,index]
+                                plan.num_workers, worker)
+        records = records.batch(HASH_BLOCK).map(
+            lambda block: tf.boolean_mask(block, keep(block)), num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=tuning.deterministic).unbatch()
+    return records

@@ -1,0 +1,117 @@
+"""Stratified reading: per-class shard groups sampled in a class mix, or rejection resampling without them.
+
+Example:
+    >>> from tfdist.data.files import FileInfo, Listing
+    >>> from tfdist.data.stratify import class_groups
+    >>> listing = Listing((FileInfo(path="d-y=1-00000-of-00001.tfrecord", size=5),
+    ...                    FileInfo(path="d-y=0-00000-of-00001.tfrecord", size=7)))
+    >>> list(class_groups(listing, "y"))
+    ['0', '1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
+
+from tfdist.data import _framing
+from tfdist.data.files import Listing, compression_of
+from tfdist.data.options import EpochOptions, ParseOptions, SampleOptions, SourceOptions
+from tfdist.data.sampling import resolve_weights, stratified_sample
+from tfdist.data.sharding import plan_shards
+from tfdist.data.writer import CLASS_GROUP
+from tfdist.errors import DataError, invalid
+
+__all__ = ["class_groups", "stratified_records", "resample"]
+
+Group = list[tuple[str, int]]
+ReadShare = Callable[[Any], Any]  # ShardPlan of one class group -> that worker's records of it.
+
+
+def is_variable(value: object) -> bool:
+    from tfdist._compat import is_variable as _is_variable
+
+    return _is_variable(value)
+
+
+def class_groups(listing: Listing, label_key: Optional[str]) -> dict[str, Group]:
+    """Class value -> its (path, size) files, from ``PREFIX-LABEL=VALUE-*`` names; {} if unpartitioned.
+
+    Integer labels come in numeric order (2 before 10): the order of a
+    ``tf.Variable`` of class weights.
+    """
+    groups: dict[str, Group] = {}
+    for path, size in listing.sizes:
+        match = CLASS_GROUP.search(path)
+        if match is None or match.group("key") != label_key:
+            return {}
+        groups.setdefault(match.group("value"), []).append((path, size))
+    return dict(sorted(groups.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].lstrip("-").isdigit()
+                       else (1, 0, kv[0])))
+
+
+def _records_in(files: Sequence[tuple[str, int]], listing: Listing, source: SourceOptions) -> int:
+    """Records in ``files``: from the writer's manifest when it covers them, else a framing walk."""
+    known = listing.records([path for path, _ in files])
+    if known is not None:
+        return known
+    return sum(_framing.check_file(path, compression_of(path, source.compression)).records for path, _ in files)
+
+
+def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source: SourceOptions,
+                       shard_policy: str, sample: SampleOptions, epoch: EpochOptions, index: int, count: int,
+                       read_share: ReadShare) -> tuple[Any, str]:
+    """This worker's records drawn from the class groups in the asked mix, and a sentence for the log."""
+    counts = {label: _records_in(files, listing, source) for label, files in groups.items()}
+    # Each class group is split on its own: 'data'/'off' as asked, otherwise 'auto' (by file when the
+    # group has enough balanced files, else by record). 'hash' needs parsed keys and is not applied here.
+    policy = shard_policy if shard_policy in ("data", "off") else "auto"
+    per_class = {label: read_share(plan_shards(files, num_workers=count, policy=policy))
+                 for label, files in groups.items()}
+    share = sum(counts.values()) // count
+    weights = sample.class_weights
+    if isinstance(weights, Mapping):
+        weights = {str(k): v for k, v in weights.items()}
+    mix = resolve_weights(weights, counts=counts) if not is_variable(weights) else "a tf.Variable"  # type: ignore
+    total = sum(counts.values())
+    natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
+    if natural and epoch.num_epochs is not None:
+        # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
+        per_class = {label: data.repeat(epoch.num_epochs) for label, data in per_class.items()}
+        sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
+                                    block=sample.sample_block, on_exhausted="drop")
+        return sampled, f"stratified over {len(groups)} class shard groups, natural mix, each record once"
+    # Any other mix re-draws small classes and leaves part of large ones unread in an epoch (its purpose).
+    sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
+                                block=sample.sample_block)
+    sampled = sampled.take(share * epoch.num_epochs) if epoch.num_epochs is not None else sampled
+    return sampled, f"stratified over {len(groups)} class shard groups, mix {mix}, {share} records per epoch"
+
+
+def resample(dataset: Any, *, sample: SampleOptions, parse: ParseOptions, seed: Optional[int]) -> Any:
+    """Fallback for unpartitioned files: rejection resampling on the parsed label."""
+    import tensorflow as tf
+
+    if not sample.num_classes:
+        raise invalid(DataError, "num_classes", sample.num_classes, "the class count for stratifying unpartitioned "
+                      "files", "Pass num_classes=..., or write files with write_tfrecords(partition_by=label_key).")
+    classes = list(range(sample.num_classes))
+    if is_variable(sample.class_weights):
+        raise invalid(DataError, "class_weights", "tf.Variable", "fixed weights for unpartitioned files",
+                      "Adaptive weights need per-class shard groups (write_tfrecords(partition_by=...)).")
+    weights = sample.class_weights
+    if isinstance(weights, Mapping):
+        weights = {int(k): v for k, v in weights.items()}
+    probabilities = resolve_weights(weights, classes=classes)  # type: ignore[arg-type]
+    label, num_classes = parse.label_key, sample.num_classes
+    target = tf.constant([probabilities[c] for c in classes], tf.float32)
+
+    def class_of(features: Any) -> Any:
+        value = tf.cast(tf.reshape(features[label], []), tf.int32)
+        tf.debugging.assert_less(value, num_classes, message=f"a label of `{label}` is >= num_classes="
+                                 f"{num_classes}: pass the true class count")
+        tf.debugging.assert_non_negative(value, message=f"a label of `{label}` is negative")
+        return value
+
+    resampled = dataset.rejection_resample(class_of, target, seed=seed)
+    return resampled.map(lambda _, features: features)
