@@ -26,8 +26,16 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from tfdist.data.report import skew_report
 
+    if args.plot:  # Checked first: a report that took minutes should not end in a bad path.
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            sys.stderr.write(f"tfdist data-report: error: --plot {args.plot!r}: the directory {folder} does not "
+                             "exist; create it or choose another path\n")
+            return 2
     try:
         report = skew_report(args.pattern, label_key=args.label_key, num_workers=args.workers,
                              shard_policy=args.shard_policy, shard_key=args.shard_key)

@@ -74,11 +74,12 @@ def size_of(path: str) -> int:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FileInfo:
-    """One input file: its path, size in bytes, and records (from the writer's manifest; None if unknown)."""
+    """One input file: its path, size in bytes, and from the writer's manifest its records and class (or None)."""
 
     path: str
     size: int
     records: Optional[int] = None
+    label: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +128,10 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
                       f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.")
     with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:
         sizes = list(pool.map(size_of, paths))
-    counts: dict[str, int] = {}
+    written: dict[str, dict] = {}
     for prefix in sorted({p for p in (prefix_of(path) for path in paths) if p}):
         manifest = read_manifest(prefix, on_corrupt=on_corrupt)
         if manifest is not None:
-            counts.update((path, info["records"]) for path, info in manifest["files"].items())
-    return Listing(tuple(FileInfo(path=p, size=s, records=counts.get(p)) for p, s in zip(paths, sizes)))
+            written.update(manifest["files"])
+    return Listing(tuple(FileInfo(path=p, size=s, records=written.get(p, {}).get("records"),
+                                  label=written.get(p, {}).get("class")) for p, s in zip(paths, sizes)))

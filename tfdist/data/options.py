@@ -10,7 +10,7 @@ Example:
     >>> EpochOptions(batch_size=0)
     Traceback (most recent call last):
     ...
-    tfdist.errors.DataError: Invalid value for `batch_size`. Received: 0. Expected an integer from 1 to 1073741824.
+    tfdist.errors.DataError: Invalid value for `batch_size`. Received: 0. Expected an integer from 1 to 16777216.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ CORRUPT_POLICIES = ("raise", "skip")
 VERIFY_MODES = ("local", "all", "none")
 COMPRESSION_CHOICES = ("auto", "GZIP", "ZLIB", None)
 # Bounds that keep TensorFlow from aborting the process (std::bad_alloc, a segfault) on absurd values.
-MAX_BATCH = 1 << 30
+MAX_BATCH = 1 << 24
 MAX_THREADS = 4096
 
 

@@ -272,6 +272,9 @@ class TFRecordPipeline:
         else:
             plan = self.plan(where.count, listing)
             records, plan_text = read_share(plan, where.index), f"{plan.policy}: {plan.reason}"
+            if self.class_weights is not None and tf.executing_eagerly():
+                stratify.check_labels(records, parse=self.parsing, num_classes=self.num_classes,
+                                      where=f"input pipeline {where.index}/{where.count}'s files")
             self._warn_small_share(listing.records(plan.files_for(where.index)), plan, where)
         _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
         report = sum(reports[1:], reports[0]) if reports else VerifyReport()

@@ -36,7 +36,7 @@ from tfdist._compat import tfio_unavailable_reason
 from tfdist.errors import DataError, StorageError, invalid
 
 __all__ = ["ensure_filesystem", "scheme_of", "reader_for", "glob", "size", "exists", "open_file", "readable_path",
-           "writable_path", "staged_files", "TFIO_SCHEMES"]
+           "writable_path", "remove", "staged_files", "TFIO_SCHEMES"]
 
 _log = logging.getLogger("tfdist.data")
 BUILTIN_SCHEMES = frozenset({"", "file", "gs", "ram"})
@@ -147,6 +147,19 @@ def open_file(path: str, mode: str = "rb") -> Any:
     import tensorflow as tf
 
     return tf.io.gfile.GFile(path, mode)
+
+
+def remove(path: str) -> None:
+    """Deletes the file (or object) ``path``."""
+    if reader_for(path) == "boto3":
+        _store().remove(path)
+        return
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.remove(path)
+    except tf.errors.OpError as err:
+        raise StorageError(f"Cannot remove {path}: {err.message}. Check your access to it.") from err
 
 
 def readable_path(path: str) -> str:

@@ -253,6 +253,17 @@ class S3Store:
         with self._lock:
             self._staged.pop(url, None)
 
+    def remove(self, url: str) -> None:
+        """Deletes the object ``url``."""
+        bucket, key = split_url(url)
+        try:
+            self._client.delete_object(Bucket=bucket, Key=key)
+        except Exception as err:  # noqa: BLE001
+            raise self._error("remove", url, err) from err
+        self._sizes.pop(url, None)
+        with self._lock:
+            self._staged.pop(url, None)
+
     def _error(self, action: str, url: str, err: Exception) -> StorageError:
         return StorageError(f"Cannot {action} {url} through boto3 (endpoint {self.endpoint or 'AWS default'}): {err}. "
                             "Check the bucket, AWS_ENDPOINT_URL or S3_ENDPOINT, and the AWS credential variables.",

@@ -48,7 +48,10 @@ def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optiona
         raw = {k: 1.0 if weights == "balanced" else float(counts[k]) if weights == "natural"  # type: ignore[index]
                else math.sqrt(counts[k]) for k in keys}  # type: ignore[index]
     else:
-        raw = {k: float(v) for k, v in weights.items()}
+        try:
+            raw = {k: float(v) for k, v in weights.items()}
+        except (TypeError, ValueError, AttributeError) as err:
+            raise invalid(DataError, "class_weights", weights, "class -> a number") from err
         missing = [k for k in keys if k not in raw]
         if missing:
             raise invalid(DataError, "class_weights", dict(weights), f"a weight for every class (missing {missing})")
@@ -65,7 +68,8 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
 
     Args:
       datasets: Class -> dataset (or a list, classes 0..n-1).
-      weights: 'balanced', 'natural', 'sqrt', class -> weight, or a 1-D
+      weights: 'balanced', 'natural', 'sqrt', class -> weight, a list of
+        weights (one per dataset, in order), or a 1-D
         float ``tf.Variable`` (one entry per class, in ``datasets`` order) that
         is read for every element, so it can be changed while training (see
         :class:`tfdist.keras.adaptive.AdaptiveClassWeights`); a change shows
@@ -92,6 +96,12 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     if not mapping:
         raise invalid(DataError, "datasets", [], "at least one per-class dataset")
     keys = list(mapping)
+    if not isinstance(weights, (str, Mapping)) and not type(weights).__name__.endswith("Variable"):
+        # A list of weights, one per dataset in order (as tf.data.Dataset.sample_from_datasets takes them).
+        if not isinstance(weights, Sequence) or len(weights) != len(keys):
+            raise invalid(DataError, "weights", weights, f"a scheme name, a mapping, a tf.Variable, or a list of "
+                          f"{len(keys)} weights (one per dataset)")
+        weights = dict(zip(keys, weights))
     members = [mapping[k].repeat() if on_exhausted == "repeat" else mapping[k] for k in keys]
     if block > 1:
         members = [m.batch(block) for m in members]

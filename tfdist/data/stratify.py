@@ -19,7 +19,7 @@ from tfdist.data.files import Listing, compression_of
 from tfdist.data.options import EpochOptions, ParseOptions, SampleOptions, SourceOptions
 from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.sharding import plan_shards
-from tfdist.data.writer import CLASS_GROUP
+from tfdist.data.writer import CLASS_GROUP, label_of_name
 from tfdist.errors import DataError, invalid
 
 __all__ = ["class_groups", "stratified_records", "resample"]
@@ -41,11 +41,12 @@ def class_groups(listing: Listing, label_key: Optional[str]) -> dict[str, Group]
     ``tf.Variable`` of class weights.
     """
     groups: dict[str, Group] = {}
-    for path, size in listing.sizes:
-        match = CLASS_GROUP.search(path)
+    for info in listing.files:
+        match = CLASS_GROUP.search(info.path)
         if match is None or match.group("key") != label_key:
             return {}
-        groups.setdefault(match.group("value"), []).append((path, size))
+        label = info.label if info.label is not None else label_of_name(match.group("value"))
+        groups.setdefault(label, []).append((info.path, info.size))
     return dict(sorted(groups.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].lstrip("-").isdigit()
                        else (1, 0, kv[0])))
 
@@ -103,15 +104,32 @@ def resample(dataset: Any, *, sample: SampleOptions, parse: ParseOptions, seed: 
     if isinstance(weights, Mapping):
         weights = {int(k): v for k, v in weights.items()}
     probabilities = resolve_weights(weights, classes=classes)  # type: ignore[arg-type]
-    label, num_classes = parse.label_key, sample.num_classes
+    label = parse.label_key
     target = tf.constant([probabilities[c] for c in classes], tf.float32)
 
-    def class_of(features: Any) -> Any:
-        value = tf.cast(tf.reshape(features[label], []), tf.int32)
-        tf.debugging.assert_less(value, num_classes, message=f"a label of `{label}` is >= num_classes="
-                                 f"{num_classes}: pass the true class count")
-        tf.debugging.assert_non_negative(value, message=f"a label of `{label}` is negative")
-        return value
-
-    resampled = dataset.rejection_resample(class_of, target, seed=seed)
+    resampled = dataset.rejection_resample(lambda f: tf.cast(tf.reshape(f[label], []), tf.int32), target,
+                                           seed=seed)
     return resampled.map(lambda _, features: features)
+
+
+def check_labels(records: Any, *, parse: ParseOptions, num_classes: Optional[int], where: str) -> None:
+    """One pass over the labels of ``records``: every label must be a class in ``[0, num_classes)``.
+
+    Rejection resampling needs it (a label outside would fail deep in the
+    graph); it reads the data once more, as the fallback does anyway.
+    """
+    import tensorflow as tf
+
+    if not num_classes or parse.features is None or parse.label_key is None:
+        return
+    spec = parse.features[parse.label_key]
+    if not getattr(spec, "dtype", tf.string).is_integer:
+        return
+    key = parse.label_key
+    labels = records.batch(8192).map(lambda r: tf.reshape(tf.io.parse_example(r, {key: spec})[key], [-1]))
+    low, high = labels.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), lambda bounds, batch: (
+        tf.minimum(bounds[0], tf.reduce_min(tf.concat([tf.cast(batch, tf.int64), [0]], 0))),
+        tf.maximum(bounds[1], tf.reduce_max(tf.concat([tf.cast(batch, tf.int64), [-1]], 0)))))
+    if int(low) < 0 or int(high) >= num_classes:
+        raise invalid(DataError, "num_classes", num_classes, f"more than every label of `{key}` (labels run from "
+                      f"{int(low)} to {int(high)} in {where})", f"Pass num_classes={int(high) + 1} (labels 0..n-1).")

@@ -11,17 +11,21 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
 
 from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
-__all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_manifest", "COMPRESSIONS",
-           "CLASS_GROUP"]
+__all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_manifest", "label_name",
+           "label_of_name", "COMPRESSIONS", "CLASS_GROUP"]
 
 _log = logging.getLogger("tfdist.data")
 COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
@@ -29,6 +33,7 @@ COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
 CLASS_GROUP = re.compile(r"-(?P<key>[A-Za-z0-9_]+)=(?P<value>[^/]+?)-\d{5}-of-\d{5}\.tfrecord(?:\.gz|\.zz)?$")
 Example = Union[bytes, Any]  # serialized bytes or a tf.train.Example
 Progress = Callable[[int], None]
+_MAX_LABEL_NAME = 100
 
 
 def shard_name(prefix: str, index: int, count: int, compression: Optional[str] = None) -> str:
@@ -84,10 +89,34 @@ def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> Optional[dict[st
                       "Delete it (reading works without it), re-write the data, or pass on_corrupt='skip'.") from err
 
 
-def _label_of(record: bytes, key: str) -> str:
-    import tensorflow as tf
+def label_name(value: str) -> str:
+    """``value`` as it appears in a shard name: percent-encoded (no ``/``, no control characters), at most 100
+    characters (longer values are cut and get a hash; the manifest keeps the real value).
 
-    feature = tf.train.Example.FromString(record).features.feature
+    Example:
+        >>> label_name("cat"), label_name("/../x"), label_name("a b\\n")
+        ('cat', '%2F..%2Fx', 'a%20b%0A')
+    """
+    encoded = urllib.parse.quote(value, safe="_.").replace("~", "%7E")
+    if len(encoded) > _MAX_LABEL_NAME:
+        encoded = f"{encoded[:80]}~{hashlib.sha1(value.encode()).hexdigest()[:12]}"
+    return encoded
+
+
+def label_of_name(name: str) -> str:
+    """The label a shard-name label stands for (exact unless it was cut: then read the manifest's ``class``)."""
+    return urllib.parse.unquote(name)
+
+
+def _label_of(record: bytes, key: str, index: int) -> str:
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
+    try:
+        feature = tf.train.Example.FromString(record).features.feature
+    except DecodeError as err:
+        raise invalid(DataError, f"examples[{index}]", record[:40], "a serialized tf.train.Example with "
+                      "partition_by", "Pass tf.train.Example protos or their SerializeToString().") from err
     if key not in feature:
         raise invalid(DataError, "partition_by", key, f"a feature of every example (found {sorted(feature)})")
     value = feature[key]
@@ -96,13 +125,118 @@ def _label_of(record: bytes, key: str) -> str:
     if len(items) != 1:
         raise invalid(DataError, "partition_by", key, "a feature with exactly one value per example")
     item = items[0]
-    return item.decode() if isinstance(item, bytes) else str(item)
+    if isinstance(item, bytes):
+        try:
+            item = item.decode()
+        except UnicodeDecodeError as err:
+            raise invalid(DataError, f"examples[{index}].{key}", item[:40], "a UTF-8 label with partition_by",
+                          "Map the labels to integers or text first.") from err
+    label = str(item)
+    if not label:
+        raise invalid(DataError, f"examples[{index}].{key}", label, "a non-empty label with partition_by")
+    return label
+
+
+def _serialized(example: Any, index: int) -> bytes:
+    if isinstance(example, bytes):
+        return example
+    serialize = getattr(example, "SerializeToString", None)
+    if not callable(serialize):
+        raise invalid(DataError, f"examples[{index}]", example, "a tf.train.Example or serialized bytes",
+                      "Build tf.train.Example protos (or pass bytes you serialized yourself).")
+    record = serialize()
+    if not isinstance(record, bytes):
+        raise invalid(DataError, f"examples[{index}]", type(example).__name__, "a protocol buffer message")
+    return record
+
+
+def _existing(path_prefix: str) -> list[str]:
+    """The shards and manifest a previous ``write_tfrecords(..., path_prefix)`` left."""
+    from tfdist.data import remote
+
+    if any(c in path_prefix for c in "*?["):
+        return []  # A prefix with wildcards cannot be globbed for itself alone; nothing is removed.
+    try:
+        found = remote.glob(f"{path_prefix}-*")
+    except Error:
+        raise
+    except Exception:  # noqa: BLE001 - nothing listed, nothing to replace.
+        return []
+    return [p for p in found if prefix_of(p) == path_prefix or p == manifest_path(path_prefix)]
+
+
+class _Staging:
+    """Where shards are written before they replace the old dataset in one step.
+
+    TF file systems: a hidden directory beside the prefix, moved into place by
+    rename. Objects served through boto3: local files, uploaded on commit.
+    """
+
+    def __init__(self, path_prefix: str) -> None:
+        import tensorflow as tf
+
+        from tfdist.data import remote
+
+        self._remote = remote
+        self._boto = remote.reader_for(path_prefix) == "boto3"
+        self._finish: dict[str, Any] = {}
+        parent, _, base = path_prefix.rpartition("/")
+        self.dir = f"{parent or '.'}/.{base}.tfdist-staging-{uuid.uuid4().hex[:12]}"
+        if not self._boto:
+            try:
+                tf.io.gfile.makedirs(self.dir)
+            except tf.errors.OpError as err:
+                raise StorageError(f"Cannot write under {parent or '.'}: {err.message}. Check the path and "
+                                   "permissions.") from err
+
+    def path(self, final: str) -> str:
+        """Where the shard ``final`` is written first."""
+        if self._boto:
+            local, finish = self._remote.writable_path(final)
+            self._finish[final] = (local, finish)
+            return local
+        return f"{self.dir}/{final.rpartition('/')[2]}"
+
+    def commit(self, finals: Iterable[str], manifest: dict[str, Any], manifest_file: str) -> None:
+        """Moves every staged shard to its final name, then writes the manifest."""
+        import tensorflow as tf
+
+        for final in finals:
+            if self._boto:
+                self._finish[final][1]()
+            else:
+                tf.io.gfile.rename(self.path(final), final, overwrite=True)
+        if self._boto:
+            with self._remote.open_file(manifest_file, "w") as f:
+                json.dump(manifest, f, indent=1, sort_keys=True)
+            return
+        staged = f"{self.dir}/manifest.json"
+        with tf.io.gfile.GFile(staged, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        tf.io.gfile.rename(staged, manifest_file, overwrite=True)
+
+    def discard(self) -> None:
+        """Removes whatever is still staged."""
+        import tensorflow as tf
+
+        if self._boto:
+            for local, _ in self._finish.values():
+                if os.path.exists(local):
+                    os.unlink(local)
+        elif tf.io.gfile.exists(self.dir):
+            tf.io.gfile.rmtree(self.dir)
 
 
 def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards: int,
                     compression: Optional[str] = None, partition_by: Optional[str] = None,
                     progress: Optional[Progress] = None, log_every: int = 100_000) -> list[str]:
     """Writes examples round-robin into ``num_shards`` balanced TFRecord files.
+
+    Writing is all or nothing: shards are staged in a hidden directory beside
+    ``path_prefix`` and moved into place only when every example is written.
+    A failed write leaves the previous dataset of ``path_prefix`` as it was; a
+    successful one replaces it whole (old shards of another shard count are
+    removed).
 
     Args:
       examples: ``tf.train.Example`` protos or serialized bytes.
@@ -112,50 +246,91 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
       compression: None, 'GZIP' or 'ZLIB'.
       partition_by: A label feature: write one group of ``num_shards`` files
         per class, named ``PREFIX-KEY=VALUE-00000-of-0000N.tfrecord``, which
-        stratified reading needs.
+        stratified reading needs. VALUE is the label percent-encoded (see
+        :func:`label_name`); the manifest keeps the real value.
       progress: Called with the running count of records written.
       log_every: Log progress every this many records.
 
     Returns:
       The paths written, sorted.
+
+    Raises:
+      DataError: Bad arguments, an item that is not an example, or a label
+        that cannot be a class (nothing is written then).
+      StorageError: The files cannot be written or moved into place.
     """
     import tensorflow as tf
 
     from tfdist.data import remote
 
-    require_int(DataError, "num_shards", num_shards, minimum=1)
+    require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
     if compression not in COMPRESSIONS:
         raise invalid(DataError, "compression", compression, "None, 'GZIP' or 'ZLIB'")
+    if partition_by is not None and not (isinstance(partition_by, str) and re.fullmatch(r"[A-Za-z0-9_]+",
+                                                                                         partition_by)):
+        raise invalid(DataError, "partition_by", partition_by, "a feature name of letters, digits and _")
+    if not isinstance(path_prefix, str) or not path_prefix or path_prefix.endswith("/"):
+        raise invalid(DataError, "path_prefix", path_prefix, "a path prefix such as '/data/train'")
+    require_int(DataError, "log_every", log_every, minimum=1)
     remote.ensure_filesystem(path_prefix)
-    parent = path_prefix.rsplit("/", 1)[0] if "/" in path_prefix else "."
+    parent = path_prefix.rpartition("/")[0] or "."
     if "://" not in parent:
         tf.io.gfile.makedirs(parent)
+    staging = _Staging(path_prefix)
+    try:
+        files, counters, written, seconds = _write_all(examples, path_prefix, staging, num_shards=num_shards,
+                                                       compression=compression, partition_by=partition_by,
+                                                       progress=progress, log_every=log_every)
+        if not written:
+            raise invalid(DataError, "examples", [], "at least one example")
+        manifest = {"prefix": path_prefix, "compression": compression, "partition_by": partition_by,
+                    "num_shards": num_shards, "records": written, "files": files,
+                    "classes": dict(counters) if partition_by else None}
+        old = _existing(path_prefix)
+        staging.commit(sorted(files), manifest, manifest_path(path_prefix))
+        for stale in sorted(set(old) - set(files) - {manifest_path(path_prefix)}):
+            remote.remove(stale)
+    except tf.errors.OpError as err:
+        raise StorageError(f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
+                           "the error came while moving the new ones into place.") from err
+    finally:
+        staging.discard()
+    _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix, seconds)
+    return sorted(files)
+
+
+def _write_all(examples: Iterable[Example], path_prefix: str, staging: _Staging, *, num_shards: int,
+               compression: Optional[str], partition_by: Optional[str], progress: Optional[Progress],
+               log_every: int) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, float]:
+    """Writes every example into ``staging``; returns (final path -> info, class -> records, records, seconds)."""
+    import tensorflow as tf
+
     options = tf.io.TFRecordOptions(compression_type=compression or "")
     writers: dict[str, list[Any]] = {}
-    finishers: list[Any] = []
+    names: dict[str, list[str]] = {}
     counters: dict[str, int] = {}
     files: dict[str, dict[str, Any]] = {}
     start, written = time.monotonic(), 0
     try:
-        for example in examples:
-            record = example if isinstance(example, bytes) else example.SerializeToString()
-            group = _label_of(record, partition_by) if partition_by else ""
+        for index, example in enumerate(examples):
+            record = _serialized(example, index)
+            group = _label_of(record, partition_by, index) if partition_by else ""
             if group not in writers:
-                prefix = f"{path_prefix}-{partition_by}={group}" if partition_by else path_prefix
-                names = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
-                targets = [remote.writable_path(name) for name in names]  # Uploaded on close where needed.
-                finishers.extend(finish for _, finish in targets)
-                writers[group] = [tf.io.TFRecordWriter(local, options) for local, _ in targets]
-                for name in names:
+                prefix = f"{path_prefix}-{partition_by}={label_name(group)}" if partition_by else path_prefix
+                names[group] = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
+                if len({n for g in names.values() for n in g}) != sum(len(g) for g in names.values()):
+                    raise invalid(DataError, f"examples[{index}].{partition_by}", group,
+                                  "labels whose shortened file names differ", "Shorten the labels.")
+                writers[group] = [tf.io.TFRecordWriter(staging.path(n), options) for n in names[group]]
+                for name in names[group]:
                     files[name] = {"records": 0, "bytes": 0, "class": group if partition_by else None}
                 counters[group] = 0
             shard = counters[group] % num_shards
             counters[group] += 1
             writers[group][shard].write(record)
-            name = shard_name(f"{path_prefix}-{partition_by}={group}" if partition_by else path_prefix, shard,
-                              num_shards, compression)
-            files[name]["records"] += 1
-            files[name]["bytes"] += len(record) + 16
+            info = files[names[group][shard]]
+            info["records"] += 1
+            info["bytes"] += len(record) + 16
             written += 1
             if progress is not None:
                 progress(written)
@@ -165,23 +340,4 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
         for group_writers in writers.values():
             for writer in group_writers:
                 writer.close()
-    _upload_all(finishers)
-    if not written:
-        raise invalid(DataError, "examples", [], "at least one example")
-    manifest = {"prefix": path_prefix, "compression": compression, "partition_by": partition_by,
-                "num_shards": num_shards, "records": written, "files": files,
-                "classes": {g: n for g, n in counters.items()} if partition_by else None}
-    with remote.open_file(manifest_path(path_prefix), "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix,
-              time.monotonic() - start)
-    return sorted(files)
-
-
-def _upload_all(finishers: list[Any]) -> None:
-    """Runs the upload-on-close steps of the shards (boto3-served objects), in parallel."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    if finishers:
-        with ThreadPoolExecutor(max_workers=min(8, len(finishers))) as pool:
-            list(pool.map(lambda finish: finish(), finishers))
+    return files, counters, written, time.monotonic() - start
