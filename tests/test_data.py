@@ -268,7 +268,7 @@ class CorruptTest(parameterized.TestCase):
     def test_the_first_bad_header_is_named_exactly(self) -> None:
         # The walk checks all length CRCs at once: the report must still name the first bad one.
         good, _ = self._files()
-        data = bytearray(open(good, "rb").read())
+        data = bytearray(_read(good))
         offsets, offset = [], 0
         while offset < len(data):
             offsets.append(offset)
@@ -277,12 +277,12 @@ class CorruptTest(parameterized.TestCase):
             damaged = bytearray(data)
             damaged[offsets[index] + 8] ^= 0x40  # The stored CRC of this record's length.
             damaged[offsets[-1] + 8] ^= 0x01 if index != len(offsets) - 1 else 0  # A later bad one too.
-            open(good, "wb").write(damaged)
+            _write(good, bytes(damaged))
             check = check_file(good)
             self.assertEqual((check.records, check.valid_bytes), (index, offsets[index]))
             self.assertEqual(check.problem, f"corrupt record header at byte {offsets[index]} (is this a TFRecord "
                                             "file, and is its compression set right?)")
-        open(good, "wb").write(b"")
+        _write(good, b"")
         self.assertEqual((check_file(good).records, check_file(good).ok), (0, True))
 
 

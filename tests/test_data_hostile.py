@@ -34,6 +34,14 @@ def _ids(pattern: str, **kwargs: Any) -> list[int]:
     return [int(v) for b in pipeline.dataset() for v in b["id"].numpy()]
 
 
+def _contents(root: str) -> dict[str, bytes]:
+    out = {}
+    for path in _tree(root):
+        with open(os.path.join(root, path), "rb") as f:
+            out[path] = f.read()
+    return out
+
+
 def _tree(root: str) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
@@ -44,7 +52,7 @@ class AtomicWriteTest(parameterized.TestCase):
         root = self.create_tempdir().full_path
         prefix = os.path.join(root, "part")
         write_tfrecords((_example(i) for i in range(40)), prefix, num_shards=2)
-        before = {p: open(os.path.join(root, p), "rb").read() for p in _tree(root)}
+        before = _contents(root)
 
         def failing() -> Any:
             for i in range(10):
@@ -53,7 +61,7 @@ class AtomicWriteTest(parameterized.TestCase):
 
         with pytest.raises(OSError, match="source went away"):
             write_tfrecords(failing(), prefix, num_shards=2)
-        self.assertEqual({p: open(os.path.join(root, p), "rb").read() for p in _tree(root)}, before)
+        self.assertEqual(_contents(root), before)
         self.assertEqual(sorted(_ids(f"{prefix}-*")), list(range(40)))
         self.assertEqual(read_manifest(prefix)["records"], 40)
 

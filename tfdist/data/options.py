@@ -10,7 +10,7 @@ Example:
     >>> EpochOptions(batch_size=0)
     Traceback (most recent call last):
     ...
-    tfdist.errors.DataError: Invalid value for `batch_size`. Received: 0. Expected an integer from 1 to 16777216.
+    tfdist.errors.DataError: Invalid value for `batch_size`. Received: 0. Expected an integer >= 1 and <= 16777216.
 """
 
 from __future__ import annotations
