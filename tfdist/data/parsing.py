@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from tfdist.data import _decode
 from tfdist.data.options import ParseOptions
-from tfdist.errors import DataError, invalid
+from tfdist.errors import DataError, Error, invalid
 
 __all__ = ["parse_batch", "parse_elements", "supervised", "check_features"]
 
@@ -70,10 +70,12 @@ def check_features(path: str, compression: str, parse: ParseOptions, *,
 
     if parse.features is None:
         return
+    from tfdist.data import remote
+
     try:
-        first = list(tf.data.TFRecordDataset(path, compression_type=compression).take(1))
-    except tf.errors.OpError:
-        return  # Damaged or unreadable: the framing check and the reader report it with its own words.
+        first = list(tf.data.TFRecordDataset(remote.readable_path(path), compression_type=compression).take(1))
+    except (tf.errors.OpError, Error):
+        return  # Damaged or unreadable: the framing check and the reader report it with their own words.
     if not first:
         return
     records = tf.reshape(first[0], [1])

@@ -127,8 +127,12 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
     if source.verify == "none":
         return VerifyReport()
     walked = {p for p in paths if _wanted(p, source)}
-    for path in paths:  # The files not walked in full: their first bytes must match the compression.
-        problem = None if path in walked else compression_problem(path, compression_of(path, source.compression))
+    # The files not walked in full: their first bytes must match the compression. Objects staged through
+    # boto3 are left to the reader (a sniff would download each one whole, ahead of the pipeline).
+    sniffed = [p for p in paths if p not in walked and remote.reader_for(p) == "tensorflow"]
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(sniffed)))) as pool:
+        problems = list(pool.map(lambda p: compression_problem(p, compression_of(p, source.compression)), sniffed))
+    for path, problem in zip(sniffed, problems):
         if problem is not None:
             raise invalid(DataError, "compression", source.compression, f"the compression of {path} ({problem})",
                           "Pass compression='GZIP', 'ZLIB' or None to match the files, or 'auto' to use their "
