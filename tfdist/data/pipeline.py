@@ -256,7 +256,7 @@ class TFRecordPipeline:
         def read_share(plan: ShardPlan, index: int) -> Any:
             records, report = self._read(plan, index, listing)
             reports.append(report)
-            if index < plan.num_workers and plan.files_for(index) and tf.executing_eagerly():
+            if len(reports) == 1 and plan.files_for(index) and tf.executing_eagerly():  # One file names a mismatch.
                 path = plan.files_for(index)[0]
                 parsing.check_features(path, compression_of(path, self.compression) or "", self.parsing,
                                        num_classes=self.num_classes if self.class_weights is not None else None)
