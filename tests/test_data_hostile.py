@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfdist import DataError
+from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
 from tfdist.data.writer import label_name
 
@@ -75,6 +75,14 @@ class AtomicWriteTest(parameterized.TestCase):
                                               "part-manifest.json", "part-other-00000-of-00001.tfrecord",
                                               "part-other-manifest.json"]))
         self.assertEqual(sorted(_ids(paths)), list(range(40, 80)))
+
+    def test_a_prefix_under_a_file_is_a_storage_error(self) -> None:
+        root = self.create_tempdir().full_path
+        blocker = os.path.join(root, "file")
+        with open(blocker, "w") as f:
+            f.write("x")
+        with pytest.raises(StorageError, match="Cannot create"):
+            write_tfrecords([_example(0)], os.path.join(blocker, "sub", "part"), num_shards=1)
 
     @parameterized.named_parameters(("text", "abc"), ("int", 123), ("none", None), ("dict", {"id": 1}))
     def test_items_that_are_not_examples_are_rejected_and_nothing_is_written(self, item: Any) -> None:

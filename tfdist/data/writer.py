@@ -275,7 +275,11 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
     remote.ensure_filesystem(path_prefix)
     parent = path_prefix.rpartition("/")[0] or "."
     if "://" not in parent:
-        tf.io.gfile.makedirs(parent)
+        try:
+            tf.io.gfile.makedirs(parent)
+        except tf.errors.OpError as err:
+            raise StorageError(f"Cannot create {parent}: {err.message}. Check the path and permissions.",
+                               field="path_prefix", value=path_prefix) from err
     staging = _Staging(path_prefix)
     try:
         files, counters, written, seconds = _write_all(examples, path_prefix, staging, num_shards=num_shards,
