@@ -33,15 +33,18 @@ from tfdist.errors import StrategyError, invalid, require_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["CollectiveConfig", "COMPRESSIONS", "all_reduce_sum", "payload_bytes", "wire_bytes"]
+__all__ = ["CollectiveConfig", "GRADIENT_COMPRESSIONS", "all_reduce_sum", "gradient_value_bytes", "payload_bytes",
+           "wire_bytes"]
 
-COMPRESSIONS = ("none", "fp16", "bf16")
+# Gradient compression -> the dtype float32 gradients travel as (None: unchanged). Not file compression:
+# that is tfdist.data.writer.COMPRESSIONS.
 _WIRE_DTYPES = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
+GRADIENT_COMPRESSIONS = tuple(_WIRE_DTYPES)
 _FP16_MAX = 65504.0
 _MAX_EXPONENT = 60  # Keep the scale (2**e) well inside float32's range.
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CollectiveConfig:
     """How gradients travel in an all-reduce.
 
@@ -62,9 +65,9 @@ class CollectiveConfig:
     split_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.compression not in COMPRESSIONS:
+        if not isinstance(self.compression, str) or self.compression not in GRADIENT_COMPRESSIONS:
             raise invalid(StrategyError, "compression", self.compression,
-                          describe_choices(str(self.compression), COMPRESSIONS))
+                          describe_choices(str(self.compression), GRADIENT_COMPRESSIONS))
         require_int(StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0,
                     fix="Use 0 to keep the strategy's packing.")
         require_int(StrategyError, "split_bytes", self.split_bytes, minimum=0, fix="Use 0 to never split.")
@@ -73,6 +76,18 @@ class CollectiveConfig:
     def wire_dtype_name(self) -> str | None:
         """The dtype gradients travel as, or None for their own."""
         return _WIRE_DTYPES[self.compression]
+
+
+def gradient_value_bytes(compression: str) -> int:
+    """Bytes one float32 gradient value takes on the wire under ``compression``.
+
+    Example:
+        >>> gradient_value_bytes("none"), gradient_value_bytes("bf16")
+        (4, 2)
+    """
+    if compression not in _WIRE_DTYPES:
+        raise invalid(StrategyError, "compression", compression, describe_choices(str(compression), _WIRE_DTYPES))
+    return 4 if _WIRE_DTYPES[compression] is None else 2
 
 
 def payload_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
@@ -85,7 +100,7 @@ def payload_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
     """
     total = 0
     for tensor in tensors:
-        itemsize = 2 if config.wire_dtype_name else _itemsize(tensor)
+        itemsize = gradient_value_bytes(config.compression) if config.wire_dtype_name else _itemsize(tensor)
         total += math.prod(int(d) for d in tensor.shape) * itemsize
     return total
 

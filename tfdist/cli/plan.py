@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from tfdist.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
 from tfdist.errors import PlanError, invalid
 from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
 
@@ -21,7 +22,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("--latency", required=True, help="message latency, e.g. 50us")
     parser.add_argument("--device-memory", default=None, help="memory per device, e.g. 16GiB")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
-    parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
+    parser.add_argument("--compression", choices=GRADIENT_COMPRESSIONS, default="none",
+                        help="gradient compression on the wire")
     parser.add_argument("--ps-shards", type=int, default=None, help="parameter servers (default: --workers)")
     parser.add_argument("--compute", default=None, help="compute time per step, e.g. 120ms")
     parser.add_argument("--embedding-values", default=None,
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan(params=parse_quantity(args.params), workers=args.workers, gpus_per_worker=args.gpus_per_worker,
                     bandwidth=parse_quantity(args.bandwidth, "bandwidth"), latency=parse_quantity(args.latency, "time"),
                     device_memory=parse_quantity(args.device_memory, "bytes") if args.device_memory else None,
-                    optimizer=args.optimizer, bytes_per_value=2 if args.compression != "none" else 4,
+                    optimizer=args.optimizer, bytes_per_value=gradient_value_bytes(args.compression),
                     ps_shards=args.ps_shards, compute_s=parse_quantity(args.compute, "time") if args.compute else None,
                     embedding_values=embedding_values, embedding_touched=embedding_touched)
     except PlanError as err:
