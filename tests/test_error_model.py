@@ -53,6 +53,8 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "embedding_traffic": (plan.embedding_traffic, {"table_values": 1e6, "values_touched_per_step": 1e3,
                                                    "workers": 2}),
     "CollectiveConfig": (CollectiveConfig, {"compression": "fp16", "bytes_per_pack": 0, "split_bytes": 0}),
+    "CollectiveTuning": (CollectiveTuning, {"compression": "bf16", "bytes_per_pack": 1 << 20, "split_bytes": 0,
+                                            "timings_ms": {"0": 1.5}, "workers": 2, "total_bytes": 4096}),
     "plan_shards": (plan_shards, {"files": _FILES, "num_workers": 2, "policy": "auto"}),
     "command_for": (testing.command_for, {"target": "tests.cluster_tasks:noop"}),
 }

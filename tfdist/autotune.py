@@ -24,11 +24,12 @@ import math
 import os
 import statistics
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist.collective import CollectiveConfig, all_reduce_sum
-from tfdist.errors import StorageError, StrategyError, invalid
+from tfdist.errors import StorageError, StrategyError, invalid, require_int
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -41,7 +42,7 @@ DEFAULT_PACK_CANDIDATES = (0, 1 * _MB, 2 * _MB, 4 * _MB, 8 * _MB, 16 * _MB, 32 *
 _FORMAT = "tfdist-collective-tuning/1"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CollectiveTuning(CollectiveConfig):
     """The tuned collective settings, with the timings that chose them.
 
@@ -59,16 +60,26 @@ class CollectiveTuning(CollectiveConfig):
         1048576
     """
 
-    timings_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    timings_ms: Mapping[str, float] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     workers: int = 1
     total_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.timings_ms, Mapping) or not all(
+                isinstance(key, str) and isinstance(ms, (int, float)) and not isinstance(ms, bool)
+                for key, ms in self.timings_ms.items()):
+            raise invalid(StrategyError, "timings_ms", self.timings_ms, "a mapping of pack size (text) to milliseconds")
+        object.__setattr__(self, "timings_ms", types.MappingProxyType(dict(self.timings_ms)))  # frozen all through
+        require_int(StrategyError, "workers", self.workers, minimum=1)
+        require_int(StrategyError, "total_bytes", self.total_bytes, minimum=0)
 
     def strategy_options(self) -> dict[str, int]:
         """The :class:`tfdist.StrategyOptions` fields this tuning sets."""
         return {"bytes_per_pack": self.bytes_per_pack}
 
     def to_json(self) -> str:
-        body = dataclasses.asdict(self)
+        body = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         body["timings_ms"] = dict(self.timings_ms)
         return json.dumps({"format": _FORMAT, **body}, indent=1, sort_keys=True)
 

@@ -52,8 +52,9 @@ def unshare_argv() -> list[str]:
 
 
 def config_to_json(config: LaunchConfig) -> dict[str, Any]:
-    data = dataclasses.asdict(config)
-    data["isolate_network"] = False
+    data = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+    data.update(command=list(config.command), env=dict(config.env), kills=[dataclasses.asdict(k) for k in config.kills],
+                isolate_network=False)
     return data
 
 

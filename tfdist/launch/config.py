@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import types
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -134,7 +135,7 @@ class LaunchConfig:
     isolate_network: bool = False
     grace_seconds: float = 5.0
     host: str = "127.0.0.1"
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     data_service_workers: int = 0
 
     def __post_init__(self) -> None:
@@ -156,7 +157,7 @@ class LaunchConfig:
         require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
         object.__setattr__(self, "command", command)
         object.__setattr__(self, "kills", kills)
-        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "env", types.MappingProxyType(dict(self.env)))  # frozen all through
         if not self.command:
             raise invalid(LaunchError, "command", [], "a program to run after '--'",
                           "Example: tfdist-launch --workers 2 -- python train.py")
