@@ -16,17 +16,31 @@ import json
 import os
 import types
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from tfdist import _address, _cluster_parse, _jobset, _slurm
 from tfdist.errors import ClusterSpecError, invalid, require_int, require_type
 
-__all__ = ["ClusterSpec", "Task", "JOB_NAMES", "current_cluster"]
+__all__ = ["ClusterSpec", "ClusterLike", "Task", "JOB_NAMES", "current_cluster", "resolve_cluster"]
 
 JOB_NAMES = _cluster_parse.JOB_NAMES
 TF_CONFIG_VAR = "TF_CONFIG"
 # Tasks per job that tfdist builds or launches (a sanity bound; ports run out long before it on one machine).
 MAX_TASKS_PER_JOB = 10_000
+
+
+def resolve_cluster(cluster: "ClusterLike" = None) -> Optional["ClusterSpec"]:
+    """An explicit cluster first, the environment second: the spec itself, parsed TF_CONFIG, or :func:`current_cluster`.
+
+    Example:
+        >>> resolve_cluster({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}).task.name
+        'worker:1'
+    """
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    if cluster is not None:
+        return ClusterSpec.from_tf_config(cluster)
+    return current_cluster()
 
 
 def current_cluster(env: Mapping[str, str] | None = None) -> Optional["ClusterSpec"]:
@@ -40,7 +54,7 @@ def current_cluster(env: Mapping[str, str] | None = None) -> Optional["ClusterSp
     return ClusterSpec.from_tf_config(env=env) if env.get(TF_CONFIG_VAR) else None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Task:
     """One task of a cluster.
 
@@ -59,7 +73,7 @@ class Task:
         return f"{self.type}:{self.index}"
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class ClusterSpec:
     """A validated TensorFlow cluster and, optionally, the task this process is.
 
@@ -227,11 +241,31 @@ class ClusterSpec:
         return bool(self.jobs.get("chief"))
 
     @property
+    def leader(self) -> Task | None:
+        """The task that leads training: the chief, else the lowest-index worker; None without either.
+
+        TensorFlow's coordination service and Keras's "chief" (who writes checkpoints and summaries) both
+        pick this task.
+
+        Example:
+            >>> ClusterSpec(jobs={"worker": {3: "a:1", 1: "b:1"}}).leader.name
+            'worker:1'
+        """
+        job = "chief" if self.has_chief else "worker"
+        if not self.jobs.get(job):
+            return None
+        index = min(self.jobs[job])
+        return Task(type=job, index=index, address=self.jobs[job][index])
+
+    def training_tasks(self) -> list[Task]:
+        """The tasks that train, in TensorFlow's multi-worker order: the chief first, then workers by index."""
+        return [task for task in self.tasks() if task.type in ("chief", "worker")]
+
+    @property
     def is_chief(self) -> bool:
-        """True for the chief, or for worker 0 of a cluster without a chief."""
-        if self.task_type == "chief":
-            return True
-        return self.task_type == "worker" and self.task_id == min(self.jobs["worker"]) and not self.has_chief
+        """True for the chief, or for the lowest worker of a cluster without a chief (see :attr:`leader`)."""
+        leader = self.leader
+        return leader is not None and (self.task_type, self.task_id) == (leader.type, leader.index)
 
     @property
     def task(self) -> Task | None:
@@ -239,7 +273,7 @@ class ClusterSpec:
         if self.task_type is None:
             return None
         address = self.jobs.get(self.task_type, {}).get(self.task_id, "")
-        return Task(self.task_type, self.task_id, address)
+        return Task(type=self.task_type, index=self.task_id, address=address)
 
     @property
     def fingerprint(self) -> str:
@@ -255,7 +289,7 @@ class ClusterSpec:
 
     def tasks(self) -> list[Task]:
         """Every task, chief first, then workers, ps, evaluator, by index."""
-        return [Task(job, index, address) for job, tasks in self.jobs.items() for index, address in tasks.items()]
+        return [Task(type=job, index=index, address=address) for job, tasks in self.jobs.items() for index, address in tasks.items()]
 
     def cluster_dict(self, *, include_evaluator: bool = True, dense: bool = True) -> dict[str, Any]:
         """The ``cluster`` part of TF_CONFIG (lists where indices are 0..n-1)."""
@@ -300,3 +334,7 @@ class ClusterSpec:
         role = self.task.name if self.task else "no task"
         chief = " (chief)" if self.is_chief else ""
         return f"{role}{chief}; cluster {jobs}; fingerprint {self.fingerprint}"
+
+
+# What functions taking a cluster accept: a spec, TF_CONFIG text or mapping, or None for the environment's.
+ClusterLike = Union[ClusterSpec, str, Mapping[str, Any], None]

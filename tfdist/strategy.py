@@ -13,11 +13,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist._names import describe_choices
-from tfdist.cluster import ClusterSpec, current_cluster
+from tfdist.cluster import ClusterLike, ClusterSpec, resolve_cluster
 from tfdist.errors import StrategyError, check_keywords, invalid, require_int
 
 if TYPE_CHECKING:
@@ -35,11 +35,10 @@ PARTITIONS = ("none", "min_size", "max_size", "fixed")
 _STARTUP_FIX = ("Build the strategy first thing in main(), before any tensor, variable, dataset or model "
                 "is created: TensorFlow configures collectives and threads only at program start-up.")
 
-ClusterLike = Union[ClusterSpec, str, Mapping[str, Any], None]
 Builder = Callable[["StrategyOptions", Optional[ClusterSpec]], "tf.distribute.Strategy"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StrategyOptions:
     """Validated options shared by every strategy builder.
 
@@ -129,14 +128,6 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(sorted(_BUILDERS))
 
 
-def _resolve_cluster(cluster: ClusterLike) -> Optional[ClusterSpec]:
-    if isinstance(cluster, ClusterSpec):
-        return cluster
-    if cluster is not None:
-        return ClusterSpec.from_tf_config(cluster)
-    return current_cluster()
-
-
 def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
                    tuning: Union[str, "os.PathLike[str]", "CollectiveTuning", None] = None,
                    **options: Any) -> "tf.distribute.Strategy":
@@ -164,7 +155,7 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
     if kind not in _BUILDERS:
         raise invalid(StrategyError, "kind", kind, describe_choices(str(kind), _BUILDERS))
     opts = resolve_options(tuning=tuning, **options)
-    spec = _resolve_cluster(cluster)
+    spec = resolve_cluster(cluster)
     if spec is not None:
         _log.info("Cluster: %s", spec.describe())
     strategy = _BUILDERS[kind](opts, spec)
@@ -257,19 +248,13 @@ def variable_partitioner(options: StrategyOptions, *, num_ps: int) -> Optional[C
                                            max_shards=options.max_shards or num_ps)
 
 
-def _leader(cluster: ClusterSpec) -> tuple[str, str]:
-    """The coordination-service leader TensorFlow picks: the chief, else the lowest worker."""
-    job = "chief" if cluster.has_chief else "worker"
-    index = min(cluster.jobs[job])
-    return f"{job}:{index}", cluster.jobs[job][index]
-
-
 def _wait_for_leader(cluster: ClusterSpec, timeout: float) -> None:
     from tfdist.probe import wait_until_reachable
 
-    name, address = _leader(cluster)
-    if cluster.task is None or cluster.task.name == name or cluster.task_type == "evaluator":
+    leader = cluster.leader  # The coordination-service leader TensorFlow picks.
+    if leader is None or cluster.task is None or cluster.is_chief or cluster.task_type == "evaluator":
         return
+    name, address = leader.name, leader.address
     if not wait_until_reachable(name, address, timeout):
         _log.warning("%s at %s did not answer within %.0fs; handing over to TensorFlow, which keeps trying.",
                      name, address, timeout)
