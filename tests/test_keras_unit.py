@@ -15,7 +15,7 @@ from tfdist.data import _context
 class StragglerTest(absltest.TestCase):
 
     def test_chief_names_the_slow_worker(self) -> None:
-        from tfdist.keras.cluster_callbacks import ThroughputLogger
+        from tfdist.keras.cluster_aware import ThroughputLogger
 
         spec = ClusterSpec.local(workers=3).with_task("worker", 0)
         report_dir = self.create_tempdir().full_path

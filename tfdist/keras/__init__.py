@@ -1,13 +1,15 @@
-"""The Keras tfdist supports: tf-keras (legacy Keras 2, the same minor as TensorFlow), whatever ``tf.keras`` is, plus tfdist's helpers.
+"""The Keras tfdist supports: the tf-keras 2 API (``tf_keras``), plus tfdist's helpers for cluster training.
 
 Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy and does not support
-ParameterServerStrategy ``fit``. ``tfdist.keras`` is the ``tf_keras`` module,
-so ``from tfdist import keras`` gives the right Keras without setting
+ParameterServerStrategy ``fit``. ``tfdist.keras`` therefore offers the
+``tf_keras`` API (``Sequential``, ``layers``, ``callbacks``, ...), so
+``from tfdist import keras`` gives the right Keras without setting
 ``TF_USE_LEGACY_KERAS=1`` (which only works when set before TensorFlow is
-imported; ``tfdist-launch`` sets it for every task). tfdist's own names
-(``fit_input``, ``cluster_callbacks``, ``ThroughputLogger``,
-``sidecar_evaluate``, ``enable_determinism``, ``with_communication``,
-``accumulate_gradients``, ``embedding_layout``, ``local_weights``, ``AdaptiveClassWeights``) are added on top, loaded lazily.
+imported; ``tfdist-launch`` sets it for every task), and tfdist's own names.
+
+Both sets are listed explicitly (:data:`KERAS_NAMES`, :data:`TFDIST_NAMES`, and
+``__all__``/``dir()`` show them) and load on first use, so importing this
+module imports neither TensorFlow nor tf-keras.
 
 Example:
     >>> from tfdist import keras
@@ -15,29 +17,50 @@ Example:
     >>> import tensorflow as tf
     >>> keras.__version__.split(".")[:2] == tf.__version__.split(".")[:2]
     True
+    >>> "fit_input" in dir(keras) and "layers" in keras.__all__
+    True
 """
+
+from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_TFDIST_NAMES = {
+# tfdist's helpers: name -> the module defining it.
+TFDIST_NAMES = {
     "fit_input": "tfdist.keras.inputs",
-    "cluster_callbacks": "tfdist.keras.cluster_callbacks",
-    "ThroughputLogger": "tfdist.keras.cluster_callbacks",
-    "PreemptionSafeBackup": "tfdist.keras.cluster_callbacks",
-    "sidecar_evaluate": "tfdist.keras.sidecar",
     "enable_determinism": "tfdist.keras.inputs",
+    "cluster_callbacks": "tfdist.keras.cluster_aware",
+    "ThroughputLogger": "tfdist.keras.cluster_aware",
+    "PreemptionSafeBackup": "tfdist.keras.cluster_aware",
+    "sidecar_evaluate": "tfdist.keras.sidecar",
     "with_communication": "tfdist.keras.communication",
     "accumulate_gradients": "tfdist.keras.accumulation",
     "embedding_layout": "tfdist.keras.embeddings",
     "local_weights": "tfdist.keras.embeddings",
     "AdaptiveClassWeights": "tfdist.keras.adaptive",
 }
+# The public tf_keras API, passed through unchanged.
+KERAS_NAMES = ("Input", "Model", "Sequential", "activations", "applications", "backend", "callbacks", "constraints",
+               "datasets", "dtensor", "experimental", "export", "initializers", "layers", "losses", "metrics",
+               "mixed_precision", "models", "optimizers", "preprocessing", "regularizers", "saving", "utils",
+               "__version__")
+
+__all__ = sorted(TFDIST_NAMES) + [name for name in KERAS_NAMES if not name.startswith("_")]
 
 
-def __getattr__(name: str) -> Any:  # Lazy re-exports: no import-time side effects.
-    if name in _TFDIST_NAMES:
-        return getattr(importlib.import_module(_TFDIST_NAMES[name]), name)
-    import tf_keras
+def __getattr__(name: str) -> Any:
+    if name in TFDIST_NAMES:
+        value = getattr(importlib.import_module(TFDIST_NAMES[name]), name)
+    elif name in KERAS_NAMES:
+        value = getattr(importlib.import_module("tf_keras"), name)
+    else:
+        raise AttributeError(f"module 'tfdist.keras' has no attribute {name!r}; it offers tfdist's "
+                             f"{sorted(TFDIST_NAMES)} and tf_keras's {list(KERAS_NAMES)}. For anything else "
+                             "import tf_keras itself.")
+    globals()[name] = value  # Later lookups skip __getattr__.
+    return value
 
-    return getattr(tf_keras, name)
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "KERAS_NAMES", "TFDIST_NAMES"])

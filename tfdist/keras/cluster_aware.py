@@ -17,9 +17,9 @@ import time
 from typing import Any, Optional
 
 from tfdist import exit_codes
-from tfdist.cluster import ClusterSpec, current_cluster
 from tfdist._compat import (attach_preemption_handler, backup_base, callback_base, saving_before_preemption,
                             training_state)
+from tfdist.cluster import ClusterLike, ClusterSpec, resolve_cluster
 
 __all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
 
@@ -46,10 +46,11 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
       report_dir: Shared directory for per-worker reports; None: local only.
       straggler_factor: How much slower than the median counts as straggling.
       warmup_steps: Steps skipped at the start of each epoch.
+      cluster: This task's cluster (a spec or TF_CONFIG); default ``TF_CONFIG`` from the environment.
     """
 
     def __init__(self, global_batch_size: int, *, report_dir: Optional[str] = None,
-                 straggler_factor: float = 1.25, warmup_steps: int = 2) -> None:
+                 straggler_factor: float = 1.25, warmup_steps: int = 2, cluster: ClusterLike = None) -> None:
         super().__init__()
         self.global_batch_size = global_batch_size
         self.report_dir = report_dir
@@ -57,7 +58,7 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
         self.warmup_steps = warmup_steps
         self.history: list[dict[str, Any]] = []
         self.stragglers: list[list[str]] = []
-        self._spec = current_cluster()
+        self._spec = resolve_cluster(cluster)
         self._task = _task_name(self._spec)
         self._steps: list[float] = []
         self._step_start = 0.0
@@ -178,7 +179,8 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
 
 def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optional[str] = None,
                       tensorboard_dir: Optional[str] = None, global_batch_size: Optional[int] = None,
-                      save_before_preemption: bool = False, report_dir: Optional[str] = None) -> list[Any]:
+                      save_before_preemption: bool = False, report_dir: Optional[str] = None,
+                      cluster: ClusterLike = None) -> list[Any]:
     """The callbacks a cluster job wants, each on the tasks that should run it.
 
     - ``BackupAndRestore(backup_dir)`` on every task: tf-keras writes the chief's
@@ -191,10 +193,12 @@ def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optio
       temporary directories that are removed): what the evaluator side-car reads.
     - ``TensorBoard(tensorboard_dir)`` on the chief only.
     - :class:`ThroughputLogger` when ``global_batch_size`` is given.
+
+    ``cluster`` is this task's cluster (a spec or TF_CONFIG); by default ``TF_CONFIG`` from the environment.
     """
     import tf_keras
 
-    spec = current_cluster()
+    spec = resolve_cluster(cluster)
     is_chief = spec is None or spec.is_chief
     callbacks: list[Any] = []
     if backup_dir:
@@ -206,5 +210,5 @@ def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optio
     if tensorboard_dir and is_chief:
         callbacks.append(tf_keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch"))
     if global_batch_size:
-        callbacks.append(ThroughputLogger(global_batch_size, report_dir=report_dir))
+        callbacks.append(ThroughputLogger(global_batch_size, report_dir=report_dir, cluster=spec))
     return callbacks
