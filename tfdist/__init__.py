@@ -1,16 +1,23 @@
 """tfdist: TensorFlow distributed training made real.
 
-Cluster specs and TF_CONFIG (pure Python), strategy builders, a local
-launcher, and (lazily) the tf-keras module as ``tfdist.keras``.
+Cluster specs and TF_CONFIG (pure Python), strategy builders, the error
+hierarchy, and the subpackages ``tfdist.keras``, ``tfdist.data``,
+``tfdist.launch``, ``tfdist.plan`` and ``tfdist.testing``, loaded on first
+use: ``import tfdist`` does not import TensorFlow.
 
 Example:
     >>> import tfdist
     >>> tfdist.ClusterSpec.local(workers=2).num_workers
     2
+    >>> tfdist.keras.__name__
+    'tfdist.keras'
 """
 
+import importlib
+from typing import Any
+
 from tfdist.clean_exit import exit_cleanly
-from tfdist.cluster import ClusterSpec, Task
+from tfdist.cluster import ClusterSpec, Task, current_cluster, resolve_cluster
 from tfdist.errors import (ClusterSpecError, DataError, EngineError, Error, LaunchError, LaunchFailure, PlanError,
                            RuntimeFailure, ServiceError, StackError, StorageError, StrategyError)
 from tfdist.strategy import (StrategyOptions, build_strategy, cluster_coordinator, register_strategy,
@@ -18,8 +25,22 @@ from tfdist.strategy import (StrategyOptions, build_strategy, cluster_coordinato
 
 __version__ = "0.1.0"
 
+# Subpackages loaded on first attribute access (each may import TensorFlow when used).
+_LAZY_MODULES = ("data", "keras", "launch", "plan", "testing")
+
 __all__ = [
     "ClusterSpec", "ClusterSpecError", "DataError", "EngineError", "Error", "LaunchError", "LaunchFailure",
     "PlanError", "RuntimeFailure", "ServiceError", "StackError", "StorageError", "StrategyError", "StrategyOptions",
-    "Task", "build_strategy", "cluster_coordinator", "exit_cleanly", "register_strategy", "strategy_names",
+    "Task", "build_strategy", "cluster_coordinator", "current_cluster", "exit_cleanly", "register_strategy",
+    "resolve_cluster", "strategy_names", *_LAZY_MODULES,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"tfdist.{name}")
+    raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

@@ -70,7 +70,7 @@ def parse_quantity(text: Any, kind: str = "count") -> float:
     raise invalid(PlanError, kind, raw, _KINDS[kind])
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
     """Per-step communication and per-replica memory for one model on one cluster.
 
@@ -253,7 +253,7 @@ def fit_ring(samples: list[tuple[float, ...]], *, workers: Optional[int] = None)
     return latency, 1.0 / inverse_bandwidth
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EmbeddingTraffic:
     """Bytes one worker moves per step for embedding tables, PS rows vs dense all-reduce.
 

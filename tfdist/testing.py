@@ -31,7 +31,7 @@ RESULT_PREFIX = "TFDIST_RESULT "
 Target = Union[Sequence[str], str, Callable[..., Any]]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterRun:
     """A finished local cluster run.
 
@@ -96,4 +96,4 @@ def run_cluster(target: Target, *, workers: int, timeout: float, ps: int = 0, ch
         for line in task.output.splitlines():
             if line.startswith(RESULT_PREFIX):
                 values[task.task] = json.loads(line[len(RESULT_PREFIX):])
-    return ClusterRun(result, values)
+    return ClusterRun(result=result, values=values)

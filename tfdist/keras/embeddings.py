@@ -30,7 +30,7 @@ from typing import Any
 __all__ = ["EmbeddingShard", "EmbeddingTable", "embedding_layout", "local_weights"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EmbeddingShard:
     """One shard of an embedding table: its rows and the device holding them.
 
@@ -49,7 +49,7 @@ class EmbeddingShard:
         return f"{parts['job']}:{parts.get('task', '0')}" if "job" in parts else ""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EmbeddingTable:
     """An embedding layer's table: name, full size and shards.
 
