@@ -23,7 +23,8 @@ from typing import Any, Union
 
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch.config import KillAt
-from tfdist.launch.runner import LaunchResult, run
+from tfdist.launch.results import LaunchResult
+from tfdist.launch.runner import run
 
 __all__ = ["ClusterRun", "KillAt", "run_cluster", "command_for", "RESULT_PREFIX"]
 

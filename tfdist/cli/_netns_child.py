@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     _status("network namespace: private, loopback only; task ports are unreachable from outside")
     result = run_config(config, on_line=_line, on_status=_status)
     with open(result_path, "w") as f:
-        json.dump(_netns.result_to_json(result), f)
+        json.dump(result.to_dict(), f)
     return result.exit_code
 
 

@@ -2,7 +2,8 @@
 
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest
-from tfdist.launch.runner import LaunchResult, TaskResult, run, run_config
+from tfdist.launch.results import LaunchResult, TaskResult
+from tfdist.launch.runner import run, run_config
 from tfdist.launch.server import run_server
 
 __all__ = ["KillAt", "LaunchConfig", "LaunchResult", "TaskResult", "jobset_manifest", "run", "run_config",

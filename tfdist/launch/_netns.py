@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchFailure
 from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.results import LaunchResult
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -65,17 +65,9 @@ def config_from_json(data: dict[str, Any]) -> LaunchConfig:
     return LaunchConfig(**data)
 
 
-def result_to_json(result: Any) -> dict[str, Any]:
-    return {"exit_code": result.exit_code, "reason": result.reason, "failed_task": result.failed_task,
-            "cluster": result.cluster.cluster_dict(dense=False),
-            "tasks": [dataclasses.asdict(t) for t in result.tasks]}
-
-
 def run_isolated(config: LaunchConfig, *, on_line: Optional[Callable[[str, str], None]],
-                 on_status: Callable[[str], None], base_env: Mapping[str, str]) -> Any:
+                 on_status: Callable[[str], None], base_env: Mapping[str, str]) -> LaunchResult:
     """Runs ``config`` in a new network namespace; returns its LaunchResult."""
-    from tfdist.launch.runner import LaunchResult, TaskResult
-
     prefix = unshare_argv()
     with tempfile.TemporaryDirectory(prefix="tfdist-netns-") as tmp:
         config_path, result_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "result.json")
@@ -115,6 +107,4 @@ def run_isolated(config: LaunchConfig, *, on_line: Optional[Callable[[str, str],
                               "see the status lines above.")
         with open(result_path) as f:
             data = json.load(f)
-    tasks = tuple(TaskResult(**t) for t in data["tasks"])
-    return LaunchResult(data["exit_code"], data["reason"], data["failed_task"], tasks,
-                        ClusterSpec(jobs=data["cluster"]))
+    return LaunchResult.from_dict(data)

@@ -23,14 +23,14 @@ from types import FrameType
 from typing import Any, Optional
 
 from tfdist import _address
-from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
-from tfdist.launch import _env, _tf_logs
+from tfdist.launch import _env, _netns, _tf_logs
 from tfdist.launch._process import Child, LineSink
 from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.results import LaunchResult, TaskResult
 
-__all__ = ["run", "run_config", "LaunchResult", "TaskResult", "EXPOSURE_WARNING"]
+__all__ = ["run", "run_config", "EXPOSURE_WARNING"]
 
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
@@ -39,56 +39,8 @@ DATA_SERVICE_TASK = "data-service:0"
 EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
                     "cluster unreachable from outside.")
-_TIMEOUT_CODE, _TAIL = 124, 15
+_TIMEOUT_CODE = 124
 _OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(LaunchConfig))
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskResult:
-    """How one task ended."""
-
-    task: str
-    exit_code: Optional[int]
-    restarts: int
-    runs_command: bool
-    output: str
-    pid: Optional[int] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchResult:
-    """How the whole run ended.
-
-    Attributes:
-      exit_code: 0 when every command task succeeded; else the first failing
-        task's code (124 on timeout, 130/143 when interrupted).
-      reason: 'ok', 'failed', 'timeout' or 'interrupted'.
-      failed_task: The task that ended the run, if any.
-      tasks: Every task's result.
-      cluster: The cluster that ran.
-    """
-
-    exit_code: int
-    reason: str
-    failed_task: Optional[str]
-    tasks: tuple[TaskResult, ...]
-    cluster: ClusterSpec
-
-    def task(self, name: str) -> TaskResult:
-        """The result of task ``name`` ('type:index')."""
-        for result in self.tasks:
-            if result.task == name:
-                return result
-        raise invalid(LaunchError, "task", name, describe_choices(str(name), [t.task for t in self.tasks]))
-
-    def summary(self) -> str:
-        """A few lines for people: the outcome and, on failure, the failing task's last lines."""
-        lines = [f"run {self.reason} (exit {self.exit_code})" +
-                 (f"; {self.failed_task} ended the run" if self.failed_task else "")]
-        if self.failed_task:
-            tail = self.task(self.failed_task).output.splitlines()[-_TAIL:]
-            lines += [f"  last lines of {self.failed_task}:"] + [f"    {line}" for line in tail]
-        return "\n".join(lines)
 
 
 def _pick_cluster(config: LaunchConfig) -> ClusterSpec:
@@ -259,8 +211,6 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
     status = on_status or (lambda message: _log.info("%s", message))
     base_env = dict(os.environ if base_env is None else base_env)
     if config.isolate_network:
-        from tfdist.launch import _netns
-
         return _netns.run_isolated(config, on_line=on_line, on_status=status, base_env=base_env)
     spec = _pick_cluster(config)
     status(EXPOSURE_WARNING)

@@ -1,0 +1,85 @@
+"""What a launch returns: each task's end and the run's, plus their JSON form (for runs in another process).
+
+Example:
+    >>> from tfdist.cluster import ClusterSpec
+    >>> from tfdist.launch.results import LaunchResult, TaskResult
+    >>> done = TaskResult(task="worker:0", exit_code=0, restarts=0, runs_command=True, output="ok")
+    >>> result = LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=(done,),
+    ...                       cluster=ClusterSpec(jobs={"worker": ["127.0.0.1:2222"]}))
+    >>> LaunchResult.from_dict(result.to_dict()) == result
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from tfdist._names import describe_choices
+from tfdist.cluster import ClusterSpec
+from tfdist.errors import LaunchError, invalid
+
+__all__ = ["LaunchResult", "TaskResult"]
+
+_TAIL = 15  # Lines of the failing task's output in a summary.
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+    """How one task ended."""
+
+    task: str
+    exit_code: Optional[int]
+    restarts: int
+    runs_command: bool
+    output: str
+    pid: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """How the whole run ended.
+
+    Attributes:
+      exit_code: 0 when every command task succeeded; else the first failing
+        task's code (124 on timeout, 130/143 when interrupted).
+      reason: 'ok', 'failed', 'timeout' or 'interrupted'.
+      failed_task: The task that ended the run, if any.
+      tasks: Every task's result.
+      cluster: The cluster that ran.
+    """
+
+    exit_code: int
+    reason: str
+    failed_task: Optional[str]
+    tasks: tuple[TaskResult, ...]
+    cluster: ClusterSpec
+
+    def task(self, name: str) -> TaskResult:
+        """The result of task ``name`` ('type:index')."""
+        for result in self.tasks:
+            if result.task == name:
+                return result
+        raise invalid(LaunchError, "task", name, describe_choices(str(name), [t.task for t in self.tasks]))
+
+    def summary(self) -> str:
+        """A few lines for people: the outcome and, on failure, the failing task's last lines."""
+        lines = [f"run {self.reason} (exit {self.exit_code})" +
+                 (f"; {self.failed_task} ended the run" if self.failed_task else "")]
+        if self.failed_task:
+            tail = self.task(self.failed_task).output.splitlines()[-_TAIL:]
+            lines += [f"  last lines of {self.failed_task}:"] + [f"    {line}" for line in tail]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable form; :meth:`from_dict` reads it back."""
+        return {"exit_code": self.exit_code, "reason": self.reason, "failed_task": self.failed_task,
+                "cluster": self.cluster.cluster_dict(dense=False),
+                "tasks": [dataclasses.asdict(task) for task in self.tasks]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LaunchResult":
+        """The result :meth:`to_dict` wrote."""
+        return cls(exit_code=data["exit_code"], reason=data["reason"], failed_task=data["failed_task"],
+                   tasks=tuple(TaskResult(**task) for task in data["tasks"]),
+                   cluster=ClusterSpec(jobs=data["cluster"]))
