@@ -78,7 +78,7 @@ class EmitTest(parameterized.TestCase):
         self.assertTrue(script.startswith("#!/bin/bash\n#SBATCH --job-name=rec\n#SBATCH --ntasks=6"))
         self.assertIn("#SBATCH --cpus-per-task=4", script)
         self.assertIn("\nPORT_BASE=9000\n", script)
-        srun = [line for line in script.splitlines() if " srun " in line][0]
+        srun = [line for line in script.splitlines() if " srun --kill-on-bad-exit" in line][0]
         self.assertIn("--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base \"$PORT_BASE\"", srun)
         # Run what srun would run on each of 6 Slurm tasks over 2 nodes, with a program that shows its env.
         show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]

@@ -102,9 +102,10 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         f"MAX_RESTARTS={config.max_restarts}",
         f'export TF_CPP_MIN_LOG_LEVEL="${{TF_CPP_MIN_LOG_LEVEL:-{tf_log_level}}}"',
         "export TF_USE_LEGACY_KERAS=1",
-        "if ! \"$PYTHON\" -c 'import tfdist' 2>/dev/null; then",
-        '  echo "tfdist job: error: $PYTHON cannot import tfdist on $(hostname). Install tfdist for that'
-        ' interpreter on every node, or emit the script with --python PATH." >&2',
+        "# Every node must run tfdist with this interpreter: check once per node before the real step.",
+        "if ! srun --ntasks-per-node=1 --ntasks=\"${SLURM_JOB_NUM_NODES:-1}\" \"$PYTHON\" -c 'import tfdist' >&2; then",
+        '  echo "tfdist job: error: $PYTHON cannot import tfdist on every node of this job (srun names the node'
+        ' above). Install tfdist for that interpreter on every node, or emit the script with --python PATH." >&2',
         "  exit 2",
         "fi",
         ports,
