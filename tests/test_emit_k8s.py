@@ -114,7 +114,7 @@ def test_the_exit_code_table_matches_the_operators_rule() -> None:
     import tensorflow as tf
 
     from tfdist.clean_exit import exit_code_for_exception
-    from tfdist.keras.cluster_callbacks import exit_preempted
+    from tfdist.keras.cluster_aware import exit_preempted
 
     assert exit_code_for_exception(tf.errors.UnavailableError(None, None, "peer gone")) == exit_codes.LOST_PEER
     assert exit_code_for_exception(tf.errors.DeadlineExceededError(None, None, "x")) == exit_codes.LOST_PEER
