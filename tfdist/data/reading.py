@@ -64,7 +64,7 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
     files = tf.data.Dataset.from_tensor_slices(paths)
     if epoch.shuffle_buffer and plan.policy != "data":
         files = files.shuffle(len(paths), seed=epoch.seed)
-    records = remote.staged_files(files, paths).interleave(
+    records = remote.staged_files(files, paths, ahead=max(1, reads)).interleave(
         lambda path, local: tf.data.TFRecordDataset(local, compression_type=compression, buffer_size=1 << 20)
         .take(take.lookup(path)), cycle_length=max(1, reads), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=tuning.deterministic or plan.policy == "data")

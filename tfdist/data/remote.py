@@ -186,11 +186,11 @@ def writable_path(path: str) -> tuple[str, Callable[[], None]]:
     return local, finish
 
 
-def staged_files(files: Any, paths: Sequence[str]) -> Any:
+def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD) -> Any:
     """Maps a ``tf.data`` dataset of paths to (path, readable path) pairs, staging objects ahead in parallel.
 
     For TF-native paths the pair is (path, path). For boto3-served objects up to
-    ``_STAGE_AHEAD`` downloads run ahead of the reader, in order.
+    ``ahead`` downloads run ahead of the reader (at least 4), in order.
     """
     import tensorflow as tf
 
@@ -206,5 +206,5 @@ def staged_files(files: Any, paths: Sequence[str]) -> Any:
         local.set_shape([])
         return path, local
 
-    ahead = min(len(paths), _STAGE_AHEAD)
+    ahead = min(len(paths), max(ahead, _STAGE_AHEAD))
     return files.map(pair, num_parallel_calls=ahead, deterministic=True).prefetch(ahead)
