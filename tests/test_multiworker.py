@@ -142,7 +142,8 @@ class ParameterServerTest(absltest.TestCase):
                           "Started server with target", "absl::InitializeLog"):
                 self.assertNotIn(noise, "\n".join(lines), server)
         with open(os.path.join(logs, "ps-0.log"), encoding="utf-8") as f:
-            self.assertIn("SessionOptions: device_count {", f.read())
+            # TF's absl records stay in the file (TF 2.17 also dumps SessionOptions there; 2.21 no longer does).
+            self.assertIn("absl::InitializeLog", f.read())
         value = run.values["chief:0"]
         self.assertTrue(value["is_ps"])
         self.assertLess(value["loss"][-1], value["loss"][0])
