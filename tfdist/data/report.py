@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from tfdist.data.sharding import imbalance
 
 __all__ = ["SkewReport", "skew_report"]
 
@@ -55,8 +56,7 @@ class SkewReport:
     @property
     def record_imbalance(self) -> float:
         """Max over mean records per worker (1.0 is even; the slowest worker sets the step time)."""
-        mean = sum(self.worker_records) / len(self.worker_records)
-        return max(self.worker_records) / mean if mean else 1.0
+        return imbalance(self.worker_records)
 
     @property
     def class_divergence(self) -> tuple[float, ...]:

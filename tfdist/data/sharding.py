@@ -20,7 +20,7 @@ from tfdist._names import describe_choices
 from tfdist.cluster import MAX_TASKS_PER_JOB
 from tfdist.errors import DataError, invalid, require_int
 
-__all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files"]
+__all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files", "imbalance"]
 
 SHARD_POLICIES = ("auto", "file", "data", "hash", "off")
 # 'auto' shards by file when the per-worker byte load is within this factor of the mean.
@@ -64,11 +64,16 @@ class ShardPlan:
         """The files worker ``worker`` reads."""
         return self.assignment[worker]
 
-    @property
-    def imbalance(self) -> float:
-        """Max over mean of the bytes each worker reads (1.0 is perfect)."""
-        mean = sum(self.worker_bytes) / max(1, len(self.worker_bytes))
-        return max(self.worker_bytes) / mean if mean else 1.0
+
+def imbalance(loads: Sequence[float]) -> float:
+    """Max over mean of per-worker loads (1.0 is even): the slowest worker sets the step time.
+
+    Example:
+        >>> imbalance([100, 100]), imbalance([150, 50]), imbalance([0, 0])
+        (1.0, 1.5, 1.0)
+    """
+    mean = sum(loads) / len(loads) if loads else 0
+    return max(loads) / mean if mean else 1.0
 
 
 def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: str = "auto",
@@ -119,10 +124,9 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
     sizes = dict(files)
     assignment = balance_files(files, num_workers)
     loads = tuple(sum(sizes[name] for name in names) for names in assignment)
-    mean = total / num_workers
-    imbalance = max(loads) / mean if mean else 1.0
-    if policy == "auto" and imbalance > BALANCE_TOLERANCE:
-        return ShardPlan("data", f"file sizes do not split evenly (the busiest worker would read {imbalance:.2f}x "
+    skew = imbalance(loads)
+    if policy == "auto" and skew > BALANCE_TOLERANCE:
+        return ShardPlan("data", f"file sizes do not split evenly (the busiest worker would read {skew:.2f}x "
                          "the mean)", num_workers, (everything,) * num_workers, (total,) * num_workers)
     return ShardPlan("file", f"{len(files)} files over {num_workers} workers, byte-balanced within "
-                     f"{(imbalance - 1) * 100:.1f}%", num_workers, tuple(tuple(a) for a in assignment), loads)
+                     f"{(skew - 1) * 100:.1f}%", num_workers, tuple(tuple(a) for a in assignment), loads)
