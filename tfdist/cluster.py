@@ -21,12 +21,39 @@ from typing import Any, Optional, Union
 from tfdist import _address, _cluster_parse, _jobset, _slurm
 from tfdist.errors import ClusterSpecError, invalid, require_int, require_type
 
-__all__ = ["ClusterSpec", "ClusterLike", "Task", "JOB_NAMES", "current_cluster", "resolve_cluster"]
+__all__ = ["ClusterSpec", "ClusterLike", "Task", "JOB_NAMES", "current_cluster", "resolve_cluster", "split_task_name",
+           "task_counts"]
 
 JOB_NAMES = _cluster_parse.JOB_NAMES
 TF_CONFIG_VAR = "TF_CONFIG"
 # Tasks per job that tfdist builds or launches (a sanity bound; ports run out long before it on one machine).
 MAX_TASKS_PER_JOB = 10_000
+
+
+def task_counts(*, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False) -> dict[str, int]:
+    """Tasks per job of a topology, in launch order (chief, worker, ps, evaluator), empty jobs left out.
+
+    The one rule for local clusters, the launcher's task list and the emitted manifests.
+
+    Example:
+        >>> task_counts(workers=2, ps=1, chief=True)
+        {'chief': 1, 'worker': 2, 'ps': 1}
+    """
+    counts = {"chief": int(bool(chief)), "worker": workers, "ps": ps, "evaluator": int(bool(evaluator))}
+    return {job: count for job, count in counts.items() if count}
+
+
+def split_task_name(name: str) -> tuple[str, int]:
+    """``'worker:1'`` -> ``('worker', 1)``; ClusterSpecError for anything else.
+
+    Example:
+        >>> split_task_name("ps:0")
+        ('ps', 0)
+    """
+    job, _, index = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if job not in JOB_NAMES or not (index.isascii() and index.isdigit()):
+        raise invalid(ClusterSpecError, "task", name, "'type:index' with a known job, e.g. 'worker:1'")
+    return job, int(index)
 
 
 def resolve_cluster(cluster: "ClusterLike" = None) -> Optional["ClusterSpec"]:
@@ -166,10 +193,9 @@ class ClusterSpec:
         if workers == 0 and not chief:
             raise invalid(ClusterSpecError, "workers", workers, "at least one training task",
                           "Pass workers >= 1, or chief=True.")
-        counts = {"chief": int(bool(chief)), "worker": workers, "ps": ps, "evaluator": int(bool(evaluator))}
+        counts = task_counts(workers=workers, ps=ps, chief=chief, evaluator=evaluator)
         ports = iter(_address.free_ports(sum(counts.values()), host))
-        jobs = {job: [_address.join_address(host, next(ports)) for _ in range(n)]
-                for job, n in counts.items() if n}
+        jobs = {job: [_address.join_address(host, next(ports)) for _ in range(n)] for job, n in counts.items()}
         return cls(jobs=jobs)
 
     @classmethod

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from tfdist import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
+from tfdist.launch._env import task_variables
 from tfdist.launch.config import LaunchConfig
 
 TFJOB_PORT = 2222
@@ -82,17 +83,12 @@ def _container(config: LaunchConfig, job: str, image: str, limits: dict[str, Any
     if wrap is not None:
         command = wrap + list(config.command)
     container: dict[str, Any] = {"name": CONTAINER, "image": image, "command": command,
-                                 "env": [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}] + env +
-                                        ([{"name": "GRPC_FAIL_FAST", "value": "use_caller"}] if config.ps else []),
+                                 "env": [{"name": name, "value": value}
+                                         for name, value in task_variables(config).items()] + env,
                                  "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}]}
     if limits:
         container["resources"] = {"limits": dict(limits)}
     return container
-
-
-def _counts(config: LaunchConfig) -> dict[str, int]:
-    counts = {"chief": int(config.chief), "worker": config.workers, "ps": config.ps, "evaluator": int(config.evaluator)}
-    return {job: n for job, n in counts.items() if n}
 
 
 def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job", namespace: Optional[str] = None,
@@ -139,7 +135,7 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
                                                             ttl_seconds_after_finished, minimum=0, maximum=_INT32)
     replicas = {REPLICA_TYPES[job]: {"replicas": count, "restartPolicy": restart_policy,
                                      "template": {"spec": {"containers": [_container(config, job, image, limits, [])]}}}
-                for job, count in _counts(config).items()}
+                for job, count in config.task_counts().items()}
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = check_namespace(namespace)
@@ -210,7 +206,7 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
     check_dns1035("--name", name)
     image = check_image(image)
     limits = _limits(cpu, memory, gpus)
-    counts = _counts(config)
+    counts = config.task_counts()
     jobs = ",".join(f"{job}={n}" for job, n in counts.items())
     for job, count in counts.items():  # JobSet's webhook: the longest pod name must be a DNS-1035 label.
         check_dns1035("--name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))

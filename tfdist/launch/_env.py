@@ -5,29 +5,25 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec
+from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
 
 TASK_VAR = "TFDIST_TASK"
 RESTART_VAR = "TFDIST_RESTART"
 
 
-def child_env(base: Mapping[str, str], config: LaunchConfig, spec: ClusterSpec, task: str,
-              restart: int) -> dict[str, str]:
-    """Returns the environment for ``task`` ('type:index'); ``base`` is not changed."""
-    task_type, _, index = task.partition(":")
-    env = dict(base)
-    env.update(config.env)
-    env[TF_CONFIG_VAR] = json.dumps(spec.to_tf_config(task_type, int(index)))
-    env["TF_USE_LEGACY_KERAS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    env[TASK_VAR] = task
-    env[RESTART_VAR] = str(restart)
+def task_variables(config: LaunchConfig) -> dict[str, str]:
+    """The variables every task of ``config`` gets, wherever it runs (local children, TFJob and JobSet pods).
+
+    Example:
+        >>> task_variables(LaunchConfig(command=("python",), workers=2, ps=1, chief=True))["TF_NUM_INTEROP_THREADS"]
+        '4'
+    """
+    env = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
     inter_floor = 0
     if config.mode == "parameter_server":
         # TF's parameter-server guide: inter-op threads >= workers + 1 on small machines.
-        inter_floor = spec.num_workers + 1
+        inter_floor = config.workers + int(config.chief) + 1
         env["GRPC_FAIL_FAST"] = "use_caller"
     if config.threads_per_task:
         env["TF_NUM_INTRAOP_THREADS"] = str(config.threads_per_task)
@@ -35,4 +31,18 @@ def child_env(base: Mapping[str, str], config: LaunchConfig, spec: ClusterSpec, 
         inter_floor = max(inter_floor, config.threads_per_task)
     if inter_floor:
         env["TF_NUM_INTEROP_THREADS"] = str(inter_floor)
+    return env
+
+
+def child_env(base: Mapping[str, str], config: LaunchConfig, spec: ClusterSpec, task: str,
+              restart: int) -> dict[str, str]:
+    """Returns the environment for ``task`` ('type:index'); ``base`` is not changed."""
+    task_type, index = split_task_name(task)
+    env = dict(base)
+    env.update(config.env)
+    env[TF_CONFIG_VAR] = json.dumps(spec.to_tf_config(task_type, index))
+    env.update(task_variables(config))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env[TASK_VAR] = task
+    env[RESTART_VAR] = str(restart)
     return env

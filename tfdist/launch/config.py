@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from tfdist._names import describe_choices
-from tfdist.cluster import MAX_TASKS_PER_JOB
+from tfdist.cluster import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_int, require_number, require_type
 
 __all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES"]
@@ -187,13 +187,13 @@ class LaunchConfig:
         """'parameter_server' when there are ps tasks, else 'collective'."""
         return "parameter_server" if self.ps else "collective"
 
+    def task_counts(self) -> dict[str, int]:
+        """Tasks per job, in launch order (see :func:`tfdist.cluster.task_counts`)."""
+        return task_counts(workers=self.workers, ps=self.ps, chief=self.chief, evaluator=self.evaluator)
+
     def task_names(self) -> list[str]:
         """Every task as 'type:index', in launch order."""
-        names = ["chief:0"] if self.chief else []
-        names += [f"worker:{i}" for i in range(self.workers)]
-        names += [f"ps:{i}" for i in range(self.ps)]
-        names += ["evaluator:0"] if self.evaluator else []
-        return names
+        return [f"{job}:{index}" for job, count in self.task_counts().items() for index in range(count)]
 
     def cmd_task_types(self) -> tuple[str, ...]:
         """Task types that run the user's command (the others run a TF server)."""
@@ -211,7 +211,7 @@ class LaunchConfig:
 
     def runs_command(self, task: str) -> bool:
         """True when ``task`` ('type:index') runs the user's command."""
-        return task.split(":")[0] in self.cmd_task_types()
+        return split_task_name(task)[0] in self.cmd_task_types()
 
 
 def _iterable(value: Any) -> tuple[Any, ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
-from tfdist.cluster import ClusterSpec
+from tfdist.cluster import ClusterSpec, split_task_name
 from tfdist.launch._emit_k8s import TFJOB_PORT, jobset_manifest, tfjob_manifest, validate_tfjob
 from tfdist.launch._emit_slurm import slurm_script
 from tfdist.launch.config import LaunchConfig
@@ -34,7 +34,7 @@ def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, po
         raise invalid(LaunchError, "--hosts", hosts, f"{len(names)} hosts, one per task ({', '.join(names)})")
     jobs: dict[str, list[str]] = {}
     for name, host in zip(names, hosts):
-        jobs.setdefault(name.split(":")[0], []).append(host if ":" in host else f"{host}:{port}")
+        jobs.setdefault(split_task_name(name)[0], []).append(host if ":" in host else f"{host}:{port}")
     return ClusterSpec(jobs=jobs)
 
 
