@@ -196,6 +196,12 @@ def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD)
 
     if not paths or reader_for(paths[0]) != "boto3":
         return files.map(lambda path: (path, path))
+    if not tf.executing_eagerly():  # ParameterServerStrategy builds worker datasets from a traced function.
+        raise StorageError(f"{paths[0]} is read through boto3, which stages objects from a tf.py_function that "
+                           "only this process can run, so it cannot feed datasets built on remote workers "
+                           "(ParameterServerStrategy). Use tensorflow-io on TF 2.17 (tfdist[tfio]) or mount the "
+                           "bucket.", field="files", value=paths[0],
+                           fix="pip install 'tfdist[tfio]' with TF 2.17, or mount the bucket")
     store = _store()
 
     def stage(path: Any) -> Any:
