@@ -315,7 +315,8 @@ class ClusterSpec:
 
     def tasks(self) -> list[Task]:
         """Every task, chief first, then workers, ps, evaluator, by index."""
-        return [Task(type=job, index=index, address=address) for job, tasks in self.jobs.items() for index, address in tasks.items()]
+        return [Task(type=job, index=index, address=address)
+                for job, tasks in self.jobs.items() for index, address in tasks.items()]
 
     def cluster_dict(self, *, include_evaluator: bool = True, dense: bool = True) -> dict[str, Any]:
         """The ``cluster`` part of TF_CONFIG (lists where indices are 0..n-1)."""

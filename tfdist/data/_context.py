@@ -47,8 +47,6 @@ def slot(input_context: Optional[Any], global_batch: int, *, cluster: Optional[C
         # Only collective clusters split input by the cluster: parameter-server workers get their share through
         # the InputContext of a dataset function, and the coordinator's own datasets (evaluation) read all.
         if spec.task_type in ("chief", "worker") and spec.num_workers > 1 and not spec.num_ps:
-            # TensorFlow's multi-worker order: the chief first, then workers by index.
-            order = [("chief", i) for i in spec.jobs.get("chief", {})] + [("worker", i) for i in
-                                                                           spec.jobs.get("worker", {})]
+            order = [(task.type, task.index) for task in spec.training_tasks()]  # TensorFlow's multi-worker order
             return PipelineSlot(order.index((spec.task_type, spec.task_id)), len(order), global_batch, False)
     return PipelineSlot(0, 1, global_batch, False)
