@@ -63,12 +63,17 @@ def test_keras_lists_its_names_and_resolves_them_to_objects() -> None:
 def _keyword_only_classes() -> list[type]:
     from tfdist.autotune import CollectiveTuning
     from tfdist.collective import CollectiveConfig
+    from tfdist.data.files import FileInfo, Listing
+    from tfdist.data.pipeline import TFRecordPipeline
+    from tfdist.data.report import SkewReport
+    from tfdist.data.sharding import ShardPlan
     from tfdist.keras.embeddings import EmbeddingShard, EmbeddingTable
     from tfdist.plan import EmbeddingTraffic, Plan
     from tfdist.testing import ClusterRun
 
     return [tfdist.ClusterSpec, tfdist.Task, tfdist.StrategyOptions, CollectiveConfig, CollectiveTuning, Plan,
-            EmbeddingTraffic, EmbeddingShard, EmbeddingTable, ClusterRun]
+            EmbeddingTraffic, EmbeddingShard, EmbeddingTable, ClusterRun, FileInfo, Listing, TFRecordPipeline,
+            SkewReport, ShardPlan]
 
 
 @pytest.mark.parametrize("cls", _keyword_only_classes(), ids=lambda cls: cls.__name__)

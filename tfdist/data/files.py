@@ -82,7 +82,7 @@ class FileInfo:
     label: Optional[str] = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Listing:
     """The input files, sorted by path (the same on every worker)."""
 
@@ -133,5 +133,5 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
         manifest = read_manifest(prefix, on_corrupt=on_corrupt)
         if manifest is not None:
             written.update(manifest["files"])
-    return Listing(tuple(FileInfo(path=p, size=s, records=written.get(p, {}).get("records"),
-                                  label=written.get(p, {}).get("class")) for p, s in zip(paths, sizes)))
+    return Listing(files=tuple(FileInfo(path=p, size=s, records=written.get(p, {}).get("records"),
+                                        label=written.get(p, {}).get("class")) for p, s in zip(paths, sizes)))

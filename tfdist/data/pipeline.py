@@ -55,7 +55,7 @@ class _ReportLog:
         self.last: Optional[VerifyReport] = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TFRecordPipeline:
     """A validated TFRecord input pipeline; ``dataset()`` builds it for one worker.
 

@@ -31,7 +31,7 @@ def _normalize(counts: Mapping[str, int]) -> dict[str, float]:
     return {k: v / total for k, v in counts.items()} if total else {}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SkewReport:
     """Per-worker record, byte and class counts for one sharding policy.
 
@@ -176,4 +176,5 @@ def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: s
         records.append(sum(counts.values()))
         nbytes.append(sum(sizes[p] for p in plan.files_for(worker)))
         classes.append(dict(sorted(counts.items())))
-    return SkewReport(plan.policy, plan.reason, label_key, tuple(records), tuple(nbytes), tuple(classes))
+    return SkewReport(policy=plan.policy, reason=plan.reason, label_key=label_key, worker_records=tuple(records),
+                      worker_bytes=tuple(nbytes), worker_classes=tuple(classes))

@@ -42,7 +42,7 @@ def balance_files(files: Sequence[tuple[str, int]], num_workers: int) -> list[li
     return [sorted(names) for names in assignment]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ShardPlan:
     """How input is split across ``num_workers`` input pipelines.
 
@@ -114,19 +114,26 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
         reason = {"off": "one input pipeline reads everything" if num_workers == 1 else "sharding is off: every "
                   "worker reads every record", "data": "every worker reads all files and keeps one "
                   f"record in {num_workers}", "hash": f"records go to worker hash({shard_key}) % {num_workers}"}
-        return ShardPlan(chosen, reason[chosen], num_workers, (everything,) * num_workers, (total,) * num_workers)
+        return _everyone_reads_all(chosen, reason[chosen], everything, total, num_workers)
     if len(files) < num_workers:
         if policy == "file":
             raise invalid(DataError, "shard_policy", "file", f"at least as many files as workers ({num_workers})",
                           f"Only {len(files)} file(s): use shard_policy='data' or 'auto', or write more shards.")
-        return ShardPlan("data", f"{len(files)} file(s) for {num_workers} workers: too few to shard by file",
-                         num_workers, (everything,) * num_workers, (total,) * num_workers)
+        return _everyone_reads_all("data", f"{len(files)} file(s) for {num_workers} workers: too few to shard by "
+                                   "file", everything, total, num_workers)
     sizes = dict(files)
     assignment = balance_files(files, num_workers)
     loads = tuple(sum(sizes[name] for name in names) for names in assignment)
     skew = imbalance(loads)
     if policy == "auto" and skew > BALANCE_TOLERANCE:
-        return ShardPlan("data", f"file sizes do not split evenly (the busiest worker would read {skew:.2f}x "
-                         "the mean)", num_workers, (everything,) * num_workers, (total,) * num_workers)
-    return ShardPlan("file", f"{len(files)} files over {num_workers} workers, byte-balanced within "
-                     f"{(skew - 1) * 100:.1f}%", num_workers, tuple(tuple(a) for a in assignment), loads)
+        return _everyone_reads_all("data", f"file sizes do not split evenly (the busiest worker would read "
+                                   f"{skew:.2f}x the mean)", everything, total, num_workers)
+    return ShardPlan(policy="file", reason=f"{len(files)} files over {num_workers} workers, byte-balanced within "
+                     f"{(skew - 1) * 100:.1f}%", num_workers=num_workers,
+                     assignment=tuple(tuple(a) for a in assignment), worker_bytes=loads)
+
+
+def _everyone_reads_all(policy: str, reason: str, everything: tuple[str, ...], total: int,
+                        num_workers: int) -> ShardPlan:
+    return ShardPlan(policy=policy, reason=reason, num_workers=num_workers, assignment=(everything,) * num_workers,
+                     worker_bytes=(total,) * num_workers)

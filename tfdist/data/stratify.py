@@ -3,8 +3,8 @@
 Example:
     >>> from tfdist.data.files import FileInfo, Listing
     >>> from tfdist.data.stratify import class_groups
-    >>> listing = Listing((FileInfo(path="d-y=1-00000-of-00001.tfrecord", size=5),
-    ...                    FileInfo(path="d-y=0-00000-of-00001.tfrecord", size=7)))
+    >>> listing = Listing(files=(FileInfo(path="d-y=1-00000-of-00001.tfrecord", size=5),
+    ...                          FileInfo(path="d-y=0-00000-of-00001.tfrecord", size=7)))
     >>> list(class_groups(listing, "y"))
     ['0', '1']
 """
