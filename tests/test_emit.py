@@ -231,14 +231,14 @@ def test_slurm_task_missing_command_is_one_line() -> None:
 
 def test_pods_get_the_same_task_variables_as_local_children() -> None:
     """One rule for a task's environment: the TFJob pods carry what tfdist-launch gives local tasks."""
-    from tfdist.launch import _env
+    from tfdist.launch import environment
 
     config = LaunchConfig(command=("python", "train.py"), workers=2, ps=1, chief=True, threads_per_task=2)
     spec = ClusterSpec.local(workers=2, ps=1, chief=True)
-    local = _env.child_env({}, config, spec, "chief:0", restart=0)
+    local = environment.child_env({}, config, spec, "chief:0", restart=0)
     manifest = emit.tfjob_manifest(config, image="me/train:1")
     for replica in manifest["spec"]["tfReplicaSpecs"].values():
         (container,) = replica["template"]["spec"]["containers"]
         pod = {item["name"]: item["value"] for item in container["env"] if "value" in item}
         assert pod["TF_NUM_INTEROP_THREADS"] == local["TF_NUM_INTEROP_THREADS"] == "4"  # workers + 1 (PS guide)
-        assert all(pod[name] == local[name] for name in _env.task_variables(config))
+        assert all(pod[name] == local[name] for name in environment.task_variables(config))

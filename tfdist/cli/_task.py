@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from tfdist import exit_codes
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch import _env
+from tfdist.launch import environment
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.runner import SERVER_ARGV
 
 # Servers (ps, and workers of a parameter-server job) end this long after the chief is gone, so the job ends.
 SERVER_EXIT_WITH_CHIEF = 3.0
@@ -38,8 +37,8 @@ def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on:
                           chief=spec.has_chief, evaluator="evaluator" in spec.jobs, run_on=run_on)
     task = spec.task.name  # type: ignore[union-attr]
     program = list(config.command) if config.runs_command(task) else [
-        *SERVER_ARGV, "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
-    env = _env.child_env(os.environ, config, spec, task, restart=restart)
+        *environment.server_argv(), "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
+    env = environment.child_env(os.environ, config, spec, task, restart=restart)
     sys.stderr.write(f"{prefix}{spec.describe()}\n")
     sys.stderr.flush()
     try:

@@ -13,12 +13,11 @@ from typing import Any, Optional
 
 from tfdist import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
-from tfdist.launch._env import task_variables
+from tfdist.launch.environment import server_argv, task_variables
 from tfdist.launch.config import LaunchConfig
 
 TFJOB_PORT = 2222
 CONTAINER = "tensorflow"  # The training operator requires a container of this name.
-SERVER_ARGS = ("-m", "tfdist.cli.server")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -79,7 +78,7 @@ def _limits(cpu: Optional[str], memory: Optional[str], gpus: int) -> dict[str, A
 def _container(config: LaunchConfig, job: str, image: str, limits: dict[str, Any], env: list[dict[str, Any]],
                wrap: Optional[list[str]] = None) -> dict[str, Any]:
     runs_command = job in config.cmd_task_types()
-    command = list(config.command) if runs_command else ["python", *SERVER_ARGS]
+    command = list(config.command) if runs_command else server_argv("python")
     if wrap is not None:
         command = wrap + list(config.command)
     container: dict[str, Any] = {"name": CONTAINER, "image": image, "command": command,

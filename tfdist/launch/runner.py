@@ -25,7 +25,7 @@ from typing import Any, Optional
 from tfdist import _address
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
-from tfdist.launch import _env, _netns, _tf_logs
+from tfdist.launch import _netns, _tf_logs, environment
 from tfdist.launch._process import Child, LineSink
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.results import LaunchResult, TaskResult
@@ -34,7 +34,6 @@ __all__ = ["run", "run_config", "EXPOSURE_WARNING"]
 
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
-SERVER_ARGV = (sys.executable, "-m", "tfdist.cli.server")
 DATA_SERVICE_TASK = "data-service:0"
 EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
@@ -88,7 +87,7 @@ class _Supervisor:
         server_sink = sink if _tf_logs.wants_tf_info(base_env) else _tf_logs.quiet_sink(sink)
         for task in config.task_names():
             runs_command = config.runs_command(task)
-            argv = config.command if runs_command else SERVER_ARGV
+            argv = config.command if runs_command else environment.server_argv()
             log_path = os.path.join(config.log_dir, task.replace(":", "-") + ".log") if config.log_dir else None
             self.children[task] = Child(task, argv, env=None, sink=sink if runs_command else server_sink,
                                         log_path=log_path)
@@ -114,7 +113,7 @@ class _Supervisor:
 
     def _start(self, task: str) -> None:
         child = self.children[task]
-        child.start(_env.child_env(self.base_env, self.config, self.spec, task, child.restarts))
+        child.start(environment.child_env(self.base_env, self.config, self.spec, task, child.restarts))
         role = "command" if self.config.runs_command(task) else "TF server"
         self.status(f"{task} started ({role}, pid {child.pid}, {self.spec.jobs[task.split(':')[0]][int(task.split(':')[1])]})")
         self.finished.pop(task, None)

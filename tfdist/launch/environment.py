@@ -1,15 +1,32 @@
-"""The environment of each child task: a copy of the parent's plus TF_CONFIG and limits."""
+"""What each task of a launch runs, and with which environment: one rule for every engine and emitter.
+
+The local runner, the Slurm and JobSet task entries (``tfdist.cli``) and the
+Kubernetes manifests all take a task's program and variables from here.
+
+Example:
+    >>> server_argv("python")
+    ['python', '-m', 'tfdist.cli.server']
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 
 from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
 
+__all__ = ["TASK_VAR", "RESTART_VAR", "SERVER_MODULE", "server_argv", "task_variables", "child_env"]
+
 TASK_VAR = "TFDIST_TASK"
 RESTART_VAR = "TFDIST_RESTART"
+SERVER_MODULE = "tfdist.cli.server"  # What tasks that run no user code run: a TensorFlow server.
+
+
+def server_argv(python: str = sys.executable) -> list[str]:
+    """The TensorFlow server's command line, for tasks that do not run the user's command."""
+    return [python, "-m", SERVER_MODULE]
 
 
 def task_variables(config: LaunchConfig) -> dict[str, str]:
