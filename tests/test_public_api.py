@@ -108,3 +108,13 @@ def test_frozen_mappings_cannot_be_changed() -> None:
     for mapping in (tuning.timings_ms, config.env):
         with pytest.raises(TypeError):
             mapping["B"] = 2  # type: ignore[index]
+
+
+def test_file_compressions_are_named_once() -> None:
+    from tfdist.data import _framing, files, writer
+
+    named = {kind for kind in writer.COMPRESSIONS if kind}
+    assert set(_framing._DECOMPRESS) == named
+    for kind, suffix in writer.COMPRESSIONS.items():
+        assert files.compression_of(f"/d/x-00000-of-00001.tfrecord{suffix}", "auto") == kind
+        assert writer.CLASS_GROUP.search(f"/d/x-label=3-00000-of-00001.tfrecord{suffix}")

@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 _HEADER = 12
 _FOOTER = 4
+# How to undo each compression tfdist.data.writer.COMPRESSIONS names (a test checks the two agree).
+_DECOMPRESS = {"GZIP": gzip.decompress, "ZLIB": zlib.decompress}
 
 
 def _crc32c_table() -> list[int]:
@@ -142,10 +144,7 @@ def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
         with open(local, "rb") as f:
             raw = f.read()
     try:
-        if compression == "GZIP":
-            raw = gzip.decompress(raw)
-        elif compression == "ZLIB":
-            raw = zlib.decompress(raw)
+        raw = _DECOMPRESS[compression](raw) if compression else raw
     except (OSError, EOFError, zlib.error) as err:
         return FileCheck(path, 0, 0, len(raw), f"cannot decompress as {compression}: {err}")
     return _walk(raw, path)

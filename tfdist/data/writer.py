@@ -30,7 +30,8 @@ __all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_
 _log = logging.getLogger("tfdist.data")
 COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
 # A per-class group: PREFIX-label=VALUE-00000-of-00004.tfrecord[.gz]
-CLASS_GROUP = re.compile(r"-(?P<key>[A-Za-z0-9_]+)=(?P<value>[^/]+?)-\d{5}-of-\d{5}\.tfrecord(?:\.gz|\.zz)?$")
+_SUFFIXES = "|".join(re.escape(suffix) for suffix in COMPRESSIONS.values() if suffix)
+CLASS_GROUP = re.compile(rf"-(?P<key>[A-Za-z0-9_]+)=(?P<value>[^/]+?)-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
 Example = Union[bytes, Any]  # serialized bytes or a tf.train.Example
 Progress = Callable[[int], None]
 _MAX_LABEL_NAME = 100
