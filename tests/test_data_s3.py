@@ -44,9 +44,23 @@ SCRIPT = textwrap.dedent("""
                                         verify="all", drop_remainder=False)
             seen += [int(v) for b in pipeline.dataset(context) for v in b["id"].numpy()]
         report = skew_report(f"s3://{sys.argv[2]}/train/part-*", label_key="label", num_workers=2)
+        manifest_records = read_manifest(f"s3://{sys.argv[2]}/train/part")["records"]
+        # A rewrite with fewer shards replaces the dataset whole; a failed one leaves it as it was.
+        write_tfrecords((example(i) for i in range(500, 600)), f"s3://{sys.argv[2]}/train/part", num_shards=2)
+        def failing():
+            yield example(900)
+            raise OSError("source went away")
+        try:
+            write_tfrecords(failing(), f"s3://{sys.argv[2]}/train/part", num_shards=3)
+        except OSError:
+            pass
+        objects = sorted(o["Key"] for o in boto3.client("s3", endpoint_url=sys.argv[1]).list_objects_v2(
+            Bucket=sys.argv[2])["Contents"])
+        rewritten = TFRecordPipeline(files=f"s3://{sys.argv[2]}/train/part-*", features=features, batch_size=10)
         print("RESULT", json.dumps({"paths": paths, "ids": sorted(seen), "checked": pipeline.last_report,
-                                    "manifest_records": read_manifest(f"s3://{sys.argv[2]}/train/part")["records"],
-                                    "report": report.worker_records}), flush=True)
+                                    "manifest_records": manifest_records, "report": report.worker_records,
+                                    "objects": objects, "rewritten": sorted(int(v) for b in rewritten.dataset()
+                                                                            for v in b["id"].numpy())}), flush=True)
         return 0
 
     tfdist.exit_cleanly(main)
@@ -73,3 +87,6 @@ def test_write_and_read_sharded_tfrecords_on_s3(s3_server: dict[str, str], reade
     assert result["checked"]["files_checked"] == 2 and result["checked"]["corrupt_files"] == []
     assert result["manifest_records"] == 500
     assert result["report"] == [250, 250]
+    assert result["objects"] == ["train/part-00000-of-00002.tfrecord", "train/part-00001-of-00002.tfrecord",
+                                 "train/part-manifest.json"]
+    assert result["rewritten"] == list(range(500, 600))
