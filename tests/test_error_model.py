@@ -21,14 +21,18 @@ import pytest
 import tfdist
 from tfdist import errors, launch, plan, testing
 from tfdist.autotune import CollectiveTuning
-from tfdist.collective import CollectiveConfig
+from tfdist.cluster import split_task_name
+from tfdist.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
+from tfdist.launch import emit
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.strategy import StrategyOptions, resolve_options
 
 HOSTILE: tuple[Any, ...] = (None, "", "x", "5", -1, 0, 2**70, 1.5, -0.5, math.nan, math.inf, True, [], ["x"], {},
                             {"x": 1}, (1, 2), object(), b"bytes")
 _FILES = [("/data/a-0", 100), ("/data/a-1", 120), ("/data/a-2", 90)]
+_CONFIG = LaunchConfig(command=("python", "train.py"), workers=2)
+_PS_CLUSTER = {"cluster": {"chief": ["c:1"], "worker": ["w:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}}
 
 # name -> (callable, valid keyword arguments)
 CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
@@ -57,6 +61,20 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
                                             "timings_ms": {"0": 1.5}, "workers": 2, "total_bytes": 4096}),
     "plan_shards": (plan_shards, {"files": _FILES, "num_workers": 2, "policy": "auto"}),
     "command_for": (testing.command_for, {"target": "tests.cluster_tasks:noop"}),
+    "resolve_cluster": (tfdist.resolve_cluster, {"cluster": {"cluster": {"worker": ["a:1"]}}}),
+    "current_cluster": (tfdist.current_cluster, {"env": {"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}}'}}),
+    "ClusterSpec.from_slurm": (tfdist.ClusterSpec.from_slurm, {
+        "env": {"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"},
+        "jobs": {"worker": 2}, "port_base": 8888}),
+    "split_task_name": (split_task_name, {"name": "worker:1"}),
+    "build_strategy(kind)": (lambda kind: tfdist.build_strategy(kind, cluster=_PS_CLUSTER), {"kind": "mirrored_x"}),
+    "tf_configs": (emit.tf_configs, {"config": _CONFIG, "hosts": ["h0", "h1"], "port": 2222}),
+    "tfjob_manifest": (emit.tfjob_manifest, {"config": _CONFIG, "image": "me/train:1", "name": "job",
+                                             "namespace": None, "cpu": None, "memory": None, "gpus": 0}),
+    "jobset_manifest": (emit.jobset_manifest, {"config": _CONFIG, "image": "me/train:1", "name": "job", "gpus": 0}),
+    "slurm_script": (emit.slurm_script, {"config": _CONFIG, "name": "job", "time_limit": "01:00:00",
+                                         "cpus_per_task": None, "gpus_per_task": 0, "port_base": None}),
+    "gradient_value_bytes": (gradient_value_bytes, {"compression": "bf16"}),
 }
 
 

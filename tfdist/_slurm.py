@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from tfdist.errors import ClusterSpecError, invalid
+from tfdist.errors import ClusterSpecError, invalid, require_int
 
 _PART = re.compile(r"^([^,\[\]]*)(?:\[([^\]]+)\])?(.*)$")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -74,6 +74,13 @@ def _first(env: Mapping[str, str], *names: str) -> tuple[str, str]:
 def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
                  port_base: int) -> tuple[dict[str, list[str]], str, int]:
     """Returns ``(cluster, task_type, task_id)`` for this Slurm task."""
+    if not isinstance(env, Mapping):
+        raise invalid(ClusterSpecError, "env", env, "a mapping of SLURM_* variables, e.g. os.environ")
+    if jobs is not None and (not isinstance(jobs, Mapping) or not all(isinstance(job, str) for job in jobs)):
+        raise invalid(ClusterSpecError, "jobs", jobs, "a mapping of job name to task count, e.g. {'worker': 2}")
+    for job, count in (jobs or {}).items():
+        require_int(ClusterSpecError, f"jobs[{job!r}]", count, minimum=0)
+    require_int(ClusterSpecError, "port_base", port_base, minimum=1, maximum=65535)
     name, procid = _first(env, "SLURM_PROCID")
     if not (procid.isascii() and procid.isdigit()):
         raise invalid(ClusterSpecError, name, procid, "a non-negative integer")

@@ -78,6 +78,8 @@ def current_cluster(env: Mapping[str, str] | None = None) -> Optional["ClusterSp
         True
     """
     env = os.environ if env is None else env
+    if not isinstance(env, Mapping):
+        raise invalid(ClusterSpecError, "env", env, "a mapping of environment variables, e.g. os.environ")
     return ClusterSpec.from_tf_config(env=env) if env.get(TF_CONFIG_VAR) else None
 
 

@@ -85,7 +85,7 @@ def gradient_value_bytes(compression: str) -> int:
         >>> gradient_value_bytes("none"), gradient_value_bytes("bf16")
         (4, 2)
     """
-    if compression not in _WIRE_DTYPES:
+    if not isinstance(compression, str) or compression not in _WIRE_DTYPES:
         raise invalid(StrategyError, "compression", compression, describe_choices(str(compression), _WIRE_DTYPES))
     return 4 if _WIRE_DTYPES[compression] is None else 2
 

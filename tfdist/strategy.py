@@ -152,7 +152,7 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
         cannot create at this point.
       ClusterSpecError: The cluster or TF_CONFIG is invalid.
     """
-    if kind not in _BUILDERS:
+    if not isinstance(kind, str) or kind not in _BUILDERS:
         raise invalid(StrategyError, "kind", kind, describe_choices(str(kind), _BUILDERS))
     opts = resolve_options(tuning=tuning, **options)
     spec = resolve_cluster(cluster)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from tfdist import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.environment import server_argv, task_variables
-from tfdist.launch.config import LaunchConfig
+from tfdist.launch.config import LaunchConfig, require_config
 
 TFJOB_PORT = 2222
 CONTAINER = "tensorflow"  # The training operator requires a container of this name.
@@ -119,6 +119,7 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
         >>> validate_tfjob(job), job["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"]
         ([], 'ExitCode')
     """
+    require_config(config)
     check_dns1035("--name", name)
     image = check_image(image)
     limits = _limits(cpu, memory, gpus)
@@ -202,6 +203,7 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
         >>> [r["name"] for r in js["spec"]["replicatedJobs"]], js["spec"]["network"]["subdomain"]
         (['worker'], 'tfdist-job')
     """
+    require_config(config)
     check_dns1035("--name", name)
     image = check_image(image)
     limits = _limits(cpu, memory, gpus)

@@ -9,7 +9,7 @@ from typing import Optional
 
 from tfdist import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
-from tfdist.launch.config import LaunchConfig
+from tfdist.launch.config import LaunchConfig, require_config
 
 # Exit codes a rerun cannot fix: tfdist's bad-configuration code, and a command that cannot be run.
 PERMANENT_CODES = (exit_codes.BAD_CONFIG, exit_codes.CANNOT_EXECUTE, exit_codes.NOT_FOUND)
@@ -67,6 +67,7 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         >>> "PYTHON=/opt/py" in script and "#SBATCH --ntasks=2" in script
         True
     """
+    require_config(config)
     check_job_name(name)
     check_time(time_limit)
     python = check_python(sys.executable if python is None else python)

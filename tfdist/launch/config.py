@@ -22,7 +22,7 @@ from tfdist._names import describe_choices
 from tfdist.cluster import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_int, require_number, require_type
 
-__all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES"]
+__all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES", "require_config"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
 _KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(.*)$", re.S)
@@ -220,3 +220,11 @@ def _iterable(value: Any) -> tuple[Any, ...]:
         return tuple(value)
     except TypeError:
         return (value,)
+
+
+def require_config(config: Any, field: str = "config") -> LaunchConfig:
+    """Returns ``config`` if it is a :class:`LaunchConfig`; LaunchError otherwise (for the emitters' inputs)."""
+    if not isinstance(config, LaunchConfig):
+        raise invalid(LaunchError, field, config, "a tfdist.launch.LaunchConfig",
+                      "Build one with LaunchConfig(command=(...), workers=N, ...).")
+    return config

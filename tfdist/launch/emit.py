@@ -14,9 +14,10 @@ import json
 from typing import Any, Optional, Sequence
 
 from tfdist.cluster import ClusterSpec, split_task_name
+from tfdist.errors import LaunchError, invalid
 from tfdist.launch._emit_k8s import TFJOB_PORT, jobset_manifest, tfjob_manifest, validate_tfjob
 from tfdist.launch._emit_slurm import slurm_script
-from tfdist.launch.config import LaunchConfig
+from tfdist.launch.config import LaunchConfig, require_config
 
 __all__ = ["emit_spec", "tf_configs", "tfjob_manifest", "validate_tfjob", "jobset_manifest", "slurm_script",
            "to_yaml", "EMIT_FORMATS", "TFJOB_PORT"]
@@ -26,11 +27,12 @@ EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 
 def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
     """The cluster on real hosts: ``hosts`` in task order, or ``{job}-{index}`` names."""
-    names = config.task_names()
+    names = require_config(config).task_names()
+    if hosts is not None and (isinstance(hosts, str) or not isinstance(hosts, Sequence)
+                              or not all(isinstance(host, str) for host in hosts)):
+        raise invalid(LaunchError, "--hosts", hosts, "a list of host names, one per task")
     hosts = list(hosts) if hosts else [name.replace(":", "-") for name in names]
     if len(hosts) < len(names):
-        from tfdist.errors import LaunchError, invalid
-
         raise invalid(LaunchError, "--hosts", hosts, f"{len(names)} hosts, one per task ({', '.join(names)})")
     jobs: dict[str, list[str]] = {}
     for name, host in zip(names, hosts):
