@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from tfdist._compat import is_variable
 from tfdist._names import describe_choices
 from tfdist.errors import DataError, invalid, require_int
 
@@ -96,7 +97,7 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     if not mapping:
         raise invalid(DataError, "datasets", [], "at least one per-class dataset")
     keys = list(mapping)
-    if not isinstance(weights, (str, Mapping)) and not type(weights).__name__.endswith("Variable"):
+    if not isinstance(weights, (str, Mapping)) and not is_variable(weights):
         # A list of weights, one per dataset in order (as tf.data.Dataset.sample_from_datasets takes them).
         if not isinstance(weights, Sequence) or len(weights) != len(keys):
             raise invalid(DataError, "weights", weights, f"a scheme name, a mapping, a tf.Variable, or a list of "
