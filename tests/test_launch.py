@@ -16,6 +16,7 @@ from conftest import assert_all_gone
 from tfdist import ClusterSpec, LaunchError, launch
 from tfdist.launch import runner
 from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.engine import LocalEngine
 
 PY = sys.executable
 pytestmark = pytest.mark.timeout(120)
@@ -173,7 +174,7 @@ class LaunchTest(parameterized.TestCase):
 
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(_address, "free_ports", fake)
-                spec = runner._pick_cluster(LaunchConfig(command=("x",), workers=2))
+                spec = LocalEngine().place(LaunchConfig(command=("x",), workers=2))
         self.assertLen(calls, 2)
         self.assertNotIn(f"127.0.0.1:{busy}", [t.address for t in spec.tasks()])
 
@@ -237,3 +238,110 @@ class CliTest(parameterized.TestCase):
         proc.send_signal(signal.SIGINT)
         self.assertEqual(proc.wait(30), 130)
         assert_all_gone(pids)
+
+
+SLEEPER = ("import os, subprocess, sys, time\n"
+           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+           "print(os.getpid(), child.pid, flush=True)\ntime.sleep(120)")
+
+
+def _pids(proc: subprocess.Popen, tasks: int) -> list[int]:
+    """Reads 'pid grandchild-pid' from each task's first line on the CLI's stdout."""
+    pids: list[int] = []
+    for _ in range(tasks):
+        pids += [int(p) for p in proc.stdout.readline().split()[1:]]  # type: ignore[union-attr]
+    return pids
+
+
+class StopTest(parameterized.TestCase):
+    """Issue #17: nothing is left running, whatever ends the launcher, and stopping never drags."""
+
+    @parameterized.named_parameters(
+        ("sighup", signal.SIGHUP), ("sigquit", signal.SIGQUIT), ("sigterm", signal.SIGTERM), ("sigint", signal.SIGINT))
+    def test_signal_to_the_launcher_stops_every_task(self, sig: int) -> None:
+        proc = subprocess.Popen([PY, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "2", "--", PY, "-c",
+                                 SLEEPER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pids = _pids(proc, 2)
+        proc.send_signal(sig)
+        self.assertEqual(proc.wait(30), 128 + sig)
+        assert_all_gone(pids)
+
+    def test_sigkill_of_the_launcher_still_stops_every_task(self) -> None:
+        proc = subprocess.Popen([PY, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "1", "--", PY, "-c",
+                                 SLEEPER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pids = _pids(proc, 2)
+        proc.kill()
+        proc.wait(10)
+        assert_all_gone(pids, within=10)  # The reaper stops them: SIGTERM, then SIGKILL after the grace.
+
+    def test_grace_is_one_deadline_shared_by_every_task(self) -> None:
+        ready = self.create_tempdir().full_path
+        script = ("import os, signal, sys, time\ntask = os.environ['TFDIST_TASK']\n"
+                  f"ready = {ready!r}\n"
+                  "if task == 'worker:3':\n"
+                  "    while len(os.listdir(ready)) < 3: time.sleep(0.05)\n"
+                  "    sys.exit(3)\n"
+                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                  "open(os.path.join(ready, task), 'w').close()\ntime.sleep(120)")
+        stamps: list[tuple[float, str]] = []
+        result = launch.run([PY, "-c", script], workers=4, timeout=90, grace_seconds=2,
+                            on_status=lambda message: stamps.append((time.monotonic(), message)))
+        self.assertEqual((result.exit_code, result.failed_task), (3, "worker:3"))
+        failed_at = next(t for t, message in stamps if "worker:3 failed" in message)
+        ended_at = stamps[-1][0]
+        self.assertLess(ended_at - failed_at, 2 + 2.5)  # Three SIGTERM-ignoring workers, one 2 s grace (not 6 s).
+        self.assertGreaterEqual(ended_at - failed_at, 1.9)  # They did get their grace.
+        self.assertEqual(sorted(t.exit_code for t in result.tasks), [3, 137, 137, 137])
+
+    def test_a_background_child_holding_the_output_does_not_delay_the_run(self) -> None:
+        script = ("import subprocess, sys\n"
+                  "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                  "print('child', child.pid, flush=True)")
+        start = time.monotonic()
+        result = launch.run([PY, "-c", script], workers=2, timeout=60)
+        self.assertEqual(result.exit_code, 0, result.summary())
+        self.assertLess(time.monotonic() - start, 5)  # Was 5 s per task's output reader.
+        children = [int(result.task(t).output.split()[1]) for t in ("worker:0", "worker:1")]
+        assert_all_gone(children)
+
+    @parameterized.named_parameters(
+        ("grace_nan", {"grace_seconds": float("nan")}, "grace"),
+        ("grace_negative", {"grace_seconds": -1}, "grace"),
+        ("grace_text", {"grace_seconds": "5"}, "grace"),
+        ("grace_inf", {"grace_seconds": float("inf")}, "grace"),
+        ("timeout_nan", {"timeout": float("nan")}, "`--timeout`"),
+        ("timeout_inf", {"timeout": float("inf")}, "`--timeout`"),
+        ("timeout_zero", {"timeout": 0}, "`--timeout`"),
+        ("workers_huge", {"workers": 10**12}, "`--workers`. Received: 1000000000000"),
+        ("ps_huge", {"ps": 10**12, "chief": True}, "`--ps`"),
+        ("threads_zero", {"threads_per_task": 0}, "`--threads-per-task`"),
+        ("chief_text", {"chief": "yes"}, "`chief`"),
+    )
+    def test_bad_numbers_are_refused_before_anything_starts(self, overrides: dict, message: str) -> None:
+        start = time.monotonic()
+        with pytest.raises(LaunchError, match=message):
+            launch.run([PY, "-c", "import time; time.sleep(60)"], **{"workers": 1, **overrides})
+        self.assertLess(time.monotonic() - start, 2)
+
+    def test_a_file_that_is_not_executable_is_refused(self) -> None:
+        script = Path(self.create_tempdir().full_path, "train.sh")
+        script.write_text("echo hi\n")
+        with pytest.raises(LaunchError, match="chmod \\+x"):
+            launch.run([str(script)], workers=1, timeout=10)
+
+    @parameterized.named_parameters(
+        ("grace_nan", ["--grace", "nan"]),
+        ("grace_negative", ["--grace", "-1"]),
+        ("timeout_nan", ["--timeout", "nan"]),
+        ("workers_huge", ["--workers", "1000000000000"]),
+        ("workers_huge_emit", ["--workers", "1000000000000", "--emit", "tfjob", "--image", "x"]),
+        ("ps_huge_emit", ["--chief", "--ps", "1000000000000", "--emit", "slurm"]),
+    )
+    def test_cli_refuses_them_in_one_line(self, args: list) -> None:
+        start = time.monotonic()
+        done = subprocess.run([PY, "-m", "tfdist.cli.launch", *args, "--", PY, "-c", "pass"], capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
+        self.assertNotIn("started", done.stderr + done.stdout)
+        self.assertLess(time.monotonic() - start, 15)

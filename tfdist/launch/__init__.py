@@ -2,9 +2,11 @@
 
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest
+from tfdist.launch.engine import Engine, LocalEngine, TaskProcess, register_engine
 from tfdist.launch.results import LaunchResult, TaskResult
 from tfdist.launch.runner import run, run_config
 from tfdist.launch.server import run_server
 
-__all__ = ["KillAt", "LaunchConfig", "LaunchResult", "TaskResult", "jobset_manifest", "run", "run_config",
-           "run_server", "slurm_script", "tf_configs", "tfjob_manifest"]
+__all__ = ["Engine", "KillAt", "LaunchConfig", "LaunchResult", "LocalEngine", "TaskProcess", "TaskResult",
+           "jobset_manifest", "register_engine", "run", "run_config", "run_server", "slurm_script", "tf_configs",
+           "tfjob_manifest"]

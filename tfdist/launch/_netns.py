@@ -13,16 +13,19 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from tfdist.errors import LaunchFailure
+from tfdist.launch._reaper import Reaper
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.results import LaunchResult
 
@@ -66,16 +69,22 @@ def config_from_json(data: dict[str, Any]) -> LaunchConfig:
 
 
 def run_isolated(config: LaunchConfig, *, on_line: Optional[Callable[[str, str], None]],
-                 on_status: Callable[[str], None], base_env: Mapping[str, str]) -> LaunchResult:
-    """Runs ``config`` in a new network namespace; returns its LaunchResult."""
+                 on_status: Callable[[str], None], base_env: Mapping[str, str], stop: Any = None) -> LaunchResult:
+    """Runs ``config`` in a new network namespace; returns its LaunchResult.
+
+    ``stop`` (the runner's signal watcher) has ``signum`` set when the run must
+    stop: the signal is passed on to the launcher inside, which stops its tasks.
+    """
     prefix = unshare_argv()
     with tempfile.TemporaryDirectory(prefix="tfdist-netns-") as tmp:
         config_path, result_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "result.json")
         with open(config_path, "w") as f:
             json.dump(config_to_json(config), f)
         argv = prefix + [sys.executable, "-m", "tfdist.cli._netns_child", config_path, result_path]
+        reaper = Reaper(grace=config.grace_seconds + 10)  # The inner launcher stops its own tasks first.
         proc = subprocess.Popen(argv, env=dict(base_env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+        reaper.watch(proc.pid)
 
         def _lines() -> None:
             for raw in proc.stdout:  # type: ignore[union-attr]
@@ -90,18 +99,26 @@ def run_isolated(config: LaunchConfig, *, on_line: Optional[Callable[[str, str],
         readers = [threading.Thread(target=fn, daemon=True) for fn in (_lines, _status)]
         for reader in readers:
             reader.start()
+        forwarded = None
         try:
-            proc.wait()
+            while proc.poll() is None:
+                signum = getattr(stop, "signum", None)
+                if signum is not None and forwarded is None:
+                    forwarded = signum
+                    os.killpg(proc.pid, signum)
+                time.sleep(0.05)
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, 15)
+                os.killpg(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(config.grace_seconds + 10)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, 9)
+                    os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             for reader in readers:
                 reader.join(5)
+            reaper.forget(proc.pid)
+            reaper.close()
         if not os.path.exists(result_path):
             raise LaunchFailure(f"The isolated launcher exited with {proc.returncode} before reporting a result; "
                               "see the status lines above.")

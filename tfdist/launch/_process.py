@@ -1,18 +1,18 @@
-"""One child task: started in its own session, output streamed and kept, always reaped."""
+"""One local task process: started in its own session, output streamed line by line, always reaped."""
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Optional
 
+from tfdist.errors import LaunchFailure
+
 LineSink = Callable[[str, str], None]  # (task, line) -> None
-_KEEP_LINES = 20000
 
 
 def exit_code(returncode: int) -> int:
@@ -20,108 +20,79 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class Child:
-    """A task process whose output is prefixed, streamed, logged and kept.
+class LocalProcess:
+    """A task process in a session (and process group) of its own.
 
     Example:
         >>> import sys
-        >>> child = Child("worker:0", [sys.executable, "-c", "import sys; sys.stdout.write('hi')"], env=None)
-        >>> child.start(); child.wait(10)
+        >>> lines = []
+        >>> proc = LocalProcess("worker:0", [sys.executable, "-c", "print('hi')"], env=None,
+        ...                     on_line=lambda task, line: lines.append((task, line)))
+        >>> proc.wait(10)
         0
-        >>> child.lines[-1]
-        'hi'
+        >>> proc.release(5); lines
+        [('worker:0', 'hi')]
     """
 
-    def __init__(self, task: str, argv: Sequence[str], *, env: Optional[dict[str, str]],
-                 sink: Optional[LineSink] = None, log_path: Optional[str] = None) -> None:
+    def __init__(self, task: str, argv: Sequence[str], *, env: Optional[Mapping[str, str]], on_line: LineSink,
+                 on_exit: Optional[Callable[[int], None]] = None) -> None:
         self.task = task
-        self.argv = list(argv)
-        self.env = env
-        self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
-        self.restarts = 0
-        self.started_at = 0.0
-        self._sink = sink
-        self._log_path = log_path
-        self._proc: Optional[subprocess.Popen[bytes]] = None
-        self._reader: Optional[threading.Thread] = None
+        self._on_line = on_line
+        self._on_exit = on_exit
+        self._released = False
+        try:
+            self._proc = subprocess.Popen(list(argv), env=None if env is None else dict(env),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as err:
+            raise LaunchFailure(f"Could not start {task} ({argv[0]!r}): {err.strerror or err}.") from err
+        self.started_at = time.monotonic()
+        self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), name=f"tfdist-{task}",
+                                        daemon=True)
+        self._reader.start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                self._on_line(self.task, raw.decode("utf-8", "replace").rstrip("\r\n"))
+        finally:
+            stream.close()
 
     @property
     def pid(self) -> Optional[int]:
-        return self._proc.pid if self._proc else None
-
-    def start(self, env: Optional[dict[str, str]] = None) -> None:
-        """Starts (or restarts) the process in a new session."""
-        if env is not None:
-            self.env = env
-        self._proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        self.started_at = time.monotonic()
-        log = open(self._log_path, "ab") if self._log_path else None  # noqa: SIM115 - closed by reader.
-        if log is not None:
-            log.write(f"--- tfdist-launch: {self.task} start #{self.restarts} pid {self._proc.pid}\n".encode())
-        self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout, log),
-                                        name=f"tfdist-{self.task}", daemon=True)
-        self._reader.start()
-
-    def _pump(self, stream: IO[bytes], log: Optional[IO[bytes]]) -> None:
-        try:
-            for raw in iter(stream.readline, b""):
-                if log is not None:
-                    log.write(raw)
-                    log.flush()
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                self.lines.append(line)
-                if self._sink is not None:
-                    self._sink(self.task, line)
-        finally:
-            stream.close()
-            if log is not None:
-                log.close()
+        return self._proc.pid
 
     def poll(self) -> Optional[int]:
         """The exit code when finished, else None."""
-        if self._proc is None:
-            return None
         code = self._proc.poll()
         return None if code is None else exit_code(code)
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def signal(self, sig: int) -> None:
-        """Sends ``sig`` to the task's whole process group."""
-        if self._proc is not None and self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, sig)
-            except ProcessLookupError:
-                pass
+        """Sends ``sig`` to the task's whole process group, unless the task is released."""
+        if self._released:
+            return
+        try:
+            os.killpg(self._proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        """Waits for exit and for the output to drain; the exit code, or None on timeout."""
-        if self._proc is None:
-            return None
+        """The exit code, or None if the task still runs after ``timeout`` seconds (output is not awaited)."""
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
-        if self._reader is not None:
-            self._reader.join(5)
         return self.poll()
 
-    def stop(self, grace: float) -> Optional[int]:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; always reaps."""
-        if self._proc is None:
-            return None
-        if self._proc.poll() is None:
-            self.signal(signal.SIGTERM)
-            if self.wait(grace) is None:
-                self.signal(signal.SIGKILL)
-        self.wait()
-        # Grandchildren in the task's group go too, even when the task itself has exited.
+    def release(self, timeout: float) -> None:
+        """After exit: SIGKILLs what is left in the task's group, then reads its last output (<= ``timeout`` s)."""
+        if self._released or self._proc.poll() is None:
+            return
         try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
+            os.killpg(self._proc.pid, signal.SIGKILL)  # Grandchildren holding the output pipe go too.
         except (ProcessLookupError, PermissionError):
             pass
-        return self.poll()
+        self._released = True
+        self._reader.join(max(0.0, timeout))
+        if self._on_exit is not None:
+            self._on_exit(self._proc.pid)

@@ -108,12 +108,13 @@ class LaunchConfig:
       max_restarts: Restarts allowed after failures (whole group for
         collectives, the failed worker for parameter servers).
       threads_per_task: Intra-op threads per task (and the inter-op floor).
-      timeout: Seconds before every task is killed; None: no limit.
+      timeout: Seconds before every task is stopped (finite, > 0); None: no limit.
       log_dir: Directory for one log file per task.
       kills: Fault injections: :class:`KillAt` values or their text form,
         e.g. ``("worker:1@after=Epoch 3/",)``.
       isolate_network: Run the cluster in a private network namespace.
-      grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks.
+      grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks
+        (one deadline shared by every task being stopped); finite, >= 0.
       host: Address the tasks use.
       env: Extra variables for every task.
       data_service_workers: Start a tf.data service (dispatcher plus this many
@@ -205,9 +206,13 @@ class LaunchConfig:
 
     def check_command(self) -> None:
         """Raises LaunchError unless the command can be started on this machine."""
-        if shutil.which(self.command[0]) is None and not os.path.isfile(self.command[0]):
-            raise invalid(LaunchError, "command", self.command[0], "an executable on PATH or a file path",
+        program = self.command[0]
+        if shutil.which(program) is None and not os.path.isfile(program):
+            raise invalid(LaunchError, "command", program, "an executable on PATH or a file path",
                           "Check the spelling, or give the full path.")
+        if shutil.which(program) is None and not os.access(program, os.X_OK):
+            raise invalid(LaunchError, "command", program, "an executable file",
+                          f"Make it executable (chmod +x {program}) or run it through its interpreter.")
 
     def runs_command(self, task: str) -> bool:
         """True when ``task`` ('type:index') runs the user's command."""

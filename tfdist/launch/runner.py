@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -20,14 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
-from tfdist import _address
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
+from tfdist.errors import LaunchError, check_keywords, invalid
 from tfdist.launch import _netns, _tf_logs, environment
-from tfdist.launch._process import Child, LineSink
 from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess
 from tfdist.launch.results import LaunchResult, TaskResult
 
 __all__ = ["run", "run_config", "EXPOSURE_WARNING"]
@@ -38,20 +38,10 @@ DATA_SERVICE_TASK = "data-service:0"
 EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
                     "cluster unreachable from outside.")
-_TIMEOUT_CODE = 124
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_TIMEOUT_CODE, _KEEP_LINES = 124, 20000
+_KILL_WAIT, _DRAIN_SECONDS = 10.0, 2.0
 _OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(LaunchConfig))
-
-
-def _pick_cluster(config: LaunchConfig) -> ClusterSpec:
-    """A local cluster whose ports are all free on every interface right now."""
-    for _ in range(10):
-        spec = ClusterSpec.local(workers=config.workers, ps=config.ps, chief=config.chief,
-                                 evaluator=config.evaluator, host=config.host)
-        taken = [t.address for t in spec.tasks() if not _address.port_is_free(*_address.split_address(t.address))]
-        if not taken:
-            return spec
-        _log.info("Ports %s were taken before start; picking again.", taken)
-    raise LaunchFailure("Could not find free ports for the cluster after 10 tries; is the machine out of ports?")
 
 
 def _make_log_dir(path: str) -> None:
@@ -68,66 +58,95 @@ def _make_log_dir(path: str) -> None:
                       f"It cannot be used: {reason}. Pick another path.") from None
 
 
+class _Task:
+    """The supervisor's record of one task across its attempts."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Optional[str]) -> None:
+        self.name, self.argv = name, tuple(argv)
+        self.proc: Optional[TaskProcess] = None
+        self.restarts = 0
+        self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
+        self.log: Optional[IO[str]] = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+
+    def poll(self) -> Optional[int]:
+        return self.proc.poll() if self.proc is not None else None
+
+
 class _Supervisor:
-    def __init__(self, config: LaunchConfig, spec: ClusterSpec, sink: Optional[LineSink],
+    """The rules every engine shares: start order, fail-fast, restart groups, fault injection, stopping."""
+
+    def __init__(self, config: LaunchConfig, engine: Engine, spec: ClusterSpec, sink: Optional[LineSink],
                  status: StatusSink, base_env: Mapping[str, str]) -> None:
-        self.config, self.spec, self.status = config, spec, status
-        self.base_env = base_env
+        self.config, self.engine, self.spec, self.status = config, engine, spec, status
+        self.base_env = dict(base_env)
         self.restarts_used = 0
         self.stop_signal: Optional[int] = None
-        self.children: dict[str, Child] = {}
         self._user_sink = sink
         self._line_kills = [kill for kill in config.kills if kill.after is not None]
-        self._fired: "queue.SimpleQueue[tuple[KillAt, str]]" = queue.SimpleQueue()
+        self._fired: queue.SimpleQueue[tuple[KillAt, str]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        sink = self._on_line
         if config.log_dir:
             _make_log_dir(config.log_dir)
+
+        def _log_path(name: str) -> Optional[str]:
+            return os.path.join(config.log_dir, name.replace(":", "-") + ".log") if config.log_dir else None
+
+        self.tasks = {name: _Task(name, config.command if config.runs_command(name) else environment.server_argv(),
+                                  _log_path(name)) for name in config.task_names()}
         # TF servers are tfdist's own tasks: their INFO chatter stays in the log files, out of the console.
-        server_sink = sink if _tf_logs.wants_tf_info(base_env) else _tf_logs.quiet_sink(sink)
-        for task in config.task_names():
-            runs_command = config.runs_command(task)
-            argv = config.command if runs_command else environment.server_argv()
-            log_path = os.path.join(config.log_dir, task.replace(":", "-") + ".log") if config.log_dir else None
-            self.children[task] = Child(task, argv, env=None, sink=sink if runs_command else server_sink,
-                                        log_path=log_path)
+        self._server_sink = sink if _tf_logs.wants_tf_info(base_env) else _tf_logs.quiet_sink(sink)
         self.finished: dict[str, int] = {}
-        self.data_service: Optional[Child] = None
+        self.data_service: Optional[_Task] = None
         if config.data_service_workers:
-            port = _address.free_ports(1, config.host)[0]
-            self.base_env = dict(base_env, TFDIST_DATA_SERVICE=f"grpc://{config.host}:{port}")
+            address = engine.reserve_address()
+            self.base_env["TFDIST_DATA_SERVICE"] = f"grpc://{address}"
             argv = (sys.executable, "-m", "tfdist.cli.data_service", "--workers", str(config.data_service_workers),
-                    "--port", str(port))
-            log_path = os.path.join(config.log_dir, "data-service.log") if config.log_dir else None
-            self.data_service = Child(DATA_SERVICE_TASK, argv, env=dict(self.base_env), sink=sink, log_path=log_path)
+                    "--port", address.rsplit(":", 1)[1])
+            self.data_service = _Task(DATA_SERVICE_TASK, argv, _log_path("data-service"))
 
     def _on_line(self, task: str, line: str) -> None:
-        """Every output line of every task: fires progress triggers, then goes to the caller's sink."""
+        """Every output line of every task: kept, logged, checked against progress triggers, passed on."""
+        record = self.data_service if task == DATA_SERVICE_TASK else self.tasks[task]
+        assert record is not None
+        record.lines.append(line)
+        if record.log is not None:
+            record.log.write(line + "\n")
+            record.log.flush()
         if self._line_kills:
             with self._lock:
                 for kill in [k for k in self._line_kills if k.matches(task, line)]:
                     self._line_kills.remove(kill)
                     self._fired.put((kill, task))
-        if self._user_sink is not None:
-            self._user_sink(task, line)
+        sink = self._user_sink if task not in self.tasks or self.config.runs_command(task) else self._server_sink
+        if sink is not None:
+            try:
+                sink(task, line)
+            except Exception:  # noqa: BLE001 - a broken sink (closed terminal) must not stall the task's pipe.
+                _log.exception("The output callback failed; task output is no longer passed on.")
+                self._user_sink = self._server_sink = None
+
+    def _launch(self, record: _Task, env: Mapping[str, str]) -> None:
+        if record.log is not None:
+            record.log.write(f"--- tfdist-launch: {record.name} start #{record.restarts}\n")
+        record.proc = self.engine.start(record.name, record.argv, env, self._on_line)
+        self.finished.pop(record.name, None)
 
     def _start(self, task: str) -> None:
-        child = self.children[task]
-        child.start(environment.child_env(self.base_env, self.config, self.spec, task, child.restarts))
+        record = self.tasks[task]
+        self._launch(record, environment.child_env(self.base_env, self.config, self.spec, task, record.restarts))
         role = "command" if self.config.runs_command(task) else "TF server"
-        self.status(f"{task} started ({role}, pid {child.pid}, {self.spec.jobs[task.split(':')[0]][int(task.split(':')[1])]})")
-        self.finished.pop(task, None)
+        task_type, index = task.split(":")
+        self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
+                    f"{self.spec.jobs[task_type][int(index)]})")
 
     def _restart_group(self, task: str) -> list[str]:
         task_type = task.split(":")[0]
         if task_type == "evaluator":
             return [task]
-        if self.config.mode == "parameter_server":
-            if task_type == "worker":
-                return [task]  # The coordinator reschedules its closures.
-            return [t for t in self.children if not t.startswith("evaluator")]
-        # Collectives cannot continue with a new peer: restart the whole training group.
-        return [t for t in self.children if not t.startswith("evaluator")]
+        if self.config.mode == "parameter_server" and task_type == "worker":
+            return [task]  # The coordinator reschedules its closures.
+        # A lost ps loses variables; collectives cannot continue with a new peer: restart the training group.
+        return [t for t in self.tasks if not t.startswith("evaluator")]
 
     def _restart(self, task: str, code: int) -> None:
         self.restarts_used += 1
@@ -135,21 +154,37 @@ class _Supervisor:
         delay = min(2.0 ** (self.restarts_used - 1), 10.0)
         self.status(f"{task} exited with {code}; restart {self.restarts_used}/{self.config.max_restarts} "
                     f"of {', '.join(group)} in {delay:.0f}s")
-        for name in group:
-            self.children[name].stop(self.config.grace_seconds)
+        self.stop([self.tasks[name] for name in group])
         time.sleep(delay)
         for name in sorted(group, key=lambda n: self.config.runs_command(n)):  # servers first
-            self.children[name].restarts += 1
+            self.tasks[name].restarts += 1
             self._start(name)
 
+    def _inject_faults(self, pending: list[KillAt], elapsed: float) -> None:
+        while pending and elapsed >= (pending[0].seconds or 0.0):
+            kill = pending.pop(0)
+            self.status(f"fault injection: SIGKILL {kill.task} at {elapsed:.1f}s")
+            self._kill(kill.task)
+        while not self._fired.empty():
+            kill, source = self._fired.get()
+            self.status(f"fault injection: SIGKILL {kill.task} after {source} printed /{kill.after}/ "
+                        f"({elapsed:.1f}s)")
+            self._kill(kill.task)
+
+    def _kill(self, task: str) -> None:
+        proc = self.tasks[task].proc
+        if proc is not None:
+            proc.signal(signal.SIGKILL)
+
     def run(self, deadline: Optional[float], t0: float) -> tuple[int, str, Optional[str]]:
-        pending_kills = sorted((k for k in self.config.kills if k.seconds is not None), key=lambda k: k.seconds or 0)
+        pending = sorted((k for k in self.config.kills if k.seconds is not None), key=lambda k: k.seconds or 0.0)
         if self.data_service is not None:
-            self.data_service.start()
-            self.status(f"tf.data service started (pid {self.data_service.pid}, "
-                        f"{self.base_env['TFDIST_DATA_SERVICE']}, {self.config.data_service_workers} worker(s))")
-        for task in sorted(self.children, key=lambda n: self.config.runs_command(n)):
+            self._launch(self.data_service, dict(self.base_env))
+            self.status(f"tf.data service started ({self.base_env['TFDIST_DATA_SERVICE']}, "
+                        f"{self.config.data_service_workers} worker(s))")
+        for task in sorted(self.tasks, key=lambda n: self.config.runs_command(n)):
             self._start(task)
+        cmd_tasks = [t for t in self.tasks if self.config.runs_command(t)]
         while True:
             if self.stop_signal is not None:
                 return 128 + self.stop_signal, "interrupted", None
@@ -157,20 +192,11 @@ class _Supervisor:
             if deadline is not None and now >= deadline:
                 self.status(f"timeout after {self.config.timeout:g}s; stopping every task")
                 return _TIMEOUT_CODE, "timeout", None
-            while pending_kills and now - t0 >= pending_kills[0].seconds:
-                kill = pending_kills.pop(0)
-                self.status(f"fault injection: SIGKILL {kill.task} at {now - t0:.1f}s")
-                self.children[kill.task].signal(signal.SIGKILL)
-            while not self._fired.empty():
-                kill, source = self._fired.get()
-                self.status(f"fault injection: SIGKILL {kill.task} after {source} printed /{kill.after}/ "
-                            f"({now - t0:.1f}s)")
-                self.children[kill.task].signal(signal.SIGKILL)
-            for task, child in self.children.items():
-                code = child.poll()
+            self._inject_faults(pending, now - t0)
+            for task, record in self.tasks.items():
+                code = record.poll()
                 if code is None or task in self.finished:
                     continue
-                child.wait(5)
                 self.finished[task] = code
                 runs_cmd = self.config.runs_command(task)
                 if code == 0 and runs_cmd:
@@ -183,55 +209,106 @@ class _Supervisor:
                     self.status(f"{task} failed with exit code {code}")
                     return code, "failed", task
                 self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
-            cmd_tasks = [t for t in self.children if self.config.runs_command(t)]
             if all(self.finished.get(t) == 0 for t in cmd_tasks):
                 return 0, "ok", None
-            time.sleep(0.1)
+            time.sleep(0.05)
+
+    def stop(self, records: Sequence[_Task]) -> None:
+        """SIGTERM to all, one shared grace deadline, SIGKILL to the rest, then reap and read the last output."""
+        procs = [r.proc for r in records if r.proc is not None]
+        for proc in procs:
+            proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.grace_seconds
+        for proc in procs:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.poll() is None:
+                proc.signal(signal.SIGKILL)
+        for proc in procs:
+            if proc.wait(_KILL_WAIT) is None:
+                _log.warning("pid %s did not die %.0fs after SIGKILL (uninterruptible I/O?)", proc.pid, _KILL_WAIT)
+        drain = time.monotonic() + _DRAIN_SECONDS
+        for proc in procs:
+            proc.release(max(0.0, drain - time.monotonic()))
 
     def stop_all(self) -> None:
-        everyone = list(self.children.values()) + ([self.data_service] if self.data_service else [])
-        for child in reversed(everyone):
-            child.signal(signal.SIGTERM)
-        for child in reversed(everyone):
-            child.stop(self.config.grace_seconds)
+        self.stop(list(self.tasks.values())[::-1] + ([self.data_service] if self.data_service else []))
+        for record in list(self.tasks.values()) + ([self.data_service] if self.data_service else []):
+            if record.log is not None:
+                record.log.close()
+
+
+class _StopSignals:
+    """While active (main thread only): SIGINT, SIGTERM, SIGHUP and SIGQUIT ask the run to stop."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.listeners: list[Callable[[int], None]] = []
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.signum = signum
+        for listener in self.listeners:
+            listener(signum)
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
-               on_status: Optional[StatusSink] = None, base_env: Optional[Mapping[str, str]] = None) -> LaunchResult:
+               on_status: Optional[StatusSink] = None, base_env: Optional[Mapping[str, str]] = None,
+               engine: Optional[Engine] = None) -> LaunchResult:
     """Runs ``config`` to the end; nothing is left running when it returns.
+
+    SIGINT, SIGTERM, SIGHUP and SIGQUIT (when called from the main thread)
+    stop every task (SIGTERM, then SIGKILL after ``config.grace_seconds``) and
+    end the run with code 128 + the signal number.
 
     Args:
       config: What to run.
       on_line: Called with (task, line) for every output line, live.
       on_status: Called with one-line status messages; default logs them.
       base_env: Environment each child starts from; default ``os.environ``.
+      engine: Where the tasks run; default a :class:`~tfdist.launch.engine.LocalEngine`.
     """
     config.check_command()
     status = on_status or (lambda message: _log.info("%s", message))
     base_env = dict(os.environ if base_env is None else base_env)
-    if config.isolate_network:
-        return _netns.run_isolated(config, on_line=on_line, on_status=status, base_env=base_env)
-    spec = _pick_cluster(config)
+    with _StopSignals() as signals:
+        if config.isolate_network:
+            return _netns.run_isolated(config, on_line=on_line, on_status=status, base_env=base_env,
+                                       stop=signals)
+        engine = engine or LocalEngine()
+        try:
+            return _supervise(config, engine, on_line, status, base_env, signals)
+        finally:
+            engine.close()
+
+
+def _supervise(config: LaunchConfig, engine: Engine, on_line: Optional[LineSink], status: StatusSink,
+               base_env: Mapping[str, str], signals: _StopSignals) -> LaunchResult:
+    spec = engine.place(config)
     status(EXPOSURE_WARNING)
-    supervisor = _Supervisor(config, spec, on_line, status, base_env)
-    previous: dict[int, Any] = {}
-
-    def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
-        supervisor.stop_signal = signum
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _on_signal)
+    supervisor = _Supervisor(config, engine, spec, on_line, status, base_env)
+    signals.listeners.append(lambda signum: setattr(supervisor, "stop_signal", signum))
+    if signals.signum is not None:
+        supervisor.stop_signal = signals.signum
     t0 = time.monotonic()
     deadline = t0 + config.timeout if config.timeout else None
     try:
         code, reason, failed = supervisor.run(deadline, t0)
     finally:
         supervisor.stop_all()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    tasks = tuple(TaskResult(task, child.poll(), child.restarts, config.runs_command(task), "\n".join(child.lines),
-                             child.pid) for task, child in supervisor.children.items())
+    tasks = tuple(TaskResult(name, record.poll(), record.restarts, config.runs_command(name),
+                             "\n".join(record.lines), record.proc.pid if record.proc else None)
+                  for name, record in supervisor.tasks.items())
     result = LaunchResult(code, reason, failed, tasks, spec)
     status(result.summary().splitlines()[0] + f" in {time.monotonic() - t0:.1f}s")
     return result
