@@ -211,11 +211,11 @@ class TFRecordPipeline:
         """Class value -> its (path, size) files, from ``PREFIX-LABEL=VALUE-*`` names; {} if unpartitioned."""
         return stratify.class_groups(self.listing(), self.label_key)
 
-    def _read(self, plan: ShardPlan, worker: int, listing: Listing) -> tuple[Any, VerifyReport]:
+    def _read(self, plan: ShardPlan, worker: int, listing: Listing, streams: int = 1) -> tuple[Any, VerifyReport]:
         report = verify_files(plan.files_for(worker), self.source, listing)
         records = reading.read_records(plan, worker, source=self.source, shard=self.sharding,
                                        features=self.features, epoch=self.epochs, tuning=self.tuning,
-                                       limits=report.limits)
+                                       limits=report.limits, streams=streams)
         return records, report
 
     @property
@@ -253,8 +253,8 @@ class TFRecordPipeline:
         groups = stratify.class_groups(listing, self.label_key) if self.class_weights is not None else {}
         reports: list[VerifyReport] = []
 
-        def read_share(plan: ShardPlan, index: int) -> Any:
-            records, report = self._read(plan, index, listing)
+        def read_share(plan: ShardPlan, index: int, streams: int = 1) -> Any:
+            records, report = self._read(plan, index, listing, streams)
             reports.append(report)
             if len(reports) == 1 and plan.files_for(index) and tf.executing_eagerly():  # One file names a mismatch.
                 path = plan.files_for(index)[0]
@@ -268,7 +268,7 @@ class TFRecordPipeline:
             records, plan_text = stratify.stratified_records(
                 groups, listing=listing, source=self.source, shard_policy=self.shard_policy, sample=self.sampling,
                 epoch=self.epochs, index=where.index, count=where.count,
-                read_share=lambda plan: read_share(plan, where.index))
+                read_share=lambda plan: read_share(plan, where.index, len(groups)))
         else:
             plan = self.plan(where.count, listing)
             records, plan_text = read_share(plan, where.index), f"{plan.policy}: {plan.reason}"

@@ -138,7 +138,9 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
                           "Pass compression='GZIP', 'ZLIB' or None to match the files, or 'auto' to use their "
                           "names (.gz, .zz).")
     todo = [p for p in paths if p in walked]
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(todo)))) as pool:
+    # Threads overlap remote reads; local walks hold the GIL, so there they only add contention.
+    threads = min(8, len(todo)) if any("://" in p for p in todo) else 1
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         checks = list(pool.map(lambda p: _check(p, compression_of(p, source.compression)), todo))
     damaged = [c for c in checks if not c.ok]
     if damaged and source.on_corrupt == "raise":
