@@ -1,0 +1,337 @@
+"""The Ray engine: every task is an actor in one placement group, running the task's program as a subprocess.
+
+Ray places the tasks (gang-scheduled in one placement group, packed on few nodes or spread across them); each
+actor picks its task's port on its own node; the driver builds the cluster from the reported addresses. The
+supervisor in :mod:`tfdist.launch.runner` keeps every rule (restarts, fail-fast, fault injection, timeout,
+environment): this module only places, starts, streams, signals and reports, like the local engine.
+
+Without ``address`` a local Ray is started for the run and shut down afterwards; with ``'auto'`` or
+``'host:port'`` the run joins that cluster and leaves it running.
+
+Example:
+    >>> engine = RayEngine(cpus_per_task=2, placement="spread")
+    >>> engine.options.bundle(), engine.options.strategy
+    ({'CPU': 2.0}, 'SPREAD')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from tfdist import _address
+from tfdist._names import describe_choices
+from tfdist.cluster import ClusterSpec
+from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid
+from tfdist.launch._ray_actor import TaskHost
+from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engine import Engine, LineSink, TaskProcess
+
+__all__ = ["RayEngine", "RayOptions", "INSTALL_HINT", "LOOPBACK_VAR", "PLACEMENTS"]
+
+_log = logging.getLogger("tfdist.launch.ray")
+INSTALL_HINT = 'pip install "tfdist[ray]"  (Ray 2.60 with the pins this stack needs)'
+# Read by Ray when it is imported: "0" keeps every Ray daemon and worker on the loopback address.
+LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict_pack": "STRICT_PACK", "strict_spread": "STRICT_SPREAD"}
+DATA_SERVICE_TASK = "data-service:0"
+_ACTOR_DIED = 1
+_POLL_SECONDS = 0.5
+_CALL_TIMEOUT = 60.0
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or EngineError saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise EngineError(f"The Ray engine needs Ray, which is not installed ({err}). Install it with: "
+                          f"{INSTALL_HINT}", field="--engine", value="ray", fix=f"Install it: {INSTALL_HINT}") from None
+    return ray
+
+
+def is_loopback(address: Optional[str]) -> bool:
+    """True for no address (a local Ray) and for a Ray address on this machine's loopback.
+
+    Example:
+        >>> is_loopback(None), is_loopback("127.0.0.1:6379"), is_loopback("auto"), is_loopback("head:6379")
+        (True, True, False, False)
+    """
+    if address is None:
+        return True
+    host = address.split("://")[-1].rpartition(":")[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+@dataclasses.dataclass(frozen=True)
+class RayOptions:
+    """Where and how a run uses Ray.
+
+    Args:
+      address: None: start a local Ray for the run (shut down afterwards).
+        'auto' or 'host:port': join that cluster and leave it running.
+      cpus_per_task: CPUs each task reserves in the placement group.
+      gpus_per_task: GPUs each task reserves (Ray sets the task's
+        ``CUDA_VISIBLE_DEVICES``).
+      placement: 'pack' (as few nodes as possible), 'spread' (across nodes),
+        'strict_pack' (one node) or 'strict_spread' (one node per task).
+      ready_timeout: Seconds to wait until the cluster holds every task.
+      num_cpus: CPUs of the local Ray (default: enough for the job, at least
+        this machine's count). Only without ``address``.
+    """
+
+    address: Optional[str] = None
+    cpus_per_task: float = 1.0
+    gpus_per_task: float = 0.0
+    placement: str = "pack"
+    ready_timeout: float = 120.0
+    num_cpus: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("cpus_per_task", 0.0), ("gpus_per_task", 0.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"a number >= {minimum:g}")
+            object.__setattr__(self, name, float(value))
+        if self.cpus_per_task == 0 and self.gpus_per_task == 0:
+            raise invalid(LaunchError, "--cpus-per-task", 0, "> 0 when --gpus-per-task is 0",
+                          "Every task must reserve something, or Ray may put them all anywhere.")
+        if self.placement not in PLACEMENTS:
+            raise invalid(LaunchError, "placement", self.placement, describe_choices(self.placement, PLACEMENTS))
+        if not isinstance(self.ready_timeout, (int, float)) or self.ready_timeout <= 0:
+            raise invalid(LaunchError, "ready_timeout", self.ready_timeout, "seconds > 0")
+        if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
+            raise invalid(LaunchError, "--ray-address", self.address, "'auto' or 'host:port'")
+        if self.num_cpus is not None and self.address is not None:
+            raise invalid(LaunchError, "num_cpus", self.num_cpus, "None when joining a cluster (--ray-address)",
+                          "A running cluster has its own CPUs; drop num_cpus.")
+
+    @property
+    def strategy(self) -> str:
+        """Ray's name of the placement strategy."""
+        return PLACEMENTS[self.placement]
+
+    def bundle(self) -> dict[str, float]:
+        """The resources one task reserves."""
+        bundle = {"CPU": self.cpus_per_task} if self.cpus_per_task else {}
+        return {**bundle, "GPU": self.gpus_per_task} if self.gpus_per_task else bundle
+
+
+class RayEngine(Engine):
+    """Runs every task as a subprocess of an actor in one Ray placement group.
+
+    Args:
+      **options: The fields of :class:`RayOptions`.
+    """
+
+    name = "ray"
+
+    def __init__(self, **options: Any) -> None:
+        self.options = RayOptions(**options)
+        self._ray: Any = None
+        self._owns_connection = False
+        self._pg: Any = None
+        self._actors: dict[str, Any] = {}
+        self._nodes: dict[str, str] = {}
+        self._driver_node = ""
+        self._spare_address: Optional[str] = None
+
+    # -- placing -------------------------------------------------------------------------------------------
+
+    def place(self, config: LaunchConfig) -> ClusterSpec:
+        if config.isolate_network:
+            raise invalid(LaunchError, "--isolate-network", True, "the local engine",
+                          "Network namespaces are a local-engine feature; drop --isolate-network with --engine ray.")
+        tasks = config.task_names() + ([DATA_SERVICE_TASK] if config.data_service_workers else [])
+        try:
+            self._connect(len(tasks))
+            self._reserve(tasks)
+            addresses = self._addresses(tasks)
+        except BaseException:
+            self.close()
+            raise
+        self._spare_address = addresses.pop(DATA_SERVICE_TASK, None)
+        jobs: dict[str, list[str]] = {}
+        for task in config.task_names():
+            jobs.setdefault(task.split(":")[0], []).append(addresses[task])
+        spec = ClusterSpec(jobs=jobs)
+        _log.info("Ray placed %d tasks (%s): %s", len(tasks), self.options.strategy,
+                  ", ".join(f"{t}@{a}" for t, a in addresses.items()))
+        return spec
+
+    def reserve_address(self) -> str:
+        if self._spare_address is None:
+            raise invalid(LaunchError, "data service", None, "a data-service task placed by RayEngine.place",
+                          "Set data_service_workers in the LaunchConfig before placing.")
+        return self._spare_address
+
+    def _connect(self, tasks: int) -> None:
+        ray = self._ray = import_ray()
+        if ray.is_initialized():
+            _log.info("Using the Ray this process already started or joined.")
+            self._driver_node = ray.get_runtime_context().get_node_id()
+            return
+        options = self.options
+        if options.address is None:
+            if os.environ.get(LOOPBACK_VAR) != "0":
+                _log.warning("%s=0 is not set in this process, so the local Ray binds to the machine's routable "
+                             "address; tfdist-launch sets it for you.", LOOPBACK_VAR)
+            needed = int(-(-tasks * options.cpus_per_task // 1))
+            num_cpus = options.num_cpus or max(needed, os.cpu_count() or 1)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        else:
+            try:
+                ray.init(address=options.address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, ValueError, RuntimeError) as err:
+                raise EngineError(f"Could not join the Ray cluster at {options.address!r}: {err}. Check the address "
+                                  "(`ray status` on the head shows it), or drop --ray-address to start a local Ray.",
+                                  field="--ray-address", value=options.address) from None
+        self._owns_connection = True
+        self._driver_node = ray.get_runtime_context().get_node_id()
+
+    def _reserve(self, tasks: list[str]) -> None:
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray, options = self._ray, self.options
+        bundle = options.bundle()
+        self._pg = placement_group([dict(bundle) for _ in tasks], strategy=options.strategy, name="")
+        ready, _ = ray.wait([self._pg.ready()], timeout=options.ready_timeout)
+        if not ready:
+            pg, self._pg = self._pg, None
+            remove_placement_group(pg)
+            total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            raise EngineError(
+                f"The Ray cluster could not hold the job within {options.ready_timeout:g}s: it needs {len(tasks)} "
+                f"bundles of {bundle} placed {options.strategy}, the cluster has {total} ({free} free, "
+                f"{len(ray.nodes())} node(s)). Lower --cpus-per-task/--gpus-per-task, use fewer tasks, add nodes, "
+                "or use --ray-placement pack.", field="placement group", value=[bundle] * len(tasks))
+        remote = ray.remote(TaskHost)
+        for index, task in enumerate(tasks):
+            self._actors[task] = remote.options(
+                num_cpus=options.cpus_per_task, num_gpus=options.gpus_per_task, max_concurrency=8, max_restarts=0,
+                name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, index),
+            ).remote(task)
+
+    def _addresses(self, tasks: list[str]) -> dict[str, str]:
+        """Each actor's 'host:port' on its own node; picked again where two tasks on one node drew one port."""
+        addresses: dict[str, str] = {}
+        pending = list(tasks)
+        for _ in range(5):
+            replies = self._get([self._actors[t].address.remote() for t in pending], self.options.ready_timeout,
+                                "report its address")
+            for task, (address, node) in zip(pending, replies):
+                addresses[task], self._nodes[task] = address, node
+            seen: set[str] = set()
+            pending = []
+            for task in tasks:
+                if addresses[task] in seen:
+                    pending.append(task)
+                seen.add(addresses[task])
+            if not pending:
+                return addresses
+        raise LaunchFailure(f"Ray tasks kept drawing the same ports: {addresses}.")
+
+    def _get(self, refs: Any, timeout: float, what: str) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise EngineError(f"Ray actors did not {what} within {timeout:g}s; is the cluster overloaded?") from None
+        except ray.exceptions.RayError as err:
+            raise LaunchFailure(f"A Ray actor failed to {what}: {err}") from None
+
+    # -- running -------------------------------------------------------------------------------------------
+
+    def start(self, task: str, argv: Sequence[str], env: Mapping[str, str], on_line: LineSink) -> TaskProcess:
+        if task not in self._actors:
+            raise invalid(LaunchError, "task", task, describe_choices(task, self._actors))
+        actor = self._actors[task]
+        pid = self._get(actor.start.remote(list(argv), dict(env)), _CALL_TIMEOUT, f"start {task}")
+        local = self._nodes.get(task) == self._driver_node
+        return RayTaskProcess(self._ray, task, actor, on_line, pid if local else None)
+
+    def close(self) -> None:
+        ray, self._ray = self._ray, None
+        if ray is None:
+            return
+        actors, self._actors = list(self._actors.values()), {}
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)  # Its subprocess gets SIGKILL with it (parent-death signal).
+            except Exception as err:  # noqa: BLE001 - best effort; an actor may be gone already.
+                _log.debug("ray.kill: %s", err)
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(pg)
+            except Exception as err:  # noqa: BLE001 - best effort.
+                _log.debug("remove_placement_group: %s", err)
+        if self._owns_connection:
+            self._owns_connection = False
+            # A local Ray started here stops with it; a joined cluster only loses this driver.
+            ray.shutdown()
+
+
+class RayTaskProcess:
+    """One attempt of a task inside its actor; output is long-polled to the driver by a thread."""
+
+    def __init__(self, ray: Any, task: str, actor: Any, on_line: LineSink, pid: Optional[int]) -> None:
+        self._ray, self.task, self._actor, self._on_line, self._pid = ray, task, actor, on_line, pid
+        self._code: Optional[int] = None
+        self._exited = threading.Event()
+        self._finished = threading.Event()
+        self._stop_pump = threading.Event()
+        self._pump = threading.Thread(target=self._run_pump, name=f"tfdist-ray-{task}", daemon=True)
+        self._pump.start()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._pid
+
+    def _run_pump(self) -> None:
+        ray = self._ray
+        try:
+            while not self._stop_pump.is_set():
+                lines, code, finished = ray.get(self._actor.read.remote(_POLL_SECONDS), timeout=_CALL_TIMEOUT)
+                for line in lines:
+                    self._on_line(self.task, line)
+                if code is not None and not self._exited.is_set():
+                    self._code = code
+                    self._exited.set()
+                if finished:
+                    break
+        except Exception as err:  # noqa: BLE001 - an actor that died or hangs ends this attempt.
+            if not self._exited.is_set():
+                self._on_line(self.task, f"tfdist: the Ray actor of {self.task} was lost: {err}")
+                self._code = _ACTOR_DIED
+                self._exited.set()
+        finally:
+            self._finished.set()
+
+    def poll(self) -> Optional[int]:
+        return self._code if self._exited.is_set() else None
+
+    def signal(self, sig: int) -> None:
+        if not self._exited.is_set():
+            self._actor.signal.remote(sig)  # Fire and forget: the supervisor must not block here.
+
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
+        self._exited.wait(timeout)
+        return self.poll()
+
+    def release(self, timeout: float) -> None:
+        try:
+            self._ray.get(self._actor.stop.remote(0.0), timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - the actor may be gone; nothing more to release then.
+            _log.debug("release %s: %s", self.task, err)
+        self._finished.wait(timeout)
+        self._stop_pump.set()
