@@ -5,6 +5,7 @@
     tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- python train.py
     tfdist-launch --emit jobset --workers 4 --image my/image:1 -- python train.py
     tfdist-launch --emit slurm --workers 4 --time 04:00:00 -- python train.py
+    tfdist-launch --engine ray --ray-address auto --chief --workers 4 --ps 2 -- python train.py
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Optional, Sequence
 
 from tfdist.errors import Error
 from tfdist.launch import emit
 from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
+from tfdist.launch.engine import Engine
 from tfdist.launch.runner import run_config
 
 USAGE_ERROR = 2
@@ -48,6 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data-service-workers", type=int, default=0, metavar="N",
                      help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE")
     run.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping")
+    eng = parser.add_argument_group("engine (where the tasks run)")
+    eng.add_argument("--engine", choices=("local", "ray"), default="local",
+                     help="local: processes on this machine; ray: actors in one Ray placement group")
+    eng.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="join this Ray cluster ('auto' or host:port) and leave it running; default: start a "
+                          "local Ray for the run and stop it afterwards")
+    eng.add_argument("--ray-placement", choices=("pack", "spread", "strict_pack", "strict_spread"), default="pack",
+                     help="pack: as few nodes as possible; spread: across nodes")
+    eng.add_argument("--ray-ready-timeout", type=float, default=120.0, metavar="SECONDS",
+                     help="seconds to wait until the Ray cluster holds every task")
     out = parser.add_argument_group("emit for a real engine")
     out.add_argument("--emit", choices=emit.EMIT_FORMATS, default=None, help="print instead of running")
     out.add_argument("--name", default="tfdist-job", help="job name (tfjob, jobset, slurm)")
@@ -56,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="container image with tfdist installed (tfjob, jobset; required there)")
     out.add_argument("--cpu", default=None, help="CPU limit per task (tfjob, jobset), e.g. 4")
     out.add_argument("--memory", default=None, help="memory limit per task (tfjob, jobset), e.g. 16Gi")
-    out.add_argument("--gpus", type=int, default=0, help="GPUs per task (tfjob, jobset, slurm)")
+    out.add_argument("--gpus", "--gpus-per-task", type=int, default=0, help="GPUs per task (tfjob, jobset, slurm, ray)")
     out.add_argument("--hosts", default=None, help="comma-separated hosts in task order (tf-config)")
     out.add_argument("--port", type=int, default=emit.TFJOB_PORT, help="task port (tf-config)")
     out.add_argument("--port-base", type=int, default=None,
@@ -64,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--python", default=None, help="interpreter the tasks run (slurm); default this one")
     out.add_argument("--tf-log-level", type=int, default=2, help="default TF_CPP_MIN_LOG_LEVEL (slurm)")
     out.add_argument("--time", default="01:00:00", help="time limit (slurm)")
-    out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm)")
+    out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm, ray; ray default 1)")
     return parser
 
 
@@ -88,6 +101,17 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
     return emit.slurm_script(config, name=args.name, time_limit=args.time, cpus_per_task=args.cpus_per_task,
                              gpus_per_task=args.gpus, port_base=args.port_base, python=args.python,
                              tf_log_level=args.tf_log_level)
+
+
+def _ray_engine(args: argparse.Namespace) -> Engine:
+    from tfdist.launch.ray_engine import LOOPBACK_VAR, RayEngine, is_loopback
+
+    if is_loopback(args.ray_address):
+        # Read by Ray at import: a local Ray then binds every daemon to loopback. An entry point may set it.
+        os.environ.setdefault(LOOPBACK_VAR, "0")
+    cpus = 1 if args.cpus_per_task is None else args.cpus_per_task
+    return RayEngine(address=args.ray_address, cpus_per_task=cpus, gpus_per_task=args.gpus,
+                     placement=args.ray_placement, ready_timeout=args.ray_ready_timeout)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -117,7 +141,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stderr.write(f"tfdist-launch: {message}\n")
             sys.stderr.flush()
 
-        result = run_config(config, on_line=_line, on_status=_status)
+        engine = _ray_engine(args) if args.engine == "ray" else None
+        result = run_config(config, on_line=_line, on_status=_status, engine=engine)
     except Error as err:
         sys.stderr.write(f"tfdist-launch: error: {err}\n")
         return USAGE_ERROR

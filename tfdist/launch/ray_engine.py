@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import threading
@@ -132,6 +133,8 @@ class RayEngine(Engine):
 
     def __init__(self, **options: Any) -> None:
         self.options = RayOptions(**options)
+        if importlib.util.find_spec("ray") is None:
+            import_ray()  # Raises EngineError with the install command, before anything starts.
         self._ray: Any = None
         self._owns_connection = False
         self._pg: Any = None
@@ -189,7 +192,9 @@ class RayEngine(Engine):
                 ray.init(address=options.address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as err:
                 raise EngineError(f"Could not join the Ray cluster at {options.address!r}: {err}. Check the address "
-                                  "(`ray status` on the head shows it), or drop --ray-address to start a local Ray.",
+                                  "(`ray status` on the head shows it), or drop --ray-address to start a local Ray. "
+                                  "If the cluster uses token authentication, set RAY_AUTH_MODE=token (Ray enables "
+                                  "it by itself only for --ray-address auto).",
                                   field="--ray-address", value=options.address) from None
         self._owns_connection = True
         self._driver_node = ray.get_runtime_context().get_node_id()
