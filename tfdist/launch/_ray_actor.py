@@ -122,15 +122,17 @@ class TaskHost:
             return None
         return exit_code(self._proc.returncode)
 
-    def read(self, timeout: float) -> tuple[list[str], Optional[int], bool]:
+    def read(self, timeout: float, pid: Optional[int] = None) -> tuple[list[str], Optional[int], bool]:
         """New output lines, the exit code once the program ended, and whether nothing more will come.
 
         Waits up to ``timeout`` seconds for something new to report (a long poll). The exit code comes as
         soon as the program ends; lines still in flight (a grandchild may hold the pipe) follow until
-        ``finished``.
+        ``finished``. With ``pid``, a reader of an earlier attempt gets nothing of a restarted program.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
+            if pid is not None and (self._proc is None or self._proc.pid != pid):
+                return [], None, True
             while not self._lines and not self._drained.is_set() and self._proc is not None:
                 if self._proc.poll() is not None and not self._code_reported:
                     break  # Report the exit now, even if a grandchild still holds the output pipe.

@@ -20,6 +20,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -53,6 +54,12 @@ def import_ray() -> Any:
         raise EngineError(f"The Ray engine needs Ray, which is not installed ({err}). Install it with: "
                           f"{INSTALL_HINT}", field="--engine", value="ray", fix=f"Install it: {INSTALL_HINT}") from None
     return ray
+
+
+def _ray_installed() -> bool:
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
 
 
 def is_loopback(address: Optional[str]) -> bool:
@@ -133,7 +140,7 @@ class RayEngine(Engine):
 
     def __init__(self, **options: Any) -> None:
         self.options = RayOptions(**options)
-        if importlib.util.find_spec("ray") is None:
+        if not _ray_installed():
             import_ray()  # Raises EngineError with the install command, before anything starts.
         self._ray: Any = None
         self._owns_connection = False
@@ -260,7 +267,7 @@ class RayEngine(Engine):
         actor = self._actors[task]
         pid = self._get(actor.start.remote(list(argv), dict(env)), _CALL_TIMEOUT, f"start {task}")
         local = self._nodes.get(task) == self._driver_node
-        return RayTaskProcess(self._ray, task, actor, on_line, pid if local else None)
+        return RayTaskProcess(self._ray, task, actor, on_line, pid, local)
 
     def close(self) -> None:
         ray, self._ray = self._ray, None
@@ -289,8 +296,9 @@ class RayEngine(Engine):
 class RayTaskProcess:
     """One attempt of a task inside its actor; output is long-polled to the driver by a thread."""
 
-    def __init__(self, ray: Any, task: str, actor: Any, on_line: LineSink, pid: Optional[int]) -> None:
-        self._ray, self.task, self._actor, self._on_line, self._pid = ray, task, actor, on_line, pid
+    def __init__(self, ray: Any, task: str, actor: Any, on_line: LineSink, pid: int, local: bool) -> None:
+        self._ray, self.task, self._actor, self._on_line = ray, task, actor, on_line
+        self._remote_pid, self._pid = pid, (pid if local else None)
         self._code: Optional[int] = None
         self._exited = threading.Event()
         self._finished = threading.Event()
@@ -306,13 +314,17 @@ class RayTaskProcess:
         ray = self._ray
         try:
             while not self._stop_pump.is_set():
-                lines, code, finished = ray.get(self._actor.read.remote(_POLL_SECONDS), timeout=_CALL_TIMEOUT)
+                lines, code, finished = ray.get(self._actor.read.remote(_POLL_SECONDS, self._remote_pid),
+                                                timeout=_CALL_TIMEOUT)
                 for line in lines:
                     self._on_line(self.task, line)
                 if code is not None and not self._exited.is_set():
                     self._code = code
                     self._exited.set()
                 if finished:
+                    if not self._exited.is_set():  # Only when the actor no longer knows this attempt.
+                        self._code = _ACTOR_DIED
+                        self._exited.set()
                     break
         except Exception as err:  # noqa: BLE001 - an actor that died or hangs ends this attempt.
             if not self._exited.is_set():
