@@ -36,7 +36,7 @@ from conftest import assert_all_gone  # noqa: E402
 from tfdist import ClusterSpec, EngineError, _address, testing  # noqa: E402
 from tfdist.launch.config import LaunchConfig  # noqa: E402
 from tfdist.launch.ray_engine import RayEngine  # noqa: E402
-from tfdist.launch.runner import LaunchResult, run_config  # noqa: E402
+from tfdist.launch.runner import run_config  # noqa: E402
 from tfdist.probe import can_connect  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(400)]
@@ -90,7 +90,7 @@ def ray_head() -> Iterator[str]:
 
 
 def _run(target: Any, address: str, *, args: tuple = (), lines: list | None = None, statuses: list | None = None,
-         engine_options: dict | None = None, **options: Any) -> tuple[LaunchResult, dict[str, Any]]:
+         engine_options: dict | None = None, **options: Any) -> tuple[Any, dict[str, Any]]:
     """Runs ``target`` on the Ray at ``address``; returns the result and each task's returned value."""
     config = LaunchConfig(command=tuple(testing.command_for(target, args)), **options)
     sink = (lambda task, line: lines.append((task, line))) if lines is not None else None
