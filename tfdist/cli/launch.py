@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from tfdist.errors import Error
 from tfdist.launch import emit
 from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
-from tfdist.launch.engine import Engine
+from tfdist.launch.engine import ENGINES, Engine, engine_for
 from tfdist.launch.runner import run_config
 
 USAGE_ERROR = 2
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE")
     run.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping")
     eng = parser.add_argument_group("engine (where the tasks run)")
-    eng.add_argument("--engine", choices=("local", "ray"), default="local",
+    eng.add_argument("--engine", choices=sorted(ENGINES), default="local",
                      help="local: processes on this machine; ray: actors in one Ray placement group")
     eng.add_argument("--ray-address", default=None, metavar="ADDR",
                      help="join this Ray cluster ('auto' or host:port) and leave it running; default: start a "
@@ -141,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stderr.write(f"tfdist-launch: {message}\n")
             sys.stderr.flush()
 
-        engine = _ray_engine(args) if args.engine == "ray" else None
+        engine = _ray_engine(args) if args.engine == "ray" else engine_for(args.engine)
         result = run_config(config, on_line=_line, on_status=_status, engine=engine)
     except Error as err:
         sys.stderr.write(f"tfdist-launch: error: {err}\n")

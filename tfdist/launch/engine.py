@@ -133,7 +133,13 @@ class LocalEngine(Engine):
             reaper.close()
 
 
-ENGINES: dict[str, Callable[[], Engine]] = {"local": LocalEngine}
+def _ray_engine() -> Engine:
+    from tfdist.launch.ray_engine import RayEngine  # Ray itself is imported only when the engine places tasks.
+
+    return RayEngine()
+
+
+ENGINES: dict[str, Callable[[], Engine]] = {"local": LocalEngine, "ray": _ray_engine}
 
 
 def register_engine(name: str, factory: Callable[[], Engine]) -> None:

@@ -21,13 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, Union
 
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, check_keywords, invalid
 from tfdist.launch import _netns, _tf_logs, environment
 from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess
+from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess, engine_for
 from tfdist.launch.results import LaunchResult, TaskResult
 
 __all__ = ["run", "run_config", "EXPOSURE_WARNING"]
@@ -316,8 +316,12 @@ def _supervise(config: LaunchConfig, engine: Engine, on_line: Optional[LineSink]
 
 def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
         on_line: Optional[LineSink] = None, on_status: Optional[StatusSink] = None,
-        base_env: Optional[Mapping[str, str]] = None, **options: Any) -> LaunchResult:
-    """Runs ``command`` on a local cluster; see :class:`LaunchConfig` for ``options``.
+        base_env: Optional[Mapping[str, str]] = None, engine: Union[str, Engine, None] = None,
+        **options: Any) -> LaunchResult:
+    """Runs ``command`` on a cluster; see :class:`LaunchConfig` for ``options``.
+
+    ``engine`` is where the tasks run: an :class:`~tfdist.launch.engine.Engine`, a registered name
+    ('local', 'ray'), or None for the local engine.
 
     Returns:
       A :class:`LaunchResult` with every task's exit code, restarts and output.
@@ -329,4 +333,5 @@ def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = Fals
     check_keywords(LaunchError, "options", options, _OPTION_NAMES - {"command", "workers", "ps", "chief", "evaluator"},
                    "See tfdist.launch.LaunchConfig for the options.")
     config = LaunchConfig(command=command, workers=workers, ps=ps, chief=chief, evaluator=evaluator, **options)
-    return run_config(config, on_line=on_line, on_status=on_status, base_env=base_env)
+    chosen = engine_for(engine) if isinstance(engine, str) else engine
+    return run_config(config, on_line=on_line, on_status=on_status, base_env=base_env, engine=chosen)
