@@ -66,7 +66,10 @@ def ray_train_driver(address: str, marks: str) -> int:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
-    ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+    if address == "local":  # Logical CPUs, as tfdist's local Ray has: 2 workers plus Ray Train's controller.
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
     trainer = TensorflowTrainer(train, train_loop_config={"marks": marks},
                                 scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                                 run_config=RunConfig(storage_path=os.path.dirname(marks), name="bench"))
