@@ -9,8 +9,8 @@ Without ``address`` a local Ray is started for the run and shut down afterwards;
 ``'host:port'`` the run joins that cluster and leaves it running.
 
 Example:
-    >>> engine = RayEngine(cpus_per_task=2, placement="spread")
-    >>> engine.options.bundle(), engine.options.strategy
+    >>> options = RayOptions(cpus_per_task=2, placement="spread")   # RayEngine(**same) runs with them
+    >>> options.bundle(), options.strategy
     ({'CPU': 2.0}, 'SPREAD')
 """
 
