@@ -115,7 +115,8 @@ def test_errors_carry_what_they_report() -> None:
     assert caught_plan.value.field == "kind" and "did you mean" in caught_plan.value.expected
     with pytest.raises(errors.PlanError, match="`params`. Received: '1M'.*parse_quantity"):
         plan.Plan(params="1M", workers=2, bandwidth=1e9, latency=1e-5)
-    result = launch.LaunchResult(0, "ok", None, (), tfdist.ClusterSpec.local(workers=1))
+    result = launch.LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=(),
+                                 cluster=tfdist.ClusterSpec.local(workers=1))
     with pytest.raises(errors.LaunchError, match="`task`. Received: 'worker:9'"):
         result.task("worker:9")
 

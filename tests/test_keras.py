@@ -72,7 +72,7 @@ class ParameterServerKerasTest(absltest.TestCase):
         statuses: list[str] = []
         # Kill the ps once the chief has backed up epoch 2 (a log line, not a clock: issue #11).
         run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
-                                  kills=(KillAt("ps:0", after="^EPOCH_END 2$"),), on_status=statuses.append,
+                                  kills=(KillAt(task="ps:0", after="^EPOCH_END 2$"),), on_status=statuses.append,
                                   args=[root, 6, 20])
         self.assertTrue(run.ok, run.result.summary())
         self.assertLen([s for s in statuses if "fault injection: SIGKILL ps:0 after chief:0" in s], 1)

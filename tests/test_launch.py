@@ -125,14 +125,14 @@ class LaunchTest(parameterized.TestCase):
 
     def test_kill_trigger_that_never_matches_kills_nothing(self) -> None:
         result = launch.run([PY, "-c", "print('epoch 1 saved')"], workers=2, timeout=60,
-                            kills=(KillAt("worker:1", after="epoch 2"),))
+                            kills=(KillAt(task="worker:1", after="epoch 2"),))
         self.assertEqual((result.exit_code, [t.restarts for t in result.tasks]), (0, [0, 0]))
 
     @parameterized.named_parameters(
-        ("seconds", "worker:1@20", KillAt("worker:1", seconds=20.0)),
-        ("fraction", "ps:0@0.5", KillAt("ps:0", 0.5)),
-        ("regex", "worker:1@after=Epoch 3/", KillAt("worker:1", after="Epoch 3/")),
-        ("regex_with_at", "chief:0@after=a@b=c", KillAt("chief:0", after="a@b=c")),
+        ("seconds", "worker:1@20", KillAt(task="worker:1", seconds=20.0)),
+        ("fraction", "ps:0@0.5", KillAt(task="ps:0", seconds=0.5)),
+        ("regex", "worker:1@after=Epoch 3/", KillAt(task="worker:1", after="Epoch 3/")),
+        ("regex_with_at", "chief:0@after=a@b=c", KillAt(task="chief:0", after="a@b=c")),
     )
     def test_kill_parses(self, text: str, expected: KillAt) -> None:
         self.assertEqual(KillAt.parse(text), expected)
@@ -152,9 +152,9 @@ class LaunchTest(parameterized.TestCase):
 
     def test_kill_needs_exactly_one_trigger(self) -> None:
         with pytest.raises(LaunchError, match="exactly one trigger"):
-            KillAt("worker:1", seconds=1.0, after="x")
+            KillAt(task="worker:1", seconds=1.0, after="x")
         with pytest.raises(LaunchError, match="exactly one trigger"):
-            KillAt("worker:1")
+            KillAt(task="worker:1")
 
     def test_taken_ports_are_picked_again(self) -> None:
         import socket
@@ -184,7 +184,7 @@ class LaunchTest(parameterized.TestCase):
         ("ps_without_chief", {"ps": 1}, "Add --chief"),
         ("run_on_chief_without_chief", {"run_on": "chief"}, "Add --chief, or use --run-on auto"),
         ("run_on_typo", {"run_on": "al"}, "did you mean 'all'"),
-        ("kill_unknown_task", {"kills": (KillAt("worker:5", 1.0),)}, "did you mean 'worker:0'"),
+        ("kill_unknown_task", {"kills": (KillAt(task="worker:5", seconds=1.0),)}, "did you mean 'worker:0'"),
         ("negative_restarts", {"max_restarts": -1}, "`--max-restarts`"),
     )
     def test_bad_config(self, overrides: dict, message: str) -> None:

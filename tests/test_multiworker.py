@@ -158,7 +158,7 @@ class ParameterServerTest(absltest.TestCase):
     def test_killed_worker_is_restarted_alone_and_training_finishes(self) -> None:
         statuses: list[str] = []
         run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
-                                  kills=(KillAt("worker:1", after="^EPOCH_END 1$"),), on_status=statuses.append,
+                                  kills=(KillAt(task="worker:1", after="^EPOCH_END 1$"),), on_status=statuses.append,
                                   args=[6, 20, 0.2])
         self.assertTrue(run.ok, run.result.summary())
         self.assertLen([s for s in statuses if "fault injection: SIGKILL worker:1 after chief:0" in s], 1)

@@ -68,12 +68,13 @@ def _keyword_only_classes() -> list[type]:
     from tfdist.data.report import SkewReport
     from tfdist.data.sharding import ShardPlan
     from tfdist.keras.embeddings import EmbeddingShard, EmbeddingTable
+    from tfdist.launch import KillAt, LaunchConfig, LaunchResult, TaskResult
     from tfdist.plan import EmbeddingTraffic, Plan
     from tfdist.testing import ClusterRun
 
     return [tfdist.ClusterSpec, tfdist.Task, tfdist.StrategyOptions, CollectiveConfig, CollectiveTuning, Plan,
             EmbeddingTraffic, EmbeddingShard, EmbeddingTable, ClusterRun, FileInfo, Listing, TFRecordPipeline,
-            SkewReport, ShardPlan]
+            SkewReport, ShardPlan, KillAt, LaunchConfig, LaunchResult, TaskResult]
 
 
 @pytest.mark.parametrize("cls", _keyword_only_classes(), ids=lambda cls: cls.__name__)

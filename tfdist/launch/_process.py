@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Optional
 
@@ -46,7 +45,6 @@ class LocalProcess:
                                           stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as err:
             raise LaunchFailure(f"Could not start {task} ({argv[0]!r}): {err.strerror or err}.") from err
-        self.started_at = time.monotonic()
         self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), name=f"tfdist-{task}",
                                         daemon=True)
         self._reader.start()

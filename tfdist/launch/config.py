@@ -29,7 +29,7 @@ _KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(.*)$", re.S)
 _KILL_FORMAT = "TASK:INDEX@SECONDS or TASK:INDEX@after=REGEX, e.g. 'worker:1@20' or 'worker:1@after=Epoch 3/'"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KillAt:
     """Fault injection: SIGKILL ``task`` (e.g. 'worker:1') once, on progress or after a time.
 
@@ -43,7 +43,7 @@ class KillAt:
         KillAt(task='worker:1', seconds=20.0, after=None)
         >>> KillAt.parse("ps:0@after=Epoch 3/").after
         'Epoch 3/'
-        >>> KillAt("worker:1", after="epoch 2 saved").matches("worker:0", "epoch 2 saved")
+        >>> KillAt(task="worker:1", after="epoch 2 saved").matches("worker:0", "epoch 2 saved")
         True
     """
 
@@ -77,12 +77,12 @@ class KillAt:
             raise invalid(LaunchError, "--kill", text, _KILL_FORMAT)
         task, trigger = f"{match.group(1)}:{match.group(2)}", match.group(3)
         if trigger.startswith("after="):
-            return cls(task, after=trigger[len("after="):])
+            return cls(task=task, after=trigger[len("after="):])
         try:
             seconds = float(trigger)
         except ValueError:
             raise invalid(LaunchError, "--kill", text, _KILL_FORMAT) from None
-        return cls(task, seconds=seconds)
+        return cls(task=task, seconds=seconds)
 
     def matches(self, task: str, line: str) -> bool:
         """True when ``line``, printed by ``task``, fires this progress trigger."""
@@ -92,7 +92,7 @@ class KillAt:
         return f"{self.task}@after={self.after}" if self.after is not None else f"{self.task}@{self.seconds:g}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """A local cluster run.
 

@@ -24,7 +24,7 @@ __all__ = ["LaunchResult", "TaskResult"]
 _TAIL = 15  # Lines of the failing task's output in a summary.
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskResult:
     """How one task ended."""
 
@@ -36,7 +36,7 @@ class TaskResult:
     pid: Optional[int] = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LaunchResult:
     """How the whole run ended.
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import IO, Any, Optional, Union
 
-from tfdist.cluster import ClusterSpec
+from tfdist.cluster import ClusterSpec, split_task_name
 from tfdist.errors import LaunchError, check_keywords, invalid
 from tfdist.launch import _netns, _tf_logs, environment
 from tfdist.launch.config import KillAt, LaunchConfig
@@ -135,12 +135,12 @@ class _Supervisor:
         record = self.tasks[task]
         self._launch(record, environment.child_env(self.base_env, self.config, self.spec, task, record.restarts))
         role = "command" if self.config.runs_command(task) else "TF server"
-        task_type, index = task.split(":")
+        task_type, index = split_task_name(task)
         self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
-                    f"{self.spec.jobs[task_type][int(index)]})")
+                    f"{self.spec.jobs[task_type][index]})")
 
     def _restart_group(self, task: str) -> list[str]:
-        task_type = task.split(":")[0]
+        task_type = split_task_name(task)[0]
         if task_type == "evaluator":
             return [task]
         if self.config.mode == "parameter_server" and task_type == "worker":
@@ -306,10 +306,11 @@ def _supervise(config: LaunchConfig, engine: Engine, on_line: Optional[LineSink]
         code, reason, failed = supervisor.run(deadline, t0)
     finally:
         supervisor.stop_all()
-    tasks = tuple(TaskResult(name, record.poll(), record.restarts, config.runs_command(name),
-                             "\n".join(record.lines), record.proc.pid if record.proc else None)
+    tasks = tuple(TaskResult(task=name, exit_code=record.poll(), restarts=record.restarts,
+                             runs_command=config.runs_command(name), output="\n".join(record.lines),
+                             pid=record.proc.pid if record.proc else None)
                   for name, record in supervisor.tasks.items())
-    result = LaunchResult(code, reason, failed, tasks, spec)
+    result = LaunchResult(exit_code=code, reason=reason, failed_task=failed, tasks=tasks, cluster=spec)
     status(result.summary().splitlines()[0] + f" in {time.monotonic() - t0:.1f}s")
     return result
 
