@@ -10,7 +10,7 @@ import pytest
 MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdist.probe", "tfdist.testing",
            "tfdist.launch.config", "tfdist.launch.emit", "tfdist.launch.runner", "tfdist.launch.results",
            "tfdist.launch._process", "tfdist.launch.environment",
-           "tfdist.launch.engine", "tfdist.launch._reaper",
+           "tfdist.launch.engine", "tfdist.launch.engines", "tfdist.launch._reaper",
            "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.keras.adaptive",
            "tfdist.data.remote", "tfdist.data.writer", "tfdist.data.options", "tfdist.data.files",
            "tfdist.data.verify", "tfdist.data.reading", "tfdist.data.stratify", "tfdist.data.parsing",

@@ -20,7 +20,8 @@ from typing import Optional, Sequence
 from tfdist.errors import Error
 from tfdist.launch import emit
 from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
-from tfdist.launch.engine import ENGINES, Engine, engine_for
+from tfdist.launch.engine import Engine
+from tfdist.launch.engines import ENGINES, engine_for
 from tfdist.launch.runner import run_config
 
 USAGE_ERROR = 2

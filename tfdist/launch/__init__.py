@@ -2,7 +2,8 @@
 
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest
-from tfdist.launch.engine import Engine, LocalEngine, TaskProcess, register_engine
+from tfdist.launch.engine import Engine, LocalEngine, TaskProcess
+from tfdist.launch.engines import register_engine
 from tfdist.launch.results import LaunchResult, TaskResult
 from tfdist.launch.runner import run, run_config
 from tfdist.launch.server import run_server

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Optional, Protocol, runtime_checkable
 
 from tfdist import _address
-from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import LaunchError, LaunchFailure, invalid
+from tfdist.errors import LaunchFailure
 from tfdist.launch._process import LineSink, LocalProcess
 from tfdist.launch._reaper import Reaper
 from tfdist.launch.config import LaunchConfig
 
-__all__ = ["Engine", "TaskProcess", "LineSink", "LocalEngine", "register_engine", "engine_for", "ENGINES"]
+__all__ = ["Engine", "TaskProcess", "LineSink", "LocalEngine"]
 
 _log = logging.getLogger("tfdist.launch")
 
@@ -131,29 +130,3 @@ class LocalEngine(Engine):
         reaper, self._reaper = self._reaper, None
         if reaper is not None:
             reaper.close()
-
-
-def _ray_engine() -> Engine:
-    from tfdist.launch.ray_engine import RayEngine  # Ray itself is imported only when the engine places tasks.
-
-    return RayEngine()
-
-
-ENGINES: dict[str, Callable[[], Engine]] = {"local": LocalEngine, "ray": _ray_engine}
-
-
-def register_engine(name: str, factory: Callable[[], Engine]) -> None:
-    """Makes ``factory`` available as engine ``name`` (e.g. ``tfdist-launch --engine NAME``)."""
-    ENGINES[name] = factory
-
-
-def engine_for(name: str) -> Engine:
-    """A new engine registered as ``name``.
-
-    Example:
-        >>> engine_for("local").name
-        'local'
-    """
-    if name not in ENGINES:
-        raise invalid(LaunchError, "engine", name, describe_choices(name, sorted(ENGINES)))
-    return ENGINES[name]()

@@ -27,7 +27,8 @@ from tfdist.cluster import ClusterSpec, split_task_name
 from tfdist.errors import LaunchError, check_keywords, invalid
 from tfdist.launch import _netns, _tf_logs, environment
 from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess, engine_for
+from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess
+from tfdist.launch.engines import engine_for
 from tfdist.launch.results import LaunchResult, TaskResult
 
 __all__ = ["run", "run_config", "EXPOSURE_WARNING"]
