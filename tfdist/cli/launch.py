@@ -62,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="pack: as few nodes as possible; spread: across nodes")
     eng.add_argument("--ray-ready-timeout", type=float, default=120.0, metavar="SECONDS",
                      help="seconds to wait until the Ray cluster holds every task")
+    elastic = parser.add_argument_group("elastic training (local engine)")
+    elastic.add_argument("--min-workers", type=int, default=None, metavar="N",
+                         help="go on with the workers left when one is lost, down to N; below N the run fails")
+    elastic.add_argument("--max-workers", type=int, default=None, metavar="M",
+                         help="returned workers join at the next epoch boundary, up to M (default --workers)")
+    elastic.add_argument("--lose", action="append", default=[], metavar="TASK@TRIGGER",
+                         help="kill a worker and keep it away; TRIGGER as for --kill (repeatable)")
+    elastic.add_argument("--return", dest="returns", action="append", default=[], metavar="TASK@TRIGGER",
+                         help="a lost worker is available again; TRIGGER as for --kill (repeatable)")
     out = parser.add_argument_group("emit for a real engine")
     out.add_argument("--emit", choices=emit.EMIT_FORMATS, default=None, help="print instead of running")
     out.add_argument("--name", default="tfdist-job", help="job name (tfjob, jobset, slurm)")
@@ -129,7 +138,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               threads_per_task=args.threads_per_task, timeout=args.timeout, log_dir=args.log_dir,
                               kills=tuple(KillAt.parse(k) for k in args.kill),
                               isolate_network=args.isolate_network, grace_seconds=args.grace,
-                              data_service_workers=args.data_service_workers)
+                              data_service_workers=args.data_service_workers, min_workers=args.min_workers,
+                              max_workers=args.max_workers, loses=tuple(args.lose), returns=tuple(args.returns))
         if args.emit:
             sys.stdout.write(_emit(args, config) + "\n")
             return 0

@@ -16,13 +16,13 @@ import re
 import shutil
 import types
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from tfdist._names import describe_choices
 from tfdist.cluster import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_int, require_number, require_type
 
-__all__ = ["LaunchConfig", "KillAt", "RUN_ON_CHOICES", "require_config"]
+__all__ = ["LaunchConfig", "KillAt", "LoseAt", "ReturnAt", "RUN_ON_CHOICES", "require_config"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
 _KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(.*)$", re.S)
@@ -47,41 +47,42 @@ class KillAt:
         True
     """
 
+    flag: ClassVar[str] = "--kill"  # the option that names it, in errors
     task: str
     seconds: Optional[float] = None
     after: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not re.fullmatch(r"(chief|worker|ps|evaluator):\d+", self.task):
-            raise invalid(LaunchError, "--kill", self.task, "a task 'type:index', e.g. 'worker:1'")
+            raise invalid(LaunchError, self.flag, self.task, "a task 'type:index', e.g. 'worker:1'")
         if (self.seconds is None) == (self.after is None):
-            raise invalid(LaunchError, "--kill", self, "exactly one trigger: seconds or after", _KILL_FORMAT)
+            raise invalid(LaunchError, self.flag, self, "exactly one trigger: seconds or after", _KILL_FORMAT)
         if self.seconds is not None:
             if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
                     or not math.isfinite(self.seconds) or self.seconds < 0:
-                raise invalid(LaunchError, "--kill", self.seconds, "seconds as a finite number >= 0")
+                raise invalid(LaunchError, self.flag, self.seconds, "seconds as a finite number >= 0")
             object.__setattr__(self, "seconds", float(self.seconds))
         if self.after is not None:
             if not isinstance(self.after, str) or not self.after:
-                raise invalid(LaunchError, "--kill", self.after, "a non-empty regular expression after 'after='")
+                raise invalid(LaunchError, self.flag, self.after, "a non-empty regular expression after 'after='")
             try:
                 re.compile(self.after)
             except re.error as err:
-                raise invalid(LaunchError, "--kill", self.after, f"a valid regular expression ({err})") from None
+                raise invalid(LaunchError, self.flag, self.after, f"a valid regular expression ({err})") from None
 
     @classmethod
     def parse(cls, text: str) -> "KillAt":
         """Parses ``TASK:INDEX@SECONDS`` or ``TASK:INDEX@after=REGEX``."""
         match = _KILL.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise invalid(LaunchError, "--kill", text, _KILL_FORMAT)
+            raise invalid(LaunchError, cls.flag, text, _KILL_FORMAT)
         task, trigger = f"{match.group(1)}:{match.group(2)}", match.group(3)
         if trigger.startswith("after="):
             return cls(task=task, after=trigger[len("after="):])
         try:
             seconds = float(trigger)
         except ValueError:
-            raise invalid(LaunchError, "--kill", text, _KILL_FORMAT) from None
+            raise invalid(LaunchError, cls.flag, text, _KILL_FORMAT) from None
         return cls(task=task, seconds=seconds)
 
     def matches(self, task: str, line: str) -> bool:
@@ -90,6 +91,34 @@ class KillAt:
 
     def __str__(self) -> str:
         return f"{self.task}@after={self.after}" if self.after is not None else f"{self.task}@{self.seconds:g}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoseAt(KillAt):
+    """Elastic fault injection: SIGKILL a worker and keep it away (a machine that leaves).
+
+    Same triggers as :class:`KillAt`.
+
+    Example:
+        >>> LoseAt.parse("worker:2@after=epoch 2 end")
+        LoseAt(task='worker:2', seconds=None, after='epoch 2 end')
+    """
+
+    flag: ClassVar[str] = "--lose"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReturnAt(KillAt):
+    """Elastic fault injection: a lost worker is available again (the machine came back).
+
+    Same triggers as :class:`KillAt`; the group grows at the next epoch boundary.
+
+    Example:
+        >>> str(ReturnAt.parse("worker:2@after=epoch 4 end"))
+        'worker:2@after=epoch 4 end'
+    """
+
+    flag: ClassVar[str] = "--return"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,6 +149,15 @@ class LaunchConfig:
       data_service_workers: Start a tf.data service (dispatcher plus this many
         workers) beside the cluster; every task gets its address in
         ``TFDIST_DATA_SERVICE``. 0: none.
+      min_workers: Elastic training: when a worker is lost (its restarts are
+        used up, or ``loses``), the group goes on with the workers left, down
+        to this many; below it the run fails. None: not elastic.
+      max_workers: Elastic training: the group grows back (returned workers
+        join at the next epoch boundary) up to this many; default ``workers``.
+      loses: Elastic fault injection: :class:`LoseAt` values or text
+        ('worker:2@after=REGEX'); the worker is killed and stays away.
+      returns: Elastic fault injection: :class:`ReturnAt` values or text; the
+        lost worker is available again.
     """
 
     command: tuple[str, ...]
@@ -138,10 +176,20 @@ class LaunchConfig:
     host: str = "127.0.0.1"
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     data_service_workers: int = 0
+    min_workers: Optional[int] = None
+    max_workers: Optional[int] = None
+    loses: tuple[LoseAt, ...] = ()
+    returns: tuple[ReturnAt, ...] = ()
 
     def __post_init__(self) -> None:
         command = _iterable(self.command)
         kills = tuple(KillAt.parse(k) if isinstance(k, str) else k for k in _iterable(self.kills))
+        for name, kind in (("loses", LoseAt), ("returns", ReturnAt)):
+            events = tuple(kind.parse(e) if isinstance(e, str) else e for e in _iterable(getattr(self, name)))
+            if not all(isinstance(e, kind) for e in events):
+                raise invalid(LaunchError, name, getattr(self, name),
+                              f"a sequence of {kind.__name__} or 'worker:INDEX@...' strings")
+            object.__setattr__(self, name, events)
         if isinstance(self.command, str) or not all(isinstance(arg, str) for arg in command):
             raise invalid(LaunchError, "command", self.command, "a sequence of strings (argv)",
                           "Example: command=('python', 'train.py').")
@@ -182,6 +230,37 @@ class LaunchConfig:
         for kill in self.kills:
             if kill.task not in names:
                 raise invalid(LaunchError, "--kill", kill.task, describe_choices(kill.task, names))
+        self._check_elastic()
+
+    def _check_elastic(self) -> None:
+        """--min-workers/--max-workers/--lose/--return: consistent, or LaunchError."""
+        if self.min_workers is None:
+            for flag, value in (("--max-workers", self.max_workers), ("--lose", self.loses),
+                                ("--return", self.returns)):
+                if value:
+                    raise invalid(LaunchError, flag, value, "--min-workers as well (elastic training)",
+                                  f"Add --min-workers N (1 <= N <= --workers {self.workers}).")
+            return
+        require_int(LaunchError, "--min-workers", self.min_workers, minimum=1, maximum=self.workers,
+                    fix="The fewest workers the group may train with, at most --workers.")
+        if self.max_workers is None:
+            object.__setattr__(self, "max_workers", self.workers)
+        require_int(LaunchError, "--max-workers", self.max_workers, minimum=self.min_workers, maximum=self.workers,
+                    fix="Between --min-workers and --workers: the local engine grows back only with workers "
+                        "it started.")
+        if self.isolate_network:
+            raise invalid(LaunchError, "--isolate-network", True, "no elastic options (not supported together yet)",
+                          "Drop --isolate-network or --min-workers.")
+        workers = {f"worker:{i}" for i in range(self.workers)}
+        for event in self.loses + self.returns:
+            if event.task not in workers:
+                raise invalid(LaunchError, event.flag, event.task, describe_choices(event.task, workers),
+                              "Only workers leave and return; a lost chief or ps needs a restart (--max-restarts).")
+        lost = {event.task for event in self.loses}
+        for event in self.returns:
+            if event.task not in lost:
+                raise invalid(LaunchError, "--return", event.task, f"a worker some --lose takes away ({sorted(lost)})",
+                              f"Add --lose {event.task}@TRIGGER, or drop this --return.")
 
     @property
     def mode(self) -> str:

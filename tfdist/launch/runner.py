@@ -15,8 +15,10 @@ import dataclasses
 import logging
 import os
 import queue
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,8 +27,8 @@ from typing import IO, Any, Optional, Union
 
 from tfdist.cluster import ClusterSpec, split_task_name
 from tfdist.errors import LaunchError, check_keywords, invalid
-from tfdist.launch import _netns, _tf_logs, environment
-from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch import _netns, _tf_logs, elastic, environment
+from tfdist.launch.config import KillAt, LaunchConfig, LoseAt, ReturnAt
 from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess
 from tfdist.launch.engines import engine_for
 from tfdist.launch.results import LaunchResult, TaskResult
@@ -79,11 +81,20 @@ class _Supervisor:
     def __init__(self, config: LaunchConfig, engine: Engine, spec: ClusterSpec, sink: Optional[LineSink],
                  status: StatusSink, base_env: Mapping[str, str]) -> None:
         self.config, self.engine, self.spec, self.status = config, engine, spec, status
+        self.full_spec = spec  # every task's address; self.spec is the current generation's cluster
         self.base_env = dict(base_env)
         self.restarts_used = 0
         self.stop_signal: Optional[int] = None
         self._user_sink = sink
-        self._line_kills = [kill for kill in config.kills if kill.after is not None]
+        self._events = config.kills + config.loses + config.returns
+        self._line_kills = [event for event in self._events if event.after is not None]
+        self._on_event = {KillAt: self._kill, LoseAt: self._lose, ReturnAt: self._return}
+        self.membership = elastic.Membership(generation=0, workers=tuple(
+            name for name in config.task_names() if name.startswith("worker:")))
+        self.away: list[str] = []       # lost workers
+        self.available: list[str] = []  # returned workers waiting for the next epoch boundary
+        self.elastic_dir = tempfile.mkdtemp(prefix="tfdist-elastic-") if config.min_workers is not None else None
+        self._boundaries_seen: set[str] = set()
         self._fired: queue.SimpleQueue[tuple[KillAt, str]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         if config.log_dir:
@@ -134,9 +145,15 @@ class _Supervisor:
 
     def _start(self, task: str) -> None:
         record = self.tasks[task]
-        self._launch(record, environment.child_env(self.base_env, self.config, self.spec, task, record.restarts))
+        tf_task = self.membership.tf_task(task) if self.config.mode == "collective" else task
+        env = environment.child_env(self.base_env, self.config, self.spec, tf_task, record.restarts)
+        env[environment.TASK_VAR] = task  # the launcher's stable name; TF_CONFIG holds this generation's index
+        env.update(elastic.membership_variables(self.membership, self.full_spec))
+        if self.elastic_dir is not None:
+            env[elastic.ELASTIC_DIR_VAR] = self.elastic_dir
+        self._launch(record, env)
         role = "command" if self.config.runs_command(task) else "TF server"
-        task_type, index = split_task_name(task)
+        task_type, index = split_task_name(tf_task)
         self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
                     f"{self.spec.jobs[task_type][index]})")
 
@@ -161,24 +178,105 @@ class _Supervisor:
             self.tasks[name].restarts += 1
             self._start(name)
 
-    def _inject_faults(self, pending: list[KillAt], elapsed: float) -> None:
+    def _inject_faults(self, pending: list[KillAt], elapsed: float) -> Optional[tuple[int, str, Optional[str]]]:
+        """Fires due fault injections (--kill, --lose, --return); an outcome when the run must end."""
+        fired = []
         while pending and elapsed >= (pending[0].seconds or 0.0):
-            kill = pending.pop(0)
-            self.status(f"fault injection: SIGKILL {kill.task} at {elapsed:.1f}s")
-            self._kill(kill.task)
+            event = pending.pop(0)
+            fired.append((event, f"at {elapsed:.1f}s"))
         while not self._fired.empty():
-            kill, source = self._fired.get()
-            self.status(f"fault injection: SIGKILL {kill.task} after {source} printed /{kill.after}/ "
-                        f"({elapsed:.1f}s)")
-            self._kill(kill.task)
+            event, source = self._fired.get()
+            fired.append((event, f"after {source} printed /{event.after}/ ({elapsed:.1f}s)"))
+        for event, when in fired:
+            outcome = self._on_event[type(event)](event.task, when)
+            if outcome is not None:
+                return outcome
+        return None
 
-    def _kill(self, task: str) -> None:
+    def _kill(self, task: str, when: str) -> None:
+        self.status(f"fault injection: SIGKILL {task} {when}")
+        self._signal(task, signal.SIGKILL)
+
+    def _signal(self, task: str, sig: int) -> None:
         proc = self.tasks[task].proc
         if proc is not None:
-            proc.signal(signal.SIGKILL)
+            proc.signal(sig)
+
+    # ------------------------------------------------------------------ elastic
+    def _lose(self, task: str, why: str) -> Optional[tuple[int, str, Optional[str]]]:
+        """``task`` (a worker) leaves: killed, kept away; the group goes on without it or the run fails."""
+        if task not in self.membership.workers:
+            self.status(f"elastic: {task} is not in the group; nothing to lose")
+            return None
+        self.status(f"elastic: losing {task} {why}")
+        record = self.tasks[task]
+        if record.proc is not None:
+            record.proc.signal(signal.SIGKILL)
+            record.proc.wait(_KILL_WAIT)
+            self.finished[task] = record.poll() if record.poll() is not None else 137
+        self.away.append(task)
+        left = tuple(w for w in self.membership.workers if w != task)
+        minimum = self.config.min_workers or 0
+        if len(left) < minimum:
+            self.status(f"elastic: lost {', '.join(self.away)}; {len(left)} worker(s) left, below --min-workers "
+                        f"{minimum}; stopping the run")
+            return self.finished.get(task, 1) or 1, "failed", task
+        self._regroup(left, f"{task} lost")
+        return None
+
+    def _return(self, task: str, why: str) -> None:
+        if task not in self.away:
+            self.status(f"elastic: {task} returned {why}, but it was not away; ignored")
+            return
+        self._check_boundaries()  # boundaries recorded before the return do not count for it
+        self.away.remove(task)
+        self.available.append(task)
+        if self.config.mode == "parameter_server":
+            self.status(f"elastic: {task} is available again {why}; it rejoins now")
+            self._grow("the coordinator reconnects")
+        else:
+            self.status(f"elastic: {task} is available again {why}; it joins at the next epoch boundary")
+
+    def _grow(self, why: str) -> None:
+        room = (self.config.max_workers or self.config.workers) - len(self.membership.workers)
+        joining, self.available = self.available[:max(room, 0)], self.available[max(room, 0):]
+        if joining:
+            self._regroup(self.membership.workers + tuple(joining), f"{', '.join(joining)} joined; {why}")
+
+    def _regroup(self, workers: tuple[str, ...], why: str) -> None:
+        """A new generation: collectives restart the training group with a new TF_CONFIG; ps runs go on."""
+        before = set(self.membership.workers)
+        self.membership = elastic.Membership(generation=self.membership.generation + 1, workers=workers)
+        size = self.membership.world_size(self.full_spec)
+        self.status(f"elastic: membership {self.membership.generation}: world size {size} "
+                    f"(workers {', '.join(self.membership.workers)}); {why}")
+        if self.config.mode == "parameter_server":
+            for name in [w for w in self.membership.workers if w not in before]:
+                self.tasks[name].restarts += 1
+                self._start(name)
+            return
+        group = [t for t in self.tasks if not t.startswith("evaluator") and t not in self.away]
+        self.stop([self.tasks[t] for t in self.tasks if not t.startswith("evaluator") and self.tasks[t].poll() is None])
+        self.spec = self.membership.spec(self.full_spec)
+        for name in sorted(group, key=lambda n: self.config.runs_command(n)):  # servers first
+            self.tasks[name].restarts += 1
+            self._start(name)
+
+    def _check_boundaries(self) -> None:
+        """Epoch boundaries the training leader recorded; a returned worker joins at the first new one."""
+        if self.elastic_dir is None:
+            return
+        for record in elastic.read_boundaries(self.elastic_dir, self._boundaries_seen):
+            if record.get("generation") != self.membership.generation:
+                continue
+            self.status(f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
+                        f"world size {record.get('world_size')})")
+            if self.available:
+                self._grow(f"epoch {record.get('epoch')} backed up")
+                return
 
     def run(self, deadline: Optional[float], t0: float) -> tuple[int, str, Optional[str]]:
-        pending = sorted((k for k in self.config.kills if k.seconds is not None), key=lambda k: k.seconds or 0.0)
+        pending = sorted((k for k in self._events if k.seconds is not None), key=lambda k: k.seconds or 0.0)
         if self.data_service is not None:
             self._launch(self.data_service, dict(self.base_env))
             self.status(f"tf.data service started ({self.base_env['TFDIST_DATA_SERVICE']}, "
@@ -193,10 +291,13 @@ class _Supervisor:
             if deadline is not None and now >= deadline:
                 self.status(f"timeout after {self.config.timeout:g}s; stopping every task")
                 return _TIMEOUT_CODE, "timeout", None
-            self._inject_faults(pending, now - t0)
+            outcome = self._inject_faults(pending, now - t0)
+            if outcome is not None:
+                return outcome
+            self._check_boundaries()
             for task, record in self.tasks.items():
                 code = record.poll()
-                if code is None or task in self.finished:
+                if code is None or task in self.finished or task in self.away:
                     continue
                 self.finished[task] = code
                 runs_cmd = self.config.runs_command(task)
@@ -206,11 +307,16 @@ class _Supervisor:
                 if code != 0 and self.restarts_used < self.config.max_restarts:
                     self._restart(task, code)
                     break
+                if code != 0 and self.elastic_dir is not None and task in self.membership.workers:
+                    outcome = self._lose(task, f"(exit code {code}, restarts used up)")
+                    if outcome is not None:
+                        return outcome
+                    break
                 if code != 0 and (runs_cmd or task.startswith("ps")):
                     self.status(f"{task} failed with exit code {code}")
                     return code, "failed", task
                 self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
-            if all(self.finished.get(t) == 0 for t in cmd_tasks):
+            if all(self.finished.get(t) == 0 for t in cmd_tasks if t not in self.away):
                 return 0, "ok", None
             time.sleep(0.05)
 
@@ -237,6 +343,8 @@ class _Supervisor:
         for record in list(self.tasks.values()) + ([self.data_service] if self.data_service else []):
             if record.log is not None:
                 record.log.close()
+        if self.elastic_dir is not None:
+            shutil.rmtree(self.elastic_dir, ignore_errors=True)
 
 
 class _StopSignals:

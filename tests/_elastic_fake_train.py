@@ -1,0 +1,41 @@
+"""A TensorFlow-free stand-in for an elastic Keras fit, for launcher tests (fast on a busy machine).
+
+Every task prints its identity, then runs EPOCHS epochs of STEPS steps; the leader (TF_CONFIG worker 0) keeps
+the last finished epoch in BACKUP (like BackupAndRestore) and records the epoch boundary for the launcher.
+A restarted group resumes after the last backed-up epoch. Usage: _elastic_fake_train.py BACKUP EPOCHS
+"""
+
+import json
+import os
+import sys
+import time
+
+from tfdist.launch import elastic
+
+backup, epochs = sys.argv[1], int(sys.argv[2])
+tf_config = json.loads(os.environ["TF_CONFIG"])
+index = tf_config["task"]["index"]
+generation = int(os.environ["TFDIST_MEMBERSHIP"])
+size = int(os.environ["TFDIST_WORLD_SIZE"])
+print(f"task {os.environ['TFDIST_TASK']} index {index} generation {generation} world {size} "
+      f"workers {len(tf_config['cluster']['worker'])}", flush=True)
+start = 0
+if os.path.exists(backup):
+    with open(backup) as f:
+        start = int(f.read()) + 1
+for epoch in range(start, epochs):
+    if os.environ.get("FAKE_FAIL") == os.environ["TFDIST_TASK"] and generation == 0 and epoch == 1:
+        sys.exit(3)  # a worker that keeps failing: its restarts get used up
+    for step in range(3):
+        time.sleep(0.1)
+        print(f"generation {generation} epoch {epoch} step {step}", flush=True)
+    if index == 0:
+        with open(backup + ".tmp", "w") as f:
+            f.write(str(epoch))
+        os.replace(backup + ".tmp", backup)
+        elastic.write_boundary(os.environ["TFDIST_ELASTIC_DIR"], generation=generation, epoch=epoch,
+                               world_size=size)
+        print(f"epoch {epoch} end", flush=True)
+    else:
+        time.sleep(0.1)  # the leader's backup lands before any peer finishes the epoch
+print(f"task {os.environ['TFDIST_TASK']} done", flush=True)

@@ -1,0 +1,109 @@
+"""Elastic training on the local engine: --min-workers/--max-workers, --lose and --return, membership env."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import assert_all_gone
+
+from tfdist import LaunchError, launch
+from tfdist.cli import launch as launch_cli
+from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
+
+PY = sys.executable
+FAKE = str(Path(__file__).with_name("_elastic_fake_train.py"))
+pytestmark = pytest.mark.timeout(180)
+
+
+def _run(tmp_path: Path, epochs: int, **options: object) -> tuple[launch.LaunchResult, list[str]]:
+    statuses: list[str] = []
+    result = launch.run([PY, FAKE, str(tmp_path / "backup"), str(epochs)], on_status=statuses.append,
+                        timeout=120, grace_seconds=2, **options)
+    return result, statuses
+
+
+def _epochs_ended(output: str) -> list[int]:
+    return [int(m) for m in re.findall(r"^epoch (\d+) end$", output, re.M)]
+
+
+def test_three_to_two_to_three_workers(tmp_path: Path) -> None:
+    """The launcher side of 3 -> 2 -> 3, with a TensorFlow-free trainer (the TF run is in test_elastic_keras)."""
+    result, statuses = _run(tmp_path, 7, workers=3, min_workers=2, loses=["worker:2@after=^epoch 1 end$"],
+                            returns=["worker:2@after=^epoch 3 end$"])
+    assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
+    changes = [s for s in statuses if s.startswith("elastic: membership")]
+    assert len(changes) == 2, statuses
+    assert changes[0].startswith("elastic: membership 1: world size 2 (workers worker:0, worker:1); worker:2 lost")
+    grow = re.match(r"elastic: membership 2: world size 3 \(workers worker:0, worker:1, worker:2\); "
+                    r"worker:2 joined; epoch (\d+) backed up", changes[1])
+    assert grow, changes[1]
+    assert int(grow.group(1)) >= 4, "grew before the first epoch boundary after the return"
+    # Each generation's TF_CONFIG is dense, renumbered, and the environment says who is in the group.
+    out = {task: result.task(task).output for task in ("worker:0", "worker:1", "worker:2")}
+    assert "task worker:1 index 1 generation 1 world 2 workers 2" in out["worker:1"]
+    assert "task worker:2 index 2 generation 2 world 3 workers 3" in out["worker:2"]
+    assert "generation 1" not in out["worker:2"], "a lost worker was started while away"
+    # Every epoch ended exactly once (a redone epoch had not ended), in order, and the run finished.
+    assert _epochs_ended(out["worker:0"]) == list(range(7))
+    assert all(f"task {t} done" in out[t] for t in out)
+    assert result.task("worker:2").restarts == 1 and result.task("worker:0").restarts == 2
+    assert_all_gone([t.pid for t in result.tasks])
+
+
+def test_below_min_workers_fails_fast_naming_the_lost(tmp_path: Path) -> None:
+    result, statuses = _run(tmp_path, 50, workers=2, min_workers=2, loses=["worker:1@after=^epoch 0 end$"])
+    assert (result.reason, result.failed_task) == ("failed", "worker:1")
+    assert result.exit_code != 0
+    assert any("lost worker:1; 1 worker(s) left, below --min-workers 2" in s for s in statuses), statuses
+    assert _epochs_ended(result.task("worker:0").output)[-1] < 3, "the run did not stop promptly"
+    assert_all_gone([t.pid for t in result.tasks])
+
+
+def test_a_worker_whose_restarts_are_used_up_is_lost(tmp_path: Path) -> None:
+    result, statuses = _run(tmp_path, 4, workers=2, min_workers=1, env={"FAKE_FAIL": "worker:1"})
+    assert result.exit_code == 0, "\n".join(statuses)
+    assert any("elastic: losing worker:1 (exit code 3, restarts used up)" in s for s in statuses), statuses
+    assert "task worker:0 index 0 generation 1 world 1 workers 1" in result.task("worker:0").output
+    assert _epochs_ended(result.task("worker:0").output) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_workers": 2}, "`--max-workers`.*--min-workers as well"),
+    ({"loses": ["worker:1@3"]}, "`--lose`.*--min-workers as well"),
+    ({"min_workers": 4}, "`--min-workers`. Received: 4"),
+    ({"min_workers": 0}, "`--min-workers`. Received: 0"),
+    ({"min_workers": 2, "max_workers": 1}, "`--max-workers`. Received: 1"),
+    ({"min_workers": 2, "max_workers": 5}, "grows back only with workers it started"),
+    ({"min_workers": 1, "loses": ["chief:0@3"]}, "Only workers leave and return"),
+    ({"min_workers": 1, "loses": ["worker:7@3"]}, "`--lose`. Received: 'worker:7'"),
+    ({"min_workers": 1, "returns": ["worker:1@3"]}, "`--return`.*some --lose takes away"),
+    ({"min_workers": 1, "loses": ["worker:1@after=("]}, "`--lose`.*valid regular expression"),
+    ({"min_workers": 1, "returns": ["worker:1@soon"]}, "`--return`. Received: 'worker:1@soon'"),
+    ({"min_workers": 1, "isolate_network": True}, "--isolate-network"),
+])
+def test_bad_elastic_config(options: dict, message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        LaunchConfig(command=(PY,), workers=3, chief=True, **options)
+
+
+def test_config_parses_and_defaults() -> None:
+    config = LaunchConfig(command=(PY,), workers=3, min_workers=2, loses=["worker:2@after=x"],
+                          returns=[ReturnAt(task="worker:2", seconds=9)])
+    assert config.max_workers == 3
+    assert config.loses == (LoseAt(task="worker:2", after="x"),) and str(config.returns[0]) == "worker:2@9"
+
+
+def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = launch_cli.main(["--workers", "2", "--min-workers", "3", "--", PY, "-c", "pass"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--min-workers" in err
+    code = launch_cli.main(["--workers", "2", "--min-workers", "1", "--lose", "worker:1@after=^epoch 0 end$",
+                            "--timeout", "60", "--grace", "2", "--", PY, FAKE, str(tmp_path / "b"), "2"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "elastic: membership 1: world size 1 (workers worker:0); worker:2 lost" not in captured.err
+    assert "elastic: membership 1: world size 1 (workers worker:0); worker:1 lost" in captured.err
