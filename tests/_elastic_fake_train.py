@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from tfdist.launch import elastic
+from tfdist import membership as elastic
 
 backup, epochs = sys.argv[1], int(sys.argv[2])
 tf_config = json.loads(os.environ["TF_CONFIG"])

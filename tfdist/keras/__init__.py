@@ -39,6 +39,9 @@ TFDIST_NAMES = {
     "embedding_layout": "tfdist.keras.embeddings",
     "local_weights": "tfdist.keras.embeddings",
     "AdaptiveClassWeights": "tfdist.keras.adaptive",
+    "ElasticEpochs": "tfdist.keras.elastic",
+    "LinearScaling": "tfdist.keras.elastic",
+    "per_replica_batch": "tfdist.keras.elastic",
 }
 # The public tf_keras API, passed through unchanged.
 KERAS_NAMES = ("Input", "Model", "Sequential", "activations", "applications", "backend", "callbacks", "constraints",

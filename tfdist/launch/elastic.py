@@ -5,9 +5,8 @@ The launcher keeps stable task names ('worker:2' stays 'worker:2' in logs, fault
 renumbered in order and keep their addresses. Tasks see ``TFDIST_WORLD_SIZE`` (training tasks in the group)
 and ``TFDIST_MEMBERSHIP`` (the generation, 0 at launch, +1 at every change).
 
-Epoch boundaries come from the training side: the leader writes ``epoch-N.json`` into the directory named by
-``TFDIST_ELASTIC_DIR`` after its backup (see :class:`tfdist.keras.elastic.ElasticEpochs`); a returned worker
-joins the group at the next such boundary.
+Epoch boundaries come from the training side (:mod:`tfdist.membership`); a returned worker joins the group at
+the next one.
 
 Example:
     >>> from tfdist.cluster import ClusterSpec
@@ -22,22 +21,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from collections.abc import Callable, Mapping
-from typing import Optional
+from collections.abc import Callable
 
 from tfdist import _address
 from tfdist.cluster import ClusterSpec
+from tfdist.membership import MEMBERSHIP_VAR, WORLD_SIZE_VAR
 
-__all__ = ["Membership", "WORLD_SIZE_VAR", "MEMBERSHIP_VAR", "ELASTIC_DIR_VAR", "read_boundaries",
-           "write_boundary", "membership_variables", "optional_int"]
-
-WORLD_SIZE_VAR = "TFDIST_WORLD_SIZE"
-MEMBERSHIP_VAR = "TFDIST_MEMBERSHIP"
-ELASTIC_DIR_VAR = "TFDIST_ELASTIC_DIR"
-_BOUNDARY_PREFIX = "epoch-"
-
+__all__ = ["Membership", "membership_variables"]
 
 def _index(task: str) -> int:
     return int(task.rsplit(":", 1)[1])
@@ -47,7 +37,7 @@ def _address_free(address: str) -> bool:
     return _address.port_is_free(*_address.split_address(address))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Membership:
     """One generation of the training group.
 
@@ -92,53 +82,3 @@ class Membership:
 def membership_variables(membership: Membership, full: ClusterSpec) -> dict[str, str]:
     """``TFDIST_WORLD_SIZE`` and ``TFDIST_MEMBERSHIP`` for every task of ``membership``."""
     return {WORLD_SIZE_VAR: str(membership.world_size(full)), MEMBERSHIP_VAR: str(membership.generation)}
-
-
-def read_boundaries(directory: str, seen: set[str]) -> list[Mapping[str, object]]:
-    """New epoch-boundary records in ``directory`` (written by the training leader), oldest first.
-
-    ``seen`` holds the file names already returned; it is updated.
-    """
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(_BOUNDARY_PREFIX) and n.endswith(".json"))
-    except OSError:
-        return []
-    records = []
-    for name in names:
-        if name in seen:
-            continue
-        try:
-            with open(os.path.join(directory, name), encoding="utf-8") as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue  # Being written (the writer renames into place; a partial file is not read twice).
-        seen.add(name)
-        records.append(record)
-    return records
-
-
-def write_boundary(directory: str, *, generation: int, epoch: int, world_size: int) -> str:
-    """Records that ``epoch`` (0-based) ended and was backed up; atomic (write, then rename). Returns the path.
-
-    Example:
-        >>> import tempfile
-        >>> d = tempfile.mkdtemp()
-        >>> _ = write_boundary(d, generation=1, epoch=3, world_size=2)
-        >>> seen = set()
-        >>> read_boundaries(d, seen), read_boundaries(d, seen)
-        ([{'generation': 1, 'epoch': 3, 'world_size': 2}], [])
-    """
-    path = os.path.join(directory, f"{_BOUNDARY_PREFIX}g{generation:04d}-e{epoch:06d}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"generation": generation, "epoch": epoch, "world_size": world_size}, f)
-    os.replace(tmp, path)
-    return path
-
-
-def optional_int(env: Mapping[str, str], name: str) -> Optional[int]:
-    """``env[name]`` as an int, or None when unset or not a number."""
-    try:
-        return int(env[name])
-    except (KeyError, ValueError):
-        return None

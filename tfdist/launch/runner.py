@@ -27,6 +27,7 @@ from typing import IO, Any, Optional, Union
 
 from tfdist.cluster import ClusterSpec, split_task_name
 from tfdist.errors import LaunchError, check_keywords, invalid
+from tfdist import membership as _boundaries
 from tfdist.launch import _netns, _tf_logs, elastic, environment
 from tfdist.launch.config import KillAt, LaunchConfig, LoseAt, ReturnAt
 from tfdist.launch.engine import Engine, LineSink, LocalEngine, TaskProcess
@@ -150,7 +151,7 @@ class _Supervisor:
         env[environment.TASK_VAR] = task  # the launcher's stable name; TF_CONFIG holds this generation's index
         env.update(elastic.membership_variables(self.membership, self.full_spec))
         if self.elastic_dir is not None:
-            env[elastic.ELASTIC_DIR_VAR] = self.elastic_dir
+            env[_boundaries.ELASTIC_DIR_VAR] = self.elastic_dir
         self._launch(record, env)
         role = "command" if self.config.runs_command(task) else "TF server"
         task_type, index = split_task_name(tf_task)
@@ -266,7 +267,7 @@ class _Supervisor:
         """Epoch boundaries the training leader recorded; a returned worker joins at the first new one."""
         if self.elastic_dir is None:
             return
-        for record in elastic.read_boundaries(self.elastic_dir, self._boundaries_seen):
+        for record in _boundaries.read_boundaries(self.elastic_dir, self._boundaries_seen):
             if record.get("generation") != self.membership.generation:
                 continue
             self.status(f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
