@@ -107,3 +107,34 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, captured.err
     assert "elastic: membership 1: world size 1 (workers worker:0); worker:2 lost" not in captured.err
     assert "elastic: membership 1: world size 1 (workers worker:0); worker:1 lost" in captured.err
+
+
+PS_TASK = """
+import os, sys, time
+done, task = sys.argv[1], os.environ["TFDIST_TASK"]
+print(f"{task} up restart {os.environ['TFDIST_RESTART']} world {os.environ['TFDIST_WORLD_SIZE']}", flush=True)
+tick = 0
+while not os.path.exists(done):
+    time.sleep(0.1)
+    tick += 1
+    if task == "chief:0":
+        print(f"tick {tick}", flush=True)
+        if tick == 25:
+            open(done, "w").close()
+"""
+
+
+def test_parameter_server_lose_needs_no_group_restart_and_return_restarts_the_worker(tmp_path: Path) -> None:
+    statuses: list[str] = []
+    result = launch.run([PY, "-c", PS_TASK, str(tmp_path / "done")], workers=2, ps=1, chief=True, run_on="all",
+                        min_workers=1, loses=["worker:1@after=^tick 3$"], returns=["worker:1@after=^tick 10$"],
+                        on_status=statuses.append, timeout=60, grace_seconds=2)
+    assert result.exit_code == 0, result.summary() + "\n".join(statuses)
+    changes = [s.split(";")[0] for s in statuses if s.startswith("elastic: membership")]
+    assert changes == ["elastic: membership 1: world size 2 (workers worker:0)",
+                       "elastic: membership 2: world size 3 (workers worker:0, worker:1)"], statuses
+    assert any("worker:1 is available again" in s and "rejoins now" in s for s in statuses), statuses
+    # The coordinator, the ps and the other worker ran once, through both changes.
+    assert [result.task(t).restarts for t in ("chief:0", "ps:0", "worker:0", "worker:1")] == [0, 0, 0, 1]
+    assert "worker:1 up restart 1" in result.task("worker:1").output
+    assert_all_gone([t.pid for t in result.tasks])
