@@ -12,11 +12,11 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def describe_choices(name: str, choices: Iterable[str]) -> str:
-    """Returns "one of 'a', 'b'" plus a "Did you mean" hint for ``name``."""
+def describe_choices(name: object, choices: Iterable[str]) -> str:
+    """Returns "one of 'a', 'b'" plus a "Did you mean" hint when ``name`` is a string close to a choice."""
     choices = sorted(choices)
     text = "one of " + ", ".join(repr(c) for c in choices)
-    guess = closest(name, choices)
+    guess = closest(name, choices) if isinstance(name, str) else None
     if guess is not None:
         text += f" (did you mean {guess!r}?)"
     return text

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -68,8 +69,10 @@ class CollectiveTuning(CollectiveConfig):
         super().__post_init__()
         if not isinstance(self.timings_ms, Mapping) or not all(
                 isinstance(key, str) and isinstance(ms, (int, float)) and not isinstance(ms, bool)
+                and 0 <= ms < math.inf
                 for key, ms in self.timings_ms.items()):
-            raise invalid(StrategyError, "timings_ms", self.timings_ms, "a mapping of pack size (text) to milliseconds")
+            raise invalid(StrategyError, "timings_ms", self.timings_ms,
+                          "a mapping of pack size (text) to milliseconds >= 0")
         object.__setattr__(self, "timings_ms", types.MappingProxyType(dict(self.timings_ms)))  # frozen all through
         require_int(StrategyError, "workers", self.workers, minimum=1)
         require_int(StrategyError, "total_bytes", self.total_bytes, minimum=0)
@@ -84,11 +87,24 @@ class CollectiveTuning(CollectiveConfig):
         return json.dumps({"format": _FORMAT, **body}, indent=1, sort_keys=True)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes the JSON atomically (temp file, then rename)."""
+        """Writes the JSON atomically (temp file, then rename); on failure nothing is left behind.
+
+        Raises:
+          StorageError: ``path`` cannot be written (a directory, no permission, no space).
+        """
         tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.to_json() + "\n")
-        os.replace(tmp, path)
+        try:
+            if os.path.isdir(path):
+                raise IsADirectoryError(21, "Is a directory")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self.to_json() + "\n")
+            os.replace(tmp, path)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise StorageError(f"Cannot write the tuning file {os.fspath(path)!r}: {err.strerror or err}. "
+                               "Pass a file path in a writable directory.", field="path",
+                               value=os.fspath(path)) from err
 
     @classmethod
     def of(cls, tuning: Union["CollectiveTuning", str, os.PathLike]) -> "CollectiveTuning":
@@ -106,7 +122,7 @@ class CollectiveTuning(CollectiveConfig):
                                "it with CollectiveTuning.save().", field="tuning", value=os.fspath(path)) from err
         try:
             body = json.loads(text)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             raise invalid(StrategyError, "tuning", os.fspath(path), "a tuning JSON file",
                           f"Write it with CollectiveTuning.save() ({err}).") from err
         if not isinstance(body, dict) or body.pop("format", None) != _FORMAT:

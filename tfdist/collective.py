@@ -67,7 +67,7 @@ class CollectiveConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.compression, str) or self.compression not in GRADIENT_COMPRESSIONS:
             raise invalid(StrategyError, "compression", self.compression,
-                          describe_choices(str(self.compression), GRADIENT_COMPRESSIONS))
+                          describe_choices(self.compression, GRADIENT_COMPRESSIONS))
         require_int(StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0,
                     fix="Use 0 to keep the strategy's packing.")
         require_int(StrategyError, "split_bytes", self.split_bytes, minimum=0, fix="Use 0 to never split.")
@@ -86,7 +86,7 @@ def gradient_value_bytes(compression: str) -> int:
         (4, 2)
     """
     if not isinstance(compression, str) or compression not in _WIRE_DTYPES:
-        raise invalid(StrategyError, "compression", compression, describe_choices(str(compression), _WIRE_DTYPES))
+        raise invalid(StrategyError, "compression", compression, describe_choices(compression, _WIRE_DTYPES))
     return 4 if _WIRE_DTYPES[compression] is None else 2
 
 

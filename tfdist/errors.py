@@ -193,7 +193,7 @@ def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[f
     """
     if value is None and allow_none:
         return value
-    in_range = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    in_range = (isinstance(value, (int, float)) and not isinstance(value, bool) and _finite_float(value)
                 and (minimum is None or value >= minimum) and (above is None or value > above))
     if not in_range:
         bounds = [f">= {minimum:g}"] if minimum is not None else []
@@ -201,6 +201,14 @@ def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[f
         expected = "a number" + (" " + " and ".join(bounds) if bounds else "") + (" or None" if allow_none else "")
         raise invalid(cls, field, value, expected, fix)
     return value
+
+
+def _finite_float(value: float) -> bool:
+    """True when ``value`` is a finite float, or an int that converts to one (10**400 does not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def require_type(cls: type[_E], field: str, value: Any, types: type | tuple[type, ...], expected: str,

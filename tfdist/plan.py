@@ -28,6 +28,9 @@ OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 
 _SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_MAX_MACHINES = 1_000_000
+_MAX_DEVICE_MEMORY = float(2**60)
+_MAX_PARAMS = 1e15  # A thousand times today's largest models; anything above is a unit mistake.
 _NUMBER = r"(?P<value>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*"
 # Each kind parse_quantity reads, with examples for its error message.
 _KINDS = {"count": "a count such as '25.6M' or '7B'", "bytes": "a size such as '16GiB' or '80GB'",
@@ -44,9 +47,9 @@ def parse_quantity(text: Any, kind: str = "count") -> float:
         (1250000000.0, 17179869184.0, 5e-05)
     """
     if not isinstance(kind, str) or kind not in _KINDS:
-        raise invalid(PlanError, "kind", kind, describe_choices(str(kind), _KINDS))
+        raise invalid(PlanError, "kind", kind, describe_choices(kind, _KINDS))
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
+        return float(require_number(PlanError, kind, text))
     if not isinstance(text, str):
         raise invalid(PlanError, kind, text, f"a number, or {_KINDS[kind]}")
     raw = text.strip()
@@ -116,10 +119,13 @@ class Plan:
         for name in ("embedding_values", "embedding_touched"):
             require_number(PlanError, name, getattr(self, name), minimum=0, fix=quantity)
         if self.ps_shards is not None:
-            require_int(PlanError, "ps_shards", self.ps_shards, minimum=1)
+            require_int(PlanError, "ps_shards", self.ps_shards, minimum=1, maximum=_MAX_MACHINES)
         require_type(PlanError, "optimizer", self.optimizer, str, describe_choices("", OPTIMIZER_SLOTS))
         for name in ("workers", "gpus_per_worker"):
-            require_int(PlanError, name, getattr(self, name), minimum=1)
+            require_int(PlanError, name, getattr(self, name), minimum=1, maximum=_MAX_MACHINES)
+        if self.device_memory is not None and self.device_memory > _MAX_DEVICE_MEMORY:
+            raise invalid(PlanError, "device_memory", self.device_memory, "at most 1 EiB per device",
+                          "Check the unit: '16GiB', '80GB'.")
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise invalid(PlanError, "optimizer", self.optimizer, describe_choices(self.optimizer, OPTIMIZER_SLOTS))
         if self.bytes_per_value not in (2, 4) or isinstance(self.bytes_per_value, bool):
@@ -131,6 +137,13 @@ class Plan:
             raise invalid(PlanError, "embedding_touched", self.embedding_touched,
                           f"a value in (0, embedding_values={self.embedding_values:g}] when embedding_values is set",
                           "Count the values in the distinct rows one worker's batch reads.")
+        if self.params > _MAX_PARAMS:
+            raise invalid(PlanError, "params", self.params, f"at most {_MAX_PARAMS:g} parameters",
+                          "Check the unit: 'M' is a million, 'G' a billion values.")
+        estimates = (self.ring_allreduce_s, self.tree_allreduce_s, self.ps_s, self.memory_per_replica_bytes)
+        if not all(math.isfinite(value) for value in estimates):
+            raise invalid(PlanError, "params", self.params, "sizes and rates whose estimates fit in a float",
+                          "Check the units: params counts values (e.g. '25.6M'), bandwidth is per machine.")
 
     @property
     def gradient_bytes(self) -> float:

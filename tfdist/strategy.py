@@ -87,7 +87,7 @@ class StrategyOptions:
         for name, choices in (("communication", COMMUNICATIONS), ("partition", PARTITIONS)):
             value = getattr(self, name)
             if value not in choices:
-                raise invalid(StrategyError, name, value, describe_choices(str(value), choices))
+                raise invalid(StrategyError, name, value, describe_choices(value, choices))
         require_int(StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0)
         require_int(StrategyError, "min_shard_bytes", self.min_shard_bytes, minimum=1)
         for name in ("max_shard_bytes", "max_shards", "num_shards", "inter_op_threads"):
@@ -153,7 +153,7 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
       ClusterSpecError: The cluster or TF_CONFIG is invalid.
     """
     if not isinstance(kind, str) or kind not in _BUILDERS:
-        raise invalid(StrategyError, "kind", kind, describe_choices(str(kind), _BUILDERS))
+        raise invalid(StrategyError, "kind", kind, describe_choices(kind, _BUILDERS))
     opts = resolve_options(tuning=tuning, **options)
     spec = resolve_cluster(cluster)
     if spec is not None:

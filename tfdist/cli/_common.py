@@ -105,6 +105,10 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
         def wrapper(argv: Optional[Sequence[str]] = None) -> int:
             try:
                 return main(argv)
+            except SystemExit as exc:  # argparse's usage errors and --help: a status, as main's own returns are.
+                if exc.code is None or isinstance(exc.code, int):
+                    return exc.code or 0
+                raise
             except BrokenPipeError:
                 _silence_stdout()
                 return EXIT_PIPE

@@ -6,8 +6,10 @@ import argparse
 import json
 import sys
 
+from tfdist.cli._common import one_line
 from tfdist.data.sharding import SHARD_POLICIES
-from tfdist.errors import Error
+from tfdist.cluster import MAX_TASKS_PER_JOB
+from tfdist.errors import DataError, Error, require_int
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -37,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
                              "exist; create it or choose another path\n")
             return 2
     try:
+        require_int(DataError, "--workers", args.workers, minimum=1, maximum=MAX_TASKS_PER_JOB)
         report = skew_report(args.pattern, label_key=args.label_key, num_workers=args.workers,
                              shard_policy=args.shard_policy, shard_key=args.shard_key)
     except Error as err:
-        sys.stderr.write(f"tfdist data-report: error: {err}\n")
+        sys.stderr.write(f"tfdist data-report: error: {one_line(str(err))}\n")
         return 2
     sys.stdout.write((json.dumps(report.to_dict(), indent=1) if args.json else report.to_text()) + "\n")
     if args.plot:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tfdist.cli._common import finite_float, one_line
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import ClusterSpecError
+from tfdist.errors import ClusterSpecError, invalid
 from tfdist.probe import probe_tasks
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE = 0, 2, 3
+MAX_PROBE_SECONDS = 3600.0
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -20,8 +22,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
                                    "instead (exit 0 supported, 2 not).")
     parser.add_argument("--tf-config", default=None, metavar="JSON|@FILE",
                         help="TF_CONFIG text, or @path to a file holding it (default: $TF_CONFIG)")
-    parser.add_argument("--probe", type=float, default=None, metavar="SECONDS",
-                        help="check that the other tasks' ports accept connections within SECONDS")
+    parser.add_argument("--probe", type=finite_float, default=None, metavar="SECONDS",
+                        help="check that the other tasks' ports accept connections within SECONDS "
+                        f"(0 < SECONDS <= {MAX_PROBE_SECONDS:g})")
     parser.add_argument("--stack", action="store_true",
                         help="report TF, tf-keras, Keras 3, tensorboard, tensorflow-io, which remote schemes work "
                         "through what, and known traps (imports TensorFlow)")
@@ -29,23 +32,33 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _load(value: str | None) -> str | None:
-    if value is not None and value.startswith("@"):
-        with open(value[1:]) as f:
+    """The TF_CONFIG text of ``--tf-config``: the value itself, or the UTF-8 text of the file after ``@``."""
+    if value is None or not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as f:
             return f.read()
-    return value
+    except UnicodeDecodeError as err:
+        raise invalid(ClusterSpecError, "--tf-config", value, "a UTF-8 text file holding TF_CONFIG JSON",
+                      f"The file is not text (byte {err.start}: {err.reason}).") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path.
+        raise invalid(ClusterSpecError, "--tf-config", value, "a readable file after '@'",
+                      f"{getattr(err, 'strerror', None) or err}.") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    from tfdist.stack import stack_report
-
+    if args.probe is not None and not 0 < args.probe <= MAX_PROBE_SECONDS:
+        raise invalid(ClusterSpecError, "--probe", args.probe, f"seconds in (0, {MAX_PROBE_SECONDS:g}]")
     if args.stack:
+        from tfdist.stack import stack_report
+
         report = stack_report(probe=True)
         sys.stdout.write(report.to_text() + "\n")
         return EXIT_OK if report.ok else EXIT_INVALID
     try:
         spec = ClusterSpec.from_tf_config(_load(args.tf_config))
-    except (ClusterSpecError, OSError) as err:
-        sys.stderr.write(f"tfdist doctor: error: TF_CONFIG is invalid: {err}\n")
+    except ClusterSpecError as err:
+        sys.stderr.write(f"tfdist doctor: error: TF_CONFIG is invalid: {one_line(str(err))}\n")
         return EXIT_INVALID
     task = spec.task
     sys.stdout.write(f"role:        {task.name if task else '(no task)'}{' (chief)' if spec.is_chief else ''}\n")

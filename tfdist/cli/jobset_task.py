@@ -14,6 +14,7 @@ import sys
 from typing import Optional, Sequence
 
 from tfdist import exit_codes
+from tfdist.cli import _common
 from tfdist.cli._task import exec_task, parse_jobs
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import Error, LaunchError, require_int
@@ -22,10 +23,11 @@ from tfdist.launch.config import RUN_ON_CHOICES
 _PREFIX = "tfdist jobset task: "
 
 
+@_common.cli_main("python -m tfdist.cli.jobset_task")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="python -m tfdist.cli.jobset_task")
+    parser = _common.ArgumentParser(prog="python -m tfdist.cli.jobset_task")
     parser.add_argument("--jobs", required=True, help="JOB=COUNT pairs, e.g. chief=1,worker=2,ps=1")
     parser.add_argument("--port", type=int, default=2222, help="the port every task listens on")
     parser.add_argument("--subdomain", default=None, help="the JobSet's network subdomain; default its name")
@@ -39,7 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         restart = int(attempt) if attempt.isascii() and attempt.isdigit() else 0
         return exec_task(_PREFIX, spec, argv[cut + 1:], run_on=args.run_on, restart=restart)
     except Error as err:
-        sys.stderr.write(f"{_PREFIX}error: {err}\n")
+        sys.stderr.write(f"{_PREFIX}error: {_common.one_line(str(err))}\n")
         return exit_codes.BAD_CONFIG
 
 

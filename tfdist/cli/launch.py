@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from tfdist.cli import _common
 from tfdist.errors import Error
 from tfdist.launch import emit
 from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
@@ -28,7 +29,7 @@ USAGE_ERROR = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _common.ArgumentParser(
         prog="tfdist-launch", description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
         "or emit the same topology for Kubernetes (TFJob, JobSet) or Slurm.",
         usage="tfdist-launch [options] -- CMD [ARGS...]")
@@ -42,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("local run")
     run.add_argument("--max-restarts", type=int, default=0, help="restarts after task failures")
     run.add_argument("--threads-per-task", type=int, default=None, help="intra-op threads per task")
-    run.add_argument("--timeout", type=float, default=None, help="seconds before every task is killed")
+    run.add_argument("--timeout", type=_common.finite_float, default=None,
+                     help="seconds before every task is killed")
     run.add_argument("--log-dir", default=None, help="write one log file per task here")
     run.add_argument("--kill", action="append", default=[], metavar="TASK@TRIGGER",
                      help="SIGKILL a task once (fault injection): worker:1@after='Epoch 3/' when any task prints "
@@ -51,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="run the cluster in a private network namespace with only loopback")
     run.add_argument("--data-service-workers", type=int, default=0, metavar="N",
                      help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE")
-    run.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping")
+    run.add_argument("--grace", type=_common.finite_float, default=5.0,
+                     help="seconds from SIGTERM to SIGKILL when stopping")
     eng = parser.add_argument_group("engine (where the tasks run)")
     eng.add_argument("--engine", choices=sorted(ENGINES), default="local",
                      help="local: processes on this machine; ray: actors in one Ray placement group")
@@ -60,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                           "local Ray for the run and stop it afterwards")
     eng.add_argument("--ray-placement", choices=("pack", "spread", "strict_pack", "strict_spread"), default="pack",
                      help="pack: as few nodes as possible; spread: across nodes")
-    eng.add_argument("--ray-ready-timeout", type=float, default=120.0, metavar="SECONDS",
+    eng.add_argument("--ray-ready-timeout", type=_common.finite_float, default=120.0, metavar="SECONDS",
                      help="seconds to wait until the Ray cluster holds every task")
     elastic = parser.add_argument_group("elastic training (local engine)")
     elastic.add_argument("--min-workers", type=int, default=None, metavar="N",
@@ -101,7 +104,7 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
     if args.emit == "tf-config":
-        hosts = args.hosts.split(",") if args.hosts else None
+        hosts = args.hosts.split(",") if args.hosts is not None else None
         configs = emit.tf_configs(config, hosts=hosts, port=args.port)
         return json.dumps(configs, indent=2)
     if args.emit in ("tfjob", "jobset"):
@@ -124,6 +127,7 @@ def _ray_engine(args: argparse.Namespace) -> Engine:
                      placement=args.ray_placement, ready_timeout=args.ray_ready_timeout)
 
 
+@_common.cli_main("tfdist-launch")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; returns the exit status."""
     own, command = _split(sys.argv[1:] if argv is None else argv)
@@ -155,7 +159,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         engine = _ray_engine(args) if args.engine == "ray" else engine_for(args.engine)
         result = run_config(config, on_line=_line, on_status=_status, engine=engine)
     except Error as err:
-        sys.stderr.write(f"tfdist-launch: error: {err}\n")
+        sys.stderr.write(f"tfdist-launch: error: {_common.one_line(str(err))}\n")
         return USAGE_ERROR
     if result.exit_code != 0:
         sys.stderr.write(result.summary() + "\n")

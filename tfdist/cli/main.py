@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Optional, Sequence
 
-from tfdist.cli import data_report, doctor, plan
+from tfdist.cli import _common, data_report, doctor, plan
 
 _SUBCOMMANDS = (doctor, data_report, plan)
 
 
+@_common.cli_main("tfdist")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
+    parser = _common.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in _SUBCOMMANDS:
         module.add_parser(subparsers)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from tfdist.cli._common import one_line
 from tfdist.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
 from tfdist.errors import PlanError, invalid
 from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
@@ -36,25 +37,28 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if bool(args.embedding_values) != bool(args.embedding_touched):
-            given = "--embedding-values" if args.embedding_values else "--embedding-touched"
+        if (args.embedding_values is None) != (args.embedding_touched is None):
+            given = "--embedding-values" if args.embedding_values is not None else "--embedding-touched"
             raise invalid(PlanError, given, args.embedding_values or args.embedding_touched,
                           "both --embedding-values and --embedding-touched",
                           "Pass both, e.g. --embedding-values 320M --embedding-touched 20k.")
-        embedding_values = parse_quantity(args.embedding_values) if args.embedding_values else 0.0
-        embedding_touched = parse_quantity(args.embedding_touched) if args.embedding_touched else 0.0
+
+        def optional(text: str | None, kind: str, default: float | None) -> float | None:
+            return default if text is None else parse_quantity(text, kind)  # An empty flag is an error, not unset.
+
         plan = Plan(params=parse_quantity(args.params), workers=args.workers, gpus_per_worker=args.gpus_per_worker,
                     bandwidth=parse_quantity(args.bandwidth, "bandwidth"), latency=parse_quantity(args.latency, "time"),
-                    device_memory=parse_quantity(args.device_memory, "bytes") if args.device_memory else None,
+                    device_memory=optional(args.device_memory, "bytes", None),
                     optimizer=args.optimizer, bytes_per_value=gradient_value_bytes(args.compression),
-                    ps_shards=args.ps_shards, compute_s=parse_quantity(args.compute, "time") if args.compute else None,
-                    embedding_values=embedding_values, embedding_touched=embedding_touched)
+                    ps_shards=args.ps_shards, compute_s=optional(args.compute, "time", None),
+                    embedding_values=optional(args.embedding_values, "count", 0.0),
+                    embedding_touched=optional(args.embedding_touched, "count", 0.0))
     except PlanError as err:
-        sys.stderr.write(f"tfdist plan: error: {err}\n")
+        sys.stderr.write(f"tfdist plan: error: {one_line(str(err))}\n")
         return 2
     data = plan.to_dict()
     if args.json:
-        sys.stdout.write(json.dumps(data) + "\n")
+        sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")  # Strict JSON: never Infinity or NaN.
         return 0
     embedding = ""
     if "embedding_ratio" in data:

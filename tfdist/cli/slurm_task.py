@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 from tfdist import _address, _slurm, exit_codes
 from tfdist.cli._task import exec_task, parse_jobs
+from tfdist.cli import _common
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import Error, LaunchError, invalid, require_int
 from tfdist.launch.config import RUN_ON_CHOICES
@@ -33,7 +34,7 @@ def _pick_port_base(env: dict[str, str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tfdist.cli.slurm_task")
+    parser = _common.ArgumentParser(prog="python -m tfdist.cli.slurm_task")
     parser.add_argument("--jobs", default=None, help="JOB=COUNT pairs; default every task a worker")
     parser.add_argument("--port-base", type=int, default=8888, help="port of the first task on each node")
     parser.add_argument("--pick-port-base", action="store_true",
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@_common.cli_main("python -m tfdist.cli.slurm_task")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -58,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec = ClusterSpec.from_slurm(jobs=jobs, port_base=args.port_base)
         return exec_task(_PREFIX, spec, command, run_on=args.run_on, restart=args.restart)
     except Error as err:
-        sys.stderr.write(f"{_PREFIX}error: {err}\n")
+        sys.stderr.write(f"{_PREFIX}error: {_common.one_line(str(err))}\n")
         return exit_codes.BAD_CONFIG
 
 

@@ -38,7 +38,7 @@ MAX_THREADS = 4096
 
 def _choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
-        raise invalid(DataError, name, value, describe_choices(str(value), [str(c) for c in choices]))
+        raise invalid(DataError, name, value, describe_choices(value, [str(c) for c in choices]))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ class LocalDataService:
 
     def __init__(self, *, num_workers: int = 1, host: str = "127.0.0.1", port: int = 0) -> None:
         require_int(DataError, "num_workers", num_workers, minimum=1)
+        require_int(DataError, "port", port, minimum=0, maximum=65535, fix="0 picks a free port.")
         self.num_workers = num_workers
         self.host = host
         self.port = port

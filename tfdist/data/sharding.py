@@ -96,7 +96,7 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
         without a key.
     """
     if policy not in SHARD_POLICIES:
-        raise invalid(DataError, "shard_policy", policy, describe_choices(str(policy), SHARD_POLICIES))
+        raise invalid(DataError, "shard_policy", policy, describe_choices(policy, SHARD_POLICIES))
     require_int(DataError, "num_workers", num_workers, minimum=1, maximum=MAX_TASKS_PER_JOB)
     if isinstance(files, (str, bytes)) or not isinstance(files, Sequence) or not all(
             isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)

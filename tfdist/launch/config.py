@@ -22,6 +22,10 @@ from tfdist._names import describe_choices
 from tfdist.cluster import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_int, require_number, require_type
 
+_MAX_THREADS = 4096
+_MAX_TIMEOUT = 366 * 86400.0  # A year.
+_MAX_GRACE = 3600.0
+
 __all__ = ["LaunchConfig", "KillAt", "LoseAt", "ReturnAt", "RUN_ON_CHOICES", "require_config"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
@@ -204,6 +208,9 @@ class LaunchConfig:
         require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")
         require_type(LaunchError, "run_on", self.run_on, str, describe_choices("", RUN_ON_CHOICES))
         require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
+        if self.log_dir is not None and (not self.log_dir.strip() or "\0" in self.log_dir):
+            raise invalid(LaunchError, "--log-dir", self.log_dir, "a directory path",
+                          "Leave --log-dir out to keep output on the console only.")
         object.__setattr__(self, "command", command)
         object.__setattr__(self, "kills", kills)
         object.__setattr__(self, "env", types.MappingProxyType(dict(self.env)))  # frozen all through
@@ -215,9 +222,14 @@ class LaunchConfig:
             require_int(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=minimum, fix=fix,
                         maximum=MAX_TASKS_PER_JOB)
         if self.threads_per_task is not None:
-            require_int(LaunchError, "--threads-per-task", self.threads_per_task, minimum=1)
+            require_int(LaunchError, "--threads-per-task", self.threads_per_task, minimum=1, maximum=_MAX_THREADS)
         require_number(LaunchError, "--timeout", self.timeout, above=0, allow_none=True, fix="Seconds, e.g. 600.")
         require_number(LaunchError, "grace_seconds", self.grace_seconds, minimum=0)
+        # Past these, waits overflow the OS timers (Event.wait(1e23) is an OverflowError); none is meant.
+        for name, value, most in (("--timeout", self.timeout, _MAX_TIMEOUT),
+                                  ("--grace", self.grace_seconds, _MAX_GRACE)):
+            if value is not None and value > most:
+                raise invalid(LaunchError, name, value, f"seconds <= {most:g}")
         if self.run_on not in RUN_ON_CHOICES:
             raise invalid(LaunchError, "--run-on", self.run_on, describe_choices(self.run_on, RUN_ON_CHOICES))
         if self.run_on == "chief" and not self.chief:
@@ -284,14 +296,24 @@ class LaunchConfig:
         return ("chief", "worker", "evaluator")
 
     def check_command(self) -> None:
-        """Raises LaunchError unless the command can be started on this machine."""
+        """Raises LaunchError unless the command can be started on this machine.
+
+        A name without a slash is looked up on PATH; a path must be an
+        executable file (as for ``execvp``).
+        """
         program = self.command[0]
-        if shutil.which(program) is None and not os.path.isfile(program):
-            raise invalid(LaunchError, "command", program, "an executable on PATH or a file path",
-                          "Check the spelling, or give the full path.")
-        if shutil.which(program) is None and not os.access(program, os.X_OK):
-            raise invalid(LaunchError, "command", program, "an executable file",
-                          f"Make it executable (chmod +x {program}) or run it through its interpreter.")
+        if "\0" in program or not program:
+            raise invalid(LaunchError, "command", program, "a program name or path")
+        if os.sep not in program:
+            if shutil.which(program) is None:
+                raise invalid(LaunchError, "command", program, "an executable on PATH or a file path",
+                              "Check the spelling, or give the full path.")
+        elif not os.path.isfile(program):
+            raise invalid(LaunchError, "command", program, "an existing executable file",
+                          "Check the path; relative paths start from the current directory.")
+        elif not os.access(program, os.X_OK):
+            raise invalid(LaunchError, "command", program, "a file with execute permission",
+                          f"Run `chmod +x {program}`, or put its interpreter first (e.g. `bash {program}`).")
 
     def runs_command(self, task: str) -> bool:
         """True when ``task`` ('type:index') runs the user's command."""

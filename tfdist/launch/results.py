@@ -60,7 +60,7 @@ class LaunchResult:
         for result in self.tasks:
             if result.task == name:
                 return result
-        raise invalid(LaunchError, "task", name, describe_choices(str(name), [t.task for t in self.tasks]))
+        raise invalid(LaunchError, "task", name, describe_choices(name, [t.task for t in self.tasks]))
 
     def summary(self) -> str:
         """A few lines for people: the outcome and, on failure, the failing task's last lines."""

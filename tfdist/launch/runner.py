@@ -389,6 +389,8 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
       engine: Where the tasks run; default a :class:`~tfdist.launch.engine.LocalEngine`.
     """
     config.check_command()
+    if config.log_dir:
+        _make_log_dir(config.log_dir)  # Before anything is printed or started.
     status = on_status or (lambda message: _log.info("%s", message))
     base_env = dict(os.environ if base_env is None else base_env)
     with _StopSignals() as signals:
