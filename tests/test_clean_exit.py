@@ -13,7 +13,7 @@ from absl.testing import parameterized
 from tfdist._compat import tfio_unavailable_reason
 from tfdist.clean_exit import exit_code_of
 
-pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 S3_SCRIPT = textwrap.dedent("""
     import logging, sys
@@ -38,6 +38,7 @@ S3_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.s3
 @pytest.mark.skipif(tfio_unavailable_reason() is not None,
                     reason=f"the abort comes from tensorflow-io, and {tfio_unavailable_reason()}")
 class CleanExitTest(parameterized.TestCase):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -26,15 +27,22 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
     """All checks share one cluster run: each TF process costs seconds to start."""
 
     cluster: testing.ClusterRun
+    tuning_dir: str
     tuning_path: str
 
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        cls.tuning_path = os.path.join(tempfile.mkdtemp(), "tuning.json")
+        cls.tuning_dir = tempfile.mkdtemp()
+        cls.tuning_path = os.path.join(cls.tuning_dir, "tuning.json")
         cls.cluster = testing.run_cluster(cluster_tasks.communication_checks, workers=2, timeout=240,
                                       args=[cls.tuning_path])
         assert_all_gone([t.pid for t in cls.cluster.result.tasks])
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tuning_dir, ignore_errors=True)
+        super().tearDownClass()
 
     def setUp(self) -> None:
         self.assertTrue(self.cluster.ok, self.cluster.result.summary())

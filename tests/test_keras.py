@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,7 +103,7 @@ class DemoTest(absltest.TestCase):
                    f"{root}/out", "--classes", "4", "--image-size", "32", "--epochs", "2", "--batch", "32"]
         run = testing.run_cluster(command, workers=2, timeout=240)
         self.assertTrue(run.ok, run.result.summary())
-        summary = json.load(open(f"{root}/out/summary.json"))
+        summary = json.loads(Path(f"{root}/out/summary.json").read_text())
         self.assertEqual((summary["replicas"], summary["sampling"], summary["worker_records"]), (2, "stratified",
                                                                                                  [400, 400]))
         self.assertEqual(sorted(summary["per_class_accuracy"]), ["0", "1", "2", "3"])
@@ -126,7 +127,7 @@ class PreemptionTest(absltest.TestCase):
         first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # SIGTERM once a few epochs have run on worker 0.
-            if os.path.exists(log + ".worker-0") and len(open(log + ".worker-0").read().split()) >= 3 * 4:
+            if os.path.exists(log + ".worker-0") and len(Path(log + ".worker-0").read_text().split()) >= 3 * 4:
                 break
             time.sleep(0.2)
         signal_sent = time.monotonic()
@@ -134,10 +135,10 @@ class PreemptionTest(absltest.TestCase):
         output = first.communicate(timeout=120)[0]
         self.assertEqual(first.returncode, 143, output[-3000:])
         self.assertLess(time.monotonic() - signal_sent, 25, "workers should save and exit, not wait for SIGKILL")
-        before = [line.split() for line in open(log + ".worker-0").read().splitlines()]
+        before = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()]
         second = subprocess.run(command, capture_output=True, text=True, timeout=240)
         self.assertEqual(second.returncode, 0, second.stdout[-3000:])
-        after = [line.split() for line in open(log + ".worker-0").read().splitlines()][len(before):]
+        after = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()][len(before):]
         last_epoch_before = int(before[-1][1])
         resumed_epoch, resumed_step = int(after[0][1]), int(after[0][2])
         self.assertGreaterEqual(resumed_epoch, last_epoch_before)  # Where SIGTERM stopped it, not from zero.

@@ -9,11 +9,14 @@ logging and the standard streams, then leaves with ``os._exit(code)`` before
 native destructors can run.
 
 Example:
-    >>> import tfdist
-    >>> def main() -> int:
-    ...     return 0
-    >>> # if __name__ == "__main__":
-    >>> #     tfdist.exit_cleanly(main)
+    >>> from tfdist.clean_exit import exit_code_of
+    >>> exit_code_of(None), exit_code_of(3), exit_code_of("failed")  # The code Python gives sys.exit(value).
+    (0, 3, 1)
+
+At the end of a script (not run here: it ends the process)::
+
+    if __name__ == "__main__":
+        tfdist.exit_cleanly(main)
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Callbacks that know the cluster: backups, checkpoints, TensorBoard on the chief, throughput.
 
-Example:
-    >>> # callbacks = cluster_callbacks(backup_dir="gs://b/backup", checkpoint_dir="gs://b/ckpt",
-    >>> #                               tensorboard_dir="gs://b/tb", global_batch_size=256)
-    >>> # model.fit(..., callbacks=callbacks)
+In a training script run on every task (not run here: it needs a model and a cluster)::
+
+    callbacks = cluster_callbacks(backup_dir="gs://b/backup", checkpoint_dir="gs://b/ckpt",
+                                  tensorboard_dir="gs://b/tb", global_batch_size=256)
+    model.fit(dataset, epochs=10, callbacks=callbacks)
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The right ``model.fit`` input for the strategy in use, and a determinism switch.
 
-Example:
-    >>> from tfdist.keras.inputs import fit_input
-    >>> # model.fit(fit_input(pipeline, strategy=strategy, steps_per_epoch=100), steps_per_epoch=100)
+In a training script (not run here: it needs a pipeline and a strategy)::
+
+    from tfdist.keras.inputs import fit_input
+    model.fit(fit_input(pipeline, strategy=strategy, steps_per_epoch=100), steps_per_epoch=100)
 """
 
 from __future__ import annotations

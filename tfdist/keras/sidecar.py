@@ -4,9 +4,10 @@ Run it on the evaluator task (``tfdist-launch --evaluator``). Training must save
 ``checkpoint_dir/ckpt-{epoch}`` (``cluster_callbacks(checkpoint_dir=...)`` does);
 the evaluator stops after evaluating the checkpoint of the last epoch.
 
-Example:
-    >>> # if spec.task_type == "evaluator":
-    >>> #     sidecar_evaluate(model, val_dataset, checkpoint_dir=ckpt, epochs=10, log_dir=tb + "/eval")
+In the training script, on the evaluator task (not run here: it needs a cluster and checkpoints)::
+
+    if spec.task_type == "evaluator":
+        sidecar_evaluate(model, val_dataset, checkpoint_dir=ckpt, epochs=10, log_dir=tb + "/eval")
 """
 
 from __future__ import annotations
