@@ -49,9 +49,9 @@ def _load(value: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.probe is not None and not 0 < args.probe <= MAX_PROBE_SECONDS:
         raise invalid(ClusterSpecError, "--probe", args.probe, f"seconds in (0, {MAX_PROBE_SECONDS:g}]")
-    if args.stack:
-        from tfdist.stack import stack_report
+    from tfdist.stack import stack_report
 
+    if args.stack:
         report = stack_report(probe=True)
         sys.stdout.write(report.to_text() + "\n")
         return EXIT_OK if report.ok else EXIT_INVALID
