@@ -71,10 +71,10 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
     check_job_name(name)
     check_time(time_limit)
     python = check_python(sys.executable if python is None else python)
-    require_int(LaunchError, "--gpus", gpus_per_task, minimum=0)
+    require_int(LaunchError, "--gpus", gpus_per_task, minimum=0, maximum=1024)
     require_int(LaunchError, "--tf-log-level", tf_log_level, minimum=0, maximum=3)
     if cpus_per_task is not None:
-        require_int(LaunchError, "--cpus-per-task", cpus_per_task, minimum=1)
+        require_int(LaunchError, "--cpus-per-task", cpus_per_task, minimum=1, maximum=65536)
     counts = {job: n for job, n in (("chief", int(config.chief)), ("worker", config.workers), ("ps", config.ps),
                                     ("evaluator", int(config.evaluator))) if n}
     total = sum(counts.values())

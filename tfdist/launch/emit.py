@@ -14,7 +14,7 @@ import json
 from typing import Any, Optional, Sequence
 
 from tfdist.cluster import ClusterSpec, split_task_name
-from tfdist.errors import LaunchError, invalid
+from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch._emit_k8s import TFJOB_PORT, jobset_manifest, tfjob_manifest, validate_tfjob
 from tfdist.launch._emit_slurm import slurm_script
 from tfdist.launch.config import LaunchConfig, require_config
@@ -28,6 +28,7 @@ EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
     """The cluster on real hosts: ``hosts`` in task order, or ``{job}-{index}`` names."""
     names = require_config(config).task_names()
+    require_int(LaunchError, "--port", port, minimum=1, maximum=65535)
     if hosts is not None and (isinstance(hosts, str) or not isinstance(hosts, Sequence)
                               or not all(isinstance(host, str) for host in hosts)):
         raise invalid(LaunchError, "--hosts", hosts, "a list of host names, one per task")
