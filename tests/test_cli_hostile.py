@@ -272,13 +272,16 @@ class RealProcessTest(absltest.TestCase):
         for argv in (["-m", "tfdist.cli.main", "doctor", "--tf-config", VALID_TF_CONFIG],
                      ["-m", "tfdist.cli.main", *PLAN],
                      ["-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "3"]):
-            read, write = os.pipe()
-            os.close(read)  # `| head -0`: the reader is gone before the first write.
-            try:
-                done = subprocess.run([PY, *argv], stdout=write, stderr=subprocess.PIPE, timeout=120)
-            finally:
-                os.close(write)
-            self.assertEqual((done.returncode, done.stderr.decode()), (141, ""), argv)
+            for buffered in (True, False):  # Block-buffered stdout fails at the flush, unbuffered at the write.
+                env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+                env.update({} if buffered else {"PYTHONUNBUFFERED": "1"})
+                read, write = os.pipe()
+                os.close(read)  # `| head -0`: the reader is gone before the first write.
+                try:
+                    done = subprocess.run([PY, *argv], stdout=write, stderr=subprocess.PIPE, env=env, timeout=120)
+                finally:
+                    os.close(write)
+                self.assertEqual((done.returncode, done.stderr.decode()), (141, ""), (argv, buffered))
 
     def test_non_utf8_bytes_in_argv(self) -> None:
         for argv in ([b"-m", b"tfdist.cli.main", b"doctor", b"--tf-config", b"\xff\xfe"],

@@ -104,7 +104,9 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
         @functools.wraps(main)
         def wrapper(argv: Optional[Sequence[str]] = None) -> int:
             try:
-                return main(argv)
+                code = main(argv)
+                sys.stdout.flush()  # A closed pipe shows here when stdout is block-buffered, not at exit.
+                return code
             except SystemExit as exc:  # argparse's usage errors and --help: a status, as main's own returns are.
                 if exc.code is None or isinstance(exc.code, int):
                     return exc.code or 0
