@@ -138,3 +138,28 @@ def test_parameter_server_lose_needs_no_group_restart_and_return_restarts_the_wo
     assert [result.task(t).restarts for t in ("chief:0", "ps:0", "worker:0", "worker:1")] == [0, 0, 0, 1]
     assert "worker:1 up restart 1" in result.task("worker:1").output
     assert_all_gone([t.pid for t in result.tasks])
+
+
+def test_keras_batch_rule_world_size_and_linear_scaling() -> None:
+    import numpy as np
+    import tf_keras
+
+    from tfdist.errors import StrategyError
+    from tfdist.keras.elastic import ElasticEpochs, LinearScaling, membership, per_replica_batch, world_size
+
+    assert [per_replica_batch(12, n) for n in (1, 2, 3, 4, 6)] == [12, 6, 4, 3, 2]
+    for bad in ((10, 3), (0, 1), (12, 0), (True, 1), ("12", 2)):
+        with pytest.raises(StrategyError):
+            per_replica_batch(*bad)
+    assert (world_size(env={"TFDIST_WORLD_SIZE": "3"}), membership(env={"TFDIST_MEMBERSHIP": "2"})) == (3, 2)
+    assert (world_size(env={"TFDIST_WORLD_SIZE": "x"}), membership(env={})) == (1, 0)
+    for bad_lr in (0, -1.0, True, "0.1"):
+        with pytest.raises(StrategyError):
+            LinearScaling(bad_lr, reference_world_size=2)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.5), loss="mse")
+    scaling = LinearScaling(0.1, reference_world_size=4)  # 1 replica here: 0.1 * 1 / 4
+    history = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0,
+                        callbacks=[scaling, ElasticEpochs(env={"TFDIST_WORLD_SIZE": "2"})])
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.025)
+    assert history.history["world_size"] == [2.0, 2.0]  # what TensorBoard plots next to the loss
