@@ -206,8 +206,8 @@ class _Supervisor:
     # ------------------------------------------------------------------ elastic
     def _lose(self, task: str, why: str) -> Optional[tuple[int, str, Optional[str]]]:
         """``task`` (a worker) leaves: killed, kept away; the group goes on without it or the run fails."""
-        if task not in self.membership.workers:
-            self.status(f"elastic: {task} is not in the group; nothing to lose")
+        if task not in self.membership.workers or self.tasks[task].poll() == 0:
+            self.status(f"elastic: {task} is not in the group or has finished; nothing to lose")
             return None
         self.status(f"elastic: losing {task} {why}")
         record = self.tasks[task]
