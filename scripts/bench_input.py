@@ -1,16 +1,26 @@
-"""Benchmark: input pipeline records/s, tfdist vs the seed-style pipeline vs the decode-bound limit.
+"""Benchmark: input pipeline records/s, tfdist vs the seed-style chain vs the JPEG decode limit.
 
-    .venv/bin/python scripts/bench_input.py [--num 8000] [--size 128] [--out-size 96] [--repeats 3] [--s3]
+    .venv/bin/python scripts/bench_input.py [--sizes 64,128,224] [--num 8000] [--batch 128] [--repeats 5]
+                                            [--scale 0.75] [--workdir DIR] [--s3]
 
-Writes synthetic JPEG TFRecords (16 files, and the same data partitioned by class) with
-scripts/make_synthetic_images.py's generator, then measures in one run, interleaved, median of repeats:
-  raw read       records/s of TFRecordDataset alone (sequential and parallel reads);
-  seed-style     TFRecordDataset(files) read sequentially, then separate AUTOTUNE maps: parse, decode, resize,
-                 convert; batch; prefetch (the pipeline the project's seeds show);
-  decode limit   decode+resize of the same JPEG bytes already in memory on all cores, the better of
-                 per-element and batched decoding (what no reader can beat);
-  tfdist         TFRecordPipeline(image_key=..., image_size=...), plain and stratified (class_weights).
-With --s3 it also starts moto on 127.0.0.1 and compares sequential vs parallel reads of the same files there.
+For each image size it writes 8,000 synthetic JPEGs (8 classes whose frequencies halve from one class to the
+next; scripts/make_synthetic_images.py) twice: in 16 files, and with
+``write_tfrecords(..., num_shards=16, partition_by="label")`` (16 files per class). Images are decoded and
+resized to ``scale`` x size. Then, ``--repeats`` times, it runs every variant of every size once, one after
+the other in a rotating order (so drift and other load on the machine hit all variants alike):
+
+  seed_style          TFRecordDataset(files) read sequentially, then separate AUTOTUNE maps: parse, decode,
+                      resize, scale; batch; prefetch (the pipeline the project's seeds show);
+  decode_limit        the same JPEG bytes already in memory, batched, decoded and resized by one map_fn per
+                      batch on all cores: what no reader can beat (decode_limit_per_element: one map per image);
+  tfdist              TFRecordPipeline(image_key=..., image_size=...) with its defaults, on the 16 files;
+  partitioned_plain   the same, on the partitioned files;
+  balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
+
+A run's time covers building the dataset (file listing, framing checks) and reading every record of one
+epoch. The report gives, per size, the median records/s of every variant with its spread (min-max), and
+the median of the per-repeat ratios (each ratio pairs two variants of the same repeat). With --s3 it also
+starts moto on 127.0.0.1 and compares sequential vs parallel reads of the same files there.
 """
 
 from __future__ import annotations
@@ -23,116 +33,152 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def _rate(make: Callable[[], Any], records: int, batch: int) -> float:
-    dataset = make()
-    iterator = iter(dataset)
-    next(iterator)  # Warm-up: builds the pipeline and fills the first buffers.
-    start, seen = time.perf_counter(), batch
-    for element in iterator:
-        seen += batch
-        del element
-    return (seen - batch) / (time.perf_counter() - start) if seen > batch else 0.0
+_RATIOS = {  # name -> (numerator, denominator, goal)
+    "tfdist_vs_seed_style": ("tfdist", "seed_style", 1.3),
+    "tfdist_vs_decode_limit": ("tfdist", "decode_limit", 0.9),
+    "balanced_vs_plain": ("balanced", "partitioned_plain", 0.9),
+    "sqrt_vs_plain": ("sqrt", "partitioned_plain", 0.9),
+}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num", type=int, default=8000)
-    parser.add_argument("--size", type=int, default=128)
-    parser.add_argument("--out-size", type=int, default=96)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--s3", action="store_true")
-    parser.add_argument("--workdir", default=None)
-    args = parser.parse_args()
+def _records_per_s(make: Callable[[], Any]) -> float:
+    """Builds the dataset and reads one epoch; records/s over the whole run (build included)."""
+    start, seen = time.perf_counter(), 0
+    for _, labels in make():
+        seen += int(labels.shape[0])
+    return seen / (time.perf_counter() - start)
+
+
+def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
+    """The 16 plain files and the partitioned prefix for ``size`` px images (written once per workdir)."""
     import tensorflow as tf
 
     from make_synthetic_images import examples
-    from tfdist.data import TFRecordPipeline, write_tfrecords
+    from tfdist.data import write_tfrecords
 
-    work = args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-")
-    plain_prefix, part_prefix = os.path.join(work, "plain"), os.path.join(work, "part")
-    if not tf.io.gfile.glob(plain_prefix + "-0*"):
-        data = list(examples(args.num, 8, args.size, "long-tail", 0))
-        write_tfrecords(data, plain_prefix, num_shards=16)
-        write_tfrecords(data, part_prefix, num_shards=2, partition_by="label")
-    files = sorted(tf.io.gfile.glob(plain_prefix + "-0*"))
-    size, batch, n = (args.out_size, args.out_size), args.batch, args.num
+    plain, part = os.path.join(work, f"plain{size}"), os.path.join(work, f"part{size}")
+    if not tf.io.gfile.glob(plain + "-0*"):
+        data = list(examples(num, 8, size, "long-tail", 0))
+        write_tfrecords(data, plain, num_shards=16)
+        write_tfrecords(data, part, num_shards=16, partition_by="label")
+    return sorted(tf.io.gfile.glob(plain + "-0*")), part + "-*"
+
+
+def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Callable[[], Any]]:
+    import tensorflow as tf
+
+    from tfdist.data import TFRecordPipeline
+
+    size = (out, out)
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
-    steps = n // batch
+    autotune = tf.data.AUTOTUNE
 
     def decode_one(jpeg: Any) -> Any:
         return tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), size) / 255.0
 
-    def raw(parallel: bool) -> Any:
-        return tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE if parallel else None).batch(batch)
-
     def seed_style() -> Any:
         ds = tf.data.TFRecordDataset(files)
-        ds = ds.map(lambda r: tf.io.parse_single_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.map(lambda f: (tf.io.decode_jpeg(f["image"], channels=3), f["label"]), num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.map(lambda i, y: (tf.image.resize(i, size), y), num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.map(lambda i, y: (i / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)
-        return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+        ds = ds.map(lambda r: tf.io.parse_single_example(r, spec), num_parallel_calls=autotune)
+        ds = ds.map(lambda f: (tf.io.decode_jpeg(f["image"], channels=3), f["label"]), num_parallel_calls=autotune)
+        ds = ds.map(lambda i, y: (tf.image.resize(i, size), y), num_parallel_calls=autotune)
+        ds = ds.map(lambda i, y: (i / 255.0, y), num_parallel_calls=autotune)
+        return ds.batch(batch).prefetch(autotune)
 
-    images = [f["image"] for f in tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec))]
-    in_memory = tf.stack(images)
+    parsed = tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec))
+    pairs = list(parsed.map(lambda f: (f["image"], f["label"])))
+    images, labels = tf.stack([p[0] for p in pairs]), tf.stack([p[1] for p in pairs])
 
-    def limit_per_element() -> Any:
-        return (tf.data.Dataset.from_tensor_slices(in_memory).map(decode_one, num_parallel_calls=tf.data.AUTOTUNE)
-                .batch(batch).prefetch(tf.data.AUTOTUNE))
+    def decode_limit() -> Any:
+        return (tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch)
+                .map(lambda b, y: (tf.map_fn(decode_one, b, fn_output_signature=tf.float32), y),
+                     num_parallel_calls=autotune).prefetch(autotune))
 
-    def limit_batched() -> Any:
-        return (tf.data.Dataset.from_tensor_slices(in_memory).batch(batch)
-                .map(lambda b: tf.map_fn(decode_one, b, fn_output_signature=tf.float32),
-                     num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+    def decode_limit_per_element() -> Any:
+        return (tf.data.Dataset.from_tensor_slices((images, labels))
+                .map(lambda i, y: (decode_one(i), y), num_parallel_calls=autotune).batch(batch).prefetch(autotune))
 
-    def tfdist_plain() -> Any:
-        return TFRecordPipeline(files=files, features=spec, batch_size=batch, image_key="image", image_size=size,
-                                label_key="label", as_supervised=True).dataset()
+    def pipeline(paths: Any, **kwargs: Any) -> Callable[[], Any]:
+        return lambda: TFRecordPipeline(files=paths, features=spec, batch_size=batch, image_key="image",
+                                        image_size=size, label_key="label", as_supervised=True, **kwargs).dataset()
 
-    def tfdist_part_plain() -> Any:
-        return TFRecordPipeline(files=part_prefix + "-*", features=spec, batch_size=batch, image_key="image",
-                                image_size=size, label_key="label", as_supervised=True).dataset()
+    return {"seed_style": seed_style, "decode_limit": decode_limit,
+            "decode_limit_per_element": decode_limit_per_element, "tfdist": pipeline(files),
+            "partitioned_plain": pipeline(part), "balanced": pipeline(part, class_weights="balanced", seed=0),
+            "sqrt": pipeline(part, class_weights="sqrt", seed=0)}
 
-    def tfdist_stratified() -> Any:
-        return TFRecordPipeline(files=part_prefix + "-*", features=spec, batch_size=batch, image_key="image",
-                                image_size=size, label_key="label", as_supervised=True, class_weights="sqrt",
-                                seed=0).dataset()
 
-    def tfdist_stratified_block1() -> Any:
-        return TFRecordPipeline(files=part_prefix + "-*", features=spec, batch_size=batch, image_key="image",
-                                image_size=size, label_key="label", as_supervised=True, class_weights="sqrt",
-                                seed=0, sample_block=1).dataset()
+def _summary(runs: dict[str, list[float]]) -> dict[str, Any]:
+    rates = {name: {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v)),
+                    "runs": [round(x) for x in v]} for name, v in runs.items()}
+    ratios = {}
+    for name, (top, bottom, goal) in _RATIOS.items():
+        paired = [a / b for a, b in zip(runs[top], runs[bottom])]
+        median = statistics.median(paired)
+        ratios[name] = {"median": round(median, 2), "min": round(min(paired), 2), "max": round(max(paired), 2),
+                        "goal": goal, "met": median >= goal}
+    return {"records_per_s": rates, "ratios": ratios}
 
-    variants = {"raw_read_sequential": lambda: raw(False), "raw_read_parallel": lambda: raw(True),
-                "seed_style": seed_style, "decode_limit_per_element": limit_per_element,
-                "decode_limit_batched": limit_batched, "tfdist": tfdist_plain,
-                "tfdist_partitioned_plain": tfdist_part_plain, "tfdist_stratified": tfdist_stratified,
-                "tfdist_stratified_per_record": tfdist_stratified_block1}
-    rates: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.repeats):
-        for name, make in variants.items():
-            rates[name].append(_rate(make, steps, batch))
-    med = {k: round(statistics.median(v)) for k, v in rates.items()}
-    limit = max(med["decode_limit_per_element"], med["decode_limit_batched"])
+
+def _table(report: dict[str, Any]) -> str:
+    """Markdown tables of the medians (and spreads), one row per variant or ratio, one column per size."""
+    sizes = report["sizes"]
+    if any("ratios" not in s for s in sizes.values()):
+        return ""
+    head = "| | " + " | ".join(f"{k} px" for k in sizes) + " |\n|---|" + "---|" * len(sizes) + "\n"
+    names = list(next(iter(sizes.values()))["records_per_s"])
+    rows = [f"| {n} | " + " | ".join(f"{s['records_per_s'][n]['median']:,} ({s['records_per_s'][n]['min']:,}–"
+                                    f"{s['records_per_s'][n]['max']:,})" for s in sizes.values()) + " |"
+            for n in names]
+    ratios = [f"| {n} (goal ≥ {_RATIOS[n][2]}) | " + " | ".join(
+        f"**{s['ratios'][n]['median']:.2f}×** ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f})"
+        for s in sizes.values()) + " |" for n in _RATIOS]
+    return ("records/s, median (min–max)\n\n" + head + "\n".join(rows) + "\n\nratios, median of paired runs "
+            "(min–max)\n\n" + head + "\n".join(ratios) + "\n\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64,128,224", help="image sizes (px), comma-separated")
+    parser.add_argument("--num", type=int, default=8000)
+    parser.add_argument("--batch", type=int, default=128, help="global batch")
+    parser.add_argument("--scale", type=float, default=0.75, help="resize to this fraction of the size")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", default="", help="only these variants (comma-separated; default all)")
+    parser.add_argument("--s3", action="store_true")
+    parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
+    args = parser.parse_args(argv)
+    import tensorflow as tf
+
+    work = args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    variants, runs = {}, {}
+    for size in sizes:
+        files, part = _write(work, args.num, size)
+        made = _variants(files, part, round(size * args.scale), args.batch)
+        if args.variants:
+            made = {k: v for k, v in made.items() if k in args.variants.split(",")}
+        variants[size], runs[size] = made, {name: [] for name in made}
+    for repeat in range(args.repeats):
+        for size in sizes:
+            names = list(variants[size])
+            shift = repeat % len(names)  # Rotate the order, so no variant always runs first or last.
+            for name in names[shift:] + names[:shift]:
+                runs[size][name].append(_records_per_s(variants[size][name]))
     report: dict[str, Any] = {
-        "records": n, "image": f"{args.size}x{args.size} JPEG -> {args.out_size}x{args.out_size}", "files": 16,
-        "batch": batch, "repeats": args.repeats, "records_per_s_median": med,
-        "records_per_s_all": {k: [round(x) for x in v] for k, v in rates.items()},
-        "ratios": {"tfdist_vs_seed_style": round(med["tfdist"] / med["seed_style"], 2),
-                   "tfdist_vs_decode_limit": round(med["tfdist"] / limit, 2),
-                   "stratified_vs_plain_same_files": round(med["tfdist_stratified"] / med["tfdist_partitioned_plain"], 2),
-                   "stratified_per_record_vs_plain": round(med["tfdist_stratified_per_record"] /
-                                                           med["tfdist_partitioned_plain"], 2),
-                   "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain"}}
+        "records": args.num, "files": "16 plain; 16 per class partitioned (8 classes, halving)",
+        "batch": args.batch, "repeats": args.repeats, "tensorflow": tf.__version__, "cpus": os.cpu_count(),
+        "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
+        "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size]) if not args.variants else
+                                                          {k: [round(x) for x in v] for k, v in runs[size].items()})
+                  for size in sizes}}
     if args.s3:
-        report["s3"] = _bench_s3(files, batch, args.repeats)
-    sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        report["s3"] = _bench_s3(_write(work, args.num, sizes[0])[0], args.batch, args.repeats)
+    sys.stdout.write(_table(report) + json.dumps(report) + "\n")
     return 0
 
 
@@ -161,8 +207,10 @@ def _bench_s3(files: list[str], batch: int, repeats: int) -> dict[str, Any]:
         out: dict[str, list[float]] = {"sequential": [], "parallel_interleave": []}
         for _ in range(repeats):
             for name, reads in (("sequential", None), ("parallel_interleave", 16)):
-                make = lambda r=reads: tf.data.TFRecordDataset(remote, num_parallel_reads=r).batch(batch)  # noqa
-                out[name].append(_rate(make, 0, batch))
+                start, seen = time.perf_counter(), 0
+                for records in tf.data.TFRecordDataset(remote, num_parallel_reads=reads).batch(batch):
+                    seen += int(records.shape[0])
+                out[name].append(seen / (time.perf_counter() - start))
         med = {k: round(statistics.median(v)) for k, v in out.items()}
         return {"records_per_s_median": med, "parallel_vs_sequential": round(med["parallel_interleave"] /
                                                                              med["sequential"], 2)}
