@@ -87,9 +87,10 @@ class TFRecordPipeline:
         re-drawing small classes and leaving part of large ones unread.
       num_classes: Classes 0..n-1 for the unpartitioned fallback.
       sample_block: Records drawn per class choice when stratifying (see
-        :func:`stratified_sample`). 4 (default) keeps stratified reading
-        within 10% of plain reading (per-record sampling costs ~20% on 2
-        cores, BENCHMARKS.md); 1 mixes per record.
+        :func:`stratified_sample`). 4 (default) draws a class per 4 records,
+        a quarter of the sampler's per-record cost; 1 mixes per record.
+        Stratified reading is within 10% of plain reading for large images,
+        slower for small ones (BENCHMARKS.md).
       compression: None/'GZIP'/'ZLIB', or 'auto' to detect from the file name.
       on_corrupt: 'raise' a DataError naming the file, or 'skip' the damaged
         part and count what was lost (``last_report``).

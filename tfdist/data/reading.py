@@ -54,7 +54,7 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
       streams: How many such streams the pipeline reads at once (one per
         class group when stratifying): 'autotune' splits its 16 parallel reads
         among them (8 classes x 16 files in flight, each with a 1 MB buffer,
-        cost stratified reading ~10% on 2 cores; BENCHMARKS.md).
+        read ~10% slower on 2 cores; BENCHMARKS.md).
 
     Returns:
       A ``tf.data.Dataset`` of serialized records.
