@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from absl.testing import parameterized
+from absl.testing import absltest, parameterized
 from conftest import assert_all_gone
 
 from tfdist import ClusterSpec, LaunchError, launch
@@ -345,3 +345,42 @@ class StopTest(parameterized.TestCase):
         self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
         self.assertNotIn("started", done.stderr + done.stdout)
         self.assertLess(time.monotonic() - start, 15)
+
+
+class EngineContractTest(absltest.TestCase):
+    """The runner drives any engine: it decides restarts and faults, the engine only starts and signals."""
+
+    def test_supervision_drives_a_custom_engine(self) -> None:
+        class RecordingEngine(LocalEngine):
+            name = "recording"
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.calls: list[str] = []
+
+            def place(self, config: LaunchConfig) -> ClusterSpec:
+                self.calls.append("place")
+                return super().place(config)
+
+            def start(self, task, argv, env, on_line):  # type: ignore[no-untyped-def]
+                self.calls.append(f"start {task} restart={env['TFDIST_RESTART']}")
+                return super().start(task, argv, env, on_line)
+
+            def close(self) -> None:
+                self.calls.append("close")
+                super().close()
+
+        script = ("import os, time\nprint('up', os.environ['TFDIST_TASK'], flush=True)\n"
+                  "time.sleep(30 if os.environ['TFDIST_RESTART'] == '0' else 0)")
+        engine = RecordingEngine()
+        config = LaunchConfig(command=(PY, "-c", script), workers=2, max_restarts=1, timeout=60,
+                              kills=("worker:1@after=^up worker:0$",))
+        result = launch.run_config(config, engine=engine)
+        self.assertEqual(result.exit_code, 0, result.summary())
+        self.assertEqual(engine.calls, ["place", "start worker:0 restart=0", "start worker:1 restart=0",
+                                        "start worker:0 restart=1", "start worker:1 restart=1", "close"])
+        from tfdist.launch.engines import engine_for
+
+        self.assertEqual(engine_for("local").name, "local")
+        with pytest.raises(LaunchError, match="did you mean 'local'"):
+            engine_for("locl")
