@@ -39,5 +39,5 @@ def ps_fit_progress(epochs: int, steps: int) -> dict[str, Any]:
     history = model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs, steps_per_epoch=steps,
                         verbose=0, callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=_report)])
     return {"is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
-            "workers": tfdist.ClusterSpec.from_tf_config().num_workers,
+            "workers": len(tfdist.ClusterSpec.from_tf_config().jobs["worker"]),
             "loss": [float(v) for v in history.history["loss"]]}
