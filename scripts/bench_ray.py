@@ -67,7 +67,7 @@ def ray_train_driver(address: str, marks: str) -> int:
     from ray.train.tensorflow import TensorflowTrainer
 
     if address == "local":  # Logical CPUs, as tfdist's local Ray has: 2 workers plus Ray Train's controller.
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
     trainer = TensorflowTrainer(train, train_loop_config={"marks": marks},
