@@ -257,7 +257,10 @@ class _Supervisor:
                 self._start(name)
             return
         group = [t for t in self.tasks if not t.startswith("evaluator") and t not in self.away]
-        self.stop([self.tasks[t] for t in self.tasks if not t.startswith("evaluator") and self.tasks[t].poll() is None])
+        # SIGKILL, no grace: the backup of the last epoch is written, and TF's preemption handler would
+        # catch a SIGTERM and let the old group train on (even to the end of fit, deleting the backup).
+        self.stop([self.tasks[t] for t in self.tasks if not t.startswith("evaluator") and self.tasks[t].poll() is None],
+                  grace=0)
         self.spec = self.membership.spec(self.full_spec)
         for name in sorted(group, key=lambda n: self.config.runs_command(n)):  # servers first
             self.tasks[name].restarts += 1
@@ -321,12 +324,12 @@ class _Supervisor:
                 return 0, "ok", None
             time.sleep(0.05)
 
-    def stop(self, records: Sequence[_Task]) -> None:
+    def stop(self, records: Sequence[_Task], grace: Optional[float] = None) -> None:
         """SIGTERM to all, one shared grace deadline, SIGKILL to the rest, then reap and read the last output."""
         procs = [r.proc for r in records if r.proc is not None]
         for proc in procs:
-            proc.signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.grace_seconds
+            proc.signal(signal.SIGTERM if grace != 0 else signal.SIGKILL)
+        deadline = time.monotonic() + (self.config.grace_seconds if grace is None else grace)
         for proc in procs:
             proc.wait(max(0.0, deadline - time.monotonic()))
         for proc in procs:
