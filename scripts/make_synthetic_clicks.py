@@ -67,6 +67,28 @@ def _examples(data: dict[str, Any], mask: Any, seed: int) -> Iterator[Any]:
         yield tf.train.Example(features=tf.train.Features(feature=feature))
 
 
+def write_dataset(out: str, *, users: int = 20000, items: int = 2000, events: int = 300000,
+                  hot_fraction: float = 0.3, hot_share: float = 0.85, item_zipf: float = 1.0, shards: int = 8,
+                  seed: int = 0) -> dict[str, Any]:
+    """Writes train-*/eval-* TFRecords and clicks.json under ``out``; returns the summary it wrote."""
+    from tfdist.data import write_tfrecords
+
+    data = generate(users=users, items=items, events=events, hot_fraction=hot_fraction, hot_share=hot_share,
+                    item_zipf=item_zipf, seed=seed)
+    os.makedirs(out, exist_ok=True)
+    write_tfrecords(_examples(data, ~data["is_eval"], seed), os.path.join(out, "train"), num_shards=shards)
+    write_tfrecords(_examples(data, data["is_eval"], seed + 1), os.path.join(out, "eval"), num_shards=2)
+    train = ~data["is_eval"]
+    summary = {"users": users, "items": items, "hot_users": int(data["n_hot"]),
+               "train_records": int(train.sum()), "eval_records": int(data["is_eval"].sum()),
+               "train_hot_share": round(float(data["hot"][train].mean()), 4),
+               "train_click_rate": round(float(data["label"][train].mean()), 4), "seed": seed}
+    with open(os.path.join(out, "clicks.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    logging.getLogger("make_synthetic_clicks").info("Wrote %s", summary)
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -80,22 +102,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tfdist.data import write_tfrecords
-
-    data = generate(users=args.users, items=args.items, events=args.events, hot_fraction=args.hot_fraction,
-                    hot_share=args.hot_share, item_zipf=args.item_zipf, seed=args.seed)
-    os.makedirs(args.out, exist_ok=True)
-    write_tfrecords(_examples(data, ~data["is_eval"], args.seed), os.path.join(args.out, "train"),
-                    num_shards=args.shards)
-    write_tfrecords(_examples(data, data["is_eval"], args.seed + 1), os.path.join(args.out, "eval"), num_shards=2)
-    train = ~data["is_eval"]
-    summary = {"users": args.users, "items": args.items, "hot_users": int(data["n_hot"]),
-               "train_records": int(train.sum()), "eval_records": int(data["is_eval"].sum()),
-               "train_hot_share": round(float(data["hot"][train].mean()), 4),
-               "train_click_rate": round(float(data["label"][train].mean()), 4), "seed": args.seed}
-    with open(os.path.join(args.out, "clicks.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
-    logging.getLogger("make_synthetic_clicks").info("Wrote %s", summary)
+    write_dataset(args.out, users=args.users, items=args.items, events=args.events, hot_fraction=args.hot_fraction,
+                  hot_share=args.hot_share, item_zipf=args.item_zipf, shards=args.shards, seed=args.seed)
     return 0
 
 

@@ -1,8 +1,12 @@
 """Recommendation workload on ParameterServerStrategy: sharded embeddings, hash-sharded users, cold-user weights.
 
-    .venv/bin/python scripts/make_synthetic_clicks.py --out /tmp/clicks
+    tfdist-launch --chief --workers 2 --ps 2 -- python scripts/train_recsys.py
+    .venv/bin/python scripts/make_synthetic_clicks.py --out /tmp/clicks     # or your own logs, then:
     tfdist-launch --chief --workers 2 --ps 2 -- python scripts/train_recsys.py --data /tmp/clicks \\
         --compare --summary /tmp/recsys.json
+
+Without ``--data`` the chief writes the synthetic click logs (make_synthetic_clicks.py's defaults) to
+``recsys-out/clicks`` first, or reuses them when they are already there.
 
 The chief (the coordinator) builds the strategy with one embedding shard per ps (``partition="fixed"``),
 trains a matrix-factorisation click model (user and item embeddings, item bias) with ``model.fit``, and reads
@@ -28,6 +32,17 @@ from typing import Any
 import tfdist
 
 FEATURES = ("user_id", "item_id", "label", "hot")
+DEFAULT_DATA = os.path.join("recsys-out", "clicks")
+
+
+def _default_data() -> str:
+    """The synthetic click logs in DEFAULT_DATA, written first when they are missing (only the chief runs this)."""
+    if not os.path.exists(os.path.join(DEFAULT_DATA, "clicks.json")):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from make_synthetic_clicks import write_dataset
+
+        write_dataset(DEFAULT_DATA)
+    return DEFAULT_DATA
 
 
 def auc(labels: Any, scores: Any) -> float:
@@ -167,7 +182,8 @@ def _train(keras: Any, strategy: Any, meta: dict[str, Any], args: Any, cold_weig
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="directory written by make_synthetic_clicks.py")
+    parser.add_argument("--data", help="directory written by make_synthetic_clicks.py (default: generate the "
+                        f"synthetic click logs into {DEFAULT_DATA} unless they are there)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="default: one pass over the training data")
     parser.add_argument("--batch", type=int, default=1024, help="global batch")
@@ -187,6 +203,8 @@ def main() -> int:
     from tfdist import keras
     from tfdist.keras import embedding_layout
 
+    if args.data is None:
+        args.data = _default_data()
     with open(os.path.join(args.data, "clicks.json"), encoding="utf-8") as f:
         meta = json.load(f)
     train = _read_all(os.path.join(args.data, "train-*"))

@@ -50,6 +50,27 @@ class GeneratorTest(absltest.TestCase):
         self.assertGreater(items[0], 5 * items[50])  # Zipf popularity.
         self.assertTrue(0.2 < data["label"].mean() < 0.6)
 
+    def test_train_recsys_runs_without_data(self) -> None:
+        # Issue 11: `tfdist-launch --chief --workers 2 --ps 2 -- python scripts/train_recsys.py` runs as it is: the
+        # chief writes the synthetic logs to recsys-out/clicks, or reuses them when they are already there.
+        train = _script("train_recsys")
+        cwd = os.getcwd()
+        os.chdir(self.create_tempdir().full_path)
+        try:
+            gen = _script("make_synthetic_clicks")
+            summary = gen.write_dataset(train.DEFAULT_DATA, users=500, items=50, events=4000, shards=2)
+            self.assertEqual(json.loads(Path(train.DEFAULT_DATA, "clicks.json").read_text()), summary)
+            self.assertEqual(len(list(Path(train.DEFAULT_DATA).glob("train-*-of-00002.tfrecord"))), 2)
+            before = {p: p.stat().st_mtime_ns for p in Path(train.DEFAULT_DATA).iterdir()}
+            self.assertEqual(train._default_data(), train.DEFAULT_DATA)  # Present: reused, nothing rewritten.
+            self.assertEqual({p: p.stat().st_mtime_ns for p in Path(train.DEFAULT_DATA).iterdir()}, before)
+        finally:
+            os.chdir(cwd)
+        help_text = subprocess.run([sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--help"],
+                                   capture_output=True, text=True, timeout=120)
+        self.assertEqual(help_text.returncode, 0, help_text.stderr)
+        self.assertIn("default: generate", help_text.stdout)
+
     def test_auc_matches_the_pairwise_definition(self) -> None:
         auc = _script("train_recsys").auc
         rng = np.random.default_rng(0)
