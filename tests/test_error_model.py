@@ -47,7 +47,7 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
                                     "timeout": 5.0, "log_dir": None, "kills": (), "isolate_network": False,
                                     "grace_seconds": 1.0, "host": "127.0.0.1", "env": {},
                                     "data_service_workers": 0}),
-    "KillAt.parse": (KillAt.parse, {"text": "worker:1@2"}),
+    "KillAt.parse": (KillAt.parse, {"text": "worker:1@after=Epoch 2/"}),
     "Plan": (plan.Plan, {"params": 1e6, "workers": 2, "bandwidth": 1e9, "latency": 1e-5, "gpus_per_worker": 1,
                          "device_memory": None, "optimizer": "adam", "bytes_per_value": 4, "ps_shards": None,
                          "compute_s": None, "embedding_values": 0.0, "embedding_touched": 0.0}),

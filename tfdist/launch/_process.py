@@ -25,7 +25,8 @@ class LocalProcess:
     Example:
         >>> import sys
         >>> lines = []
-        >>> proc = LocalProcess("worker:0", [sys.executable, "-c", "print('hi')"], env=None,
+        >>> hello = [sys.executable, "-c", "import sys; sys.stdout.write('hi' + chr(10))"]
+        >>> proc = LocalProcess("worker:0", hello, env=None,
         ...                     on_line=lambda task, line: lines.append((task, line)))
         >>> proc.wait(10)
         0

@@ -10,7 +10,7 @@ with ``ray.remote``.
 Example:
     >>> import sys
     >>> host = TaskHost("worker:0")
-    >>> pid = host.start([sys.executable, "-c", "print('hi')"], {"PATH": ""})
+    >>> pid = host.start([sys.executable, "-c", "import sys; sys.stdout.write('hi' + chr(10))"], {"PATH": ""})
     >>> lines, finished = [], False
     >>> while not finished:
     ...     batch, code, finished = host.read(10.0)

@@ -10,7 +10,8 @@ Example:
     >>> engine = LocalEngine()
     >>> spec = engine.place(LaunchConfig(command=("python",), workers=2))
     >>> lines = []
-    >>> task = engine.start("worker:0", [sys.executable, "-c", "print('hi')"], {}, lambda t, l: lines.append(l))
+    >>> hello = [sys.executable, "-c", "import sys; sys.stdout.write('hi' + chr(10))"]
+    >>> task = engine.start("worker:0", hello, {}, lambda t, l: lines.append(l))
     >>> task.wait(30), spec.num_workers
     (0, 2)
     >>> task.release(5); engine.close(); lines
