@@ -72,14 +72,14 @@ def test_a_worker_whose_restarts_are_used_up_is_lost(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("options, message", [
     ({"max_workers": 2}, "`--max-workers`.*--min-workers as well"),
-    ({"loses": ["worker:1@3"]}, "`--lose`.*--min-workers as well"),
+    ({"loses": ["worker:1@after=Epoch 2/"]}, "`--lose`.*--min-workers as well"),
     ({"min_workers": 4}, "`--min-workers`. Received: 4"),
     ({"min_workers": 0}, "`--min-workers`. Received: 0"),
     ({"min_workers": 2, "max_workers": 1}, "`--max-workers`. Received: 1"),
     ({"min_workers": 2, "max_workers": 5}, "grows back only with workers it started"),
-    ({"min_workers": 1, "loses": ["chief:0@3"]}, "Only workers leave and return"),
-    ({"min_workers": 1, "loses": ["worker:7@3"]}, "`--lose`. Received: 'worker:7'"),
-    ({"min_workers": 1, "returns": ["worker:1@3"]}, "`--return`.*some --lose takes away"),
+    ({"min_workers": 1, "loses": ["chief:0@after=Epoch 2/"]}, "Only workers leave and return"),
+    ({"min_workers": 1, "loses": ["worker:7@after=Epoch 2/"]}, "`--lose`. Received: 'worker:7'"),
+    ({"min_workers": 1, "returns": ["worker:1@after=Epoch 2/"]}, "`--return`.*some --lose takes away"),
     ({"min_workers": 1, "loses": ["worker:1@after=("]}, "`--lose`.*valid regular expression"),
     ({"min_workers": 1, "returns": ["worker:1@soon"]}, "`--return`. Received: 'worker:1@soon'"),
     ({"min_workers": 1, "isolate_network": True}, "--isolate-network"),
