@@ -76,6 +76,28 @@ class AtomicWriteTest(parameterized.TestCase):
                                               "part-other-manifest.json"]))
         self.assertEqual(sorted(_ids(paths)), list(range(40, 80)))
 
+    def test_prefixes_that_look_like_class_groups_keep_their_own_shards(self) -> None:
+        # 'part-v=2' has the shape of a class group of 'part' (PREFIX-KEY=VALUE-...): a rewrite of either must
+        # neither keep its own old shards nor delete the other dataset's.
+        root = self.create_tempdir().full_path
+        versioned, plain = os.path.join(root, "part-v=2"), os.path.join(root, "part")
+        write_tfrecords((_example(i) for i in range(40)), versioned, num_shards=4)
+        write_tfrecords((_example(i) for i in range(40, 60)), plain, num_shards=1)
+        write_tfrecords((_example(i) for i in range(60, 80)), versioned, num_shards=2)
+        write_tfrecords((_example(i) for i in range(80, 90)), plain, num_shards=1)
+        self.assertEqual(_tree(root), sorted(["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord",
+                                              "part-v=2-manifest.json", "part-00000-of-00001.tfrecord",
+                                              "part-manifest.json"]))
+        self.assertEqual(sorted(_ids(f"{versioned}-0*")), list(range(60, 80)))
+        self.assertEqual(sorted(_ids(f"{plain}-0*")), list(range(80, 90)))
+        # Without a manifest, only this prefix's own shard names count as old (and this write's class groups).
+        os.remove(f"{plain}-manifest.json")
+        write_tfrecords((_example(i) for i in range(90, 99)), plain, num_shards=1, partition_by="label")
+        self.assertEqual([p for p in _tree(root) if p.startswith("part-v=2")],
+                         ["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord",
+                          "part-v=2-manifest.json"])
+        self.assertNotIn("part-00000-of-00001.tfrecord", _tree(root))
+
     def test_a_prefix_under_a_file_is_a_storage_error(self) -> None:
         root = self.create_tempdir().full_path
         blocker = os.path.join(root, "file")

@@ -151,8 +151,14 @@ def _serialized(example: Any, index: int) -> bytes:
     return record
 
 
-def _existing(path_prefix: str) -> list[str]:
-    """The shards and manifest a previous ``write_tfrecords(..., path_prefix)`` left."""
+def _existing(path_prefix: str, partition_by: Optional[str]) -> list[str]:
+    """The shards and manifest a previous ``write_tfrecords(..., path_prefix)`` left.
+
+    The previous manifest names its shards exactly. Without one (lost, or corrupt), a file counts only when its
+    name is this prefix's own shard name: ``PREFIX-NNNNN-of-NNNNN``, or ``PREFIX-KEY=VALUE-NNNNN-of-NNNNN`` with
+    KEY this write's ``partition_by``. Another dataset whose prefix merely starts with ``PREFIX-`` (such as
+    ``PREFIX-v=2``) is never taken for an old version of this one.
+    """
     from tfdist.data import remote
 
     if any(c in path_prefix for c in "*?["):
@@ -163,7 +169,14 @@ def _existing(path_prefix: str) -> list[str]:
         raise
     except Exception:  # noqa: BLE001 - nothing listed, nothing to replace.
         return []
-    return [p for p in found if prefix_of(p) == path_prefix or p == manifest_path(path_prefix)]
+    manifest = manifest_path(path_prefix)
+    previous = read_manifest(path_prefix, on_corrupt="skip") if manifest in found else None
+    if previous is not None:
+        listed = set(previous["files"])
+        return [p for p in found if p in listed or p == manifest]
+    group = rf"(?:-{re.escape(partition_by)}=[^/]+?)?" if partition_by else ""
+    own = re.compile(re.escape(path_prefix) + group + r"-\d{5}-of-\d{5}\.tfrecord(?:\.gz|\.zz)?")
+    return [p for p in found if own.fullmatch(p) or p == manifest]
 
 
 class _Staging:
@@ -291,7 +304,7 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
         manifest = {"prefix": path_prefix, "compression": compression, "partition_by": partition_by,
                     "num_shards": num_shards, "records": written, "files": files,
                     "classes": dict(counters) if partition_by else None}
-        old = _existing(path_prefix)
+        old = _existing(path_prefix, partition_by)
         staging.commit(sorted(files), manifest, manifest_path(path_prefix))
         for stale in sorted(set(old) - set(files) - {manifest_path(path_prefix)}):
             remote.remove(stale)
