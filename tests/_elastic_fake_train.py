@@ -26,6 +26,13 @@ if os.path.exists(backup):
 for epoch in range(start, epochs):
     if os.environ.get("FAKE_FAIL") == os.environ["TFDIST_TASK"] and generation == 0 and epoch == 1:
         sys.exit(3)  # a worker that keeps failing: its restarts get used up
+    once = os.environ.get("FAKE_FAIL_ONCE")  # MARKER|TASK|GENERATION|EPOCH - fail there once, then work
+    if once:
+        marker, task, fail_generation, fail_epoch = once.split("|")
+        if (task, int(fail_generation), int(fail_epoch)) == (os.environ["TFDIST_TASK"], generation, epoch) and \
+                not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.exit(3)
     for step in range(3):
         time.sleep(0.1)
         print(f"generation {generation} epoch {epoch} step {step}", flush=True)

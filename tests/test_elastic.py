@@ -12,6 +12,7 @@ from conftest import assert_all_gone
 from tfdist import LaunchError, launch
 from tfdist.cli import launch as launch_cli
 from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
+from tfdist.launch.engine import Engine
 
 PY = sys.executable
 FAKE = str(Path(__file__).with_name("_elastic_fake_train.py"))
@@ -68,6 +69,71 @@ def test_a_worker_whose_restarts_are_used_up_is_lost(tmp_path: Path) -> None:
     assert any("elastic: losing worker:1 (exit code 3, restarts used up)" in s for s in statuses), statuses
     assert "task worker:0 index 0 generation 1 world 1 workers 1" in result.task("worker:0").output
     assert _epochs_ended(result.task("worker:0").output) == [0, 1, 2, 3]
+
+
+def test_a_group_restart_after_a_loss_leaves_the_lost_worker_away(tmp_path: Path) -> None:
+    # worker:2 is lost, then worker:0 crashes once in the smaller group: the restart is of the group as it is now
+    # (worker:0 and worker:1), and worker:2 is not started again with an index the new cluster does not have.
+    fail = f"{tmp_path / 'failed'}|worker:0|1|2"
+    result, statuses = _run(tmp_path, 4, workers=3, min_workers=1, max_restarts=1,
+                            loses=["worker:2@after=^epoch 0 end$"], env={"FAKE_FAIL_ONCE": fail})
+    assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
+    assert any("restart 1/1 of worker:0, worker:1 in" in s for s in statuses), statuses
+    assert result.task("worker:2").restarts == 0 and "generation 1" not in result.task("worker:2").output
+    assert _epochs_ended(result.task("worker:0").output) == [0, 1, 2, 3]
+    assert_all_gone([t.pid for t in result.tasks])
+
+
+def test_a_return_after_the_last_boundary_does_not_hold_the_run(tmp_path: Path) -> None:
+    # worker:1 returns when no epoch boundary is left to grow at: the run ends with the group it has.
+    result, statuses = _run(tmp_path, 4, workers=2, min_workers=1, loses=["worker:1@after=^epoch 0 end$"],
+                            returns=["worker:1@after=^epoch 3 end$"])
+    assert (result.exit_code, result.reason) == (0, "ok"), result.summary() + "\n" + "\n".join(statuses)
+    assert "task worker:0 done" in result.task("worker:0").output
+    assert_all_gone([t.pid for t in result.tasks])
+
+
+def test_a_loss_while_a_returned_worker_waits_keeps_it_waiting(tmp_path: Path) -> None:
+    # worker:2 returned and waits for the next boundary when worker:1 is lost: the regroup of the loss does not
+    # start worker:2; it joins at the next boundary, in a later generation.
+    result, statuses = _run(tmp_path, 6, workers=3, min_workers=1, loses=["worker:2@after=^epoch 0 end$",
+                                                                          "worker:1@after=^generation 1 epoch 2 step 0$"],
+                            returns=["worker:2@after=^epoch 1 end$"])
+    assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
+    changes = [s for s in statuses if s.startswith("elastic: membership")]
+    assert [c.split(";")[0] for c in changes] == [
+        "elastic: membership 1: world size 2 (workers worker:0, worker:1)",
+        "elastic: membership 2: world size 1 (workers worker:0)",
+        "elastic: membership 3: world size 2 (workers worker:0, worker:2)"], changes
+    assert "task worker:2 index 1 generation 3 world 2 workers 2" in result.task("worker:2").output
+    assert "generation 2" not in result.task("worker:2").output
+    assert _epochs_ended(result.task("worker:0").output) == list(range(6))
+    assert_all_gone([t.pid for t in result.tasks])
+
+
+class _Elsewhere(Engine):
+    """An engine that is not the local one; nothing may reach it in these tests."""
+
+    name = "elsewhere"
+
+    def place(self, config: LaunchConfig) -> object:
+        raise AssertionError("placed")
+
+    def reserve_address(self) -> str:
+        raise AssertionError("reserved")
+
+    def start(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("started")
+
+    def close(self) -> None:
+        pass
+
+
+def test_engine_and_isolation_are_checked() -> None:
+    with pytest.raises(LaunchError, match="`engine`. Received: 5"):
+        launch.run([PY, "-c", "pass"], workers=1, engine=5)
+    with pytest.raises(LaunchError, match="`isolate_network`. Received: True. Expected the local engine"):
+        launch.run([PY, "-c", "pass"], workers=1, engine=_Elsewhere(), isolate_network=True)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -158,6 +158,11 @@ class _Supervisor:
         self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
                     f"{self.spec.jobs[task_type][index]})")
 
+    def _in_group(self, task: str) -> bool:
+        """Whether ``task`` trains in the current generation (workers that are away or waiting to join do not)."""
+        task_type = split_task_name(task)[0]
+        return task_type != "evaluator" and (task_type != "worker" or task in self.membership.workers)
+
     def _restart_group(self, task: str) -> list[str]:
         task_type = split_task_name(task)[0]
         if task_type == "evaluator":
@@ -165,7 +170,7 @@ class _Supervisor:
         if self.config.mode == "parameter_server" and task_type == "worker":
             return [task]  # The coordinator reschedules its closures.
         # A lost ps loses variables; collectives cannot continue with a new peer: restart the training group.
-        return [t for t in self.tasks if not t.startswith("evaluator")]
+        return [t for t in self.tasks if self._in_group(t)]
 
     def _restart(self, task: str, code: int) -> None:
         self.restarts_used += 1
@@ -212,8 +217,7 @@ class _Supervisor:
         self.status(f"elastic: losing {task} {why}")
         record = self.tasks[task]
         if record.proc is not None:
-            record.proc.signal(signal.SIGKILL)
-            record.proc.wait(_KILL_WAIT)
+            self.stop([record], grace=0)  # SIGKILL, reap, and read its last output
             self.finished[task] = record.poll() if record.poll() is not None else 137
         self.away.append(task)
         left = tuple(w for w in self.membership.workers if w != task)
@@ -256,11 +260,11 @@ class _Supervisor:
                 self.tasks[name].restarts += 1
                 self._start(name)
             return
-        group = [t for t in self.tasks if not t.startswith("evaluator") and t not in self.away]
+        group = [t for t in self.tasks if self._in_group(t)]
         # SIGKILL, no grace: the backup of the last epoch is written, and TF's preemption handler would
         # catch a SIGTERM and let the old group train on (even to the end of fit, deleting the backup).
-        self.stop([self.tasks[t] for t in self.tasks if not t.startswith("evaluator") and self.tasks[t].poll() is None],
-                  grace=0)
+        # Every old attempt is released too (exited ones included), so none of their readers outlives it.
+        self.stop([self.tasks[t] for t in self.tasks if not t.startswith("evaluator")], grace=0)
         self.spec = self.membership.spec(self.full_spec)
         for name in sorted(group, key=lambda n: self.config.runs_command(n)):  # servers first
             self.tasks[name].restarts += 1
@@ -320,7 +324,7 @@ class _Supervisor:
                     self.status(f"{task} failed with exit code {code}")
                     return code, "failed", task
                 self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
-            if all(self.finished.get(t) == 0 for t in cmd_tasks if t not in self.away):
+            if all(self.finished.get(t) == 0 for t in cmd_tasks if t not in self.away and t not in self.available):
                 return 0, "ok", None
             time.sleep(0.05)
 
@@ -396,6 +400,9 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
         _make_log_dir(config.log_dir)  # Before anything is printed or started.
     status = on_status or (lambda message: _log.info("%s", message))
     base_env = dict(os.environ if base_env is None else base_env)
+    if config.isolate_network and engine is not None and not isinstance(engine, LocalEngine):
+        raise invalid(LaunchError, "isolate_network", True, f"the local engine (not {type(engine).__name__})",
+                      "A private network namespace exists on this machine only; drop --isolate-network.")
     with _StopSignals() as signals:
         if config.isolate_network:
             return _netns.run_isolated(config, on_line=on_line, on_status=status, base_env=base_env,
@@ -449,5 +456,7 @@ def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = Fals
     check_keywords(LaunchError, "options", options, _OPTION_NAMES - {"command", "workers", "ps", "chief", "evaluator"},
                    "See tfdist.launch.LaunchConfig for the options.")
     config = LaunchConfig(command=command, workers=workers, ps=ps, chief=chief, evaluator=evaluator, **options)
+    if not (engine is None or isinstance(engine, (str, Engine))):
+        raise invalid(LaunchError, "engine", engine, "None, an engine name such as 'local' or 'ray', or an Engine")
     chosen = engine_for(engine) if isinstance(engine, str) else engine
     return run_config(config, on_line=on_line, on_status=on_status, base_env=base_env, engine=chosen)
