@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import json
 import os
@@ -287,6 +288,25 @@ class CorruptTest(parameterized.TestCase):
 
 
 class PipelineTest(parameterized.TestCase):
+
+    def test_a_cache_replays_the_records_not_one_shuffled_order(self) -> None:
+        # The cache holds one pass of records before shuffle and repeat: each pass over the dataset (each Keras
+        # epoch) is shuffled anew and complete; stratified reading refuses a cache (it would replay one draw).
+        prefix = os.path.join(self.create_tempdir().full_path, "c")
+        write_tfrecords([_example(i, i % 2) for i in range(64)], prefix, num_shards=2)
+        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=8, shuffle_buffer=64, seed=3,
+                                    cache=True)
+        dataset = pipeline.dataset()
+        passes = [[int(v) for b in dataset for v in b["id"].numpy()] for _ in range(3)]
+        self.assertTrue(all(sorted(p) == list(range(64)) for p in passes), passes)
+        self.assertGreater(len({tuple(p) for p in passes}), 1, "every pass replayed the first shuffled order")
+        endless = dataclasses.replace(pipeline, num_epochs=None).dataset()
+        self.assertEqual(sum(int(b["id"].shape[0]) for b in endless.take(24)), 192)  # 3 passes, still bounded
+        grouped = os.path.join(self.create_tempdir().full_path, "g")
+        write_tfrecords([_example(i, i % 2) for i in range(16)], grouped, num_shards=1, partition_by="label")
+        with self.assertRaisesRegex(DataError, "`cache`. Received: True. Expected False with stratified reading"):
+            TFRecordPipeline(files=f"{grouped}-*", features=FEATURES, batch_size=4, label_key="label",
+                             class_weights="balanced", cache=True).dataset()
 
     def test_images_decoded_resized_and_supervised(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "img")

@@ -111,8 +111,9 @@ class TFRecordPipeline:
         logged with its count.
       prefetch: Batches to prefetch, or 'autotune'.
       num_parallel_reads: Files read at once, or 'autotune'.
-      cache: Cache parsed elements in memory (True) or in a file (a path in an
-        existing directory).
+      cache: Cache the serialized records of one pass in memory (True) or in a
+        file (a path in an existing directory); shuffling, augmentation and
+        epochs still run anew on every pass. Not with stratified reading.
       private_threadpool_size: tf.data threads for this pipeline (0: shared).
       ram_budget_bytes: Autotune RAM budget (None: TF's default).
     """
@@ -306,9 +307,17 @@ class TFRecordPipeline:
                              "one partial batch.", where.index, where.count, share, where.batch_size)
 
     def _finish(self, records: Any, where: _context.PipelineSlot, *, stratified: bool) -> Any:
-        """Shuffle, repeat, parse, batch, cache, label, service, options, prefetch."""
+        """Cache, shuffle, repeat, parse, batch, label, service, options, prefetch."""
         import tensorflow as tf
 
+        if self.cache:
+            if stratified:
+                raise invalid(DataError, "cache", self.cache, "False with stratified reading (class_weights over "
+                              "class groups)", "A cache would replay one epoch's draw of the classes: put the "
+                              "files on fast local disk instead, or read without class_weights.")
+            # The serialized records of one pass, before shuffle and repeat: every epoch is shuffled (and
+            # augmented) anew, and an endless run (num_epochs=None) does not cache an endless stream.
+            records = records.cache("" if self.cache is True else str(self.cache))
         if self.shuffle_buffer:
             records = records.shuffle(self.shuffle_buffer, seed=self.seed)
         if not stratified:
@@ -330,8 +339,6 @@ class TFRecordPipeline:
             dataset = _batching.batch(records, where.batch_size, **batching).map(
                 lambda batch: parsing.parse_batch(batch, self.parsing, seed=self.seed),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
-        if self.cache:
-            dataset = dataset.cache("" if self.cache is True else str(self.cache))
         if self.as_supervised:
             dataset = parsing.supervised(dataset, self.label_key)  # type: ignore[arg-type]
         if self.data_service is not None:
