@@ -53,6 +53,28 @@ def test_store_lists_stages_within_budget_and_writes(s3_server: dict[str, str], 
         assert f.read() == bytes([0]) * 1000  # Evicted, so fetched again.
 
 
+def test_a_rewritten_object_is_staged_again(s3_server: dict[str, str], tmp_path: "os.PathLike[str]") -> None:
+    # Another process rewrites the object with the same size: the next listing shows a new ETag, and the
+    # reader fetches the new bytes instead of serving its old copy.
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket="rewrite")
+    client.put_object(Bucket="rewrite", Key="d/obj", Body=b"a" * 100)
+    store = S3Store(cache_dir=str(tmp_path), env=dict(s3_server))
+    assert store.glob("s3://rewrite/d/*") == ["s3://rewrite/d/obj"]
+    first = store.stage("s3://rewrite/d/obj")
+    assert open(first, "rb").read() == b"a" * 100
+    assert store.stage("s3://rewrite/d/obj") == first  # Unchanged: a cache hit.
+    client.put_object(Bucket="rewrite", Key="d/obj", Body=b"b" * 100)
+    store.glob("s3://rewrite/d/*")  # What every dataset() call does first.
+    again = store.stage("s3://rewrite/d/obj")
+    assert open(again, "rb").read() == b"b" * 100
+    assert not os.path.exists(first) or first == again
+
+
 def test_missing_objects_and_bad_urls_are_clear(s3_server: dict[str, str], tmp_path: "os.PathLike[str]") -> None:
     store = S3Store(cache_dir=str(tmp_path), env=dict(s3_server))
     with pytest.raises(StorageError, match=r"Cannot read s3://no-such-bucket/x through boto3 \(endpoint http://"):

@@ -114,8 +114,9 @@ class _Upload:
 class S3Store:
     """Lists, stages, opens and writes ``s3://`` objects through boto3, with a bounded local cache.
 
-    Thread-safe; one per process (:func:`store`). Staged copies are keyed by URL
-    and size, so a rewritten object is fetched again.
+    Thread-safe; one per process (:func:`store`). A staged copy is used only
+    while the object's size and ETag, as last listed or stat'ed, are those it
+    was downloaded with: a rewritten object is fetched again.
     """
 
     def __init__(self, *, cache_dir: Optional[str] = None, cache_bytes: Optional[int] = None,
@@ -144,7 +145,8 @@ class S3Store:
         self.cache_bytes = cache_bytes if cache_bytes is not None else int(env.get("TFDIST_S3_CACHE_MB", "4096")) << 20
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
-        self._staged: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
+        self._etags: dict[str, str] = {}
+        self._staged: collections.OrderedDict[str, tuple[str, int, str]] = collections.OrderedDict()
         self._pending: dict[str, threading.Event] = {}
         if self._own_dir:
             weakref.finalize(self, shutil.rmtree, self.cache_dir, True)
@@ -162,6 +164,7 @@ class S3Store:
                     if regex.match(item["Key"]):
                         url = f"s3://{bucket}/{item['Key']}"
                         self._sizes[url] = int(item["Size"])
+                        self._etags[url] = str(item.get("ETag", ""))
                         found.append(url)
         except Exception as err:  # noqa: BLE001 - botocore's errors are many classes; all mean the same here.
             raise self._error("list", pattern, err) from err
@@ -172,7 +175,8 @@ class S3Store:
         if url not in self._sizes:
             bucket, key = split_url(url)
             try:
-                self._sizes[url] = int(self._client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+                head = self._client.head_object(Bucket=bucket, Key=key)
+                self._sizes[url], self._etags[url] = int(head["ContentLength"]), str(head.get("ETag", ""))
             except Exception as err:  # noqa: BLE001
                 raise self._error("stat", url, err) from err
         return self._sizes[url]
@@ -191,9 +195,14 @@ class S3Store:
         while True:
             with self._lock:
                 hit = self._staged.get(url)
-                if hit is not None and os.path.exists(hit[0]):
+                if hit is not None and os.path.exists(hit[0]) and hit[1:] == (self._sizes.get(url, hit[1]),
+                                                                                self._etags.get(url, hit[2])):
                     self._staged.move_to_end(url)
                     return hit[0]
+                if hit is not None:  # Rewritten since it was staged (or its copy is gone): fetch it again.
+                    self._staged.pop(url)
+                    if os.path.exists(hit[0]):
+                        os.unlink(hit[0])
                 waiter = self._pending.get(url)
                 if waiter is None:
                     self._pending[url] = threading.Event()
@@ -208,6 +217,7 @@ class S3Store:
 
     def _download(self, url: str) -> str:
         bucket, key = split_url(url)
+        etag = self._etags.get(url, "")  # The version listed: a later listing that differs fetches again.
         fd, local = tempfile.mkstemp(prefix="obj-", suffix="-" + os.path.basename(key), dir=self.cache_dir)
         os.close(fd)
         try:
@@ -218,15 +228,15 @@ class S3Store:
         size = os.path.getsize(local)
         self._sizes[url] = size
         with self._lock:
-            self._staged[url] = (local, size)
+            self._staged[url] = (local, size, etag)
             self._evict()
         return local
 
     def _evict(self) -> None:
         """Deletes the least recently staged copies beyond the budget (always keeps the newest one)."""
-        total = sum(size for _, size in self._staged.values())
+        total = sum(size for _, size, _ in self._staged.values())
         while total > self.cache_bytes and len(self._staged) > 1:
-            _, (path, size) = self._staged.popitem(last=False)
+            _, (path, size, _) = self._staged.popitem(last=False)
             total -= size
             try:
                 os.unlink(path)  # A reader that opened it keeps reading: POSIX unlink semantics.
@@ -250,8 +260,8 @@ class S3Store:
         except Exception as err:  # noqa: BLE001
             raise self._error("write", url, err) from err
         self._sizes[url] = os.path.getsize(local)
-        with self._lock:
-            self._staged.pop(url, None)
+        self._etags.pop(url, None)
+        self._forget(url)
 
     def remove(self, url: str) -> None:
         """Deletes the object ``url``."""
@@ -261,8 +271,15 @@ class S3Store:
         except Exception as err:  # noqa: BLE001
             raise self._error("remove", url, err) from err
         self._sizes.pop(url, None)
+        self._etags.pop(url, None)
+        self._forget(url)
+
+    def _forget(self, url: str) -> None:
+        """Drops the staged copy of ``url`` (the object changed), file included."""
         with self._lock:
-            self._staged.pop(url, None)
+            old = self._staged.pop(url, None)
+        if old is not None and os.path.exists(old[0]):
+            os.unlink(old[0])
 
     def _error(self, action: str, url: str, err: Exception) -> StorageError:
         return StorageError(f"Cannot {action} {url} through boto3 (endpoint {self.endpoint or 'AWS default'}): {err}. "
