@@ -119,6 +119,17 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
                 return 128 + 2
             except Error as err:
                 sys.stderr.write(f"{prog}: error: {one_line(str(err))}\n")
-                return EXIT_FAILURE if isinstance(err, RuntimeFailure) else EXIT_USAGE
+                return exit_code_for(err)
         return wrapper
     return decorate
+
+
+def exit_code_for(err: Error) -> int:
+    """A CLI's exit status for a tfdist error: 2 for bad input (not worth retrying), 1 for a runtime failure.
+
+    Example:
+        >>> from tfdist.errors import EngineError, LaunchError
+        >>> exit_code_for(LaunchError("bad")), exit_code_for(EngineError("no Ray"))
+        (2, 1)
+    """
+    return EXIT_FAILURE if isinstance(err, RuntimeFailure) else EXIT_USAGE

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from tfdist.cli._common import one_line
+from tfdist.cli._common import exit_code_for, one_line
 from tfdist.data.sharding import SHARD_POLICIES
 from tfdist.cluster import MAX_TASKS_PER_JOB
 from tfdist.errors import DataError, Error, require_int
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                              shard_policy=args.shard_policy, shard_key=args.shard_key)
     except Error as err:
         sys.stderr.write(f"tfdist data-report: error: {one_line(str(err))}\n")
-        return 2
+        return exit_code_for(err)  # 2 for bad input, 1 for storage that cannot be read
     sys.stdout.write((json.dumps(report.to_dict(), indent=1) if args.json else report.to_text()) + "\n")
     if args.plot:
         try:

@@ -25,8 +25,6 @@ from tfdist.launch.engine import Engine
 from tfdist.launch.engines import ENGINES, engine_for
 from tfdist.launch.runner import run_config
 
-USAGE_ERROR = 2
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = _common.ArgumentParser(
@@ -160,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_config(config, on_line=_line, on_status=_status, engine=engine)
     except Error as err:
         sys.stderr.write(f"tfdist-launch: error: {_common.one_line(str(err))}\n")
-        return USAGE_ERROR
+        return _common.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)
     if result.exit_code != 0:
         sys.stderr.write(result.summary() + "\n")
     return result.exit_code
