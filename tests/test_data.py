@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfdist import DataError
+from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
 from tfdist.data._framing import check_file, crc32c
 from tfdist.data.report import skew_report
@@ -265,6 +265,15 @@ class CorruptTest(parameterized.TestCase):
 
     def test_crc32c_known_value(self) -> None:
         self.assertEqual(crc32c(b"123456789"), 0xE3069283)
+
+    def test_a_file_that_cannot_be_read_is_a_storage_error(self) -> None:
+        # One rule for every framing walk (verification and stratified counting alike): no raw OSError.
+        missing = os.path.join(self.create_tempdir().full_path, "gone.tfrecord")
+        for compression in (None, "GZIP"):
+            with self.assertRaisesRegex(StorageError, "Cannot read .*gone.tfrecord") as caught:
+                check_file(missing, compression)
+            self.assertNotIsInstance(caught.exception, ValueError)
+            self.assertEqual(caught.exception.value, missing)
 
     def test_the_first_bad_header_is_named_exactly(self) -> None:
         # The walk checks all length CRCs at once: the report must still name the first bad one.

@@ -87,8 +87,9 @@ def test_hostile_values_raise_only_tfdist_errors(name: str, field: str, value: A
     try:
         function(**{**kwargs, field: value})
     except errors.Error as err:
-        assert isinstance(err, (ValueError, errors.RuntimeFailure)), f"{name}({field}={value!r}): {err!r}"
+        assert isinstance(err, ValueError), f"{name}({field}={value!r}) is bad input, not {err!r}"
         assert str(err), f"{name}({field}={value!r}) raised an empty message"
+        assert err.field, f"{name}({field}={value!r}) raised {err!r} without naming the field"
     except Exception as err:  # noqa: BLE001 - the point: anything else is a leak.
         pytest.fail(f"{name}({field}={value!r}) leaked {type(err).__name__}: {err}")
 

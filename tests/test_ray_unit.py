@@ -70,7 +70,9 @@ def test_task_host_child_dies_with_its_host_process() -> None:
     ({"cpus_per_task": -1}, "--cpus-per-task"), ({"cpus_per_task": 0}, "--cpus-per-task"),
     ({"gpus_per_task": "1"}, "--gpus-per-task"), ({"placement": "packed"}, "placement"),
     ({"ready_timeout": 0}, "ready_timeout"), ({"address": ""}, "--ray-address"),
-    ({"address": "auto", "num_cpus": 4}, "num_cpus")])
+    ({"address": "auto", "num_cpus": 4}, "num_cpus"), ({"cpus_per_task": float("nan")}, "--cpus-per-task"),
+    ({"gpus_per_task": float("inf")}, "--gpus-per-task"), ({"ready_timeout": float("nan")}, "ready_timeout"),
+    ({"ready_timeout": True}, "ready_timeout"), ({"num_cpus": "x"}, "num_cpus"), ({"num_cpus": -1}, "num_cpus")])
 def test_bad_options_are_launch_errors(options: dict, field: str) -> None:
     with pytest.raises(LaunchError) as caught:
         RayOptions(**options)

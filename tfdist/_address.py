@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import re
 import socket
 
-from tfdist.errors import ClusterSpecError, LaunchFailure, invalid
+from tfdist.errors import ClusterSpecError, LaunchError, LaunchFailure, invalid
 
 _HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?)"
 _ADDRESS = re.compile(rf"^(?P<host>{_HOST}):(?P<port>[0-9]{{1,5}})$")
@@ -108,10 +109,15 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             try:
                 sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
                 sock.bind((host, 0))
+            except (socket.gaierror, UnicodeError) as err:  # A name that resolves to nothing: the input is wrong.
+                raise invalid(LaunchError, "host", host, f"an address of this machine ({err})",
+                              "Use 127.0.0.1 for a local cluster.") from err
             except OSError as err:
-                raise LaunchFailure(f"Cannot pick a free port on {host!r}: {err}. Check that the host is an "
-                                    "address of this machine and that ports and file descriptors are left.",
-                                    field="host", value=host) from err
+                if err.errno == errno.EADDRNOTAVAIL:  # A real address, but not one of this machine's.
+                    raise invalid(LaunchError, "host", host, "an address of this machine",
+                                  "Use 127.0.0.1 for a local cluster.") from err
+                raise LaunchFailure(f"Cannot pick a free port on {host!r}: {err}. Check that ports and file "
+                                    "descriptors are left.", field="host", value=host) from err
             ports.append(sock.getsockname()[1])
         return ports
 

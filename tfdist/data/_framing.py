@@ -18,6 +18,8 @@ import struct
 import zlib
 from typing import Any, Optional
 
+from tfdist.errors import StorageError
+
 _HEADER = 12
 _FOOTER = 4
 # How to undo each compression tfdist.data.writer.COMPRESSIONS names (a test checks the two agree).
@@ -126,7 +128,19 @@ def _walk(data: Any, path: str) -> FileCheck:
 
 
 def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
-    """Walks the framing of one TFRecord file (local or any ``tf.io.gfile`` path)."""
+    """Walks the framing of one TFRecord file (local or any ``tf.io.gfile`` path).
+
+    Raises:
+      StorageError: The file cannot be read (missing, no permission, I/O error).
+    """
+    try:
+        return _check_file(path, compression)
+    except OSError as err:
+        raise StorageError(f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",
+                           field="files", value=path) from err
+
+
+def _check_file(path: str, compression: Optional[str]) -> FileCheck:
     from tfdist.data import remote
 
     compression = (compression or "").upper()

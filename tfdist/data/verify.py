@@ -110,14 +110,6 @@ def compression_problem(path: str, compression: Optional[str]) -> Optional[str]:
     return f"read as {compression or 'uncompressed'}, but the file starts like {found}"
 
 
-def _check(path: str, compression: Optional[str]) -> _framing.FileCheck:
-    try:
-        return _framing.check_file(path, compression)
-    except OSError as err:
-        raise StorageError(f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.") \
-            from err
-
-
 def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) -> VerifyReport:
     """Walks the framing of ``paths`` (as ``source.verify`` asks); raises or reports what is damaged.
 
@@ -141,7 +133,7 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
     # Threads overlap remote reads; local walks hold the GIL, so there they only add contention.
     threads = min(8, len(todo)) if any("://" in p for p in todo) else 1
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        checks = list(pool.map(lambda p: _check(p, compression_of(p, source.compression)), todo))
+        checks = list(pool.map(lambda p: _framing.check_file(p, compression_of(p, source.compression)), todo))
     damaged = [c for c in checks if not c.ok]
     if damaged and source.on_corrupt == "raise":
         check = damaged[0]

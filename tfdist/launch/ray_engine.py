@@ -28,7 +28,7 @@ from typing import Any, Optional
 from tfdist import _address
 from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid
+from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_int, require_number
 from tfdist.launch._ray_actor import TaskHost
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engine import Engine, LineSink, TaskProcess
@@ -75,7 +75,11 @@ def is_loopback(address: Optional[str]) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
-@dataclasses.dataclass(frozen=True)
+_MAX_PER_TASK = 4096  # CPUs or GPUs one task may reserve
+_MAX_READY_TIMEOUT = 86400.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RayOptions:
     """Where and how a run uses Ray.
 
@@ -100,18 +104,21 @@ class RayOptions:
     num_cpus: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name, minimum in (("cpus_per_task", 0.0), ("gpus_per_task", 0.0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"a number >= {minimum:g}")
+        for name in ("cpus_per_task", "gpus_per_task"):  # finite: nan and inf would reach Ray's scheduler
+            value = require_number(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=0)
+            if value > _MAX_PER_TASK:
+                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"a number <= {_MAX_PER_TASK}")
             object.__setattr__(self, name, float(value))
         if self.cpus_per_task == 0 and self.gpus_per_task == 0:
             raise invalid(LaunchError, "--cpus-per-task", 0, "> 0 when --gpus-per-task is 0",
                           "Every task must reserve something, or Ray may put them all anywhere.")
         if self.placement not in PLACEMENTS:
             raise invalid(LaunchError, "placement", self.placement, describe_choices(self.placement, PLACEMENTS))
-        if not isinstance(self.ready_timeout, (int, float)) or self.ready_timeout <= 0:
-            raise invalid(LaunchError, "ready_timeout", self.ready_timeout, "seconds > 0")
+        require_number(LaunchError, "ready_timeout", self.ready_timeout, above=0)
+        if self.ready_timeout > _MAX_READY_TIMEOUT:
+            raise invalid(LaunchError, "ready_timeout", self.ready_timeout, f"seconds <= {_MAX_READY_TIMEOUT}")
+        if self.num_cpus is not None:
+            require_int(LaunchError, "num_cpus", self.num_cpus, minimum=1, maximum=_MAX_PER_TASK * 10000)
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
             raise invalid(LaunchError, "--ray-address", self.address, "'auto' or 'host:port'")
         if self.num_cpus is not None and self.address is not None:
