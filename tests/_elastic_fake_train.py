@@ -19,6 +19,20 @@ generation = int(os.environ["TFDIST_MEMBERSHIP"])
 size = int(os.environ["TFDIST_WORLD_SIZE"])
 print(f"task {os.environ['TFDIST_TASK']} index {index} generation {generation} world {size} "
       f"workers {len(tf_config['cluster']['worker'])}", flush=True)
+# FAKE_CRASH=MARKER|TASK: TASK crashes in epoch 1 of generation 0, and its peers fail of the "collective error"
+# 20 ms later, as MWMS peers do.
+crash = os.environ["FAKE_CRASH"].split("|") if os.environ.get("FAKE_CRASH") and generation == 0 else None
+
+
+def pause(seconds: float) -> None:
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if crash and os.path.exists(crash[0]):
+            time.sleep(0.02)  # the collective error reaches the peer, which raises and exits
+            os._exit(1)
+        time.sleep(0.001 if crash else seconds)
+
+
 start = 0
 if os.path.exists(backup):
     with open(backup) as f:
@@ -33,8 +47,11 @@ for epoch in range(start, epochs):
                 not os.path.exists(marker):
             open(marker, "w").close()
             sys.exit(3)
+    if crash and epoch == 1 and os.environ["TFDIST_TASK"] == crash[1]:
+        open(crash[0], "w").close()
+        os._exit(3)
     for step in range(3):
-        time.sleep(0.1)
+        pause(0.1)
         print(f"generation {generation} epoch {epoch} step {step}", flush=True)
     if index == 0:
         with open(backup + ".tmp", "w") as f:
@@ -44,5 +61,5 @@ for epoch in range(start, epochs):
                                world_size=size)
         print(f"epoch {epoch} end", flush=True)
     else:
-        time.sleep(0.1)  # the leader's backup lands before any peer finishes the epoch
+        pause(0.1)  # the leader's backup lands before any peer finishes the epoch
 print(f"task {os.environ['TFDIST_TASK']} done", flush=True)

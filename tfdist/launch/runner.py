@@ -69,11 +69,30 @@ class _Task:
         self.name, self.argv = name, tuple(argv)
         self.proc: Optional[TaskProcess] = None
         self.restarts = 0
+        self.ended_at: Optional[float] = None  # when the current attempt exited (monotonic), set by its waiter
+        self.waiter: Optional[threading.Thread] = None
         self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
         self.log: Optional[IO[str]] = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
 
     def poll(self) -> Optional[int]:
         return self.proc.poll() if self.proc is not None else None
+
+    def watch_exit(self) -> None:
+        """Stamps the exit of the current attempt as it happens (a daemon thread that lives as long as it)."""
+        proc, self.ended_at = self.proc, None
+
+        def _stamp() -> None:
+            if proc is not None and proc.wait(None) is not None and self.proc is proc:
+                self.ended_at = time.monotonic()
+
+        self.waiter = threading.Thread(target=_stamp, name=f"tfdist-exit-{self.name}", daemon=True)
+        self.waiter.start()
+
+    def exit_time(self) -> float:
+        """When the current attempt (which has exited) ended; failures are handled in this order."""
+        if self.waiter is not None:
+            self.waiter.join(1.0)  # the process is gone: its waiter stamps at once
+        return self.ended_at if self.ended_at is not None else time.monotonic()
 
 
 class _Supervisor:
@@ -142,6 +161,7 @@ class _Supervisor:
         if record.log is not None:
             record.log.write(f"--- tfdist-launch: {record.name} start #{record.restarts}\n")
         record.proc = self.engine.start(record.name, record.argv, env, self._on_line)
+        record.watch_exit()
         self.finished.pop(record.name, None)
 
     def _start(self, task: str) -> None:
@@ -303,10 +323,11 @@ class _Supervisor:
             if outcome is not None:
                 return outcome
             self._check_boundaries()
-            for task, record in self.tasks.items():
-                code = record.poll()
-                if code is None or task in self.finished or task in self.away:
-                    continue
+            # In exit order, not task order: when a collective member crashes, its peers fail of the collective
+            # error just after it, and one pass may see them all; the first to fail is the one restarted or lost.
+            exited = [(task, record, code) for task, record in self.tasks.items()
+                      if (code := record.poll()) is not None and task not in self.finished and task not in self.away]
+            for task, record, code in sorted(exited, key=lambda item: item[1].exit_time()):
                 self.finished[task] = code
                 runs_cmd = self.config.runs_command(task)
                 if code == 0 and runs_cmd:
