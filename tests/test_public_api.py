@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
+import pathlib
 import pkgutil
 import subprocess
 import sys
@@ -80,6 +82,19 @@ def _keyword_only_classes() -> list[type]:
 @pytest.mark.parametrize("cls", _keyword_only_classes(), ids=lambda cls: cls.__name__)
 def test_dataclasses_are_keyword_only(cls: type) -> None:
     assert all(field.kw_only for field in dataclasses.fields(cls) if field.init), cls
+
+
+def test_every_dataclass_in_the_package_is_frozen_and_keyword_only() -> None:
+    """Private records too (FileCheck and PipelineSlot were positional): read from the source, no import needed."""
+    loose = []
+    for path in sorted((pathlib.Path(tfdist.__file__).parent).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for decorator in node.decorator_list:
+                    text = ast.unparse(decorator)
+                    if "dataclass" in text and not ("frozen=True" in text and "kw_only=True" in text):
+                        loose.append(f"{path.name}:{node.lineno} {node.name}: @{text}")
+    assert not loose, loose
 
 
 def _spec_classes() -> list[type]:

@@ -123,7 +123,7 @@ def test_failures_end_the_job_at_once_with_their_code(slurm_cluster: Any, tmp_pa
     assert code == 2 and record["ExitCode"] == "2:0", output
     assert f"{BASE_PYTHON} cannot import tfdist on every node" in output, output
     assert "No module named 'tfdist'" in output and "srun: error: localhost" in output, output  # The node.
-    assert "tfdist slurm task" not in output and "restart" not in output, output  # Stopped before the step.
+    assert "tfdist.cli.slurm_task: " not in output and "restart" not in output, output  # Stopped before the step.
 
     code, record, output = done["no_cmd"]
     assert code == 127 and record["ExitCode"] == "127:0", output

@@ -15,13 +15,14 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from tfdist import _address, _slurm, exit_codes
-from tfdist.cli._task import exec_task, parse_jobs
+from tfdist import _address, _slurm
 from tfdist.cli import _common
+from tfdist.cli._task import exec_task, parse_jobs
 from tfdist.cluster import ClusterSpec
-from tfdist.errors import Error, LaunchError, invalid, require_int
+from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import RUN_ON_CHOICES
-_PREFIX = "tfdist slurm task: "
+
+_PROG = "python -m tfdist.cli.slurm_task"
 
 
 def _pick_port_base(env: dict[str, str]) -> int:
@@ -34,7 +35,7 @@ def _pick_port_base(env: dict[str, str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _common.ArgumentParser(prog="python -m tfdist.cli.slurm_task")
+    parser = _common.ArgumentParser(prog=_PROG)
     parser.add_argument("--jobs", default=None, help="JOB=COUNT pairs; default every task a worker")
     parser.add_argument("--port-base", type=int, default=8888, help="port of the first task on each node")
     parser.add_argument("--pick-port-base", action="store_true",
@@ -44,24 +45,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@_common.cli_main("python -m tfdist.cli.slurm_task")
+@_common.cli_main(_PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Execs the task's program; a tfdist error is one line on stderr (exit 2 for bad input, 1 for a failure)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = _parser().parse_args(argv[:cut])
     command = argv[cut + 1:]
-    try:
-        if args.pick_port_base:
-            sys.stdout.write(f"{_pick_port_base(dict(os.environ))}\n")
-            return 0
-        require_int(LaunchError, "--port-base", args.port_base, minimum=1, maximum=65535)
-        require_int(LaunchError, "--restart", args.restart, minimum=0)
-        jobs = parse_jobs(args.jobs) if args.jobs else None
-        spec = ClusterSpec.from_slurm(jobs=jobs, port_base=args.port_base)
-        return exec_task(_PREFIX, spec, command, run_on=args.run_on, restart=args.restart)
-    except Error as err:
-        sys.stderr.write(f"{_PREFIX}error: {_common.one_line(str(err))}\n")
-        return exit_codes.BAD_CONFIG
+    if args.pick_port_base:
+        sys.stdout.write(f"{_pick_port_base(dict(os.environ))}\n")
+        return 0
+    require_int(LaunchError, "--port-base", args.port_base, minimum=1, maximum=65535)
+    require_int(LaunchError, "--restart", args.restart, minimum=0)
+    jobs = parse_jobs(args.jobs) if args.jobs else None
+    spec = ClusterSpec.from_slurm(jobs=jobs, port_base=args.port_base)
+    return exec_task(f"{_PROG}: ", spec, command, run_on=args.run_on, restart=args.restart)
 
 
 if __name__ == "__main__":
