@@ -9,7 +9,7 @@ from tfdist.cluster import ClusterSpec, current_cluster
 from tfdist.errors import DataError, invalid
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PipelineSlot:
     """This pipeline's index among ``count`` pipelines, and its batch size.
 
@@ -37,8 +37,8 @@ def slot(input_context: Optional[Any], global_batch: int, *, cluster: Optional[C
             raise invalid(DataError, "batch_size", global_batch,
                           f"a global batch divisible by the {replicas} replicas in sync",
                           f"Use a multiple of {replicas}, e.g. {suggestion}.")
-        return PipelineSlot(input_context.input_pipeline_id, input_context.num_input_pipelines,
-                            input_context.get_per_replica_batch_size(global_batch), True)
+        return PipelineSlot(index=input_context.input_pipeline_id, count=input_context.num_input_pipelines,
+                            batch_size=input_context.get_per_replica_batch_size(global_batch), per_replica=True)
     if cluster is not None and not isinstance(cluster, ClusterSpec):
         raise invalid(DataError, "cluster", type(cluster).__name__, "a tfdist.ClusterSpec",
                       "Build one with ClusterSpec.from_tf_config(...) or tfdist.current_cluster().")
@@ -48,5 +48,6 @@ def slot(input_context: Optional[Any], global_batch: int, *, cluster: Optional[C
         # the InputContext of a dataset function, and the coordinator's own datasets (evaluation) read all.
         if spec.task_type in ("chief", "worker") and spec.num_workers > 1 and not spec.num_ps:
             order = [(task.type, task.index) for task in spec.training_tasks()]  # TensorFlow's multi-worker order
-            return PipelineSlot(order.index((spec.task_type, spec.task_id)), len(order), global_batch, False)
-    return PipelineSlot(0, 1, global_batch, False)
+            return PipelineSlot(index=order.index((spec.task_type, spec.task_id)), count=len(order),
+                                batch_size=global_batch, per_replica=False)
+    return PipelineSlot(index=0, count=1, batch_size=global_batch, per_replica=False)

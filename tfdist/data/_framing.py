@@ -52,7 +52,7 @@ def masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FileCheck:
     """What a framing walk found in one file.
 
@@ -122,9 +122,10 @@ def _walk(data: Any, path: str) -> FileCheck:
         records, offset = records + 1, end
     bad = _first_bad_crc(bytes(headers)) if headers else None
     if bad is not None:
-        return FileCheck(path, bad, offsets[bad], total, f"corrupt record header at byte {offsets[bad]} (is this "
-                         "a TFRecord file, and is its compression set right?)")
-    return FileCheck(path, records, offset, total, problem)
+        return FileCheck(path=path, records=bad, valid_bytes=offsets[bad], total_bytes=total,
+                         problem=f"corrupt record header at byte {offsets[bad]} (is this a TFRecord file, and is "
+                                 "its compression set right?)")
+    return FileCheck(path=path, records=records, valid_bytes=offset, total_bytes=total, problem=problem)
 
 
 def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
@@ -148,7 +149,7 @@ def _check_file(path: str, compression: Optional[str]) -> FileCheck:
     if "://" not in local and not compression:
         with open(local, "rb") as f:
             if not os.fstat(f.fileno()).st_size:
-                return FileCheck(path, 0, 0, 0)
+                return FileCheck(path=path, records=0, valid_bytes=0, total_bytes=0)
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:  # Only the headers' pages are read.
                 return _walk(data, path)
     if "://" in local:
@@ -160,5 +161,6 @@ def _check_file(path: str, compression: Optional[str]) -> FileCheck:
     try:
         raw = _DECOMPRESS[compression](raw) if compression else raw
     except (OSError, EOFError, zlib.error) as err:
-        return FileCheck(path, 0, 0, len(raw), f"cannot decompress as {compression}: {err}")
+        return FileCheck(path=path, records=0, valid_bytes=0, total_bytes=len(raw),
+                         problem=f"cannot decompress as {compression}: {err}")
     return _walk(raw, path)
