@@ -15,6 +15,7 @@ from absl.testing import parameterized
 
 from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
+from tfdist.data.files import list_files
 from tfdist.data.writer import label_name
 
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64)}
@@ -97,6 +98,24 @@ class AtomicWriteTest(parameterized.TestCase):
                          ["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord",
                           "part-v=2-manifest.json"])
         self.assertNotIn("part-00000-of-00001.tfrecord", _tree(root))
+
+    def test_a_prefix_that_looks_like_a_class_group_finds_its_own_manifest(self) -> None:
+        # 'part-label=2-00000-of-00002.tfrecord' is a shard of the prefix 'part-label=2', or of class 2 of 'part'
+        # partitioned by label. The listing looked only for 'part-manifest.json', so the counts were unknown.
+        root = self.create_tempdir().full_path
+        versioned = os.path.join(root, "part-label=2")
+        write_tfrecords((_example(i) for i in range(10)), versioned, num_shards=2)
+        listing = list_files([f"{versioned}-0*"])
+        self.assertEqual([(f.records, f.label) for f in listing.files], [(5, None), (5, None)])
+        # Both at once: 'part' by label writes the same names for class 2 and replaces those files, so two
+        # manifests name them; the one that matches the files wins (the other says 5 records of no class).
+        labels = {i: 2 if i < 16 else 1 for i in range(10, 20)}
+        write_tfrecords((_example(i, labels[i]) for i in labels), os.path.join(root, "part"), num_shards=2,
+                        partition_by="label")
+        self.assertTrue(os.path.exists(f"{versioned}-manifest.json"))
+        listing = list_files([f"{versioned}-0*"])
+        self.assertEqual([(f.records, f.label) for f in listing.files], [(3, "2"), (3, "2")])
+        self.assertEqual(sorted(_ids(f"{versioned}-0*", verify="all")), list(range(10, 16)))
 
     def test_a_prefix_under_a_file_is_a_storage_error(self) -> None:
         root = self.create_tempdir().full_path

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from tfdist.data import remote
-from tfdist.data.writer import COMPRESSIONS, prefix_of, read_manifest
+from tfdist.data.writer import COMPRESSIONS, prefixes_of, read_manifest
 from tfdist.errors import DataError, Error, StorageError, invalid
 
 __all__ = ["FileInfo", "Listing", "list_files", "compression_of", "glob", "size_of", "is_dir"]
@@ -128,10 +128,25 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
                       f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.")
     with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:
         sizes = list(pool.map(size_of, paths))
-    written: dict[str, dict] = {}
-    for prefix in sorted({p for p in (prefix_of(path) for path in paths) if p}):
+    written: dict[str, list[dict]] = {}
+    for prefix in sorted({prefix for path in paths for prefix in prefixes_of(path)}):
         manifest = read_manifest(prefix, on_corrupt=on_corrupt)
         if manifest is not None:
-            written.update(manifest["files"])
-    return Listing(files=tuple(FileInfo(path=p, size=s, records=written.get(p, {}).get("records"),
-                                        label=written.get(p, {}).get("class")) for p, s in zip(paths, sizes)))
+            for path, info in manifest["files"].items():
+                written.setdefault(path, []).append(info)
+    infos = [_written_info(written.get(p, []), p, s) for p, s in zip(paths, sizes)]
+    return Listing(files=tuple(FileInfo(path=p, size=s, records=info.get("records"), label=info.get("class"))
+                               for p, s, info in zip(paths, sizes, infos)))
+
+
+def _written_info(entries: list[dict], path: str, size: int) -> dict:
+    """The manifest entry for ``path``, or {} when no manifest names it or it cannot be told which one does.
+
+    Two manifests can name the same file: ``part`` partitioned by ``v`` and the
+    prefix ``part-v=2`` write the same shard names. Then the entry whose byte
+    count matches the (uncompressed) file wins; an undecidable tie leaves the
+    counts unknown, so the reader walks the file instead of trusting either.
+    """
+    if len({(e.get("records"), e.get("class")) for e in entries}) > 1 and compression_of(path, "auto") is None:
+        entries = [e for e in entries if e.get("bytes") == size]
+    return entries[0] if len({(e.get("records"), e.get("class")) for e in entries}) == 1 else {}

@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 
 from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
-__all__ = ["write_tfrecords", "shard_name", "prefix_of", "manifest_path", "read_manifest", "label_name",
+__all__ = ["write_tfrecords", "shard_name", "prefixes_of", "manifest_path", "read_manifest", "label_name",
            "label_of_name", "COMPRESSIONS", "CLASS_GROUP"]
 
 _log = logging.getLogger("tfdist.data")
@@ -42,13 +42,30 @@ def shard_name(prefix: str, index: int, count: int, compression: Optional[str] =
     return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression]}"
 
 
-_SHARD_SUFFIX = re.compile(r"(?:-[A-Za-z0-9_]+=[^/]+?)?-\d{5}-of-\d{5}\.tfrecord(?:\.gz|\.zz)?$")
+_SHARD_SUFFIX = re.compile(rf"-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
+# A class group's '-KEY=VALUE' right before the shard suffix (an encoded label has no '=' and no '/').
+_GROUP_TAIL = re.compile(r"-[A-Za-z0-9_]+=[^/=]+$")
 
 
-def prefix_of(path: str) -> Optional[str]:
-    """The ``path_prefix`` a shard written by :func:`write_tfrecords` came from, or None."""
+def prefixes_of(path: str) -> tuple[str, ...]:
+    """The ``path_prefix`` values a shard written by :func:`write_tfrecords` can come from; () for other names.
+
+    A name with a ``-KEY=VALUE`` group before its shard number is ambiguous: a
+    class group of a partitioned write, or a prefix that itself ends in
+    ``-KEY=VALUE`` (``part-v=2``). Both are returned, the longer first.
+
+    Example:
+        >>> prefixes_of("/d/part-v=2-00000-of-00002.tfrecord.gz")
+        ('/d/part-v=2', '/d/part')
+        >>> prefixes_of("/d/train-00003-of-00016.tfrecord"), prefixes_of("/d/notes.txt")
+        (('/d/train',), ())
+    """
     match = _SHARD_SUFFIX.search(path)
-    return path[: match.start()] if match else None
+    if match is None:
+        return ()
+    prefix = path[: match.start()]
+    group = _GROUP_TAIL.search(prefix)
+    return (prefix, prefix[: group.start()]) if group and group.start() else (prefix,)
 
 
 def manifest_path(prefix: str) -> str:
