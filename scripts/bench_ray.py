@@ -31,13 +31,19 @@ MARK = "FIRST_STEP_AT"
 HERE = os.path.abspath(__file__)
 
 
-def train(config: Any = None) -> None:
-    """The training function every variant runs (under tfdist: after build_strategy; under Ray Train: as is)."""
+def train(config: dict[str, Any], strategy: Any = None) -> None:
+    """The training function every variant runs (tfdist passes its strategy; under Ray Train it makes its own).
+
+    Ray Train V2 passes ``train_loop_config`` only to a function whose one parameter has no default, so
+    ``config`` is required (with a default it was called without it, and the workers' marks never reached
+    the file: their printed marks stay in Ray's worker logs, which a driver with log_to_driver=False never
+    sees).
+    """
     import numpy as np
     import tensorflow as tf
     import tf_keras as keras
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
     x = np.random.default_rng(0).normal(size=(2048, 32)).astype("float32")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -52,7 +58,7 @@ def train(config: Any = None) -> None:
             marked.append(time.time())
             sys.stdout.write(f"{MARK} {marked[0]:.6f}\n")
             sys.stdout.flush()
-            if config and config.get("marks"):
+            if config.get("marks"):
                 with open(config["marks"], "a") as f:
                     f.write(f"{marked[0]:.6f}\n")
 
@@ -114,8 +120,8 @@ def main() -> int:
     if args.child:
         import tfdist
 
-        tfdist.build_strategy("auto", communication="ring")  # What a tfdist script does first.
-        train()
+        strategy = tfdist.build_strategy("auto", communication="ring")  # What a tfdist script does first.
+        train({}, strategy)
         return 0
     if args.ray_train:
         return ray_train_driver(*args.ray_train)
