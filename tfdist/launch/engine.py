@@ -86,6 +86,21 @@ class Engine(abc.ABC):
           LaunchFailure: The task could not be started; nothing of it is left running.
         """
 
+    def lost(self, task: str) -> bool:
+        """Whether ``task``'s last attempt ended because its place is gone (its node left the cluster).
+
+        The supervisor then counts the task as lost (elastic runs) instead of restarting it where it cannot
+        run. Default: never; a local process always has this machine.
+        """
+        return False
+
+    def returned(self) -> dict[str, str]:
+        """Lost tasks whose place is back since the last call, each with its (possibly new) ``host:port``.
+
+        Polled often by the supervisor: cheap, never blocks. Default: none.
+        """
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default.
         """Frees the engine's resources after the run; idempotent."""
 

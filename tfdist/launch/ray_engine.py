@@ -8,6 +8,12 @@ environment): this module only places, starts, streams, signals and reports, lik
 Without ``address`` a local Ray is started for the run and shut down afterwards; with ``'auto'`` or
 ``'host:port'`` the run joins that cluster and leaves it running.
 
+Nodes that leave and join: when a task's actor dies with its node, :meth:`RayEngine.lost` says so (the
+supervisor then counts an elastic worker as lost instead of restarting it where it cannot run), and a new
+actor is asked for in the same placement-group bundle at once. Ray reschedules that bundle when the cluster has
+room for it again (a node joins); the new actor then reports its address and :meth:`RayEngine.returned` hands
+the task back, so the worker rejoins at the next epoch boundary.
+
 Example:
     >>> options = RayOptions(cpus_per_task=2, placement="spread")   # RayEngine(**same) runs with them
     >>> options.bundle(), options.strategy
@@ -22,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -44,6 +51,8 @@ DATA_SERVICE_TASK = "data-service:0"
 _ACTOR_DIED = 1
 _POLL_SECONDS = 0.5
 _CALL_TIMEOUT = 60.0
+_NODE_DEATH_WAIT = 10.0  # after an actor died: seconds for the GCS to mark its node dead (health checks)
+_RETURN_LOOK = 1.0  # seconds between looks for re-placed actors
 
 
 def import_ray() -> Any:
@@ -156,6 +165,10 @@ class RayEngine(Engine):
         self._nodes: dict[str, str] = {}
         self._driver_node = ""
         self._spare_address: Optional[str] = None
+        self._bundles: dict[str, int] = {}
+        self._procs: dict[str, RayTaskProcess] = {}
+        self._gone: dict[str, tuple[Any, Any]] = {}  # lost task -> (its new actor, that actor's address ref)
+        self._next_look = 0.0
 
     # -- placing -------------------------------------------------------------------------------------------
 
@@ -215,7 +228,6 @@ class RayEngine(Engine):
 
     def _reserve(self, tasks: list[str]) -> None:
         from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray, options = self._ray, self.options
         bundle = options.bundle()
@@ -231,12 +243,19 @@ class RayEngine(Engine):
                 f"bundles of {bundle} placed {options.strategy}, the cluster has {total} ({free} free, "
                 f"{len(ray.nodes())} node(s)). Lower --cpus-per-task/--gpus-per-task, use fewer tasks, add nodes, "
                 "or use --ray-placement pack.", field="placement group", value=[bundle] * len(tasks))
-        remote = ray.remote(TaskHost)
         for index, task in enumerate(tasks):
-            self._actors[task] = remote.options(
-                num_cpus=options.cpus_per_task, num_gpus=options.gpus_per_task, max_concurrency=8, max_restarts=0,
-                name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, index),
-            ).remote(task)
+            self._bundles[task] = index
+            self._actors[task] = self._new_actor(task)
+
+    def _new_actor(self, task: str) -> Any:
+        """An actor for ``task`` in its bundle of the placement group (pending until the bundle is placed)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = self.options
+        return self._ray.remote(TaskHost).options(
+            num_cpus=options.cpus_per_task, num_gpus=options.gpus_per_task, max_concurrency=8, max_restarts=0,
+            name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, self._bundles[task]),
+        ).remote(task)
 
     def _addresses(self, tasks: list[str]) -> dict[str, str]:
         """Each actor's 'host:port' on its own node; picked again where two tasks on one node drew one port."""
@@ -271,16 +290,67 @@ class RayEngine(Engine):
     def start(self, task: str, argv: Sequence[str], env: Mapping[str, str], on_line: LineSink) -> TaskProcess:
         if task not in self._actors:
             raise invalid(LaunchError, "task", task, describe_choices(task, self._actors))
+        if task in self._gone:
+            raise LaunchFailure(f"{task} cannot start: its Ray node left the cluster, and Ray has not placed it "
+                                "again yet (no node with room for it). With --min-workers, an elastic run goes on "
+                                "without it and takes it back when a node joins.")
         actor = self._actors[task]
         pid = self._get(actor.start.remote(list(argv), dict(env)), _CALL_TIMEOUT, f"start {task}")
         local = self._nodes.get(task) == self._driver_node
-        return RayTaskProcess(self._ray, task, actor, on_line, pid, local)
+        proc = self._procs[task] = RayTaskProcess(self._ray, task, actor, on_line, pid, local)
+        return proc
+
+    # -- nodes that leave and join -------------------------------------------------------------------------
+
+    def lost(self, task: str) -> bool:
+        """True when ``task``'s actor died because its node left; a new actor is then asked for at once."""
+        if task in self._gone:
+            return True
+        proc = self._procs.get(task)
+        if self._ray is None or proc is None or not proc.actor_died:
+            return False
+        deadline = time.monotonic() + _NODE_DEATH_WAIT
+        while self._node_alive(self._nodes.get(task, "")):
+            if time.monotonic() >= deadline:
+                return False  # The actor died on a live node (killed, out of memory): not a node loss.
+            time.sleep(0.2)
+        actor = self._new_actor(task)
+        self._gone[task] = (actor, actor.address.remote())
+        _log.info("The Ray node of %s (%s) left; asked Ray to place it again.", task, self._nodes.get(task))
+        return True
+
+    def _node_alive(self, node: str) -> bool:
+        return any(n.get("NodeID") == node and n.get("Alive") for n in self._ray.nodes())
+
+    def returned(self) -> dict[str, str]:
+        """Lost tasks whose new actor is up (Ray placed their bundle again), with their new addresses."""
+        now = time.monotonic()
+        if not self._gone or self._ray is None or now < self._next_look:
+            return {}
+        self._next_look = now + _RETURN_LOOK
+        ray, back = self._ray, {}
+        for task, (actor, ref) in list(self._gone.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                address, node = ray.get(ref, timeout=_CALL_TIMEOUT)
+            except ray.exceptions.RayError as err:  # Died again before it started: ask once more.
+                _log.info("The new actor of %s failed (%s); asking again.", task, err)
+                actor = self._new_actor(task)
+                self._gone[task] = (actor, actor.address.remote())
+                continue
+            del self._gone[task]
+            self._actors[task], self._nodes[task] = actor, node
+            _log.info("Ray placed %s again: %s on node %s.", task, address, node)
+            back[task] = address
+        return back
 
     def close(self) -> None:
         ray, self._ray = self._ray, None
         if ray is None:
             return
-        actors, self._actors = list(self._actors.values()), {}
+        actors = list(self._actors.values()) + [actor for actor, _ in self._gone.values()]
+        self._actors, self._gone, self._procs = {}, {}, {}
         for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)  # Its subprocess gets SIGKILL with it (parent-death signal).
@@ -307,6 +377,7 @@ class RayTaskProcess:
         self._ray, self.task, self._actor, self._on_line = ray, task, actor, on_line
         self._remote_pid, self._pid = pid, (pid if local else None)
         self._code: Optional[int] = None
+        self.actor_died = False  # the attempt ended because its actor died (not because the program exited)
         self._exited = threading.Event()
         self._finished = threading.Event()
         self._stop_pump = threading.Event()
@@ -334,6 +405,7 @@ class RayTaskProcess:
                         self._exited.set()
                     break
         except Exception as err:  # noqa: BLE001 - an actor that died or hangs ends this attempt.
+            self.actor_died = isinstance(err, ray.exceptions.RayActorError)
             if not self._exited.is_set():
                 self._on_line(self.task, f"tfdist: the Ray actor of {self.task} was lost: {err}")
                 self._code = _ACTOR_DIED

@@ -229,24 +229,27 @@ class _Supervisor:
             proc.signal(sig)
 
     # ------------------------------------------------------------------ elastic
-    def _lose(self, task: str, why: str) -> Optional[tuple[int, str, Optional[str]]]:
-        """``task`` (a worker) leaves: killed, kept away; the group goes on without it or the run fails."""
+    def _lose(self, task: str, why: str, also: Sequence[str] = ()) -> Optional[tuple[int, str, Optional[str]]]:
+        """``task`` (a worker) leaves, with the workers in ``also`` (the same node): killed, kept away; the
+        group goes on without them or the run fails."""
         if task not in self.membership.workers or self.tasks[task].poll() == 0:
             self.status(f"elastic: {task} is not in the group or has finished; nothing to lose")
             return None
-        self.status(f"elastic: losing {task} {why}")
-        record = self.tasks[task]
-        if record.proc is not None:
-            self.stop([record], grace=0)  # SIGKILL, reap, and read its last output
-            self.finished[task] = record.poll() if record.poll() is not None else 137
-        self.away.append(task)
-        left = tuple(w for w in self.membership.workers if w != task)
+        leaving = [task] + [t for t in also if t != task and t in self.membership.workers]
+        self.status(f"elastic: losing {', '.join(leaving)} {why}")
+        for name in leaving:
+            record = self.tasks[name]
+            if record.proc is not None:
+                self.stop([record], grace=0)  # SIGKILL, reap, and read its last output
+                self.finished[name] = record.poll() if record.poll() is not None else 137
+            self.away.append(name)
+        left = tuple(w for w in self.membership.workers if w not in leaving)
         minimum = self.config.min_workers or 0
         if len(left) < minimum:
             self.status(f"elastic: lost {', '.join(self.away)}; {len(left)} worker(s) left, below --min-workers "
                         f"{minimum}; stopping the run")
             return self.finished.get(task, 1) or 1, "failed", task
-        self._regroup(left, f"{task} lost")
+        self._regroup(left, f"{', '.join(leaving)} lost")
         return None
 
     def _return(self, task: str, why: str) -> None:
@@ -261,6 +264,17 @@ class _Supervisor:
             self._grow("the coordinator reconnects")
         else:
             self.status(f"elastic: {task} is available again {why}; it joins at the next epoch boundary")
+
+    def _check_returns(self) -> None:
+        """Lost workers whose place the engine has again (a Ray node joined): returns, as with ``--return``."""
+        for task, address in self.engine.returned().items():
+            if task not in self.away:
+                continue
+            job, index = split_task_name(task)
+            jobs = {name: dict(addresses) for name, addresses in self.full_spec.jobs.items()}
+            jobs[job][index] = address
+            self.full_spec = ClusterSpec(jobs=jobs)
+            self._return(task, f"(the engine placed it again, at {address})")
 
     def _grow(self, why: str) -> None:
         room = (self.config.max_workers or self.config.workers) - len(self.membership.workers)
@@ -323,6 +337,7 @@ class _Supervisor:
             if outcome is not None:
                 return outcome
             self._check_boundaries()
+            self._check_returns()
             # In exit order, not task order: when a collective member crashes, its peers fail of the collective
             # error just after it, and one pass may see them all; the first to fail is the one restarted or lost.
             exited = [(task, record, code) for task, record in self.tasks.items()
@@ -333,16 +348,20 @@ class _Supervisor:
                 if code == 0 and runs_cmd:
                     self.status(f"{task} finished")
                     continue
-                if code != 0 and self.restarts_used < self.config.max_restarts:
+                # A task whose place is gone (its Ray node left) cannot restart there: no restart is spent on it.
+                gone = code != 0 and self.engine.lost(task)
+                if code != 0 and self.restarts_used < self.config.max_restarts and not gone:
                     self._restart(task, code)
                     break
                 if code != 0 and self.elastic_dir is not None and task in self.membership.workers:
-                    outcome = self._lose(task, f"(exit code {code}, restarts used up)")
+                    also = [w for w in self.membership.workers if w != task and self.engine.lost(w)] if gone else []
+                    why = "(its node left the cluster)" if gone else f"(exit code {code}, restarts used up)"
+                    outcome = self._lose(task, why, also)
                     if outcome is not None:
                         return outcome
                     break
                 if code != 0 and (runs_cmd or task.startswith("ps")):
-                    self.status(f"{task} failed with exit code {code}")
+                    self.status(f"{task} failed with exit code {code}" + ("; its node left the cluster" if gone else ""))
                     return code, "failed", task
                 self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
             if all(self.finished.get(t) == 0 for t in cmd_tasks if t not in self.away and t not in self.available):
