@@ -271,6 +271,10 @@ class _Supervisor:
             if task not in self.away:
                 continue
             job, index = split_task_name(task)
+            if self.config.mode == "parameter_server" and self.full_spec.jobs[job][index] != address:
+                self.status(f"elastic: {task} was placed again at {address}, but the coordinator only knows "
+                            f"{self.full_spec.jobs[job][index]}; it stays away")
+                continue
             jobs = {name: dict(addresses) for name, addresses in self.full_spec.jobs.items()}
             jobs[job][index] = address
             self.full_spec = ClusterSpec(jobs=jobs)
