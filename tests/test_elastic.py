@@ -75,7 +75,8 @@ def test_the_first_to_fail_is_lost_not_its_peers(tmp_path: Path) -> None:
     # worker:1 crashes (exit 3); worker:0 and worker:2 fail of the "collective error" milliseconds later, often
     # before the launcher's next look. The culprit is lost, and the peers go on in the smaller group: counted in
     # task order, worker:0 was lost instead (7 of 8 runs of this test on the old runner).
-    result, statuses = _run(tmp_path, 4, workers=3, min_workers=1, env={"FAKE_CRASH": f"{tmp_path / 'crashed'}|worker:1"})
+    crash = f"{tmp_path / 'crashed'}|worker:1"
+    result, statuses = _run(tmp_path, 4, workers=3, min_workers=1, env={"FAKE_CRASH": crash})
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
     assert [s for s in statuses if s.startswith("elastic: losing")] == [
         "elastic: losing worker:1 (exit code 3, restarts used up)"], statuses
