@@ -128,6 +128,26 @@ def _walk(data: Any, path: str) -> FileCheck:
     return FileCheck(path=path, records=records, valid_bytes=offset, total_bytes=total, problem=problem)
 
 
+def first_record(path: str, *, check_data: bool = False) -> Optional[bytes]:
+    """The first record of a local, uncompressed TFRecord file; None when it has none or its framing is bad.
+
+    Two reads, no ``tf.data`` pipeline (building one to read a record costs
+    ~25 ms of tracing). The length CRC is always checked; the data CRC (pure
+    Python, ~0.1 us per byte) only with ``check_data``.
+    """
+    with open(path, "rb") as f:
+        header = f.read(_HEADER)
+        if len(header) < _HEADER or masked_crc(header[:8]) != struct.unpack_from("<I", header, 8)[0]:
+            return None
+        length = struct.unpack_from("<Q", header)[0]
+        data = f.read(length + _FOOTER)
+    if len(data) < length + _FOOTER:
+        return None
+    if check_data and masked_crc(data[:length]) != struct.unpack_from("<I", data, length)[0]:
+        return None
+    return data[:length]
+
+
 def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
     """Walks the framing of one TFRecord file (local or any ``tf.io.gfile`` path).
 

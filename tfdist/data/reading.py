@@ -21,6 +21,7 @@ from tfdist.errors import DataError, invalid
 __all__ = ["worker_files", "read_records", "HASH_BLOCK"]
 
 HASH_BLOCK = 512  # Records per vectorized hash-key parse.
+_BUFFER = 1 << 20  # Read buffer per open file.
 _AUTOTUNE_READS = 16  # Files read at once with num_parallel_reads='autotune' (split among streams).
 
 
@@ -65,15 +66,22 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
     compression = _one_compression(paths, source)
     reads = min(len(paths), max(1, _AUTOTUNE_READS // streams)) if tuning.num_parallel_reads == "autotune" \
         else tuning.num_parallel_reads
-    take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-        tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
-    files = tf.data.Dataset.from_tensor_slices(paths)
+    files = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
     if epoch.shuffle_buffer and plan.policy != "data":
         files = files.shuffle(len(paths), seed=epoch.seed)
-    records = remote.staged_files(files, paths, ahead=max(1, reads)).interleave(
-        lambda path, local: tf.data.TFRecordDataset(local, compression_type=compression, buffer_size=1 << 20)
-        .take(take.lookup(path)), cycle_length=max(1, reads), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=tuning.deterministic or plan.policy == "data")
+    deterministic = tuning.deterministic or plan.policy == "data"
+    if not limits and deterministic == tuning.deterministic and (not paths or remote.reader_for(paths[0]) != "boto3"):
+        # Whole files TensorFlow opens itself: its own parallel reader, one traced function instead of three
+        # (~25 ms each to build; BENCHMARKS.md). Its interleave follows the pipeline's `deterministic` option.
+        records = tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
+                                          num_parallel_reads=max(1, reads))
+    else:
+        take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
+        records = remote.staged_files(files, paths, ahead=max(1, reads)).interleave(
+            lambda path, local: tf.data.TFRecordDataset(local, compression_type=compression, buffer_size=_BUFFER)
+            .take(take.lookup(path)), cycle_length=max(1, reads), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if source.on_corrupt == "skip":
         records = records.ignore_errors(log_warning=True)
     if plan.policy == "data":

@@ -25,6 +25,7 @@ from tfdist.errors import DataError, invalid
 __all__ = ["class_groups", "stratified_records", "resample"]
 
 Group = list[tuple[str, int]]
+MEMORY_BUDGET = 256 << 20  # Bytes of small, re-drawn class groups one input pipeline keeps in memory.
 ReadShare = Callable[[Any], Any]  # ShardPlan of one class group -> that worker's records of it.
 
 
@@ -76,6 +77,14 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
     mix = resolve_weights(weights, counts=counts) if not is_variable(weights) else "a tf.Variable"  # type: ignore
     total = sum(counts.values())
     natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
+    held = [] if natural else _held_in_memory(groups, counts, mix, share=share, count=count)
+    for label in held:
+        # One pass of this worker's records of a small class, kept after its first read: the mix re-draws it
+        # many times an epoch (BENCHMARKS.md: 1,000 draws of 31 records), and reopening its files cost more than
+        # reading them. Each pass is then shuffled anew when the pipeline shuffles (as the file order was).
+        per_class[label] = per_class[label].cache()
+        if epoch.shuffle_buffer:
+            per_class[label] = per_class[label].shuffle(max(1, counts[label] // count + 1), seed=epoch.seed)
     if natural and epoch.num_epochs is not None:
         # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
         per_class = {label: data.repeat(epoch.num_epochs) for label, data in per_class.items()}
@@ -87,6 +96,27 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
                                 block=sample.sample_block)
     sampled = sampled.take(share * epoch.num_epochs) if epoch.num_epochs is not None else sampled
     return sampled, f"stratified over {len(groups)} class shard groups, mix {mix}, {share} records per epoch"
+
+
+def _held_in_memory(groups: Mapping[str, Group], counts: Mapping[str, int], mix: Any, *, share: int,
+                    count: int) -> list[str]:
+    """The class groups kept in memory: those the mix draws twice or more an epoch, smallest first, in a budget.
+
+    With a ``tf.Variable`` mix (unknown, and changing), the groups smaller
+    than an even share of the epoch.
+    """
+    def redrawn(label: str) -> bool:
+        expected = mix[label] * share if isinstance(mix, dict) else share / len(groups)
+        return expected > 2 * counts[label] / count  # At least two passes: the first one completes.
+
+    sizes = {label: sum(size for _, size in files) / count for label, files in groups.items()}
+    held, used = [], 0.0
+    for label in sorted((label for label in groups if redrawn(label)), key=lambda label: sizes[label]):
+        if used + sizes[label] > MEMORY_BUDGET:
+            break
+        held.append(label)
+        used += sizes[label]
+    return held
 
 
 def resample(dataset: Any, *, sample: SampleOptions, parse: ParseOptions, seed: Optional[int]) -> Any:
