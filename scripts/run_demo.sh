@@ -32,19 +32,21 @@ case "$strategy" in
   *) echo "run_demo.sh: --strategy must be ps or mwms, not '$strategy'" >&2; exit 2 ;;
 esac
 
+# `tfdist quiet --` leaves TensorFlow's start-up noise out of a single process's stderr, as tfdist-launch does
+# for its tasks (docs/launch.md); real warnings and errors pass. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
 if [ -z "$data" ]; then
   data="$out/data"
   if [ ! -f "$data/train-manifest.json" ]; then
     echo "== writing a synthetic long-tail dataset to $data"
-    python scripts/make_synthetic_images.py --out "$data/train" --num 8000 --classes 8 --size 64 \
-      --skew long-tail --shards 2 --partition
-    python scripts/make_synthetic_images.py --out "$data/val" --num 800 --classes 8 --size 64 \
+    tfdist quiet -- python scripts/make_synthetic_images.py --out "$data/train" --num 8000 --classes 8 \
+      --size 64 --skew long-tail --shards 2 --partition
+    tfdist quiet -- python scripts/make_synthetic_images.py --out "$data/val" --num 800 --classes 8 --size 64 \
       --skew uniform --shards 2 --seed 1
   fi
 fi
 
 echo; echo "== skew report: $data/train-* over $workers workers"
-tfdist data-report "$data/train-*" --label-key "$label" --workers "$workers"
+tfdist quiet -- tfdist data-report "$data/train-*" --label-key "$label" --workers "$workers"
 
 for sampling in stratified natural; do
   echo; echo "== training ($strategy, $sampling sampling): tfdist-launch ${topology[*]} -- python scripts/demo.py"

@@ -33,6 +33,33 @@ def _attempts(log_path: str, task: str) -> dict[int, list[int]]:
     return attempts
 
 
+def _without_tf_log_level() -> dict[str, str]:
+    """The environment a user's shell has: no TF_CPP_MIN_LOG_LEVEL (the launcher then sets 1)."""
+    return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+
+# TensorFlow's start-up noise on this CPU-only machine, TF 2.17 to 2.21 (issue #11): none may reach the console.
+_NOISE = ("Unable to register cu", "TF-TRT Warning", "absl::InitializeLog", "Started server with target",
+          "oneDNN custom operations", "Could not find cuda drivers", "failed call to cuInit", "rebuild TensorFlow",
+          "SessionOptions", "RuntimeWarning")
+
+
+def _assert_quiet_console(test: absltest.TestCase, console: str, log_dir: str, tasks: tuple[str, ...]) -> None:
+    """No TF noise on the console; the log files keep it, and every line the console left out."""
+    from tfdist.launch._tf_logs import NoiseFilter
+
+    for noise in _NOISE:
+        test.assertNotIn(noise, console)
+    for task in tasks:
+        with open(os.path.join(log_dir, task.replace(":", "-") + ".log"), encoding="utf-8") as f:
+            logged = f.read().splitlines()[1:]  # After the launcher's '--- tfdist-launch: TASK start #0'.
+        keep = NoiseFilter()
+        kept = [line for line in logged if keep(line)]
+        test.assertGreater(len(logged), len(kept), task)  # TF's noise is there, in the file ...
+        shown = [line[len(task) + 3:] for line in console.splitlines() if line.startswith(f"[{task}] ")]
+        test.assertEqual(shown, kept, task)  # ... and the console shows every other line of the task.
+
+
 class MultiWorkerMirroredTest(absltest.TestCase):
 
     def test_auto_strategy_two_workers_identical_weights(self) -> None:
@@ -49,14 +76,35 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         assert_all_gone([t.pid for t in run.result.tasks])
 
     def test_cli_runs_a_script_on_both_workers(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "180", "--",
-                               sys.executable, str(REPO / "scripts" / "demo_train.py"), "--epochs", "2"],
-                              capture_output=True, text=True, timeout=240)
+        logs = self.create_tempdir().full_path
+        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "180",
+                               "--log-dir", logs, "--", sys.executable, str(REPO / "scripts" / "demo_train.py"),
+                               "--epochs", "2"], capture_output=True, text=True, timeout=240,
+                              env=_without_tf_log_level())
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         results = [json.loads(m) for m in re.findall(r"^\[worker:\d\] RESULT (.*)$", done.stdout, re.M)]
         self.assertLen(results, 2)
         self.assertEqual({r["weights_sha1"] for r in results}.__len__(), 1)
         self.assertEqual([r["replicas"] for r in results], [2, 2])
+        # Issue 11: the user's tasks import TF too; their start-up noise stays in the log files, off the console.
+        _assert_quiet_console(self, done.stdout + done.stderr, logs, ("worker:0", "worker:1"))
+
+    def test_cli_shows_a_real_tensorflow_error_but_not_the_noise(self) -> None:
+        logs = self.create_tempdir().full_path
+        missing = os.path.join(logs, "no-such-file")
+        code = ("import tensorflow as tf\nprint('user line before the error', flush=True)\n"
+                f"tf.io.read_file({missing!r})\n")
+        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--workers", "1", "--timeout", "120",
+                               "--log-dir", logs, "--", sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=180, env=_without_tf_log_level())
+        self.assertEqual(done.returncode, 1, done.stderr[-3000:])
+        console = done.stdout + done.stderr
+        # TF's own error, as its C++ log line (a W record of op_kernel.cc) and as the Python exception.
+        self.assertRegex(console, rf"\[worker:0\] .*OP_REQUIRES failed .*NOT_FOUND: {re.escape(missing)}")
+        self.assertRegex(console, r"\[worker:0\] tensorflow\.python\.framework\.errors_impl\.NotFoundError: ")
+        self.assertIn("[worker:0] Traceback (most recent call last):", console)
+        self.assertIn("[worker:0] user line before the error", console)
+        _assert_quiet_console(self, console, logs, ("worker:0",))
 
     def test_pipeline_shards_from_tf_config_and_fits(self) -> None:
         import tensorflow as tf

@@ -6,9 +6,9 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from tfdist.cli import _common, data_report, doctor, plan
+from tfdist.cli import _common, data_report, doctor, plan, quiet
 
-_SUBCOMMANDS = (doctor, data_report, plan)
+_SUBCOMMANDS = (doctor, data_report, plan, quiet)
 
 
 @_common.cli_main("tfdist")

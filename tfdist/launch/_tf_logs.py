@@ -1,23 +1,48 @@
-"""TensorFlow's INFO chatter in a TF server task's output, recognised so the console can leave it out.
+"""TensorFlow's start-up chatter in a task's output, recognised so the console can leave it out.
 
-On TF 2.17 the C++ runtime logs through two systems. Lines of the TSL logger
+Every process that imports TensorFlow prints lines that say nothing to a user
+of a CPU cluster: INFO records, and a few start-up warnings and errors that
+TensorFlow prints on every machine without the optional GPU libraries. On
+TF 2.17 the C++ runtime logs through two systems. Lines of the TSL logger
 (``2026-01-01 10:00:00.000000: I file.cc:12] ...``) obey ``TF_CPP_MIN_LOG_LEVEL``,
 which the launcher sets to 1. Lines of the absl logger (``I0000 00:00:... file.cc:12] ...``)
 do not: no variable reaches that logger in a Python process. It is the one
-that prints, for every ps and worker task, ``Started server with target`` and
-``eager_service_impl.cc] SessionOptions:`` followed by the task's whole
-ConfigProto, about 20 lines. :class:`InfoFilter` drops these INFO records
-(with their multi-line text-proto bodies) and absl's "before InitializeLog"
-preamble. Warnings, errors, tracebacks and tfdist's own lines pass.
+that prints ``Started server with target`` in every task and, for every ps and
+worker task a coordinator connects to, ``SessionOptions:`` followed by the
+task's whole ConfigProto (about 20 lines). TF 2.18+ logs everything through absl.
+
+:class:`NoiseFilter` drops:
+
+- INFO records of TensorFlow's C++ code (a ``.cc``/``.h`` source in the
+  header; absl-py lines of the user's own Python code name a ``.py`` file and
+  pass), with the text-proto body that follows a record ending in ``{``;
+- absl's ``before absl::InitializeLog()`` preamble;
+- the known harmless messages of :data:`KNOWN_NOISE`, whatever their level:
+  the cuDNN/cuFFT/cuBLAS "Unable to register ... factory" errors (a TF 2.17
+  bug, tensorflow#62075), TF-TRT's "Could not find TensorRT", the oneDNN
+  notice, cpu_feature_guard's "rebuild TensorFlow" note (two lines), "Could
+  not find cuda drivers", the ``cuInit`` failure that follows it on a
+  machine with no CUDA driver, the "Input of GeneratorDatasetOp::Dataset will
+  not be optimized" warning of every MultiWorkerMirroredStrategy ``fit`` (TF's
+  own per-device input iterators are generator datasets), and the "Failed to
+  clear function handle cache: UNIMPLEMENTED" error every parameter-server
+  worker logs when the coordinator releases its datasets at the end of ``fit``.
+
+Every other warning and error (TensorFlow's, Python's, tracebacks) and every
+line of tfdist and of the user's program passes. The log files under
+``--log-dir`` keep everything; ``TF_CPP_MIN_LOG_LEVEL=0`` turns the filter off.
 
 Example:
-    >>> keep = InfoFilter()
-    >>> lines = ["I0000 00:00:1796003962.858 15022 eager_service_impl.cc:356] SessionOptions: device_count {",
+    >>> keep = NoiseFilter()
+    >>> lines = ["2026-11-30 05:08:29.793613: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:485] "
+    ...          "Unable to register cuFFT factory: Attempting to register factory for plugin cuFFT when one has "
+    ...          "already been registered",
+    ...          "I0000 00:00:1796003962.858 15022 eager_service_impl.cc:356] SessionOptions: device_count {",
     ...          '  key: "CPU"', "}", "allow_soft_placement: true", "",
     ...          "INFO tfdist.launch.server: TensorFlow server ps:0 up",
-    ...          "W0000 00:00:1796003963.001 15022 server.cc:9] a real warning"]
+    ...          "W0000 00:00:1796003963.001 15022 op_kernel.cc:1840] OP_REQUIRES failed: NOT_FOUND: /no/such"]
     >>> [line for line in lines if keep(line)]
-    ['INFO tfdist.launch.server: TensorFlow server ps:0 up', 'W0000 00:00:1796003963.001 15022 server.cc:9] a real warning']
+    ['INFO tfdist.launch.server: TensorFlow server ps:0 up', 'W0000 00:00:1796003963.001 15022 op_kernel.cc:1840] OP_REQUIRES failed: NOT_FOUND: /no/such']
 """
 
 from __future__ import annotations
@@ -28,33 +53,68 @@ from typing import Optional
 
 from tfdist.launch._process import LineSink
 
-__all__ = ["InfoFilter", "quiet_sink", "wants_tf_info"]
+__all__ = ["NoiseFilter", "KNOWN_NOISE", "quiet_sink", "wants_tf_info"]
 
-_ABSL_INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] ")
-_TSL_INFO = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: I [\w./-]+:\d+\] ")
+_CPP_SOURCE = r"[\w./-]+\.(?:cc|h|cpp)"
+_HEADER = re.compile(  # absl (any TF) or TSL (TF <= 2.17) header of a C++ log record; group 1 is the level.
+    rf"^(?:([IWEF])\d{{4}} \d\d:\d\d:\d+\.\d+ +\d+ |\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ){_CPP_SOURCE}:\d+\] ")
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 # A line of a text-format proto: `field {`, `field: value`, `}` (indented), or the blank line ending the record.
 _PROTO_LINE = re.compile(r"^\s*(?:\}|[A-Za-z_][\w.]*(?: \{|: .*))\s*$")
+_NO_CUDA_DRIVER = "Could not find cuda drivers on your machine, GPU will not be used."
+# Messages TensorFlow prints in every run on a CPU machine (the text after the record's header). Matched whatever
+# the level: a harmless 'E' here is still noise. Anything not listed passes.
+KNOWN_NOISE = re.compile("|".join((
+    r"Unable to register cu(?:DNN|FFT|BLAS) factory: Attempting to register factory for plugin cu\w+ when one "
+    r"has already been registered",
+    r"TF-TRT Warning: Could not find TensorRT$",
+    r"oneDNN custom operations are on\.",
+    r"This TensorFlow binary is optimized to use available CPU instructions in performance-critical operations\.$",
+    re.escape(_NO_CUDA_DRIVER),
+    r"Input of GeneratorDatasetOp::Dataset will not be optimized because the dataset does not implement the "
+    r"AsGraphDefInternal\(\) method needed to apply optimizations\.$",
+    r"Failed to clear function handle cache: UNIMPLEMENTED: Releasing a multi-device component handle on a "
+    r"remote device is not yet implemented\.$",
+)))
+# cpu_feature_guard's second line has no header of its own.
+_CPU_GUARD_TAIL = re.compile(r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate "
+                             r"compiler flags\.$")
+_CUINIT = re.compile(r"failed call to cuInit: ")
 
 
-class InfoFilter:
-    """A per-task line filter: ``keep(line)`` is False for TensorFlow INFO records and their bodies."""
+class NoiseFilter:
+    """A per-task line filter: ``keep(line)`` is False for TensorFlow's INFO records and start-up noise."""
 
     def __init__(self) -> None:
-        self._in_record = False
+        self._in_proto = False   # inside the text-proto body of an INFO record
+        self._tail: Optional[re.Pattern[str]] = None  # the header-less line a record may continue with
+        self._no_driver = False  # this task said it has no CUDA driver: cuInit's failure is then expected
 
     def __call__(self, line: str) -> bool:
-        if self._in_record:
+        tail, self._tail = self._tail, None
+        if tail is not None and tail.match(line):
+            return False
+        if self._in_proto:
             if line.strip() == "":
-                self._in_record = False
+                self._in_proto = False
                 return False
             if _PROTO_LINE.match(line):
                 return False
-            self._in_record = False
-        if _ABSL_INFO.match(line) or _TSL_INFO.match(line):
-            self._in_record = True
+            self._in_proto = False
+        header = _HEADER.match(line)
+        if header is None:
+            return line != _ABSL_PREAMBLE
+        text = line[header.end():]
+        if _NO_CUDA_DRIVER in text:
+            self._no_driver = True
+        if (header.group(1) or header.group(2)) == "I":
+            self._in_proto = text.rstrip().endswith("{")
+            self._tail = _CPU_GUARD_TAIL
             return False
-        return line != _ABSL_PREAMBLE
+        if KNOWN_NOISE.search(text):
+            self._tail = _CPU_GUARD_TAIL
+            return False
+        return not (self._no_driver and _CUINIT.match(text))
 
 
 def wants_tf_info(env: Mapping[str, str]) -> bool:
@@ -63,13 +123,13 @@ def wants_tf_info(env: Mapping[str, str]) -> bool:
 
 
 def quiet_sink(sink: Optional[LineSink]) -> Optional[LineSink]:
-    """``sink`` without TensorFlow's INFO records (one :class:`InfoFilter` per task); None stays None."""
+    """``sink`` without TensorFlow's noise (one :class:`NoiseFilter` per task); None stays None."""
     if sink is None:
         return None
-    filters: dict[str, InfoFilter] = {}
+    filters: dict[str, NoiseFilter] = {}
 
     def _sink(task: str, line: str) -> None:
-        if filters.setdefault(task, InfoFilter())(line):
+        if filters.setdefault(task, NoiseFilter())(line):
             sink(task, line)
 
     return _sink

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from tfdist._names import describe_choices
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import LaunchError, invalid
+from tfdist.launch._tf_logs import NoiseFilter
 
 __all__ = ["LaunchResult", "TaskResult"]
 
@@ -63,11 +64,12 @@ class LaunchResult:
         raise invalid(LaunchError, "task", name, describe_choices(name, [t.task for t in self.tasks]))
 
     def summary(self) -> str:
-        """A few lines for people: the outcome and, on failure, the failing task's last lines."""
+        """A few lines for people: the outcome and, on failure, the failing task's last lines (not TF's noise)."""
         lines = [f"run {self.reason} (exit {self.exit_code})" +
                  (f"; {self.failed_task} ended the run" if self.failed_task else "")]
         if self.failed_task:
-            tail = self.task(self.failed_task).output.splitlines()[-_TAIL:]
+            keep = NoiseFilter()  # TF's start-up noise is not what a failure's last lines should show.
+            tail = [line for line in self.task(self.failed_task).output.splitlines() if keep(line)][-_TAIL:]
             lines += [f"  last lines of {self.failed_task}:"] + [f"    {line}" for line in tail]
         return "\n".join(lines)
 

@@ -105,7 +105,10 @@ class _Supervisor:
         self.base_env = dict(base_env)
         self.restarts_used = 0
         self.stop_signal: Optional[int] = None
-        self._user_sink = sink
+        # TensorFlow's INFO records and start-up noise stay in the log files, out of the console: every task
+        # (servers, the user's command, the data service) imports TF. TF_CPP_MIN_LOG_LEVEL=0 shows them.
+        tf_info = _tf_logs.wants_tf_info({**base_env, **config.env})
+        self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
         self._events = config.kills + config.loses + config.returns
         self._line_kills = [event for event in self._events if event.after is not None]
         self._on_event = {KillAt: self._kill, LoseAt: self._lose, ReturnAt: self._return}
@@ -125,8 +128,6 @@ class _Supervisor:
 
         self.tasks = {name: _Task(name, config.command if config.runs_command(name) else environment.server_argv(),
                                   _log_path(name)) for name in config.task_names()}
-        # TF servers are tfdist's own tasks: their INFO chatter stays in the log files, out of the console.
-        self._server_sink = sink if _tf_logs.wants_tf_info(base_env) else _tf_logs.quiet_sink(sink)
         self.finished: dict[str, int] = {}
         self.data_service: Optional[_Task] = None
         if config.data_service_workers:
@@ -149,13 +150,12 @@ class _Supervisor:
                 for kill in [k for k in self._line_kills if k.matches(task, line)]:
                     self._line_kills.remove(kill)
                     self._fired.put((kill, task))
-        sink = self._user_sink if task not in self.tasks or self.config.runs_command(task) else self._server_sink
-        if sink is not None:
+        if self._console is not None:
             try:
-                sink(task, line)
+                self._console(task, line)
             except Exception:  # noqa: BLE001 - a broken sink (closed terminal) must not stall the task's pipe.
                 _log.exception("The output callback failed; task output is no longer passed on.")
-                self._user_sink = self._server_sink = None
+                self._console = None
 
     def _launch(self, record: _Task, env: Mapping[str, str]) -> None:
         if record.log is not None:
@@ -434,7 +434,9 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
 
     Args:
       config: What to run.
-      on_line: Called with (task, line) for every output line, live.
+      on_line: Called with (task, line) for every output line, live, except TensorFlow's INFO records and
+        start-up noise (``tfdist/launch/_tf_logs.py``; ``TF_CPP_MIN_LOG_LEVEL=0`` passes them too). The
+        result and the ``log_dir`` files keep every line.
       on_status: Called with one-line status messages; default logs them.
       base_env: Environment each child starts from; default ``os.environ``.
       engine: Where the tasks run; default a :class:`~tfdist.launch.engine.LocalEngine`.

@@ -1,0 +1,131 @@
+"""What the console filter of tfdist-launch and `tfdist quiet` drops and keeps, on lines TF really printed.
+
+The lines below were copied from TF 2.17.1 and 2.21.0 processes on a CPU-only machine (issue #11); the
+multi-process tests in test_multiworker.py check the same filter on live tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tfdist.launch._tf_logs import NoiseFilter, quiet_sink, wants_tf_info
+
+TF217_STARTUP = [
+    "2026-11-30 05:19:19.659386: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. You may see "
+    "slightly different numerical results due to floating-point round-off errors from different computation "
+    "orders. To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`.",
+    "2026-11-30 05:19:19.660085: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not find cuda drivers "
+    "on your machine, GPU will not be used.",
+    "2026-11-30 05:19:19.690385: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:485] Unable to register "
+    "cuFFT factory: Attempting to register factory for plugin cuFFT when one has already been registered",
+    "2026-11-30 05:19:19.716340: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:8454] Unable to register "
+    "cuDNN factory: Attempting to register factory for plugin cuDNN when one has already been registered",
+    "2026-11-30 05:19:19.720347: E external/local_xla/xla/stream_executor/cuda/cuda_blas.cc:1452] Unable to "
+    "register cuBLAS factory: Attempting to register factory for plugin cuBLAS when one has already been registered",
+    "2026-11-30 05:19:19.759855: I tensorflow/core/platform/cpu_feature_guard.cc:210] This TensorFlow binary is "
+    "optimized to use available CPU instructions in performance-critical operations.",
+    "To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 FMA, in other operations, rebuild "
+    "TensorFlow with the appropriate compiler flags.",
+    "2026-11-30 05:19:20.815056: W tensorflow/compiler/tf2tensorrt/utils/py_utils.cc:38] TF-TRT Warning: Could not "
+    "find TensorRT",
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1796015311.882301    2464 grpc_server_lib.cc:464] Started server with target: grpc://127.0.0.1:23457",
+    "I0000 00:00:1796016095.016565   25075 coordination_service_agent.cc:310] Coordination agent has successfully "
+    "connected.",
+    "I0000 00:00:1796016068.032805   24234 eager_service_impl.cc:356] SessionOptions: device_count {",
+    '  key: "CPU"', "  value: 1", "}", "inter_op_parallelism_threads: 4", "gpu_options {", "  experimental {", "  }",
+    "}", "allow_soft_placement: true", "",
+    "2026-11-30 05:21:36.121856: W tensorflow/core/framework/dataset.cc:993] Input of GeneratorDatasetOp::Dataset "
+    "will not be optimized because the dataset does not implement the AsGraphDefInternal() method needed to apply "
+    "optimizations.",
+    "2026-11-30 05:21:00.931176: E tensorflow/core/framework/function_handle_cache.cc:31] Failed to clear function "
+    "handle cache: UNIMPLEMENTED: Releasing a multi-device component handle on a remote device is not yet "
+    "implemented.",
+]
+TF221_STARTUP = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1796015954.478827   18924 port.cc:153] oneDNN custom operations are on. You may see slightly "
+    "different numerical results due to floating-point round-off errors from different computation orders.",
+    "I0000 00:00:1796015954.479114   18924 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will "
+    "not be used.",
+    "E0000 00:00:1796015956.302364   18924 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed "
+    "call to cuInit: UNKNOWN ERROR (303)",
+]
+# What must pass: tfdist's lines, the user's (also absl-py INFO and 'key: value' prints), TF's real problems.
+REAL = [
+    "INFO tfdist.launch.server: TensorFlow server ps:0 up at grpc://127.0.0.1:55535",
+    "Epoch 1/3",
+    "125/125 - 5s - loss: 0.8192 - accuracy: 0.7485 - 5s/epoch - 39ms/step",
+    "I1130 05:08:29.793613 140234 train.py:10] step 100",
+    "loss: 0.5",
+    "2026-11-30 05:24:28.764747: W tensorflow/core/framework/op_kernel.cc:1840] OP_REQUIRES failed at "
+    "whole_file_read_ops.cc:116 : NOT_FOUND: /no/such/file; No such file or directory",
+    "E0000 00:00:1796016000.000000   25075 collective_ops.cc:92] Collective ops is aborted by: DEADLINE_EXCEEDED",
+    "Traceback (most recent call last):",
+    "tensorflow.python.framework.errors_impl.NotFoundError: /no/such/file; No such file or directory [Op:ReadFile]",
+    "WARNING:tensorflow:Your input ran out of data; interrupting training.",
+    "",
+]
+
+
+@pytest.mark.parametrize("startup", [TF217_STARTUP, TF221_STARTUP], ids=["tf2.17", "tf2.21"])
+def test_start_up_noise_is_dropped_and_everything_real_passes(startup: list[str]) -> None:
+    keep = NoiseFilter()
+    assert [line for line in startup if keep(line)] == []
+    assert [line for line in REAL if keep(line)] == REAL
+
+
+def test_a_users_line_right_after_an_info_record_is_not_taken_for_its_body() -> None:
+    keep = NoiseFilter()
+    lines = ["I0000 00:00:1796015311.882301    2464 grpc_server_lib.cc:464] Started server with target: grpc://x:1",
+             "epochs: 3", "To enable the following instructions: is only dropped after cpu_feature_guard"]
+    assert [line for line in lines if keep(line)] == lines[1:]
+
+
+def test_cuinit_failure_passes_unless_the_task_said_it_has_no_cuda_driver() -> None:
+    failure = TF221_STARTUP[-1]
+    assert NoiseFilter()(failure)  # A GPU machine whose driver fails: a real error.
+    keep = NoiseFilter()
+    assert not keep(TF221_STARTUP[2]) and not keep(failure)
+
+
+def test_quiet_sink_filters_per_task_and_tf_info_turns_it_off() -> None:
+    shown: list[tuple[str, str]] = []
+    sink = quiet_sink(lambda task, line: shown.append((task, line)))
+    assert sink is not None
+    sink("worker:0", "I0000 00:00:1796016068.032805   24234 eager_service_impl.cc:356] SessionOptions: x {")
+    sink("worker:1", "  value: 1")  # Another task's line is not worker:0's proto body.
+    sink("worker:0", "  value: 1")
+    assert shown == [("worker:1", "  value: 1")]
+    assert quiet_sink(None) is None
+    assert wants_tf_info({"TF_CPP_MIN_LOG_LEVEL": "0"}) and not wants_tf_info({"TF_CPP_MIN_LOG_LEVEL": "1"})
+    assert not wants_tf_info({})
+
+
+@pytest.mark.multiprocess
+def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib.Path) -> None:
+    """One real TF process under `tfdist quiet`: no start-up noise on stderr, the real error and stdout intact."""
+    missing = str(tmp_path / "no-such-file")
+    code = f"import tensorflow as tf\nprint('on stdout')\ntf.io.read_file({missing!r})\n"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # TF then logs INFO too.
+    done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "on stdout\n"
+    assert re.search(rf"op_kernel\.cc:\d+\] OP_REQUIRES failed .*NOT_FOUND: {re.escape(missing)}",
+                     done.stderr, re.M), done.stderr
+    assert "tensorflow.python.framework.errors_impl.NotFoundError: " in done.stderr
+    keep = NoiseFilter()
+    assert all(keep(line) for line in done.stderr.splitlines()), done.stderr
+    for noise in ("Unable to register cu", "TF-TRT", "oneDNN", "cuda drivers", "rebuild TensorFlow", "InitializeLog"):
+        assert noise not in done.stderr
+    # The same command without the filter shows what it left out (TF_CPP_MIN_LOG_LEVEL=0 turns it off).
+    loud = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert loud.returncode == 1 and "oneDNN custom operations are on" in loud.stderr, loud.stderr
