@@ -95,7 +95,8 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
     sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
                                 block=sample.sample_block)
     sampled = sampled.take(share * epoch.num_epochs) if epoch.num_epochs is not None else sampled
-    return sampled, f"stratified over {len(groups)} class shard groups, mix {mix}, {share} records per epoch"
+    shown = {k: round(p, 3) for k, p in mix.items()} if isinstance(mix, dict) else mix  # A log line to read.
+    return sampled, f"stratified over {len(groups)} class shard groups, mix {shown}, {share} records per epoch"
 
 
 def _held_in_memory(groups: Mapping[str, Group], counts: Mapping[str, int], mix: Any, *, share: int,
