@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -129,3 +130,25 @@ def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib
     loud = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert loud.returncode == 1 and "oneDNN custom operations are on" in loud.stderr, loud.stderr
+
+
+def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm(tmp_path: pathlib.Path) -> None:
+    preamble = TF217_STARTUP[8]
+    script = f"echo out; echo '{preamble}' >&2; echo 'a real problem' >&2; exit 7"
+    done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "a real problem\n")
+    # SIGTERM to `tfdist quiet` (a scheduler, `timeout`) reaches the command; its status comes back.
+    marker = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c",
+                             f"trap 'exit 5' TERM; touch {marker}; while :; do sleep 0.1; done"])
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), proc.poll()
+        proc.terminate()
+        assert proc.wait(30) == 5
+    finally:
+        proc.kill()
+        proc.wait(10)

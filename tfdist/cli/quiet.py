@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Optional
+from typing import Any, Optional
 
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch._process import exit_code
@@ -48,23 +49,27 @@ def run(args: argparse.Namespace) -> int:
         raise invalid(LaunchError, "command", command[0], "a program that exists and can be run",
                       f"It cannot be started: {err.strerror or err}. Check the command after '--' and PATH.") \
             from None
-    keep = (lambda line: True) if wants_tf_info(os.environ) else NoiseFilter()
+    keep: Callable[[str], bool] = (lambda line: True) if wants_tf_info(os.environ) else NoiseFilter()
 
     def _forward(signum: int, _frame: Optional[FrameType]) -> None:
         proc.send_signal(signum)
 
-    previous = {}
+    previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():  # Signal handlers can only be set there.
         previous = {sig: signal.signal(sig, _forward) for sig in _FORWARDED}
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # The command decides its end.
-    err = getattr(sys.stderr, "buffer", None)
+    binary = getattr(sys.stderr, "buffer", None)
     try:
         assert proc.stderr is not None
         for raw in iter(proc.stderr.readline, b""):
             line = raw.decode("utf-8", "replace")
-            if keep(line.rstrip("\r\n")):
-                err.write(raw) if err is not None else sys.stderr.write(line)
-                sys.stderr.flush()
+            if not keep(line.rstrip("\r\n")):
+                continue
+            if binary is not None:
+                binary.write(raw)
+            else:  # stderr replaced by a text stream (tests, embedding)
+                sys.stderr.write(line)
+            sys.stderr.flush()
         return exit_code(proc.wait())
     finally:
         proc.stderr.close()  # type: ignore[union-attr]
