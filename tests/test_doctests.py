@@ -19,7 +19,7 @@ MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdi
            "tfdist.collective", "tfdist.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
            "tfdist.keras.embeddings", "tfdist.exit_codes", "tfdist._slurm", "tfdist._jobset",
            "tfdist.launch._emit_k8s", "tfdist.launch._emit_slurm", "tfdist.launch.server", "tfdist._compat",
-           "tfdist.stack", "tfdist.data.s3",
+           "tfdist.stack", "tfdist.data.s3", "tfdist.data.staging",
            "tfdist.resolver", "tfdist.launch._tf_logs", "tfdist.cli._common"]
 
 

@@ -81,24 +81,3 @@ def test_missing_objects_and_bad_urls_are_clear(s3_server: dict[str, str], tmp_p
         store.stage("s3://no-such-bucket/x")
     with pytest.raises(DataError, match="an s3://bucket/key URL"):
         store.size("gs://x/y")
-
-
-def test_boto3_staging_refuses_a_traced_dataset_function(s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-                                                          tmp_path: "os.PathLike[str]") -> None:
-    import tensorflow as tf
-
-    from tfdist.data import remote
-
-    monkeypatch.setenv("TFDIST_S3_READER", "boto3")
-    for key, value in s3_server.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("TFDIST_S3_CACHE_DIR", str(tmp_path))
-    remote._reader_for_scheme.cache_clear()
-
-    @tf.function(autograph=False)
-    def traced() -> None:  # As ParameterServerStrategy builds each worker's dataset (TF wraps it in autograph).
-        remote.staged_files(tf.data.Dataset.from_tensor_slices(["s3://b/x"]), ["s3://b/x"])
-
-    with pytest.raises(StorageError, match="cannot feed datasets built on remote workers"):
-        traced()
-    remote._reader_for_scheme.cache_clear()

@@ -213,11 +213,12 @@ class TFRecordPipeline:
         """Class value -> its (path, size) files, from ``PREFIX-LABEL=VALUE-*`` names; {} if unpartitioned."""
         return stratify.class_groups(self.listing(), self.label_key)
 
-    def _read(self, plan: ShardPlan, worker: int, listing: Listing, streams: int = 1) -> tuple[Any, VerifyReport]:
+    def _read(self, plan: ShardPlan, worker: int, listing: Listing, streams: int = 1, *,
+              on_server: bool = False) -> tuple[Any, VerifyReport]:
         report = verify_files(plan.files_for(worker), self.source, listing)
         records = reading.read_records(plan, worker, source=self.source, shard=self.sharding,
                                        features=self.features, epoch=self.epochs, tuning=self.tuning,
-                                       limits=report.limits, streams=streams)
+                                       limits=report.limits, streams=streams, on_server=on_server)
         return records, report
 
     @property
@@ -256,7 +257,7 @@ class TFRecordPipeline:
         reports: list[VerifyReport] = []
 
         def read_share(plan: ShardPlan, index: int, streams: int = 1) -> Any:
-            records, report = self._read(plan, index, listing, streams)
+            records, report = self._read(plan, index, listing, streams, on_server=self.data_service is not None)
             reports.append(report)
             if len(reports) == 1 and plan.files_for(index) and tf.executing_eagerly():  # One file names a mismatch.
                 path = plan.files_for(index)[0]

@@ -40,7 +40,7 @@ def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
 
 def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: ShardOptions,
                  features: Mapping[str, Any] | None, epoch: EpochOptions, tuning: TuningOptions,
-                 limits: Mapping[str, int], streams: int = 1) -> Any:
+                 limits: Mapping[str, int], streams: int = 1, on_server: bool = False) -> Any:
     """The serialized records input pipeline ``worker`` reads, once (no repeat, no shuffle of records).
 
     Args:
@@ -56,6 +56,8 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
         class group when stratifying): 'autotune' splits its 16 parallel reads
         among them (8 classes x 16 files in flight, each with a 1 MB buffer,
         read ~10% slower on 2 cores; BENCHMARKS.md).
+      on_server: The pipeline runs in a TF server (the tf.data service), not
+        here: ``s3://`` objects read through boto3 are staged there.
 
     Returns:
       A ``tf.data.Dataset`` of serialized records.
@@ -78,10 +80,12 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
     else:
         take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
-        records = remote.staged_files(files, paths, ahead=max(1, reads)).interleave(
-            lambda path, local: tf.data.TFRecordDataset(local, compression_type=compression, buffer_size=_BUFFER)
-            .take(take.lookup(path)), cycle_length=max(1, reads), block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        staged, ready = remote.staged_files(files, paths, ahead=max(1, reads), on_server=on_server)
+        records = staged.interleave(
+            lambda path, local: tf.data.TFRecordDataset(ready(path, local), compression_type=compression,
+                                                        buffer_size=_BUFFER).take(take.lookup(path)),
+            cycle_length=max(1, reads), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic)
     if source.on_corrupt == "skip":
         records = records.ignore_errors(log_warning=True)
     if plan.policy == "data":

@@ -11,10 +11,11 @@ Every path is served by one of two readers:
   ``tf.data.TFRecordDataset`` reads.
 
 ``TFDIST_S3_READER=boto3`` or ``=tensorflow`` forces the choice for ``s3://``.
-The boto3 reader stages files with a ``tf.py_function`` inside the input
-pipeline, so it needs the pipeline to run in the training process (MWMS,
-single worker); ParameterServerStrategy's and the tf.data service's remote
-pipelines need a TF file system (tensorflow-io on TF 2.17, or a mount).
+The boto3 reader stages files from a ``tf.py_function`` when the pipeline runs
+in the training process (single worker, MultiWorkerMirroredStrategy), and
+through the staging agent of each TF server that runs it elsewhere
+(ParameterServerStrategy workers, tf.data service workers; see
+:mod:`tfdist.data.staging`).
 
 Example:
     >>> from tfdist.data.remote import scheme_of, reader_for
@@ -186,23 +187,35 @@ def writable_path(path: str) -> tuple[str, Callable[[], None]]:
     return local, finish
 
 
-def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD) -> Any:
-    """Maps a ``tf.data`` dataset of paths to (path, readable path) pairs, staging objects ahead in parallel.
+def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD,
+                 on_server: bool = False) -> tuple[Any, Callable[[Any, Any], Any]]:
+    """Stages a ``tf.data`` dataset of paths for reading: ((path, readable path) pairs, ``ready``).
 
-    For TF-native paths the pair is (path, path). For boto3-served objects up to
-    ``ahead`` downloads run ahead of the reader (at least 4), in order.
+    Call ``ready(path, readable)`` inside the function that opens the file: it
+    returns the path to open, once it can be opened. For TF-native paths the
+    pair is (path, path) and ``ready`` returns it at once. Objects served by
+    boto3 are staged ``ahead`` files (at least 4) before the reader, in order:
+
+    - in this process, from a ``tf.py_function`` with the process's
+      :func:`~tfdist.data.s3.store` (a dataset built eagerly, to be read here);
+    - by the staging agent of the TF server that runs the pipeline
+      (:mod:`tfdist.data.staging`), when the dataset is built inside a traced
+      function (ParameterServerStrategy's worker datasets) or ``on_server``
+      (it goes to the tf.data service).
     """
     import tensorflow as tf
 
     if not paths or reader_for(paths[0]) != "boto3":
-        return files.map(lambda path: (path, path))
-    if not tf.executing_eagerly():  # ParameterServerStrategy builds worker datasets from a traced function.
-        raise StorageError(f"{paths[0]} is read through boto3, which stages objects from a tf.py_function that "
-                           "only this process can run, so it cannot feed datasets built on remote workers "
-                           "(ParameterServerStrategy). Use tensorflow-io on TF 2.17 (tfdist[tfio]) or mount the "
-                           "bucket.", field="files", value=paths[0],
-                           fix="pip install 'tfdist[tfio]' with TF 2.17, or mount the bucket")
+        return files.map(lambda path: (path, path)), lambda path, local: local
+    ahead = min(len(paths), max(ahead, _STAGE_AHEAD))
     store = _store()
+    if on_server or not tf.executing_eagerly():
+        from tfdist.data.staging import StagedReads
+
+        reads = StagedReads({path: store.version(path) for path in paths})
+        _log.info("Input pipeline reads %d s3:// object(s) through the staging agents of the TF servers that run "
+                  "it (stage root %s).", len(paths), reads.root)
+        return reads.request(files, ahead=ahead), reads.wait
 
     def stage(path: Any) -> Any:
         return store.stage(path.numpy().decode())
@@ -212,5 +225,4 @@ def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD)
         local.set_shape([])
         return path, local
 
-    ahead = min(len(paths), max(ahead, _STAGE_AHEAD))
-    return files.map(pair, num_parallel_calls=ahead, deterministic=True).prefetch(ahead)
+    return files.map(pair, num_parallel_calls=ahead, deterministic=True).prefetch(ahead), lambda path, local: local

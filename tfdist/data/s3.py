@@ -181,6 +181,40 @@ class S3Store:
                 raise self._error("stat", url, err) from err
         return self._sizes[url]
 
+    def version(self, url: str, *, fresh: bool = False) -> tuple[int, str]:
+        """(size, ETag) of the object as last listed or stat'ed; ``fresh`` stats it again now."""
+        if fresh:
+            self._sizes.pop(url, None)
+        return self.size(url), self._etags.get(url, "")
+
+    def fetch(self, url: str, local: str, *, expect: Optional[tuple[int, str]] = None) -> int:
+        """Downloads the object into ``local`` (parallel ranged parts), outside the cache; returns its size.
+
+        Args:
+          url: The ``s3://`` object.
+          local: The file to write (replaced).
+          expect: (size, ETag) the caller listed: a different object now raises
+            instead of handing over other bytes than those listed and verified.
+
+        Raises:
+          StorageError: The object cannot be read, or is no longer ``expect``.
+        """
+        if expect is not None and self.version(url, fresh=True) != tuple(expect):
+            found = self.version(url)
+            raise StorageError(f"{url} changed since it was listed: size and ETag {found}, listed {tuple(expect)}. "
+                               "Build the dataset again to read the new version.", field="path", value=url,
+                               expected=f"size and ETag {tuple(expect)}", fix="Build the dataset again.")
+        bucket, key = split_url(url)
+        try:
+            self._client.download_file(bucket, key, local, Config=self._transfer)
+        except Exception as err:  # noqa: BLE001
+            raise self._error("read", url, err) from err
+        size = os.path.getsize(local)
+        if expect is not None and size != expect[0]:
+            raise StorageError(f"{url} changed while it was read: {size} bytes, listed {expect[0]}.",
+                               field="path", value=url, fix="Build the dataset again.")
+        return size
+
     def exists(self, url: str) -> bool:
         """Whether the object exists."""
         try:
@@ -216,16 +250,15 @@ class S3Store:
         return local
 
     def _download(self, url: str) -> str:
-        bucket, key = split_url(url)
+        _, key = split_url(url)
         etag = self._etags.get(url, "")  # The version listed: a later listing that differs fetches again.
         fd, local = tempfile.mkstemp(prefix="obj-", suffix="-" + os.path.basename(key), dir=self.cache_dir)
         os.close(fd)
         try:
-            self._client.download_file(bucket, key, local, Config=self._transfer)
-        except Exception as err:  # noqa: BLE001
+            size = self.fetch(url, local)
+        except StorageError:
             os.unlink(local)
-            raise self._error("read", url, err) from err
-        size = os.path.getsize(local)
+            raise
         self._sizes[url] = size
         with self._lock:
             self._staged[url] = (local, size, etag)

@@ -51,6 +51,9 @@ class LocalDataService:
     def start(self) -> "LocalDataService":
         import tensorflow as tf
 
+        from tfdist.data.staging import ensure_agent
+
+        ensure_agent()  # Its workers read s3:// objects through boto3 where TF has no s3 file system.
         service = tf.data.experimental.service
         port = self.port or _address.free_ports(1, self.host)[0]
         self._dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))

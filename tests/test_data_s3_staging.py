@@ -1,0 +1,138 @@
+"""s3:// through boto3 for pipelines that run in a TF server, without a cluster: the tf.data service, traced datasets,
+the staging agents' protocol (tfdist/data/staging.py). Against a real S3-compatible server (moto) on 127.0.0.1.
+
+The ParameterServerStrategy cluster test is tests/test_data_s3_ps.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.s3]
+
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import boto3, tensorflow as tf
+    import tfdist
+    from tfdist.data import LocalDataService, TFRecordPipeline, write_tfrecords
+    from tfdist.data import staging
+
+    def main():
+        bucket = sys.argv[1]
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=bucket)
+        def example(i):
+            return tf.train.Example(features=tf.train.Features(feature={
+                "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}))
+        write_tfrecords((example(i) for i in range(400)), f"s3://{bucket}/train/part", num_shards=8)
+        features = {"id": tf.io.FixedLenFeature([], tf.int64)}
+        out = {}
+        def ids(dataset):
+            return sorted(int(v) for batch in dataset for v in batch["id"].numpy())
+        # No agent serves this process yet: a traced dataset waits, then fails naming the fix.
+        os.environ["TFDIST_S3_STAGE_TIMEOUT"] = "1"
+        pipeline = TFRecordPipeline(files=f"s3://{bucket}/train/part-*", features=features, batch_size=10)
+        try:
+            ids(tf.function(lambda: pipeline.dataset(tf.distribute.InputContext()))())
+        except tf.errors.InvalidArgumentError as err:
+            out["no_agent"] = err.message
+        os.environ["TFDIST_S3_STAGE_TIMEOUT"] = "120"
+        # The tf.data service: its in-process workers read through this process's agent; each record once.
+        with LocalDataService(num_workers=2) as service:
+            served = TFRecordPipeline(files=f"s3://{bucket}/train/part-*", features=features, batch_size=10,
+                                      data_service=service.address)
+            out["service"] = ids(served.dataset())
+        out["agent_staged"] = staging.ensure_agent().staged
+        # Rewritten after the dataset was built (listed): the agent refuses other bytes than those listed.
+        traced = tf.function(lambda: pipeline.dataset(tf.distribute.InputContext()))()
+        write_tfrecords((example(i) for i in range(1000, 1010)), f"s3://{bucket}/train/part", num_shards=8)
+        objects = os.path.join(staging.stage_root(), "objects")
+        for name in os.listdir(objects):  # As if evicted: the listed version must be fetched again.
+            os.unlink(os.path.join(objects, name))
+        try:
+            ids(traced)
+        except tf.errors.InvalidArgumentError as err:
+            out["changed"] = err.message
+        print("RESULT", json.dumps(out), flush=True)
+        return 0
+
+    tfdist.exit_cleanly(main)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: dict[str, str], tmp_path: str) -> None:
+    stage = os.path.join(str(tmp_path), "stage")
+    env = dict(os.environ, **s3_server, TFDIST_S3_READER="boto3", TFDIST_S3_STAGE_DIR=stage)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, "tfdist-service"], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
+    result = json.loads(line[len("RESULT "):])
+    assert "was not staged within 1s" in result["no_agent"] and "python -m tfdist.cli.server" in result["no_agent"]
+    assert result["service"] == list(range(400))  # Dynamic sharding over 2 service workers: each record once.
+    assert result["agent_staged"] == 8
+    assert "changed since it was listed" in result["changed"], result["changed"]
+
+
+def _serve_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the agents did not serve the requests in time"
+        time.sleep(0.05)
+
+
+def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(s3_server: dict[str, str],
+                                                                           tmp_path: str) -> None:
+    import boto3
+
+    from tfdist.data import staging
+    from tfdist.data.s3 import S3Store
+
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket="tfdist-agents")
+    for i in range(6):
+        client.put_object(Bucket="tfdist-agents", Key=f"obj-{i}", Body=bytes([i]) * 1000)
+    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
+    root = os.path.join(str(tmp_path), "stage")
+    urls = [f"s3://tfdist-agents/obj-{i}" for i in range(6)]
+    versions = {url: store.version(url) for url in urls}
+    names = {url: staging.staged_name(url, *versions[url]) for url in urls}
+
+    def want(url: str, version: tuple[int, str]) -> str:
+        name = staging.staged_name(url, *version)
+        with open(os.path.join(root, "want", name), "w") as f:
+            f.write(f"{url}\n{version[0]}\n{version[1]}\n")
+        return os.path.join(root, "objects", name + staging.SUFFIX)
+
+    # Two agents on one stage root, a budget of 3 copies: each object is downloaded once, the oldest evicted.
+    with staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store) as one, \
+            staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store) as two:
+        for url in urls:
+            local = want(url, versions[url])
+            _serve_until(lambda: os.path.exists(local))
+            with open(local, "rb") as f:
+                assert f.read() == bytes([urls.index(url)]) * 1000
+        assert one.staged + two.staged == 6
+        kept = sorted(name for name in os.listdir(os.path.join(root, "objects")) if name.endswith(".staged"))
+        assert kept == sorted(names[url] + ".staged" for url in urls[3:])
+        # A version other than the object's, and a missing object: an error file the reader shows.
+        stale = want(urls[0], (1000, '"not-the-etag"'))
+        missing = want("s3://tfdist-agents/no-such-object", (5, '"x"'))
+        _serve_until(lambda: os.path.exists(stale + ".error") and os.path.exists(missing + ".error"))
+        with open(stale + ".error") as f:
+            assert "changed since it was listed" in f.read()
+        with open(missing + ".error") as f:
+            assert "Cannot stat s3://tfdist-agents/no-such-object through boto3" in f.read()
+        _serve_until(lambda: not os.listdir(os.path.join(root, "want")))  # Every request answered.
