@@ -563,3 +563,62 @@ def slurm_ps(root: str) -> dict[str, Any]:
     result = ps_fit(epochs=2, steps=5)
     _write_result(root, {"is_ps": result["is_ps"], "loss": result["loss"]})
     return {}
+
+
+def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -> dict[str, Any]:
+    """Elastic MWMS fit under Slurm, global batch kept: records what each membership saw in ``root``.
+
+    In membership 0 (before any requeue) every task stops after epoch ``pause_epoch`` is backed up: worker 0
+    writes ``root/paused`` (the test's trigger to fail the node) and all wait there to be killed by Slurm.
+    """
+    import json
+    import os
+    import time
+
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist import keras
+    from tfdist.keras import elastic
+
+    task, generation = os.environ["TFDIST_TASK"], elastic.membership()
+    strategy = tfdist.build_strategy("auto", communication="ring")
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = _small_model(keras)
+    record: dict[str, Any] = {
+        "task": task, "generation": generation, "world_size": elastic.world_size(),
+        "replicas": strategy.num_replicas_in_sync, "slurm_restart": os.environ.get("SLURM_RESTART_COUNT"),
+        "per_replica_batch": keras.per_replica_batch(global_batch, strategy.num_replicas_in_sync),
+        "tf_config": json.loads(os.environ["TF_CONFIG"]), "epochs_begun": [], "steps": {}, "logged_world_size": []}
+    path = os.path.join(root, f"elastic-{task.replace(':', '-')}-g{generation}.json")
+
+    def _save() -> None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+
+    def _epoch_end(epoch: int, logs: Any) -> None:
+        record["logged_world_size"].append(logs.get("world_size"))
+        _save()
+        if generation == 0 and epoch == pause_epoch:
+            if task == "worker:0":
+                open(os.path.join(root, "paused"), "w").close()
+            time.sleep(300)  # Slurm kills this task when the test fails the node; never reached in a passing run.
+            os._exit(4)
+
+    def _batch_end(batch: int, logs: Any) -> None:
+        epoch = str(record["epochs_begun"][-1])
+        record["steps"][epoch] = record["steps"].get(epoch, 0) + 1
+
+    x, y = _regression_data(n=240)
+    dataset = _sharded_by_element(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True))
+    callbacks = keras.cluster_callbacks(backup_dir=os.path.join(root, "backup"))
+    callbacks += [keras.ElasticEpochs(),
+                  keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: record["epochs_begun"].append(epoch),
+                                                 on_train_batch_end=_batch_end, on_epoch_end=_epoch_end)]
+    _save()
+    history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=callbacks)
+    record.update(done=True, loss=history.history["loss"], weights=_flat_weights(model).tolist())
+    _save()
+    return {}

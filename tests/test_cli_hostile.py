@@ -54,7 +54,8 @@ CLIS: dict[str, tuple[Main, list[str], list[str]]] = {
                 "--data-service-workers", "--run-on", "--hosts", "--port", "--emit"]),
     "data_service": (data_service.main, [], ["--workers", "--port"]),
     "server": (server.main, [], ["--exit-with-chief"]),
-    "slurm_task": (slurm_task.main, [], ["--port-base", "--restart", "--jobs", "--run-on"]),
+    "slurm_task": (slurm_task.main, [], ["--port-base", "--restart", "--jobs", "--run-on", "--min-workers",
+                                         "--allocated-tasks"]),
     "jobset_task": (jobset_task.main, [], []),
 }
 

@@ -189,3 +189,92 @@ def test_parameter_server_job_ends_when_the_chief_does(slurm_cluster: Any, tmp_p
     assert output.count("the coordinator is done") == 3, output
     assert "CANCELLED" not in output and "Terminated" not in output, output
     assert seconds(record["EndTime"]) - started < 400
+
+
+def _job_field(cluster: Any, job_id: str, field: str) -> str:
+    return job_record(cluster, job_id).get(field, "")
+
+
+def _wait(what: str, ready: Any, timeout: float, proc: subprocess.Popen, workdir: str) -> None:
+    """Polls ``ready()`` (progress, not time, decides); fails with the job's output if sbatch ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(os.path.join(workdir, "job.out"), errors="replace") as f:
+                pytest.fail(f"no {what} (sbatch exited {proc.poll()}):\n{f.read()[-4000:]}")
+        time.sleep(0.5)
+
+
+def _elastic_records(root: str) -> dict[str, dict[str, Any]]:
+    found = {}
+    for path in glob.glob(os.path.join(root, "elastic-*.json")):
+        with open(path) as f:
+            value = json.load(f)
+        found[f"{value['task']}/g{value['generation']}"] = value
+    return found
+
+
+@pytest.mark.multiprocess
+def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_cluster: Any, tmp_path: Any) -> None:
+    """3 workers; after epoch 1's backup the node fails; Slurm requeues the job, which runs on with 2 workers.
+
+    The single test node stands for the cluster: its failure requeues the job (Slurm's own NODE_FAIL path),
+    and the requeued job is given 2 tasks instead of 3 (``scontrol update`` of the pending job), as a
+    ``--nodes=MIN-MAX`` job gets fewer nodes on a real cluster. Everything after that is the emitted script's
+    and the tasks' own doing: the step's size, TF_CONFIG, TFDIST_WORLD_SIZE/TFDIST_MEMBERSHIP, the resume.
+    """
+    root, name = str(tmp_path), f"elastic-{os.getpid()}"
+    script = emit("--workers", "3", "--min-workers", "2", "--tasks-per-node", "3", "--name", name, "--time", "10",
+                  "--", *task_command("slurm_elastic", root, 4, 12, 1))
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=3", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                 '--ntasks="$TASKS"', "--allocated-tasks 3", "--min-workers 2 --"):
+        assert line in script, script
+    assert "#SBATCH --ntasks=" not in script, script  # The size comes from the allocation, not a fixed count.
+    job = submit(slurm_cluster, script, root)
+    try:
+        _wait("pause after epoch 1's backup", lambda: os.path.exists(os.path.join(root, "paused")), 300, job, root)
+        queue = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], env=slurm_cluster.env, capture_output=True,
+                               text=True, timeout=30)
+        job_id = queue.stdout.strip()
+        assert job_id.isdigit(), queue
+        first = _elastic_records(root)
+        assert sorted(first) == ["worker:0/g0", "worker:1/g0", "worker:2/g0"], first
+        # The node fails: Slurm stops the tasks and requeues the job (--requeue), which waits ~120 s to be eligible.
+        subprocess.run(["scontrol", "update", "NodeName=localhost", "State=DOWN", "Reason=tfdist-elastic-test"],
+                       env=slurm_cluster.env, check=True, timeout=30)
+        _wait("requeue", lambda: (_job_field(slurm_cluster, job_id, "JobState"),
+                                  _job_field(slurm_cluster, job_id, "Restarts")) == ("PENDING", "1"), 60, job, root)
+        # Slurm holds the requeued job ~120 s so that the old run can leave the node (slurmd drains a node that
+        # is asked to start a job id it still runs: "Duplicate jobid"). The test waits for exactly that, the
+        # old run's slurmstepd sockets gone from the spool (slurmd's own check), then lets the job start now.
+        spool = os.path.join(slurm_cluster.directory, "spool")
+        _wait("old run gone from the node", lambda: not glob.glob(os.path.join(spool, f"*_{job_id}.*")), 60,
+              job, root)
+        # The requeued job gets a smaller allocation.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "NumTasks=2", "TasksPerNode=2", "StartTime=now"],
+                       env=slurm_cluster.env, check=True, timeout=30)
+    finally:  # The node serves the other tests again (ReturnToService=2 usually does it at once).
+        subprocess.run(["scontrol", "update", "NodeName=localhost", "State=RESUME"], env=slurm_cluster.env,
+                       capture_output=True, timeout=30)
+    code, record, output = finish(job, slurm_cluster, timeout=420)
+    assert (code, record["JobState"], record["ExitCode"], record["Restarts"]) == (0, "COMPLETED", "0:0", "1"), output
+
+    found = _elastic_records(root)
+    assert sorted(found) == ["worker:0/g0", "worker:0/g1", "worker:1/g0", "worker:1/g1", "worker:2/g0"], output
+    for task in ("worker:0", "worker:1", "worker:2"):
+        before = found[f"{task}/g0"]
+        assert (before["world_size"], before["replicas"], before["per_replica_batch"]) == (3, 3, 4), before
+        assert before["epochs_begun"] == [0, 1] and before["logged_world_size"] == [3.0, 3.0], before
+        assert before["slurm_restart"] in (None, "0") and not before.get("done"), before
+    after = [found["worker:0/g1"], found["worker:1/g1"]]
+    for rec in after:
+        assert (rec["world_size"], rec["replicas"], rec["per_replica_batch"], rec["slurm_restart"]) == (2, 2, 6, "1")
+        assert len(rec["tf_config"]["cluster"]["worker"]) == 2, rec
+        assert rec["epochs_begun"] == [2, 3], rec  # Resumed from the backup of epoch 1, not from 0.
+        assert rec["logged_world_size"] == [2.0, 2.0] and rec["done"], rec
+        assert rec["steps"] == {"2": 20, "3": 20}, rec  # 240 records / global batch 12, whatever the world size.
+    assert found["worker:0/g0"]["steps"] == {"0": 20, "1": 20}, found["worker:0/g0"]
+    assert after[0]["weights"] == after[1]["weights"]
+    assert "Slurm restart count 0: 3 tasks on 1 node(s)" in output, output  # Both runs, in one appended file.
+    assert "Slurm restart count 1: 2 tasks on 1 node(s)" in output, output
+    assert "elastic membership 1 (Slurm restart count): world size 2 (2 workers, at least 2)" in output, output

@@ -139,3 +139,56 @@ def job_port_base(job_id: int, tasks_per_node: int, is_free: Callable[[int], boo
             return base
     raise invalid(ClusterSpecError, "ports", f"{PORT_LOW}-{PORT_HIGH - 1}",
                   f"{tasks_per_node} free consecutive ports in one slot", "Pass a fixed --port-base.")
+
+
+def allocated_tasks(env: Mapping[str, str]) -> int:
+    """The tasks of this job's allocation as Slurm granted them (``SLURM_TASKS_PER_NODE``, e.g. ``'3(x2)'`` -> 6).
+
+    In a batch script this follows the allocation the job actually got: fewer nodes of a ``--nodes=MIN-MAX``
+    range, or a requeued job given fewer tasks, give a smaller count. (``SLURM_NTASKS`` does not: it keeps the
+    value computed at submission.)
+
+    Example:
+        >>> allocated_tasks({"SLURM_TASKS_PER_NODE": "3(x2),1"})
+        7
+    """
+    name, text = _first(env, "SLURM_TASKS_PER_NODE")
+    return sum(expand_tasks_per_node(name, text))
+
+
+def step_tasks(env: Mapping[str, str]) -> int:
+    """The tasks of this job step (``SLURM_STEP_TASKS_PER_NODE``, else the allocation's)."""
+    name, text = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    return sum(expand_tasks_per_node(name, text))
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """How often Slurm requeued this job (``SLURM_RESTART_COUNT``; unset before the first requeue: 0).
+
+    Example:
+        >>> restart_count({}), restart_count({"SLURM_RESTART_COUNT": "2"})
+        (0, 2)
+    """
+    text = env.get("SLURM_RESTART_COUNT", "") or "0"
+    if not (text.isascii() and text.isdigit()):
+        raise invalid(ClusterSpecError, "SLURM_RESTART_COUNT", text, "a non-negative integer set by Slurm")
+    return int(text)
+
+
+def elastic_jobs(jobs: Mapping[str, int], tasks: int, *, min_workers: int) -> dict[str, int]:
+    """``jobs`` plus ``worker`` = every task of the step that ``jobs`` does not name (at least ``min_workers``).
+
+    Example:
+        >>> elastic_jobs({"chief": 1}, 3, min_workers=2)
+        {'chief': 1, 'worker': 2}
+    """
+    require_int(ClusterSpecError, "min_workers", min_workers, minimum=1)
+    if "worker" in jobs:
+        raise invalid(ClusterSpecError, "jobs", dict(jobs), "no 'worker' count (the step's other tasks are workers)")
+    workers = tasks - sum(jobs.values())
+    if workers < min_workers:
+        raise invalid(ClusterSpecError, "SLURM_STEP_TASKS_PER_NODE", tasks,
+                      f"at least {sum(jobs.values()) + min_workers} tasks ({dict(jobs)} and >= {min_workers} workers)",
+                      "The allocation is smaller than --min-workers allows: request at least that many nodes "
+                      "(#SBATCH --nodes=MIN-MAX).")
+    return {**jobs, "worker": workers}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tfdist import exit_codes
 from tfdist.cluster import ClusterSpec
@@ -27,8 +27,11 @@ def parse_jobs(text: str) -> dict[str, int]:
     return jobs
 
 
-def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on: str, restart: int) -> int:
+def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on: str, restart: int,
+              variables: Mapping[str, str] | None = None) -> int:
     """Execs this task's program (the command, or tfdist's TF server) with TF_CONFIG; returns only on failure.
+
+    ``variables`` are set in the program's environment too (e.g. TFDIST_WORLD_SIZE of an elastic Slurm job).
 
     Raises:
       LaunchError: The command and topology do not make a valid launch.
@@ -39,6 +42,7 @@ def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on:
     program = list(config.command) if config.runs_command(task) else [
         *environment.server_argv(), "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
     env = environment.child_env(os.environ, config, spec, task, restart=restart)
+    env.update(variables or {})
     sys.stderr.write(f"{prefix}{spec.describe()}\n")
     sys.stderr.flush()
     try:

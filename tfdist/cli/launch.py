@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="pack: as few nodes as possible; spread: across nodes")
     eng.add_argument("--ray-ready-timeout", type=_common.finite_float, default=120.0, metavar="SECONDS",
                      help="seconds to wait until the Ray cluster holds every task")
-    elastic = parser.add_argument_group("elastic training (local engine)")
+    elastic = parser.add_argument_group("elastic training (local engine; --min/--max-workers also for --emit slurm)")
     elastic.add_argument("--min-workers", type=int, default=None, metavar="N",
                          help="go on with the workers left when one is lost, down to N; below N the run fails")
     elastic.add_argument("--max-workers", type=int, default=None, metavar="M",
@@ -88,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--python", default=None, help="interpreter the tasks run (slurm); default this one")
     out.add_argument("--tf-log-level", type=int, default=2, help="default TF_CPP_MIN_LOG_LEVEL (slurm)")
     out.add_argument("--time", default="01:00:00", help="time limit (slurm)")
+    out.add_argument("--tasks-per-node", type=int, default=1, help="TF tasks per node (slurm)")
     out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm, ray; ray default 1)")
     return parser
 
@@ -111,7 +112,7 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
                                   cpu=args.cpu, memory=args.memory, gpus=args.gpus))
     return emit.slurm_script(config, name=args.name, time_limit=args.time, cpus_per_task=args.cpus_per_task,
                              gpus_per_task=args.gpus, port_base=args.port_base, python=args.python,
-                             tf_log_level=args.tf_log_level)
+                             tf_log_level=args.tf_log_level, tasks_per_node=args.tasks_per_node)
 
 
 def _ray_engine(args: argparse.Namespace) -> Engine:

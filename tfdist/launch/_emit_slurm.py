@@ -19,6 +19,13 @@ _TIME = re.compile(r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}
 _PYTHON_NAME = re.compile(r"^python(?:3(?:\.\d+)?)?$")
 _FIRST_FAILURE = r"s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\).*/\1/p"
 
+# How an elastic run sizes its step: from the allocation Slurm granted this run, at most chief + --max-workers.
+_ELASTIC_SIZE = """\
+# Elastic: the step has as many tasks as the allocation Slurm granted this run (fewer nodes of the
+# --nodes range, or a requeued job given fewer tasks), at most chief + --max-workers.
+TASKS=$("$PYTHON" -m tfdist.cli.slurm_task --allocated-tasks {most}) || exit 2
+echo "tfdist job: Slurm restart count ${{SLURM_RESTART_COUNT:-0}}: $TASKS tasks on ${{SLURM_JOB_NUM_NODES:-1}} node(s)" >&2"""
+
 
 def check_job_name(name: str) -> str:
     """A Slurm job name that cannot break out of its ``#SBATCH`` line."""
@@ -43,9 +50,28 @@ def check_python(python: str) -> str:
     return python
 
 
+def _elastic_header(config: LaunchConfig, tasks_per_node: int) -> list[str]:
+    """``#SBATCH`` lines of an elastic job: a node range for chief + min..max workers, requeued on node failure."""
+    for flag, value in (("--ps", config.ps), ("--evaluator", config.evaluator)):
+        if value:
+            raise invalid(LaunchError, flag, value, "no parameter servers or evaluator in an elastic Slurm job",
+                          "Elastic Slurm jobs are chief/worker (MultiWorkerMirroredStrategy) jobs; "
+                          "drop --min-workers, or this option.")
+    if config.loses or config.returns:
+        raise invalid(LaunchError, "--lose" if config.loses else "--return", (config.loses or config.returns)[0],
+                      "no fault injection in a Slurm script (the local engine's)",
+                      "On Slurm a failed node (or 'scontrol requeue') plays the loss; drop --lose/--return.")
+    low, high = (-(-(int(config.chief) + n) // tasks_per_node) for n in (config.min_workers, config.max_workers))
+    return [f"#SBATCH --nodes={low}-{high}" if low < high else f"#SBATCH --nodes={low}",
+            f"#SBATCH --ntasks-per-node={tasks_per_node}",
+            "# Elastic: Slurm requeues the job when a node fails, and the next run sizes itself from its allocation;",
+            "# a requeued run appends to the output file.",
+            "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+
+
 def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: str = "01:00:00",
                  cpus_per_task: Optional[int] = None, gpus_per_task: int = 0, port_base: Optional[int] = None,
-                 python: Optional[str] = None, tf_log_level: int = 2) -> str:
+                 python: Optional[str] = None, tf_log_level: int = 2, tasks_per_node: int = 1) -> str:
     """An ``sbatch`` script: one Slurm task per TF task, each building TF_CONFIG with tfdist.
 
     Args:
@@ -60,12 +86,21 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
       python: The interpreter the tasks run (and the command, when it starts
         with ``python``/``python3``); default the one running this.
       tf_log_level: Default ``TF_CPP_MIN_LOG_LEVEL`` (the submit environment's value wins).
+      tasks_per_node: ``#SBATCH --ntasks-per-node``: TF tasks per node.
+
+    With ``config.min_workers`` the job is elastic (docs/slurm.md): it asks for a node range
+    (``--nodes=MIN-MAX`` for chief + min..max workers, ``tasks_per_node`` each), is requeued by Slurm when
+    a node fails, and each run sizes its step from the allocation it got; tasks see ``TFDIST_WORLD_SIZE``
+    and ``TFDIST_MEMBERSHIP`` (Slurm's restart count).
 
     Example:
         >>> from tfdist.launch.config import LaunchConfig
         >>> script = slurm_script(LaunchConfig(command=("python", "train.py"), workers=2), python="/opt/py")
         >>> "PYTHON=/opt/py" in script and "#SBATCH --ntasks=2" in script
         True
+        >>> elastic = LaunchConfig(command=("python", "train.py"), workers=4, min_workers=2)
+        >>> [line for line in slurm_script(elastic, python="/opt/py").splitlines() if "#SBATCH --nodes" in line]
+        ['#SBATCH --nodes=2-4']
     """
     require_config(config)
     check_job_name(name)
@@ -81,8 +116,17 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
     if port_base is not None:
         require_int(LaunchError, "--port-base", port_base, minimum=1024, maximum=65536 - total,
                     fix=f"The {total} tasks on one node use --port-base .. --port-base+{total - 1}.")
-    jobs = ",".join(f"{job}={n}" for job, n in counts.items())
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --ntasks={total}", f"#SBATCH --time={time_limit}"]
+    require_int(LaunchError, "--tasks-per-node", tasks_per_node, minimum=1, maximum=4096)
+    jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
+    if config.min_workers is not None:
+        lines += [*_elastic_header(config, tasks_per_node), f"#SBATCH --time={time_limit}"]
+        jobs = "chief=1" if config.chief else ""
+        described = f"{jobs + ',' if jobs else ''}worker={config.min_workers}..{config.max_workers} (elastic)"
+    else:
+        lines += [f"#SBATCH --ntasks={total}", f"#SBATCH --time={time_limit}"]
+        if tasks_per_node > 1:
+            lines.append(f"#SBATCH --ntasks-per-node={tasks_per_node}")
     if cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if gpus_per_task:
@@ -90,13 +134,19 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
     command = shlex.join(config.command)
     if _PYTHON_NAME.match(config.command[0]):  # 'python train.py' runs on the pinned interpreter too.
         command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
-    task_args = (f"-m tfdist.cli.slurm_task --jobs {jobs} --port-base \"$PORT_BASE\" --restart \"$attempt\" "
-                 f"--run-on {shlex.quote(config.run_on)} -- {command}")
+    flags = [f"--jobs {jobs}"] if jobs else []
+    flags += ['--port-base "$PORT_BASE"', '--restart "$attempt"', f"--run-on {shlex.quote(config.run_on)}"]
     ports = (f"PORT_BASE={port_base}" if port_base is not None else
              "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
              'PORT_BASE=$("$PYTHON" -m tfdist.cli.slurm_task --pick-port-base) || exit 2')
+    srun = "srun --kill-on-bad-exit=1"
+    if config.min_workers is not None:
+        flags.append(f"--min-workers {config.min_workers}")
+        srun += ' --ntasks="$TASKS"'
+        ports += "\n" + _ELASTIC_SIZE.format(most=int(config.chief) + config.max_workers)
+    task_args = f"-m tfdist.cli.slurm_task {' '.join(flags)} -- {command}"
     lines += [
-        f"# tfdist job {jobs}: one Slurm task per TensorFlow task, each building its TF_CONFIG from SLURM_*",
+        f"# tfdist job {described}: one Slurm task per TensorFlow task, each building its TF_CONFIG from SLURM_*",
         "# (job names sorted, ranks in order, ports PORT_BASE+i for the i-th task on a node).",
         "set -uo pipefail",
         f"PYTHON={shlex.quote(python)}",
@@ -114,7 +164,7 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         "trap 'rm -f \"$SRUN_LOG\"' EXIT",
         "attempt=0",
         "while true; do",
-        '  { srun --kill-on-bad-exit=1 "$PYTHON" ' + task_args + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1',
+        f'  {{ {srun} "$PYTHON" ' + task_args + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1',
         "  code=$?",
         '  [ "$code" -eq 0 ] && exit 0',
         "  # srun returns 128+signal when it stopped the other tasks: the job's code is the first task's failure.",
