@@ -18,7 +18,7 @@ the other in a rotating order (so drift and other load on the machine hit all va
   balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
 
 A run's time covers building the dataset (file listing, framing checks) and reading every record of one
-epoch. The report gives, per size, the median records/s of every variant with its spread (min-max), and
+epoch; the CPU time of the process (all threads) per 1,000 records is reported beside it. The report gives, per size, the median records/s of every variant with its spread (min-max), and
 the median of the per-repeat ratios (each ratio pairs two variants of the same repeat). With --s3 it also
 starts moto on 127.0.0.1 and compares sequential vs parallel reads of the same files there.
 """
@@ -46,12 +46,13 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
 }
 
 
-def _records_per_s(make: Callable[[], Any]) -> float:
-    """Builds the dataset and reads one epoch; records/s over the whole run (build included)."""
-    start, seen = time.perf_counter(), 0
+def _records_per_s(make: Callable[[], Any]) -> tuple[float, float]:
+    """Builds the dataset and reads one epoch: records/s over the whole run (build included), and the CPU
+    time of this process (all threads) per 1,000 records, which other load on the machine moves less."""
+    start, cpu, seen = time.perf_counter(), time.process_time(), 0
     for _, labels in make():
         seen += int(labels.shape[0])
-    return seen / (time.perf_counter() - start)
+    return seen / (time.perf_counter() - start), 1000 * (time.process_time() - cpu) / seen
 
 
 def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
@@ -112,9 +113,10 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
             "sqrt": pipeline(part, class_weights="sqrt", seed=0)}
 
 
-def _summary(runs: dict[str, list[float]]) -> dict[str, Any]:
+def _summary(runs: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, Any]:
     rates = {name: {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v)),
-                    "runs": [round(x) for x in v]} for name, v in runs.items()}
+                    "runs": [round(x) for x in v],
+                    "cpu_s_per_1k_records": round(statistics.median(cpu[name]), 3)} for name, v in runs.items()}
     ratios = {}
     for name, (top, bottom, goal) in _RATIOS.items():
         paired = [a / b for a, b in zip(runs[top], runs[bottom])]
@@ -132,12 +134,13 @@ def _table(report: dict[str, Any]) -> str:
     head = "| | " + " | ".join(f"{k} px" for k in sizes) + " |\n|---|" + "---|" * len(sizes) + "\n"
     names = list(next(iter(sizes.values()))["records_per_s"])
     rows = [f"| {n} | " + " | ".join(f"{s['records_per_s'][n]['median']:,} ({s['records_per_s'][n]['min']:,}–"
-                                    f"{s['records_per_s'][n]['max']:,})" for s in sizes.values()) + " |"
-            for n in names]
+                                    f"{s['records_per_s'][n]['max']:,}); "
+                                    f"{s['records_per_s'][n]['cpu_s_per_1k_records']:.3f} s" for s in sizes.values())
+            + " |" for n in names]
     ratios = [f"| {n} (goal ≥ {_RATIOS[n][2]}) | " + " | ".join(
         f"**{s['ratios'][n]['median']:.2f}×** ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f})"
         for s in sizes.values()) + " |" for n in _RATIOS]
-    return ("records/s, median (min–max)\n\n" + head + "\n".join(rows) + "\n\nratios, median of paired runs "
+    return ("records/s, median (min–max); CPU s per 1,000 records (median)\n\n" + head + "\n".join(rows) + "\n\nratios, median of paired runs "
             "(min–max)\n\n" + head + "\n".join(ratios) + "\n\n")
 
 
@@ -156,24 +159,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work = args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-")
     sizes = [int(s) for s in args.sizes.split(",")]
-    variants, runs = {}, {}
+    variants, runs, cpu = {}, {}, {}
     for size in sizes:
         files, part = _write(work, args.num, size)
         made = _variants(files, part, round(size * args.scale), args.batch)
         if args.variants:
             made = {k: v for k, v in made.items() if k in args.variants.split(",")}
-        variants[size], runs[size] = made, {name: [] for name in made}
+        variants[size], runs[size], cpu[size] = made, {name: [] for name in made}, {name: [] for name in made}
     for repeat in range(args.repeats):
         for size in sizes:
             names = list(variants[size])
             shift = repeat % len(names)  # Rotate the order, so no variant always runs first or last.
             for name in names[shift:] + names[:shift]:
-                runs[size][name].append(_records_per_s(variants[size][name]))
+                rate, seconds = _records_per_s(variants[size][name])
+                runs[size][name].append(rate)
+                cpu[size][name].append(seconds)
     report: dict[str, Any] = {
         "records": args.num, "files": "16 plain; 16 per class partitioned (8 classes, halving)",
         "batch": args.batch, "repeats": args.repeats, "tensorflow": tf.__version__, "cpus": os.cpu_count(),
         "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
-        "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size]) if not args.variants else
+        "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size], cpu[size]) if not args.variants else
                                                           {k: [round(x) for x in v] for k, v in runs[size].items()})
                   for size in sizes}}
     if args.s3:
