@@ -18,9 +18,10 @@ the other in a rotating order (so drift and other load on the machine hit all va
   balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
 
 A run's time covers building the dataset (file listing, framing checks) and reading every record of one
-epoch; the CPU time of the process (all threads) per 1,000 records is reported beside it. The report gives, per size, the median records/s of every variant with its spread (min-max), and
-the median of the per-repeat ratios (each ratio pairs two variants of the same repeat). With --s3 it also
-starts moto on 127.0.0.1 and compares sequential vs parallel reads of the same files there.
+epoch; the CPU time of the process (all threads) per 1,000 records is reported beside it. The report
+gives, per size, the median records/s of every variant with its spread (min-max), and the median of
+the per-repeat ratios (each ratio pairs two variants of the same repeat). With --s3 it also starts moto
+on 127.0.0.1 and compares sequential vs parallel reads of the same files there.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def _table(report: dict[str, Any]) -> str:
     ratios = [f"| {n} (goal ≥ {_RATIOS[n][2]}) | " + " | ".join(
         f"**{s['ratios'][n]['median']:.2f}×** ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f})"
         for s in sizes.values()) + " |" for n in _RATIOS]
-    return ("records/s, median (min–max); CPU s per 1,000 records (median)\n\n" + head + "\n".join(rows) + "\n\nratios, median of paired runs "
-            "(min–max)\n\n" + head + "\n".join(ratios) + "\n\n")
+    return ("records/s, median (min–max); CPU s per 1,000 records (median)\n\n" + head + "\n".join(rows)
+            + "\n\nratios, median of paired runs (min–max)\n\n" + head + "\n".join(ratios) + "\n\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
