@@ -136,3 +136,32 @@ def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(s3_se
         with open(missing + ".error") as f:
             assert "Cannot stat s3://tfdist-agents/no-such-object through boto3" in f.read()
         _serve_until(lambda: not os.listdir(os.path.join(root, "want")))  # Every request answered.
+
+
+SERVER = textwrap.dedent("""
+    import json, logging, sys, threading
+    from tfdist import ClusterSpec, _address
+    from tfdist.data import staging
+    from tfdist.launch import run_server
+
+    logging.basicConfig(level=logging.INFO)
+    ports = _address.free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
+    started = {}
+    for task in ("ps", "worker"):  # The same process: the ps server first, then the worker's.
+        stop = threading.Event()
+        stop.set()  # Serve, then return at once.
+        run_server(ClusterSpec.from_tf_config({"cluster": cluster, "task": {"type": task, "index": 0}}), stop=stop)
+        started[task] = staging._AGENT is not None
+    print("RESULT", json.dumps(started), flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_run_server_starts_the_staging_agent_on_worker_tasks_only(tmp_path: str) -> None:
+    env = dict(os.environ, TFDIST_S3_STAGE_DIR=os.path.join(str(tmp_path), "stage"))
+    done = subprocess.run([sys.executable, "-c", SERVER], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
+    assert json.loads(line[len("RESULT "):]) == {"ps": False, "worker": True}
+    assert "Staging agent serving s3:// requests in " + env["TFDIST_S3_STAGE_DIR"] in done.stderr

@@ -5,8 +5,8 @@ user code: the workers and ps of a parameter-server cluster. It reads the task f
 serves until SIGTERM or Ctrl-C, or, with ``--exit-with-chief SECONDS``, until the chief has been gone
 that long. The library function is :func:`tfdist.launch.server.run_server`; this module is only its
 entry point, which the ``tfdist.launch`` package does not import (so ``python -m`` runs it cleanly).
-On a worker task it also runs the staging agent (:mod:`tfdist.data.staging`) that stages the ``s3://``
-objects the worker's datasets read where TensorFlow has no ``s3`` file system.
+On a worker task the server also runs the staging agent (:mod:`tfdist.data.staging`) that stages the
+``s3://`` objects the worker's datasets read where TensorFlow has no ``s3`` file system.
 
     TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' python -m tfdist.cli.server
 """
@@ -39,10 +39,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from tfdist.launch.server import run_server
 
     spec = ClusterSpec.from_tf_config()  # Checked before TensorFlow is imported.
-    if spec.task_type == "worker":  # Stages the s3:// objects its ParameterServerStrategy datasets read.
-        from tfdist.data.staging import ensure_agent
-
-        ensure_agent()
     return run_server(spec, exit_with_chief=grace)
 
 

@@ -4,8 +4,8 @@ ParameterServerStrategy traces a dataset function once on the coordinator and
 runs the graph on each worker's TF server; the tf.data service runs it on its
 workers. There a ``tf.py_function`` cannot run, and TensorFlow opens only files
 of its registered file systems. Every such server tfdist starts
-(``python -m tfdist.cli.server``, ``tfdist data-service``,
-:class:`~tfdist.data.LocalDataService`) runs a :class:`StagingAgent` thread,
+(``python -m tfdist.cli.server`` or :func:`tfdist.launch.run_server` on a
+worker task, ``tfdist data-service``, :class:`~tfdist.data.LocalDataService`) runs a :class:`StagingAgent` thread,
 and the two sides talk through files in one directory per host, the *stage
 root* (``TFDIST_S3_STAGE_DIR``, default ``$TMPDIR/tfdist-s3-stage-UID``):
 
@@ -155,9 +155,10 @@ class StagedReads:
         checks = [tf.debugging.Assert(tf.logical_not(failed), ["Staging", url, "failed:", why], summarize=1),
                   tf.debugging.Assert(waited <= polls, [
                       url, f"was not staged within {self.timeout:g}s into", local, "Is a tfdist staging agent "
-                      "running on this TF server (workers started by `python -m tfdist.cli.server`, `tfdist "
-                      f"data-service` or LocalDataService), with {STAGE_DIR_ENV} the same as on the coordinator "
-                      f"({self.root})? Raise {STAGE_TIMEOUT_ENV} for very large objects."], summarize=1)]
+                      "running on this TF server (workers started by `python -m tfdist.cli.server` or "
+                      "tfdist.launch.run_server, `tfdist data-service` or LocalDataService), with "
+                      f"{STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {STAGE_TIMEOUT_ENV} "
+                      "for very large objects."], summarize=1)]
         with tf.control_dependencies(checks):
             return tf.identity(local)
 

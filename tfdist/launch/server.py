@@ -7,7 +7,9 @@ point, so ``python -m`` runs it without a warning. Under a scheduler that waits
 for every task (Slurm's ``srun``), ``exit_with_chief=SECONDS`` ends the server
 with exit code 0 once the chief (the coordinator), after having been
 reachable, stays unreachable that long, so the job ends when training does
-instead of at its time limit.
+instead of at its time limit. A worker's server also runs the staging agent
+(:mod:`tfdist.data.staging`) that serves its datasets' ``s3://`` objects where
+TensorFlow has no ``s3`` file system.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=spec.task_type, task_index=spec.task_id,
                                   protocol=resolver.rpc_layer or "grpc", start=True)
     _log.info("TensorFlow server %s up at %s (%s).", spec.task.name, server.target, spec.describe())
+    if spec.task_type == "worker":  # Stages the s3:// objects its ParameterServerStrategy datasets read via boto3.
+        from tfdist.data.staging import ensure_agent
+
+        ensure_agent()
     done = stop or threading.Event()
 
     def _handle(signum: int, frame: Optional[FrameType]) -> None:
