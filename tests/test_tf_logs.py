@@ -71,8 +71,13 @@ REAL = [
     "Traceback (most recent call last):",
     "tensorflow.python.framework.errors_impl.NotFoundError: /no/such/file; No such file or directory [Op:ReadFile]",
     "WARNING:tensorflow:Your input ran out of data; interrupting training.",
+    "loss: 0.25",  # A user's print shaped like a proto field (but not a ConfigProto field).
+    "ValueError: bad thing",
+    "tensorflow.python.framework.errors_impl.UnavailableError: Socket closed",
     "",
 ]
+# The SessionOptions record of TF217_STARTUP and its ConfigProto dump, without the blank line that ends it.
+SESSION_DUMP = TF217_STARTUP[11:-3]
 
 
 @pytest.mark.parametrize("startup", [TF217_STARTUP, TF221_STARTUP], ids=["tf2.17", "tf2.21"])
@@ -80,6 +85,24 @@ def test_start_up_noise_is_dropped_and_everything_real_passes(startup: list[str]
     keep = NoiseFilter()
     assert [line for line in startup if keep(line)] == []
     assert [line for line in REAL if keep(line)] == REAL
+
+
+@pytest.mark.parametrize("real", [line for line in REAL if line], ids=range(len(REAL) - 1))
+def test_a_real_line_inside_a_sessionoptions_dump_ends_it_and_passes(real: str) -> None:
+    """The local engine merges stdout and stderr: a print or an exception may land inside TF's proto dump."""
+    assert SESSION_DUMP[0].endswith("SessionOptions: device_count {")
+    assert SESSION_DUMP[-1] == "allow_soft_placement: true"
+    for cut in (1, 3, len(SESSION_DUMP)):  # Inside a nested message, after it, after the last field.
+        keep = NoiseFilter()
+        assert [line for line in SESSION_DUMP[:cut] if keep(line)] == []
+        assert keep(real)
+        assert keep("  value: 1")  # The dump ended: the rest is not taken for its body.
+
+
+def test_only_the_sessionoptions_record_starts_a_dump() -> None:
+    keep = NoiseFilter()
+    lines = ["I0000 00:00:1796016068.032805   24234 some_other.cc:12] Something {", "  key: \"CPU\"", "}"]
+    assert [line for line in lines if keep(line)] == lines[1:]
 
 
 def test_a_users_line_right_after_an_info_record_is_not_taken_for_its_body() -> None:
@@ -100,7 +123,7 @@ def test_quiet_sink_filters_per_task_and_tf_info_turns_it_off() -> None:
     shown: list[tuple[str, str]] = []
     sink = quiet_sink(lambda task, line: shown.append((task, line)))
     assert sink is not None
-    sink("worker:0", "I0000 00:00:1796016068.032805   24234 eager_service_impl.cc:356] SessionOptions: x {")
+    sink("worker:0", "I0000 00:00:1796016068.032805   24234 eager_service_impl.cc:356] SessionOptions: device_count {")
     sink("worker:1", "  value: 1")  # Another task's line is not worker:0's proto body.
     sink("worker:0", "  value: 1")
     assert shown == [("worker:1", "  value: 1")]

@@ -15,7 +15,10 @@ task's whole ConfigProto (about 20 lines). TF 2.18+ logs everything through absl
 
 - INFO records of TensorFlow's C++ code (a ``.cc``/``.h`` source in the
   header; absl-py lines of the user's own Python code name a ``.py`` file and
-  pass), with the text-proto body that follows a record ending in ``{``;
+  pass), and the ConfigProto a ``SessionOptions:`` record dumps (:data:`_PROTO_DUMPS`): only lines
+  of that text proto (``}``, ``field {``, ``field: value`` with a number, quoted string, bool or enum
+  value, indented to their depth, top-level fields named as ConfigProto's) up to the blank line that
+  ends it; any other line (a user's ``loss: 0.25``, an exception's last line) ends the dump and passes;
 - absl's ``before absl::InitializeLog()`` preamble;
 - the known harmless messages of :data:`KNOWN_NOISE`, whatever their level:
   the cuDNN/cuFFT/cuBLAS "Unable to register ... factory" errors (a TF 2.17
@@ -59,8 +62,20 @@ _CPP_SOURCE = r"[\w./-]+\.(?:cc|h|cpp)"
 _HEADER = re.compile(  # absl (any TF) or TSL (TF <= 2.17) header of a C++ log record; group 1 is the level.
     rf"^(?:([IWEF])\d{{4}} \d\d:\d\d:\d+\.\d+ +\d+ |\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ){_CPP_SOURCE}:\d+\] ")
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-# A line of a text-format proto: `field {`, `field: value`, `}` (indented), or the blank line ending the record.
-_PROTO_LINE = re.compile(r"^\s*(?:\}|[A-Za-z_][\w.]*(?: \{|: .*))\s*$")
+# Text-format proto lines as protobuf's DebugString writes them (two spaces per level of nesting).
+_PROTO_OPEN = re.compile(r"^( *)([a-z_][a-z0-9_]*) \{$")
+_PROTO_FIELD = re.compile(r'^( *)([a-z_][a-z0-9_]*): (?:-?\d+(?:\.\d+)?(?:e[+-]?\d+)?|-?inf|nan|"(?:[^"\\]|\\.)*"|'
+                          r"true|false|[A-Z][A-Z0-9_]*)$")
+_PROTO_CLOSE = re.compile(r"^( *)\}$")
+# The INFO records followed by a text-proto dump: the record's text before the proto -> the top-level field names
+# of the dumped message (eager_service_impl.cc logs a remote task's whole ConfigProto as "SessionOptions: ...").
+_CONFIG_PROTO_FIELDS = frozenset((
+    "device_count", "intra_op_parallelism_threads", "inter_op_parallelism_threads", "use_per_session_threads",
+    "session_inter_op_thread_pool", "placement_period", "device_filters", "gpu_options",
+    "pluggable_device_options", "allow_soft_placement", "log_device_placement", "graph_options",
+    "operation_timeout_in_ms", "rpc_options", "cluster_def", "isolate_session_state",
+    "share_cluster_devices_in_session", "experimental"))
+_PROTO_DUMPS: dict[str, frozenset[str]] = {"SessionOptions: ": _CONFIG_PROTO_FIELDS}
 _NO_CUDA_DRIVER = "Could not find cuda drivers on your machine, GPU will not be used."
 # Messages TensorFlow prints in every run on a CPU machine (the text after the record's header). Matched whatever
 # the level: a harmless 'E' here is still noise. Anything not listed passes.
@@ -86,7 +101,8 @@ class NoiseFilter:
     """A per-task line filter: ``keep(line)`` is False for TensorFlow's INFO records and start-up noise."""
 
     def __init__(self) -> None:
-        self._in_proto = False   # inside the text-proto body of an INFO record
+        self._proto: Optional[frozenset[str]] = None  # inside a dump: the dumped message's top-level fields
+        self._depth = 0  # nesting depth inside the dump
         self._tail: Optional[re.Pattern[str]] = None  # the header-less line a record may continue with
         self._no_driver = False  # this task said it has no CUDA driver: cuInit's failure is then expected
 
@@ -94,13 +110,10 @@ class NoiseFilter:
         tail, self._tail = self._tail, None
         if tail is not None and tail.match(line):
             return False
-        if self._in_proto:
-            if line.strip() == "":
-                self._in_proto = False
+        if self._proto is not None:
+            if self._in_dump(line):
                 return False
-            if _PROTO_LINE.match(line):
-                return False
-            self._in_proto = False
+            self._proto = None  # Not the proto's: the dump ended (or another line interleaved); the line passes.
         header = _HEADER.match(line)
         if header is None:
             return line != _ABSL_PREAMBLE
@@ -108,13 +121,41 @@ class NoiseFilter:
         if _NO_CUDA_DRIVER in text:
             self._no_driver = True
         if (header.group(1) or header.group(2)) == "I":
-            self._in_proto = text.rstrip().endswith("{")
+            self._start_dump(text)
             self._tail = _CPU_GUARD_TAIL
             return False
         if KNOWN_NOISE.search(text):
             self._tail = _CPU_GUARD_TAIL
             return False
         return not (self._no_driver and _CUINIT.match(text))
+
+    def _start_dump(self, text: str) -> None:
+        for prefix, fields in _PROTO_DUMPS.items():
+            if text.startswith(prefix):
+                first = text[len(prefix):].rstrip()
+                self._proto, self._depth = fields, 0
+                if first and not self._in_dump(first):  # e.g. "SessionOptions: device_count {"
+                    self._proto = None
+                return
+
+    def _in_dump(self, line: str) -> bool:
+        """True (and the depth updated) when ``line`` is the next line of the dump; a blank line ends it."""
+        assert self._proto is not None
+        if line == "":
+            self._proto = None
+            return True
+        for pattern, step in ((_PROTO_OPEN, 1), (_PROTO_FIELD, 0), (_PROTO_CLOSE, -1)):
+            match = pattern.match(line)
+            if match is None:
+                continue
+            depth = self._depth - 1 if step < 0 else self._depth
+            if len(match.group(1)) != 2 * depth or depth < 0:
+                return False
+            if step >= 0 and depth == 0 and match.group(2) not in self._proto:
+                return False
+            self._depth += step
+            return True
+        return False
 
 
 def wants_tf_info(env: Mapping[str, str]) -> bool:
