@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import pty
 import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -155,23 +158,58 @@ def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib
     assert loud.returncode == 1 and "oneDNN custom operations are on" in loud.stderr, loud.stderr
 
 
-def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm(tmp_path: pathlib.Path) -> None:
+def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm_and_sigint(tmp_path: pathlib.Path) -> None:
     preamble = TF217_STARTUP[8]
     script = f"echo out; echo '{preamble}' >&2; echo 'a real problem' >&2; exit 7"
     done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c", script],
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "a real problem\n")
-    # SIGTERM to `tfdist quiet` (a scheduler, `timeout`) reaches the command; its status comes back.
-    marker = tmp_path / "started"
-    proc = subprocess.Popen([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c",
-                             f"trap 'exit 5' TERM; touch {marker}; while :; do sleep 0.1; done"])
+    # SIGTERM / SIGINT to `tfdist quiet` (a scheduler, `timeout`, `kill -INT`) reach the command; its status
+    # comes back. A new session: no controlling terminal that could have sent the SIGINT to the command too.
+    for sig, status in ((signal.SIGTERM, 5), (signal.SIGINT, 6)):
+        marker = tmp_path / f"started-{sig.name}"
+        proc = subprocess.Popen([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c",
+                                 f"trap 'exit 5' TERM; trap 'exit 6' INT; touch {marker}; "
+                                 "while :; do sleep 0.1; done"], start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert marker.exists(), proc.poll()
+            proc.send_signal(sig)
+            assert proc.wait(30) == status, sig.name
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_tfdist_quiet_does_not_repeat_a_ctrl_c_the_terminal_already_sent(tmp_path: pathlib.Path) -> None:
+    """Ctrl-C typed at a real terminal (a pty) reaches the command once, not once more through `tfdist quiet`."""
+    ready, count = tmp_path / "ready", tmp_path / "count"
+    child = (f"import pathlib, signal, time\nn = []\nsignal.signal(signal.SIGINT, lambda s, f: n.append(s))\n"
+             f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(2)\n"
+             f"pathlib.Path({str(count)!r}).write_text(str(len(n)))\n")
+    pid, terminal = pty.fork()  # A new session whose controlling terminal is the pty.
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", child])
     try:
         deadline = time.monotonic() + 30
-        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert marker.exists(), proc.poll()
-        proc.terminate()
-        assert proc.wait(30) == 5
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        os.write(terminal, b"\x03")  # The terminal sends SIGINT to its foreground group: quiet and the command.
+        deadline = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            if select.select([terminal], [], [], 0.1)[0]:
+                try:
+                    os.read(terminal, 4096)  # Keep the pty drained.
+                except OSError:  # The pty closed: quiet has ended.
+                    time.sleep(0.05)
+        assert count.read_text() == "1"
     finally:
-        proc.kill()
-        proc.wait(10)
+        os.close(terminal)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass

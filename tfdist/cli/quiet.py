@@ -8,6 +8,11 @@ one process outside the launcher, e.g. a data-preparation script::
 The command's stdout is untouched; its stderr passes line by line, except TensorFlow's INFO records and
 known start-up messages (``tfdist.launch._tf_logs``). The exit status is the command's (128 + N when a
 signal N ends it). ``TF_CPP_MIN_LOG_LEVEL=0`` turns the filter off.
+
+SIGTERM, SIGHUP and SIGINT sent to ``tfdist quiet`` (``kill -INT``, ``timeout -s INT``, a scheduler) are
+passed on to the command, which decides how it ends. A Ctrl-C typed at the terminal already reaches the
+command when it runs in the terminal's foreground process group; that SIGINT is not sent a second time (a
+second SIGINT would interrupt the command's own clean-up, e.g. a Python ``finally`` or a checkpoint save).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from tfdist.errors import LaunchError, invalid
 from tfdist.launch._process import exit_code
 from tfdist.launch._tf_logs import NoiseFilter, wants_tf_info
 
-_FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # SIGINT from a terminal reaches the command's group directly.
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -43,35 +48,65 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise invalid(LaunchError, "command", [], "a program to run after '--'",
                       "e.g. tfdist quiet -- python prepare.py")
-    try:
-        proc = subprocess.Popen(command, stdin=None, stdout=None, stderr=subprocess.PIPE)
-    except OSError as err:
-        raise invalid(LaunchError, "command", command[0], "a program that exists and can be run",
-                      f"It cannot be started: {err.strerror or err}. Check the command after '--' and PATH.") \
-            from None
     keep: Callable[[str], bool] = (lambda line: True) if wants_tf_info(os.environ) else NoiseFilter()
+    started: list["subprocess.Popen[bytes]"] = []
+    early: list[int] = []  # Signals that came before the command existed: sent to it once it does.
 
     def _forward(signum: int, _frame: Optional[FrameType]) -> None:
-        proc.send_signal(signum)
+        if not started:
+            early.append(signum)
+        elif not (signum == signal.SIGINT and _terminal_reached(started[0].pid)):
+            started[0].send_signal(signum)
 
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():  # Signal handlers can only be set there.
         previous = {sig: signal.signal(sig, _forward) for sig in _FORWARDED}
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # The command decides its end.
     binary = getattr(sys.stderr, "buffer", None)
     try:
+        proc = _start(command)
+        started.append(proc)
+        for signum in early:
+            proc.send_signal(signum)
         assert proc.stderr is not None
-        for raw in iter(proc.stderr.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            if not keep(line.rstrip("\r\n")):
-                continue
-            if binary is not None:
-                binary.write(raw)
-            else:  # stderr replaced by a text stream (tests, embedding)
-                sys.stderr.write(line)
-            sys.stderr.flush()
+        with proc.stderr:
+            for raw in iter(proc.stderr.readline, b""):
+                line = raw.decode("utf-8", "replace")
+                if not keep(line.rstrip("\r\n")):
+                    continue
+                if binary is not None:
+                    binary.write(raw)
+                else:  # stderr replaced by a text stream (tests, embedding)
+                    sys.stderr.write(line)
+                sys.stderr.flush()
         return exit_code(proc.wait())
     finally:
-        proc.stderr.close()  # type: ignore[union-attr]
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _start(command: list[str]) -> "subprocess.Popen[bytes]":
+    """``command`` started with its stderr piped to this process; LaunchError when it cannot start."""
+    try:
+        return subprocess.Popen(command, stdin=None, stdout=None, stderr=subprocess.PIPE)
+    except OSError as err:
+        raise invalid(LaunchError, "command", command[0], "a program that exists and can be run",
+                      f"It cannot be started: {err.strerror or err}. Check the command after '--' and PATH.") \
+            from None
+
+def _terminal_reached(pid: int) -> bool:
+    """True when process ``pid`` is in the foreground process group of this process's controlling terminal.
+
+    Then a Ctrl-C typed there was delivered to ``pid`` by the terminal itself. Without a controlling terminal
+    (a script, ``timeout``, a scheduler, a new session) or when the command left for a group of its own, it
+    was not, and the SIGINT this process got must be passed on.
+    """
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(tty) == os.getpgid(pid)
+    except OSError:  # The command already ended, or the terminal went away.
+        return False
+    finally:
+        os.close(tty)
