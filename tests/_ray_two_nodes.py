@@ -5,7 +5,7 @@ its daemons then bind every interface. So the whole cluster runs in a private ne
 only loopback: the head (2 CPUs) on 127.0.0.1, a second raylet (1 CPU) on 127.0.0.2. Stopping that raylet is
 a node that leaves; starting it again is a node that joins. Prints one JSON line (prefix RESULT_JSON) with
 each scenario's statuses, outputs and cluster, and the pid of every Ray process it saw, for the test to
-check that none is left. Usage: _ray_two_nodes.py WORKDIR
+check that none is left. Usage: _ray_two_nodes.py WORKDIR [keras]  (keras: also the real-TF scenario)
 """
 
 from __future__ import annotations
@@ -159,6 +159,43 @@ def node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
     return dict(_report(result, statuses), events=events)
 
 
+def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
+    """The same with a real MWMS fit: the node leaves after epoch 0 (membership 0 holds there), and joins
+    while membership 1 holds after its first epoch."""
+    statuses: list[str] = []
+    events: list[str] = []
+    helpers: list[threading.Thread] = []
+    hold = work / "hold"
+    for generation in (0, 1):
+        Path(f"{hold}-{generation}").touch()
+
+    def _in_background(what: str, action: Any) -> None:
+        events.append(what)
+        helper = threading.Thread(target=action, daemon=True)
+        helpers.append(helper)
+        helper.start()
+
+    def _on_line(task: str, line: str) -> None:
+        if line.startswith("EPOCH 0 ") and "leave" not in events:
+            _in_background("leave", nodes.leave)
+
+    def _on_status(message: str) -> None:
+        statuses.append(message)
+        if message.startswith("elastic: membership 1:") and "join" not in events:
+            _in_background("join", nodes.join)
+        if "is available again" in message:
+            os.remove(f"{hold}-1")
+
+    command = (PY, str(Path(__file__).with_name("_ray_elastic_keras.py")), str(work / "keras"), "6", str(hold))
+    config = LaunchConfig(command=command, workers=3, min_workers=2, max_restarts=2, timeout=400, grace_seconds=2,
+                          env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
+                        on_status=_on_status)
+    for helper in helpers:
+        helper.join(200)
+    return dict(_report(result, statuses), events=events)
+
+
 def main() -> int:
     work = Path(sys.argv[1])
     nodes = TwoNodes()
@@ -169,6 +206,10 @@ def main() -> int:
         if nodes.extra is None:
             nodes.join()
         report["node"] = node_leaves_and_joins(nodes, work)
+        if "keras" in sys.argv[2:]:
+            if nodes.extra is None:
+                nodes.join()
+            report["keras"] = keras_node_leaves_and_joins(nodes, work)
         report["ray_initialized_after"] = ray.is_initialized()
         report["cluster_up_after"] = can_connect(nodes.address, timeout=5)
     finally:

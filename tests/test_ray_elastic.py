@@ -3,8 +3,8 @@
 tests/_ray_two_nodes.py runs the cluster and the scenarios inside a private network namespace that has
 only loopback (a multi-node Ray binds every interface): the head holds two 1-CPU workers on 127.0.0.1, a
 second raylet on 127.0.0.2 the third. Stopping that raylet is a node that leaves; starting it again is a
-node that joins. The trainers are TensorFlow-free (the launcher's part is what is tested; the real-TF
-3 -> 2 -> 3 run is tests/test_elastic_keras.py on the local engine).
+node that joins. Two scenarios use TensorFlow-free trainers (the launcher's part); one runs a real MWMS fit
+through a node that leaves and joins.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     except LaunchFailure as err:
         pytest.skip(f"no private network namespace here: {err}")
     work = tmp_path_factory.mktemp("ray-two-nodes")
-    done = subprocess.run([*unshare, sys.executable, str(SCENARIOS), str(work)], capture_output=True, text=True,
-                          timeout=560, start_new_session=True)
+    done = subprocess.run([*unshare, sys.executable, str(SCENARIOS), str(work), "keras"], capture_output=True,
+                          text=True, timeout=560, start_new_session=True)
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT_JSON ")]
     assert done.returncode == 0 and found, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads(found[-1][len("RESULT_JSON "):])
@@ -95,3 +95,22 @@ def test_a_node_that_leaves_is_a_loss_and_a_node_that_joins_a_return(runs: dict[
     assert results[lost]["world"] == 3
     assert results[lost]["address"].startswith(EXTRA_HOST + ":")  # it trained again, on the node that joined
     assert not runs["ray_initialized_after"] and runs["cluster_up_after"]
+
+
+def test_real_mwms_fit_goes_on_without_the_node_and_grows_back_when_it_joins(runs: dict[str, Any]) -> None:
+    """3 -> 2 -> 3 workers of a real MultiWorkerMirroredStrategy fit, driven by a raylet that stops and starts."""
+    run = runs["keras"]
+    report = _report(run)
+    assert run["exit_code"] == 0, report + "\n".join(o[-1500:] for o in run["outputs"].values())
+    lost = [task for task, address in run["cluster"].items() if address.startswith(EXTRA_HOST + ":")]
+    assert len(lost) == 1 and any(s.startswith(f"elastic: losing {lost[0]} (its node left the cluster)")
+                                  for s in run["statuses"]), report
+    changes = [s.split(";")[0] for s in run["statuses"] if s.startswith("elastic: membership")]
+    assert [c.split(" (")[0] for c in changes] == ["elastic: membership 1: world size 2",
+                                                  "elastic: membership 2: world size 3"], report
+    # Every epoch completed once, on its generation's world size: the node left after epoch 0 and the
+    # worker joined at the first boundary after its return (epoch 2; membership 1 held after epoch 1).
+    epochs = sorted((int(e), float(w)) for output in run["outputs"].values()
+                    for e, w in re.findall(r"^EPOCH (\d+) world ([\d.]+) generation \d+$", output, re.M))
+    assert epochs == [(0, 3), (1, 2), (2, 2), (3, 3), (4, 3), (5, 3)], (epochs, report)
+    assert all("DONE generation 2 " in output for output in run["outputs"].values()), report
