@@ -43,6 +43,13 @@ SCRIPT = textwrap.dedent("""
             ids(tf.function(lambda: pipeline.dataset(tf.distribute.InputContext()))())
         except tf.errors.InvalidArgumentError as err:
             out["no_agent"] = err.message
+        # on_corrupt='skip' cuts a damaged file; a file that was never staged is an error all the same.
+        skipping = TFRecordPipeline(files=f"s3://{bucket}/train/part-*", features=features, batch_size=10,
+                                    on_corrupt="skip")
+        try:
+            out["no_agent_skip"] = ids(tf.function(lambda: skipping.dataset(tf.distribute.InputContext()))())
+        except tf.errors.InvalidArgumentError as err:
+            out["no_agent_skip"] = err.message
         os.environ["TFDIST_S3_STAGE_TIMEOUT"] = "120"
         # The tf.data service: its in-process workers read through this process's agent; each record once.
         with LocalDataService(num_workers=2) as service:
@@ -77,6 +84,7 @@ def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: di
     line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
     result = json.loads(line[len("RESULT "):])
     assert "was not staged within 1s" in result["no_agent"] and "python -m tfdist.cli.server" in result["no_agent"]
+    assert "was not staged within 1s" in result["no_agent_skip"], result["no_agent_skip"]
     assert result["service"] == list(range(400))  # Dynamic sharding over 2 service workers: each record once.
     assert result["agent_staged"] == 8
     assert "changed since it was listed" in result["changed"], result["changed"]

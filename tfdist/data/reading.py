@@ -77,17 +77,22 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
         # (~25 ms each to build; BENCHMARKS.md). Its interleave follows the pipeline's `deterministic` option.
         records = tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
                                           num_parallel_reads=max(1, reads))
+        if source.on_corrupt == "skip":
+            records = records.ignore_errors(log_warning=True)
     else:
         take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
         staged, ready = remote.staged_files(files, paths, ahead=max(1, reads), on_server=on_server)
-        records = staged.interleave(
-            lambda path, local: tf.data.TFRecordDataset(ready(path, local), compression_type=compression,
-                                                        buffer_size=_BUFFER).take(take.lookup(path)),
-            cycle_length=max(1, reads), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=deterministic)
-    if source.on_corrupt == "skip":
-        records = records.ignore_errors(log_warning=True)
+
+        def open_one(path: Any, local: Any) -> Any:
+            # `ready` runs here, outside the file's records: a failed staging (timeout, changed object, agent
+            # error) stays an error; 'skip' only cuts one file at its last whole record.
+            one = tf.data.TFRecordDataset(ready(path, local), compression_type=compression,
+                                          buffer_size=_BUFFER).take(take.lookup(path))
+            return one.ignore_errors(log_warning=True) if source.on_corrupt == "skip" else one
+
+        records = staged.interleave(open_one, cycle_length=max(1, reads), block_length=1,
+                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if plan.policy == "data":
         records = records.shard(plan.num_workers, worker)
     elif plan.policy == "hash":
