@@ -124,9 +124,12 @@ def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(s3_se
             f.write(f"{url}\n{version[0]}\n{version[1]}\n")
         return os.path.join(root, "objects", name + staging.SUFFIX)
 
-    # Two agents on one stage root, a budget of 3 copies: each object is downloaded once, the oldest evicted.
-    with staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store) as one, \
-            staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store) as two:
+    # Two agents on one stage root, a budget of 3 copies: each object is downloaded once, the oldest evicted
+    # (but the last one requested, which a reader may be about to open).
+    with staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1,
+                              keep_recent_s=0) as one, \
+            staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1,
+                                 keep_recent_s=0) as two:
         for url in urls:
             local = want(url, versions[url])
             _serve_until(lambda: os.path.exists(local))
@@ -173,3 +176,51 @@ def test_run_server_starts_the_staging_agent_on_worker_tasks_only(tmp_path: str)
     line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
     assert json.loads(line[len("RESULT "):]) == {"ps": False, "worker": True}
     assert "Staging agent serving s3:// requests in " + env["TFDIST_S3_STAGE_DIR"] in done.stderr
+
+
+def test_eviction_spares_recent_copies_counts_partial_downloads_and_budget_is_checked(
+        s3_server: dict[str, str], tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    import boto3
+
+    from tfdist.data import staging
+    from tfdist.data.s3 import S3Store
+    from tfdist.errors import DataError
+
+    for bad in ("4g", "-1", "0"):
+        with pytest.raises(DataError, match="TFDIST_S3_CACHE_MB"):
+            staging._cache_bytes({"TFDIST_S3_CACHE_MB": bad})
+    assert staging._cache_bytes({}) == 4096 << 20
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket="tfdist-evict")
+    for i in range(4):
+        client.put_object(Bucket="tfdist-evict", Key=f"obj-{i}", Body=bytes([i]) * 1000)
+    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
+    root = os.path.join(str(tmp_path), "stage")
+
+    def stage_all(keys: range) -> list[str]:
+        staged = []
+        for i in keys:
+            url = f"s3://tfdist-evict/obj-{i}"
+            version = store.version(url)
+            name = staging.staged_name(url, *version)
+            with open(os.path.join(root, "want", name), "w") as f:
+                f.write(f"{url}\n{version[0]}\n{version[1]}\n")
+            staged.append(os.path.join(root, "objects", name + staging.SUFFIX))
+            _serve_until(lambda: os.path.exists(staged[-1]))
+        return staged
+
+    # Default grace: copies requested just now (ahead of a reader) are kept over the budget, with a warning.
+    with staging.StagingAgent(root=root, cache_bytes=1500, store=lambda: store):
+        with caplog.at_level("WARNING", logger="tfdist.data"):
+            kept = stage_all(range(3))
+        assert all(os.path.exists(path) for path in kept)
+        assert "over TFDIST_S3_CACHE_MB" in caplog.text
+    # No grace: a partial download (another agent's, in flight) counts toward the budget.
+    with open(os.path.join(root, "objects", ".part-abc-1"), "wb") as f:
+        f.write(b"x" * 1500)
+    with staging.StagingAgent(root=root, cache_bytes=2600, store=lambda: store, keep_recent=1, keep_recent_s=0):
+        last = stage_all(range(3, 4))
+    staged = sorted(name for name in os.listdir(os.path.join(root, "objects")) if name.endswith(".staged"))
+    assert staged == [os.path.basename(last[0])]  # 1500 + 1000 fit 2600; one more copy would not.

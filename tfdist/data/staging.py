@@ -23,8 +23,9 @@ root* (``TFDIST_S3_STAGE_DIR``, default ``$TMPDIR/tfdist-s3-stage-UID``):
 
 Copies are shared by the servers of one host (same bytes, same name). Each
 agent keeps the directory under ``TFDIST_S3_CACHE_MB`` (default 4096) by
-deleting the least recently requested copies: a reader keeps a copy it has
-opened, and one deleted before it was opened is requested again.
+deleting the least recently requested copies, never the last ones (over
+budget, with a warning, instead): a reader keeps a copy it has opened, and one
+deleted before it was opened is requested again.
 
 Example:
     >>> from tfdist.data.staging import staged_name
@@ -46,7 +47,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from tfdist.errors import DataError, StorageError, invalid
+from tfdist.errors import DataError, StorageError, invalid, require_int
 
 __all__ = ["StagedReads", "StagingAgent", "ensure_agent", "stage_root", "staged_name", "STAGE_DIR_ENV",
            "STAGE_TIMEOUT_ENV"]
@@ -59,6 +60,9 @@ _POLL_S = 0.05  # Reader's poll interval, and the agent's scan interval.
 _ERROR_TTL_S = 10.0  # An error file lives this long (readers poll far more often); a later request retries.
 _FETCHES = 4  # Objects one agent downloads at once (each in parallel ranged parts).
 _STALE_WANT_S = 3600.0  # A request this old (readers renew theirs while they wait) was left by a reader gone.
+CACHE_MB_ENV = "TFDIST_S3_CACHE_MB"
+_KEEP_RECENT = 32  # Eviction spares the copies requested last (readers' files ahead, one about to be opened) ...
+_KEEP_RECENT_S = 60.0  # ... and those requested this recently: over budget (with a warning) rather than deleted.
 
 
 def stage_root(env: Optional[Mapping[str, str]] = None) -> str:
@@ -81,6 +85,16 @@ def _timeout(env: Optional[Mapping[str, str]] = None) -> float:
     if not 0 < seconds < 7 * 86400:
         raise invalid(DataError, STAGE_TIMEOUT_ENV, raw, "seconds in (0, 604800)", "Unset it for 600 s.")
     return seconds
+
+
+def _cache_bytes(env: Optional[Mapping[str, str]] = None) -> int:
+    raw = (os.environ if env is None else env).get(CACHE_MB_ENV, "4096")
+    try:
+        value: Any = int(raw)
+    except ValueError:
+        value = raw
+    return require_int(DataError, CACHE_MB_ENV, value, minimum=1,
+                       fix="Set a whole number of MiB (e.g. 4096 for 4 GiB), or unset it for 4096.") << 20
 
 
 # ------------------------------------------------------------------------------------------------ graph side
@@ -182,13 +196,15 @@ class StagingAgent:
       cache_bytes: Budget of staged copies (default ``TFDIST_S3_CACHE_MB``, 4096).
       store: Returns the :class:`~tfdist.data.s3.S3Store` (default the process's,
         made on the first request, so servers without S3 never import boto3).
+      keep_recent: Eviction never deletes this many most recently requested copies.
+      keep_recent_s: Nor copies requested within this many seconds.
     """
 
     def __init__(self, *, root: Optional[str] = None, cache_bytes: Optional[int] = None,
-                 store: Optional[Callable[[], Any]] = None) -> None:
+                 store: Optional[Callable[[], Any]] = None, keep_recent: int = _KEEP_RECENT,
+                 keep_recent_s: float = _KEEP_RECENT_S) -> None:
         self.root = root or stage_root()
-        self.cache_bytes = cache_bytes if cache_bytes is not None else \
-            int(os.environ.get("TFDIST_S3_CACHE_MB", "4096")) << 20
+        self.cache_bytes = cache_bytes if cache_bytes is not None else _cache_bytes()
         self._store = store
         self._busy: set[str] = set()
         self._lock = threading.Lock()
@@ -196,6 +212,9 @@ class StagingAgent:
         self._pool = concurrent.futures.ThreadPoolExecutor(_FETCHES, thread_name_prefix="tfdist-stage")
         self._thread: Optional[threading.Thread] = None
         self.staged = 0  # Objects this agent downloaded.
+        self.keep_recent = keep_recent
+        self.keep_recent_s = keep_recent_s
+        self._over = False  # Over budget at the last eviction (warned once).
 
     def start(self) -> "StagingAgent":
         """Starts serving; a stage root it cannot create is logged (readers then say no agent answered)."""
@@ -296,24 +315,41 @@ class StagingAgent:
             _log.warning("Staging %s failed: %s", url, err)
         finally:
             _unlink(lock)
-        self._evict(keep=local)
+        self._evict()
 
-    def _evict(self, keep: str) -> None:
+    def _evict(self) -> None:
+        """Deletes the least recently requested copies beyond the budget, never the most recent ones.
+
+        A copy's mtime is its last request (staged, or requested again). The
+        newest ``keep_recent`` and any requested in the last ``keep_recent_s``
+        seconds may be read soon (requested ahead, or seen by a reader about to
+        open it): the directory goes over budget instead, with a warning.
+        Partial downloads count toward the total.
+        """
         objects = os.path.join(self.root, "objects")
-        copies = []
+        copies, total = [], 0
         for entry in os.scandir(objects):
-            if entry.name.endswith(SUFFIX) and entry.path != keep:
-                try:
-                    stat = entry.stat()
-                except FileNotFoundError:
-                    continue
-                copies.append((stat.st_mtime_ns, stat.st_size, entry.path))
-        total = sum(size for _, size, _ in copies) + (os.path.getsize(keep) if os.path.exists(keep) else 0)
-        for _, size, path in sorted(copies):
+            if not (entry.name.endswith(SUFFIX) or entry.name.startswith(".part-")):
+                continue
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue
+            total += stat.st_size
+            if entry.name.endswith(SUFFIX):
+                copies.append((stat.st_mtime, stat.st_size, entry.path))
+        copies.sort()
+        recent = time.time() - self.keep_recent_s
+        evictable = [c for c in copies[:max(0, len(copies) - self.keep_recent)] if c[0] < recent]
+        for _, size, path in evictable:
             if total <= self.cache_bytes:
                 break
             _unlink(path)  # A reader that opened it keeps reading it (POSIX unlink).
             total -= size
+        if total > self.cache_bytes and not self._over:
+            _log.warning("Stage root %s holds %d MiB, over %s=%d: its copies were requested recently, so none is "
+                         "deleted yet.", objects, total >> 20, CACHE_MB_ENV, self.cache_bytes >> 20)
+        self._over = total > self.cache_bytes
 
     def _expire_errors(self) -> None:
         objects = os.path.join(self.root, "objects")
