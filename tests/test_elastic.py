@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import assert_all_gone
 
-from tfdist import LaunchError, launch
+from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cli import launch as launch_cli
 from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
-from tfdist.launch.engine import Engine
+from tfdist.launch.engine import Engine, LocalEngine
 
 PY = sys.executable
 FAKE = str(Path(__file__).with_name("_elastic_fake_train.py"))
@@ -124,6 +124,43 @@ def test_a_loss_while_a_returned_worker_waits_keeps_it_waiting(tmp_path: Path) -
     assert "generation 2" not in result.task("worker:2").output
     assert _epochs_ended(result.task("worker:0").output) == list(range(6))
     assert_all_gone([t.pid for t in result.tasks])
+
+
+class _NoSecondStart(LocalEngine):
+    """worker:1 starts once; every later start fails as on a Ray node that left (the actor is dead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts = 0
+
+    def start(self, task: str, *args: object, **kwargs: object) -> object:
+        if task == "worker:1":
+            self.starts += 1
+            if self.starts > 1:
+                raise LaunchFailure("A Ray actor failed to start worker:1: the actor died")
+        return super().start(task, *args, **kwargs)
+
+
+@pytest.mark.parametrize("max_restarts", [1, 0])
+def test_a_worker_that_cannot_start_again_is_lost_not_a_crash(tmp_path: Path, max_restarts: int) -> None:
+    # worker:1 is killed after epoch 0 and restarted (max_restarts=1), or lost and back after epoch 1
+    # (max_restarts=0); that start fails: the run goes on without it, and it stays away (recorded for a later
+    # return), instead of crashing.
+    engine = _NoSecondStart()
+    statuses: list[str] = []
+    result = launch.run([PY, FAKE, str(tmp_path / "backup"), "5"], workers=3, min_workers=2,
+                        max_restarts=max_restarts, **({"kills": ["worker:1@after=^epoch 0 end$"]} if max_restarts else
+                                                      {"loses": ["worker:1@after=^epoch 0 end$"],
+                                                       "returns": ["worker:1@after=^epoch 1 end$"]}),
+                        on_status=statuses.append, timeout=120, grace_seconds=2, engine=engine)
+    assert (result.exit_code, result.reason) == (0, "ok"), result.summary() + "\n" + "\n".join(statuses)
+    assert engine.starts == 2
+    assert any(s.startswith("elastic: losing worker:1 (it could not start: A Ray actor failed") for s in statuses), \
+        statuses
+    assert statuses.count("elastic: worker:1 is not in the group or has finished; nothing to lose") == 0
+    assert _epochs_ended(result.task("worker:0").output) == list(range(5))
+    assert "task worker:2 index 1 generation" in result.task("worker:2").output
+    assert_all_gone([t.pid for t in result.tasks if t.pid])
 
 
 class _Elsewhere(Engine):

@@ -18,6 +18,25 @@ from tfdist.launch.engine import Engine
 __all__ = ["ElasticSupervision"]
 
 Outcome = tuple[int, str, Optional[str]]
+_NOT_STARTED_CODE = 1
+
+
+class NotStarted:
+    """The attempt of a worker whose start failed (its engine could not run it): it has exited at once."""
+
+    pid: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        return _NOT_STARTED_CODE
+
+    def signal(self, sig: int) -> None:
+        pass
+
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
+        return _NOT_STARTED_CODE
+
+    def release(self, timeout: float) -> None:
+        pass
 
 
 class ElasticSupervision:
@@ -35,11 +54,23 @@ class ElasticSupervision:
     available: list[str]
     elastic_dir: Optional[str]
     _boundaries_seen: set[str]
+    unstartable: dict[str, str]  # worker -> why its last start failed; the run loop counts it as lost
 
     if TYPE_CHECKING:
         def stop(self, records: Sequence[Any], grace: Optional[float] = None) -> None: ...
         def _start(self, task: str) -> None: ...
         def _in_group(self, task: str) -> bool: ...
+
+    def _elastic_worker(self, task: str) -> bool:
+        return self.elastic_dir is not None and task in self.membership.workers
+
+    def _start_failed(self, record: Any, reason: str) -> None:
+        """An elastic worker the engine could not start (its Ray node left): it counts as exited, then lost."""
+        self.status(f"elastic: {record.name} could not start ({reason}); it is lost")
+        record.proc = NotStarted()
+        record.watch_exit()
+        self.finished.pop(record.name, None)
+        self.unstartable[record.name] = reason
 
     def _lose(self, task: str, why: str, also: Sequence[str] = ()) -> Optional[Outcome]:
         """``task`` (a worker) leaves, with the workers in ``also`` (the same node): killed, kept away; the

@@ -26,7 +26,7 @@ from types import FrameType
 from typing import IO, Any, Optional, Union
 
 from tfdist.cluster import ClusterSpec, split_task_name
-from tfdist.errors import LaunchError, check_keywords, invalid
+from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
 from tfdist import membership as _boundaries
 from tfdist.launch import _netns, _tf_logs, elastic, environment
 from tfdist.launch._elastic_supervisor import ElasticSupervision
@@ -119,6 +119,7 @@ class _Supervisor(ElasticSupervision):
         self.available: list[str] = []  # returned workers waiting for the next epoch boundary
         self.elastic_dir = tempfile.mkdtemp(prefix="tfdist-elastic-") if config.min_workers is not None else None
         self._boundaries_seen: set[str] = set()
+        self.unstartable: dict[str, str] = {}
         self._fired: queue.SimpleQueue[tuple[KillAt, str]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         if config.log_dir:
@@ -173,7 +174,13 @@ class _Supervisor(ElasticSupervision):
         env.update(elastic.membership_variables(self.membership, self.full_spec))
         if self.elastic_dir is not None:
             env[_boundaries.ELASTIC_DIR_VAR] = self.elastic_dir
-        self._launch(record, env)
+        try:
+            self._launch(record, env)
+        except LaunchFailure as err:
+            if not self._elastic_worker(task):
+                raise
+            self._start_failed(record, str(err))  # a loss of that worker, not the end of the run
+            return
         role = "command" if self.config.runs_command(task) else "TF server"
         task_type, index = split_task_name(tf_task)
         self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
@@ -261,19 +268,22 @@ class _Supervisor(ElasticSupervision):
                     self.status(f"{task} finished")
                     continue
                 # A task whose place is gone (its Ray node left) cannot restart there: no restart is spent on it.
-                gone = code != 0 and self.engine.lost(task)
+                unstartable = self.unstartable.pop(task, None)
+                node_left = code != 0 and unstartable is None and self.engine.lost(task)
+                gone = node_left or unstartable is not None
                 if code != 0 and self.restarts_used < self.config.max_restarts and not gone:
                     self._restart(task, code)
                     break
-                if code != 0 and self.elastic_dir is not None and task in self.membership.workers:
-                    also = [w for w in self.membership.workers if w != task and self.engine.lost(w)] if gone else []
-                    why = "(its node left the cluster)" if gone else f"(exit code {code}, restarts used up)"
+                if code != 0 and self._elastic_worker(task):
+                    also = [w for w in self.membership.workers if w != task and self.engine.lost(w)] if node_left else []
+                    why = (f"(it could not start: {unstartable})" if unstartable is not None else
+                           "(its node left the cluster)" if node_left else f"(exit code {code}, restarts used up)")
                     outcome = self._lose(task, why, also)
                     if outcome is not None:
                         return outcome
                     break
                 if code != 0 and (runs_cmd or task.startswith("ps")):
-                    self.status(f"{task} failed with exit code {code}" + ("; its node left the cluster" if gone else ""))
+                    self.status(f"{task} failed with exit code {code}" + ("; its node left the cluster" if node_left else ""))
                     return code, "failed", task
                 self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
             if all(self.finished.get(t) == 0 for t in cmd_tasks if t not in self.away and t not in self.available):
