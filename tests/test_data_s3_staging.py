@@ -224,3 +224,28 @@ def test_eviction_spares_recent_copies_counts_partial_downloads_and_budget_is_ch
         last = stage_all(range(3, 4))
     staged = sorted(name for name in os.listdir(os.path.join(root, "objects")) if name.endswith(".staged"))
     assert staged == [os.path.basename(last[0])]  # 1500 + 1000 fit 2600; one more copy would not.
+
+
+EXITS = textwrap.dedent("""
+    import os, sys, time
+    from tfdist.data import staging
+
+    root, marker = sys.argv[1], sys.argv[2]
+    def store():  # A download that never ends (an object far too large for this run).
+        open(marker, "w").close()
+        time.sleep(3600)
+    agent = staging.StagingAgent(root=root, store=store).start()
+    with open(os.path.join(root, "want", staging.staged_name("s3://b/k", 1, "e")), "w") as f:
+        f.write("s3://b/k\\n1\\ne\\n")
+    while not os.path.exists(marker):
+        time.sleep(0.05)
+    print("DONE", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_download_in_flight_does_not_keep_the_process_alive(tmp_path: str) -> None:
+    marker = os.path.join(str(tmp_path), "downloading")
+    done = subprocess.run([sys.executable, "-c", EXITS, os.path.join(str(tmp_path), "stage"), marker],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]

@@ -37,10 +37,10 @@ Example:
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import logging
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -209,7 +209,9 @@ class StagingAgent:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pool = concurrent.futures.ThreadPoolExecutor(_FETCHES, thread_name_prefix="tfdist-stage")
+        # Daemon download threads: a process that is done never waits at exit for a download no one reads.
+        self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._workers: list[threading.Thread] = []
         self._thread: Optional[threading.Thread] = None
         self.staged = 0  # Objects this agent downloaded.
         self.keep_recent = keep_recent
@@ -225,16 +227,37 @@ class StagingAgent:
             _log.warning("Staging agent not started: cannot create %s (%s). Set %s to a writable directory, the "
                          "same for every task.", self.root, err, STAGE_DIR_ENV)
             return self
+        self._workers = [threading.Thread(target=self._fetch, name=f"tfdist-stage-{i}", daemon=True)
+                         for i in range(_FETCHES)]
+        for worker in self._workers:
+            worker.start()
         self._thread = threading.Thread(target=self._serve, name="tfdist-staging-agent", daemon=True)
         self._thread.start()
         _log.info("Staging agent serving s3:// requests in %s.", self.root)
         return self
 
     def stop(self) -> None:
+        """Stops serving: queued requests are dropped, downloads under way finish."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        while True:
+            try:
+                name = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if name is not None:
+                with self._lock:
+                    self._busy.discard(name)
+        for _ in self._workers:
+            self._queue.put(None)
+        for worker in self._workers:
+            worker.join()
+        self._workers = []
+
+    def _fetch(self) -> None:
+        while (name := self._queue.get()) is not None:
+            self._serve_one(name)
 
     def __enter__(self) -> "StagingAgent":
         return self.start()
@@ -267,7 +290,7 @@ class StagingAgent:
                     if entry.name in self._busy:
                         continue
                     self._busy.add(entry.name)
-                self._pool.submit(self._serve_one, entry.name)
+                self._queue.put(entry.name)
             if scans % 20 == 0:  # About once a second.
                 self._expire_errors()
 
