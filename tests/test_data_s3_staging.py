@@ -249,3 +249,16 @@ def test_a_download_in_flight_does_not_keep_the_process_alive(tmp_path: str) -> 
     done = subprocess.run([sys.executable, "-c", EXITS, os.path.join(str(tmp_path), "stage"), marker],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
+
+
+def test_requests_build_without_warnings(tmp_path: str) -> None:
+    import warnings
+
+    import tensorflow as tf
+
+    from tfdist.data.staging import StagedReads
+
+    reads = StagedReads({"s3://b/k": (1, '"e"')}, root=str(tmp_path), timeout=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # A `deterministic` without parallel calls warns on every build.
+        reads.request(tf.data.Dataset.from_tensor_slices(["s3://b/k"]), ahead=2)

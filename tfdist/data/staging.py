@@ -139,7 +139,7 @@ class StagedReads:
             with tf.control_dependencies([tf.io.write_file(want, self._requests.lookup(url))]):
                 return url, tf.identity(local)
 
-        return files.map(one, deterministic=True).prefetch(max(1, ahead))
+        return files.map(one).prefetch(max(1, ahead))  # Sequential: in order, no `deterministic` warning.
 
     def wait(self, url: Any, local: Any) -> Any:
         """``local`` once the copy exists: a TF op that blocks, polling between sleeps (graph-safe).
