@@ -262,3 +262,29 @@ def test_requests_build_without_warnings(tmp_path: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # A `deterministic` without parallel calls warns on every build.
         reads.request(tf.data.Dataset.from_tensor_slices(["s3://b/k"]), ahead=2)
+
+
+def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_path: str) -> None:
+    import time
+
+    from tfdist.data import staging
+    from tfdist.errors import StorageError
+
+    fresh = os.path.join(str(tmp_path), "fresh")
+    staging.StagingAgent(root=fresh).start().stop()
+    assert os.stat(fresh).st_mode & 0o777 == 0o700
+    shared = os.path.join(str(tmp_path), "shared")
+    os.makedirs(shared)
+    os.chmod(shared, 0o777)  # Like a predictable $TMPDIR name another user created first.
+    with pytest.raises(StorageError, match="TFDIST_S3_STAGE_DIR") as err:
+        staging.StagingAgent(root=shared).start()
+    assert "chmod 700" in str(err.value)
+    if os.getuid() == 0:  # Only root can give a file away: another user's request is not served, not retried.
+        calls = []
+        with staging.StagingAgent(root=fresh, store=lambda: calls.append(1)):
+            want = os.path.join(fresh, "want", staging.staged_name("s3://b/k", 1, "e"))
+            with open(want, "w") as f:
+                f.write("s3://b/k\n1\ne\n")
+            os.chown(want, 12345, 12345)
+            time.sleep(0.5)
+        assert calls == [] and os.path.exists(want)

@@ -219,10 +219,17 @@ class StagingAgent:
         self._over = False  # Over budget at the last eviction (warned once).
 
     def start(self) -> "StagingAgent":
-        """Starts serving; a stage root it cannot create is logged (readers then say no agent answered)."""
+        """Starts serving; a stage root it cannot create is logged (readers then say no agent answered).
+
+        Raises:
+          StorageError: The stage root is another user's, or others may write
+            in it (its default name in ``$TMPDIR`` is predictable).
+        """
         try:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            _check_private(self.root)
             for sub in ("want", "objects"):
-                os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+                os.makedirs(os.path.join(self.root, sub), mode=0o700, exist_ok=True)
         except OSError as err:
             _log.warning("Staging agent not started: cannot create %s (%s). Set %s to a writable directory, the "
                          "same for every task.", self.root, err, STAGE_DIR_ENV)
@@ -281,6 +288,8 @@ class StagingAgent:
             now = time.time()
             for entry in entries:
                 try:
+                    if entry.stat().st_uid != os.getuid():  # Not this user's request: never served.
+                        continue
                     if now - entry.stat().st_mtime > _STALE_WANT_S:  # Left by a reader long gone: no one waits.
                         _unlink(entry.path)
                         continue
@@ -383,6 +392,17 @@ class StagingAgent:
                     _unlink(entry.path)
         except FileNotFoundError:
             os.makedirs(objects, exist_ok=True)
+
+
+def _check_private(root: str) -> None:
+    """Refuses a stage root another user owns or may write in (they could plant or swap copies)."""
+    info = os.stat(root)
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        fix = f"Remove it, or set {STAGE_DIR_ENV} to a directory of yours (chmod 700), the same for every task."
+        raise StorageError(
+            f"Stage root {root} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}: another user "
+            f"could plant or replace staged copies there. {fix}", field=STAGE_DIR_ENV, value=root,
+            expected=f"a directory owned by uid {os.getuid()}, not group/other writable", fix=fix)
 
 
 def _default_store() -> Any:
