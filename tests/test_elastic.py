@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -161,6 +162,25 @@ def test_a_worker_that_cannot_start_again_is_lost_not_a_crash(tmp_path: Path, ma
     assert _epochs_ended(result.task("worker:0").output) == list(range(5))
     assert "task worker:2 index 1 generation" in result.task("worker:2").output
     assert_all_gone([t.pid for t in result.tasks if t.pid])
+
+
+def test_a_regroup_checks_only_local_ports_and_never_fails_on_a_remote_host() -> None:
+    # Port P is taken here. A remote host's P is not this machine's business: kept, no LaunchError mid-run; a
+    # local address whose port is taken gets a new port on its host.
+    from tfdist.cluster import ClusterSpec
+    from tfdist.launch.elastic import Membership
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        full = ClusterSpec(jobs={"worker": [f"remote-node.invalid:{port}", f"127.0.0.1:{port}", "10.255.255.1:2222"],
+                                 "ps": [f"other.invalid:{port}"]})
+        spec = Membership(generation=1, workers=("worker:0", "worker:1", "worker:2")).spec(full)
+    assert spec.jobs["worker"][0] == f"remote-node.invalid:{port}" and spec.jobs["ps"][0] == f"other.invalid:{port}"
+    assert spec.jobs["worker"][2] == "10.255.255.1:2222"
+    host, new_port = spec.jobs["worker"][1].rsplit(":", 1)
+    assert host == "127.0.0.1" and int(new_port) != port
 
 
 class _Elsewhere(Engine):

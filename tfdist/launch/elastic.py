@@ -21,20 +21,50 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
+import socket
 from collections.abc import Callable
 
 from tfdist import _address
 from tfdist.cluster import ClusterSpec
+from tfdist.errors import LaunchError, LaunchFailure
 from tfdist.membership import MEMBERSHIP_VAR, WORLD_SIZE_VAR
 
 __all__ = ["Membership", "membership_variables"]
+
+_log = logging.getLogger("tfdist.launch")
+
 
 def _index(task: str) -> int:
     return int(task.rsplit(":", 1)[1])
 
 
+def _is_local(host: str) -> bool:
+    """Whether ``host`` names this machine (loopback, or an address a socket can bind here)."""
+    if _address.is_loopback(host):
+        return True
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except (OSError, UnicodeError):  # another machine, or a name this machine cannot resolve
+        return False
+    return True
+
+
 def _address_free(address: str) -> bool:
-    return _address.port_is_free(*_address.split_address(address))
+    """True when ``address`` can be kept: its port is free here, or its host is another machine (not checked)."""
+    host, port = _address.split_address(address)
+    return not _is_local(host) or _address.port_is_free(host, port)
+
+
+def _new_address(address: str) -> str:
+    """``address`` with a free port on its host; ``address`` itself when none can be picked (logged)."""
+    host = _address.split_address(address)[0]
+    try:
+        return _address.join_address(host, _address.free_ports(1, host)[0])
+    except (LaunchError, LaunchFailure) as err:  # never a bad-input error in the middle of a run
+        _log.warning("Could not pick a new port on %s (%s); keeping %s.", host, err, address)
+        return address
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,7 +92,8 @@ class Membership:
         """This generation's cluster: ``full`` with only the present workers, renumbered.
 
         Every task keeps its address while ``free(address)`` says its port can be bound (it always should:
-        the group was stopped); otherwise it gets a new free port on the same host.
+        the group was stopped); otherwise it gets a new free port on the same host. By default only the ports
+        of this machine's hosts are checked; another machine's addresses are kept as they are.
         """
         jobs: dict[str, list[str]] = {job: [full.jobs[job][i] for i in sorted(full.jobs[job])]
                                       for job in full.jobs if job != "worker"}
@@ -70,8 +101,7 @@ class Membership:
         for job, addresses in jobs.items():
             for i, address in enumerate(addresses):
                 if not free(address):
-                    host = _address.split_address(address)[0]
-                    addresses[i] = f"{host}:{_address.free_ports(1, host)[0]}"
+                    addresses[i] = _new_address(address)
         return ClusterSpec(jobs={job: addresses for job, addresses in jobs.items() if addresses})
 
     def world_size(self, full: ClusterSpec) -> int:
