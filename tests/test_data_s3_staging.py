@@ -288,3 +288,20 @@ def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_pat
             os.chown(want, 12345, 12345)
             time.sleep(0.5)
         assert calls == [] and os.path.exists(want)
+
+
+def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
+    from tfdist.data import staging
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, timeout=30)
+    gone, alive = int(dead.stdout), os.getpid()
+    objects = os.path.join(str(tmp_path), "stage", "objects")
+    os.makedirs(objects)
+    left = {f".part-{'a' * 32}-{gone}": "x", f".part-error-{gone}-7": "x", f".lock-{'b' * 32}": str(gone)}
+    kept = {f".part-{'c' * 32}-{alive}": "x", f".lock-{'d' * 32}": str(alive), "e" * 32 + ".staged": "x"}
+    for name, text in {**left, **kept}.items():
+        with open(os.path.join(objects, name), "w") as f:
+            f.write(text)
+    staging.StagingAgent(root=os.path.join(str(tmp_path), "stage")).start().stop()
+    assert sorted(os.listdir(objects)) == sorted(kept)

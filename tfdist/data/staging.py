@@ -230,6 +230,7 @@ class StagingAgent:
             _check_private(self.root)
             for sub in ("want", "objects"):
                 os.makedirs(os.path.join(self.root, sub), mode=0o700, exist_ok=True)
+            _sweep(os.path.join(self.root, "objects"))
         except OSError as err:
             _log.warning("Staging agent not started: cannot create %s (%s). Set %s to a writable directory, the "
                          "same for every task.", self.root, err, STAGE_DIR_ENV)
@@ -403,6 +404,26 @@ def _check_private(root: str) -> None:
             f"Stage root {root} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}: another user "
             f"could plant or replace staged copies there. {fix}", field=STAGE_DIR_ENV, value=root,
             expected=f"a directory owned by uid {os.getuid()}, not group/other writable", fix=fix)
+
+
+def _sweep(objects: str) -> None:
+    """Deletes partial downloads, error drafts and locks of processes gone (a server killed mid-download)."""
+    for entry in os.scandir(objects):
+        if entry.name.startswith(".lock-"):
+            try:
+                with open(entry.path) as f:
+                    pid = int(f.read() or "0")
+            except (OSError, ValueError):
+                continue  # Being written: its owner is alive.
+        elif entry.name.startswith(".part-error-"):
+            pid = int(entry.name.split("-")[2]) if entry.name.split("-")[2].isdigit() else 0
+        elif entry.name.startswith(".part-"):
+            pid = int(entry.name.rsplit("-", 1)[1]) if entry.name.rsplit("-", 1)[1].isdigit() else 0
+        else:
+            continue
+        if pid and not _alive(pid):
+            _unlink(entry.path)
+            _log.info("Removed %s, left by process %d (gone).", entry.path, pid)
 
 
 def _default_store() -> Any:
