@@ -1,7 +1,7 @@
 """Benchmark: launch to the first training step of one 2-worker MWMS script on three engines.
 
     pip install -e ".[ray,bench]"      # Ray 2.60 (+ ray[train] and pyarrow<26 for Ray Train)
-    python scripts/bench_ray.py [--repeats 3]
+    python scripts/bench_ray.py [--repeats 3] [--num-cpus 4]
 
 Each round runs, in alternating order so machine noise hits all alike:
   * local:        `tfdist-launch --workers 2 -- python bench_ray.py --child` (processes on this machine);
@@ -68,14 +68,14 @@ def train(config: dict[str, Any], strategy: Any = None) -> None:
               callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=_mark)])
 
 
-def ray_train_driver(address: str, marks: str) -> int:
+def ray_train_driver(address: str, marks: str, num_cpus: int) -> int:
     """A Ray Train user's driver: TensorflowTrainer with 2 workers on the given (or a new local) Ray."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
-    if address == "local":  # Logical CPUs, as tfdist's local Ray has: 2 workers plus Ray Train's controller.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    if address == "local":  # The same logical CPUs as tfdist's local Ray gets (--ray-num-cpus) and the warm head.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
     trainer = TensorflowTrainer(train, train_loop_config={"marks": marks},
@@ -103,9 +103,9 @@ def _run(argv: list[str], env: dict[str, str], marks: str) -> float:
     return max(firsts.values()) - start
 
 
-def _ray_head(env: dict[str, str], port: int) -> subprocess.Popen:
+def _ray_head(env: dict[str, str], port: int, num_cpus: int) -> subprocess.Popen:
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
                              "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     from tfdist.probe import can_connect
@@ -121,6 +121,9 @@ def main() -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ray-train", nargs=2, metavar=("ADDRESS", "MARKS"), help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-cpus", type=int, default=4,
+                        help="logical CPUs of every Ray (tfdist's own, Ray Train's own, the warm head); 4 holds "
+                             "2 workers plus Ray Train's controller")
     args = parser.parse_args()
     if args.child:
         import tfdist
@@ -129,7 +132,7 @@ def main() -> int:
         train({}, strategy)
         return 0
     if args.ray_train:
-        return ray_train_driver(*args.ray_train)
+        return ray_train_driver(*args.ray_train, args.num_cpus)
     from tfdist import _address
 
     tmp = os.path.join("/tmp", f"tfdist-bench-ray-{os.getpid()}")
@@ -144,13 +147,13 @@ def main() -> int:
     warm = f"127.0.0.1:{port}"
     variants = {
         "local": launch + ["--"] + child,
-        "tfdist-ray": launch + ["--engine", "ray", "--"] + child,
-        "ray-train": [sys.executable, HERE, "--ray-train", "local", marks],
+        "tfdist-ray": launch + ["--engine", "ray", "--ray-num-cpus", str(args.num_cpus), "--"] + child,
+        "ray-train": [sys.executable, HERE, "--ray-train", "local", marks, "--num-cpus", str(args.num_cpus)],
         "tfdist-ray-warm": launch + ["--engine", "ray", "--ray-address", warm, "--"] + child,
         "ray-train-warm": [sys.executable, HERE, "--ray-train", warm, marks],
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
-    head = _ray_head(env, port)
+    head = _ray_head(env, port, args.num_cpus)
     try:
         _run(variants["local"], env, marks)  # Warm the file cache so the first measured run is not penalised.
         for round_ in range(args.repeats):
@@ -167,7 +170,7 @@ def main() -> int:
             head.wait()
     median = {name: statistics.median(values) for name, values in times.items()}
     report = {"repeats": args.repeats, "seconds": {k: [round(v, 2) for v in vs] for k, vs in times.items()},
-              "median_s": {k: round(v, 2) for k, v in median.items()},
+              "num_cpus": args.num_cpus, "median_s": {k: round(v, 2) for k, v in median.items()},
               "tfdist_ray_over_ray_train": round(median["tfdist-ray"] / median["ray-train"], 2),
               "tfdist_ray_warm_over_ray_train_warm": round(median["tfdist-ray-warm"] / median["ray-train-warm"], 2),
               "tfdist_ray_warm_over_local": round(median["tfdist-ray-warm"] / median["local"], 2),

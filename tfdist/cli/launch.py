@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                           "local Ray for the run and stop it afterwards")
     eng.add_argument("--ray-placement", choices=("pack", "spread", "strict_pack", "strict_spread"), default="pack",
                      help="pack: as few nodes as possible; spread: across nodes")
+    eng.add_argument("--ray-num-cpus", type=int, default=None, metavar="N",
+                     help="CPUs of the local Ray started for the run (default: enough for the job, at least this "
+                          "machine's count); not with --ray-address")
     eng.add_argument("--ray-ready-timeout", type=_common.finite_float, default=120.0, metavar="SECONDS",
                      help="seconds to wait until the Ray cluster holds every task")
     elastic = parser.add_argument_group("elastic training (local engine; --min/--max-workers also for --emit slurm)")
@@ -123,7 +126,7 @@ def _ray_engine(args: argparse.Namespace) -> Engine:
         os.environ.setdefault(LOOPBACK_VAR, "0")
     cpus = 1 if args.cpus_per_task is None else args.cpus_per_task
     return RayEngine(address=args.ray_address, cpus_per_task=cpus, gpus_per_task=args.gpus,
-                     placement=args.ray_placement, ready_timeout=args.ray_ready_timeout)
+                     placement=args.ray_placement, ready_timeout=args.ray_ready_timeout, num_cpus=args.ray_num_cpus)
 
 
 @_common.cli_main("tfdist-launch")
