@@ -305,3 +305,29 @@ def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
             f.write(text)
     staging.StagingAgent(root=os.path.join(str(tmp_path), "stage")).start().stop()
     assert sorted(os.listdir(objects)) == sorted(kept)
+
+
+def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], tmp_path: str) -> None:
+    import boto3
+
+    from tfdist.data import staging
+    from tfdist.data.s3 import S3Store
+
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket="tfdist-retry")
+    client.put_object(Bucket="tfdist-retry", Key="obj", Body=b"x" * 100)
+    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
+    root = os.path.join(str(tmp_path), "stage")
+    url = "s3://tfdist-retry/obj"
+    version = store.version(url)
+    name = staging.staged_name(url, *version)
+    local = os.path.join(root, "objects", name + staging.SUFFIX)
+    with staging.StagingAgent(root=root, store=lambda: store):
+        with open(local + ".error", "w") as f:  # A failed attempt a moment ago (e.g. a network error).
+            f.write("Cannot read: connection reset")
+        with open(os.path.join(root, "want", name), "w") as f:
+            f.write(f"{url}\n{version[0]}\n{version[1]}\n")
+        _serve_until(lambda: os.path.exists(local))
+        assert not os.path.exists(local + ".error")  # A reader's next wait must not fail on it.

@@ -210,9 +210,10 @@ class S3Store:
         except Exception as err:  # noqa: BLE001
             raise self._error("read", url, err) from err
         size = os.path.getsize(local)
-        if expect is not None and size != expect[0]:
-            raise StorageError(f"{url} changed while it was read: {size} bytes, listed {expect[0]}.",
-                               field="path", value=url, fix="Build the dataset again.")
+        # Checked again after the download: a rewrite while it ran (parts of two versions) is refused too.
+        if expect is not None and (size != expect[0] or self.version(url, fresh=True) != tuple(expect)):
+            raise StorageError(f"{url} changed while it was read: {size} bytes, listed size and ETag "
+                               f"{tuple(expect)}.", field="path", value=url, fix="Build the dataset again.")
         return size
 
     def exists(self, url: str) -> bool:

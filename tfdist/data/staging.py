@@ -14,7 +14,7 @@ root* (``TFDIST_S3_STAGE_DIR``, default ``$TMPDIR/tfdist-s3-stage-UID``):
   coordinator listed (and verified) them;
 - ahead of the reader, in reading order, it writes ``want/DIGEST`` (URL, size,
   ETag): the agent downloads the object (boto3, parallel ranged parts, several
-  objects at once), checks it is still the listed version, and renames it into
+  objects at once), checks it is still the listed version (before and after), renames it into
   place; a failure becomes ``objects/DIGEST.staged.error``;
 - right before opening a copy, the graph polls for it with TF ops
   (``tf.io.matching_files`` between sleeps of tf.data's ``SleepDataset``),
@@ -339,6 +339,7 @@ class StagingAgent:
             store = self._store() if self._store is not None else _default_store()
             size = store.fetch(url, partial, expect=version)
             os.replace(partial, local)
+            _unlink(local + ".error")  # An earlier attempt's error must not fail a later wait.
             with self._lock:
                 self.staged += 1
             _log.debug("Staged %s (%d bytes) in %.2fs.", url, size, time.monotonic() - start)
