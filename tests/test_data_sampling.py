@@ -18,8 +18,10 @@ from tfdist import DataError
 from tfdist.data import TFRecordPipeline, stratified_sample, write_tfrecords
 from tfdist.data import stratify
 from tfdist.data._framing import first_record
-from tfdist.data.files import FileInfo, Listing
+from tfdist.data.files import FileInfo, Listing, list_files
+from tfdist.data.options import SourceOptions
 from tfdist.data.sampling import class_choices
+from tfdist.data.sharding import plan_shards
 
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64)}
 
@@ -95,24 +97,95 @@ class StratifiedPipelineTest(parameterized.TestCase):
         self.assertEqual(sorted(ids), list(range(1600)))
 
     def test_small_redrawn_groups_are_held_in_memory(self) -> None:
-        groups = stratify.class_groups(Listing(files=tuple(
-            FileInfo(path=f"d-y={label}-00000-of-00001.tfrecord", size=size)
-            for label, size in (("0", 8000), ("1", 4000), ("2", 2000), ("3", 1000)))), "y")
+        files = [(f"d-y={label}-00000-of-00001.tfrecord", size)
+                 for label, size in (("0", 8000), ("1", 4000), ("2", 2000), ("3", 1000))]
+        listing = Listing(files=tuple(FileInfo(path=p, size=s, records=s // 10, record_bytes=s) for p, s in files))
+        groups = stratify.class_groups(listing, "y")
         counts = {"0": 800, "1": 400, "2": 200, "3": 100}
+
+        def held(mix: object, share: int, count: int = 1, policy: str = "data") -> list[str]:
+            passes = {label: stratify._pass_of(plan_shards(files, num_workers=count, policy=policy), 0,
+                                               counts[label], files, listing, SourceOptions(files="d-*"))
+                      for label, files in groups.items()}
+            return stratify._held_in_memory(passes, mix, share=share, listing=listing,
+                                            source=SourceOptions(files="d-*"))
+
         balanced = {label: 0.25 for label in counts}  # 500 draws each of 2,000: 2+ passes of '2' and '3'.
-        self.assertEqual(stratify._held_in_memory(groups, counts, balanced, share=2000, count=1), ["3", "2"])
-        self.assertEqual(stratify._held_in_memory(groups, counts, balanced, share=1000, count=2), ["3", "2"])
-        self.assertEqual(stratify._held_in_memory(groups, counts, balanced, share=1500, count=1), ["3"])
+        self.assertEqual(held(balanced, 2000), ["3", "2"])
+        self.assertEqual(held(balanced, 1000, count=2), ["3", "2"])
+        self.assertEqual(held(balanced, 1500), ["3"])
         natural = {label: c / 1500 for label, c in counts.items()}
-        self.assertEqual(stratify._held_in_memory(groups, counts, natural, share=1500, count=1), [])
+        self.assertEqual(held(natural, 1500), [])
+        self.assertEqual(held("a tf.Variable", 2000), ["3", "2"])  # An even share (500) is 2+ passes of these.
         budget = stratify.MEMORY_BUDGET
         try:
             stratify.MEMORY_BUDGET = 1500  # Only the smallest fits.
-            self.assertEqual(stratify._held_in_memory(groups, counts, balanced, share=2000, count=1), ["3"])
+            self.assertEqual(held(balanced, 2000), ["3"])
+            # Sharding off: each of 2 workers reads (and would cache) the whole group, not half of it; and its
+            # pass, so the shuffle buffer, is every record of the group.
+            stratify.MEMORY_BUDGET = 900
+            self.assertEqual(held(balanced, 1000, count=2), ["3"])  # Half of '3' under 'data': 500 bytes.
+            self.assertEqual(held(balanced, 1000, count=2, policy="off"), [])  # All of it, 1,000 bytes, each.
+            stratify.MEMORY_BUDGET = 1000
+            self.assertEqual(held(balanced, 1000, count=2, policy="off"), ["3"])
         finally:
             stratify.MEMORY_BUDGET = budget
-        variable = stratify._held_in_memory(groups, counts, "a tf.Variable", share=2000, count=1)
-        self.assertEqual(variable, ["3", "2"])  # An even share (500) is 2+ passes of these.
+        off = stratify._pass_of(plan_shards(groups["3"], num_workers=2, policy="off"), 1, 100, groups["3"], listing,
+                                SourceOptions(files="d-*"))
+        self.assertEqual((off.records, off.part), (100, 1.0))
+        data = stratify._pass_of(plan_shards(groups["3"], num_workers=3, policy="data"), 1, 100, groups["3"],
+                                 listing, SourceOptions(files="d-*"))
+        self.assertEqual(data.records, 33)  # Records 1, 4, ..., 97.
+
+    @parameterized.named_parameters(("manifest", True), ("framing_walk", False))
+    def test_a_compressed_group_is_held_by_its_size_in_memory(self, manifest: bool) -> None:
+        # GZIP of repetitive features is many times smaller on disk than the records it holds in memory.
+        prefix = os.path.join(self.create_tempdir().full_path, "z")
+        pad = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\0" * 4000]))
+        examples = []
+        for i in range(48):
+            example = _example(i, 0 if i < 40 else 1)
+            example.features.feature["pad"].CopyFrom(pad)
+            examples.append(example)
+        write_tfrecords(examples, prefix, num_shards=1, compression="GZIP", partition_by="label")
+        if not manifest:
+            os.remove(f"{prefix}-manifest.json")
+        listing = list_files([f"{prefix}-*"])
+        groups = stratify.class_groups(listing, "label")
+        source = SourceOptions(files=f"{prefix}-*")
+        disk, memory = sum(s for _, s in groups["1"]), 8 * (4000 + 40)
+        self.assertLess(4 * disk, memory)  # Else the case tests nothing.
+
+        def held() -> list[str]:
+            passes = {label: stratify._pass_of(plan_shards(files, num_workers=1), 0,
+                                               stratify._records_in(files, listing, source), files, listing, source)
+                      for label, files in groups.items()}
+            return stratify._held_in_memory(passes, {"0": 0.5, "1": 0.5}, share=48, listing=listing, source=source)
+
+        budget = stratify.MEMORY_BUDGET
+        try:
+            stratify.MEMORY_BUDGET = 4 * disk  # Fits on disk, not in memory.
+            self.assertEqual(held(), [])
+            stratify.MEMORY_BUDGET = 2 * memory
+            self.assertEqual(held(), ["1"])
+        finally:
+            stratify.MEMORY_BUDGET = budget
+
+    def test_each_pass_of_a_held_class_is_a_new_permutation_of_its_records(self) -> None:
+        # Class 3 (ids i % 15 == 14, 106 records) is drawn 400 times an epoch: held, reshuffled every pass.
+        pipeline = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=64, label_key="label",
+                                    class_weights="balanced", shuffle_buffer=64, num_epochs=1, seed=3)
+        records, _, _, stratified = pipeline._records_for(None, None)
+        self.assertTrue(stratified)
+        ids = [int(tf.io.parse_single_example(r, FEATURES)["id"]) for r in records]
+        small = sorted(i for i in range(1600) if i % 15 == 14)
+        drawn = [i for i in ids if i % 15 == 14]
+        passes = [drawn[k:k + len(small)] for k in range(0, len(drawn) - len(small) + 1, len(small))]
+        self.assertGreaterEqual(len(passes), 3)
+        for one in passes:
+            self.assertEqual(sorted(one), small)  # Each pass: every record of the class once.
+        for first, second in zip(passes, passes[1:]):
+            self.assertNotEqual(first, second)  # Shuffled anew each pass.
 
 
 class FastReadTest(parameterized.TestCase):

@@ -74,12 +74,17 @@ def size_of(path: str) -> int:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FileInfo:
-    """One input file: its path, size in bytes, and from the writer's manifest its records and class (or None)."""
+    """One input file: its path, size in bytes, and from the writer's manifest its records and class (or None).
+
+    ``record_bytes`` is the manifest's uncompressed size of its framed
+    records (or None): what the records take once read, compressed or not.
+    """
 
     path: str
     size: int
     records: Optional[int] = None
     label: Optional[str] = None
+    record_bytes: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,8 +140,13 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
             for path, info in manifest["files"].items():
                 written.setdefault(path, []).append(info)
     infos = [_written_info(written.get(p, []), p, s) for p, s in zip(paths, sizes)]
-    return Listing(files=tuple(FileInfo(path=p, size=s, records=info.get("records"), label=info.get("class"))
+    return Listing(files=tuple(FileInfo(path=p, size=s, records=info.get("records"), label=info.get("class"),
+                                        record_bytes=_count_or_none(info.get("bytes")))
                                for p, s, info in zip(paths, sizes, infos)))
+
+
+def _count_or_none(value: object) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _written_info(entries: list[dict], path: str, size: int) -> dict:

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -68,8 +69,8 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
     # Each class group is split on its own: 'data'/'off' as asked, otherwise 'auto' (by file when the
     # group has enough balanced files, else by record). 'hash' needs parsed keys and is not applied here.
     policy = shard_policy if shard_policy in ("data", "off") else "auto"
-    per_class = {label: read_share(plan_shards(files, num_workers=count, policy=policy))
-                 for label, files in groups.items()}
+    plans = {label: plan_shards(files, num_workers=count, policy=policy) for label, files in groups.items()}
+    per_class = {label: read_share(plan) for label, plan in plans.items()}
     share = sum(counts.values()) // count
     weights = sample.class_weights
     if isinstance(weights, Mapping):
@@ -77,14 +78,17 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
     mix = resolve_weights(weights, counts=counts) if not is_variable(weights) else "a tf.Variable"  # type: ignore
     total = sum(counts.values())
     natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
-    held = [] if natural else _held_in_memory(groups, counts, mix, share=share, count=count)
+    passes = {} if natural else {label: _pass_of(plan, index, counts[label], groups[label], listing, source)
+                                 for label, plan in plans.items()}
+    held = _held_in_memory(passes, mix, share=share, listing=listing, source=source)
     for label in held:
         # One pass of this worker's records of a small class, kept after its first read: the mix re-draws it
         # many times an epoch (BENCHMARKS.md: 1,000 draws of 31 records), and reopening its files cost more than
-        # reading them. Each pass is then shuffled anew when the pipeline shuffles (as the file order was).
+        # reading them. Each pass is then shuffled anew when the pipeline shuffles (as the file order was), in a
+        # buffer of the whole pass.
         per_class[label] = per_class[label].cache()
         if epoch.shuffle_buffer:
-            per_class[label] = per_class[label].shuffle(max(1, counts[label] // count + 1), seed=epoch.seed)
+            per_class[label] = per_class[label].shuffle(max(1, passes[label].records), seed=epoch.seed)
     if natural and epoch.num_epochs is not None:
         # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
         per_class = {label: data.repeat(epoch.num_epochs) for label, data in per_class.items()}
@@ -96,27 +100,77 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
                                 block=sample.sample_block)
     sampled = sampled.take(share * epoch.num_epochs) if epoch.num_epochs is not None else sampled
     shown = {k: round(p, 3) for k, p in mix.items()} if isinstance(mix, dict) else mix  # A log line to read.
-    return sampled, f"stratified over {len(groups)} class shard groups, mix {shown}, {share} records per epoch"
+    kept = f", {len(held)} held in memory ({', '.join(held)})" if held else ""
+    return sampled, f"stratified over {len(groups)} class shard groups, mix {shown}, {share} records per epoch{kept}"
 
 
-def _held_in_memory(groups: Mapping[str, Group], counts: Mapping[str, int], mix: Any, *, share: int,
-                    count: int) -> list[str]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Pass:
+    """One worker's pass over a class group: the files it reads, the part of their records it keeps, its records."""
+
+    files: tuple[tuple[str, int], ...]
+    part: float
+    records: int
+
+
+def _pass_of(plan: Any, index: int, records: int, files: Group, listing: Listing, source: SourceOptions) -> _Pass:
+    """Worker ``index``'s pass under ``plan``: its own files ('file'), every N-th record ('data'), or all ('off')."""
+    sizes = dict(files)
+    mine = tuple((path, sizes[path]) for path in plan.files_for(index))
+    if plan.policy == "file":
+        return _Pass(files=mine, part=1.0, records=_records_in(mine, listing, source))
+    if plan.policy == "data":
+        return _Pass(files=mine, part=1 / plan.num_workers, records=len(range(index, records, plan.num_workers)))
+    return _Pass(files=mine, part=1.0, records=records)
+
+
+def _memory_of(files: Sequence[tuple[str, int]], listing: Listing, source: SourceOptions, room: float) -> float:
+    """Bytes ``files``' records take read (uncompressed), or infinity once over ``room``.
+
+    The writer's manifest tells; an uncompressed file is its size; a compressed
+    one without a manifest is measured by a framing walk, and only when its
+    compressed size still fits (never guessed from the size on disk: GZIP of
+    repetitive features expands many times).
+    """
+    known = {info.path: info.record_bytes for info in listing.files}
+    used = 0.0
+    for path, size in files:
+        compression = compression_of(path, source.compression)
+        if known.get(path) is not None:
+            used += known[path]  # type: ignore[operator]
+        elif compression is None:
+            used += size
+        elif used + size > room:
+            return float("inf")
+        else:
+            used += _framing.check_file(path, compression).total_bytes
+        if used > room:
+            return float("inf")
+    return used
+
+
+def _held_in_memory(passes: Mapping[str, _Pass], mix: Any, *, share: int, listing: Listing,
+                    source: SourceOptions) -> list[str]:
     """The class groups kept in memory: those the mix draws twice or more an epoch, smallest first, in a budget.
 
-    With a ``tf.Variable`` mix (unknown, and changing), the groups smaller
-    than an even share of the epoch.
+    Each group costs this worker's pass of it, uncompressed: its own files, a
+    1/N part of all under 'data', or every record when sharding is 'off'. With a
+    ``tf.Variable`` mix (unknown, and changing), the groups smaller than an
+    even share of the epoch.
     """
     def redrawn(label: str) -> bool:
-        expected = mix[label] * share if isinstance(mix, dict) else share / len(groups)
-        return expected > 2 * counts[label] / count  # At least two passes: the first one completes.
+        expected = mix[label] * share if isinstance(mix, dict) else share / len(passes)
+        return expected > 2 * passes[label].records  # At least two passes: the first one completes.
 
-    sizes = {label: sum(size for _, size in files) / count for label, files in groups.items()}
+    on_disk = {label: sum(size for _, size in one.files) * one.part for label, one in passes.items()}
     held, used = [], 0.0
-    for label in sorted((label for label in groups if redrawn(label)), key=lambda label: sizes[label]):
-        if used + sizes[label] > MEMORY_BUDGET:
-            break
+    for label in sorted((label for label in passes if redrawn(label)), key=lambda label: (on_disk[label], label)):
+        one = passes[label]
+        cost = _memory_of(one.files, listing, source, (MEMORY_BUDGET - used) / one.part) * one.part
+        if used + cost > MEMORY_BUDGET:
+            continue  # Sorted by size on disk, not in memory: a later group may still fit.
         held.append(label)
-        used += sizes[label]
+        used += cost
     return held
 
 
