@@ -6,6 +6,7 @@ import re
 import socket
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from conftest import assert_all_gone
@@ -161,6 +162,45 @@ def test_a_worker_that_cannot_start_again_is_lost_not_a_crash(tmp_path: Path, ma
     assert statuses.count("elastic: worker:1 is not in the group or has finished; nothing to lose") == 0
     assert _epochs_ended(result.task("worker:0").output) == list(range(5))
     assert "task worker:2 index 1 generation" in result.task("worker:2").output
+    assert_all_gone([t.pid for t in result.tasks if t.pid])
+
+
+class _SlowVerdict(LocalEngine):
+    """Tells whether worker:1's exit was a node loss only after ``passes`` looks (None: never), like a Ray GCS
+    that has not marked the node dead yet; then it was one."""
+
+    def __init__(self, passes: Optional[int]) -> None:
+        super().__init__()
+        self.passes, self.looks = passes, 0
+
+    def deciding(self, task: str) -> bool:
+        if task != "worker:1":
+            return False
+        self.looks += 1
+        return self.passes is None or self.looks <= self.passes
+
+    def lost(self, task: str) -> bool:
+        return task == "worker:1" and self.passes is not None and self.looks > self.passes
+
+
+@pytest.mark.parametrize("passes", [20, None])
+def test_the_supervisor_waits_for_the_engine_verdict_without_blocking(tmp_path: Path, passes: Optional[int]) -> None:
+    # worker:1 is killed; the engine needs 20 passes of the supervisor to say its node left: it is then lost (no
+    # restart spent). An engine that never decides holds the loss, but the supervisor still serves --timeout.
+    engine = _SlowVerdict(passes)
+    statuses: list[str] = []
+    result = launch.run([PY, FAKE, str(tmp_path / "backup"), "4"], workers=3, min_workers=2, max_restarts=1,
+                        kills=["worker:1@after=^epoch 0 end$"], on_status=statuses.append,
+                        timeout=120 if passes else 8, grace_seconds=2, engine=engine)
+    report = result.summary() + "\n" + "\n".join(statuses)
+    assert not any("restart 1/1" in s for s in statuses), report
+    if passes is None:
+        assert result.reason == "timeout", report
+    else:
+        assert (result.exit_code, result.reason) == (0, "ok"), report
+        assert engine.looks > passes
+        assert any(s.startswith("elastic: losing worker:1 (its node left the cluster)") for s in statuses), report
+        assert _epochs_ended(result.task("worker:0").output) == list(range(4))
     assert_all_gone([t.pid for t in result.tasks if t.pid])
 
 

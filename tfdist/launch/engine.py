@@ -94,6 +94,14 @@ class Engine(abc.ABC):
         """
         return False
 
+    def deciding(self, task: str) -> bool:
+        """Whether the engine cannot yet tell if ``task``'s last attempt ended by a loss (see :meth:`lost`).
+
+        While it is True the supervisor holds the exited tasks of that pass (and keeps serving timeouts,
+        signals and fault injections); cheap, never blocks. Default: never.
+        """
+        return False
+
     def returned(self) -> dict[str, str]:
         """Lost tasks whose place is back since the last call, each with its (possibly new) ``host:port``.
 

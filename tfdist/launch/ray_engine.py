@@ -51,7 +51,10 @@ DATA_SERVICE_TASK = "data-service:0"
 _ACTOR_DIED = 1
 _POLL_SECONDS = 0.5
 _CALL_TIMEOUT = 60.0
-_NODE_DEATH_WAIT = 10.0  # after an actor died: seconds for the GCS to mark its node dead (health checks)
+# After an actor died: seconds for the GCS to mark its node dead. Ray's defaults take about 20 s for a hard-killed
+# raylet (health checks: 5 s initial delay, then 5 failures 3 s apart); later, the actor died on a live node.
+_NODE_DEATH_WAIT = 30.0
+_NODES_LOOK = 0.5  # seconds between looks at Ray's node table while a death is undecided
 _RETURN_LOOK = 1.0  # seconds between looks for re-placed actors
 
 
@@ -169,6 +172,8 @@ class RayEngine(Engine):
         self._procs: dict[str, RayTaskProcess] = {}
         self._gone: dict[str, tuple[Any, Any]] = {}  # lost task -> (its new actor, that actor's address ref)
         self._next_look = 0.0
+        self._died: dict[str, tuple[Any, float]] = {}  # task -> (its attempt whose actor died, when it was seen)
+        self._alive_nodes: tuple[float, frozenset[str]] = (-_NODES_LOOK, frozenset())
 
     # -- placing -------------------------------------------------------------------------------------------
 
@@ -304,23 +309,38 @@ class RayEngine(Engine):
 
     def lost(self, task: str) -> bool:
         """True when ``task``'s actor died because its node left; a new actor is then asked for at once."""
+        return self._verdict(task) is True
+
+    def deciding(self, task: str) -> bool:
+        """True while ``task``'s actor died on a node Ray still counts alive, for up to 30 s (never blocks)."""
+        return self._verdict(task) is None
+
+    def _verdict(self, task: str) -> Optional[bool]:
+        """Whether the last attempt of ``task`` ended by a node loss; None while Ray cannot tell yet."""
         if task in self._gone:
             return True
         proc = self._procs.get(task)
         if self._ray is None or proc is None or not proc.actor_died:
             return False
-        deadline = time.monotonic() + _NODE_DEATH_WAIT
-        while self._node_alive(self._nodes.get(task, "")):
-            if time.monotonic() >= deadline:
-                return False  # The actor died on a live node (killed, out of memory): not a node loss.
-            time.sleep(0.2)
+        seen, since = self._died.get(task, (None, 0.0))
+        if seen is not proc:
+            since = time.monotonic()
+            self._died[task] = (proc, since)
+        if self._nodes.get(task, "") in self._alive():
+            # Not yet marked dead; after the wait, the actor died on a live node (killed, out of memory).
+            return None if time.monotonic() - since < _NODE_DEATH_WAIT else False
         actor = self._new_actor(task)
         self._gone[task] = (actor, actor.address.remote())
         _log.info("The Ray node of %s (%s) left; asked Ray to place it again.", task, self._nodes.get(task))
         return True
 
-    def _node_alive(self, node: str) -> bool:
-        return any(n.get("NodeID") == node and n.get("Alive") for n in self._ray.nodes())
+    def _alive(self) -> frozenset[str]:
+        """The ids of the nodes Ray counts alive, looked up at most every 0.5 s."""
+        looked, alive = self._alive_nodes
+        if time.monotonic() - looked >= _NODES_LOOK:
+            alive = frozenset(n.get("NodeID", "") for n in self._ray.nodes() if n.get("Alive"))
+            self._alive_nodes = (time.monotonic(), alive)
+        return alive
 
     def returned(self) -> dict[str, str]:
         """Lost tasks whose new actor is up (Ray placed their bundle again), with their new addresses."""

@@ -261,6 +261,9 @@ class _Supervisor(ElasticSupervision):
             # error just after it, and one pass may see them all; the first to fail is the one restarted or lost.
             exited = [(task, record, code) for task, record in self.tasks.items()
                       if (code := record.poll()) is not None and task not in self.finished and task not in self.away]
+            if any(code != 0 and self.engine.deciding(task) for task, _, code in exited):
+                time.sleep(0.05)  # the engine cannot tell yet whether a node left: keep the exit order, decide later
+                continue
             for task, record, code in sorted(exited, key=lambda item: item[1].exit_time()):
                 self.finished[task] = code
                 runs_cmd = self.config.runs_command(task)
