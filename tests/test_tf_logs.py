@@ -179,7 +179,10 @@ def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm_and
             proc.send_signal(sig)
             assert proc.wait(30) == status, sig.name
         finally:
-            proc.kill()
+            try:  # The whole session: the command too, if `tfdist quiet` failed to end it.
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait(10)
 
 
