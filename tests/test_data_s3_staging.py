@@ -259,9 +259,10 @@ def test_requests_build_without_warnings(tmp_path: str) -> None:
     from tfdist.data.staging import StagedReads
 
     reads = StagedReads({"s3://b/k": (1, '"e"')}, root=str(tmp_path), timeout=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # A `deterministic` without parallel calls warns on every build.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # A `deterministic` without parallel calls warns on every build.
         reads.request(tf.data.Dataset.from_tensor_slices(["s3://b/k"]), ahead=2)
+    assert not caught, [str(warning.message) for warning in caught]
 
 
 def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_path: str) -> None:
