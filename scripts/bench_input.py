@@ -12,13 +12,16 @@ the other in a rotating order (so drift and other load on the machine hit all va
   seed_style          TFRecordDataset(files) read sequentially, then separate AUTOTUNE maps: parse, decode,
                       resize, scale; batch; prefetch (the pipeline the project's seeds show);
   decode_limit        the same JPEG bytes already in memory, batched, decoded and resized by one map_fn per
-                      batch on all cores: what no reader can beat (decode_limit_per_element: one map per image);
+                      batch on all cores: no reading and no parsing (decode_limit_per_element: one map per
+                      image); decode_only (decode_jpeg to uint8, no resize) and decode_resize (no /255) split
+                      the limit into the ops any pipeline with this output must run;
   tfdist              TFRecordPipeline(image_key=..., image_size=...) with its defaults, on the 16 files;
   partitioned_plain   the same, on the partitioned files;
   balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
 
 A run's time covers building the dataset (file listing, framing checks) and reading every record of one
-epoch; the CPU time of the process (all threads) per 1,000 records is reported beside it. The report
+epoch; the CPU time of the process (all threads) per 1,000 records is reported beside it, and the CPU
+milliseconds of the build alone (a part of the run). The report
 gives, per size, the median records/s of every variant with its spread (min-max), and the median of
 the per-repeat ratios (each ratio pairs two variants of the same repeat). With --s3 it also starts moto
 on 127.0.0.1 and compares sequential vs parallel reads of the same files there.
@@ -47,13 +50,17 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
 }
 
 
-def _records_per_s(make: Callable[[], Any]) -> tuple[float, float]:
-    """Builds the dataset and reads one epoch: records/s over the whole run (build included), and the CPU
-    time of this process (all threads) per 1,000 records, which other load on the machine moves less."""
+def _records_per_s(make: Callable[[], Any]) -> tuple[float, float, float]:
+    """Builds the dataset and reads one epoch: records/s over the whole run (build included), the CPU
+    time of this process (all threads) per 1,000 records, which other load on the machine moves less, and
+    the CPU milliseconds of the build alone (``make()``: listing, checks, tracing; part of the run)."""
     start, cpu, seen = time.perf_counter(), time.process_time(), 0
-    for _, labels in make():
+    dataset = make()
+    built = time.process_time()
+    for _, labels in dataset:
         seen += int(labels.shape[0])
-    return seen / (time.perf_counter() - start), 1000 * (time.process_time() - cpu) / seen
+    return (seen / (time.perf_counter() - start), 1000 * (time.process_time() - cpu) / seen,
+            1000 * (built - cpu))
 
 
 def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
@@ -95,10 +102,10 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
     pairs = list(parsed.map(lambda f: (f["image"], f["label"])))
     images, labels = tf.stack([p[0] for p in pairs]), tf.stack([p[1] for p in pairs])
 
-    def decode_limit() -> Any:
-        return (tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch)
-                .map(lambda b, y: (tf.map_fn(decode_one, b, fn_output_signature=tf.float32), y),
-                     num_parallel_calls=autotune).prefetch(autotune))
+    def in_memory(one: Callable[[Any], Any], dtype: Any) -> Callable[[], Any]:
+        return lambda: (tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch)
+                        .map(lambda b, y: (tf.map_fn(one, b, fn_output_signature=dtype), y),
+                             num_parallel_calls=autotune).prefetch(autotune))
 
     def decode_limit_per_element() -> Any:
         return (tf.data.Dataset.from_tensor_slices((images, labels))
@@ -108,22 +115,30 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
         return lambda: TFRecordPipeline(files=paths, features=spec, batch_size=batch, image_key="image",
                                         image_size=size, label_key="label", as_supervised=True, **kwargs).dataset()
 
-    return {"seed_style": seed_style, "decode_limit": decode_limit,
-            "decode_limit_per_element": decode_limit_per_element, "tfdist": pipeline(files),
+    return {"seed_style": seed_style, "decode_limit": in_memory(decode_one, tf.float32),
+            "decode_limit_per_element": decode_limit_per_element,
+            "decode_only": in_memory(lambda jpeg: tf.io.decode_jpeg(jpeg, channels=3), tf.uint8),
+            "decode_resize": in_memory(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), size),
+                                       tf.float32), "tfdist": pipeline(files),
             "partitioned_plain": pipeline(part), "balanced": pipeline(part, class_weights="balanced", seed=0),
             "sqrt": pipeline(part, class_weights="sqrt", seed=0)}
 
 
-def _summary(runs: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, Any]:
+def _summary(runs: dict[str, list[float]], cpu: dict[str, list[float]],
+             build: dict[str, list[float]]) -> dict[str, Any]:
     rates = {name: {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v)),
                     "runs": [round(x) for x in v],
-                    "cpu_s_per_1k_records": round(statistics.median(cpu[name]), 3)} for name, v in runs.items()}
+                    "cpu_s_per_1k_records": round(statistics.median(cpu[name]), 3),
+                    "build_cpu_ms": round(statistics.median(build[name]))} for name, v in runs.items()}
     ratios = {}
     for name, (top, bottom, goal) in _RATIOS.items():
         paired = [a / b for a, b in zip(runs[top], runs[bottom])]
         median = statistics.median(paired)
         ratios[name] = {"median": round(median, 2), "min": round(min(paired), 2), "max": round(max(paired), 2),
                         "goal": goal, "met": median >= goal}
+    for name, (top, bottom, goal) in _RATIOS.items():  # The same ratios in CPU per record (inverse).
+        paired = [b / a for a, b in zip(cpu[top], cpu[bottom])]
+        ratios[name]["cpu_median"] = round(statistics.median(paired), 2)
     return {"records_per_s": rates, "ratios": ratios}
 
 
@@ -136,13 +151,15 @@ def _table(report: dict[str, Any]) -> str:
     names = list(next(iter(sizes.values()))["records_per_s"])
     rows = [f"| {n} | " + " | ".join(f"{s['records_per_s'][n]['median']:,} ({s['records_per_s'][n]['min']:,}–"
                                     f"{s['records_per_s'][n]['max']:,}); "
-                                    f"{s['records_per_s'][n]['cpu_s_per_1k_records']:.3f} s" for s in sizes.values())
+                                    f"{s['records_per_s'][n]['cpu_s_per_1k_records']:.3f} s; "
+                                    f"{s['records_per_s'][n]['build_cpu_ms']} ms" for s in sizes.values())
             + " |" for n in names]
     ratios = [f"| {n} (goal ≥ {_RATIOS[n][2]}) | " + " | ".join(
-        f"**{s['ratios'][n]['median']:.2f}×** ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f})"
+        f"**{s['ratios'][n]['median']:.2f}×** ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f}); "
+        f"CPU {s['ratios'][n]['cpu_median']:.2f}×"
         for s in sizes.values()) + " |" for n in _RATIOS]
-    return ("records/s, median (min–max); CPU s per 1,000 records (median)\n\n" + head + "\n".join(rows)
-            + "\n\nratios, median of paired runs (min–max)\n\n" + head + "\n".join(ratios) + "\n\n")
+    return ("records/s, median (min–max); CPU s per 1,000 records (median); build CPU ms (median)\n\n" + head + "\n".join(rows)
+            + "\n\nratios, median of paired runs (min–max); CPU: median of the paired CPU-per-record ratios\n\n" + head + "\n".join(ratios) + "\n\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,26 +177,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work = args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-")
     sizes = [int(s) for s in args.sizes.split(",")]
-    variants, runs, cpu = {}, {}, {}
+    variants, runs, cpu, build = {}, {}, {}, {}
     for size in sizes:
         files, part = _write(work, args.num, size)
         made = _variants(files, part, round(size * args.scale), args.batch)
         if args.variants:
             made = {k: v for k, v in made.items() if k in args.variants.split(",")}
-        variants[size], runs[size], cpu[size] = made, {name: [] for name in made}, {name: [] for name in made}
+        variants[size] = made
+        runs[size], cpu[size], build[size] = ({name: [] for name in made} for _ in range(3))
     for repeat in range(args.repeats):
         for size in sizes:
             names = list(variants[size])
             shift = repeat % len(names)  # Rotate the order, so no variant always runs first or last.
             for name in names[shift:] + names[:shift]:
-                rate, seconds = _records_per_s(variants[size][name])
+                rate, seconds, built = _records_per_s(variants[size][name])
                 runs[size][name].append(rate)
                 cpu[size][name].append(seconds)
+                build[size][name].append(built)
     report: dict[str, Any] = {
         "records": args.num, "files": "16 plain; 16 per class partitioned (8 classes, halving)",
         "batch": args.batch, "repeats": args.repeats, "tensorflow": tf.__version__, "cpus": os.cpu_count(),
         "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
-        "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size], cpu[size]) if not args.variants else
+        "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size], cpu[size], build[size])
+                                                          if not args.variants else
                                                           {k: [round(x) for x in v] for k, v in runs[size].items()})
                   for size in sizes}}
     if args.s3:

@@ -229,3 +229,34 @@ class FastReadTest(parameterized.TestCase):
                                             seed=1)
                 seen.update(int(v) for b in pipeline.dataset(context) for v in b["id"].numpy())
             self.assertEqual(seen, collections.Counter(range(301)), policy)
+
+
+class SequentialClassReadTest(parameterized.TestCase):
+    """Under 'autotune', each local class group is read file by file, without reader threads."""
+
+    def _ids(self, files: str, **kwargs: object) -> list[int]:
+        pipeline = TFRecordPipeline(files=files, features=FEATURES, batch_size=16, label_key="label",
+                                    **kwargs)  # type: ignore[arg-type]
+        return [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
+
+    @parameterized.named_parameters(("balanced", {"class_weights": "balanced", "seed": 1, "num_epochs": 3}),
+                                    ("sqrt_block_1_shuffled", {"class_weights": "sqrt", "sample_block": 1, "seed": 2,
+                                                               "shuffle_buffer": 64, "num_epochs": 3}),
+                                    ("natural", {"class_weights": "natural", "seed": 0}))
+    def test_the_same_records_and_mix_as_one_parallel_read_per_class(self, kwargs: dict) -> None:
+        # 4 classes x 5 files. TF's own reader with one file at a time gives the order of a sequential read;
+        # 4 files at once (what 'autotune' used to give each class here) interleaves them.
+        prefix = os.path.join(self.create_tempdir().full_path, "t")
+        write_tfrecords(_halving(1200), prefix, num_shards=5, partition_by="label")
+        sequential = self._ids(f"{prefix}-*", **kwargs)
+        self.assertEqual(sequential, self._ids(f"{prefix}-*", num_parallel_reads=1, **kwargs))
+        self.assertNotEqual(sequential, self._ids(f"{prefix}-*", num_parallel_reads=4, **kwargs))
+        if kwargs["class_weights"] == "natural":
+            self.assertEqual(sorted(sequential), list(range(1200)))  # Every record exactly once.
+        else:
+            self.assertLen(sequential, 3600)
+            labels = np.asarray([[0 if i % 15 < 8 else 1 if i % 15 < 12 else 2 if i % 15 < 14 else 3]
+                                 for i in sequential]).reshape(-1)
+            weights = np.ones(4) if kwargs["class_weights"] == "balanced" else np.sqrt([8, 4, 2, 1])
+            np.testing.assert_allclose(np.bincount(labels, minlength=4) / len(labels), weights / weights.sum(),
+                                       atol=0.03)

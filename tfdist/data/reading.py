@@ -38,6 +38,24 @@ def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
     return next(iter(kinds), "")
 
 
+def _whole_files(files: Any, paths: Sequence[str], compression: str, reads: int, streams: int,
+                 tuning: TuningOptions) -> Any:
+    """Records of whole files TensorFlow opens itself: one traced function instead of three (~25 ms each).
+
+    One stream reads ``reads`` files at once with TF's parallel reader (its interleave follows the
+    pipeline's ``deterministic`` option). Several streams of local files under 'autotune' (the class groups
+    of stratified reading) each read their files one after the other, without reader threads: the sampler
+    pulls a few records from one class at a time, so per-class reader threads only handed records between
+    threads (balanced 64 px: 0.156 vs 0.173 s of CPU per 1,000 records; BENCHMARKS.md). Each class then
+    yields its records file by file; the class mix is the same.
+    """
+    import tensorflow as tf
+
+    sequential = streams > 1 and tuning.num_parallel_reads == "autotune" and not any("://" in p for p in paths)
+    return tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
+                                   num_parallel_reads=None if sequential else reads)
+
+
 def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: ShardOptions,
                  features: Mapping[str, Any] | None, epoch: EpochOptions, tuning: TuningOptions,
                  limits: Mapping[str, int], streams: int = 1, on_server: bool = False) -> Any:
@@ -53,9 +71,10 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
       tuning: Parallel reads and determinism.
       limits: Damaged file -> records to take (from :func:`~tfdist.data.verify.verify_files`).
       streams: How many such streams the pipeline reads at once (one per
-        class group when stratifying): 'autotune' splits its 16 parallel reads
-        among them (8 classes x 16 files in flight, each with a 1 MB buffer,
-        read ~10% slower on 2 cores; BENCHMARKS.md).
+        class group when stratifying): 'autotune' reads each stream's local
+        files one after the other, and splits its 16 parallel reads among
+        remote streams (8 classes x 16 files in flight, each with a 1 MB
+        buffer, read ~10% slower on 2 cores; BENCHMARKS.md).
       on_server: The pipeline runs in a TF server (the tf.data service), not
         here: ``s3://`` objects read through boto3 are staged there.
 
@@ -73,10 +92,7 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
         files = files.shuffle(len(paths), seed=epoch.seed)
     deterministic = tuning.deterministic or plan.policy == "data"
     if not limits and deterministic == tuning.deterministic and (not paths or remote.reader_for(paths[0]) != "boto3"):
-        # Whole files TensorFlow opens itself: its own parallel reader, one traced function instead of three
-        # (~25 ms each to build; BENCHMARKS.md). Its interleave follows the pipeline's `deterministic` option.
-        records = tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
-                                          num_parallel_reads=max(1, reads))
+        records = _whole_files(files, paths, compression, max(1, reads), streams, tuning)
         if source.on_corrupt == "skip":
             records = records.ignore_errors(log_warning=True)
     else:
