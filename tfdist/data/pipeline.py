@@ -110,7 +110,9 @@ class TFRecordPipeline:
         handles partial and uneven batches). When on, what is dropped is
         logged with its count.
       prefetch: Batches to prefetch, or 'autotune'.
-      num_parallel_reads: Files read at once, or 'autotune'.
+      num_parallel_reads: Files read at once, or 'autotune': up to 16 (TF's
+        parallel reader); stratified reading of local class groups reads each
+        group file by file, without reader threads.
       cache: Cache the serialized records of one pass in memory (True) or in a
         file (a path in an existing directory); shuffling, augmentation and
         epochs still run anew on every pass. Not with stratified reading.
