@@ -237,8 +237,13 @@ class RayEngine(Engine):
         ray, options = self._ray, self.options
         bundle = options.bundle()
         self._pg = placement_group([dict(bundle) for _ in tasks], strategy=options.strategy, name="")
+        # The actors are asked for at once: Ray starts each as soon as its bundle is placed, so their start-up
+        # (a worker process each) overlaps the placement instead of following it.
+        for index, task in enumerate(tasks):
+            self._bundles[task] = index
+            self._actors[task] = self._new_actor(task)
         ready, _ = ray.wait([self._pg.ready()], timeout=options.ready_timeout)
-        if not ready:
+        if not ready:  # place() closes the engine: the pending actors are killed there
             pg, self._pg = self._pg, None
             remove_placement_group(pg)
             total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
@@ -248,9 +253,6 @@ class RayEngine(Engine):
                 f"bundles of {bundle} placed {options.strategy}, the cluster has {total} ({free} free, "
                 f"{len(ray.nodes())} node(s)). Lower --cpus-per-task/--gpus-per-task, use fewer tasks, add nodes, "
                 "or use --ray-placement pack.", field="placement group", value=[bundle] * len(tasks))
-        for index, task in enumerate(tasks):
-            self._bundles[task] = index
-            self._actors[task] = self._new_actor(task)
 
     def _new_actor(self, task: str) -> Any:
         """An actor for ``task`` in its bundle of the placement group (pending until the bundle is placed)."""
