@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from absl import flags
@@ -58,6 +59,16 @@ def s3_server() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def s3_client(s3_server: dict[str, str]) -> Any:
+    """A boto3 S3 client of the moto server (needs boto3: the test extra installs it)."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                        aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
 
 
 def _slurm_local():  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -90,6 +91,18 @@ def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: di
     assert "changed since it was listed" in result["changed"], result["changed"]
 
 
+def _bucket_of_objects(client: Any, s3_server: dict[str, str], tmp_path: str, bucket: str,
+                       count: int) -> tuple[Any, str]:
+    """Puts objects obj-0 .. obj-<count-1> of 1,000 bytes each; returns an S3Store and a stage root in tmp_path."""
+    from tfdist.data.s3 import S3Store
+
+    client.create_bucket(Bucket=bucket)
+    for i in range(count):
+        client.put_object(Bucket=bucket, Key=f"obj-{i}", Body=bytes([i]) * 1000)
+    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
+    return store, os.path.join(str(tmp_path), "stage")
+
+
 def _serve_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     import time
 
@@ -99,21 +112,11 @@ def _serve_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-u
         time.sleep(0.05)
 
 
-def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(s3_server: dict[str, str],
-                                                                           tmp_path: str) -> None:
-    import boto3
-
+def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(
+        s3_server: dict[str, str], s3_client: Any, tmp_path: str) -> None:
     from tfdist.data import staging
-    from tfdist.data.s3 import S3Store
 
-    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
-    client.create_bucket(Bucket="tfdist-agents")
-    for i in range(6):
-        client.put_object(Bucket="tfdist-agents", Key=f"obj-{i}", Body=bytes([i]) * 1000)
-    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
-    root = os.path.join(str(tmp_path), "stage")
+    store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-agents", 6)
     urls = [f"s3://tfdist-agents/obj-{i}" for i in range(6)]
     versions = {url: store.version(url) for url in urls}
     names = {url: staging.staged_name(url, *versions[url]) for url in urls}
@@ -179,25 +182,15 @@ def test_run_server_starts_the_staging_agent_on_worker_tasks_only(tmp_path: str)
 
 
 def test_eviction_spares_recent_copies_counts_partial_downloads_and_budget_is_checked(
-        s3_server: dict[str, str], tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
-    import boto3
-
+        s3_server: dict[str, str], s3_client: Any, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
     from tfdist.data import staging
-    from tfdist.data.s3 import S3Store
     from tfdist.errors import DataError
 
     for bad in ("4g", "-1", "0"):
         with pytest.raises(DataError, match="TFDIST_S3_CACHE_MB"):
             staging._cache_bytes({"TFDIST_S3_CACHE_MB": bad})
     assert staging._cache_bytes({}) == 4096 << 20
-    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
-    client.create_bucket(Bucket="tfdist-evict")
-    for i in range(4):
-        client.put_object(Bucket="tfdist-evict", Key=f"obj-{i}", Body=bytes([i]) * 1000)
-    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
-    root = os.path.join(str(tmp_path), "stage")
+    store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-evict", 4)
 
     def stage_all(keys: range) -> list[str]:
         staged = []
@@ -308,20 +301,12 @@ def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
     assert sorted(os.listdir(objects)) == sorted(kept)
 
 
-def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], tmp_path: str) -> None:
-    import boto3
-
+def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], s3_client: Any,
+                                                     tmp_path: str) -> None:
     from tfdist.data import staging
-    from tfdist.data.s3 import S3Store
 
-    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
-    client.create_bucket(Bucket="tfdist-retry")
-    client.put_object(Bucket="tfdist-retry", Key="obj", Body=b"x" * 100)
-    store = S3Store(cache_dir=os.path.join(str(tmp_path), "cache"), env=dict(s3_server))
-    root = os.path.join(str(tmp_path), "stage")
-    url = "s3://tfdist-retry/obj"
+    store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-retry", 1)
+    url = "s3://tfdist-retry/obj-0"
     version = store.version(url)
     name = staging.staged_name(url, *version)
     local = os.path.join(root, "objects", name + staging.SUFFIX)

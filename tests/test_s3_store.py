@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -24,14 +25,11 @@ def test_glob_keeps_wildcards_within_one_level() -> None:
     assert regex.match("d/part-01-x.gz") and not regex.match("d/part-21-x.gz") and not regex.match("d/part-01-a/b.gz")
 
 
-def test_store_lists_stages_within_budget_and_writes(s3_server: dict[str, str], tmp_path: "os.PathLike[str]") -> None:
-    import boto3
-
+def test_store_lists_stages_within_budget_and_writes(s3_server: dict[str, str], s3_client: Any,
+                                                     tmp_path: "os.PathLike[str]") -> None:
     env = dict(s3_server)
     env.pop("AWS_ENDPOINT_URL")  # S3_ENDPOINT alone must do.
-    boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                 aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket="store")
+    s3_client.create_bucket(Bucket="store")
     store = S3Store(cache_dir=str(tmp_path), cache_bytes=2500, env=env)
     for i in range(4):
         with store.open(f"s3://store/d/obj-{i}", "wb") as f:

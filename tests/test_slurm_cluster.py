@@ -79,14 +79,19 @@ def seconds(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
-def results(root: str) -> dict[str, dict[str, Any]]:
-    """result-TASK-RESTART.json files, keyed 'task/restart'."""
+def _records(root: str, prefix: str, tag: str) -> dict[str, dict[str, Any]]:
+    """The PREFIX-*.json files the test tasks wrote, keyed 'TASK/TAG' (TAG formatted with the record)."""
     found = {}
-    for path in glob.glob(os.path.join(root, "result-*.json")):
+    for path in glob.glob(os.path.join(root, f"{prefix}-*.json")):
         with open(path) as f:
             value = json.load(f)
-        found[f"{value['task']}/{value['restart']}"] = value
+        found[f"{value['task']}/{tag.format(**value)}"] = value
     return found
+
+
+def results(root: str) -> dict[str, dict[str, Any]]:
+    """result-TASK-RESTART.json files, keyed 'task/restart'."""
+    return _records(root, "result", "{restart}")
 
 
 def test_failures_end_the_job_at_once_with_their_code(slurm_cluster: Any, tmp_path: Any) -> None:
@@ -206,12 +211,8 @@ def _wait(what: str, ready: Any, timeout: float, proc: subprocess.Popen, workdir
 
 
 def _elastic_records(root: str) -> dict[str, dict[str, Any]]:
-    found = {}
-    for path in glob.glob(os.path.join(root, "elastic-*.json")):
-        with open(path) as f:
-            value = json.load(f)
-        found[f"{value['task']}/g{value['generation']}"] = value
-    return found
+    """elastic-*.json files, keyed 'task/g<generation>'."""
+    return _records(root, "elastic", "g{generation}")
 
 
 @pytest.mark.multiprocess
