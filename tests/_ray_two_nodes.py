@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -30,6 +28,7 @@ import ray  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ray_tasks  # noqa: E402
+from _ray_helpers import Background, stop_ray_block  # noqa: E402
 
 from tfdist import _address, testing  # noqa: E402
 from tfdist.launch.config import LaunchConfig  # noqa: E402
@@ -96,16 +95,7 @@ class TwoNodes:
 
     def _stop(self, proc: subprocess.Popen) -> None:
         self.seen.update(_session_pids(proc.pid))
-        proc.send_signal(signal.SIGTERM)  # `ray start --block` stops every daemon it started
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_ray_block(proc)
 
     def close(self) -> None:
         self.leave()
@@ -131,58 +121,43 @@ def lose_and_return(nodes: TwoNodes, work: Path) -> dict[str, Any]:
 def node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
     """The extra node stops after epoch 1 (progress), and starts again once the smaller group runs."""
     statuses: list[str] = []
-    events: list[str] = []
-    helpers: list[threading.Thread] = []
-
-    def _in_background(what: str, action: Any) -> None:
-        events.append(what)
-        helper = threading.Thread(target=action, daemon=True)
-        helpers.append(helper)
-        helper.start()
+    background = Background()
 
     def _on_line(task: str, line: str) -> None:
-        if line == "epoch 1 end" and "leave" not in events:
-            _in_background("leave", nodes.leave)
+        if line == "epoch 1 end":
+            background.once("leave", nodes.leave)
 
     def _on_status(message: str) -> None:
         statuses.append(message)
-        if message.startswith("elastic: membership 1:") and "join" not in events:
-            _in_background("join", nodes.join)
+        if message.startswith("elastic: membership 1:"):
+            background.once("join", nodes.join)
 
     command = testing.command_for(ray_tasks.elastic_until_grown, (str(work / "backup-node"), 2, 600))
     config = LaunchConfig(command=tuple(command), workers=3, min_workers=2, max_restarts=2, timeout=300,
                           grace_seconds=2)
     result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
                         on_status=_on_status)
-    for helper in helpers:
-        helper.join(200)
-    return dict(_report(result, statuses), events=events)
+    background.join(200)
+    return dict(_report(result, statuses), events=background.events)
 
 
 def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
     """The same with a real MWMS fit: the node leaves after epoch 0 (membership 0 holds there), and joins
     while membership 1 holds after its first epoch."""
     statuses: list[str] = []
-    events: list[str] = []
-    helpers: list[threading.Thread] = []
+    background = Background()
     hold = work / "hold"
     for generation in (0, 1):
         Path(f"{hold}-{generation}").touch()
 
-    def _in_background(what: str, action: Any) -> None:
-        events.append(what)
-        helper = threading.Thread(target=action, daemon=True)
-        helpers.append(helper)
-        helper.start()
-
     def _on_line(task: str, line: str) -> None:
-        if line.startswith("EPOCH 0 ") and "leave" not in events:
-            _in_background("leave", nodes.leave)
+        if line.startswith("EPOCH 0 "):
+            background.once("leave", nodes.leave)
 
     def _on_status(message: str) -> None:
         statuses.append(message)
-        if message.startswith("elastic: membership 1:") and "join" not in events:
-            _in_background("join", nodes.join)
+        if message.startswith("elastic: membership 1:"):
+            background.once("join", nodes.join)
         if "is available again" in message:
             os.remove(f"{hold}-1")
 
@@ -191,9 +166,8 @@ def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
                           env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
                         on_status=_on_status)
-    for helper in helpers:
-        helper.join(200)
-    return dict(_report(result, statuses), events=events)
+    background.join(200)
+    return dict(_report(result, statuses), events=background.events)
 
 
 def main() -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ ray = pytest.importorskip("ray", reason='Ray is not installed; pip install "tfdi
 
 import cluster_tasks  # noqa: E402
 import ray_tasks  # noqa: E402
+from _ray_helpers import stop_ray_block  # noqa: E402
 from conftest import assert_all_gone  # noqa: E402
 
 from tfdist import ClusterSpec, EngineError, _address, testing  # noqa: E402
@@ -77,16 +77,7 @@ def ray_head() -> Iterator[str]:
         assert can_connect(address, timeout=90), "ray start --head did not come up"
         yield address
     finally:
-        proc.send_signal(signal.SIGTERM)  # `ray start --block` stops every daemon it started.
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_ray_block(proc)
 
 
 def _run(target: Any, address: str, *, args: tuple = (), lines: list | None = None, statuses: list | None = None,
