@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -260,3 +261,42 @@ class SequentialClassReadTest(parameterized.TestCase):
             weights = np.ones(4) if kwargs["class_weights"] == "balanced" else np.sqrt([8, 4, 2, 1])
             np.testing.assert_allclose(np.bincount(labels, minlength=4) / len(labels), weights / weights.sum(),
                                        atol=0.03)
+
+    def test_class_groups_on_a_network_mount_keep_the_parallel_reader(self) -> None:
+        from tfdist.data import reading
+
+        prefix = os.path.join(self.create_tempdir().full_path, "t")
+        write_tfrecords(_halving(1200), prefix, num_shards=5, partition_by="label")
+        kwargs = {"class_weights": "balanced", "seed": 1, "num_epochs": 2}
+        parallel = self._ids(f"{prefix}-*", num_parallel_reads=4, **kwargs)  # 16 // 4 classes, as 'autotune'.
+        with mock.patch.object(reading, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
+            self.assertEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
+        self.assertNotEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
+
+    @parameterized.named_parameters(("file", "file"), ("data", "data"))
+    def test_two_workers_read_every_record_once_under_the_natural_mix(self, policy: str) -> None:
+        prefix = os.path.join(self.create_tempdir().full_path, "t")
+        write_tfrecords(_halving(1201), prefix, num_shards=6, partition_by="label")
+        seen: collections.Counter = collections.Counter()
+        for worker in range(2):
+            pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=16, label_key="label",
+                                        class_weights="natural", shard_policy=policy, deterministic=True, seed=3)
+            context = tf.distribute.InputContext(2, worker, 2)
+            seen.update(int(v) for batch in pipeline.dataset(context) for v in batch["id"].numpy())
+        self.assertEqual(seen, collections.Counter(range(1201)))
+
+
+@pytest.mark.parametrize("table, paths, local", [
+    ("27 1 254:0 / / rw - ext4 /dev/vda rw\n", ["/data/a", "/tmp/b"], True),
+    ("27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /mnt/nfs rw - nfs4 srv:/x rw\n", ["/data/a", "/mnt/nfs/b"],
+     False),
+    ("27 1 254:0 / / rw - xfs /dev/vda rw\n41 27 0:51 / /gcs rw,nosuid - fuse.gcsfuse bucket rw\n", ["/gcs/a"], False),
+    ("27 1 254:0 / / rw - lustre mds@tcp:/fs rw\n42 27 0:52 / /scratch\\040space rw - tmpfs tmpfs rw\n",
+     ["/scratch space/a"], True),
+    ("27 1 254:0 / / rw - ext4 /dev/vda rw\n", ["s3://bucket/a"], False),
+    ("", ["/data/a"], False),  # No mount table: read ahead in parallel, as before.
+])
+def test_on_local_disk_takes_the_longest_mount_point(table: str, paths: list[str], local: bool) -> None:
+    from tfdist.data.files import on_local_disk
+
+    assert on_local_disk(paths, table) is local

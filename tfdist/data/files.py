@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
@@ -21,7 +22,7 @@ from tfdist.data import remote
 from tfdist.data.writer import COMPRESSIONS, prefixes_of, read_manifest
 from tfdist.errors import DataError, Error, StorageError, invalid
 
-__all__ = ["FileInfo", "Listing", "list_files", "compression_of", "glob", "size_of", "is_dir"]
+__all__ = ["FileInfo", "Listing", "list_files", "compression_of", "glob", "size_of", "is_dir", "on_local_disk"]
 
 # File name endings -> compression: the writer's own endings first, then common spellings.
 _COMPRESSION_BY_SUFFIX = tuple((suffix, kind) for kind, suffix in COMPRESSIONS.items() if kind) + (
@@ -36,6 +37,43 @@ def compression_of(path: str, given: Optional[str]) -> Optional[str]:
         if path.endswith(suffix):
             return kind
     return None
+
+
+# File systems whose reads are served by this machine's disks or memory; anything else (nfs, lustre, gpfs,
+# fuse.gcsfuse, fuse.mountpoint-s3, cifs, ...) may cost a network round trip per read.
+_LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "ramfs", "overlay"})
+
+
+def on_local_disk(paths: Sequence[str], mountinfo: Optional[str] = None) -> bool:
+    """Whether every path lies on a local file system, by the longest mount point in ``/proc/self/mountinfo``.
+
+    False for URLs (``s3://``, ``gs://``, ...), network and FUSE mounts, and wherever the mount table
+    cannot be read (not Linux): callers then keep reading ahead in parallel.
+
+    Example:
+        >>> table = "27 1 254:0 / / rw - ext4 /dev/vda rw\\n40 27 0:50 / /mnt/nfs rw - nfs4 srv:/x rw\\n"
+        >>> on_local_disk(["/data/a.tfrecord"], table), on_local_disk(["/mnt/nfs/a.tfrecord"], table)
+        (True, False)
+    """
+    if any("://" in path for path in paths):
+        return False
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo") as f:
+                mountinfo = f.read()
+        except OSError:
+            return False
+    mounts = {}
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " in line and len(fields) > 4:
+            mounts[fields[4].replace("\\040", " ")] = line.split(" - ", 1)[1].split()[0]
+    for path in paths:
+        path = os.path.realpath(path)
+        points = [p for p in mounts if path == p or path.startswith(p.rstrip("/") + "/")]
+        if not points or mounts[max(points, key=len)] not in _LOCAL_FILE_SYSTEMS:
+            return False
+    return True
 
 
 def glob(pattern: str) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdist.data import _decode, remote
-from tfdist.data.files import compression_of
+from tfdist.data.files import compression_of, on_local_disk
 from tfdist.data.options import EpochOptions, ShardOptions, SourceOptions, TuningOptions
 from tfdist.data.sharding import ShardPlan
 from tfdist.errors import DataError, invalid
@@ -46,12 +46,13 @@ def _whole_files(files: Any, paths: Sequence[str], compression: str, reads: int,
     pipeline's ``deterministic`` option). Several streams of local files under 'autotune' (the class groups
     of stratified reading) each read their files one after the other, without reader threads: the sampler
     pulls a few records from one class at a time, so per-class reader threads only handed records between
-    threads (balanced 64 px: 0.156 vs 0.173 s of CPU per 1,000 records; BENCHMARKS.md). Each class then
-    yields its records file by file; the class mix is the same.
+    threads (balanced 64 px: 0.156 vs 0.173 s of CPU per 1,000 records in a scratch run; BENCHMARKS.md).
+    Each class then yields its records file by file. Files on network or FUSE mounts (NFS, Lustre,
+    gcsfuse, ...) keep the parallel reader: there a read can cost a round trip.
     """
     import tensorflow as tf
 
-    sequential = streams > 1 and tuning.num_parallel_reads == "autotune" and not any("://" in p for p in paths)
+    sequential = streams > 1 and tuning.num_parallel_reads == "autotune" and on_local_disk(paths)
     return tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
                                    num_parallel_reads=None if sequential else reads)
 
