@@ -237,8 +237,8 @@ class RayEngine(Engine):
         ray, options = self._ray, self.options
         bundle = options.bundle()
         self._pg = placement_group([dict(bundle) for _ in tasks], strategy=options.strategy, name="")
-        # The actors are asked for at once: Ray starts each as soon as its bundle is placed, so their start-up
-        # (a worker process each) overlaps the placement instead of following it.
+        # The actors are asked for at once, without first waiting on the driver for the group: Ray schedules
+        # each as soon as its bundle is placed. This saves a round trip, not the actors' worker start-up.
         for index, task in enumerate(tasks):
             self._bundles[task] = index
             self._actors[task] = self._new_actor(task)
