@@ -59,6 +59,7 @@ SUFFIX = ".staged"
 _POLL_S = 0.05  # Reader's poll interval, and the agent's scan interval.
 _ERROR_TTL_S = 10.0  # An error file lives this long (readers poll far more often); a later request retries.
 _FETCHES = 4  # Objects one agent downloads at once (each in parallel ranged parts).
+_CLAIMING_S = 5.0  # An empty lock this young is being claimed (created, its pid not written yet): not dead.
 _STALE_WANT_S = 3600.0  # A request this old (readers renew theirs while they wait) was left by a reader gone.
 CACHE_MB_ENV = "TFDIST_S3_CACHE_MB"
 _KEEP_RECENT = 32  # Eviction spares the copies requested last (readers' files ahead, one about to be opened) ...
@@ -441,8 +442,13 @@ def _claim(lock: str) -> bool:
         except FileExistsError:
             try:
                 with open(lock) as f:
-                    owner = int(f.read() or "0")
-            except (FileNotFoundError, ValueError):
+                    text = f.read()
+                if not text and time.time() - os.stat(lock).st_mtime < _CLAIMING_S:
+                    return False  # Created a moment ago, its pid not written yet: another agent is claiming it.
+                owner = int(text or "0")
+            except FileNotFoundError:
+                continue  # Released between our two looks: try again.
+            except ValueError:
                 owner = 0
             if owner and _alive(owner):
                 return False
