@@ -201,7 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
         "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size], cpu[size], build[size])
                                                           if not args.variants else
-                                                          {k: [round(x) for x in v] for k, v in runs[size].items()})
+                                                          {k: {"records_per_s": [round(x) for x in v],
+                                                               "cpu_s_per_1k_records": [round(x, 4) for x in cpu[size][k]],
+                                                               "build_cpu_ms": [round(x) for x in build[size][k]]}
+                                                           for k, v in runs[size].items()})
                   for size in sizes}}
     if args.s3:
         report["s3"] = _bench_s3(_write(work, args.num, sizes[0])[0], args.batch, args.repeats)

@@ -263,15 +263,28 @@ class SequentialClassReadTest(parameterized.TestCase):
                                        atol=0.03)
 
     def test_class_groups_on_a_network_mount_keep_the_parallel_reader(self) -> None:
-        from tfdist.data import reading
+        from tfdist.data import pipeline as pipeline_module
 
         prefix = os.path.join(self.create_tempdir().full_path, "t")
         write_tfrecords(_halving(1200), prefix, num_shards=5, partition_by="label")
         kwargs = {"class_weights": "balanced", "seed": 1, "num_epochs": 2}
         parallel = self._ids(f"{prefix}-*", num_parallel_reads=4, **kwargs)  # 16 // 4 classes, as 'autotune'.
-        with mock.patch.object(reading, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
+        with mock.patch.object(pipeline_module, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
             self.assertEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
         self.assertNotEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
+
+    def test_plain_local_files_keep_the_order_of_tfs_parallel_reader_without_its_threads(self) -> None:
+        from tfdist.data import pipeline as pipeline_module
+
+        # 20 files of unequal length (the writer's last shards are shorter), more than the 16 read at once.
+        prefix = os.path.join(self.create_tempdir().full_path, "t")
+        write_tfrecords(_halving(1203), prefix, num_shards=20)
+        local = self._ids(f"{prefix}-*")
+        self.assertEqual(local, self._ids(f"{prefix}-*", num_parallel_reads=16))  # TF's parallel reader.
+        self.assertNotEqual(local, self._ids(f"{prefix}-*", num_parallel_reads=1))  # Not file after file.
+        self.assertEqual(sorted(local), list(range(1203)))
+        with mock.patch.object(pipeline_module, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
+            self.assertEqual(self._ids(f"{prefix}-*"), local)
 
     @parameterized.named_parameters(("file", "file"), ("data", "data"))
     def test_two_workers_read_every_record_once_under_the_natural_mix(self, policy: str) -> None:

@@ -79,48 +79,60 @@ class FileCheck:
         return self.total_bytes - self.valid_bytes
 
 
-def _first_bad_crc(headers: bytes) -> Optional[int]:
-    """Index of the first 12-byte header whose length CRC is wrong, or None.
+def _first_bad_crc(rows: Any) -> Optional[int]:
+    """Index of the first header (a row of 12 bytes, uint8) whose length CRC is wrong, or None.
 
     Vectorized (numpy: one pass per length byte for all headers at once); a
     CRC per record in Python cost more than the rest of the walk.
     """
     import numpy as np
 
-    rows = np.frombuffer(headers, dtype=np.uint8).reshape(-1, _HEADER)
     table = np.asarray(_TABLE, dtype=np.uint32)
     crc = np.full(len(rows), 0xFFFFFFFF, dtype=np.uint32)
     for column in range(8):
         crc = table[(crc ^ rows[:, column]) & 0xFF] ^ (crc >> 8)
     crc ^= np.uint32(0xFFFFFFFF)
     masked = ((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)  # uint32 wraps like & 0xFFFFFFFF.
-    bad = np.flatnonzero(masked != rows[:, 8:].copy().view("<u4").reshape(-1))
+    bad = np.flatnonzero(masked != np.ascontiguousarray(rows[:, 8:]).view("<u4").reshape(-1))
     return int(bad[0]) if len(bad) else None
+
+
+def _headers(data: Any, offsets: list[int]) -> Any:
+    """The 12-byte headers at ``offsets`` of ``data``, gathered by numpy (rows of uint8; a copy)."""
+    import numpy as np
+
+    view = np.frombuffer(data, dtype=np.uint8)
+    try:
+        return view[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(_HEADER)]
+    finally:
+        del view  # A memory map cannot close while a numpy view of it exists.
+
+
+_LENGTH = struct.Struct("<Q").unpack_from
 
 
 def _walk(data: Any, path: str) -> FileCheck:
     """Walks the record headers of ``data`` (a file's bytes, or a memory map of it).
 
-    The walk follows the lengths in Python; the length CRCs are checked
-    afterwards, all at once. A bad CRC before the point where the walk stopped
-    is the first problem (the lengths after it are not trusted).
+    The walk follows the lengths in Python (one unpack per record, no copy);
+    the headers are then gathered and their length CRCs checked all at once.
+    A bad CRC before the point where the walk stopped is the first problem
+    (the lengths after it are not trusted).
     """
-    total, offsets, headers = len(data), [], bytearray()
+    total, offsets = len(data), []
     offset = records = 0
     problem = None
     while offset < total:
         if total - offset < _HEADER:
             problem = f"truncated record header at byte {offset}"
             break
-        header = data[offset:offset + _HEADER]
         offsets.append(offset)
-        headers += header
-        end = offset + _HEADER + struct.unpack_from("<Q", header)[0] + _FOOTER
+        end = offset + _HEADER + _LENGTH(data, offset)[0] + _FOOTER
         if end > total:
             problem = f"truncated record at byte {offset}: needs {end - offset} bytes, {total - offset} left"
             break
         records, offset = records + 1, end
-    bad = _first_bad_crc(bytes(headers)) if headers else None
+    bad = _first_bad_crc(_headers(data, offsets)) if offsets else None
     if bad is not None:
         return FileCheck(path=path, records=bad, valid_bytes=offsets[bad], total_bytes=total,
                          problem=f"corrupt record header at byte {offsets[bad]} (is this a TFRecord file, and is "

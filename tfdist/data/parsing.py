@@ -19,7 +19,7 @@ from tfdist.data import _decode
 from tfdist.data.options import ParseOptions
 from tfdist.errors import DataError, Error, invalid
 
-__all__ = ["parse_batch", "parse_elements", "supervised", "check_features"]
+__all__ = ["parse_batch", "parse_elements", "split_label", "supervised", "check_features"]
 
 
 def parse_elements(records: Any, parse: ParseOptions, *, seed: Optional[int], deterministic: bool) -> Any:
@@ -50,9 +50,14 @@ def parse_batch(records: Any, parse: ParseOptions, *, seed: Optional[int]) -> An
     return features
 
 
+def split_label(features: Any, label_key: str) -> tuple[dict[str, Any], Any]:
+    """(features without the label, label): one ``fit`` pair."""
+    return {k: v for k, v in features.items() if k != label_key}, features[label_key]
+
+
 def supervised(dataset: Any, label_key: str) -> Any:
     """(features without the label, label) pairs for ``fit``."""
-    return dataset.map(lambda f: ({k: v for k, v in f.items() if k != label_key}, f[label_key]))
+    return dataset.map(lambda f: split_label(f, label_key))
 
 
 def check_features(path: str, compression: str, parse: ParseOptions, *,

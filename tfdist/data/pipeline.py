@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Union
 
 from tfdist.data import _batching, _context, parsing, reading, stratify
-from tfdist.data.files import Listing, compression_of, list_files
+from tfdist.data.files import Listing, compression_of, list_files, on_local_disk
 from tfdist.data.options import (CORRUPT_POLICIES, VERIFY_MODES, EpochOptions, ParseOptions, SampleOptions,
                                  ShardOptions, SourceOptions, TuningOptions)
 from tfdist.data.sampling import Weights
@@ -216,11 +216,11 @@ class TFRecordPipeline:
         return stratify.class_groups(self.listing(), self.label_key)
 
     def _read(self, plan: ShardPlan, worker: int, listing: Listing, streams: int = 1, *,
-              on_server: bool = False) -> tuple[Any, VerifyReport]:
+              on_server: bool = False, local: Optional[bool] = None) -> tuple[Any, VerifyReport]:
         report = verify_files(plan.files_for(worker), self.source, listing)
         records = reading.read_records(plan, worker, source=self.source, shard=self.sharding,
                                        features=self.features, epoch=self.epochs, tuning=self.tuning,
-                                       limits=report.limits, streams=streams, on_server=on_server)
+                                       limits=report.limits, streams=streams, on_server=on_server, local=local)
         return records, report
 
     @property
@@ -257,9 +257,11 @@ class TFRecordPipeline:
         listing = self.listing()
         groups = stratify.class_groups(listing, self.label_key) if self.class_weights is not None else {}
         reports: list[VerifyReport] = []
+        local = on_local_disk([info.path for info in listing.files])  # Once: the mount table is read per call.
 
         def read_share(plan: ShardPlan, index: int, streams: int = 1) -> Any:
-            records, report = self._read(plan, index, listing, streams, on_server=self.data_service is not None)
+            records, report = self._read(plan, index, listing, streams, on_server=self.data_service is not None,
+                                         local=local)
             reports.append(report)
             if len(reports) == 1 and plan.files_for(index) and tf.executing_eagerly():  # One file names a mismatch.
                 path = plan.files_for(index)[0]
@@ -339,10 +341,14 @@ class TFRecordPipeline:
         else:
             # Batch the serialized records first, then parse (and decode) a whole batch per map call: one
             # tf.data element per batch instead of per record (measured in BENCHMARKS.md).
+            # (features, label) pairs are split in the same map: one traced function and one stage less.
+            def parse(batch: Any) -> Any:
+                features = parsing.parse_batch(batch, self.parsing, seed=self.seed)
+                return parsing.split_label(features, self.label_key) if self.as_supervised else features  # type: ignore
+
             dataset = _batching.batch(records, where.batch_size, **batching).map(
-                lambda batch: parsing.parse_batch(batch, self.parsing, seed=self.seed),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
-        if self.as_supervised:
+                parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
+        if self.as_supervised and (self.parse_fn is not None or fallback):
             dataset = parsing.supervised(dataset, self.label_key)  # type: ignore[arg-type]
         if self.data_service is not None:
             dataset = dataset.apply(tf.data.experimental.service.distribute(

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 from tfdist.data import _decode, remote
 from tfdist.data.files import compression_of, on_local_disk
@@ -38,28 +38,52 @@ def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
     return next(iter(kinds), "")
 
 
-def _whole_files(files: Any, paths: Sequence[str], compression: str, reads: int, streams: int,
-                 tuning: TuningOptions) -> Any:
-    """Records of whole files TensorFlow opens itself: one traced function instead of three (~25 ms each).
+def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, local: Optional[bool]) -> tuple[str, int]:
+    """How one worker's stream reads its files, and how many it reads at once: the one place that decides.
 
-    One stream reads ``reads`` files at once with TF's parallel reader (its interleave follows the
-    pipeline's ``deterministic`` option). Several streams of local files under 'autotune' (the class groups
-    of stratified reading) each read their files one after the other, without reader threads: the sampler
-    pulls a few records from one class at a time, so per-class reader threads only handed records between
-    threads (balanced 64 px: 0.156 vs 0.173 s of CPU per 1,000 records in a scratch run; BENCHMARKS.md).
-    Each class then yields its records file by file. Files on network or FUSE mounts (NFS, Lustre,
-    gcsfuse, ...) keep the parallel reader: there a read can cost a round trip.
+    - 'parallel': TF's parallel reader, ``reads`` files at once on reader threads (an int
+      ``num_parallel_reads``, and files on network or FUSE mounts or behind URLs under 'autotune':
+      there a read can cost a round trip, and threads read ahead). Under 'autotune', several streams
+      (class groups) share the 16 reads.
+    - 'interleave': local files under 'autotune', one stream: the same record order (one record per
+      file in turn, ``reads`` files open), without reader threads. On 2 cores busy decoding, the 16
+      reader threads only handed records between threads (BENCHMARKS.md).
+    - 'sequential': local files of one of several streams under 'autotune' (stratified class groups,
+      which the sampler pulls a few records at a time), or a single file: one file after the other.
+    """
+    if tuning.num_parallel_reads != "autotune":
+        return "parallel", max(1, min(len(paths), tuning.num_parallel_reads))  # type: ignore[type-var]
+    reads = max(1, min(len(paths), _AUTOTUNE_READS // streams))
+    if local is None:
+        local = on_local_disk(paths)
+    if not local:
+        return "parallel", reads
+    return ("sequential", 1) if streams > 1 or reads == 1 else ("interleave", reads)
+
+
+def _whole_files(files: Any, paths: Sequence[str], compression: str, how: str, reads: int, shuffled: bool) -> Any:
+    """Records of whole files TensorFlow opens itself, as :func:`_how_to_read` decided.
+
+    An unshuffled sequential read takes the file names as one tensor: no traced function (~7 ms each; a
+    stratified pipeline builds one reader per class).
     """
     import tensorflow as tf
 
-    sequential = streams > 1 and tuning.num_parallel_reads == "autotune" and on_local_disk(paths)
+    from tfdist import _compat
+
+    if how == "sequential" and not shuffled:
+        return _compat.tfrecord_reader(tf.constant(list(paths), tf.string), compression, _BUFFER)
+    if how == "interleave":
+        return files.interleave(lambda path: _compat.tfrecord_reader(path, compression, _BUFFER),
+                                cycle_length=reads, block_length=1)
     return tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
-                                   num_parallel_reads=None if sequential else reads)
+                                   num_parallel_reads=None if how == "sequential" else reads)
 
 
 def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: ShardOptions,
                  features: Mapping[str, Any] | None, epoch: EpochOptions, tuning: TuningOptions,
-                 limits: Mapping[str, int], streams: int = 1, on_server: bool = False) -> Any:
+                 limits: Mapping[str, int], streams: int = 1, on_server: bool = False,
+                 local: Optional[bool] = None) -> Any:
     """The serialized records input pipeline ``worker`` reads, once (no repeat, no shuffle of records).
 
     Args:
@@ -78,6 +102,8 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
         buffer, read ~10% slower on 2 cores; BENCHMARKS.md).
       on_server: The pipeline runs in a TF server (the tf.data service), not
         here: ``s3://`` objects read through boto3 are staged there.
+      local: Whether every file of the pipeline is on a local file system
+        (:func:`~tfdist.data.files.on_local_disk`; None: looked up here).
 
     Returns:
       A ``tf.data.Dataset`` of serialized records.
@@ -86,20 +112,20 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
 
     paths = list(worker_files(plan, worker))
     compression = _one_compression(paths, source)
-    reads = min(len(paths), max(1, _AUTOTUNE_READS // streams)) if tuning.num_parallel_reads == "autotune" \
-        else tuning.num_parallel_reads
+    how, reads = _how_to_read(paths, streams, tuning, local)
     files = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
-    if epoch.shuffle_buffer and plan.policy != "data":
+    shuffled = bool(epoch.shuffle_buffer) and plan.policy != "data"
+    if shuffled:
         files = files.shuffle(len(paths), seed=epoch.seed)
     deterministic = tuning.deterministic or plan.policy == "data"
     if not limits and deterministic == tuning.deterministic and (not paths or remote.reader_for(paths[0]) != "boto3"):
-        records = _whole_files(files, paths, compression, max(1, reads), streams, tuning)
+        records = _whole_files(files, paths, compression, how, reads, shuffled)
         if source.on_corrupt == "skip":
             records = records.ignore_errors(log_warning=True)
     else:
         take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
-        staged, ready = remote.staged_files(files, paths, ahead=max(1, reads), on_server=on_server)
+        staged, ready = remote.staged_files(files, paths, ahead=reads, on_server=on_server)
 
         def open_one(path: Any, local: Any) -> Any:
             # `ready` runs here, outside the file's records: a failed staging (timeout, changed object, agent
@@ -108,7 +134,7 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
                                           buffer_size=_BUFFER).take(take.lookup(path))
             return one.ignore_errors(log_warning=True) if source.on_corrupt == "skip" else one
 
-        records = staged.interleave(open_one, cycle_length=max(1, reads), block_length=1,
+        records = staged.interleave(open_one, cycle_length=reads, block_length=1,
                                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if plan.policy == "data":
         records = records.shard(plan.num_workers, worker)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from tfdist import _compat
 from tfdist._compat import is_variable
 from tfdist._names import describe_choices
 from tfdist.errors import DataError, invalid, require_int
@@ -110,7 +111,7 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     if block > 1:
         members = [m.batch(block) for m in members]
     sampled = _sample(members, weights, keys, counts=counts, seed=seed, stop=on_exhausted == "stop")
-    return sampled.unbatch() if block > 1 else sampled
+    return _compat.unbatch_dense(sampled) if block > 1 else sampled
 
 
 def _sample(members: list["tf.data.Dataset"], weights: Weights, keys: list[Any], *,
@@ -157,4 +158,4 @@ def class_choices(probabilities: Sequence[float], *, seed: Optional[int] = None)
         uniform = tf.cast(bits, tf.float64) / float(1 << 32)
         return tf.minimum(tf.searchsorted(cdf, uniform, side="right", out_type=tf.int64), last)
 
-    return tf.data.Dataset.random(seed=seed).batch(_CHOICES_PER_DRAW).map(pick).unbatch()
+    return _compat.unbatch_dense(tf.data.Dataset.random(seed=seed).batch(_CHOICES_PER_DRAW).map(pick))
