@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
@@ -165,12 +166,16 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     paths = sorted(set(p for p in paths if not p.endswith("-manifest.json")))
     if not paths:
         raise invalid(DataError, "files", list(patterns), "TFRecord files (only manifests matched)")
-    directories = [p for p in paths if is_dir(p)]
+    if all("://" not in p for p in paths):
+        directories, sizes = _local_sizes(paths)
+    else:
+        directories = [p for p in paths if is_dir(p)]
+        if not directories:
+            with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:  # Overlaps round trips.
+                sizes = list(pool.map(size_of, paths))
     if directories:
         raise invalid(DataError, "files", directories[0], "TFRecord files, not a directory",
                       f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.")
-    with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:
-        sizes = list(pool.map(size_of, paths))
     written: dict[str, list[dict]] = {}
     for prefix in sorted({prefix for path in paths for prefix in prefixes_of(path)}):
         manifest = read_manifest(prefix, on_corrupt=on_corrupt)
@@ -181,6 +186,24 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     return Listing(files=tuple(FileInfo(path=p, size=s, records=info.get("records"), label=info.get("class"),
                                         record_bytes=_count_or_none(info.get("bytes")))
                                for p, s, info in zip(paths, sizes, infos)))
+
+
+def _local_sizes(paths: Sequence[str]) -> tuple[list[str], list[int]]:
+    """(the directories among ``paths``, every path's size): one ``os.stat`` per local path, no threads."""
+    directories, sizes = [], []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            sizes.append(size_of(path))  # Gone since the glob: size_of names the path in a DataError.
+            continue
+        except OSError as err:
+            raise StorageError(f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",
+                               field="files", value=path) from err
+        if stat.S_ISDIR(info.st_mode):
+            directories.append(path)
+        sizes.append(info.st_size)
+    return directories, sizes
 
 
 def _count_or_none(value: object) -> Optional[int]:

@@ -130,10 +130,11 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
                           "Pass compression='GZIP', 'ZLIB' or None to match the files, or 'auto' to use their "
                           "names (.gz, .zz).")
     todo = [p for p in paths if p in walked]
-    # Threads overlap remote reads; local walks hold the GIL, so there they only add contention.
-    threads = min(8, len(todo)) if any("://" in p for p in todo) else 1
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        checks = list(pool.map(lambda p: _framing.check_file(p, compression_of(p, source.compression)), todo))
+    if any("://" in p for p in todo):  # Threads overlap remote reads.
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            checks = list(pool.map(lambda p: _framing.check_file(p, compression_of(p, source.compression)), todo))
+    else:  # Local walks hold the GIL: threads would only add contention. One CRC pass for all files.
+        checks = _framing.check_files(todo, [compression_of(p, source.compression) for p in todo])
     damaged = [c for c in checks if not c.ok]
     if damaged and source.on_corrupt == "raise":
         check = damaged[0]
