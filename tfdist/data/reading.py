@@ -9,7 +9,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from tfdist.data import _decode, remote
@@ -61,7 +61,8 @@ def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, loca
     return ("sequential", 1) if streams > 1 or reads == 1 else ("interleave", reads)
 
 
-def _whole_files(files: Any, paths: Sequence[str], compression: str, how: str, reads: int, shuffled: bool) -> Any:
+def _whole_files(file_names: Callable[[], Any], paths: Sequence[str], compression: str, how: str, reads: int,
+                 shuffled: bool) -> Any:
     """Records of whole files TensorFlow opens itself, as :func:`_how_to_read` decided.
 
     An unshuffled sequential read takes the file names as one tensor: no traced function (~7 ms each; a
@@ -74,9 +75,9 @@ def _whole_files(files: Any, paths: Sequence[str], compression: str, how: str, r
     if how == "sequential" and not shuffled:
         return _compat.tfrecord_reader(tf.constant(list(paths), tf.string), compression, _BUFFER)
     if how == "interleave":
-        return files.interleave(lambda path: _compat.tfrecord_reader(path, compression, _BUFFER),
+        return file_names().interleave(lambda path: _compat.tfrecord_reader(path, compression, _BUFFER),
                                 cycle_length=reads, block_length=1)
-    return tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=_BUFFER,
+    return tf.data.TFRecordDataset(file_names(), compression_type=compression, buffer_size=_BUFFER,
                                    num_parallel_reads=None if how == "sequential" else reads)
 
 
@@ -113,19 +114,21 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
     paths = list(worker_files(plan, worker))
     compression = _one_compression(paths, source)
     how, reads = _how_to_read(paths, streams, tuning, local)
-    files = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
     shuffled = bool(epoch.shuffle_buffer) and plan.policy != "data"
-    if shuffled:
-        files = files.shuffle(len(paths), seed=epoch.seed)
+
+    def file_names() -> Any:  # Built only where needed: eager dataset ops cost ~1 ms each, per class group.
+        files = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
+        return files.shuffle(len(paths), seed=epoch.seed) if shuffled else files
+
     deterministic = tuning.deterministic or plan.policy == "data"
     if not limits and deterministic == tuning.deterministic and (not paths or remote.reader_for(paths[0]) != "boto3"):
-        records = _whole_files(files, paths, compression, how, reads, shuffled)
+        records = _whole_files(file_names, paths, compression, how, reads, shuffled)
         if source.on_corrupt == "skip":
             records = records.ignore_errors(log_warning=True)
     else:
         take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
-        staged, ready = remote.staged_files(files, paths, ahead=reads, on_server=on_server)
+        staged, ready = remote.staged_files(file_names(), paths, ahead=reads, on_server=on_server)
 
         def open_one(path: Any, local: Any) -> Any:
             # `ready` runs here, outside the file's records: a failed staging (timeout, changed object, agent

@@ -26,6 +26,7 @@ WEIGHT_SCHEMES = ("balanced", "natural", "sqrt")
 EXHAUSTED_POLICIES = ("repeat", "stop", "drop")
 Weights = Union[str, Mapping[Any, float], "tf.Variable"]
 _CHOICES_PER_DRAW = 1024  # Class choices drawn per vectorized draw.
+_PLANNED_CHOICES = 1 << 18  # At most this many choices are drawn up front (2 MB of int64 in the dataset's graph).
 
 
 def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optional[Mapping[Any, int]] = None,
@@ -66,7 +67,7 @@ def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optiona
 
 def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence["tf.data.Dataset"]],
                       weights: Weights, *, counts: Optional[Mapping[Any, int]] = None, seed: Optional[int] = None,
-                      on_exhausted: str = "repeat", block: int = 1) -> "tf.data.Dataset":
+                      on_exhausted: str = "repeat", block: int = 1, draws: Optional[int] = None) -> "tf.data.Dataset":
     """Samples from per-class datasets with the given class mix.
 
     Args:
@@ -88,6 +89,11 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
         long-run mix is the same and the sampler does a quarter of the work
         per element with blocks of 4. Shuffle afterwards to spread blocks, or
         keep 1 for a per-element mix.
+      draws: How many elements the caller takes (e.g. with ``take``), when
+        known. Up to 262,144 choices (``draws / block``) are then drawn up
+        front, with numpy, seeded like the rest: no traced function (~15 ms
+        of building per pipeline). Any element past them comes round robin
+        over the classes, so a miscount loses nothing.
 
     Returns:
       A dataset of the elements of ``datasets``, interleaved by weight: by
@@ -110,12 +116,16 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     members = [mapping[k].repeat() if on_exhausted == "repeat" else mapping[k] for k in keys]
     if block > 1:
         members = [m.batch(block) for m in members]
-    sampled = _sample(members, weights, keys, counts=counts, seed=seed, stop=on_exhausted == "stop")
+    if draws is not None:
+        require_int(DataError, "draws", draws, minimum=0)
+        draws = -(-draws // block)  # Choices: one per block.
+    sampled = _sample(members, weights, keys, counts=counts, seed=seed, stop=on_exhausted == "stop", choices=draws)
     return _compat.unbatch_dense(sampled) if block > 1 else sampled
 
 
 def _sample(members: list["tf.data.Dataset"], weights: Weights, keys: list[Any], *,
-            counts: Optional[Mapping[Any, int]], seed: Optional[int], stop: bool) -> "tf.data.Dataset":
+            counts: Optional[Mapping[Any, int]], seed: Optional[int], stop: bool,
+            choices: Optional[int] = None) -> "tf.data.Dataset":
     import tensorflow as tf
 
     if isinstance(weights, tf.Variable):
@@ -128,8 +138,22 @@ def _sample(members: list["tf.data.Dataset"], weights: Weights, keys: list[Any],
             lambda _: tf.cast(variable.read_value(), tf.float32) / tf.reduce_sum(variable))
         return tf.data.Dataset.sample_from_datasets(members, weights=live, seed=seed, stop_on_empty_dataset=stop)
     probabilities = resolve_weights(weights, counts=counts, classes=keys)  # type: ignore[arg-type]
-    return tf.data.Dataset.choose_from_datasets(members, class_choices([probabilities[k] for k in keys], seed=seed),
-                                                stop_on_empty_dataset=stop)
+    mix = [probabilities[k] for k in keys]
+    if choices is not None and choices <= _PLANNED_CHOICES:
+        picks = _planned_choices(mix, choices, seed=seed).concatenate(tf.data.Dataset.range(len(keys)).repeat())
+    else:
+        picks = class_choices(mix, seed=seed)
+    return tf.data.Dataset.choose_from_datasets(members, picks, stop_on_empty_dataset=stop)
+
+
+def _planned_choices(probabilities: Sequence[float], count: int, *, seed: Optional[int]) -> "tf.data.Dataset":
+    """``count`` class indices (int64) drawn with ``probabilities`` now, by numpy: a dataset of constants."""
+    import numpy as np
+    import tensorflow as tf
+
+    mix = np.asarray(probabilities, np.float64)
+    picks = np.random.default_rng(seed).choice(len(mix), size=count, p=mix / mix.sum())
+    return tf.data.Dataset.from_tensor_slices(tf.constant(picks, tf.int64))
 
 
 def class_choices(probabilities: Sequence[float], *, seed: Optional[int] = None) -> "tf.data.Dataset":

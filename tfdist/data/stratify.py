@@ -92,16 +92,38 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
     if natural and epoch.num_epochs is not None:
         # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
         per_class = {label: data.repeat(epoch.num_epochs) for label, data in per_class.items()}
+        mine = _natural_share(plans, index, counts, groups, listing, source)
         sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
-                                    block=sample.sample_block, on_exhausted="drop")
+                                    block=sample.sample_block, on_exhausted="drop",
+                                    draws=None if mine is None else mine * epoch.num_epochs)
         return sampled, f"stratified over {len(groups)} class shard groups, natural mix, each record once"
     # Any other mix re-draws small classes and leaves part of large ones unread in an epoch (its purpose).
+    draws = share * epoch.num_epochs if epoch.num_epochs is not None else None
     sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
-                                block=sample.sample_block)
-    sampled = sampled.take(share * epoch.num_epochs) if epoch.num_epochs is not None else sampled
+                                block=sample.sample_block, draws=draws)
+    sampled = sampled.take(draws) if draws is not None else sampled
     shown = {k: round(p, 3) for k, p in mix.items()} if isinstance(mix, dict) else mix  # A log line to read.
     kept = f", {len(held)} held in memory ({', '.join(held)})" if held else ""
     return sampled, f"stratified over {len(groups)} class shard groups, mix {shown}, {share} records per epoch{kept}"
+
+
+def _natural_share(plans: Mapping[str, Any], index: int, counts: Mapping[str, int], groups: Mapping[str, Group],
+                   listing: Listing, source: SourceOptions) -> Optional[int]:
+    """Records worker ``index`` reads in one natural pass over every class group, when the manifest tells.
+
+    Only a count the writer's manifest gives: a framing walk of this worker's files would cost more than the
+    sampler's choices it plans (stratified_sample's ``draws``).
+    """
+    total = 0
+    for label, plan in plans.items():
+        if plan.policy == "file":
+            known = listing.records(plan.files_for(index))
+            if known is None:
+                return None
+            total += known
+        else:
+            total += _pass_of(plan, index, counts[label], groups[label], listing, source).records
+    return total
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
