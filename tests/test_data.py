@@ -295,6 +295,38 @@ class CorruptTest(parameterized.TestCase):
         _write(good, b"")
         self.assertEqual((check_file(good).records, check_file(good).ok), (0, True))
 
+    def test_one_crc_pass_over_many_files_names_each_files_own_problem(self) -> None:
+        # check_files checks the length CRCs of all files at once; each report must stay with its file. The
+        # big file (over 1 MB) is memory-mapped, the small ones are read whole.
+        from tfdist.data._framing import check_files
+
+        root = self.create_tempdir().full_path
+        # Round robin over 3 shards: records 0, 3, 6, ... (the big ones) go to the first file.
+        paths = write_tfrecords([_example(i, i % 2, payload=b"x" * (40_000 if i % 3 == 0 else 10)) for i in range(90)],
+                                os.path.join(root, "m"), num_shards=3)
+        self.assertGreater(os.path.getsize(paths[0]), 1 << 20)
+        self.assertLess(os.path.getsize(paths[1]), 1 << 20)
+        expected = [check_file(p) for p in paths]
+        self.assertTrue(all(c.ok for c in expected))
+        for damaged in range(3):
+            data = bytearray(_read(paths[damaged]))
+            data[8] ^= 0x10  # The first record's length CRC.
+            _write(paths[damaged], bytes(data))
+            checks = check_files(paths, [None] * 3)
+            self.assertEqual([c.path for c in checks], paths)
+            for index, check in enumerate(checks):
+                if index == damaged:
+                    self.assertEqual((check.records, check.valid_bytes, check.ok), (0, 0, False))
+                    self.assertIn("corrupt record header at byte 0", check.problem)
+                else:
+                    self.assertEqual(check, expected[index])
+            _write(paths[damaged], bytes(data[:8]) + bytes([data[8] ^ 0x10]) + bytes(data[9:]))
+        _write(paths[1], _read(paths[1])[:-3])  # Truncated: the walk stops, no CRC is wrong.
+        checks = check_files(paths, [None] * 3)
+        self.assertEqual([c.ok for c in checks], [True, False, True])
+        self.assertEqual(checks[1].records, expected[1].records - 1)
+        self.assertIn("truncated record at byte", checks[1].problem)
+
 
 class PipelineTest(parameterized.TestCase):
 

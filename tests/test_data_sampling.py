@@ -66,6 +66,29 @@ class ClassChoicesTest(parameterized.TestCase):
         self.assertLess(len(stop), 40)
 
 
+    @parameterized.named_parameters(("repeat", "repeat", 1), ("repeat_blocks", "repeat", 4), ("drop", "drop", 4))
+    def test_choices_drawn_up_front_follow_the_mix_and_lose_nothing_past_them(self, exhausted: str,
+                                                                            block: int) -> None:
+        # draws: the choices are drawn up front (numpy, seeded). Past them, round robin: nothing is lost.
+        keys = {0: tf.data.Dataset.range(0, 6000), 1: tf.data.Dataset.range(10_000, 12_000)}
+        mix = {0: 0.75, 1: 0.25}
+        taken = list(stratified_sample(keys, mix, seed=2, on_exhausted=exhausted, block=block, draws=4000)
+                     .take(4000).as_numpy_iterator())
+        self.assertLen(taken, 4000)
+        self.assertAlmostEqual(sum(v < 10_000 for v in taken) / 4000, 0.75, delta=0.025)
+        again = list(stratified_sample(keys, mix, seed=2, on_exhausted=exhausted, block=block, draws=4000)
+                     .take(4000).as_numpy_iterator())
+        self.assertEqual(taken, again)  # The seed repeats the numpy draws.
+        if exhausted == "drop":  # Too few choices planned for both classes: the round robin drains the rest.
+            drained = list(stratified_sample(keys, mix, seed=2, on_exhausted="drop", block=block, draws=100)
+                           .as_numpy_iterator())
+            self.assertEqual(sorted(drained), list(range(6000)) + list(range(10_000, 12_000)))
+
+    def test_draws_must_be_a_count(self) -> None:
+        with self.assertRaisesRegex(DataError, "`draws`"):
+            stratified_sample([tf.data.Dataset.range(3)], "balanced", draws=-1)
+
+
 class StratifiedPipelineTest(parameterized.TestCase):
 
     def setUp(self) -> None:
