@@ -84,6 +84,29 @@ class ClassChoicesTest(parameterized.TestCase):
                            .as_numpy_iterator())
             self.assertEqual(sorted(drained), list(range(6000)) + list(range(10_000, 12_000)))
 
+    def test_choices_are_planned_only_with_a_seed_and_a_negative_seed_works(self) -> None:
+        from tfdist.data import sampling
+
+        keys = [tf.data.Dataset.range(0, 100), tf.data.Dataset.range(1000, 1100)]
+        with mock.patch.object(sampling, "_planned_choices", wraps=sampling._planned_choices) as planned:
+            seeded = list(stratified_sample(keys, [0.5, 0.5], seed=-1, draws=60).take(60).as_numpy_iterator())
+            self.assertEqual(planned.call_count, 1)
+            tf.random.set_seed(7)  # Unseeded: TF's global seed applies, through class_choices.
+            first = list(stratified_sample(keys, [0.5, 0.5], draws=60).take(60).as_numpy_iterator())
+            tf.random.set_seed(7)
+            again = list(stratified_sample(keys, [0.5, 0.5], draws=60).take(60).as_numpy_iterator())
+            self.assertEqual(planned.call_count, 1)
+        self.assertLen(seeded, 60)
+        self.assertEqual(first, again)
+
+    def test_past_the_planned_choices_a_class_of_weight_zero_stays_out(self) -> None:
+        # Class 1 is empty: its planned choices are skipped, so the round robin serves the rest; it must not
+        # bring in class 2 (weight 0) and must keep drawing class 0.
+        keys = [tf.data.Dataset.range(0, 10), tf.data.Dataset.range(0), tf.data.Dataset.range(500, 510)]
+        drawn = list(stratified_sample(keys, [0.5, 0.5, 0.0], seed=3, draws=100).take(100).as_numpy_iterator())
+        self.assertLen(drawn, 100)
+        self.assertTrue(all(v < 10 for v in drawn))
+
     def test_draws_must_be_a_count(self) -> None:
         with self.assertRaisesRegex(DataError, "`draws`"):
             stratified_sample([tf.data.Dataset.range(3)], "balanced", draws=-1)
@@ -286,28 +309,51 @@ class SequentialClassReadTest(parameterized.TestCase):
                                        atol=0.03)
 
     def test_class_groups_on_a_network_mount_keep_the_parallel_reader(self) -> None:
-        from tfdist.data import pipeline as pipeline_module
+        from tfdist.data import files as files_module
 
         prefix = os.path.join(self.create_tempdir().full_path, "t")
         write_tfrecords(_halving(1200), prefix, num_shards=5, partition_by="label")
         kwargs = {"class_weights": "balanced", "seed": 1, "num_epochs": 2}
         parallel = self._ids(f"{prefix}-*", num_parallel_reads=4, **kwargs)  # 16 // 4 classes, as 'autotune'.
-        with mock.patch.object(pipeline_module, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
+        with mock.patch.object(files_module, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
             self.assertEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
         self.assertNotEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
 
     def test_plain_local_files_keep_the_order_of_tfs_parallel_reader_without_its_threads(self) -> None:
-        from tfdist.data import pipeline as pipeline_module
+        from tfdist.data import files as files_module
+        from tfdist.data import reading
 
-        # 20 files of unequal length (the writer's last shards are shorter), more than the 16 read at once.
+        # 20 files of unequal length (the writer's first shards are longer), more than the 16 read at once.
         prefix = os.path.join(self.create_tempdir().full_path, "t")
         write_tfrecords(_halving(1203), prefix, num_shards=20)
-        local = self._ids(f"{prefix}-*")
+        with mock.patch.object(reading, "_how_to_read", wraps=reading._how_to_read) as how:
+            local = self._ids(f"{prefix}-*")
+        self.assertEqual(how.call_count, 1)
+        self.assertEqual(reading._how_to_read(*how.call_args.args, **how.call_args.kwargs), ("interleave", 16))
         self.assertEqual(local, self._ids(f"{prefix}-*", num_parallel_reads=16))  # TF's parallel reader.
         self.assertNotEqual(local, self._ids(f"{prefix}-*", num_parallel_reads=1))  # Not file after file.
         self.assertEqual(sorted(local), list(range(1203)))
-        with mock.patch.object(pipeline_module, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
+        with mock.patch.object(files_module, "on_local_disk", return_value=False):  # As if on NFS or gcsfuse.
             self.assertEqual(self._ids(f"{prefix}-*"), local)
+
+    @parameterized.named_parameters(
+        ("local_one_stream", 20, 1, "autotune", True, "file", ("interleave", 16)),
+        ("local_few_files", 3, 1, "autotune", True, "file", ("interleave", 3)),
+        ("local_one_file", 1, 1, "autotune", True, "file", ("sequential", 1)),
+        ("no_files", 0, 1, "autotune", True, "file", ("sequential", 1)),
+        ("local_class_groups", 20, 8, "autotune", True, "file", ("sequential", 1)),
+        ("local_class_groups_data", 20, 8, "autotune", True, "data", ("interleave", 2)),
+        ("remote_one_stream", 20, 1, "autotune", False, "file", ("parallel", 16)),
+        ("remote_class_groups", 20, 8, "autotune", False, "file", ("parallel", 2)),
+        ("explicit_reads", 20, 1, 4, True, "file", ("parallel", 4)),
+        ("explicit_reads_few_files", 2, 8, 4, True, "file", ("parallel", 2)))
+    def test_how_each_stream_reads(self, files: int, streams: int, reads: object, local: bool, policy: str,
+                                   expected: tuple) -> None:
+        from tfdist.data.options import TuningOptions
+        from tfdist.data.reading import _how_to_read
+
+        tuning = TuningOptions(num_parallel_reads=reads)  # type: ignore[arg-type]
+        self.assertEqual(_how_to_read([f"/d/{i}" for i in range(files)], streams, tuning, local, policy), expected)
 
     @parameterized.named_parameters(("file", "file"), ("data", "data"))
     def test_two_workers_read_every_record_once_under_the_natural_mix(self, policy: str) -> None:

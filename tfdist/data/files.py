@@ -48,6 +48,10 @@ _LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", 
 def on_local_disk(paths: Sequence[str], mountinfo: Optional[str] = None) -> bool:
     """Whether every path lies on a local file system, by the longest mount point in ``/proc/self/mountinfo``.
 
+    Each directory is resolved once (symbolic links included); a file that is
+    itself a link to another file system is judged by its directory. The
+    answer only chooses how to read (reader threads or not), never what.
+
     False for URLs (``s3://``, ``gs://``, ...), network and FUSE mounts, and wherever the mount table
     cannot be read (not Linux): callers then keep reading ahead in parallel.
 
@@ -69,8 +73,8 @@ def on_local_disk(paths: Sequence[str], mountinfo: Optional[str] = None) -> bool
         fields = line.split()
         if " - " in line and len(fields) > 4:
             mounts[fields[4].replace("\\040", " ")] = line.split(" - ", 1)[1].split()[0]
-    for path in paths:
-        path = os.path.realpath(path)
+    for directory in {os.path.dirname(path) or "." for path in paths}:  # Links are resolved per directory.
+        path = os.path.realpath(directory)
         points = [p for p in mounts if path == p or path.startswith(p.rstrip("/") + "/")]
         if not points or mounts[max(points, key=len)] not in _LOCAL_FILE_SYSTEMS:
             return False
@@ -131,6 +135,7 @@ class Listing:
     """The input files, sorted by path (the same on every worker)."""
 
     files: tuple[FileInfo, ...]
+    local: bool = False  # Every file on a local file system (on_local_disk, when listed): read without threads.
 
     @property
     def sizes(self) -> tuple[tuple[str, int], ...]:
@@ -166,9 +171,10 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     paths = sorted(set(p for p in paths if not p.endswith("-manifest.json")))
     if not paths:
         raise invalid(DataError, "files", list(patterns), "TFRecord files (only manifests matched)")
-    if all("://" not in p for p in paths):
+    local = all("://" not in p for p in paths) and on_local_disk(paths)
+    if local:
         directories, sizes = _local_sizes(paths)
-    else:
+    else:  # URLs, and network or FUSE mounts, where a stat can cost a round trip.
         directories = [p for p in paths if is_dir(p)]
         if not directories:
             with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:  # Overlaps round trips.
@@ -185,7 +191,7 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     infos = [_written_info(written.get(p, []), p, s) for p, s in zip(paths, sizes)]
     return Listing(files=tuple(FileInfo(path=p, size=s, records=info.get("records"), label=info.get("class"),
                                         record_bytes=_count_or_none(info.get("bytes")))
-                               for p, s, info in zip(paths, sizes, infos)))
+                               for p, s, info in zip(paths, sizes, infos)), local=local)
 
 
 def _local_sizes(paths: Sequence[str]) -> tuple[list[str], list[int]]:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Union
 
 from tfdist.data import _batching, _context, parsing, reading, stratify
-from tfdist.data.files import Listing, compression_of, list_files, on_local_disk
+from tfdist.data.files import Listing, compression_of, list_files
 from tfdist.data.options import (CORRUPT_POLICIES, VERIFY_MODES, EpochOptions, ParseOptions, SampleOptions,
                                  ShardOptions, SourceOptions, TuningOptions)
 from tfdist.data.sampling import Weights
@@ -110,9 +110,11 @@ class TFRecordPipeline:
         handles partial and uneven batches). When on, what is dropped is
         logged with its count.
       prefetch: Batches to prefetch, or 'autotune'.
-      num_parallel_reads: Files read at once, or 'autotune': up to 16 (TF's
-        parallel reader); stratified reading of local class groups reads each
-        group file by file, without reader threads.
+      num_parallel_reads: Files read at once (TF's parallel reader, with
+        reader threads), or 'autotune': up to 16 files in turn; on local file
+        systems without reader threads (the same record order), each class
+        group of stratified reading file by file; elsewhere (URLs, network or
+        FUSE mounts) TF's parallel reader, which reads ahead.
       cache: Cache the serialized records of one pass in memory (True) or in a
         file (a path in an existing directory); shuffling, augmentation and
         epochs still run anew on every pass. Not with stratified reading.
@@ -257,7 +259,7 @@ class TFRecordPipeline:
         listing = self.listing()
         groups = stratify.class_groups(listing, self.label_key) if self.class_weights is not None else {}
         reports: list[VerifyReport] = []
-        local = on_local_disk([info.path for info in listing.files])  # Once: the mount table is read per call.
+        local = listing.local  # From the listing: the mount table is read once per build.
 
         def read_share(plan: ShardPlan, index: int, streams: int = 1) -> Any:
             records, report = self._read(plan, index, listing, streams, on_server=self.data_service is not None,

@@ -1,4 +1,4 @@
-"""One worker's serialized records: its files, read in parallel, cut to its share by the shard plan.
+"""One worker's serialized records: its files, read (in parallel where that pays), cut to its share.
 
 Example:
     >>> from tfdist.data.sharding import plan_shards
@@ -39,18 +39,21 @@ def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
     return next(iter(kinds), "")
 
 
-def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, local: Optional[bool]) -> tuple[str, int]:
+def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, local: Optional[bool],
+                 policy: str) -> tuple[str, int]:
     """How one worker's stream reads its files, and how many it reads at once: the one place that decides.
 
-    - 'parallel': TF's parallel reader, ``reads`` files at once on reader threads (an int
-      ``num_parallel_reads``, and files on network or FUSE mounts or behind URLs under 'autotune':
-      there a read can cost a round trip, and threads read ahead). Under 'autotune', several streams
-      (class groups) share the 16 reads.
-    - 'interleave': local files under 'autotune', one stream: the same record order (one record per
-      file in turn, ``reads`` files open), without reader threads. On 2 cores busy decoding, the 16
-      reader threads only handed records between threads (BENCHMARKS.md).
-    - 'sequential': local files of one of several streams under 'autotune' (stratified class groups,
-      which the sampler pulls a few records at a time), or a single file: one file after the other.
+    - 'parallel': TF's parallel reader, ``reads`` files at once on reader threads: an int
+      ``num_parallel_reads``, and under 'autotune' files that are not local (URLs, network or FUSE
+      mounts, and pipelines that run elsewhere: ``local`` False), where threads that read ahead hide
+      round trips. Under 'autotune', several streams (class groups) share the 16 reads.
+    - 'interleave': local files under 'autotune': the same record order as 'parallel' (one record per
+      file in turn, ``reads`` files open, a file taking the slot of one that ended), without reader
+      threads: on 2 cores busy decoding they only handed records between threads (BENCHMARKS.md).
+      'data' sharding always reads this way or 'parallel', whatever the stream count, so every host
+      sees the same order and ``shard`` keeps each record once even when hosts see different mounts.
+    - 'sequential': local files of one of several streams (stratified class groups, which the sampler
+      pulls a few records at a time; not under 'data'), or a single file: one file after the other.
     """
     if tuning.num_parallel_reads != "autotune":
         return "parallel", max(1, min(len(paths), tuning.num_parallel_reads))  # type: ignore[type-var]
@@ -59,7 +62,9 @@ def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, loca
         local = on_local_disk(paths)
     if not local:
         return "parallel", reads
-    return ("sequential", 1) if streams > 1 or reads == 1 else ("interleave", reads)
+    if reads == 1 or (streams > 1 and policy != "data"):
+        return "sequential", 1
+    return "interleave", reads
 
 
 def _whole_files(file_names: Callable[[], Any], paths: Sequence[str], compression: str, how: str, reads: int,
@@ -67,7 +72,9 @@ def _whole_files(file_names: Callable[[], Any], paths: Sequence[str], compressio
     """Records of whole files TensorFlow opens itself, as :func:`_how_to_read` decided.
 
     An unshuffled sequential read takes the file names as one tensor: no traced function (~7 ms each; a
-    stratified pipeline builds one reader per class).
+    stratified pipeline builds one reader per class). The interleave opens each file with the bare reader:
+    ``TFRecordDataset`` there would nest a second function per file, which cost more than the reader
+    threads it replaces (BENCHMARKS.md).
     """
     import tensorflow as tf
 
@@ -85,7 +92,7 @@ def _whole_files(file_names: Callable[[], Any], paths: Sequence[str], compressio
 
 
 def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: ShardOptions,
-                 features: Mapping[str, Any] | None, epoch: EpochOptions, tuning: TuningOptions,
+                 features: Optional[Mapping[str, Any]], epoch: EpochOptions, tuning: TuningOptions,
                  limits: Mapping[str, int], streams: int = 1, on_server: bool = False,
                  local: Optional[bool] = None) -> Any:
     """The serialized records input pipeline ``worker`` reads, once (no repeat, no shuffle of records).
@@ -100,14 +107,16 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
       tuning: Parallel reads and determinism.
       limits: Damaged file -> records to take (from :func:`~tfdist.data.verify.verify_files`).
       streams: How many such streams the pipeline reads at once (one per
-        class group when stratifying): 'autotune' reads each stream's local
-        files one after the other, and splits its 16 parallel reads among
-        remote streams (8 classes x 16 files in flight, each with a 1 MB
-        buffer, read ~10% slower on 2 cores; BENCHMARKS.md).
+        class group when stratifying): under 'autotune' they share the 16
+        reads (8 classes x 16 remote files in flight, each with a 1 MB
+        buffer, read ~10% slower on 2 cores; BENCHMARKS.md), and local
+        class groups are read file by file (:func:`_how_to_read`).
       on_server: The pipeline runs in a TF server (the tf.data service), not
         here: ``s3://`` objects read through boto3 are staged there.
       local: Whether every file of the pipeline is on a local file system
         (:func:`~tfdist.data.files.on_local_disk`; None: looked up here).
+        Ignored (False) where the pipeline runs elsewhere: ``on_server``, or
+        a dataset built inside a traced function.
 
     Returns:
       A ``tf.data.Dataset`` of serialized records.
@@ -116,7 +125,9 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
 
     paths = list(worker_files(plan, worker))
     compression = _one_compression(paths, source)
-    how, reads = _how_to_read(paths, streams, tuning, local)
+    if on_server or not tf.executing_eagerly():
+        local = False  # Built here, read on other hosts (tf.data service, parameter-server workers): keep threads.
+    how, reads = _how_to_read(paths, streams, tuning, local, plan.policy)
     shuffled = bool(epoch.shuffle_buffer) and plan.policy != "data"
 
     def file_names() -> Any:  # Built only where needed: eager dataset ops cost ~1 ms each, per class group.

@@ -90,15 +90,18 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
         per element with blocks of 4. Shuffle afterwards to spread blocks, or
         keep 1 for a per-element mix.
       draws: How many elements the caller takes (e.g. with ``take``), when
-        known. Up to 262,144 choices (``draws / block``) are then drawn up
-        front, with numpy, seeded like the rest: no traced function (~15 ms
-        of building per pipeline). Any element past them comes round robin
-        over the classes, so a miscount loses nothing.
+        known. With a ``seed``, fixed weights and at most 262,144 choices
+        (``draws / block``), the choices are then drawn up front by numpy
+        (seeded by ``seed``): no traced function, ~15 ms less building per
+        pipeline. Past them the classes of weight > 0 come round robin (an
+        even mix), so a miscount loses nothing. Otherwise (no seed: TF's
+        global seed applies; a ``tf.Variable``; more choices) it is unused.
 
     Returns:
       A dataset of the elements of ``datasets``, interleaved by weight: by
-      ``choose_from_datasets`` over :func:`class_choices` for fixed weights,
-      by ``sample_from_datasets`` for a ``tf.Variable``.
+      ``choose_from_datasets`` over :func:`class_choices` (or the choices
+      planned for ``draws``) for fixed weights, by ``sample_from_datasets``
+      for a ``tf.Variable``.
     """
     if on_exhausted not in EXHAUSTED_POLICIES:
         raise invalid(DataError, "on_exhausted", on_exhausted, describe_choices(on_exhausted, EXHAUSTED_POLICIES))
@@ -139,21 +142,28 @@ def _sample(members: list["tf.data.Dataset"], weights: Weights, keys: list[Any],
         return tf.data.Dataset.sample_from_datasets(members, weights=live, seed=seed, stop_on_empty_dataset=stop)
     probabilities = resolve_weights(weights, counts=counts, classes=keys)  # type: ignore[arg-type]
     mix = [probabilities[k] for k in keys]
-    if choices is not None and choices <= _PLANNED_CHOICES:
-        picks = _planned_choices(mix, choices, seed=seed).concatenate(tf.data.Dataset.range(len(keys)).repeat())
-    else:
+    if choices is not None and seed is not None and choices <= _PLANNED_CHOICES:
+        picks = _planned_choices(mix, choices, seed=seed)
+    else:  # Unseeded: Dataset.random follows TF's global seed (tf.random.set_seed), as it always did.
         picks = class_choices(mix, seed=seed)
     return tf.data.Dataset.choose_from_datasets(members, picks, stop_on_empty_dataset=stop)
 
 
-def _planned_choices(probabilities: Sequence[float], count: int, *, seed: Optional[int]) -> "tf.data.Dataset":
-    """``count`` class indices (int64) drawn with ``probabilities`` now, by numpy: a dataset of constants."""
+def _planned_choices(probabilities: Sequence[float], count: int, *, seed: int) -> "tf.data.Dataset":
+    """``count`` class indices (int64) drawn now by numpy with ``probabilities``, then round robin forever.
+
+    The round robin runs over the classes of weight > 0 only: past the planned
+    choices the mix is even over them, and every such class is still drained.
+    """
     import numpy as np
     import tensorflow as tf
 
     mix = np.asarray(probabilities, np.float64)
-    picks = np.random.default_rng(seed).choice(len(mix), size=count, p=mix / mix.sum())
-    return tf.data.Dataset.from_tensor_slices(tf.constant(picks, tf.int64))
+    rng = np.random.default_rng(seed % (1 << 64))  # Seeds may be negative (as TF's); numpy takes them mod 2**64.
+    picks = rng.choice(len(mix), size=count, p=mix / mix.sum())
+    drawn = tf.data.Dataset.from_tensor_slices(tf.constant(picks, tf.int64))
+    return drawn.concatenate(tf.data.Dataset.from_tensor_slices(tf.constant(np.flatnonzero(mix > 0), tf.int64))
+                             .repeat())
 
 
 def class_choices(probabilities: Sequence[float], *, seed: Optional[int] = None) -> "tf.data.Dataset":

@@ -109,10 +109,12 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
 
 def _natural_share(plans: Mapping[str, Any], index: int, counts: Mapping[str, int], groups: Mapping[str, Group],
                    listing: Listing, source: SourceOptions) -> Optional[int]:
-    """Records worker ``index`` reads in one natural pass over every class group, when the manifest tells.
+    """Records worker ``index`` reads in one natural pass over every class group; None when not known cheaply.
 
-    Only a count the writer's manifest gives: a framing walk of this worker's files would cost more than the
-    sampler's choices it plans (stratified_sample's ``draws``).
+    Under 'file' sharding only the writer's manifest counts (a framing walk of this worker's files would
+    cost more than the traced function the planned choices save); under 'data'/'off' the group counts
+    already taken (manifest or walk) give it. A wrong count loses nothing: past the planned choices,
+    stratified_sample drains every class round robin.
     """
     total = 0
     for label, plan in plans.items():
