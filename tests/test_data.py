@@ -362,6 +362,22 @@ class PipelineTest(parameterized.TestCase):
         self.assertNotIn("label", x)
         self.assertTrue(0.0 <= float(tf.reduce_min(x["image"])) <= float(tf.reduce_max(x["image"])) <= 1.0)
 
+    @parameterized.named_parameters(("scalar", []), ("one_value", [1]))
+    def test_batched_decoding_gives_the_pixels_of_a_per_image_chain(self, shape: list) -> None:
+        # Per batch: decode and resize each image, then one / 255 for the batch; the pixels must be the
+        # chain's (decode, resize, / 255 per image). A [1]-shaped bytes feature is reshaped per image.
+        prefix = os.path.join(self.create_tempdir().full_path, "px")
+        rng = np.random.default_rng(0)
+        jpegs = [tf.io.encode_jpeg(rng.integers(0, 255, (24 + i, 20, 3), np.uint8)).numpy() for i in range(6)]
+        write_tfrecords([_example(i, 0, image=jpegs[i]) for i in range(6)], prefix, num_shards=1)
+        features = dict(FEATURES, image=tf.io.FixedLenFeature(shape, tf.string))
+        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=6, image_key="image",
+                                    image_size=(12, 10))
+        batch = next(iter(pipeline.dataset()))
+        expected = [tf.image.resize(tf.io.decode_jpeg(jpegs[i], channels=3), (12, 10)) / 255.0
+                    for i in batch["id"].numpy()]
+        np.testing.assert_array_equal(batch["image"].numpy(), np.stack(expected))
+
     def test_parse_fn_and_epochs(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "p")
         write_tfrecords(_skewed(50), prefix, num_shards=1)

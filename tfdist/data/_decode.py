@@ -31,18 +31,24 @@ def key_mask(key: str, spec: Any, buckets: int, index: int) -> Callable[[Any], A
     return keep
 
 
-def image_decoder(image_key: str, size: tuple[int, int], augment: bool,
-                  seed: Optional[int]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-    """Decodes ``image_key`` (JPEG or PNG bytes) to float32 in [0, 1] of ``size``."""
+def image_decoder(image_key: str, size: tuple[int, int], augment: bool, seed: Optional[int], *,
+                  scale: bool = True) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """Decodes ``image_key`` (JPEG or PNG bytes) to float32 of ``size``: in [0, 1], or [0, 255] without ``scale``.
+
+    Only the ops each image needs: a scalar string is decoded as it is (no
+    reshape), and a batch decoder leaves ``/ 255`` to one op per batch.
+    """
     import tensorflow as tf
 
     def decode(features: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(features)
-        image = tf.io.decode_image(tf.reshape(features[image_key], []), channels=3, expand_animations=False)
+        data = features[image_key]
+        data = data if data.shape.rank == 0 else tf.reshape(data, [])
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
         image = tf.image.resize(image, size)  # float32
         if augment:
             image = tf.image.random_flip_left_right(image, seed=seed)
-        out[image_key] = image / 255.0
+        out[image_key] = image / 255.0 if scale else image
         return out
 
     return decode

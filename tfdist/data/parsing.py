@@ -43,10 +43,11 @@ def parse_batch(records: Any, parse: ParseOptions, *, seed: Optional[int]) -> An
 
     features = tf.io.parse_example(records, parse.features)
     if parse.image_key is not None:
-        decode = _decode.image_decoder(parse.image_key, parse.image_size, parse.augment, seed)  # type: ignore
+        decode = _decode.image_decoder(parse.image_key, parse.image_size, parse.augment, seed,  # type: ignore
+                                       scale=False)
         key = parse.image_key
         features[key] = tf.map_fn(lambda image: decode({key: image})[key], features[key],
-                                  fn_output_signature=tf.float32)
+                                  fn_output_signature=tf.float32) / 255.0  # One op per batch, not per image.
     return features
 
 
