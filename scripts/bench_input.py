@@ -64,7 +64,8 @@ def _order(names: list[str], repeat: int) -> list[str]:
     over all nine let one side of a pair run slow and the other fast.
     """
     others = [n for n in names if not any(n in triple for triple in _TRIPLES)]
-    triples = [t for t in ([n for n in triple if n in names] for triple in _TRIPLES) if t] + ([others] if others else [])
+    triples = [t for t in ([n for n in triple if n in names] for triple in _TRIPLES) if t]
+    triples += [others] if others else []
     shift = repeat % len(triples)
     ordered = triples[shift:] + triples[:shift]
     return [n for triple in ordered for n in (triple[::-1] if repeat % 2 else triple)]
@@ -144,6 +145,13 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
             "sqrt": pipeline(part, class_weights="sqrt", seed=0)}
 
 
+def _raw(runs: dict[str, list[float]], cpu: dict[str, list[float]],
+         build: dict[str, list[float]]) -> dict[str, Any]:
+    """Every run of every variant (``--variants``): records/s, CPU s per 1,000 records, build CPU ms."""
+    return {k: {"records_per_s": [round(x) for x in v], "cpu_s_per_1k_records": [round(x, 4) for x in cpu[k]],
+                "build_cpu_ms": [round(x) for x in build[k]]} for k, v in runs.items()}
+
+
 def _summary(runs: dict[str, list[float]], cpu: dict[str, list[float]],
              build: dict[str, list[float]]) -> dict[str, Any]:
     rates = {name: {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v)),
@@ -219,10 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
         "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size], cpu[size], build[size])
                                                           if not args.variants else
-                                                          {k: {"records_per_s": [round(x) for x in v],
-                                                               "cpu_s_per_1k_records": [round(x, 4) for x in cpu[size][k]],
-                                                               "build_cpu_ms": [round(x) for x in build[size][k]]}
-                                                           for k, v in runs[size].items()})
+                                                          _raw(runs[size], cpu[size], build[size]))
                   for size in sizes}}
     if args.s3:
         report["s3"] = _bench_s3(_write(work, args.num, sizes[0])[0], args.batch, args.repeats)
