@@ -187,13 +187,16 @@ def _checked(walks: list[Any]) -> list[FileCheck]:
     """FileChecks for ``walks`` (each a FileCheck already, or a :class:`_Walked`): one CRC pass over all headers."""
     import numpy as np
 
-    pending = [w for w in walks if isinstance(w, _Walked) and len(w.offsets)]
-    bad = _bad_crcs(np.concatenate([w.rows for w in pending])) if pending else np.zeros(0, bool)
-    found, start = {}, 0
-    for walk in pending:
-        found[id(walk)] = walk.check(bad[start:start + len(walk.offsets)])
+    rows = [w.rows for w in walks if isinstance(w, _Walked) and len(w.offsets)]
+    bad = _bad_crcs(np.concatenate(rows)) if rows else np.zeros(0, bool)
+    checks, start = [], 0
+    for walk in walks:  # In order: each walk's headers are the next len(offsets) rows.
+        if isinstance(walk, FileCheck):
+            checks.append(walk)
+            continue
+        checks.append(walk.check(bad[start:start + len(walk.offsets)]))
         start += len(walk.offsets)
-    return [w if isinstance(w, FileCheck) else found.get(id(w)) or w.check(bad[:0]) for w in walks]
+    return checks
 
 
 def first_record(path: str, *, check_data: bool = False) -> Optional[bytes]:
