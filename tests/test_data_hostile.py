@@ -216,12 +216,34 @@ class PipelineErrorsTest(parameterized.TestCase):
         ("cache_type", {"cache": 3}, "`cache`"),
         ("image_size", {"image_key": "id", "image_size": (10**9, 2)}, "`image_size`"),
         ("features_type", {"features": ["id"]}, "`features`"),
+        ("deterministic", {"deterministic": "no"}, "`deterministic`. Received: 'no'. Expected True or False"),
+        ("drop_remainder", {"drop_remainder": 1}, "`drop_remainder`. Received: 1"),
+        ("as_supervised", {"as_supervised": None}, "`as_supervised`. Received: None"),
+        ("autotune_model", {"autotune_model": "on"}, "`autotune_model`. Received: 'on'"),
+        ("budget_without_model", {"autotune_model": False, "ram_budget_bytes": 1 << 30},
+         "`autotune_model`. Received: False. Expected True or None with ram_budget_bytes"),
     )
     def test_absurd_values_are_bounded(self, overrides: dict, message: str) -> None:
         kwargs = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
         kwargs.update(overrides)
         with pytest.raises(DataError, match=message):
             TFRecordPipeline(**kwargs)
+
+    def test_autotuning_model_off_unless_asked(self) -> None:
+        """TF's autotuning model stalls iterator deletion (TuningOptions): off by default, on when asked or
+        when a RAM budget needs it; the pipeline still reads everything either way."""
+        base = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
+        cases = {"default": ({}, False, None), "asked": ({"autotune_model": True}, True, None),
+                 "budget": ({"ram_budget_bytes": 1 << 30}, True, 1 << 30)}
+        for name, (extra, enabled, budget) in cases.items():
+            with self.subTest(name):
+                dataset = TFRecordPipeline(**base, **extra).dataset()
+                options = dataset.options()
+                self.assertIs(options.autotune.enabled, enabled)
+                if budget is not None:
+                    self.assertEqual(options.autotune.ram_budget, budget)
+                ids = [int(i) for batch in dataset for i in batch["id"]]
+                self.assertEqual(sorted(ids), list(range(50)))
 
     def test_compression_given_right_reads_everything(self) -> None:
         self.assertEqual(sorted(_ids(f"{self.gz}-*", compression="GZIP")), list(range(50)))

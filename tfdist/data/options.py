@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 from tfdist._names import describe_choices
 from tfdist.data.sampling import Weights
 from tfdist.data.sharding import SHARD_POLICIES
-from tfdist.errors import DataError, invalid, require_int
+from tfdist.errors import DataError, invalid, require_int, require_type
 
 __all__ = ["SourceOptions", "ShardOptions", "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions",
            "CORRUPT_POLICIES", "VERIFY_MODES", "COMPRESSION_CHOICES"]
@@ -95,6 +95,7 @@ class ParseOptions:
     as_supervised: bool = False
 
     def __post_init__(self) -> None:
+        _require_bools(self, "augment", "as_supervised")
         if (self.features is None) == (self.parse_fn is None):
             raise invalid(DataError, "features", self.features, "exactly one of `features` and `parse_fn`",
                           "Pass a feature spec dict, or a parse function of one serialized record.")
@@ -143,6 +144,7 @@ class EpochOptions:
     drop_remainder: bool = False
 
     def __post_init__(self) -> None:
+        _require_bools(self, "drop_remainder")
         require_int(DataError, "batch_size", self.batch_size, minimum=1, maximum=MAX_BATCH)
         if self.num_epochs is not None:
             require_int(DataError, "num_epochs", self.num_epochs, minimum=1)
@@ -153,7 +155,15 @@ class EpochOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TuningOptions:
-    """Where and how fast: tf.data service, determinism, prefetch, parallel reads, cache, threads, RAM."""
+    """Where and how fast: tf.data service, determinism, prefetch, parallel reads, cache, threads, autotuning, RAM.
+
+    ``autotune_model`` (None: on only with ``ram_budget_bytes``) runs tf.data's autotuning model for the
+    pipeline: a background thread that re-tunes parallelism and buffers and enforces the RAM budget.
+    Off, every ``"autotune"`` parallelism starts and stays at min(16, cores), TF's own starting value, and
+    prefetch buffers still grow by themselves. It is off by default because of a stall in TF 2.17-2.21:
+    deleting an iterator (each epoch of ``fit``, each ``evaluate``) then waits out the model's current
+    optimization period in about half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
+    """
 
     data_service: Optional[str] = None
     deterministic: bool = True
@@ -162,8 +172,12 @@ class TuningOptions:
     cache: Union[bool, str] = False
     private_threadpool_size: int = 0
     ram_budget_bytes: Optional[int] = None
+    autotune_model: Optional[bool] = None
 
     def __post_init__(self) -> None:
+        _require_bools(self, "deterministic")
+        if self.autotune_model is not None:
+            _require_bools(self, "autotune_model")
         if self.data_service is not None and not (isinstance(self.data_service, str) and re.match(
                 r"^grpc(\+local)?://[^/]+:\d+$", self.data_service)):
             raise invalid(DataError, "data_service", self.data_service, "'grpc://host:port' of a dispatcher")
@@ -175,5 +189,20 @@ class TuningOptions:
                     maximum=MAX_THREADS)
         if self.ram_budget_bytes is not None:
             require_int(DataError, "ram_budget_bytes", self.ram_budget_bytes, minimum=1)
+            if self.autotune_model is False:
+                raise invalid(DataError, "autotune_model", False, "True or None with ram_budget_bytes",
+                              "TF enforces the RAM budget in its autotuning model: drop ram_budget_bytes, or "
+                              "leave autotune_model unset.")
         if not isinstance(self.cache, (bool, str)) or self.cache == "":
             raise invalid(DataError, "cache", self.cache, "True (memory), False, or a file path")
+
+    @property
+    def model(self) -> bool:
+        """Whether tf.data's autotuning model runs: as asked, else only to enforce ``ram_budget_bytes``."""
+        return self.autotune_model if self.autotune_model is not None else self.ram_budget_bytes is not None
+
+
+def _require_bools(options: Any, *names: str) -> None:
+    """Raises DataError for the first of ``names`` whose value is not True or False."""
+    for name in names:
+        require_type(DataError, name, getattr(options, name), bool, "True or False")

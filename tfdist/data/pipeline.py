@@ -119,7 +119,13 @@ class TFRecordPipeline:
         file (a path in an existing directory); shuffling, augmentation and
         epochs still run anew on every pass. Not with stratified reading.
       private_threadpool_size: tf.data threads for this pipeline (0: shared).
-      ram_budget_bytes: Autotune RAM budget (None: TF's default).
+      ram_budget_bytes: RAM budget of tf.data's autotuning model (None: TF's
+        default); setting it turns the model on.
+      autotune_model: Run tf.data's autotuning model (None: only with
+        ram_budget_bytes). Off, "autotune" parallelism is min(16, cores) and
+        prefetch buffers still grow by themselves; on, deleting an iterator
+        (every epoch of ``fit``) can wait up to 60 s on TF 2.17-2.21
+        (:class:`~tfdist.data.options.TuningOptions`).
     """
 
     files: Union[str, Sequence[str]]
@@ -150,6 +156,7 @@ class TFRecordPipeline:
     cache: Union[bool, str] = False
     private_threadpool_size: int = 0
     ram_budget_bytes: Optional[int] = None
+    autotune_model: Optional[bool] = None
     source: SourceOptions = dataclasses.field(init=False, repr=False, compare=False)
     sharding: ShardOptions = dataclasses.field(init=False, repr=False, compare=False)
     parsing: ParseOptions = dataclasses.field(init=False, repr=False, compare=False)
@@ -170,7 +177,7 @@ class TFRecordPipeline:
             "tuning": TuningOptions(data_service=self.data_service, deterministic=self.deterministic,
                                     prefetch=self.prefetch, num_parallel_reads=self.num_parallel_reads,
                                     cache=self.cache, private_threadpool_size=self.private_threadpool_size,
-                                    ram_budget_bytes=self.ram_budget_bytes),
+                                    ram_budget_bytes=self.ram_budget_bytes, autotune_model=self.autotune_model),
             "parsing": ParseOptions(features=self.features, parse_fn=self.parse_fn, label_key=self.label_key,
                                     image_key=self.image_key, image_size=self.image_size, augment=self.augment,
                                     as_supervised=self.as_supervised),
@@ -360,6 +367,8 @@ class TFRecordPipeline:
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = self.deterministic
         options.threading.private_threadpool_size = self.private_threadpool_size
+        # Off unless asked: with the model on, deleting an iterator can wait up to 60 s (TuningOptions).
+        options.autotune.enabled = self.tuning.model
         if self.ram_budget_bytes:
             options.autotune.ram_budget = self.ram_budget_bytes
         dataset = dataset.with_options(options)
