@@ -163,6 +163,11 @@ class TuningOptions:
     prefetch buffers still grow by themselves. It is off by default because of a stall in TF 2.17-2.21:
     deleting an iterator (each epoch of ``fit``, each ``evaluate``) then waits out the model's current
     optimization period in about half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
+
+    ``max_intra_op_parallelism`` (TF's ``threading.max_intra_op_parallelism``; 0: all cores) is 1 by
+    default: each op of the pipeline runs in the thread that calls it, and the cores are kept busy by the
+    parallel batches of the parse-and-decode map, as TF's tf.data guide advises. With more, one batch's
+    ``parse_example`` was split over the other threads and cost ~2% of the throughput (BENCHMARKS.md).
     """
 
     data_service: Optional[str] = None
@@ -173,6 +178,7 @@ class TuningOptions:
     private_threadpool_size: int = 0
     ram_budget_bytes: Optional[int] = None
     autotune_model: Optional[bool] = None
+    max_intra_op_parallelism: int = 1
 
     def __post_init__(self) -> None:
         _require_bools(self, "deterministic")
@@ -186,6 +192,8 @@ class TuningOptions:
             if value != "autotune":
                 require_int(DataError, name, value, minimum=1, maximum=MAX_THREADS)
         require_int(DataError, "private_threadpool_size", self.private_threadpool_size, minimum=0,
+                    maximum=MAX_THREADS)
+        require_int(DataError, "max_intra_op_parallelism", self.max_intra_op_parallelism, minimum=0,
                     maximum=MAX_THREADS)
         if self.ram_budget_bytes is not None:
             require_int(DataError, "ram_budget_bytes", self.ram_budget_bytes, minimum=1)

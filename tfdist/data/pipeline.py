@@ -119,6 +119,8 @@ class TFRecordPipeline:
         file (a path in an existing directory); shuffling, augmentation and
         epochs still run anew on every pass. Not with stratified reading.
       private_threadpool_size: tf.data threads for this pipeline (0: shared).
+      max_intra_op_parallelism: Threads one op of the pipeline may use (0:
+        all cores). 1 by default: the parallel batches keep the cores busy.
       ram_budget_bytes: RAM budget of tf.data's autotuning model (None: TF's
         default); setting it turns the model on.
       autotune_model: Run tf.data's autotuning model (None: only with
@@ -157,6 +159,7 @@ class TFRecordPipeline:
     private_threadpool_size: int = 0
     ram_budget_bytes: Optional[int] = None
     autotune_model: Optional[bool] = None
+    max_intra_op_parallelism: int = 1
     source: SourceOptions = dataclasses.field(init=False, repr=False, compare=False)
     sharding: ShardOptions = dataclasses.field(init=False, repr=False, compare=False)
     parsing: ParseOptions = dataclasses.field(init=False, repr=False, compare=False)
@@ -177,7 +180,8 @@ class TFRecordPipeline:
             "tuning": TuningOptions(data_service=self.data_service, deterministic=self.deterministic,
                                     prefetch=self.prefetch, num_parallel_reads=self.num_parallel_reads,
                                     cache=self.cache, private_threadpool_size=self.private_threadpool_size,
-                                    ram_budget_bytes=self.ram_budget_bytes, autotune_model=self.autotune_model),
+                                    ram_budget_bytes=self.ram_budget_bytes, autotune_model=self.autotune_model,
+                                    max_intra_op_parallelism=self.max_intra_op_parallelism),
             "parsing": ParseOptions(features=self.features, parse_fn=self.parse_fn, label_key=self.label_key,
                                     image_key=self.image_key, image_size=self.image_size, augment=self.augment,
                                     as_supervised=self.as_supervised),
@@ -367,6 +371,7 @@ class TFRecordPipeline:
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = self.deterministic
         options.threading.private_threadpool_size = self.private_threadpool_size
+        options.threading.max_intra_op_parallelism = self.max_intra_op_parallelism
         # Off unless asked: with the model on, deleting an iterator can wait up to 60 s (TuningOptions).
         options.autotune.enabled = self.tuning.model
         if self.ram_budget_bytes:
