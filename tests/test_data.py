@@ -328,6 +328,34 @@ class CorruptTest(parameterized.TestCase):
         self.assertIn("truncated record at byte", checks[1].problem)
 
 
+    def test_headers_read_one_pread_each_match_the_mapped_walk(self) -> None:
+        # Files whose first record is 16 KB or more are walked by pread (one page fault per header saved); the
+        # walk must find the same offsets, header bytes, record count and problem as through a memory map.
+        import mmap
+
+        from tfdist.data import _framing
+
+        path = write_tfrecords([_example(i, i % 2, payload=b"y" * 20_000) for i in range(60)],
+                               os.path.join(self.create_tempdir().full_path, "p"), num_shards=1)[0]
+        sound = _read(path)
+        self.assertGreater(len(sound), 1 << 20)
+        variants = {"sound": sound, "truncated_record": sound[:-7], "truncated_header": sound + b"\0" * 5,
+                    "bad_crc": sound[:8] + bytes([sound[8] ^ 1]) + sound[9:]}
+        for name, data in variants.items():
+            with self.subTest(name):
+                _write(path, data)
+                with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    by_map = _framing._walk(mapped, path)
+                    by_reads = _framing._walk_reads(f.fileno(), len(data), path)
+                self.assertEqual((by_reads.records, by_reads.end, by_reads.problem),
+                                 (by_map.records, by_map.end, by_map.problem))
+                self.assertEqual(by_reads.offsets.tolist(), by_map.offsets.tolist())
+                self.assertEqual(by_reads.rows.tolist(), by_map.rows.tolist())
+                self.assertEqual(check_file(path), _framing._checked([by_map])[0])  # check_file takes the pread walk.
+        self.assertEqual(check_file(path).problem, "corrupt record header at byte 0 (is this a TFRecord file, and is "
+                                                   "its compression set right?)")
+
+
 class PipelineTest(parameterized.TestCase):
 
     def test_a_cache_replays_the_records_not_one_shuffled_order(self) -> None:

