@@ -7,8 +7,8 @@ For each image size it writes 8,000 synthetic JPEGs (8 classes whose frequencies
 next; scripts/make_synthetic_images.py) twice: in 16 files, and with
 ``write_tfrecords(..., num_shards=16, partition_by="label")`` (16 files per class). Images are decoded and
 resized to ``scale`` x size. Then, ``--repeats`` times, it runs every variant of every size once, one after
-the other, each ratio's two variants back to back, in an order that rotates and reverses by repeat (so
-drift and slow spells of the machine hit both sides of a ratio alike; see ``_order``):
+the other, each goal's two variants back to back, in an order that rotates and reverses by repeat (so
+drift and slow spells hit both sides of a ratio alike; see ``_order``):
 
   seed_style          TFRecordDataset(files) read sequentially, then separate AUTOTUNE maps: parse, decode,
                       resize, scale; batch; prefetch (the pipeline the project's seeds show), with TF's
@@ -19,7 +19,7 @@ drift and slow spells of the machine hit both sides of a ratio alike; see ``_ord
                       the limit into the ops any pipeline with this output must run. These in-memory limits
                       run with tf.data's autotuning model off: with it, deleting the iterator at the end of
                       the epoch waits out the model's optimization period in about half the runs (up to
-                      ~0.6 s here), which is not decoding;
+                      2.5 s here), which is not decoding;
   tfdist              TFRecordPipeline(image_key=..., image_size=...) with its defaults, on the 16 files;
   partitioned_plain   the same, on the partitioned files;
   balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
@@ -57,25 +57,26 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
 }
 
 
-# Each ratio's two variants run back to back: the middle one of a triple sits next to both its partners.
-_TRIPLES = (("seed_style", "tfdist", "decode_limit"), ("balanced", "partitioned_plain", "sqrt"),
-            ("decode_limit_per_element", "decode_only", "decode_resize", "seed_style_no_model"))
+# Each goal's two variants run back to back: in each group, the variant a goal is about sits next to both
+# of its partners (seed_style_no_model, shown without a goal, runs one place from tfdist).
+_GROUPS = (("seed_style_no_model", "seed_style", "tfdist", "decode_limit"), ("balanced", "partitioned_plain", "sqrt"),
+           ("decode_limit_per_element", "decode_only", "decode_resize"))
 _STALL_MS = 50  # An iterator deletion slower than this waited on tf.data's autotuning model.
 
 
 def _order(names: list[str], repeat: int) -> list[str]:
-    """The run order of one repeat: the triples, rotated by repeat, each reversed on odd repeats.
+    """The run order of one repeat: the groups, rotated by repeat, each reversed on odd repeats.
 
-    This VM sometimes runs at half speed for tens of seconds (another guest on the host): variants run
-    next to each other mostly share such a spell, so their paired ratio survives it; a rotating order
-    over all nine let one side of a pair run slow and the other fast.
+    What slows one run down (warm-up, another guest on the host, a stalled iterator deletion) mostly hits
+    its neighbours too, so a ratio of two variants run next to each other survives it; a rotating order
+    over all variants let one side of a pair run slow and the other fast.
     """
-    others = [n for n in names if not any(n in triple for triple in _TRIPLES)]
-    triples = [t for t in ([n for n in triple if n in names] for triple in _TRIPLES) if t]
-    triples += [others] if others else []
-    shift = repeat % len(triples)
-    ordered = triples[shift:] + triples[:shift]
-    return [n for triple in ordered for n in (triple[::-1] if repeat % 2 else triple)]
+    others = [n for n in names if not any(n in group for group in _GROUPS)]
+    groups = [g for g in ([n for n in group if n in names] for group in _GROUPS) if g]
+    groups += [others] if others else []
+    shift = repeat % len(groups)
+    ordered = groups[shift:] + groups[:shift]
+    return [n for group in ordered for n in (group[::-1] if repeat % 2 else group)]
 
 
 def _records_per_s(make: Callable[[], Any]) -> tuple[float, float, float, float]:
@@ -214,7 +215,8 @@ def _table(report: dict[str, Any]) -> str:
         for s in sizes.values()) + " |" for n in _RATIOS]
     return ("records/s, median (min–max); CPU s per 1,000 records (median); build CPU ms (median); "
             f"iterator deletions over {_STALL_MS} ms (the slowest)\n\n" + head + "\n".join(rows)
-            + "\n\nratios, median of paired runs (min–max; bold: the goal is met); CPU: median of the paired CPU-per-record ratios\n\n" + head + "\n".join(ratios) + "\n\n")
+            + "\n\nratios, median of paired runs (min–max; bold: the goal is met); "
+            "CPU: median of the paired CPU-per-record ratios\n\n" + head + "\n".join(ratios) + "\n\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -441,11 +442,21 @@ class PipelineTest(parameterized.TestCase):
     def test_data_service_gives_each_record_once(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "svc")
         write_tfrecords(_skewed(300), prefix, num_shards=3)
-        with LocalDataService(num_workers=2) as service:
+        handed: list = []  # The options of the graph the service's workers run (set before `distribute`).
+        real = tf.data.experimental.service.distribute
+
+        def distribute(*args, **kwargs):
+            apply = real(*args, **kwargs)
+            return lambda dataset: handed.append(dataset.options()) or apply(dataset)
+
+        with LocalDataService(num_workers=2) as service, \
+                mock.patch.object(tf.data.experimental.service, "distribute", distribute):
             pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=10,
                                         data_service=service.address, drop_remainder=False)
             ids = [int(v) for b in pipeline.dataset() for v in b["id"].numpy()]
         self.assertEqual(sorted(ids), list(range(300)))
+        self.assertEqual(len(handed), 1)
+        self.assertIs(handed[0].autotune.enabled, False)
 
 
 class ReportTest(parameterized.TestCase):

@@ -159,15 +159,11 @@ class TuningOptions:
 
     ``autotune_model`` (None: on only with ``ram_budget_bytes``) runs tf.data's autotuning model for the
     pipeline: a background thread that re-tunes parallelism and buffers and enforces the RAM budget.
-    Off, every ``"autotune"`` parallelism starts and stays at min(16, cores), TF's own starting value, and
-    prefetch buffers still grow by themselves. It is off by default because of a stall in TF 2.17-2.21:
+    Off, every ``"autotune"`` parallelism starts and stays at min(16, the size of the tf.data thread pool:
+    the cores, or ``private_threadpool_size``), TF's own starting value, and prefetch buffers still grow by
+    themselves. It is off by default because of a stall in TF 2.17-2.21:
     deleting an iterator (each epoch of ``fit``, each ``evaluate``) then waits out the model's current
     optimization period in about half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
-
-    ``max_intra_op_parallelism`` (TF's ``threading.max_intra_op_parallelism``; 0: all cores) is 1 by
-    default: each op of the pipeline runs in the thread that calls it, and the cores are kept busy by the
-    parallel batches of the parse-and-decode map, as TF's tf.data guide advises. With more, one batch's
-    ``parse_example`` was split over the other threads and cost ~2% of the throughput (BENCHMARKS.md).
     """
 
     data_service: Optional[str] = None
@@ -178,7 +174,6 @@ class TuningOptions:
     private_threadpool_size: int = 0
     ram_budget_bytes: Optional[int] = None
     autotune_model: Optional[bool] = None
-    max_intra_op_parallelism: int = 1
 
     def __post_init__(self) -> None:
         _require_bools(self, "deterministic")
@@ -193,8 +188,6 @@ class TuningOptions:
                 require_int(DataError, name, value, minimum=1, maximum=MAX_THREADS)
         require_int(DataError, "private_threadpool_size", self.private_threadpool_size, minimum=0,
                     maximum=MAX_THREADS)
-        require_int(DataError, "max_intra_op_parallelism", self.max_intra_op_parallelism, minimum=0,
-                    maximum=MAX_THREADS)
         if self.ram_budget_bytes is not None:
             require_int(DataError, "ram_budget_bytes", self.ram_budget_bytes, minimum=1)
             if self.autotune_model is False:
@@ -205,12 +198,18 @@ class TuningOptions:
             raise invalid(DataError, "cache", self.cache, "True (memory), False, or a file path")
 
     @property
-    def model(self) -> bool:
-        """Whether tf.data's autotuning model runs: as asked, else only to enforce ``ram_budget_bytes``."""
+    def autotune_enabled(self) -> bool:
+        """Whether tf.data's autotuning model runs: as asked, else only to enforce ``ram_budget_bytes``.
+
+        Example:
+            >>> TuningOptions().autotune_enabled, TuningOptions(ram_budget_bytes=1 << 30).autotune_enabled
+            (False, True)
+        """
         return self.autotune_model if self.autotune_model is not None else self.ram_budget_bytes is not None
 
 
 def _require_bools(options: Any, *names: str) -> None:
     """Raises DataError for the first of ``names`` whose value is not True or False."""
     for name in names:
-        require_type(DataError, name, getattr(options, name), bool, "True or False")
+        require_type(DataError, name, getattr(options, name), bool, "True or False",
+                     f"Pass {name}=True or {name}=False (a bool, not a string or number).")

@@ -119,13 +119,11 @@ class TFRecordPipeline:
         file (a path in an existing directory); shuffling, augmentation and
         epochs still run anew on every pass. Not with stratified reading.
       private_threadpool_size: tf.data threads for this pipeline (0: shared).
-      max_intra_op_parallelism: Threads one op of the pipeline may use (0:
-        all cores). 1 by default: the parallel batches keep the cores busy.
       ram_budget_bytes: RAM budget of tf.data's autotuning model (None: TF's
         default); setting it turns the model on.
       autotune_model: Run tf.data's autotuning model (None: only with
-        ram_budget_bytes). Off, "autotune" parallelism is min(16, cores) and
-        prefetch buffers still grow by themselves; on, deleting an iterator
+        ram_budget_bytes). Off, "autotune" parallelism is min(16, tf.data's
+        threads) and prefetch buffers still grow by themselves; on, deleting an iterator
         (every epoch of ``fit``) can wait up to 60 s on TF 2.17-2.21
         (:class:`~tfdist.data.options.TuningOptions`).
     """
@@ -159,7 +157,6 @@ class TFRecordPipeline:
     private_threadpool_size: int = 0
     ram_budget_bytes: Optional[int] = None
     autotune_model: Optional[bool] = None
-    max_intra_op_parallelism: int = 1
     source: SourceOptions = dataclasses.field(init=False, repr=False, compare=False)
     sharding: ShardOptions = dataclasses.field(init=False, repr=False, compare=False)
     parsing: ParseOptions = dataclasses.field(init=False, repr=False, compare=False)
@@ -180,8 +177,7 @@ class TFRecordPipeline:
             "tuning": TuningOptions(data_service=self.data_service, deterministic=self.deterministic,
                                     prefetch=self.prefetch, num_parallel_reads=self.num_parallel_reads,
                                     cache=self.cache, private_threadpool_size=self.private_threadpool_size,
-                                    ram_budget_bytes=self.ram_budget_bytes, autotune_model=self.autotune_model,
-                                    max_intra_op_parallelism=self.max_intra_op_parallelism),
+                                    ram_budget_bytes=self.ram_budget_bytes, autotune_model=self.autotune_model),
             "parsing": ParseOptions(features=self.features, parse_fn=self.parse_fn, label_key=self.label_key,
                                     image_key=self.image_key, image_size=self.image_size, augment=self.augment,
                                     as_supervised=self.as_supervised),
@@ -363,19 +359,18 @@ class TFRecordPipeline:
                 parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
         if self.as_supervised and (self.parse_fn is not None or fallback):
             dataset = parsing.supervised(dataset, self.label_key)  # type: ignore[arg-type]
-        if self.data_service is not None:
-            dataset = dataset.apply(tf.data.experimental.service.distribute(
-                processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=self.data_service,
-                job_name=self._job_name()))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = self.deterministic
         options.threading.private_threadpool_size = self.private_threadpool_size
-        options.threading.max_intra_op_parallelism = self.max_intra_op_parallelism
         # Off unless asked: with the model on, deleting an iterator can wait up to 60 s (TuningOptions).
-        options.autotune.enabled = self.tuning.model
+        options.autotune.enabled = self.tuning.autotune_enabled
         if self.ram_budget_bytes:
             options.autotune.ram_budget = self.ram_budget_bytes
+        if self.data_service is not None:  # The service's workers run the graph as it is here: options first.
+            dataset = dataset.with_options(options).apply(tf.data.experimental.service.distribute(
+                processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=self.data_service,
+                job_name=self._job_name()))
         dataset = dataset.with_options(options)
         return dataset.prefetch(tf.data.AUTOTUNE if self.prefetch == "autotune" else self.prefetch)
 
