@@ -161,9 +161,9 @@ class TuningOptions:
     pipeline: a background thread that re-tunes parallelism and buffers and enforces the RAM budget.
     Off, every ``"autotune"`` parallelism starts and stays at min(16, the size of the tf.data thread pool:
     the cores, or ``private_threadpool_size``), TF's own starting value, and prefetch buffers still grow by
-    themselves. It is off by default because of a stall in TF 2.17-2.21:
-    deleting an iterator (each epoch of ``fit``, each ``evaluate``) then waits out the model's current
-    optimization period in about half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
+    themselves. It is off by default because of a stall in TF 2.17-2.21: with it, deleting an iterator
+    (each epoch of ``fit``, each ``evaluate``) waits out the model's current optimization period in about
+    half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
     """
 
     data_service: Optional[str] = None

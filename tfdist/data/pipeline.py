@@ -123,9 +123,9 @@ class TFRecordPipeline:
         default); setting it turns the model on.
       autotune_model: Run tf.data's autotuning model (None: only with
         ram_budget_bytes). Off, "autotune" parallelism is min(16, tf.data's
-        threads) and prefetch buffers still grow by themselves; on, deleting an iterator
-        (every epoch of ``fit``) can wait up to 60 s on TF 2.17-2.21
-        (:class:`~tfdist.data.options.TuningOptions`).
+        threads) and prefetch buffers still grow by themselves; on, deleting
+        an iterator (every epoch of ``fit``) can wait up to 60 s on TF
+        2.17-2.21 (:class:`~tfdist.data.options.TuningOptions`).
     """
 
     files: Union[str, Sequence[str]]
