@@ -17,7 +17,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 from tfdist.errors import StorageError
@@ -108,20 +108,6 @@ def _numpy_table() -> Any:
     return np.asarray(_TABLE, dtype=np.uint32)
 
 
-def _headers(data: Any, starts: Any) -> Any:
-    """The 12-byte headers at ``starts`` (int64 offsets) of ``data``, gathered by numpy (rows of uint8; a copy)."""
-    import numpy as np
-
-    view = np.frombuffer(data, dtype=np.uint8)
-    try:
-        rows = np.empty((len(starts), _HEADER), dtype=np.uint8)
-        for column in range(_HEADER):  # 12 gathers: 8 bytes of index per record at a time, not 96.
-            rows[:, column] = view[starts + column]
-        return rows
-    finally:
-        del view  # A memory map cannot close while a numpy view of it exists.
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Walked:
     """A walk whose length CRCs are not checked yet: its headers (offsets and bytes), where and why it stopped."""
@@ -157,39 +143,25 @@ _LENGTH = struct.Struct("<Q").unpack_from
 
 
 def _walk(data: Any, path: str) -> _Walked:
-    """Walks the record headers of ``data`` (a file's bytes, or a memory map of it); CRCs are checked later.
-
-    The walk follows the lengths in Python (one unpack per record, no copy);
-    the headers are then gathered by numpy, and :func:`_checked` tests the
-    length CRCs of many files at once.
-    """
-    import numpy as np
-
-    total, offsets = len(data), []
-    offset = records = 0
-    problem = None
-    while offset < total:
-        if total - offset < _HEADER:
-            problem = f"truncated record header at byte {offset}"
-            break
-        offsets.append(offset)
-        end = offset + _HEADER + _LENGTH(data, offset)[0] + _FOOTER
-        if end > total:
-            problem = f"truncated record at byte {offset}: needs {end - offset} bytes, {total - offset} left"
-            break
-        records, offset = records + 1, end
-    starts = np.asarray(offsets, dtype=np.int64)
-    del offsets  # ~36 bytes per record as a list; 8 as the array.
-    rows = _headers(data, starts) if len(starts) else None
-    return _Walked(path=path, offsets=starts, rows=rows, records=records, end=offset, total=total, problem=problem)
+    """Walks the record headers of ``data`` (a file's bytes, or a memory map of it); CRCs are checked later."""
+    return _walk_headers(lambda at: data[at:at + _HEADER], len(data), path)
 
 
 def _walk_reads(fd: int, total: int, path: str) -> _Walked:
-    """:func:`_walk` for a file of long records: one 12-byte ``pread`` per header.
+    """:func:`_walk` for an open file of long records: one 12-byte ``pread`` per header.
 
     Headers 16 KB or more apart sit on pages of their own: through a memory map
     each costs a page fault (8,000 headers of ~30 KB records: 18 ms), a
-    ``pread`` about a third of that (7 ms). The same offsets, problems and rows.
+    ``pread`` about a third of that (7 ms).
+    """
+    return _walk_headers(lambda at: os.pread(fd, _HEADER, at), total, path)
+
+
+def _walk_headers(header_at: Callable[[int], bytes], total: int, path: str) -> _Walked:
+    """Follows the record lengths of a file of ``total`` bytes, ``header_at(offset)`` giving the 12 header bytes.
+
+    The walk runs in Python (one header read per record); :func:`_checked`
+    then tests the length CRCs of many files' headers at once, by numpy.
     """
     import numpy as np
 
@@ -197,10 +169,10 @@ def _walk_reads(fd: int, total: int, path: str) -> _Walked:
     offset = records = 0
     problem = None
     while offset < total:
-        header = os.pread(fd, _HEADER, offset) if total - offset >= _HEADER else b""
-        if len(header) < _HEADER:
+        if total - offset < _HEADER:
             problem = f"truncated record header at byte {offset}"
             break
+        header = header_at(offset)
         offsets.append(offset)
         headers.append(header)
         end = offset + _HEADER + _LENGTH(header)[0] + _FOOTER
