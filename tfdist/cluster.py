@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from tfdist import _address, _cluster_parse, _jobset, _slurm
-from tfdist.errors import ClusterSpecError, invalid, require_int, require_type
+from tfdist.errors import ClusterSpecError, invalid, require_bool, require_int, require_type
 
 __all__ = ["ClusterSpec", "ClusterLike", "Task", "JOB_NAMES", "current_cluster", "resolve_cluster", "split_task_name",
            "task_counts"]
@@ -190,7 +190,7 @@ class ClusterSpec:
             require_int(ClusterSpecError, name, value, minimum=0, maximum=MAX_TASKS_PER_JOB,
                         fix="A local cluster runs every task on this machine.")
         for name, flag in (("chief", chief), ("evaluator", evaluator)):
-            require_type(ClusterSpecError, name, flag, bool, "True or False")
+            require_bool(ClusterSpecError, name, flag)
         require_type(ClusterSpecError, "host", host, str, "a host name or address of this machine")
         if workers == 0 and not chief:
             raise invalid(ClusterSpecError, "workers", workers, "at least one training task",

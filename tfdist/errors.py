@@ -44,6 +44,7 @@ __all__ = [
     "EngineError",
     "StackError",
     "invalid",
+    "require_bool",
     "require_int",
     "require_number",
     "require_type",
@@ -223,6 +224,20 @@ def require_type(cls: type[_E], field: str, value: Any, types: type | tuple[type
     if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
         raise invalid(cls, field, value, expected, fix)
     return value
+
+
+def require_bool(cls: type[_E], field: str, value: Any) -> bool:
+    """Returns ``value`` if it is True or False (not 0, 1, a string or None); else raises ``cls``.
+
+    Example:
+        >>> require_bool(DataError, "augment", "yes").fix
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.DataError: Invalid value for `augment`. Received: 'yes'. Expected True or False. Pass \
+augment=True or augment=False (a bool, not a string or number).
+    """
+    return require_type(cls, field, value, bool, "True or False",
+                        f"Pass {field}=True or {field}=False (a bool, not a string or number).")
 
 
 def check_keywords(cls: type[_E], field: str, given: Iterable[str], allowed: Iterable[str], fix: str = "") -> None:

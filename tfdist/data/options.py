@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 from tfdist._names import describe_choices
 from tfdist.data.sampling import Weights
 from tfdist.data.sharding import SHARD_POLICIES
-from tfdist.errors import DataError, invalid, require_int, require_type
+from tfdist.errors import DataError, invalid, require_bool, require_int
 
 __all__ = ["SourceOptions", "ShardOptions", "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions",
            "CORRUPT_POLICIES", "VERIFY_MODES", "COMPRESSION_CHOICES"]
@@ -95,7 +95,8 @@ class ParseOptions:
     as_supervised: bool = False
 
     def __post_init__(self) -> None:
-        _require_bools(self, "augment", "as_supervised")
+        for name in ("augment", "as_supervised"):
+            require_bool(DataError, name, getattr(self, name))
         if (self.features is None) == (self.parse_fn is None):
             raise invalid(DataError, "features", self.features, "exactly one of `features` and `parse_fn`",
                           "Pass a feature spec dict, or a parse function of one serialized record.")
@@ -144,7 +145,7 @@ class EpochOptions:
     drop_remainder: bool = False
 
     def __post_init__(self) -> None:
-        _require_bools(self, "drop_remainder")
+        require_bool(DataError, "drop_remainder", self.drop_remainder)
         require_int(DataError, "batch_size", self.batch_size, minimum=1, maximum=MAX_BATCH)
         if self.num_epochs is not None:
             require_int(DataError, "num_epochs", self.num_epochs, minimum=1)
@@ -176,9 +177,9 @@ class TuningOptions:
     autotune_model: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        _require_bools(self, "deterministic")
+        require_bool(DataError, "deterministic", self.deterministic)
         if self.autotune_model is not None:
-            _require_bools(self, "autotune_model")
+            require_bool(DataError, "autotune_model", self.autotune_model)
         if self.data_service is not None and not (isinstance(self.data_service, str) and re.match(
                 r"^grpc(\+local)?://[^/]+:\d+$", self.data_service)):
             raise invalid(DataError, "data_service", self.data_service, "'grpc://host:port' of a dispatcher")
@@ -207,9 +208,3 @@ class TuningOptions:
         """
         return self.autotune_model if self.autotune_model is not None else self.ram_budget_bytes is not None
 
-
-def _require_bools(options: Any, *names: str) -> None:
-    """Raises DataError for the first of ``names`` whose value is not True or False."""
-    for name in names:
-        require_type(DataError, name, getattr(options, name), bool, "True or False",
-                     f"Pass {name}=True or {name}=False (a bool, not a string or number).")

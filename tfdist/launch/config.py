@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Optional
 
 from tfdist._names import describe_choices
 from tfdist.cluster import MAX_TASKS_PER_JOB, split_task_name, task_counts
-from tfdist.errors import LaunchError, invalid, require_int, require_number, require_type
+from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 
 _MAX_THREADS = 4096
 _MAX_TIMEOUT = 366 * 86400.0  # A year.
@@ -204,7 +204,7 @@ class LaunchConfig:
                                                         for k, v in self.env.items()):
             raise invalid(LaunchError, "env", self.env, "a mapping of strings to strings")
         for name in ("chief", "evaluator", "isolate_network"):
-            require_type(LaunchError, name, getattr(self, name), bool, "True or False")
+            require_bool(LaunchError, name, getattr(self, name))
         require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")
         require_type(LaunchError, "run_on", self.run_on, str, describe_choices("", RUN_ON_CHOICES))
         require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
