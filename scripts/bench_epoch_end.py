@@ -34,18 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _SLOW_GAP_S = 0.05  # Without a stall, deleting one iterator and making the next took ~0.02 s here.
 
 
-def _files(work: str, num: int, size: int) -> list[str]:
-    import tensorflow as tf
-
-    from make_synthetic_images import examples
-    from tfdist.data import write_tfrecords
-
-    prefix = os.path.join(work, f"plain{size}")
-    if not tf.io.gfile.glob(prefix + "-0*"):
-        write_tfrecords(list(examples(num, 8, size, "long-tail", 0)), prefix, num_shards=16)
-    return sorted(tf.io.gfile.glob(prefix + "-0*"))
-
-
 def _fit_once(files: list[str], size: int, epochs: int, model_on: bool) -> dict[str, Any]:
     import tensorflow as tf
 
@@ -73,14 +61,13 @@ def _fit_once(files: list[str], size: int, epochs: int, model_on: bool) -> dict[
     dataset = pipeline.dataset()
     start = time.perf_counter()
     model.fit(dataset, epochs=epochs, verbose=0, callbacks=[_Marks()])
-    total = time.perf_counter() - start
     done = time.perf_counter()
     ends = [t for kind, t in marks if kind == "end"]
     firsts = [t for kind, t in marks if kind == "first"]
     # tf-keras calls on_train_batch_begin before fetching the batch, so the gap runs to the next epoch's
     # first batch begin: deleting the old iterator and making the new one.
     gaps = [first - end for end, first in zip(ends, firsts[1:])]
-    return {"fit_s": total, "gaps_s": gaps, "epochs_s": [e - f for f, e in zip(firsts, ends)],
+    return {"fit_s": done - start, "gaps_s": gaps, "epochs_s": [e - f for f, e in zip(firsts, ends)],
             "tail_s": done - ends[-1]}
 
 
@@ -103,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import tensorflow as tf
 
-    files = _files(args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-"), args.num, args.size)
+    from bench_input import _write  # The same files as the input benchmark (reused in a shared --workdir).
+
+    files, _ = _write(args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-"), args.num, args.size)
     _fit_once(files, args.size, 2, False)  # Warm-up: the first fit of a process pays one-time costs.
     runs: dict[str, list[dict[str, Any]]] = {"model_on": [], "model_off": []}
     for repeat in range(args.repeats):
