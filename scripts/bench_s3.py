@@ -72,8 +72,8 @@ def main() -> int:
 
         tfdist.exit_cleanly(lambda: child(args.child, args.files, args.mb_per_file) or 0)  # tensorflow-io#2039
 
-    from tfdist import _address
-    from tfdist.probe import can_connect
+    from tfdist.cluster import address as _address
+    from tfdist.cluster.probe import can_connect
 
     port = _address.free_ports(1)[0]
     server = shutil.which("moto_server") or os.path.join(os.path.dirname(sys.executable), "moto_server")

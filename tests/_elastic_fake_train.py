@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from tfdist import membership as elastic
+from tfdist.cluster import elastic
 
 backup, epochs = sys.argv[1], int(sys.argv[2])
 tf_config = json.loads(os.environ["TF_CONFIG"])

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from tfdist.launch import _netns
+from tfdist.launch.supervisor import _netns
 
 _netns.loopback_up()
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # multi-node; the namespace has nothing but loopback
@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ray_tasks  # noqa: E402
 from _ray_helpers import Background, stop_ray_block  # noqa: E402
 
-from tfdist import _address, testing  # noqa: E402
+from tfdist import testing
+from tfdist.cluster import address as _address
 from tfdist.launch.config import LaunchConfig  # noqa: E402
-from tfdist.launch.ray_engine import RayEngine  # noqa: E402
-from tfdist.launch.runner import run_config  # noqa: E402
-from tfdist.probe import can_connect  # noqa: E402
+from tfdist.launch.engines.ray import RayEngine  # noqa: E402
+from tfdist.launch.supervisor.runner import run_config  # noqa: E402
+from tfdist.cluster.probe import can_connect  # noqa: E402
 
 PY = sys.executable
 RAY_CLI = os.path.join(os.path.dirname(PY), "ray")

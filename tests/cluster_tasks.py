@@ -409,7 +409,7 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
                                      timeout_seconds=120)
     from tfdist import keras
     from tfdist._compat import communication_options
-    from tfdist.autotune import CollectiveTuning, autotune_collectives
+    from tfdist.comm.autotune import CollectiveTuning, autotune_collectives
 
     out = {name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name)
            for name in ("none", "fp16", "bf16")}
@@ -487,7 +487,7 @@ def _fp16_sums(strategy: Any) -> dict[str, list[float]]:
     """fp16 all-reduce of values whose sum overflows float16, and of a non-finite gradient."""
     import tensorflow as tf
 
-    from tfdist.collective import CollectiveConfig, all_reduce_sum
+    from tfdist.comm.collective import CollectiveConfig, all_reduce_sum
 
     device = strategy.extended.worker_devices[0]
     fp16 = CollectiveConfig(compression="fp16")

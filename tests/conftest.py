@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from absl import flags
 
-from tfdist import _address
-from tfdist.probe import can_connect
+from tfdist.cluster import address as _address
+from tfdist.cluster.probe import can_connect
 
 # absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
 flags.FLAGS.mark_as_parsed()

@@ -54,7 +54,7 @@ def elastic_until_grown(backup: str, grown: int, max_epochs: int) -> dict[str, A
     import os
     import time
 
-    from tfdist import membership
+    from tfdist.cluster import elastic as membership
 
     tf_config = json.loads(os.environ["TF_CONFIG"])
     index = tf_config["task"]["index"]

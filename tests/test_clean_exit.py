@@ -11,7 +11,7 @@ import pytest
 from absl.testing import parameterized
 
 from tfdist._compat import tfio_unavailable_reason
-from tfdist.clean_exit import exit_code_of
+from tfdist.runtime.clean_exit import exit_code_of
 
 pytestmark = pytest.mark.timeout(300)
 

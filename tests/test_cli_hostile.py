@@ -21,8 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfdist
-from tfdist.autotune import CollectiveTuning
-from tfdist.cli import data_service, jobset_task, server, slurm_task
+from tfdist.comm.autotune import CollectiveTuning
+from tfdist.launch.tasks import data_service
+from tfdist.launch.tasks import jobset as jobset_task
+from tfdist.launch.tasks import server
+from tfdist.launch.tasks import slurm as slurm_task
 from tfdist.cli import launch as launch_cli
 from tfdist.cli import main as tfdist_cli
 from tfdist.errors import PlanError, StorageError, StrategyError
@@ -296,7 +299,8 @@ class RealProcessTest(absltest.TestCase):
     def test_refusing_bad_flags_does_not_import_tensorflow(self) -> None:
         script = """
 import contextlib, io, sys
-from tfdist.cli import data_service, launch, main, server
+from tfdist.cli import launch, main
+from tfdist.launch.tasks import data_service, server
 cases = [(main.main, ["doctor", "--probe", "nan"]), (main.main, ["plan", "--params", "1e400", "--workers", "2",
          "--bandwidth", "1Gbps", "--latency", "1ms"]), (main.main, ["data-report", "x", "--label-key", "y",
          "--workers", "-1"]), (launch.main, ["--timeout", "nan", "--", "true"]),

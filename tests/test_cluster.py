@@ -102,10 +102,10 @@ class BadInputTest(parameterized.TestCase):
             ClusterSpec(jobs={"worker": [deep]})
 
     def test_loopback_aliases_of_one_port_are_warned_about(self) -> None:
-        with self.assertLogs("tfdist.cluster", "WARNING") as logs:
+        with self.assertLogs("tfdist.cluster.spec", "WARNING") as logs:
             ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:5"]})
         self.assertIn("both name this machine's port 5", logs.output[0])
-        with self.assertNoLogs("tfdist.cluster", "WARNING"):
+        with self.assertNoLogs("tfdist.cluster.spec", "WARNING"):
             ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:6", "otherhost:5"]})
 
     def test_valid_addresses_stay_valid(self) -> None:
@@ -214,6 +214,6 @@ class SpecBehaviourTest(parameterized.TestCase):
     def test_cluster_layer_never_imports_tensorflow(self) -> None:
         import subprocess
 
-        code = ("import sys, tfdist, tfdist.cluster, tfdist.launch, tfdist.probe; "
+        code = ("import sys, tfdist, tfdist.cluster.spec, tfdist.launch, tfdist.cluster.probe; "
                 "tfdist.ClusterSpec.local(workers=2); sys.exit('tensorflow' in sys.modules)")
         self.assertEqual(subprocess.run([sys.executable, "-c", code], check=False).returncode, 0)

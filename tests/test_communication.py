@@ -16,8 +16,8 @@ from conftest import assert_all_gone
 import cluster_tasks
 import tfdist
 from tfdist import testing
-from tfdist.autotune import CollectiveTuning
-from tfdist.collective import CollectiveConfig, payload_bytes
+from tfdist.comm.autotune import CollectiveTuning
+from tfdist.comm.collective import CollectiveConfig, payload_bytes
 from tfdist.errors import StorageError, StrategyError
 
 
@@ -162,7 +162,7 @@ class TuningFileTest(absltest.TestCase):
         self.assertNotIsInstance(caught.value, ValueError)
 
     def test_build_strategy_loads_the_pack_size_and_explicit_options_win(self) -> None:
-        from tfdist.strategy import resolve_options
+        from tfdist.strategy.builders import resolve_options
 
         CollectiveTuning(bytes_per_pack=2 << 20, split_bytes=2 << 20).save(self.path)
         self.assertEqual(resolve_options(tuning=self.path).bytes_per_pack, 2 << 20)

@@ -19,7 +19,7 @@ from absl.testing import parameterized
 
 from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
-from tfdist.data._framing import check_file, crc32c
+from tfdist.data.records._framing import check_file, crc32c
 from tfdist.data.report import skew_report
 from tfdist.data.service import LocalDataService
 
@@ -299,7 +299,7 @@ class CorruptTest(parameterized.TestCase):
     def test_one_crc_pass_over_many_files_names_each_files_own_problem(self) -> None:
         # check_files checks the length CRCs of all files at once; each report must stay with its file. The
         # big file (over 1 MB) is memory-mapped, the small ones are read whole.
-        from tfdist.data._framing import check_files
+        from tfdist.data.records._framing import check_files
 
         root = self.create_tempdir().full_path
         # Round robin over 3 shards: records 0, 3, 6, ... (the big ones) go to the first file.
@@ -334,7 +334,7 @@ class CorruptTest(parameterized.TestCase):
         # walk must find the same offsets, header bytes, record count and problem as through a memory map.
         import mmap
 
-        from tfdist.data import _framing
+        from tfdist.data.records import _framing
 
         path = write_tfrecords([_example(i, i % 2, payload=b"y" * 20_000) for i in range(60)],
                                os.path.join(self.create_tempdir().full_path, "p"), num_shards=1)[0]

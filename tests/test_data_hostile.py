@@ -15,8 +15,8 @@ from absl.testing import parameterized
 
 from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
-from tfdist.data.files import list_files
-from tfdist.data.writer import label_name
+from tfdist.data.records.files import list_files
+from tfdist.data.records.writer import label_name
 
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64)}
 

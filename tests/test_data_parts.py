@@ -11,8 +11,8 @@ from absl.testing import parameterized
 
 from tfdist import ClusterSpec, DataError
 from tfdist.data import TFRecordPipeline, write_tfrecords
-from tfdist.data.options import EpochOptions, ShardOptions, SourceOptions
-from tfdist.data.verify import VerifyReport
+from tfdist.data.pipeline.options import EpochOptions, ShardOptions, SourceOptions
+from tfdist.data.records.verify import VerifyReport
 
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64)}
 

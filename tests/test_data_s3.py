@@ -1,7 +1,7 @@
 """TFRecords on s3:// against a real S3-compatible server (moto) on 127.0.0.1, through both readers.
 
 ``tensorflow`` is tensorflow-io's file system (TF 2.17 only); ``boto3`` is tfdist's own reader
-(tfdist/data/s3.py), which every TF version uses where tensorflow-io cannot load.
+(tfdist/data/storage/s3.py), which every TF version uses where tensorflow-io cannot load.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """s3:// through boto3 on ParameterServerStrategy workers: a real cluster fits from a moto server on 127.0.0.1.
 
 The workers' staging agents download the objects; the pipelines wait for them with TF ops
-(tfdist/data/staging.py). TFDIST_S3_READER=boto3, so the pinned stack (where tensorflow-io works) takes the
+(tfdist/data/storage/staging.py). TFDIST_S3_READER=boto3, so the pinned stack (where tensorflow-io works) takes the
 same path as TF 2.21. The tf.data service and the agents' protocol: tests/test_data_s3_staging.py.
 """
 

@@ -1,5 +1,5 @@
 """s3:// through boto3 for pipelines that run in a TF server, without a cluster: the tf.data service, traced datasets,
-the staging agents' protocol (tfdist/data/staging.py). Against a real S3-compatible server (moto) on 127.0.0.1.
+the staging agents' protocol (tfdist/data/storage/staging.py). Against a real S3-compatible server (moto) on 127.0.0.1.
 
 The ParameterServerStrategy cluster test is tests/test_data_s3_ps.py.
 """
@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     import boto3, tensorflow as tf
     import tfdist
     from tfdist.data import LocalDataService, TFRecordPipeline, write_tfrecords
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
 
     def main():
         bucket = sys.argv[1]
@@ -85,7 +85,7 @@ def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: di
     assert done.returncode == 0, done.stderr[-3000:]
     line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
     result = json.loads(line[len("RESULT "):])
-    assert "was not staged within 1s" in result["no_agent"] and "python -m tfdist.cli.server" in result["no_agent"]
+    assert "was not staged within 1s" in result["no_agent"] and "tfdist-launch" in result["no_agent"]
     assert "was not staged within 1s" in result["no_agent_skip"], result["no_agent_skip"]
     assert result["service"] == list(range(400))  # Dynamic sharding over 2 service workers: each record once.
     assert result["agent_staged"] == 8
@@ -95,7 +95,7 @@ def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: di
 def _bucket_of_objects(client: Any, s3_server: dict[str, str], tmp_path: str, bucket: str,
                        count: int) -> tuple[Any, str]:
     """Puts objects obj-0 .. obj-<count-1> of 1,000 bytes each; returns an S3Store and a stage root in tmp_path."""
-    from tfdist.data.s3 import S3Store
+    from tfdist.data.storage.s3 import S3Store
 
     client.create_bucket(Bucket=bucket)
     for i in range(count):
@@ -115,7 +115,7 @@ def _serve_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-u
 
 def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(
         s3_server: dict[str, str], s3_client: Any, tmp_path: str) -> None:
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
 
     store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-agents", 6)
     urls = [f"s3://tfdist-agents/obj-{i}" for i in range(6)]
@@ -155,8 +155,9 @@ def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(
 
 SERVER = textwrap.dedent("""
     import json, logging, sys, threading
-    from tfdist import ClusterSpec, _address
-    from tfdist.data import staging
+    from tfdist import ClusterSpec
+    from tfdist.cluster import address as _address
+    from tfdist.data.storage import staging
     from tfdist.launch import run_server
 
     logging.basicConfig(level=logging.INFO)
@@ -184,7 +185,7 @@ def test_run_server_starts_the_staging_agent_on_worker_tasks_only(tmp_path: str)
 
 def test_eviction_spares_recent_copies_counts_partial_downloads_and_budget_is_checked(
         s3_server: dict[str, str], s3_client: Any, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
     from tfdist.errors import DataError
 
     for bad in ("4g", "-1", "0"):
@@ -222,7 +223,7 @@ def test_eviction_spares_recent_copies_counts_partial_downloads_and_budget_is_ch
 
 EXITS = textwrap.dedent("""
     import os, sys, time
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
 
     root, marker = sys.argv[1], sys.argv[2]
     def store():  # A download that never ends (an object far too large for this run).
@@ -250,7 +251,7 @@ def test_requests_build_without_warnings(tmp_path: str) -> None:
 
     import tensorflow as tf
 
-    from tfdist.data.staging import StagedReads
+    from tfdist.data.storage.staging import StagedReads
 
     reads = StagedReads({"s3://b/k": (1, '"e"')}, root=str(tmp_path), timeout=1)
     with warnings.catch_warnings(record=True) as caught:
@@ -262,7 +263,7 @@ def test_requests_build_without_warnings(tmp_path: str) -> None:
 def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_path: str) -> None:
     import time
 
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
     from tfdist.errors import StorageError
 
     fresh = os.path.join(str(tmp_path), "fresh")
@@ -286,7 +287,7 @@ def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_pat
 
 
 def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, timeout=30)
@@ -304,7 +305,7 @@ def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
 
 def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], s3_client: Any,
                                                      tmp_path: str) -> None:
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
 
     store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-retry", 1)
     url = "s3://tfdist-retry/obj-0"
@@ -321,7 +322,7 @@ def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], 
 
 
 def test_a_lock_being_claimed_is_not_taken_over(tmp_path: str) -> None:
-    from tfdist.data import staging
+    from tfdist.data.storage import staging
 
     lock = os.path.join(str(tmp_path), ".lock-x")
     open(lock, "w").close()  # Another agent created it and has not written its pid yet.

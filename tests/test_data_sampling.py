@@ -17,10 +17,10 @@ from absl.testing import parameterized
 
 from tfdist import DataError
 from tfdist.data import TFRecordPipeline, stratified_sample, write_tfrecords
-from tfdist.data import stratify
-from tfdist.data._framing import first_record
-from tfdist.data.files import FileInfo, Listing, list_files
-from tfdist.data.options import SourceOptions
+from tfdist.data.pipeline import stratified as stratify
+from tfdist.data.records._framing import first_record
+from tfdist.data.records.files import FileInfo, Listing, list_files
+from tfdist.data.pipeline.options import SourceOptions
 from tfdist.data.sampling import class_choices
 from tfdist.data.sharding import plan_shards
 
@@ -309,7 +309,7 @@ class SequentialClassReadTest(parameterized.TestCase):
                                        atol=0.03)
 
     def test_class_groups_on_a_network_mount_keep_the_parallel_reader(self) -> None:
-        from tfdist.data import files as files_module
+        from tfdist.data.records import files as files_module
 
         prefix = os.path.join(self.create_tempdir().full_path, "t")
         write_tfrecords(_halving(1200), prefix, num_shards=5, partition_by="label")
@@ -320,8 +320,8 @@ class SequentialClassReadTest(parameterized.TestCase):
         self.assertNotEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
 
     def test_plain_local_files_keep_the_order_of_tfs_parallel_reader_without_its_threads(self) -> None:
-        from tfdist.data import files as files_module
-        from tfdist.data import reading
+        from tfdist.data.records import files as files_module
+        from tfdist.data.pipeline import reading
 
         # 20 files of unequal length (the writer's first shards are longer), more than the 16 read at once.
         prefix = os.path.join(self.create_tempdir().full_path, "t")
@@ -349,8 +349,8 @@ class SequentialClassReadTest(parameterized.TestCase):
         ("explicit_reads_few_files", 2, 8, 4, True, "file", ("parallel", 2)))
     def test_how_each_stream_reads(self, files: int, streams: int, reads: object, local: bool, policy: str,
                                    expected: tuple) -> None:
-        from tfdist.data.options import TuningOptions
-        from tfdist.data.reading import _how_to_read
+        from tfdist.data.pipeline.options import TuningOptions
+        from tfdist.data.pipeline.reading import _how_to_read
 
         tuning = TuningOptions(num_parallel_reads=reads)  # type: ignore[arg-type]
         self.assertEqual(_how_to_read([f"/d/{i}" for i in range(files)], streams, tuning, local, policy), expected)
@@ -379,6 +379,6 @@ class SequentialClassReadTest(parameterized.TestCase):
     ("", ["/data/a"], False),  # No mount table: read ahead in parallel, as before.
 ])
 def test_on_local_disk_takes_the_longest_mount_point(table: str, paths: list[str], local: bool) -> None:
-    from tfdist.data.files import on_local_disk
+    from tfdist.data.records.files import on_local_disk
 
     assert on_local_disk(paths, table) is local

@@ -7,20 +7,20 @@ import importlib
 
 import pytest
 
-MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster", "tfdist.strategy", "tfdist.probe", "tfdist.testing",
-           "tfdist.launch.config", "tfdist.launch.emit", "tfdist.launch.runner", "tfdist.launch.results",
-           "tfdist.launch._process", "tfdist.launch.environment",
-           "tfdist.launch.engine", "tfdist.launch.engines", "tfdist.launch._reaper", "tfdist.launch.elastic",
-           "tfdist.membership", "tfdist.keras.elastic",
+MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster.spec", "tfdist.strategy.builders", "tfdist.cluster.probe", "tfdist.testing",
+           "tfdist.launch.config", "tfdist.launch.emit.formats", "tfdist.launch.supervisor.runner", "tfdist.launch.results",
+           "tfdist.launch.engines._process", "tfdist.launch.environment",
+           "tfdist.launch.engines.base", "tfdist.launch.engines.registry", "tfdist.launch.engines._reaper", "tfdist.launch.supervisor.membership",
+           "tfdist.cluster.elastic", "tfdist.keras.elastic",
            "tfdist.data.sharding", "tfdist.data.sampling", "tfdist.data.report", "tfdist.keras.adaptive",
-           "tfdist.data.remote", "tfdist.data.writer", "tfdist.data.options", "tfdist.data.files",
-           "tfdist.data.verify", "tfdist.data.reading", "tfdist.data.stratify", "tfdist.data.parsing",
-           "tfdist.data.pipeline", "tfdist.keras", "tfdist.clean_exit", "tfdist.plan",
-           "tfdist.collective", "tfdist.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
-           "tfdist.keras.embeddings", "tfdist.exit_codes", "tfdist._slurm", "tfdist._jobset",
-           "tfdist.launch._emit_k8s", "tfdist.launch._emit_slurm", "tfdist.launch.server", "tfdist._compat",
-           "tfdist.stack", "tfdist.data.s3", "tfdist.data.staging",
-           "tfdist.resolver", "tfdist.launch._tf_logs", "tfdist.cli._common"]
+           "tfdist.data.storage.remote", "tfdist.data.records.writer", "tfdist.data.pipeline.options", "tfdist.data.records.files",
+           "tfdist.data.records.verify", "tfdist.data.pipeline.reading", "tfdist.data.pipeline.stratified", "tfdist.data.pipeline.parsing",
+           "tfdist.data.pipeline.tfrecord", "tfdist.keras", "tfdist.runtime.clean_exit", "tfdist.plan",
+           "tfdist.comm.collective", "tfdist.comm.autotune", "tfdist.keras.communication", "tfdist.keras.accumulation",
+           "tfdist.keras.embeddings", "tfdist.runtime.exit_codes", "tfdist.cluster.slurm", "tfdist.cluster.jobset",
+           "tfdist.launch.emit.kubernetes", "tfdist.launch.emit.slurm", "tfdist.launch.server", "tfdist._compat",
+           "tfdist.stack", "tfdist.data.storage.s3", "tfdist.data.storage.staging",
+           "tfdist.strategy.resolver", "tfdist.launch.output", "tfdist.runtime.program"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -11,7 +11,7 @@ import sys
 from absl.testing import absltest
 
 from tfdist import ClusterSpec
-from tfdist.probe import probe_tasks
+from tfdist.cluster.probe import probe_tasks
 
 
 def _doctor(*args: str, tf_config: str | None = None) -> subprocess.CompletedProcess:
@@ -64,7 +64,7 @@ class DoctorTest(absltest.TestCase):
 class ResolverAndKerasTest(absltest.TestCase):
 
     def test_resolver_keeps_evaluator_out_and_defaults_to_grpc(self) -> None:
-        from tfdist.resolver import cluster_resolver
+        from tfdist.strategy.resolver import cluster_resolver
 
         spec = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
                            task_type="worker", task_id=1, environment="cloud")

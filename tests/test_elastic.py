@@ -14,7 +14,7 @@ from conftest import assert_all_gone
 from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cli import launch as launch_cli
 from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
-from tfdist.launch.engine import Engine, LocalEngine
+from tfdist.launch.engines.base import Engine, LocalEngine
 
 PY = sys.executable
 FAKE = str(Path(__file__).with_name("_elastic_fake_train.py"))
@@ -207,8 +207,8 @@ def test_the_supervisor_waits_for_the_engine_verdict_without_blocking(tmp_path: 
 def test_a_regroup_checks_only_local_ports_and_never_fails_on_a_remote_host() -> None:
     # Port P is taken here. A remote host's P is not this machine's business: kept, no LaunchError mid-run; a
     # local address whose port is taken gets a new port on its host.
-    from tfdist.cluster import ClusterSpec
-    from tfdist.launch.elastic import Membership
+    from tfdist.cluster.spec import ClusterSpec
+    from tfdist.launch.supervisor.membership import Membership
 
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))

@@ -15,7 +15,7 @@ import yaml
 from absl.testing import parameterized
 
 from tfdist import ClusterSpec
-from tfdist.launch import emit
+from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import LaunchConfig
 
 PS_TOPOLOGY = LaunchConfig(command=("python", "train.py", "--epochs", "3"), workers=2, ps=2, chief=True,
@@ -56,7 +56,7 @@ class EmitTest(parameterized.TestCase):
         worker = replicas["Worker"]["template"]["spec"]["containers"][0]
         self.assertEqual((chief["name"], chief["image"]), ("tensorflow", "me/img:1"))
         self.assertEqual(chief["command"], ["python", "train.py", "--epochs", "3"])
-        self.assertEqual(worker["command"], ["python", "-m", "tfdist.cli.server"])
+        self.assertEqual(worker["command"], ["python", "-m", "tfdist.launch.tasks.server"])
         self.assertEqual(chief["resources"]["limits"], {"cpu": "4", "memory": "8Gi"})
         self.assertIn({"name": "TF_USE_LEGACY_KERAS", "value": "1"}, chief["env"])
         self.assertEqual(manifest["spec"]["runPolicy"]["backoffLimit"], 3)
@@ -99,10 +99,10 @@ class EmitTest(parameterized.TestCase):
     def test_slurm_ps_task_serves_tensorflow(self) -> None:
         env = dict(os.environ, SLURM_PROCID="1", SLURM_STEP_NODELIST="n1", SLURM_STEP_TASKS_PER_NODE="4",
                    TF_CPP_MIN_LOG_LEVEL="2")
-        argv = [sys.executable, "-m", "tfdist.cli.slurm_task", "--jobs", "chief=1,ps=1,worker=2", "--port-base",
+        argv = [sys.executable, "-m", "tfdist.launch.tasks.slurm", "--jobs", "chief=1,ps=1,worker=2", "--port-base",
                 "0", "--", "never-run-on-ps"]
         env["SLURM_STEP_NODELIST"] = "127.0.0.1"
-        from tfdist import _address
+        from tfdist.cluster import address as _address
 
         base = next(p for p in range(20000, 60000, 7) if all(_address.port_is_free("127.0.0.1", p + i)
                                                                for i in range(4)))
@@ -122,7 +122,7 @@ class EmitTest(parameterized.TestCase):
             self.assertEqual(proc.wait(30), 0)  # SIGTERM stops the server cleanly.
 
     def test_slurm_task_reports_bad_environment(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.slurm_task", "--", "true"],
+        done = subprocess.run([sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "true"],
                               env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
         self.assertEqual(done.returncode, 2)
         self.assertIn("SLURM_PROCID", done.stderr)
@@ -221,9 +221,9 @@ def test_slurm_script_quotes_the_command_for_bash(tmp_path) -> None:
 
 
 def test_slurm_task_missing_command_is_one_line() -> None:
-    """`python -m tfdist.cli.slurm_task ... -- /no/such/cmd` raised FileNotFoundError (issue #17)."""
+    """`python -m tfdist.launch.tasks.slurm ... -- /no/such/cmd` raised FileNotFoundError (issue #17)."""
     env = dict(os.environ, SLURM_PROCID="0", SLURM_STEP_NODELIST="n1", SLURM_STEP_TASKS_PER_NODE="1")
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.slurm_task", "--", "/no/such/cmd"], env=env,
+    done = subprocess.run([sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "/no/such/cmd"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 127 and "Traceback" not in done.stderr, done.stderr
     assert "cannot run '/no/such/cmd'" in done.stderr.splitlines()[-1]

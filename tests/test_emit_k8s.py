@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tfdist import ClusterSpec, ClusterSpecError, exit_codes
+from tfdist import ClusterSpec, ClusterSpecError
+from tfdist.runtime import exit_codes
 from tfdist.errors import LaunchError
-from tfdist.launch import emit
+from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import LaunchConfig
 
 PS = LaunchConfig(command=("python", "train.py"), workers=2, ps=1, chief=True, evaluator=True, max_restarts=3)
@@ -113,7 +114,7 @@ def test_the_exit_code_table_matches_the_operators_rule() -> None:
     assert [c for c in range(1, 256) if exit_codes.is_retryable(c)] == list(range(128, 256))
     import tensorflow as tf
 
-    from tfdist.clean_exit import exit_code_for_exception
+    from tfdist.runtime.clean_exit import exit_code_for_exception
     from tfdist.keras.cluster_aware import exit_preempted
 
     assert exit_code_for_exception(tf.errors.UnavailableError(None, None, "peer gone")) == exit_codes.LOST_PEER

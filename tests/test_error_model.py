@@ -18,13 +18,13 @@ import pytest
 
 import tfdist
 from tfdist import errors, launch, plan, testing
-from tfdist.autotune import CollectiveTuning
-from tfdist.cluster import split_task_name
-from tfdist.collective import CollectiveConfig, gradient_value_bytes
+from tfdist.comm.autotune import CollectiveTuning
+from tfdist.cluster.spec import split_task_name
+from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
-from tfdist.launch import emit
+from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.strategy import StrategyOptions, resolve_options
+from tfdist.strategy.builders import StrategyOptions, resolve_options
 
 HOSTILE: tuple[Any, ...] = (None, "", "x", "5", -1, 0, 2**70, 1.5, -0.5, math.nan, math.inf, True, [], ["x"], {},
                             {"x": 1}, (1, 2), object(), b"bytes")

@@ -122,7 +122,7 @@ class PreemptionTest(absltest.TestCase):
         log = os.path.join(root, "epochs")
         tasks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_tasks.py")
         command = [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "30", "--timeout", "200",
-                   "--", sys.executable, "-m", "tfdist.cli._function_task", "--file", tasks, "preemptible_fit",
+                   "--", sys.executable, "-m", "tfdist.launch.tasks.function", "--file", tasks, "preemptible_fit",
                    json.dumps([os.path.join(root, "backup"), log, 40, 0.2])]
         first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 120

@@ -9,7 +9,7 @@ import pytest
 from absl.testing import absltest
 
 from tfdist import ClusterSpec, StrategyError
-from tfdist.data import _context
+from tfdist.data.pipeline import _context
 
 
 class StragglerTest(absltest.TestCase):

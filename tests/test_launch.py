@@ -14,9 +14,9 @@ from absl.testing import absltest, parameterized
 from conftest import assert_all_gone
 
 from tfdist import ClusterSpec, LaunchError, launch
-from tfdist.launch import runner
+from tfdist.launch.supervisor import runner
 from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.launch.engine import LocalEngine
+from tfdist.launch.engines.base import LocalEngine
 
 PY = sys.executable
 pytestmark = pytest.mark.timeout(120)
@@ -159,7 +159,7 @@ class LaunchTest(parameterized.TestCase):
     def test_taken_ports_are_picked_again(self) -> None:
         import socket
 
-        from tfdist import _address
+        from tfdist.cluster import address as _address
 
         with socket.socket() as taken:
             taken.bind(("0.0.0.0", 0))
@@ -379,7 +379,7 @@ class EngineContractTest(absltest.TestCase):
         self.assertEqual(result.exit_code, 0, result.summary())
         self.assertEqual(engine.calls, ["place", "start worker:0 restart=0", "start worker:1 restart=0",
                                         "start worker:0 restart=1", "start worker:1 restart=1", "close"])
-        from tfdist.launch.engines import engine_for
+        from tfdist.launch.engines.registry import engine_for
 
         self.assertEqual(engine_for("local").name, "local")
         with pytest.raises(LaunchError, match="did you mean 'local'"):

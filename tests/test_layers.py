@@ -1,32 +1,24 @@
-"""The import graph of tfdist reads bottom-up: no cycles, and no module imports a layer above its own.
+"""The import graph of tfdist reads bottom-up: no cycles, and no module uses a floor above its own.
 
-Imports are read from the source (every ``import``/``from ... import``, at module level or inside a function
-or ``TYPE_CHECKING`` block), so a cycle hidden in a function body fails here too.
+The floors are ``tfdist._layers.LAYERS``, next to the code. Uses are read from the source: every
+``import``/``from ... import`` (at module level or inside a function or ``TYPE_CHECKING`` block) and every
+string that names a tfdist module (``python -m tfdist.launch.tasks.server``; docstrings are prose and
+logger names follow the package, so neither counts), so neither a cycle hidden in a
+function body nor a child process started by module name escapes the rule.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdist"
 
-# Lowest first. A module may import its own layer and the layers below it, never one above.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tfdist.errors", "tfdist._names", "tfdist.exit_codes"),
-    ("tfdist._compat", "tfdist._address", "tfdist._slurm", "tfdist._cluster_parse", "tfdist._jobset"),
-    ("tfdist.cluster", "tfdist.plan", "tfdist.probe", "tfdist.clean_exit", "tfdist.membership"),
-    ("tfdist.resolver", "tfdist.collective", "tfdist.strategy", "tfdist.autotune"),
-    ("tfdist.data",),
-    ("tfdist.launch",),
-    ("tfdist.keras",),
-    ("tfdist.testing", "tfdist.stack"),
-    ("tfdist.cli",),
-    ("tfdist",),
-)
+from tfdist._layers import LAYERS
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -46,7 +38,14 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
     """The tfdist modules ``name`` imports anywhere in its source."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and (body := node.body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)}
+    # Logger names follow the package ("tfdist.data"), they do not use it.
+    docstrings |= {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and getattr(node.func, "attr", getattr(node.func, "id", "")) == "getLogger" for arg in node.args}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name in MODULES}
         elif isinstance(node, ast.ImportFrom):
@@ -60,7 +59,30 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
                     found.add(target)
                 elif base in MODULES:
                     found.add(base)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+              and name != "tfdist._layers"):  # The rule itself names every floor.
+            found |= _named_modules(node.value)
     found.discard(name)
+    return found
+
+
+_NAME = r"tfdist(?:\.[A-Za-z_]\w*)+"
+# A string uses a module when it is that dotted name (an argv item, ``importlib``, ``mock.patch``) or runs it
+# with ``-m`` (a command line in a template). Prose that mentions a module (an error's hint) is not a use.
+_MODULE_USE = re.compile(rf"^\s*({_NAME})\s*$|(?<![\w-])-m\s+({_NAME})")
+
+
+def _named_modules(text: str) -> set[str]:
+    """The tfdist modules a string uses (the longest dotted prefix of each name that is a module)."""
+    found = set()
+    for match in _MODULE_USE.finditer(text):
+        name = match.group(1) or match.group(2)
+        parts = name.split(".")
+        for end in range(len(parts), 1, -1):
+            candidate = ".".join(parts[:end])
+            if candidate in MODULES:
+                found.add(candidate)
+                break
     return found
 
 
@@ -114,8 +136,16 @@ def _layer(name: str) -> int:
 
 
 def test_the_graph_is_read() -> None:
-    assert "tfdist.cluster" in GRAPH["tfdist.strategy"]  # sanity: the parser sees real imports
+    assert "tfdist.cluster.spec" in GRAPH["tfdist.strategy.builders"]  # sanity: the parser sees real imports
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_module_names_in_strings_count_as_uses() -> None:
+    assert _named_modules("python -m tfdist.launch.tasks.server --port 1") == {"tfdist.launch.tasks.server"}
+    assert _named_modules("tfdist.data.storage.staging.StagedReads") == {"tfdist.data.storage.staging"}
+    assert _named_modules('srun "$PYTHON" -m tfdist.launch.tasks.slurm --x') == {"tfdist.launch.tasks.slurm"}
+    assert _named_modules("start it with tfdist.launch.run_server()") == set()  # prose, not a use
+    assert "tfdist.launch.tasks.server" in GRAPH["tfdist.launch.environment"]
 
 
 def test_no_import_cycles() -> None:

@@ -17,7 +17,7 @@ from conftest import assert_all_gone
 import cluster_tasks
 from tfdist import launch, testing
 from tfdist.launch.config import KillAt
-from tfdist.probe import can_connect
+from tfdist.cluster.probe import can_connect
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ _NOISE = ("Unable to register cu", "TF-TRT Warning", "absl::InitializeLog", "Sta
 
 def _assert_quiet_console(test: absltest.TestCase, console: str, log_dir: str, tasks: tuple[str, ...]) -> None:
     """No TF noise on the console; the log files keep it, and every line the console left out."""
-    from tfdist.launch._tf_logs import NoiseFilter
+    from tfdist.launch.output import NoiseFilter
 
     for noise in _NOISE:
         test.assertNotIn(noise, console)

@@ -63,10 +63,10 @@ def test_keras_lists_its_names_and_resolves_them_to_objects() -> None:
 
 
 def _keyword_only_classes() -> list[type]:
-    from tfdist.autotune import CollectiveTuning
-    from tfdist.collective import CollectiveConfig
-    from tfdist.data.files import FileInfo, Listing
-    from tfdist.data.pipeline import TFRecordPipeline
+    from tfdist.comm.autotune import CollectiveTuning
+    from tfdist.comm.collective import CollectiveConfig
+    from tfdist.data.records.files import FileInfo, Listing
+    from tfdist.data.pipeline.tfrecord import TFRecordPipeline
     from tfdist.data.report import SkewReport
     from tfdist.data.sharding import ShardPlan
     from tfdist.keras.embeddings import EmbeddingShard, EmbeddingTable
@@ -98,8 +98,8 @@ def test_every_dataclass_in_the_package_is_frozen_and_keyword_only() -> None:
 
 
 def _spec_classes() -> list[type]:
-    from tfdist.autotune import CollectiveTuning
-    from tfdist.collective import CollectiveConfig
+    from tfdist.comm.autotune import CollectiveTuning
+    from tfdist.comm.collective import CollectiveConfig
     from tfdist.launch.config import KillAt, LaunchConfig
     from tfdist.plan import Plan
 
@@ -116,7 +116,7 @@ def test_specs_are_frozen_and_hold_no_mutable_mappings(cls: type) -> None:
 
 
 def test_frozen_mappings_cannot_be_changed() -> None:
-    from tfdist.autotune import CollectiveTuning
+    from tfdist.comm.autotune import CollectiveTuning
     from tfdist.launch.config import LaunchConfig
 
     tuning = CollectiveTuning(timings_ms={"0": 1.0})
@@ -127,7 +127,9 @@ def test_frozen_mappings_cannot_be_changed() -> None:
 
 
 def test_file_compressions_are_named_once() -> None:
-    from tfdist.data import _framing, files, writer
+    from tfdist.data.records import _framing
+    from tfdist.data.records import files
+    from tfdist.data.records import writer
 
     named = {kind for kind in writer.COMPRESSIONS if kind}
     assert set(_framing._DECOMPRESS) == named

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tfdist.launch.ray_engine import LOOPBACK_VAR
+from tfdist.launch.engines.ray import LOOPBACK_VAR
 
 # Before Ray is imported anywhere in this process: every Ray daemon and worker binds to loopback. The test
 # cluster is loopback-only, so it runs without Ray's token authentication (a join with an explicit address
@@ -33,11 +33,12 @@ import ray_tasks  # noqa: E402
 from _ray_helpers import stop_ray_block  # noqa: E402
 from conftest import assert_all_gone  # noqa: E402
 
-from tfdist import ClusterSpec, EngineError, _address, testing  # noqa: E402
+from tfdist import ClusterSpec, EngineError, testing
+from tfdist.cluster import address as _address
 from tfdist.launch.config import LaunchConfig  # noqa: E402
-from tfdist.launch.ray_engine import RayEngine  # noqa: E402
-from tfdist.launch.runner import run_config  # noqa: E402
-from tfdist.probe import can_connect  # noqa: E402
+from tfdist.launch.engines.ray import RayEngine  # noqa: E402
+from tfdist.launch.supervisor.runner import run_config  # noqa: E402
+from tfdist.cluster.probe import can_connect  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(400)]
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from conftest import assert_all_gone  # noqa: E402
 
 from tfdist import testing  # noqa: E402
 from tfdist.errors import LaunchFailure  # noqa: E402
-from tfdist.launch import _netns  # noqa: E402
+from tfdist.launch.supervisor import _netns
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(600)]
 SCENARIOS = Path(__file__).with_name("_ray_two_nodes.py")

@@ -12,8 +12,8 @@ import pytest
 from conftest import assert_all_gone
 
 from tfdist.errors import LaunchError
-from tfdist.launch._ray_actor import TaskHost
-from tfdist.launch.ray_engine import RayOptions, is_loopback
+from tfdist.launch.engines._ray_actor import TaskHost
+from tfdist.launch.engines.ray import RayOptions, is_loopback
 
 PY = sys.executable
 
@@ -56,7 +56,7 @@ def test_task_host_signals_the_whole_group_and_stop_reaps() -> None:
 
 
 def test_task_host_child_dies_with_its_host_process() -> None:
-    code = ("import sys, time; from tfdist.launch._ray_actor import TaskHost; h = TaskHost('w'); "
+    code = ("import sys, time; from tfdist.launch.engines._ray_actor import TaskHost; h = TaskHost('w'); "
             "print(h.start([sys.executable, '-c', 'import time; time.sleep(60)'], {}), flush=True); time.sleep(60)")
     proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))

@@ -1,4 +1,4 @@
-"""tfdist's boto3 reader (tfdist/data/s3.py) against the moto server: listing, staging cache, writing, errors."""
+"""tfdist's boto3 reader (tfdist/data/storage/s3.py) against the moto server: listing, staging cache, writing, errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tfdist.data.s3 import S3Store, endpoint_from_env, glob_regex
+from tfdist.data.storage.s3 import S3Store, endpoint_from_env, glob_regex
 from tfdist.errors import DataError, StorageError
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]

@@ -83,7 +83,7 @@ class SlurmTest(parameterized.TestCase):
             with pytest.raises(ValueError, match="range\\(\\) arg 3 must not be zero"):
                 tf.distribute.cluster_resolver.SlurmClusterResolver(
                     jobs={"worker": 5}, gpus_per_node=0, gpus_per_task=0, auto_set_gpu=False).cluster_spec()
-            from tfdist.resolver import slurm_cluster_resolver
+            from tfdist.strategy.resolver import slurm_cluster_resolver
 
             ours = slurm_cluster_resolver(jobs={"worker": 5})
             self.assertLen(ours.cluster_spec().as_dict()["worker"], 5)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import pytest
 
-from tfdist import _slurm
+from tfdist.cluster import slurm as _slurm
 
 pytestmark = [pytest.mark.slurm]
 TASKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_tasks.py")
@@ -35,7 +35,7 @@ def emit(*args: str) -> str:
 
 
 def task_command(function: str, *args: Any) -> list[str]:
-    return ["python", "-m", "tfdist.cli._function_task", "--file", TASKS_FILE, function, json.dumps(list(args))]
+    return ["python", "-m", "tfdist.launch.tasks.function", "--file", TASKS_FILE, function, json.dumps(list(args))]
 
 
 def submit(cluster: Any, script: str, workdir: str, *, pythonpath: Optional[str] = None) -> subprocess.Popen:
@@ -128,7 +128,7 @@ def test_failures_end_the_job_at_once_with_their_code(slurm_cluster: Any, tmp_pa
     assert code == 2 and record["ExitCode"] == "2:0", output
     assert f"{BASE_PYTHON} cannot import tfdist on every node" in output, output
     assert "No module named 'tfdist'" in output and "srun: error: localhost" in output, output  # The node.
-    assert "tfdist.cli.slurm_task: " not in output and "restart" not in output, output  # Stopped before the step.
+    assert "tfdist.launch.tasks.slurm: " not in output and "restart" not in output, output  # Stopped before the step.
 
     code, record, output = done["no_cmd"]
     assert code == 127 and record["ExitCode"] == "127:0", output

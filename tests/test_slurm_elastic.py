@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from tfdist import ClusterSpecError, LaunchError, _slurm
-from tfdist.launch import emit
+from tfdist import ClusterSpecError, LaunchError
+from tfdist.cluster import slurm as _slurm
+from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import LaunchConfig
 
 SHOW = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'] + '|' + os.environ['TFDIST_WORLD_SIZE'] + "
@@ -43,7 +44,7 @@ def test_elastic_script_asks_for_a_node_range_and_requeue(kwargs: dict, per_node
     assert not any(line.startswith("#SBATCH --ntasks=") for line in header), header
     chief = int(bool(kwargs.get("chief")))
     most = chief + kwargs.get("max_workers", kwargs["workers"])
-    assert f'TASKS=$("$PYTHON" -m tfdist.cli.slurm_task --allocated-tasks {most}) || exit 2' in script
+    assert f'TASKS=$("$PYTHON" -m tfdist.launch.tasks.slurm --allocated-tasks {most}) || exit 2' in script
     srun = [line for line in script.splitlines() if " srun --kill-on-bad-exit" in line][0]
     assert '--ntasks="$TASKS"' in srun and f"--min-workers {kwargs['min_workers']} --" in srun, srun
     assert ("--jobs chief=1 " in srun) == bool(chief), srun
@@ -124,14 +125,14 @@ def test_an_allocation_below_min_workers_fails_with_one_line() -> None:
 @pytest.mark.parametrize("per_node, most, expected", [("3(x2)", 4, "4"), ("2", 3, "2"), ("1(x2),2", 9, "4")])
 def test_allocated_tasks_follows_slurm_tasks_per_node(per_node: str, most: int, expected: str) -> None:
     env = dict(os.environ, SLURM_TASKS_PER_NODE=per_node, SLURM_NTASKS="99")  # SLURM_NTASKS may be stale.
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.slurm_task", "--allocated-tasks", str(most)], env=env,
+    done = subprocess.run([sys.executable, "-m", "tfdist.launch.tasks.slurm", "--allocated-tasks", str(most)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, expected), done.stderr
 
 
 def test_allocated_tasks_outside_a_job_is_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.slurm_task", "--allocated-tasks", "3"], env=env,
+    done = subprocess.run([sys.executable, "-m", "tfdist.launch.tasks.slurm", "--allocated-tasks", "3"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "SLURM_TASKS_PER_NODE" in done.stderr and "Traceback" not in done.stderr
 

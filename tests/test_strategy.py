@@ -11,7 +11,7 @@ from absl.testing import parameterized
 
 import tfdist
 from tfdist import ClusterSpec, StrategyError
-from tfdist.strategy import StrategyOptions, choose_kind, communication_options, variable_partitioner
+from tfdist.strategy.builders import StrategyOptions, choose_kind, communication_options, variable_partitioner
 
 PS_CLUSTER = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]})
 
@@ -153,7 +153,7 @@ class PeerWaitTest(parameterized.TestCase):
         import socket
         import time
 
-        from tfdist.probe import wait_until_reachable
+        from tfdist.cluster.probe import wait_until_reachable
 
         with socket.socket() as listener:
             listener.bind(("127.0.0.1", 0))
@@ -162,7 +162,7 @@ class PeerWaitTest(parameterized.TestCase):
             self.assertTrue(wait_until_reachable("chief:0", f"127.0.0.1:{listener.getsockname()[1]}", 5))
             self.assertLess(time.monotonic() - start, 1)
         closed = ClusterSpec.local(workers=1).tasks()[0].address
-        with self.assertLogs("tfdist.probe", "WARNING") as logs:
+        with self.assertLogs("tfdist.cluster.probe", "WARNING") as logs:
             self.assertFalse(wait_until_reachable("worker:0", closed, 0.4, log_every=0.2))
         self.assertIn(f"Still waiting for worker:0 at {closed}", logs.output[0])
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tfdist.launch._tf_logs import NoiseFilter, quiet_sink, wants_tf_info
+from tfdist.launch.output import NoiseFilter, quiet_sink, wants_tf_info
 
 TF217_STARTUP = [
     "2026-11-30 05:19:19.659386: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. You may see "

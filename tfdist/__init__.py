@@ -16,11 +16,11 @@ Example:
 import importlib
 from typing import Any
 
-from tfdist.clean_exit import exit_cleanly
-from tfdist.cluster import ClusterSpec, Task, current_cluster, resolve_cluster
+from tfdist.runtime.clean_exit import exit_cleanly
+from tfdist.cluster.spec import ClusterSpec, Task, current_cluster, resolve_cluster
 from tfdist.errors import (ClusterSpecError, DataError, EngineError, Error, LaunchError, LaunchFailure, PlanError,
                            RuntimeFailure, ServiceError, StackError, StorageError, StrategyError)
-from tfdist.strategy import (StrategyOptions, build_strategy, cluster_coordinator, register_strategy,
+from tfdist.strategy.builders import (StrategyOptions, build_strategy, cluster_coordinator, register_strategy,
                              strategy_names)
 
 __version__ = "0.1.0"

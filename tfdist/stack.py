@@ -114,7 +114,7 @@ def _schemes(probe: bool) -> dict[str, str]:
         out = {"gs": "TensorFlow", "s3": s3}
         out.update({s: "tensorflow-io" if tfio_problem is None else f"unavailable: {tfio_problem}" for s in _TFIO_ONLY})
         return out
-    from tfdist.data import remote
+    from tfdist.data.storage import remote
     from tfdist.errors import Error
 
     out = {}

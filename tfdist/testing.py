@@ -21,14 +21,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
+from tfdist.launch.tasks.function import RESULT_PREFIX
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch.config import KillAt
 from tfdist.launch.results import LaunchResult
-from tfdist.launch.runner import run
+from tfdist.launch.supervisor.runner import run
 
 __all__ = ["ClusterRun", "KillAt", "run_cluster", "command_for", "RESULT_PREFIX"]
 
-RESULT_PREFIX = "TFDIST_RESULT "
 Target = Union[Sequence[str], str, Callable[..., Any]]
 
 
@@ -69,7 +69,7 @@ def command_for(target: Target, args: Sequence[Any] = ()) -> list[str]:
         return list(target)
     else:
         raise invalid(LaunchError, "target", target, "'module:function', a function or a command list")
-    return [sys.executable, "-m", "tfdist.cli._function_task", *where, function, json.dumps(list(args))]
+    return [sys.executable, "-m", "tfdist.launch.tasks.function", *where, function, json.dumps(list(args))]
 
 
 def run_cluster(target: Target, *, workers: int, timeout: float, ps: int = 0, chief: bool = False,

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from tfdist.cli._common import exit_code_for, one_line
+from tfdist.runtime.program import exit_code_for, one_line
 from tfdist.data.sharding import SHARD_POLICIES
-from tfdist.cluster import MAX_TASKS_PER_JOB
+from tfdist.cluster.spec import MAX_TASKS_PER_JOB
 from tfdist.errors import DataError, Error, require_int
 
 

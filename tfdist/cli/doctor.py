@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tfdist.cli._common import finite_float, one_line
-from tfdist.cluster import ClusterSpec
+from tfdist.runtime.program import finite_float, one_line
+from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import ClusterSpecError, invalid
-from tfdist.probe import probe_tasks
+from tfdist.cluster.probe import probe_tasks
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE = 0, 2, 3
 MAX_PROBE_SECONDS = 3600.0

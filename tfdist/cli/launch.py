@@ -17,13 +17,13 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from tfdist.cli import _common
+from tfdist.runtime import program as _common
 from tfdist.errors import Error
-from tfdist.launch import emit
+from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
-from tfdist.launch.engine import Engine
-from tfdist.launch.engines import ENGINES, engine_for
-from tfdist.launch.runner import run_config
+from tfdist.launch.engines.base import Engine
+from tfdist.launch.engines.registry import ENGINES, engine_for
+from tfdist.launch.supervisor.runner import run_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,7 +119,7 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
 
 
 def _ray_engine(args: argparse.Namespace) -> Engine:
-    from tfdist.launch.ray_engine import LOOPBACK_VAR, RayEngine, is_loopback
+    from tfdist.launch.engines.ray import LOOPBACK_VAR, RayEngine, is_loopback
 
     if is_loopback(args.ray_address):
         # Read by Ray at import: a local Ray then binds every daemon to loopback. An entry point may set it.

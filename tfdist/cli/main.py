@@ -6,7 +6,8 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from tfdist.cli import _common, data_report, doctor, plan, quiet
+from tfdist.cli import data_report, doctor, plan, quiet
+from tfdist.runtime import program as _common
 
 _SUBCOMMANDS = (doctor, data_report, plan, quiet)
 

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from tfdist.cli._common import one_line
-from tfdist.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
+from tfdist.runtime.program import one_line
+from tfdist.comm.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
 from tfdist.errors import PlanError, invalid
 from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
 

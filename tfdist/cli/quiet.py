@@ -6,7 +6,7 @@ one process outside the launcher, e.g. a data-preparation script::
     tfdist quiet -- python scripts/make_synthetic_images.py --out data/train --num 8000
 
 The command's stdout is untouched; its stderr passes line by line, except TensorFlow's INFO records and
-known start-up messages (``tfdist.launch._tf_logs``). The exit status is the command's (128 + N when a
+known start-up messages (``tfdist.launch.output``). The exit status is the command's (128 + N when a
 signal N ends it). ``TF_CPP_MIN_LOG_LEVEL=0`` turns the filter off.
 
 SIGTERM, SIGHUP and SIGINT sent to ``tfdist quiet`` (``kill -INT``, ``timeout -s INT``, a scheduler) are
@@ -28,8 +28,8 @@ from types import FrameType
 from typing import Any, Optional
 
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch._process import exit_code
-from tfdist.launch._tf_logs import NoiseFilter, wants_tf_info
+from tfdist.launch.engines._process import exit_code
+from tfdist.launch.output import NoiseFilter, wants_tf_info
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 

@@ -149,9 +149,9 @@ def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: s
     """
     import tensorflow as tf
 
-    from tfdist.data.files import compression_of
-    from tfdist.data.parsing import check_features
-    from tfdist.data.pipeline import TFRecordPipeline
+    from tfdist.data.records.files import compression_of
+    from tfdist.data.pipeline.parsing import check_features
+    from tfdist.data.pipeline.tfrecord import TFRecordPipeline
 
     spec = label_spec or tf.io.FixedLenFeature([], tf.int64)
     features = {label_key: spec}

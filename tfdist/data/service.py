@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Optional
 
-from tfdist import _address
+from tfdist.cluster import address as _address
 from tfdist._compat import stop_data_server
 from tfdist.errors import DataError, ServiceError, require_int
 
@@ -51,7 +51,7 @@ class LocalDataService:
     def start(self) -> "LocalDataService":
         import tensorflow as tf
 
-        from tfdist.data.staging import ensure_agent
+        from tfdist.data.storage.staging import ensure_agent
 
         ensure_agent()  # Its workers read s3:// objects through boto3 where TF has no s3 file system.
         service = tf.data.experimental.service

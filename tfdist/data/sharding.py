@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from tfdist._names import describe_choices
-from tfdist.cluster import MAX_TASKS_PER_JOB
+from tfdist.cluster.spec import MAX_TASKS_PER_JOB
 from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files", "imbalance"]

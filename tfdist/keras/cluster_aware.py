@@ -17,10 +17,10 @@ import sys
 import time
 from typing import Any, Optional
 
-from tfdist import exit_codes
+from tfdist.runtime import exit_codes
 from tfdist._compat import (attach_preemption_handler, backup_base, callback_base, saving_before_preemption,
                             training_state)
-from tfdist.cluster import ClusterLike, ClusterSpec, resolve_cluster
+from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
 
 __all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
 

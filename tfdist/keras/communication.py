@@ -1,7 +1,7 @@
 """Cheaper gradient communication for ``model.fit``: compression and packing.
 
 :func:`with_communication` returns a copy of a tf-keras optimizer whose
-gradient all-reduce goes through :func:`tfdist.collective.all_reduce_sum`:
+gradient all-reduce goes through :func:`tfdist.comm.collective.all_reduce_sum`:
 
 * ``compression='fp16'`` or ``'bf16'`` halves the bytes on the wire. float16
   is range-scaled by a power of two so sums cannot overflow, and non-finite
@@ -26,7 +26,7 @@ import functools
 import os
 from typing import Any, Optional, Union
 
-from tfdist.collective import CollectiveConfig, all_reduce_sum, wire_bytes
+from tfdist.comm.collective import CollectiveConfig, all_reduce_sum, wire_bytes
 from tfdist.errors import StrategyError, invalid
 
 __all__ = ["with_communication"]
@@ -61,7 +61,7 @@ def with_communication(optimizer: Any, *, compression: str = "none", bytes_per_p
         raise invalid(StrategyError, "optimizer", type(optimizer).__name__, "a tf_keras.optimizers.Optimizer",
                       "Pass e.g. tf_keras.optimizers.SGD(...); legacy and Keras 3 optimizers are not supported.")
     if tuning is not None:
-        from tfdist.autotune import CollectiveTuning
+        from tfdist.comm.autotune import CollectiveTuning
 
         loaded = CollectiveTuning.of(tuning)
         bytes_per_pack = bytes_per_pack or loaded.bytes_per_pack

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from tfdist._compat import callback_base
-from tfdist.cluster import ClusterLike, resolve_cluster
+from tfdist.cluster.spec import ClusterLike, resolve_cluster
 from tfdist.errors import StrategyError, invalid, require_int
-from tfdist import membership as _membership
+from tfdist.cluster import elastic as _membership
 
 __all__ = ["per_replica_batch", "world_size", "membership", "ElasticEpochs", "LinearScaling"]
 

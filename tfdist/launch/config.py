@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Optional
 
 from tfdist._names import describe_choices
-from tfdist.cluster import MAX_TASKS_PER_JOB, split_task_name, task_counts
+from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 
 _MAX_THREADS = 4096
@@ -280,7 +280,7 @@ class LaunchConfig:
         return "parameter_server" if self.ps else "collective"
 
     def task_counts(self) -> dict[str, int]:
-        """Tasks per job, in launch order (see :func:`tfdist.cluster.task_counts`)."""
+        """Tasks per job, in launch order (see :func:`tfdist.cluster.spec.task_counts`)."""
         return task_counts(workers=self.workers, ps=self.ps, chief=self.chief, evaluator=self.evaluator)
 
     def task_names(self) -> list[str]:

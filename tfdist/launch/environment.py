@@ -5,7 +5,7 @@ Kubernetes manifests all take a task's program and variables from here.
 
 Example:
     >>> server_argv("python")
-    ['python', '-m', 'tfdist.cli.server']
+    ['python', '-m', 'tfdist.launch.tasks.server']
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import json
 import sys
 from collections.abc import Mapping
 
-from tfdist.cluster import TF_CONFIG_VAR, ClusterSpec, split_task_name
+from tfdist.cluster.spec import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
 
 __all__ = ["TASK_VAR", "RESTART_VAR", "SERVER_MODULE", "server_argv", "task_variables", "child_env"]
 
 TASK_VAR = "TFDIST_TASK"
 RESTART_VAR = "TFDIST_RESTART"
-SERVER_MODULE = "tfdist.cli.server"  # What tasks that run no user code run: a TensorFlow server.
+SERVER_MODULE = "tfdist.launch.tasks.server"  # What tasks that run no user code run: a TensorFlow server.
 
 
 def server_argv(python: str = sys.executable) -> list[str]:

@@ -1,7 +1,7 @@
 """What a launch returns: each task's end and the run's, plus their JSON form (for runs in another process).
 
 Example:
-    >>> from tfdist.cluster import ClusterSpec
+    >>> from tfdist.cluster.spec import ClusterSpec
     >>> from tfdist.launch.results import LaunchResult, TaskResult
     >>> done = TaskResult(task="worker:0", exit_code=0, restarts=0, runs_command=True, output="ok")
     >>> result = LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=(done,),
@@ -16,9 +16,9 @@ import dataclasses
 from typing import Any, Optional
 
 from tfdist._names import describe_choices
-from tfdist.cluster import ClusterSpec
+from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch._tf_logs import NoiseFilter
+from tfdist.launch.output import NoiseFilter
 
 __all__ = ["LaunchResult", "TaskResult"]
 

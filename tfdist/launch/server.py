@@ -2,13 +2,13 @@
 
 ``tfdist-launch`` runs it on every task that does not run user code (the
 workers and ps of a parameter-server cluster) through its command-line entry
-point, ``python -m tfdist.cli.server``; the package never imports that entry
+point, ``python -m tfdist.launch.tasks.server``; the package never imports that entry
 point, so ``python -m`` runs it without a warning. Under a scheduler that waits
 for every task (Slurm's ``srun``), ``exit_with_chief=SECONDS`` ends the server
 with exit code 0 once the chief (the coordinator), after having been
 reachable, stays unreachable that long, so the job ends when training does
 instead of at its time limit. A worker's server also runs the staging agent
-(:mod:`tfdist.data.staging`) that serves its datasets' ``s3://`` objects where
+(:mod:`tfdist.data.storage.staging`) that serves its datasets' ``s3://`` objects where
 TensorFlow has no ``s3`` file system.
 """
 
@@ -20,7 +20,7 @@ import threading
 from types import FrameType
 from typing import Optional
 
-from tfdist.cluster import ClusterSpec
+from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid
 
 __all__ = ["run_server", "watch_chief"]
@@ -39,7 +39,7 @@ def watch_chief(address: str, done: threading.Event, *, grace: float, interval: 
         >>> done = threading.Event(); done.set()
         >>> watch_chief("127.0.0.1:1", done, grace=1.0)  # Returns at once: already done.
     """
-    from tfdist.probe import can_connect
+    from tfdist.cluster.probe import can_connect
 
     seen, missed = False, 0.0
     while not done.wait(interval):
@@ -66,7 +66,7 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
     """
     import tensorflow as tf
 
-    from tfdist.resolver import cluster_resolver
+    from tfdist.strategy.resolver import cluster_resolver
 
     spec = spec if spec is not None else ClusterSpec.from_tf_config()
     if spec.task is None or spec.task_type == "evaluator":
@@ -77,7 +77,7 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
                                   protocol=resolver.rpc_layer or "grpc", start=True)
     _log.info("TensorFlow server %s up at %s (%s).", spec.task.name, server.target, spec.describe())
     if spec.task_type == "worker":  # Stages the s3:// objects its ParameterServerStrategy datasets read via boto3.
-        from tfdist.data.staging import ensure_agent
+        from tfdist.data.storage.staging import ensure_agent
 
         ensure_agent()
     done = stop or threading.Event()

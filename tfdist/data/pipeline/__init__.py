@@ -1,0 +1,13 @@
+"""The TFRecord input pipeline: options, reading, parsing, stratified reading and batching.
+
+:class:`TFRecordPipeline` takes its options as six groups (``SourceOptions``, ``ShardOptions``,
+``ParseOptions``, ``SampleOptions``, ``EpochOptions``, ``TuningOptions``), all re-exported here and from
+:mod:`tfdist.data`.
+"""
+
+from tfdist.data.pipeline.options import (EpochOptions, ParseOptions, SampleOptions, ShardOptions, SourceOptions,
+                                          TuningOptions)
+from tfdist.data.pipeline.tfrecord import TFRecordPipeline
+
+__all__ = ["EpochOptions", "ParseOptions", "SampleOptions", "ShardOptions", "SourceOptions", "TFRecordPipeline",
+           "TuningOptions"]

@@ -1,0 +1,210 @@
+"""The options of a TFRecord pipeline, in groups: each group validated on its own, one job each.
+
+``TFRecordPipeline(...)`` takes every option as a flat keyword argument, for
+convenience, and hands each part of the pipeline only its group.
+
+Example:
+    >>> from tfdist.data.pipeline.options import EpochOptions, SourceOptions
+    >>> SourceOptions(files="/data/train-*").files
+    ('/data/train-*',)
+    >>> EpochOptions(batch_size=0)
+    Traceback (most recent call last):
+    ...
+    tfdist.errors.DataError: Invalid value for `batch_size`. Received: 0. Expected an integer >= 1 and <= 16777216.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional, Union
+
+from tfdist._names import describe_choices
+from tfdist.data.sampling import Weights
+from tfdist.data.sharding import SHARD_POLICIES
+from tfdist.errors import DataError, invalid, require_bool, require_int
+
+__all__ = ["SourceOptions", "ShardOptions", "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions",
+           "CORRUPT_POLICIES", "VERIFY_MODES", "COMPRESSION_CHOICES"]
+
+CORRUPT_POLICIES = ("raise", "skip")
+VERIFY_MODES = ("local", "all", "none")
+COMPRESSION_CHOICES = ("auto", "GZIP", "ZLIB", None)
+# Bounds that keep TensorFlow from aborting the process (std::bad_alloc, a segfault) on absurd values.
+MAX_BATCH = 1 << 24
+MAX_THREADS = 4096
+
+
+def _choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise invalid(DataError, name, value, describe_choices(value, [str(c) for c in choices]))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """Which files, how they are compressed, and how damaged files are handled.
+
+    Attributes:
+      files: Globs or paths (a single string is one glob).
+      compression: None, 'GZIP', 'ZLIB', or 'auto' (from the file name).
+      on_corrupt: 'raise' a DataError naming the file, or 'skip' the damaged part.
+      verify: Framing check before reading: 'local', 'all' or 'none'.
+    """
+
+    files: Union[str, Sequence[str]]
+    compression: Optional[str] = "auto"
+    on_corrupt: str = "raise"
+    verify: str = "local"
+
+    def __post_init__(self) -> None:
+        files = [self.files] if isinstance(self.files, str) else list(self.files) \
+            if isinstance(self.files, Sequence) else None
+        if not files or not all(isinstance(f, str) and f for f in files):
+            raise invalid(DataError, "files", self.files, "a glob or a non-empty list of paths")
+        object.__setattr__(self, "files", tuple(files))
+        _choice("on_corrupt", self.on_corrupt, CORRUPT_POLICIES)
+        _choice("verify", self.verify, VERIFY_MODES)
+        _choice("compression", self.compression, COMPRESSION_CHOICES)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShardOptions:
+    """How records are split over workers: 'auto', 'file', 'data', 'hash' (by ``key``) or 'off'."""
+
+    policy: str = "auto"
+    key: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _choice("shard_policy", self.policy, SHARD_POLICIES)
+        if self.policy == "hash" and not self.key:
+            raise invalid(DataError, "shard_key", self.key, "a feature of `features` with shard_policy='hash'",
+                          "Name the id feature to hash, e.g. shard_key='user_id'.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParseOptions:
+    """How a serialized record becomes features: a spec or a function, a label, an image to decode."""
+
+    features: Optional[Mapping[str, Any]] = None
+    parse_fn: Optional[Callable[[Any], Any]] = None
+    label_key: Optional[str] = None
+    image_key: Optional[str] = None
+    image_size: Optional[tuple[int, int]] = None
+    augment: bool = False
+    as_supervised: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("augment", "as_supervised"):
+            require_bool(DataError, name, getattr(self, name))
+        if (self.features is None) == (self.parse_fn is None):
+            raise invalid(DataError, "features", self.features, "exactly one of `features` and `parse_fn`",
+                          "Pass a feature spec dict, or a parse function of one serialized record.")
+        if self.features is not None and not isinstance(self.features, Mapping):
+            raise invalid(DataError, "features", self.features, "a dict of feature name -> tf.io feature spec")
+        if self.parse_fn is not None and not callable(self.parse_fn):
+            raise invalid(DataError, "parse_fn", self.parse_fn, "a function of one serialized record")
+        for name in ("label_key", "image_key"):
+            key = getattr(self, name)
+            if key is not None and self.features is not None and key not in self.features:
+                raise invalid(DataError, name, key, f"a feature of `features` ({sorted(self.features)})")
+        if self.as_supervised and not self.label_key:
+            raise invalid(DataError, "label_key", None, "the label feature with as_supervised or class_weights")
+        if (self.image_key is None) != (self.image_size is None):
+            raise invalid(DataError, "image_size", self.image_size, "image_key and image_size together")
+        if self.image_size is not None:
+            size = tuple(self.image_size) if isinstance(self.image_size, Sequence) else ()
+            if len(size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 15
+                                         for v in size):
+                raise invalid(DataError, "image_size", self.image_size, "(height, width), integers from 1 to 32768")
+            object.__setattr__(self, "image_size", size)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SampleOptions:
+    """Stratified reading: the class mix, the class count for unpartitioned files, the draw block."""
+
+    class_weights: Optional[Weights] = None
+    num_classes: Optional[int] = None
+    sample_block: int = 4
+
+    def __post_init__(self) -> None:
+        require_int(DataError, "sample_block", self.sample_block, minimum=1, maximum=MAX_BATCH)
+        if self.num_classes is not None:
+            require_int(DataError, "num_classes", self.num_classes, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpochOptions:
+    """Batches and passes: batch size, epochs (None: forever), shuffling, seed, static batches."""
+
+    batch_size: int
+    num_epochs: Optional[int] = 1
+    shuffle_buffer: int = 0
+    seed: Optional[int] = None
+    drop_remainder: bool = False
+
+    def __post_init__(self) -> None:
+        require_bool(DataError, "drop_remainder", self.drop_remainder)
+        require_int(DataError, "batch_size", self.batch_size, minimum=1, maximum=MAX_BATCH)
+        if self.num_epochs is not None:
+            require_int(DataError, "num_epochs", self.num_epochs, minimum=1)
+        require_int(DataError, "shuffle_buffer", self.shuffle_buffer, minimum=0, maximum=MAX_BATCH)
+        if self.seed is not None:
+            require_int(DataError, "seed", self.seed, minimum=-(1 << 63), maximum=(1 << 63) - 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuningOptions:
+    """Where and how fast: tf.data service, determinism, prefetch, parallel reads, cache, threads, autotuning, RAM.
+
+    ``autotune_model`` (None: on only with ``ram_budget_bytes``) runs tf.data's autotuning model for the
+    pipeline: a background thread that re-tunes parallelism and buffers and enforces the RAM budget.
+    Off, every ``"autotune"`` parallelism starts and stays at min(16, the size of the tf.data thread pool:
+    the cores, or ``private_threadpool_size``), TF's own starting value, and prefetch buffers still grow by
+    themselves. It is off by default because of a stall in TF 2.17-2.21: with it, deleting an iterator
+    (each epoch of ``fit``, each ``evaluate``) waits out the model's current optimization period in about
+    half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
+    """
+
+    data_service: Optional[str] = None
+    deterministic: bool = True
+    prefetch: Union[int, str] = "autotune"
+    num_parallel_reads: Union[int, str] = "autotune"
+    cache: Union[bool, str] = False
+    private_threadpool_size: int = 0
+    ram_budget_bytes: Optional[int] = None
+    autotune_model: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        require_bool(DataError, "deterministic", self.deterministic)
+        if self.autotune_model is not None:
+            require_bool(DataError, "autotune_model", self.autotune_model)
+        if self.data_service is not None and not (isinstance(self.data_service, str) and re.match(
+                r"^grpc(\+local)?://[^/]+:\d+$", self.data_service)):
+            raise invalid(DataError, "data_service", self.data_service, "'grpc://host:port' of a dispatcher")
+        for name in ("prefetch", "num_parallel_reads"):
+            value = getattr(self, name)
+            if value != "autotune":
+                require_int(DataError, name, value, minimum=1, maximum=MAX_THREADS)
+        require_int(DataError, "private_threadpool_size", self.private_threadpool_size, minimum=0,
+                    maximum=MAX_THREADS)
+        if self.ram_budget_bytes is not None:
+            require_int(DataError, "ram_budget_bytes", self.ram_budget_bytes, minimum=1)
+            if self.autotune_model is False:
+                raise invalid(DataError, "autotune_model", False, "True or None with ram_budget_bytes",
+                              "TF enforces the RAM budget in its autotuning model: drop ram_budget_bytes, or "
+                              "leave autotune_model unset.")
+        if not isinstance(self.cache, (bool, str)) or self.cache == "":
+            raise invalid(DataError, "cache", self.cache, "True (memory), False, or a file path")
+
+    @property
+    def autotune_enabled(self) -> bool:
+        """Whether tf.data's autotuning model runs: as asked, else only to enforce ``ram_budget_bytes``.
+
+        Example:
+            >>> TuningOptions().autotune_enabled, TuningOptions(ram_budget_bytes=1 << 30).autotune_enabled
+            (False, True)
+        """
+        return self.autotune_model if self.autotune_model is not None else self.ram_budget_bytes is not None
+

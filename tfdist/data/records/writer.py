@@ -1,0 +1,378 @@
+"""Sharded TFRecord writing: balanced shards, optional per-class shard groups, a manifest.
+
+Example:
+    >>> import tempfile, os
+    >>> from tfdist.data import write_tfrecords
+    >>> prefix = os.path.join(tempfile.mkdtemp(), "train")
+    >>> paths = write_tfrecords([b"a", b"b", b"c"], prefix, num_shards=2)
+    >>> [os.path.basename(p) for p in paths]
+    ['train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, Optional, Union
+
+from tfdist.errors import DataError, Error, StorageError, invalid, require_int
+
+__all__ = ["write_tfrecords", "shard_name", "prefixes_of", "manifest_path", "read_manifest", "label_name",
+           "label_of_name", "COMPRESSIONS", "CLASS_GROUP"]
+
+_log = logging.getLogger("tfdist.data")
+COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
+# A per-class group: PREFIX-label=VALUE-00000-of-00004.tfrecord[.gz]
+_SUFFIXES = "|".join(re.escape(suffix) for suffix in COMPRESSIONS.values() if suffix)
+CLASS_GROUP = re.compile(rf"-(?P<key>[A-Za-z0-9_]+)=(?P<value>[^/]+?)-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
+Example = Union[bytes, Any]  # serialized bytes or a tf.train.Example
+Progress = Callable[[int], None]
+_MAX_LABEL_NAME = 100
+
+
+def shard_name(prefix: str, index: int, count: int, compression: Optional[str] = None) -> str:
+    """``PREFIX-00003-of-00016.tfrecord`` (plus ``.gz``/``.zz`` when compressed)."""
+    return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression]}"
+
+
+_SHARD_SUFFIX = re.compile(rf"-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
+# A class group's '-KEY=VALUE' right before the shard suffix (an encoded label has no '=' and no '/').
+_GROUP_TAIL = re.compile(r"-[A-Za-z0-9_]+=[^/=]+$")
+
+
+def prefixes_of(path: str) -> tuple[str, ...]:
+    """The ``path_prefix`` values a shard written by :func:`write_tfrecords` can come from; () for other names.
+
+    A name with a ``-KEY=VALUE`` group before its shard number is ambiguous: a
+    class group of a partitioned write, or a prefix that itself ends in
+    ``-KEY=VALUE`` (``part-v=2``). Both are returned, the longer first.
+
+    Example:
+        >>> prefixes_of("/d/part-v=2-00000-of-00002.tfrecord.gz")
+        ('/d/part-v=2', '/d/part')
+        >>> prefixes_of("/d/train-00003-of-00016.tfrecord"), prefixes_of("/d/notes.txt")
+        (('/d/train',), ())
+    """
+    match = _SHARD_SUFFIX.search(path)
+    if match is None:
+        return ()
+    prefix = path[: match.start()]
+    group = _GROUP_TAIL.search(prefix)
+    return (prefix, prefix[: group.start()]) if group and group.start() else (prefix,)
+
+
+def manifest_path(prefix: str) -> str:
+    """Where ``write_tfrecords`` records what it wrote (counts per file and class)."""
+    return f"{prefix}-manifest.json"
+
+
+def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> Optional[dict[str, Any]]:
+    """The manifest next to ``prefix``, or None when there is none.
+
+    Args:
+      prefix: The ``path_prefix`` given to :func:`write_tfrecords`.
+      on_corrupt: A manifest that is not the writer's JSON: 'raise' a
+        DataError naming it, or 'skip' it (log a warning and return None).
+    """
+    from tfdist.data.storage import remote
+
+    path = manifest_path(prefix)
+    if not remote.exists(path):
+        return None
+    try:
+        with remote.open_file(path, "rb") as f:
+            raw = f.read()
+    except Error:
+        raise
+    except Exception as err:  # noqa: BLE001 - OSError or TF's OpError: the file is there but unreadable.
+        raise StorageError(f"Cannot read {path}: {err}. Check that it is readable.") from err
+    try:
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict) or not all(isinstance(info, dict) and isinstance(info.get("records"), int)
+                                                     for info in manifest["files"].values()):
+            raise ValueError("no per-file record counts")
+        return manifest
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        if on_corrupt == "skip":
+            _log.warning("Ignoring the corrupt manifest %s (%s): record counts are unknown.", path, err)
+            return None
+        raise invalid(DataError, "manifest", path, f"the JSON manifest write_tfrecords writes ({err})",
+                      "Delete it (reading works without it), re-write the data, or pass on_corrupt='skip'.") from err
+
+
+def label_name(value: str) -> str:
+    """``value`` as it appears in a shard name: percent-encoded (no ``/``, no control characters), at most 100
+    characters (longer values are cut and get a hash; the manifest keeps the real value).
+
+    Example:
+        >>> label_name("cat"), label_name("/../x"), label_name("a b\\n")
+        ('cat', '%2F..%2Fx', 'a%20b%0A')
+    """
+    encoded = urllib.parse.quote(value, safe="_.").replace("~", "%7E")
+    if len(encoded) > _MAX_LABEL_NAME:
+        encoded = f"{encoded[:80]}~{hashlib.sha1(value.encode()).hexdigest()[:12]}"
+    return encoded
+
+
+def label_of_name(name: str) -> str:
+    """The label a shard-name label stands for (exact unless it was cut: then read the manifest's ``class``)."""
+    return urllib.parse.unquote(name)
+
+
+def _label_of(record: bytes, key: str, index: int) -> str:
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
+    try:
+        feature = tf.train.Example.FromString(record).features.feature
+    except DecodeError as err:
+        raise invalid(DataError, f"examples[{index}]", record[:40], "a serialized tf.train.Example with "
+                      "partition_by", "Pass tf.train.Example protos or their SerializeToString().") from err
+    if key not in feature:
+        raise invalid(DataError, "partition_by", key, f"a feature of every example (found {sorted(feature)})")
+    value = feature[key]
+    kind = value.WhichOneof("kind")
+    items = list(getattr(value, kind).value) if kind else []
+    if len(items) != 1:
+        raise invalid(DataError, "partition_by", key, "a feature with exactly one value per example")
+    item = items[0]
+    if isinstance(item, bytes):
+        try:
+            item = item.decode()
+        except UnicodeDecodeError as err:
+            raise invalid(DataError, f"examples[{index}].{key}", item[:40], "a UTF-8 label with partition_by",
+                          "Map the labels to integers or text first.") from err
+    label = str(item)
+    if not label:
+        raise invalid(DataError, f"examples[{index}].{key}", label, "a non-empty label with partition_by")
+    return label
+
+
+def _serialized(example: Any, index: int) -> bytes:
+    if isinstance(example, bytes):
+        return example
+    serialize = getattr(example, "SerializeToString", None)
+    if not callable(serialize):
+        raise invalid(DataError, f"examples[{index}]", example, "a tf.train.Example or serialized bytes",
+                      "Build tf.train.Example protos (or pass bytes you serialized yourself).")
+    record = serialize()
+    if not isinstance(record, bytes):
+        raise invalid(DataError, f"examples[{index}]", type(example).__name__, "a protocol buffer message")
+    return record
+
+
+def _existing(path_prefix: str, partition_by: Optional[str]) -> list[str]:
+    """The shards and manifest a previous ``write_tfrecords(..., path_prefix)`` left.
+
+    The previous manifest names its shards exactly. Without one (lost, or corrupt), a file counts only when its
+    name is this prefix's own shard name: ``PREFIX-NNNNN-of-NNNNN``, or ``PREFIX-KEY=VALUE-NNNNN-of-NNNNN`` with
+    KEY this write's ``partition_by``. Another dataset whose prefix merely starts with ``PREFIX-`` (such as
+    ``PREFIX-v=2``) is never taken for an old version of this one.
+    """
+    from tfdist.data.storage import remote
+
+    if any(c in path_prefix for c in "*?["):
+        return []  # A prefix with wildcards cannot be globbed for itself alone; nothing is removed.
+    try:
+        found = remote.glob(f"{path_prefix}-*")
+    except Error:
+        raise
+    except Exception:  # noqa: BLE001 - nothing listed, nothing to replace.
+        return []
+    manifest = manifest_path(path_prefix)
+    previous = read_manifest(path_prefix, on_corrupt="skip") if manifest in found else None
+    if previous is not None:
+        listed = set(previous["files"])
+        return [p for p in found if p in listed or p == manifest]
+    group = rf"(?:-{re.escape(partition_by)}=[^/]+?)?" if partition_by else ""
+    own = re.compile(re.escape(path_prefix) + group + r"-\d{5}-of-\d{5}\.tfrecord(?:\.gz|\.zz)?")
+    return [p for p in found if own.fullmatch(p) or p == manifest]
+
+
+class _Staging:
+    """Where shards are written before they replace the old dataset in one step.
+
+    TF file systems: a hidden directory beside the prefix, moved into place by
+    rename. Objects served through boto3: local files, uploaded on commit.
+    """
+
+    def __init__(self, path_prefix: str) -> None:
+        import tensorflow as tf
+
+        from tfdist.data.storage import remote
+
+        self._remote = remote
+        self._boto = remote.reader_for(path_prefix) == "boto3"
+        self._finish: dict[str, Any] = {}
+        parent, _, base = path_prefix.rpartition("/")
+        self.dir = f"{parent or '.'}/.{base}.tfdist-staging-{uuid.uuid4().hex[:12]}"
+        if not self._boto:
+            try:
+                tf.io.gfile.makedirs(self.dir)
+            except tf.errors.OpError as err:
+                raise StorageError(f"Cannot write under {parent or '.'}: {err.message}. Check the path and "
+                                   "permissions.") from err
+
+    def path(self, final: str) -> str:
+        """Where the shard ``final`` is written first."""
+        if self._boto:
+            local, finish = self._remote.writable_path(final)
+            self._finish[final] = (local, finish)
+            return local
+        return f"{self.dir}/{final.rpartition('/')[2]}"
+
+    def commit(self, finals: Iterable[str], manifest: dict[str, Any], manifest_file: str) -> None:
+        """Moves every staged shard to its final name, then writes the manifest."""
+        import tensorflow as tf
+
+        for final in finals:
+            if self._boto:
+                self._finish[final][1]()
+            else:
+                tf.io.gfile.rename(self.path(final), final, overwrite=True)
+        if self._boto:
+            with self._remote.open_file(manifest_file, "w") as f:
+                json.dump(manifest, f, indent=1, sort_keys=True)
+            return
+        staged = f"{self.dir}/manifest.json"
+        with tf.io.gfile.GFile(staged, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        tf.io.gfile.rename(staged, manifest_file, overwrite=True)
+
+    def discard(self) -> None:
+        """Removes whatever is still staged."""
+        import tensorflow as tf
+
+        if self._boto:
+            for local, _ in self._finish.values():
+                if os.path.exists(local):
+                    os.unlink(local)
+        elif tf.io.gfile.exists(self.dir):
+            tf.io.gfile.rmtree(self.dir)
+
+
+def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards: int,
+                    compression: Optional[str] = None, partition_by: Optional[str] = None,
+                    progress: Optional[Progress] = None, log_every: int = 100_000) -> list[str]:
+    """Writes examples round-robin into ``num_shards`` balanced TFRecord files.
+
+    Writing is all or nothing: shards are staged in a hidden directory beside
+    ``path_prefix`` and moved into place only when every example is written.
+    A failed write leaves the previous dataset of ``path_prefix`` as it was; a
+    successful one replaces it whole (old shards of another shard count are
+    removed).
+
+    Args:
+      examples: ``tf.train.Example`` protos or serialized bytes.
+      path_prefix: Path prefix, local or any ``tf.io.gfile`` scheme (``s3://``
+        needs tensorflow-io).
+      num_shards: Files to write (per class with ``partition_by``).
+      compression: None, 'GZIP' or 'ZLIB'.
+      partition_by: A label feature: write one group of ``num_shards`` files
+        per class, named ``PREFIX-KEY=VALUE-00000-of-0000N.tfrecord``, which
+        stratified reading needs. VALUE is the label percent-encoded (see
+        :func:`label_name`); the manifest keeps the real value.
+      progress: Called with the running count of records written.
+      log_every: Log progress every this many records.
+
+    Returns:
+      The paths written, sorted.
+
+    Raises:
+      DataError: Bad arguments, an item that is not an example, or a label
+        that cannot be a class (nothing is written then).
+      StorageError: The files cannot be written or moved into place.
+    """
+    import tensorflow as tf
+
+    from tfdist.data.storage import remote
+
+    require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
+    if compression not in COMPRESSIONS:
+        raise invalid(DataError, "compression", compression, "None, 'GZIP' or 'ZLIB'")
+    if partition_by is not None and not (isinstance(partition_by, str) and re.fullmatch(r"[A-Za-z0-9_]+",
+                                                                                         partition_by)):
+        raise invalid(DataError, "partition_by", partition_by, "a feature name of letters, digits and _")
+    if not isinstance(path_prefix, str) or not path_prefix or path_prefix.endswith("/"):
+        raise invalid(DataError, "path_prefix", path_prefix, "a path prefix such as '/data/train'")
+    require_int(DataError, "log_every", log_every, minimum=1)
+    remote.ensure_filesystem(path_prefix)
+    parent = path_prefix.rpartition("/")[0] or "."
+    if "://" not in parent:
+        try:
+            tf.io.gfile.makedirs(parent)
+        except tf.errors.OpError as err:
+            raise StorageError(f"Cannot create {parent}: {err.message}. Check the path and permissions.",
+                               field="path_prefix", value=path_prefix) from err
+    staging = _Staging(path_prefix)
+    try:
+        files, counters, written, seconds = _write_all(examples, path_prefix, staging, num_shards=num_shards,
+                                                       compression=compression, partition_by=partition_by,
+                                                       progress=progress, log_every=log_every)
+        if not written:
+            raise invalid(DataError, "examples", [], "at least one example")
+        manifest = {"prefix": path_prefix, "compression": compression, "partition_by": partition_by,
+                    "num_shards": num_shards, "records": written, "files": files,
+                    "classes": dict(counters) if partition_by else None}
+        old = _existing(path_prefix, partition_by)
+        staging.commit(sorted(files), manifest, manifest_path(path_prefix))
+        for stale in sorted(set(old) - set(files) - {manifest_path(path_prefix)}):
+            remote.remove(stale)
+    except tf.errors.OpError as err:
+        raise StorageError(f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
+                           "the error came while moving the new ones into place.") from err
+    finally:
+        staging.discard()
+    _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix, seconds)
+    return sorted(files)
+
+
+def _write_all(examples: Iterable[Example], path_prefix: str, staging: _Staging, *, num_shards: int,
+               compression: Optional[str], partition_by: Optional[str], progress: Optional[Progress],
+               log_every: int) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, float]:
+    """Writes every example into ``staging``; returns (final path -> info, class -> records, records, seconds)."""
+    import tensorflow as tf
+
+    options = tf.io.TFRecordOptions(compression_type=compression or "")
+    writers: dict[str, list[Any]] = {}
+    names: dict[str, list[str]] = {}
+    counters: dict[str, int] = {}
+    files: dict[str, dict[str, Any]] = {}
+    start, written = time.monotonic(), 0
+    try:
+        for index, example in enumerate(examples):
+            record = _serialized(example, index)
+            group = _label_of(record, partition_by, index) if partition_by else ""
+            if group not in writers:
+                prefix = f"{path_prefix}-{partition_by}={label_name(group)}" if partition_by else path_prefix
+                names[group] = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
+                if len({n for g in names.values() for n in g}) != sum(len(g) for g in names.values()):
+                    raise invalid(DataError, f"examples[{index}].{partition_by}", group,
+                                  "labels whose shortened file names differ", "Shorten the labels.")
+                writers[group] = [tf.io.TFRecordWriter(staging.path(n), options) for n in names[group]]
+                for name in names[group]:
+                    files[name] = {"records": 0, "bytes": 0, "class": group if partition_by else None}
+                counters[group] = 0
+            shard = counters[group] % num_shards
+            counters[group] += 1
+            writers[group][shard].write(record)
+            info = files[names[group][shard]]
+            info["records"] += 1
+            info["bytes"] += len(record) + 16
+            written += 1
+            if progress is not None:
+                progress(written)
+            if written % log_every == 0:
+                _log.info("Wrote %d records (%.0f/s).", written, written / max(1e-9, time.monotonic() - start))
+    finally:
+        for group_writers in writers.values():
+            for writer in group_writers:
+                writer.close()
+    return files, counters, written, time.monotonic() - start

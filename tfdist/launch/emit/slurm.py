@@ -1,0 +1,181 @@
+"""The ``sbatch`` script ``tfdist-launch --emit slurm`` prints (see docs/slurm.md)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from typing import Optional
+
+from tfdist.runtime import exit_codes
+from tfdist.errors import LaunchError, invalid, require_int
+from tfdist.launch.config import LaunchConfig, require_config
+
+# Exit codes a rerun cannot fix: tfdist's bad-configuration code, and a command that cannot be run.
+PERMANENT_CODES = (exit_codes.BAD_CONFIG, exit_codes.CANNOT_EXECUTE, exit_codes.NOT_FOUND)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_TIME = re.compile(r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(?::\d{1,2}){0,2}"
+                   r"|UNLIMITED|INFINITE)$")
+_PYTHON_NAME = re.compile(r"^python(?:3(?:\.\d+)?)?$")
+_FIRST_FAILURE = r"s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\).*/\1/p"
+
+# How an elastic run sizes its step: from the allocation Slurm granted this run, at most chief + --max-workers.
+_ELASTIC_SIZE = """\
+# Elastic: the step has as many tasks as the allocation Slurm granted this run (fewer nodes of the
+# --nodes range, or a requeued job given fewer tasks), at most chief + --max-workers.
+TASKS=$("$PYTHON" -m tfdist.launch.tasks.slurm --allocated-tasks {most}) || exit 2
+echo "tfdist job: Slurm restart count ${{SLURM_RESTART_COUNT:-0}}: $TASKS tasks on ${{SLURM_JOB_NUM_NODES:-1}} node(s)" >&2"""
+
+
+def check_job_name(name: str) -> str:
+    """A Slurm job name that cannot break out of its ``#SBATCH`` line."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise invalid(LaunchError, "--name", name, "1-128 letters, digits, '.', '_', '+' or '-', "
+                      "starting with a letter or digit", "Example: --name resnet-50.")
+    return name
+
+
+def check_time(text: str) -> str:
+    """A Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED."""
+    if not isinstance(text, str) or not _TIME.match(text):
+        raise invalid(LaunchError, "--time", text, "a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED)",
+                      "Example: --time 04:00:00.")
+    return text
+
+
+def check_python(python: str) -> str:
+    """An interpreter path without control characters (it is shell-quoted in the script)."""
+    if not isinstance(python, str) or not python or any(ord(c) < 32 or ord(c) == 127 for c in python):
+        raise invalid(LaunchError, "--python", python, "the path of a Python with tfdist installed on every node")
+    return python
+
+
+def _elastic_header(config: LaunchConfig, tasks_per_node: int) -> list[str]:
+    """``#SBATCH`` lines of an elastic job: a node range for chief + min..max workers, requeued on node failure."""
+    for flag, value in (("--ps", config.ps), ("--evaluator", config.evaluator)):
+        if value:
+            raise invalid(LaunchError, flag, value, "no parameter servers or evaluator in an elastic Slurm job",
+                          "Elastic Slurm jobs are chief/worker (MultiWorkerMirroredStrategy) jobs; "
+                          "drop --min-workers, or this option.")
+    if config.loses or config.returns:
+        raise invalid(LaunchError, "--lose" if config.loses else "--return", (config.loses or config.returns)[0],
+                      "no fault injection in a Slurm script (the local engine's)",
+                      "On Slurm a failed node (or 'scontrol requeue') plays the loss; drop --lose/--return.")
+    low, high = (-(-(int(config.chief) + n) // tasks_per_node) for n in (config.min_workers, config.max_workers))
+    return [f"#SBATCH --nodes={low}-{high}" if low < high else f"#SBATCH --nodes={low}",
+            f"#SBATCH --ntasks-per-node={tasks_per_node}",
+            "# Elastic: Slurm requeues the job when a node fails, and the next run sizes itself from its allocation;",
+            "# a requeued run appends to the output file.",
+            "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+
+
+def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: str = "01:00:00",
+                 cpus_per_task: Optional[int] = None, gpus_per_task: int = 0, port_base: Optional[int] = None,
+                 python: Optional[str] = None, tf_log_level: int = 2, tasks_per_node: int = 1) -> str:
+    """An ``sbatch`` script: one Slurm task per TF task, each building TF_CONFIG with tfdist.
+
+    Args:
+      config: The topology and command; ``config.max_restarts`` reruns of the
+        step after a failure (each resumes from the user's BackupAndRestore).
+      name: The Slurm job name.
+      time_limit: ``#SBATCH --time``.
+      cpus_per_task: ``#SBATCH --cpus-per-task``; None: Slurm's default.
+      gpus_per_task: ``#SBATCH --gpus-per-task`` when > 0.
+      port_base: A fixed first port per node; None: a per-job port base from
+        ``SLURM_JOB_ID`` and a free-port check (see ``tfdist.cluster.slurm.job_port_base``).
+      python: The interpreter the tasks run (and the command, when it starts
+        with ``python``/``python3``); default the one running this.
+      tf_log_level: Default ``TF_CPP_MIN_LOG_LEVEL`` (the submit environment's value wins).
+      tasks_per_node: ``#SBATCH --ntasks-per-node``: TF tasks per node.
+
+    With ``config.min_workers`` the job is elastic (docs/slurm.md): it asks for a node range
+    (``--nodes=MIN-MAX`` for chief + min..max workers, ``tasks_per_node`` each), is requeued by Slurm when
+    a node fails, and each run sizes its step from the allocation it got; tasks see ``TFDIST_WORLD_SIZE``
+    and ``TFDIST_MEMBERSHIP`` (Slurm's restart count).
+
+    Example:
+        >>> from tfdist.launch.config import LaunchConfig
+        >>> script = slurm_script(LaunchConfig(command=("python", "train.py"), workers=2), python="/opt/py")
+        >>> "PYTHON=/opt/py" in script and "#SBATCH --ntasks=2" in script
+        True
+        >>> elastic = LaunchConfig(command=("python", "train.py"), workers=4, min_workers=2)
+        >>> [line for line in slurm_script(elastic, python="/opt/py").splitlines() if "#SBATCH --nodes" in line]
+        ['#SBATCH --nodes=2-4']
+    """
+    require_config(config)
+    check_job_name(name)
+    check_time(time_limit)
+    python = check_python(sys.executable if python is None else python)
+    require_int(LaunchError, "--gpus", gpus_per_task, minimum=0, maximum=1024)
+    require_int(LaunchError, "--tf-log-level", tf_log_level, minimum=0, maximum=3)
+    if cpus_per_task is not None:
+        require_int(LaunchError, "--cpus-per-task", cpus_per_task, minimum=1, maximum=65536)
+    counts = {job: n for job, n in (("chief", int(config.chief)), ("worker", config.workers), ("ps", config.ps),
+                                    ("evaluator", int(config.evaluator))) if n}
+    total = sum(counts.values())
+    if port_base is not None:
+        require_int(LaunchError, "--port-base", port_base, minimum=1024, maximum=65536 - total,
+                    fix=f"The {total} tasks on one node use --port-base .. --port-base+{total - 1}.")
+    require_int(LaunchError, "--tasks-per-node", tasks_per_node, minimum=1, maximum=4096)
+    jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
+    if config.min_workers is not None:
+        lines += [*_elastic_header(config, tasks_per_node), f"#SBATCH --time={time_limit}"]
+        jobs = "chief=1" if config.chief else ""
+        described = f"{jobs + ',' if jobs else ''}worker={config.min_workers}..{config.max_workers} (elastic)"
+    else:
+        lines += [f"#SBATCH --ntasks={total}", f"#SBATCH --time={time_limit}"]
+        if tasks_per_node > 1:
+            lines.append(f"#SBATCH --ntasks-per-node={tasks_per_node}")
+    if cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
+    if gpus_per_task:
+        lines.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
+    command = shlex.join(config.command)
+    if _PYTHON_NAME.match(config.command[0]):  # 'python train.py' runs on the pinned interpreter too.
+        command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
+    flags = [f"--jobs {jobs}"] if jobs else []
+    flags += ['--port-base "$PORT_BASE"', '--restart "$attempt"', f"--run-on {shlex.quote(config.run_on)}"]
+    ports = (f"PORT_BASE={port_base}" if port_base is not None else
+             "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
+             'PORT_BASE=$("$PYTHON" -m tfdist.launch.tasks.slurm --pick-port-base) || exit 2')
+    srun = "srun --kill-on-bad-exit=1"
+    if config.min_workers is not None:
+        flags.append(f"--min-workers {config.min_workers}")
+        srun += ' --ntasks="$TASKS"'
+        ports += "\n" + _ELASTIC_SIZE.format(most=int(config.chief) + config.max_workers)
+    task_args = f"-m tfdist.launch.tasks.slurm {' '.join(flags)} -- {command}"
+    lines += [
+        f"# tfdist job {described}: one Slurm task per TensorFlow task, each building its TF_CONFIG from SLURM_*",
+        "# (job names sorted, ranks in order, ports PORT_BASE+i for the i-th task on a node).",
+        "set -uo pipefail",
+        f"PYTHON={shlex.quote(python)}",
+        f"MAX_RESTARTS={config.max_restarts}",
+        f'export TF_CPP_MIN_LOG_LEVEL="${{TF_CPP_MIN_LOG_LEVEL:-{tf_log_level}}}"',
+        "export TF_USE_LEGACY_KERAS=1",
+        "# Every node must run tfdist with this interpreter: check once per node before the real step.",
+        "if ! srun --ntasks-per-node=1 --ntasks=\"${SLURM_JOB_NUM_NODES:-1}\" \"$PYTHON\" -c 'import tfdist' >&2; then",
+        '  echo "tfdist job: error: $PYTHON cannot import tfdist on every node of this job (srun names the node'
+        ' above). Install tfdist for that interpreter on every node, or emit the script with --python PATH." >&2',
+        "  exit 2",
+        "fi",
+        ports,
+        'SRUN_LOG=$(mktemp "${TMPDIR:-/tmp}/tfdist-srun.XXXXXX")',
+        "trap 'rm -f \"$SRUN_LOG\"' EXIT",
+        "attempt=0",
+        "while true; do",
+        f'  {{ {srun} "$PYTHON" ' + task_args + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1',
+        "  code=$?",
+        '  [ "$code" -eq 0 ] && exit 0',
+        "  # srun returns 128+signal when it stopped the other tasks: the job's code is the first task's failure.",
+        f"  first=$(sed -n '{_FIRST_FAILURE}' \"$SRUN_LOG\" | head -n 1)",
+        '  code=${first:-$code}',
+        f'  case "$code" in {"|".join(map(str, PERMANENT_CODES))}) exit "$code";; esac  # a rerun would fail the same way',
+        '  [ "$attempt" -ge "$MAX_RESTARTS" ] && exit "$code"',
+        "  attempt=$((attempt + 1))",
+        '  echo "tfdist job: step failed with exit code $code; restart $attempt of $MAX_RESTARTS" >&2',
+        "  sleep 1",
+        "done",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,455 @@
+"""The Ray engine: every task is an actor in one placement group, running the task's program as a subprocess.
+
+Ray places the tasks (gang-scheduled in one placement group, packed on few nodes or spread across them); each
+actor picks its task's port on its own node; the driver builds the cluster from the reported addresses. The
+supervisor in :mod:`tfdist.launch.supervisor.runner` keeps every rule (restarts, fail-fast, fault injection, timeout,
+environment): this module only places, starts, streams, signals and reports, like the local engine.
+
+Without ``address`` a local Ray is started for the run and shut down afterwards; with ``'auto'`` or
+``'host:port'`` the run joins that cluster and leaves it running.
+
+Nodes that leave and join: when a task's actor dies with its node, :meth:`RayEngine.lost` says so (the
+supervisor then counts an elastic worker as lost instead of restarting it where it cannot run), and a new
+actor is asked for in the same placement-group bundle at once. Ray reschedules that bundle when the cluster has
+room for it again (a node joins); the new actor then reports its address and :meth:`RayEngine.returned` hands
+the task back, so the worker rejoins at the next epoch boundary.
+
+Example:
+    >>> options = RayOptions(cpus_per_task=2, placement="spread")   # RayEngine(**same) runs with them
+    >>> options.bundle(), options.strategy
+    ({'CPU': 2.0}, 'SPREAD')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from tfdist.cluster import address as _address
+from tfdist._names import describe_choices
+from tfdist.cluster.spec import ClusterSpec
+from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_int, require_number
+from tfdist.launch.engines._ray_actor import TaskHost
+from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
+
+__all__ = ["RayEngine", "RayOptions", "INSTALL_HINT", "LOOPBACK_VAR", "PLACEMENTS"]
+
+_log = logging.getLogger("tfdist.launch.ray")
+INSTALL_HINT = 'pip install "tfdist[ray]"  (Ray 2.60 with the pins this stack needs)'
+# Read by Ray when it is imported: "0" keeps every Ray daemon and worker on the loopback address.
+LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict_pack": "STRICT_PACK", "strict_spread": "STRICT_SPREAD"}
+DATA_SERVICE_TASK = "data-service:0"
+_ACTOR_DIED = 1
+_POLL_SECONDS = 0.5
+_CALL_TIMEOUT = 60.0
+# After an actor died: seconds for the GCS to mark its node dead. Ray's defaults take about 20 s for a hard-killed
+# raylet (health checks: 5 s initial delay, then 5 failures 3 s apart); later, the actor died on a live node.
+_NODE_DEATH_WAIT = 30.0
+_NODES_LOOK = 0.5  # seconds between looks at Ray's node table while a death is undecided
+_RETURN_LOOK = 1.0  # seconds between looks for re-placed actors
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or EngineError saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise EngineError(f"The Ray engine needs Ray, which is not installed ({err}). Install it with: "
+                          f"{INSTALL_HINT}", field="--engine", value="ray", fix=f"Install it: {INSTALL_HINT}") from None
+    return ray
+
+
+def _ray_installed() -> bool:
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
+
+
+def is_loopback(address: Optional[str]) -> bool:
+    """True for no address (a local Ray) and for a Ray address on this machine's loopback.
+
+    Example:
+        >>> is_loopback(None), is_loopback("127.0.0.1:6379"), is_loopback("auto"), is_loopback("head:6379")
+        (True, True, False, False)
+    """
+    if address is None:
+        return True
+    host = address.split("://")[-1].rpartition(":")[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+_MAX_PER_TASK = 4096  # CPUs or GPUs one task may reserve
+_MAX_READY_TIMEOUT = 86400.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayOptions:
+    """Where and how a run uses Ray.
+
+    Args:
+      address: None: start a local Ray for the run (shut down afterwards).
+        'auto' or 'host:port': join that cluster and leave it running.
+      cpus_per_task: CPUs each task reserves in the placement group.
+      gpus_per_task: GPUs each task reserves (Ray sets the task's
+        ``CUDA_VISIBLE_DEVICES``).
+      placement: 'pack' (as few nodes as possible), 'spread' (across nodes),
+        'strict_pack' (one node) or 'strict_spread' (one node per task).
+      ready_timeout: Seconds to wait until the cluster holds every task.
+      num_cpus: CPUs of the local Ray (default: enough for the job, at least
+        this machine's count). Only without ``address``.
+    """
+
+    address: Optional[str] = None
+    cpus_per_task: float = 1.0
+    gpus_per_task: float = 0.0
+    placement: str = "pack"
+    ready_timeout: float = 120.0
+    num_cpus: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("cpus_per_task", "gpus_per_task"):  # finite: nan and inf would reach Ray's scheduler
+            value = require_number(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=0)
+            if value > _MAX_PER_TASK:
+                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"a number <= {_MAX_PER_TASK}")
+            object.__setattr__(self, name, float(value))
+        if self.cpus_per_task == 0 and self.gpus_per_task == 0:
+            raise invalid(LaunchError, "--cpus-per-task", 0, "> 0 when --gpus-per-task is 0",
+                          "Every task must reserve something, or Ray may put them all anywhere.")
+        if self.placement not in PLACEMENTS:
+            raise invalid(LaunchError, "placement", self.placement, describe_choices(self.placement, PLACEMENTS))
+        require_number(LaunchError, "ready_timeout", self.ready_timeout, above=0)
+        if self.ready_timeout > _MAX_READY_TIMEOUT:
+            raise invalid(LaunchError, "ready_timeout", self.ready_timeout, f"seconds <= {_MAX_READY_TIMEOUT}")
+        if self.num_cpus is not None:
+            require_int(LaunchError, "num_cpus", self.num_cpus, minimum=1, maximum=_MAX_PER_TASK * 10000)
+        if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
+            raise invalid(LaunchError, "--ray-address", self.address, "'auto' or 'host:port'")
+        if self.num_cpus is not None and self.address is not None:
+            raise invalid(LaunchError, "num_cpus", self.num_cpus, "None when joining a cluster (--ray-address)",
+                          "A running cluster has its own CPUs; drop num_cpus.")
+
+    @property
+    def strategy(self) -> str:
+        """Ray's name of the placement strategy."""
+        return PLACEMENTS[self.placement]
+
+    def bundle(self) -> dict[str, float]:
+        """The resources one task reserves."""
+        bundle = {"CPU": self.cpus_per_task} if self.cpus_per_task else {}
+        return {**bundle, "GPU": self.gpus_per_task} if self.gpus_per_task else bundle
+
+
+class RayEngine(Engine):
+    """Runs every task as a subprocess of an actor in one Ray placement group.
+
+    Args:
+      **options: The fields of :class:`RayOptions`.
+    """
+
+    name = "ray"
+
+    def __init__(self, **options: Any) -> None:
+        self.options = RayOptions(**options)
+        if not _ray_installed():
+            import_ray()  # Raises EngineError with the install command, before anything starts.
+        self._ray: Any = None
+        self._owns_connection = False
+        self._pg: Any = None
+        self._actors: dict[str, Any] = {}
+        self._nodes: dict[str, str] = {}
+        self._driver_node = ""
+        self._spare_address: Optional[str] = None
+        self._bundles: dict[str, int] = {}
+        self._procs: dict[str, RayTaskProcess] = {}
+        self._gone: dict[str, tuple[Any, Any]] = {}  # lost task -> (its new actor, that actor's address ref)
+        self._next_look = 0.0
+        self._died: dict[str, tuple[Any, float]] = {}  # task -> (its attempt whose actor died, when it was seen)
+        self._alive_nodes: tuple[float, frozenset[str]] = (-_NODES_LOOK, frozenset())
+
+    # -- placing -------------------------------------------------------------------------------------------
+
+    def place(self, config: LaunchConfig) -> ClusterSpec:
+        if config.isolate_network:
+            raise invalid(LaunchError, "--isolate-network", True, "the local engine",
+                          "Network namespaces are a local-engine feature; drop --isolate-network with --engine ray.")
+        tasks = config.task_names() + ([DATA_SERVICE_TASK] if config.data_service_workers else [])
+        try:
+            self._connect(len(tasks))
+            self._reserve(tasks)
+            addresses = self._addresses(tasks)
+        except BaseException:
+            self.close()
+            raise
+        self._spare_address = addresses.pop(DATA_SERVICE_TASK, None)
+        jobs: dict[str, list[str]] = {}
+        for task in config.task_names():
+            jobs.setdefault(task.split(":")[0], []).append(addresses[task])
+        spec = ClusterSpec(jobs=jobs)
+        _log.info("Ray placed %d tasks (%s): %s", len(tasks), self.options.strategy,
+                  ", ".join(f"{t}@{a}" for t, a in addresses.items()))
+        return spec
+
+    def reserve_address(self) -> str:
+        if self._spare_address is None:
+            raise invalid(LaunchError, "data service", None, "a data-service task placed by RayEngine.place",
+                          "Set data_service_workers in the LaunchConfig before placing.")
+        return self._spare_address
+
+    def _connect(self, tasks: int) -> None:
+        ray = self._ray = import_ray()
+        if ray.is_initialized():
+            _log.info("Using the Ray this process already started or joined.")
+            self._driver_node = ray.get_runtime_context().get_node_id()
+            return
+        options = self.options
+        if options.address is None:
+            if os.environ.get(LOOPBACK_VAR) != "0":
+                _log.warning("%s=0 is not set in this process, so the local Ray binds to the machine's routable "
+                             "address; tfdist-launch sets it for you.", LOOPBACK_VAR)
+            needed = int(-(-tasks * options.cpus_per_task // 1))
+            num_cpus = options.num_cpus or max(needed, os.cpu_count() or 1)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        else:
+            try:
+                ray.init(address=options.address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, ValueError, RuntimeError) as err:
+                raise EngineError(f"Could not join the Ray cluster at {options.address!r}: {err}. Check the address "
+                                  "(`ray status` on the head shows it), or drop --ray-address to start a local Ray. "
+                                  "If the cluster uses token authentication, set RAY_AUTH_MODE=token (Ray enables "
+                                  "it by itself only for --ray-address auto).",
+                                  field="--ray-address", value=options.address) from None
+        self._owns_connection = True
+        self._driver_node = ray.get_runtime_context().get_node_id()
+
+    def _reserve(self, tasks: list[str]) -> None:
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        ray, options = self._ray, self.options
+        bundle = options.bundle()
+        self._pg = placement_group([dict(bundle) for _ in tasks], strategy=options.strategy, name="")
+        # The actors are asked for at once, without first waiting on the driver for the group: Ray schedules
+        # each as soon as its bundle is placed. This saves a round trip, not the actors' worker start-up.
+        for index, task in enumerate(tasks):
+            self._bundles[task] = index
+            self._actors[task] = self._new_actor(task)
+        ready, _ = ray.wait([self._pg.ready()], timeout=options.ready_timeout)
+        if not ready:  # place() closes the engine: the pending actors are killed there
+            pg, self._pg = self._pg, None
+            remove_placement_group(pg)
+            total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            raise EngineError(
+                f"The Ray cluster could not hold the job within {options.ready_timeout:g}s: it needs {len(tasks)} "
+                f"bundles of {bundle} placed {options.strategy}, the cluster has {total} ({free} free, "
+                f"{len(ray.nodes())} node(s)). Lower --cpus-per-task/--gpus-per-task, use fewer tasks, add nodes, "
+                "or use --ray-placement pack.", field="placement group", value=[bundle] * len(tasks))
+
+    def _new_actor(self, task: str) -> Any:
+        """An actor for ``task`` in its bundle of the placement group (pending until the bundle is placed)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = self.options
+        return self._ray.remote(TaskHost).options(
+            num_cpus=options.cpus_per_task, num_gpus=options.gpus_per_task, max_concurrency=8, max_restarts=0,
+            name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, self._bundles[task]),
+        ).remote(task)
+
+    def _addresses(self, tasks: list[str]) -> dict[str, str]:
+        """Each actor's 'host:port' on its own node; picked again where two tasks on one node drew one port."""
+        addresses: dict[str, str] = {}
+        pending = list(tasks)
+        for _ in range(5):
+            replies = self._get([self._actors[t].address.remote() for t in pending], self.options.ready_timeout,
+                                "report its address")
+            for task, (address, node) in zip(pending, replies):
+                addresses[task], self._nodes[task] = address, node
+            seen: set[str] = set()
+            pending = []
+            for task in tasks:
+                if addresses[task] in seen:
+                    pending.append(task)
+                seen.add(addresses[task])
+            if not pending:
+                return addresses
+        raise LaunchFailure(f"Ray tasks kept drawing the same ports: {addresses}.")
+
+    def _get(self, refs: Any, timeout: float, what: str) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise EngineError(f"Ray actors did not {what} within {timeout:g}s; is the cluster overloaded?") from None
+        except ray.exceptions.RayError as err:
+            raise LaunchFailure(f"A Ray actor failed to {what}: {err}") from None
+
+    # -- running -------------------------------------------------------------------------------------------
+
+    def start(self, task: str, argv: Sequence[str], env: Mapping[str, str], on_line: LineSink) -> TaskProcess:
+        if task not in self._actors:
+            raise invalid(LaunchError, "task", task, describe_choices(task, self._actors))
+        if task in self._gone:
+            raise LaunchFailure(f"{task} cannot start: its Ray node left the cluster, and Ray has not placed it "
+                                "again yet (no node with room for it). With --min-workers, an elastic run goes on "
+                                "without it and takes it back when a node joins.")
+        actor = self._actors[task]
+        pid = self._get(actor.start.remote(list(argv), dict(env)), _CALL_TIMEOUT, f"start {task}")
+        local = self._nodes.get(task) == self._driver_node
+        proc = self._procs[task] = RayTaskProcess(self._ray, task, actor, on_line, pid, local)
+        return proc
+
+    # -- nodes that leave and join -------------------------------------------------------------------------
+
+    def lost(self, task: str) -> bool:
+        """True when ``task``'s actor died because its node left; a new actor is then asked for at once."""
+        return self._verdict(task) is True
+
+    def deciding(self, task: str) -> bool:
+        """True while ``task``'s actor died on a node Ray still counts alive, for up to 30 s (never blocks)."""
+        return self._verdict(task) is None
+
+    def _verdict(self, task: str) -> Optional[bool]:
+        """Whether the last attempt of ``task`` ended by a node loss; None while Ray cannot tell yet."""
+        if task in self._gone:
+            return True
+        proc = self._procs.get(task)
+        if self._ray is None or proc is None or not proc.actor_died:
+            return False
+        seen, since = self._died.get(task, (None, 0.0))
+        if seen is not proc:
+            since = time.monotonic()
+            self._died[task] = (proc, since)
+        if self._nodes.get(task, "") in self._alive():
+            # Not yet marked dead; after the wait, the actor died on a live node (killed, out of memory).
+            return None if time.monotonic() - since < _NODE_DEATH_WAIT else False
+        actor = self._new_actor(task)
+        self._gone[task] = (actor, actor.address.remote())
+        _log.info("The Ray node of %s (%s) left; asked Ray to place it again.", task, self._nodes.get(task))
+        return True
+
+    def _alive(self) -> frozenset[str]:
+        """The ids of the nodes Ray counts alive, looked up at most every 0.5 s."""
+        looked, alive = self._alive_nodes
+        if time.monotonic() - looked >= _NODES_LOOK:
+            alive = frozenset(n.get("NodeID", "") for n in self._ray.nodes() if n.get("Alive"))
+            self._alive_nodes = (time.monotonic(), alive)
+        return alive
+
+    def returned(self) -> dict[str, str]:
+        """Lost tasks whose new actor is up (Ray placed their bundle again), with their new addresses."""
+        now = time.monotonic()
+        if not self._gone or self._ray is None or now < self._next_look:
+            return {}
+        self._next_look = now + _RETURN_LOOK
+        ray, back = self._ray, {}
+        for task, (actor, ref) in list(self._gone.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                address, node = ray.get(ref, timeout=_CALL_TIMEOUT)
+            except ray.exceptions.RayError as err:  # Died again before it started: ask once more.
+                _log.info("The new actor of %s failed (%s); asking again.", task, err)
+                actor = self._new_actor(task)
+                self._gone[task] = (actor, actor.address.remote())
+                continue
+            del self._gone[task]
+            self._actors[task], self._nodes[task] = actor, node
+            _log.info("Ray placed %s again: %s on node %s.", task, address, node)
+            back[task] = address
+        return back
+
+    def close(self) -> None:
+        ray, self._ray = self._ray, None
+        if ray is None:
+            return
+        actors = list(self._actors.values()) + [actor for actor, _ in self._gone.values()]
+        self._actors, self._gone, self._procs = {}, {}, {}
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)  # Its subprocess gets SIGKILL with it (parent-death signal).
+            except Exception as err:  # noqa: BLE001 - best effort; an actor may be gone already.
+                _log.debug("ray.kill: %s", err)
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(pg)
+            except Exception as err:  # noqa: BLE001 - best effort.
+                _log.debug("remove_placement_group: %s", err)
+        if self._owns_connection:
+            self._owns_connection = False
+            # A local Ray started here stops with it; a joined cluster only loses this driver.
+            ray.shutdown()
+
+
+class RayTaskProcess:
+    """One attempt of a task inside its actor; output is long-polled to the driver by a thread."""
+
+    def __init__(self, ray: Any, task: str, actor: Any, on_line: LineSink, pid: int, local: bool) -> None:
+        self._ray, self.task, self._actor, self._on_line = ray, task, actor, on_line
+        self._remote_pid, self._pid = pid, (pid if local else None)
+        self._code: Optional[int] = None
+        self.actor_died = False  # the attempt ended because its actor died (not because the program exited)
+        self._exited = threading.Event()
+        self._finished = threading.Event()
+        self._stop_pump = threading.Event()
+        self._pump = threading.Thread(target=self._run_pump, name=f"tfdist-ray-{task}", daemon=True)
+        self._pump.start()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._pid
+
+    def _run_pump(self) -> None:
+        ray = self._ray
+        try:
+            while not self._stop_pump.is_set():
+                lines, code, finished = ray.get(self._actor.read.remote(_POLL_SECONDS, self._remote_pid),
+                                                timeout=_CALL_TIMEOUT)
+                for line in lines:
+                    self._on_line(self.task, line)
+                if code is not None and not self._exited.is_set():
+                    self._code = code
+                    self._exited.set()
+                if finished:
+                    if not self._exited.is_set():  # Only when the actor no longer knows this attempt.
+                        self._code = _ACTOR_DIED
+                        self._exited.set()
+                    break
+        except Exception as err:  # noqa: BLE001 - an actor that died or hangs ends this attempt.
+            self.actor_died = isinstance(err, ray.exceptions.RayActorError)
+            if not self._exited.is_set():
+                self._on_line(self.task, f"tfdist: the Ray actor of {self.task} was lost: {err}")
+                self._code = _ACTOR_DIED
+                self._exited.set()
+        finally:
+            self._finished.set()
+
+    def poll(self) -> Optional[int]:
+        return self._code if self._exited.is_set() else None
+
+    def signal(self, sig: int) -> None:
+        if not self._exited.is_set():
+            self._actor.signal.remote(sig)  # Fire and forget: the supervisor must not block here.
+
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
+        self._exited.wait(timeout)
+        return self.poll()
+
+    def release(self, timeout: float) -> None:
+        try:
+            self._ray.get(self._actor.stop.remote(0.0), timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - the actor may be gone; nothing more to release then.
+            _log.debug("release %s: %s", self.task, err)
+        self._finished.wait(timeout)
+        self._stop_pump.set()
