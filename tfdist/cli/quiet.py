@@ -28,8 +28,8 @@ from types import FrameType
 from typing import Any, Optional
 
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch.engines._process import exit_code
 from tfdist.launch.output import NoiseFilter, wants_tf_info
+from tfdist.runtime import exit_codes
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 else:  # stderr replaced by a text stream (tests, embedding)
                     sys.stderr.write(line)
                 sys.stderr.flush()
-        return exit_code(proc.wait())
+        return exit_codes.from_returncode(proc.wait())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

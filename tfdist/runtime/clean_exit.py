@@ -24,46 +24,19 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from tfdist.runtime import exit_codes
+
 __all__ = ["exit_cleanly", "exit_code_of", "exit_code_for_exception"]
 
-
-def exit_code_of(value: Any) -> int:
-    """The exit code Python gives ``sys.exit(value)`` (None -> 0, int -> int, other -> 1)."""
-    if value is None:
-        return 0
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value & 0xFF
-    return 1
-
-
-def exit_code_for_exception(exc: BaseException) -> int:
-    """The code a task ends with for an uncaught ``exc`` (see :mod:`tfdist.runtime.exit_codes`).
-
-    TensorFlow's Unavailable/Aborted/DeadlineExceeded errors mean a peer went
-    away: a rerun can fix that (LOST_PEER, retryable). A tfdist input error
-    (``tfdist.Error`` that is a ``ValueError``) is BAD_CONFIG; anything else 1.
-
-    Example:
-        >>> from tfdist.errors import LaunchError
-        >>> exit_code_for_exception(LaunchError("bad")), exit_code_for_exception(RuntimeError("bug"))
-        (2, 1)
-    """
-    from tfdist.runtime import exit_codes
-    from tfdist._compat import is_tf_error
-    from tfdist.errors import Error
-
-    if is_tf_error(exc, exit_codes.PEER_LOST_ERRORS):
-        return exit_codes.LOST_PEER
-    if isinstance(exc, Error) and isinstance(exc, ValueError):
-        return exit_codes.BAD_CONFIG
-    return exit_codes.FAILED
+# The rules live in tfdist.runtime.exit_codes; these are their names in tfdist.runtime since the first release.
+exit_code_of = exit_codes.from_exit_value
+exit_code_for_exception = exit_codes.from_exception
 
 
 def _flush_everything() -> None:
@@ -85,7 +58,7 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
     abort: ``main``'s integer result or ``sys.exit`` code, 1 for an uncaught
     exception (its traceback printed to stderr as Python would; 201 when
     TensorFlow lost a peer, 2 for a tfdist input error: see
-    :func:`exit_code_for_exception`), 130 for Ctrl-C.
+    :func:`tfdist.runtime.exit_codes.from_exception`), 130 for Ctrl-C.
 
     Args:
       main: The program's entry point.
@@ -93,17 +66,17 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
       **kwargs: Keyword arguments for ``main``.
     """
     try:
-        code = exit_code_of(main(*args, **kwargs))
+        code = exit_codes.from_exit_value(main(*args, **kwargs))
     except SystemExit as exc:
         if exc.code is not None and not isinstance(exc.code, int):
             sys.stderr.write(f"{exc.code}\n")
-        code = exit_code_of(exc.code)
+        code = exit_codes.from_exit_value(exc.code)
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = 130
+        code = exit_codes.from_signal(signal.SIGINT)
     except BaseException as exc:  # noqa: BLE001 - report any failure as Python would.
         sys.excepthook(*sys.exc_info())
-        code = exit_code_for_exception(exc)
+        code = exit_codes.from_exception(exc)
     try:
         _flush_everything()
     finally:

@@ -1,4 +1,4 @@
-"""tfdist's exit codes, chosen for schedulers that decide on them.
+"""tfdist's exit codes and every rule that turns an ending (a return value, an exception, a signal) into one.
 
 Kubeflow's training operator with ``restartPolicy: ExitCode`` treats 1-127 as
 permanent (the pod is not restarted) and 128-255 as retryable; the JobSet
@@ -11,6 +11,7 @@ What happened           Code  Retried?   Who exits with it
 Success                    0  -          every task
 Program error              1  no         Python, for an uncaught exception
 Bad configuration          2  no         tfdist CLIs; ``exit_cleanly`` on a tfdist input error
+Timed out                124  no         ``tfdist-launch --timeout``, as ``timeout(1)`` does
 Cannot execute           126  no         ``slurm_task``/``jobset_task``, as a shell would
 Command not found        127  no         ``slurm_task``/``jobset_task``, as a shell would
 Killed (SIGKILL, OOM)    137  yes        the kernel / kubelet (128 + 9)
@@ -19,28 +20,99 @@ Preempted, backup saved  200  yes        ``PreemptionSafeBackup`` after its SIGT
 Lost a peer              201  yes        ``exit_cleanly`` on TensorFlow's Unavailable/Aborted/DeadlineExceeded
 ======================  ====  =========  ==========================================
 
+This module is the one place for these rules: :func:`from_exit_value` (what ``sys.exit(value)`` gives),
+:func:`from_exception` (an uncaught exception or a CLI's tfdist error), :func:`from_signal` and
+:func:`from_returncode` (a death by signal, shell style), :func:`is_retryable`.
+
 Example:
     >>> from tfdist.runtime import exit_codes
     >>> exit_codes.is_retryable(exit_codes.LOST_PEER), exit_codes.is_retryable(exit_codes.BAD_CONFIG)
     (True, False)
+    >>> exit_codes.from_returncode(-9), exit_codes.from_exit_value("failed"), exit_codes.from_signal(2)
+    (137, 1, 130)
 """
 
 from __future__ import annotations
 
-__all__ = ["OK", "FAILED", "BAD_CONFIG", "CANNOT_EXECUTE", "NOT_FOUND", "PREEMPTED", "LOST_PEER", "is_retryable",
-           "PEER_LOST_ERRORS"]
+from typing import Any
+
+from tfdist._compat import is_tf_error
+from tfdist.errors import Error
+
+__all__ = ["OK", "FAILED", "BAD_CONFIG", "TIMEOUT", "CANNOT_EXECUTE", "NOT_FOUND", "PREEMPTED", "LOST_PEER",
+           "PEER_LOST_ERRORS", "is_retryable", "from_exit_value", "from_exception", "from_signal", "from_returncode"]
 
 OK = 0
 FAILED = 1
 BAD_CONFIG = 2
+TIMEOUT = 124
 CANNOT_EXECUTE = 126
 NOT_FOUND = 127
 PREEMPTED = 200
 LOST_PEER = 201
 # TensorFlow errors that mean another task of the cluster went away (names of tf.errors classes).
 PEER_LOST_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError")
+_SIGNALLED = 128  # a death by signal N is 128 + N, as a shell reports it
 
 
 def is_retryable(code: int) -> bool:
     """True when a rerun may succeed: the training operator's rule for ``restartPolicy: ExitCode`` (>= 128)."""
-    return code >= 128
+    return code >= _SIGNALLED
+
+
+def from_signal(signum: int) -> int:
+    """The code of a process ended by signal ``signum``, as a shell reports it (128 + N).
+
+    Example:
+        >>> import signal
+        >>> from_signal(signal.SIGTERM), is_retryable(from_signal(signal.SIGTERM))
+        (143, True)
+    """
+    return _SIGNALLED + signum
+
+
+def from_returncode(returncode: int) -> int:
+    """A :class:`subprocess.Popen` return code as a shell reports it: -N (killed by signal N) becomes 128 + N.
+
+    Example:
+        >>> from_returncode(0), from_returncode(3), from_returncode(-15)
+        (0, 3, 143)
+    """
+    return from_signal(-returncode) if returncode < 0 else returncode
+
+
+def from_exit_value(value: Any) -> int:
+    """The exit code Python gives ``sys.exit(value)`` (None -> 0, int -> int modulo 256, other -> 1).
+
+    Example:
+        >>> from_exit_value(None), from_exit_value(3), from_exit_value(256 + 7), from_exit_value("failed")
+        (0, 3, 7, 1)
+    """
+    if value is None:
+        return OK
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value & 0xFF
+    return FAILED
+
+
+def from_exception(exc: BaseException) -> int:
+    """The code a task or a CLI ends with for an uncaught ``exc``.
+
+    TensorFlow's Unavailable/Aborted/DeadlineExceeded errors mean a peer went
+    away: a rerun can fix that (LOST_PEER, retryable). A tfdist input error
+    (``tfdist.Error`` that is a ``ValueError``) is BAD_CONFIG; anything else,
+    a :class:`tfdist.errors.RuntimeFailure` included, FAILED. TensorFlow is
+    not imported.
+
+    Example:
+        >>> from tfdist.errors import EngineError, LaunchError
+        >>> from_exception(LaunchError("bad")), from_exception(EngineError("no Ray")), from_exception(KeyError())
+        (2, 1, 1)
+    """
+    if is_tf_error(exc, PEER_LOST_ERRORS):
+        return LOST_PEER
+    if isinstance(exc, Error) and isinstance(exc, ValueError):
+        return BAD_CONFIG
+    return FAILED

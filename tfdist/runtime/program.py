@@ -12,17 +12,19 @@ import argparse
 import functools
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, Optional
 
-from tfdist.errors import Error, RuntimeFailure
+from tfdist.errors import Error
+from tfdist.runtime import exit_codes
 
 __all__ = ["ArgumentParser", "cli_main", "one_line", "finite_float", "port_number", "EXIT_USAGE", "EXIT_FAILURE",
            "EXIT_PIPE"]
 
-EXIT_FAILURE, EXIT_USAGE = 1, 2
-EXIT_PIPE = 128 + 13  # What a shell reports for a filter killed by SIGPIPE.
+EXIT_FAILURE, EXIT_USAGE = exit_codes.FAILED, exit_codes.BAD_CONFIG
+EXIT_PIPE = exit_codes.from_signal(signal.SIGPIPE)  # What a shell reports for a filter killed by SIGPIPE.
 
 Main = Callable[[Optional[Sequence[str]]], int]
 
@@ -116,7 +118,7 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
                 return EXIT_PIPE
             except KeyboardInterrupt:
                 sys.stderr.write(f"{prog}: interrupted\n")
-                return 128 + 2
+                return exit_codes.from_signal(signal.SIGINT)
             except Error as err:
                 sys.stderr.write(f"{prog}: error: {one_line(str(err))}\n")
                 return exit_code_for(err)
@@ -127,9 +129,11 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
 def exit_code_for(err: Error) -> int:
     """A CLI's exit status for a tfdist error: 2 for bad input (not worth retrying), 1 for a runtime failure.
 
+    The rule is :func:`tfdist.runtime.exit_codes.from_exception`, the one every task ends by.
+
     Example:
         >>> from tfdist.errors import EngineError, LaunchError
         >>> exit_code_for(LaunchError("bad")), exit_code_for(EngineError("no Ray"))
         (2, 1)
     """
-    return EXIT_FAILURE if isinstance(err, RuntimeFailure) else EXIT_USAGE
+    return exit_codes.from_exception(err)

@@ -10,13 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Optional
 
 from tfdist.errors import LaunchFailure
+from tfdist.runtime import exit_codes
 
 LineSink = Callable[[str, str], None]  # (task, line) -> None
-
-
-def exit_code(returncode: int) -> int:
-    """Shell-style exit code: a death by signal N becomes 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class LocalProcess:
@@ -62,9 +58,9 @@ class LocalProcess:
         return self._proc.pid
 
     def poll(self) -> Optional[int]:
-        """The exit code when finished, else None."""
+        """The exit code when finished (a death by signal N is 128 + N), else None."""
         code = self._proc.poll()
-        return None if code is None else exit_code(code)
+        return None if code is None else exit_codes.from_returncode(code)
 
     def signal(self, sig: int) -> None:
         """Sends ``sig`` to the task's whole process group, unless the task is released."""

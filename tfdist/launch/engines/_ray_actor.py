@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import IO, Optional
 
 from tfdist.cluster.address import free_ports, join_address
-from tfdist.launch.engines._process import exit_code
+from tfdist.runtime import exit_codes
 
 _PR_SET_PDEATHSIG = 1
 _MAX_BATCH = 2000
@@ -120,7 +120,7 @@ class TaskHost:
     def _code(self) -> Optional[int]:
         if self._proc is None or self._proc.poll() is None:
             return None
-        return exit_code(self._proc.returncode)
+        return exit_codes.from_returncode(self._proc.returncode)
 
     def read(self, timeout: float, pid: Optional[int] = None) -> tuple[list[str], Optional[int], bool]:
         """New output lines, the exit code once the program ended, and whether nothing more will come.
@@ -174,7 +174,7 @@ class TaskHost:
         except (ProcessLookupError, PermissionError):
             pass
         self._drained.wait(5)
-        return exit_code(proc.returncode)
+        return exit_codes.from_returncode(proc.returncode)
 
 
 def _node() -> tuple[str, str]:
