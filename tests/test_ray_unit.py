@@ -13,7 +13,7 @@ from conftest import assert_all_gone
 
 from tfdist.errors import LaunchError
 from tfdist.launch.engines._ray_actor import TaskHost
-from tfdist.launch.engines.ray import RayOptions, is_loopback
+from tfdist.launch.engines.ray import RayOptions, is_local_ray
 
 PY = sys.executable
 
@@ -82,7 +82,7 @@ def test_bad_options_are_launch_errors(options: dict, field: str) -> None:
 def test_options_and_loopback() -> None:
     options = RayOptions(cpus_per_task=2, gpus_per_task=1, placement="strict_spread")
     assert (options.bundle(), options.strategy) == ({"CPU": 2.0, "GPU": 1.0}, "STRICT_SPREAD")
-    assert [is_loopback(a) for a in (None, "127.0.0.1:6379", "localhost:1", "[::1]:6379", "auto", "10.0.0.2:6379")] \
+    assert [is_local_ray(a) for a in (None, "127.0.0.1:6379", "localhost:1", "[::1]:6379", "auto", "10.0.0.2:6379")] \
         == [True, True, True, True, False, False]
 
 

@@ -119,9 +119,9 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
 
 
 def _ray_engine(args: argparse.Namespace) -> Engine:
-    from tfdist.launch.engines.ray import LOOPBACK_VAR, RayEngine, is_loopback
+    from tfdist.launch.engines.ray import LOOPBACK_VAR, RayEngine, is_local_ray
 
-    if is_loopback(args.ray_address):
+    if is_local_ray(args.ray_address):
         # Read by Ray at import: a local Ray then binds every daemon to loopback. An entry point may set it.
         os.environ.setdefault(LOOPBACK_VAR, "0")
     cpus = 1 if args.cpus_per_task is None else args.cpus_per_task

@@ -74,11 +74,12 @@ def _ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def is_loopback(address: Optional[str]) -> bool:
-    """True for no address (a local Ray) and for a Ray address on this machine's loopback.
+def is_local_ray(address: Optional[str]) -> bool:
+    """Whether ``address`` names a Ray on this machine's loopback: None (a Ray started for the run) or a
+    ``host:port`` on 127.0.0.1, localhost or ::1. Such a Ray can keep every daemon on loopback (``LOOPBACK_VAR``).
 
     Example:
-        >>> is_loopback(None), is_loopback("127.0.0.1:6379"), is_loopback("auto"), is_loopback("head:6379")
+        >>> is_local_ray(None), is_local_ray("127.0.0.1:6379"), is_local_ray("auto"), is_local_ray("head:6379")
         (True, True, False, False)
     """
     if address is None:
