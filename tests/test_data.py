@@ -420,7 +420,7 @@ class PipelineTest(parameterized.TestCase):
         ("batch", {"batch_size": 0}, r"`batch_size`. Received: 0"),
         ("both_parsers", {"parse_fn": len}, "exactly one of `features` and `parse_fn`"),
         ("policy", {"shard_policy": "files"}, "did you mean 'file'"),
-        ("hash_without_key", {"shard_policy": "hash"}, "shard_key='user_id'"),
+        ("hash_without_key", {"shard_policy": "hash"}, "`shard_key`.*'user_id'"),
         ("label_not_a_feature", {"label_key": "y"}, r"a feature of `features` \(\['id', 'label'\]\)"),
         ("supervised_without_label", {"as_supervised": True}, "`label_key`"),
         ("image_without_size", {"image_key": "id"}, "image_key and image_size together"),

@@ -11,7 +11,7 @@ from absl.testing import parameterized
 
 from tfdist import ClusterSpec, DataError
 from tfdist.data import TFRecordPipeline, write_tfrecords
-from tfdist.data.pipeline.options import EpochOptions, ShardOptions, SourceOptions
+from tfdist.data.pipeline.options import EpochOptions, ShardOptions, SourceOptions, TuningOptions
 from tfdist.data.records.verify import VerifyReport
 
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64)}
@@ -36,12 +36,48 @@ class PartsTest(parameterized.TestCase):
                          ((f"{self.prefix}-*",), "auto", 8, "autotune"))
         self.assertIsNone(p.sampling.class_weights)
         self.assertEqual(dataclasses.replace(p, batch_size=4).epochs.batch_size, 4)  # Groups follow replace().
-        with pytest.raises(DataError, match="`shard_policy`"):
+        with pytest.raises(DataError, match="`policy`"):
             ShardOptions(policy="bogus")
+        with pytest.raises(DataError, match="`shard_policy`") as caught:  # The flat name, through the pipeline.
+            dataclasses.replace(p, shard_policy="bogus")
+        self.assertEqual(caught.value.field, "shard_policy")
         with pytest.raises(DataError, match="`files`"):
             SourceOptions(files=[])
         with pytest.raises(DataError, match="`num_epochs`"):
             EpochOptions(batch_size=1, num_epochs=0)
+
+    def test_each_option_is_declared_once_in_its_group(self) -> None:
+        flat = {}
+        for name, kind in TFRecordPipeline.option_groups().items():
+            prefix = "shard_" if name == "sharding" else ""
+            flat.update({prefix + f.name: f for f in dataclasses.fields(kind)})
+        self.assertEqual(set(TFRecordPipeline.option_names()), set(flat))
+        for field in dataclasses.fields(TFRecordPipeline):
+            if field.init:  # Same default as the group's (nothing copied by hand that could drift).
+                self.assertEqual((field.default, field.default_factory),
+                                 (flat[field.name].default, flat[field.name].default_factory), field.name)
+        p = self.pipeline
+        self.assertEqual(p.option_values()["batch_size"], 8)
+        self.assertEqual(TFRecordPipeline(**p.option_values()), p)
+
+    def test_flat_and_grouped_arguments(self) -> None:
+        tuning = TuningOptions(prefetch=2, deterministic=False)
+        p = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=8, tuning=tuning)
+        self.assertEqual((p.tuning, p.prefetch, p.deterministic), (tuning, 2, False))
+        p = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, epochs=EpochOptions(batch_size=4),
+                             tuning=tuning, prefetch=3)  # A flat argument wins over its group's value.
+        self.assertEqual((p.batch_size, p.prefetch, p.tuning.prefetch, p.deterministic), (4, 3, 3, False))
+        with pytest.raises(DataError, match="did you mean 'shuffle_buffer'") as caught:
+            TFRecordPipeline(files="x", features=FEATURES, batch_size=8, shuffle_bufer=4)
+        self.assertEqual((caught.value.field, caught.value.value), ("options", ["shuffle_bufer"]))
+        with pytest.raises(DataError, match="`batch_size`. Received: None.*no default"):
+            TFRecordPipeline(files="x", features=FEATURES)
+        with pytest.raises(DataError, match="`tuning`. Received: 2. Expected a TuningOptions"):
+            TFRecordPipeline(files="x", features=FEATURES, batch_size=8, tuning=2)
+        with pytest.raises(DataError, match="keyword arguments"):
+            TFRecordPipeline("x")  # type: ignore[misc]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            p.batch_size = 2  # type: ignore[misc]
 
     def test_listing_is_read_afresh(self) -> None:
         listing = self.pipeline.listing()

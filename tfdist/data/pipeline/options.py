@@ -1,7 +1,9 @@
 """The options of a TFRecord pipeline, in groups: each group validated on its own, one job each.
 
-``TFRecordPipeline(...)`` takes every option as a flat keyword argument, for
-convenience, and hands each part of the pipeline only its group.
+The groups are where each option is declared, with its default and its documentation.
+``TFRecordPipeline(...)`` takes every field of every group as a flat keyword argument (``ShardOptions``'
+with a ``shard_`` prefix: ``shard_policy``, ``shard_key``), or a whole group by name (``tuning=...``), and
+hands each part of the pipeline only its group (:mod:`tfdist._options`).
 
 Example:
     >>> from tfdist.data.pipeline.options import EpochOptions, SourceOptions
@@ -46,10 +48,15 @@ class SourceOptions:
     """Which files, how they are compressed, and how damaged files are handled.
 
     Attributes:
-      files: Globs or paths (a single string is one glob).
-      compression: None, 'GZIP', 'ZLIB', or 'auto' (from the file name).
-      on_corrupt: 'raise' a DataError naming the file, or 'skip' the damaged part.
-      verify: Framing check before reading: 'local', 'all' or 'none'.
+      files: A glob (or list of globs/paths); local, ``gs://``, or ``s3://``/
+        ``hdfs://``/``az://`` through tensorflow-io. A single string is one glob.
+      compression: None/'GZIP'/'ZLIB', or 'auto' to detect from the file name.
+      on_corrupt: 'raise' a DataError naming the file, or 'skip' the damaged
+        part and count what was lost (``TFRecordPipeline.last_report``).
+      verify: Check file framing before reading: 'local' (local, uncompressed
+        files: headers only, fast; other files: their first 12 bytes must
+        match the compression), 'all' (every file, reads compressed and
+        remote files whole), 'none'.
     """
 
     files: Union[str, Sequence[str]]
@@ -70,21 +77,37 @@ class SourceOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ShardOptions:
-    """How records are split over workers: 'auto', 'file', 'data', 'hash' (by ``key``) or 'off'."""
+    """How records are split over workers; the pipeline's ``shard_policy`` and ``shard_key``.
+
+    Attributes:
+      policy: 'auto', 'file' (files split across workers, byte-balanced),
+        'data' (every N-th record), 'hash' (``hash(key) % workers``) or 'off'.
+      key: The feature hashed by 'hash' (e.g. a user id).
+    """
 
     policy: str = "auto"
     key: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _choice("shard_policy", self.policy, SHARD_POLICIES)
+        _choice("policy", self.policy, SHARD_POLICIES)
         if self.policy == "hash" and not self.key:
-            raise invalid(DataError, "shard_key", self.key, "a feature of `features` with shard_policy='hash'",
-                          "Name the id feature to hash, e.g. shard_key='user_id'.")
+            raise invalid(DataError, "key", self.key, "a feature to hash with the 'hash' policy",
+                          "Name the id feature to hash, e.g. 'user_id'.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ParseOptions:
-    """How a serialized record becomes features: a spec or a function, a label, an image to decode."""
+    """How a serialized record becomes features: a spec or a function, a label, an image to decode.
+
+    Attributes:
+      features: Feature spec for ``tf.io.parse_example``.
+      parse_fn: Instead of ``features``: serialized record -> features.
+      label_key: The label feature (for ``as_supervised`` and stratification).
+      image_key: Decode this feature (JPEG/PNG) to float32 in [0, 1].
+      image_size: (height, width) to resize decoded images to.
+      augment: Random left-right flips (seeded) of decoded images.
+      as_supervised: Yield (features, label) pairs for ``fit``.
+    """
 
     features: Optional[Mapping[str, Any]] = None
     parse_fn: Optional[Callable[[Any], Any]] = None
@@ -122,7 +145,24 @@ class ParseOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SampleOptions:
-    """Stratified reading: the class mix, the class count for unpartitioned files, the draw block."""
+    """Stratified reading: the class mix, the class count for unpartitioned files, the draw block.
+
+    Attributes:
+      class_weights: Stratify by ``label_key``: 'balanced', 'natural', 'sqrt',
+        class -> weight, or a ``tf.Variable`` (one entry per class, in
+        ``class_groups()`` order: integer labels ascending). Reads per-class shard groups
+        written with ``write_tfrecords(partition_by=label_key)``; otherwise
+        falls back to rejection resampling (reads more data to keep the mix).
+        A finite epoch in the data's own mix ('natural') reads each record
+        once; any other mix draws as many records as the worker's share,
+        re-drawing small classes and leaving part of large ones unread.
+      num_classes: Classes 0..n-1 for the unpartitioned fallback.
+      sample_block: Records drawn per class choice when stratifying (see
+        :func:`~tfdist.data.sampling.stratified_sample`). 4 (default) draws a
+        class per 4 records, a quarter of the sampler's per-record cost; 1
+        mixes per record. Stratified reading is within 10% of plain reading
+        for large images, slower for small ones (BENCHMARKS.md).
+    """
 
     class_weights: Optional[Weights] = None
     num_classes: Optional[int] = None
@@ -136,7 +176,19 @@ class SampleOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EpochOptions:
-    """Batches and passes: batch size, epochs (None: forever), shuffling, seed, static batches."""
+    """Batches and passes: batch size, epochs, shuffling, seed, static batches.
+
+    Attributes:
+      batch_size: The global batch size; split per replica under
+        ``distribute_datasets_from_function``.
+      num_epochs: Passes over the data; None repeats forever.
+      shuffle_buffer: Records in the shuffle buffer; 0 disables shuffling.
+      seed: Seed for file order, shuffling, sampling and augmentation.
+      drop_remainder: Drop the last partial batch for a static batch shape.
+        Off by default: a finite epoch keeps every record (tf.distribute
+        handles partial and uneven batches). When on, what is dropped is
+        logged with its count.
+    """
 
     batch_size: int
     num_epochs: Optional[int] = 1
@@ -165,6 +217,25 @@ class TuningOptions:
     themselves. It is off by default because of a stall in TF 2.17-2.21: with it, deleting an iterator
     (each epoch of ``fit``, each ``evaluate``) waits out the model's current optimization period in about
     half the cases, and that period doubles up to 60 s (BENCHMARKS.md).
+
+    Attributes:
+      data_service: 'grpc://host:port' of a tf.data service dispatcher: parsing
+        and decoding run on its workers; each element goes to one consumer.
+      deterministic: Keep element order reproducible (slower interleave).
+      prefetch: Batches to prefetch, or 'autotune'.
+      num_parallel_reads: Files read at once (TF's parallel reader, with
+        reader threads), or 'autotune': up to 16 files in turn; on local file
+        systems without reader threads (the same record order), each class
+        group of stratified reading file by file; elsewhere (URLs, network or
+        FUSE mounts) TF's parallel reader, which reads ahead.
+      cache: Cache the serialized records of one pass in memory (True) or in a
+        file (a path in an existing directory); shuffling, augmentation and
+        epochs still run anew on every pass. Not with stratified reading.
+      private_threadpool_size: tf.data threads for this pipeline (0: shared).
+      ram_budget_bytes: RAM budget of tf.data's autotuning model (None: TF's
+        default); setting it turns the model on.
+      autotune_model: Run tf.data's autotuning model (None: only with
+        ram_budget_bytes), as above.
     """
 
     data_service: Optional[str] = None

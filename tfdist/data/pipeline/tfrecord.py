@@ -1,7 +1,7 @@
 """TFRecord input pipelines with per-worker sharding, stratified sampling and tuning.
 
-``TFRecordPipeline`` takes every option as one flat keyword argument and puts
-the parts together; each part has one job and its own module: ``files``
+``TFRecordPipeline`` takes its options in groups (or each as a flat keyword
+argument) and puts the parts together; each part has one job and its own module: ``files``
 (listing), ``verify`` (framing check, a report value), ``reading`` (one
 worker's records), ``stratify`` (class mixes), ``parsing``, ``_batching``.
 
@@ -31,9 +31,9 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
+from tfdist._options import GroupedOptions, group
 from tfdist.data.pipeline import _batching
 from tfdist.data.pipeline import _context
 from tfdist.data.pipeline import parsing
@@ -42,7 +42,6 @@ from tfdist.data.pipeline import stratified as stratify
 from tfdist.data.records.files import Listing, compression_of, list_files
 from tfdist.data.pipeline.options import (CORRUPT_POLICIES, VERIFY_MODES, EpochOptions, ParseOptions, SampleOptions,
                                  ShardOptions, SourceOptions, TuningOptions)
-from tfdist.data.sampling import Weights
 from tfdist.data.sharding import ShardPlan, plan_shards
 from tfdist.data.records.verify import VerifyReport, verify_files
 from tfdist.errors import DataError, invalid
@@ -59,140 +58,48 @@ class _ReportLog:
         self.last: Optional[VerifyReport] = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TFRecordPipeline:
+class TFRecordPipeline(GroupedOptions, error=DataError):
     """A validated TFRecord input pipeline; ``dataset()`` builds it for one worker.
 
-    The options are validated in groups (:mod:`tfdist.data.pipeline.options`), available
-    as ``source``, ``sharding``, ``parsing``, ``sampling``, ``epochs`` and
-    ``tuning``.
+    The options are declared, documented and validated in six groups
+    (:mod:`tfdist.data.pipeline.options`), held as ``source``
+    (:class:`~tfdist.data.pipeline.options.SourceOptions`: files, compression,
+    on_corrupt, verify), ``epochs`` (``EpochOptions``: batch_size, num_epochs,
+    shuffle_buffer, seed, drop_remainder), ``parsing`` (``ParseOptions``:
+    features, parse_fn, label_key, image_key, image_size, augment,
+    as_supervised), ``sharding`` (``ShardOptions``: shard_policy, shard_key),
+    ``sampling`` (``SampleOptions``: class_weights, num_classes, sample_block)
+    and ``tuning`` (``TuningOptions``: data_service, deterministic, prefetch,
+    num_parallel_reads, cache, private_threadpool_size, ram_budget_bytes,
+    autotune_model). Every one of those fields is a keyword argument and an
+    attribute (``pipeline.batch_size``); a whole group may be passed by name
+    instead (``tuning=TuningOptions(...)``). ``files`` and ``batch_size`` are
+    required, and exactly one of ``features`` and ``parse_fn``.
 
-    Args:
-      files: A glob (or list of globs/paths); local, ``gs://``, or ``s3://``/
-        ``hdfs://``/``az://`` through tensorflow-io.
-      batch_size: The global batch size; split per replica under
-        ``distribute_datasets_from_function``.
-      features: Feature spec for ``tf.io.parse_example``.
-      parse_fn: Instead of ``features``: serialized record -> features.
-      shard_policy: 'auto', 'file' (files split across workers, byte-balanced),
-        'data' (every N-th record), 'hash' (``hash(shard_key) % workers``) or 'off'.
-      shard_key: The feature hashed by 'hash' (e.g. a user id).
-      num_epochs: Passes over the data; None repeats forever.
-      shuffle_buffer: Records in the shuffle buffer; 0 disables shuffling.
-      seed: Seed for file order, shuffling, sampling and augmentation.
-      label_key: The label feature (for ``as_supervised`` and stratification).
-      class_weights: Stratify by ``label_key``: 'balanced', 'natural', 'sqrt',
-        class -> weight, or a ``tf.Variable`` (one entry per class, in
-        ``class_groups()`` order: integer labels ascending). Reads per-class shard groups
-        written with ``write_tfrecords(partition_by=label_key)``; otherwise
-        falls back to rejection resampling (reads more data to keep the mix).
-        A finite epoch in the data's own mix ('natural') reads each record
-        once; any other mix draws as many records as the worker's share,
-        re-drawing small classes and leaving part of large ones unread.
-      num_classes: Classes 0..n-1 for the unpartitioned fallback.
-      sample_block: Records drawn per class choice when stratifying (see
-        :func:`stratified_sample`). 4 (default) draws a class per 4 records,
-        a quarter of the sampler's per-record cost; 1 mixes per record.
-        Stratified reading is within 10% of plain reading for large images,
-        slower for small ones (BENCHMARKS.md).
-      compression: None/'GZIP'/'ZLIB', or 'auto' to detect from the file name.
-      on_corrupt: 'raise' a DataError naming the file, or 'skip' the damaged
-        part and count what was lost (``last_report``).
-      verify: Check file framing before reading: 'local' (local, uncompressed
-        files: headers only, fast; other files: their first 12 bytes must
-        match the compression), 'all' (every file, reads compressed and
-        remote files whole), 'none'.
-      data_service: 'grpc://host:port' of a tf.data service dispatcher: parsing
-        and decoding run on its workers; each element goes to one consumer.
-      image_key: Decode this feature (JPEG/PNG) to float32 in [0, 1].
-      image_size: (height, width) to resize decoded images to.
-      augment: Random left-right flips (seeded) of decoded images.
-      deterministic: Keep element order reproducible (slower interleave).
-      as_supervised: Yield (features, label) pairs for ``fit``.
-      drop_remainder: Drop the last partial batch for a static batch shape.
-        Off by default: a finite epoch keeps every record (tf.distribute
-        handles partial and uneven batches). When on, what is dropped is
-        logged with its count.
-      prefetch: Batches to prefetch, or 'autotune'.
-      num_parallel_reads: Files read at once (TF's parallel reader, with
-        reader threads), or 'autotune': up to 16 files in turn; on local file
-        systems without reader threads (the same record order), each class
-        group of stratified reading file by file; elsewhere (URLs, network or
-        FUSE mounts) TF's parallel reader, which reads ahead.
-      cache: Cache the serialized records of one pass in memory (True) or in a
-        file (a path in an existing directory); shuffling, augmentation and
-        epochs still run anew on every pass. Not with stratified reading.
-      private_threadpool_size: tf.data threads for this pipeline (0: shared).
-      ram_budget_bytes: RAM budget of tf.data's autotuning model (None: TF's
-        default); setting it turns the model on.
-      autotune_model: Run tf.data's autotuning model (None: only with
-        ram_budget_bytes). Off, "autotune" parallelism is min(16, tf.data's
-        threads) and prefetch buffers still grow by themselves; on, deleting
-        an iterator (every epoch of ``fit``) can wait up to 60 s on TF
-        2.17-2.21 (:class:`~tfdist.data.pipeline.options.TuningOptions`).
+    Example:
+        >>> from tfdist.data import TuningOptions
+        >>> pipeline = TFRecordPipeline(files="/data/train-*", batch_size=32, parse_fn=lambda record: record,
+        ...                             tuning=TuningOptions(prefetch=2))
+        >>> pipeline.batch_size, pipeline.epochs.batch_size, pipeline.prefetch, pipeline.shard_policy
+        (32, 32, 2, 'auto')
+        >>> TFRecordPipeline(files="/data/train-*", batch_size=32, parse_fn=len, shuffle_bufer=10)
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.DataError: Invalid value for `options`. Received: ['shuffle_bufer']. Expected keyword options \
+among ... (did you mean 'shuffle_buffer'?).
     """
 
-    files: Union[str, Sequence[str]]
-    batch_size: int
-    features: Optional[Mapping[str, Any]] = None
-    parse_fn: Optional[Callable[[Any], Any]] = None
-    shard_policy: str = "auto"
-    shard_key: Optional[str] = None
-    num_epochs: Optional[int] = 1
-    shuffle_buffer: int = 0
-    seed: Optional[int] = None
-    label_key: Optional[str] = None
-    class_weights: Optional[Weights] = None
-    num_classes: Optional[int] = None
-    sample_block: int = 4
-    compression: Optional[str] = "auto"
-    on_corrupt: str = "raise"
-    verify: str = "local"
-    data_service: Optional[str] = None
-    image_key: Optional[str] = None
-    image_size: Optional[tuple[int, int]] = None
-    augment: bool = False
-    deterministic: bool = True
-    as_supervised: bool = False
-    drop_remainder: bool = False
-    prefetch: Union[int, str] = "autotune"
-    num_parallel_reads: Union[int, str] = "autotune"
-    cache: Union[bool, str] = False
-    private_threadpool_size: int = 0
-    ram_budget_bytes: Optional[int] = None
-    autotune_model: Optional[bool] = None
-    source: SourceOptions = dataclasses.field(init=False, repr=False, compare=False)
-    sharding: ShardOptions = dataclasses.field(init=False, repr=False, compare=False)
-    parsing: ParseOptions = dataclasses.field(init=False, repr=False, compare=False)
-    sampling: SampleOptions = dataclasses.field(init=False, repr=False, compare=False)
-    epochs: EpochOptions = dataclasses.field(init=False, repr=False, compare=False)
-    tuning: TuningOptions = dataclasses.field(init=False, repr=False, compare=False)
     _reports: _ReportLog = dataclasses.field(init=False, repr=False, compare=False)
+    source = group(SourceOptions)
+    epochs = group(EpochOptions)
+    parsing = group(ParseOptions)
+    sharding = group(ShardOptions, prefix="shard_")
+    sampling = group(SampleOptions)
+    tuning = group(TuningOptions)
 
     def __post_init__(self) -> None:
-        groups = {
-            "source": SourceOptions(files=self.files, compression=self.compression, on_corrupt=self.on_corrupt,
-                                    verify=self.verify),
-            "epochs": EpochOptions(batch_size=self.batch_size, num_epochs=self.num_epochs,
-                                   shuffle_buffer=self.shuffle_buffer, seed=self.seed,
-                                   drop_remainder=self.drop_remainder),
-            "sampling": SampleOptions(class_weights=self.class_weights, num_classes=self.num_classes,
-                                      sample_block=self.sample_block),
-            "tuning": TuningOptions(data_service=self.data_service, deterministic=self.deterministic,
-                                    prefetch=self.prefetch, num_parallel_reads=self.num_parallel_reads,
-                                    cache=self.cache, private_threadpool_size=self.private_threadpool_size,
-                                    ram_budget_bytes=self.ram_budget_bytes, autotune_model=self.autotune_model),
-            "parsing": ParseOptions(features=self.features, parse_fn=self.parse_fn, label_key=self.label_key,
-                                    image_key=self.image_key, image_size=self.image_size, augment=self.augment,
-                                    as_supervised=self.as_supervised),
-            "sharding": ShardOptions(policy=self.shard_policy, key=self.shard_key),
-        }
-        for name, value in groups.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "files", self.source.files)
-        object.__setattr__(self, "image_size", self.parsing.image_size)
+        """Rules across groups (each group has checked its own fields)."""
         object.__setattr__(self, "_reports", _ReportLog())
-        # Rules across groups.
         if self.shard_policy == "hash" and (self.features is None or self.shard_key not in self.features):
             raise invalid(DataError, "shard_key", self.shard_key, "a feature of `features` with shard_policy='hash'",
                           "Name the id feature to hash, e.g. shard_key='user_id'.")
