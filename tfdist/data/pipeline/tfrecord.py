@@ -77,7 +77,7 @@ class TFRecordPipeline(GroupedOptions, error=DataError):
     required, and exactly one of ``features`` and ``parse_fn``.
 
     Example:
-        >>> from tfdist.data import TuningOptions
+        >>> from tfdist.data.pipeline.options import TuningOptions
         >>> pipeline = TFRecordPipeline(files="/data/train-*", batch_size=32, parse_fn=lambda record: record,
         ...                             tuning=TuningOptions(prefetch=2))
         >>> pipeline.batch_size, pipeline.epochs.batch_size, pipeline.prefetch, pipeline.shard_policy
