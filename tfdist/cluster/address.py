@@ -10,6 +10,8 @@ import socket
 
 from tfdist.errors import ClusterSpecError, LaunchError, LaunchFailure, invalid
 
+__all__ = ["free_ports"]
+
 _HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?)"
 _ADDRESS = re.compile(rf"^(?P<host>{_HOST}):(?P<port>[0-9]{{1,5}})$")
 _SCHEME = re.compile(r"^[a-z+]+://")
@@ -101,6 +103,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     All sockets stay open until every port is picked, so the ports differ.
     Another process may still take one before it is used: the launcher checks
     again (see :func:`port_is_free`) just before starting any task.
+
+    Example:
+        >>> from tfdist.cluster import free_ports
+        >>> first, second = free_ports(2)
+        >>> first != second
+        True
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as stack:

@@ -14,9 +14,6 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
-__all__ = ["WORLD_SIZE_VAR", "MEMBERSHIP_VAR", "ELASTIC_DIR_VAR", "read_boundaries", "write_boundary",
-           "optional_int"]
-
 WORLD_SIZE_VAR = "TFDIST_WORLD_SIZE"
 MEMBERSHIP_VAR = "TFDIST_MEMBERSHIP"
 ELASTIC_DIR_VAR = "TFDIST_ELASTIC_DIR"

@@ -1,8 +1,7 @@
 """Reachability of a cluster's tasks: which ports accept TCP connections in time.
 
 Example:
-    >>> from tfdist import ClusterSpec
-    >>> from tfdist.cluster.probe import probe_tasks
+    >>> from tfdist.cluster import ClusterSpec, probe_tasks
     >>> spec = ClusterSpec.local(workers=1)
     >>> probe_tasks(spec, timeout=0.2)  # Nothing listens there yet.
     {'worker:0': False}
