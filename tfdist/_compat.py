@@ -29,13 +29,6 @@ from typing import Any, Optional
 
 from tfdist.errors import StackError
 
-__all__ = [
-    "SUPPORTED_TF", "parse_version", "installed_version", "stack_problem", "tfio_unavailable_reason",
-    "keras3_loaded", "forbid_keras3_fit", "callback_base", "backup_base", "training_state", "saving_before_preemption",
-    "attach_preemption_handler", "validate_target_and_loss", "stop_data_server", "communication_options",
-    "is_sharded_variable", "is_tf_error", "is_variable", "tfrecord_reader", "unbatch_dense", "check_internals",
-]
-
 SUPPORTED_TF = ((2, 17), (2, 21))  # Inclusive minor range; 2.16 stalls MWMS start-up (BUILD_NOTES.md).
 TFIO_LAST_TF = (2, 17)  # tensorflow-io 0.37.1's file systems have undefined symbols on TF >= 2.18.
 

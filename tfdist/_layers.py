@@ -14,8 +14,6 @@ package that parses user flags or prints.
 
 from __future__ import annotations
 
-__all__ = ["LAYERS"]
-
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.errors", "tfdist._names", "tfdist._options", "tfdist._layers", "tfdist.runtime", "tfdist._compat"),
     ("tfdist.cluster", "tfdist.plan"),

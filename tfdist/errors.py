@@ -12,7 +12,8 @@ Two families sit under :class:`Error`:
   network namespace that cannot be made, a service not started, storage that
   cannot be read, an engine that is not there.
 
-Use :func:`invalid` to build a bad-input error.
+Users catch the classes as ``tfdist.Error``, ``tfdist.LaunchError``, ...; inside tfdist, :func:`invalid`
+and the ``require_*`` checks build the bad-input errors.
 
 Example:
     >>> from tfdist import errors
@@ -43,12 +44,6 @@ __all__ = [
     "ServiceError",
     "EngineError",
     "StackError",
-    "invalid",
-    "require_bool",
-    "require_int",
-    "require_number",
-    "require_type",
-    "check_keywords",
 ]
 
 _UNSET: Any = object()

@@ -22,8 +22,6 @@ from typing import Optional
 
 from tfdist import _compat
 
-__all__ = ["StackReport", "stack_report"]
-
 _TFIO_ONLY = ("hdfs", "az", "oss", "http")
 
 
