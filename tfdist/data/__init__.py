@@ -1,14 +1,26 @@
 """tf.data TFRecord pipelines: sharded writing, per-worker sharding, stratified sampling, skew reports.
 
-The Keras callback that adapts class weights while training is ``tfdist.keras.AdaptiveClassWeights``.
+:class:`TFRecordPipeline` validates its options in six groups, its attributes ``source``
+(:class:`SourceOptions`), ``sharding`` (:class:`ShardOptions`), ``parsing`` (:class:`ParseOptions`),
+``sampling`` (:class:`SampleOptions`), ``epochs`` (:class:`EpochOptions`) and ``tuning``
+(:class:`TuningOptions`); it takes each field as a keyword argument, or a whole group by name. The Keras
+callback that adapts class weights while training is ``tfdist.keras.AdaptiveClassWeights``.
+
+Example:
+    >>> from tfdist.data import EpochOptions, TFRecordPipeline
+    >>> pipeline = TFRecordPipeline(files="/data/train-*", parse_fn=len, epochs=EpochOptions(batch_size=64))
+    >>> pipeline.batch_size, pipeline.epochs == EpochOptions(batch_size=64)
+    (64, True)
 """
 
-from tfdist.data.pipeline.tfrecord import TFRecordPipeline
+from tfdist.data.pipeline import (EpochOptions, ParseOptions, SampleOptions, ShardOptions, SourceOptions,
+                                  TFRecordPipeline, TuningOptions)
+from tfdist.data.records import FileInfo, Listing, VerifyReport, read_manifest, write_tfrecords
 from tfdist.data.report import SkewReport, skew_report
 from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.service import LocalDataService
 from tfdist.data.sharding import ShardPlan, plan_shards
-from tfdist.data.records.writer import read_manifest, write_tfrecords
 
-__all__ = ["LocalDataService", "ShardPlan", "SkewReport", "TFRecordPipeline", "plan_shards", "read_manifest",
-           "resolve_weights", "skew_report", "stratified_sample", "write_tfrecords"]
+__all__ = ["EpochOptions", "FileInfo", "Listing", "LocalDataService", "ParseOptions", "SampleOptions", "ShardOptions",
+           "ShardPlan", "SkewReport", "SourceOptions", "TFRecordPipeline", "TuningOptions", "VerifyReport",
+           "plan_shards", "read_manifest", "resolve_weights", "skew_report", "stratified_sample", "write_tfrecords"]

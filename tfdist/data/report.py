@@ -1,7 +1,7 @@
 """Skew reports: what each worker will read, and how far its class mix is from the global one.
 
 Example:
-    >>> from tfdist.data.report import SkewReport
+    >>> from tfdist.data import SkewReport
     >>> report = SkewReport(policy="file", reason="", label_key="y", worker_records=(60, 40),
     ...                     worker_bytes=(600, 400), worker_classes=({"a": 50, "b": 10}, {"a": 20, "b": 20}))
     >>> round(report.record_imbalance, 2)

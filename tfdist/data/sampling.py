@@ -1,7 +1,7 @@
 """Stratified sampling against class skew, on ``tf.data.Dataset.choose_from_datasets``.
 
 Example:
-    >>> from tfdist.data.sampling import resolve_weights
+    >>> from tfdist.data import resolve_weights
     >>> resolve_weights("sqrt", counts={"cat": 900, "dog": 100})
     {'cat': 0.75, 'dog': 0.25}
 """
@@ -20,10 +20,10 @@ from tfdist.errors import DataError, invalid, require_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["stratified_sample", "resolve_weights", "class_choices", "WEIGHT_SCHEMES", "EXHAUSTED_POLICIES"]
+__all__ = ["resolve_weights", "stratified_sample"]
 
-WEIGHT_SCHEMES = ("balanced", "natural", "sqrt")
-EXHAUSTED_POLICIES = ("repeat", "stop", "drop")
+_WEIGHT_SCHEMES = ("balanced", "natural", "sqrt")
+_EXHAUSTED_POLICIES = ("repeat", "stop", "drop")
 Weights = Union[str, Mapping[Any, float], "tf.Variable"]
 _CHOICES_PER_DRAW = 1024  # Class choices drawn per vectorized draw.
 _PLANNED_CHOICES = 1 << 18  # At most this many choices are drawn up front (2 MB of int64 in the dataset's graph).
@@ -41,9 +41,9 @@ def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optiona
     """
     keys = list(counts) if counts is not None else list(classes or [])
     if isinstance(weights, str):
-        if weights not in WEIGHT_SCHEMES:
+        if weights not in _WEIGHT_SCHEMES:
             raise invalid(DataError, "class_weights", weights,
-                          describe_choices(weights, WEIGHT_SCHEMES) + ", a mapping, or a tf.Variable")
+                          describe_choices(weights, _WEIGHT_SCHEMES) + ", a mapping, or a tf.Variable")
         if weights != "balanced" and counts is None:
             raise invalid(DataError, "class_weights", weights, "class counts to weigh by",
                           "Pass counts=..., or write the data with write_tfrecords(partition_by=...).")
@@ -103,8 +103,8 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
       planned for ``draws``) for fixed weights, by ``sample_from_datasets``
       for a ``tf.Variable``.
     """
-    if on_exhausted not in EXHAUSTED_POLICIES:
-        raise invalid(DataError, "on_exhausted", on_exhausted, describe_choices(on_exhausted, EXHAUSTED_POLICIES))
+    if on_exhausted not in _EXHAUSTED_POLICIES:
+        raise invalid(DataError, "on_exhausted", on_exhausted, describe_choices(on_exhausted, _EXHAUSTED_POLICIES))
     require_int(DataError, "block", block, minimum=1)
     mapping = dict(datasets) if isinstance(datasets, Mapping) else dict(enumerate(datasets))
     if not mapping:

@@ -3,7 +3,7 @@
 Pure Python: the same file list gives the same plan on every worker.
 
 Example:
-    >>> from tfdist.data.sharding import plan_shards
+    >>> from tfdist.data import plan_shards
     >>> plan = plan_shards([("a", 100), ("b", 100), ("c", 90), ("d", 110)], num_workers=2)
     >>> plan.policy, plan.files_for(0), plan.files_for(1)
     ('file', ('c', 'd'), ('a', 'b'))
@@ -20,14 +20,14 @@ from tfdist._names import describe_choices
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB
 from tfdist.errors import DataError, invalid, require_int
 
-__all__ = ["SHARD_POLICIES", "ShardPlan", "plan_shards", "balance_files", "imbalance"]
+__all__ = ["ShardPlan", "plan_shards"]
 
 SHARD_POLICIES = ("auto", "file", "data", "hash", "off")
 # 'auto' shards by file when the per-worker byte load is within this factor of the mean.
 BALANCE_TOLERANCE = 1.10
 
 
-def balance_files(files: Sequence[tuple[str, int]], num_workers: int) -> list[list[str]]:
+def _balance_files(files: Sequence[tuple[str, int]], num_workers: int) -> list[list[str]]:
     """Assigns files to workers so bytes are balanced: largest file to the lightest worker.
 
     Ties break by file name and worker index, so every worker computes the same
@@ -122,7 +122,7 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
         return _everyone_reads_all("data", f"{len(files)} file(s) for {num_workers} workers: too few to shard by "
                                    "file", everything, total, num_workers)
     sizes = dict(files)
-    assignment = balance_files(files, num_workers)
+    assignment = _balance_files(files, num_workers)
     loads = tuple(sum(sizes[name] for name in names) for names in assignment)
     skew = imbalance(loads)
     if policy == "auto" and skew > BALANCE_TOLERANCE:

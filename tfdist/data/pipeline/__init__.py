@@ -1,8 +1,8 @@
 """The TFRecord input pipeline: options, reading, parsing, stratified reading and batching.
 
-:class:`TFRecordPipeline` takes its options as six groups (``SourceOptions``, ``ShardOptions``,
-``ParseOptions``, ``SampleOptions``, ``EpochOptions``, ``TuningOptions``), all re-exported here and from
-:mod:`tfdist.data`.
+:class:`TFRecordPipeline` validates its options in six groups (``SourceOptions``, ``ShardOptions``,
+``ParseOptions``, ``SampleOptions``, ``EpochOptions``, ``TuningOptions``), re-exported here with it; users
+import them from :mod:`tfdist.data`.
 """
 
 from tfdist.data.pipeline.options import (EpochOptions, ParseOptions, SampleOptions, ShardOptions, SourceOptions,

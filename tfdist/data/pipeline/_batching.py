@@ -13,8 +13,6 @@ import functools
 import logging
 from typing import Any, Optional
 
-__all__ = ["batch"]
-
 _log = logging.getLogger("tfdist.data")
 
 

@@ -6,7 +6,7 @@ with a ``shard_`` prefix: ``shard_policy``, ``shard_key``), or a whole group by 
 hands each part of the pipeline only its group (:mod:`tfdist._options`).
 
 Example:
-    >>> from tfdist.data.pipeline.options import EpochOptions, SourceOptions
+    >>> from tfdist.data import EpochOptions, SourceOptions
     >>> SourceOptions(files="/data/train-*").files
     ('/data/train-*',)
     >>> EpochOptions(batch_size=0)
@@ -27,8 +27,7 @@ from tfdist.data.sampling import Weights
 from tfdist.data.sharding import SHARD_POLICIES
 from tfdist.errors import DataError, invalid, require_bool, require_int
 
-__all__ = ["SourceOptions", "ShardOptions", "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions",
-           "CORRUPT_POLICIES", "VERIFY_MODES", "COMPRESSION_CHOICES"]
+__all__ = ["SourceOptions", "ShardOptions", "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions"]
 
 CORRUPT_POLICIES = ("raise", "skip")
 VERIFY_MODES = ("local", "all", "none")

@@ -2,7 +2,7 @@
 
 Example:
     >>> import tensorflow as tf
-    >>> from tfdist.data.pipeline.options import ParseOptions
+    >>> from tfdist.data import ParseOptions
     >>> from tfdist.data.pipeline.parsing import parse_batch
     >>> example = tf.train.Example(features=tf.train.Features(feature={
     ...     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[3]))}))
@@ -18,8 +18,6 @@ from typing import Any, Optional
 from tfdist.data.pipeline import _decode
 from tfdist.data.pipeline.options import ParseOptions
 from tfdist.errors import DataError, Error, invalid
-
-__all__ = ["parse_batch", "parse_elements", "split_label", "supervised", "check_features"]
 
 
 def parse_elements(records: Any, parse: ParseOptions, *, seed: Optional[int], deterministic: bool) -> Any:

@@ -1,7 +1,7 @@
 """One worker's serialized records: its files, read (in parallel where that pays), cut to its share.
 
 Example:
-    >>> from tfdist.data.sharding import plan_shards
+    >>> from tfdist.data import plan_shards
     >>> from tfdist.data.pipeline.reading import worker_files
     >>> worker_files(plan_shards([("a", 10), ("b", 10)], num_workers=2, policy="file"), 1)
     ('b',)
@@ -19,9 +19,7 @@ from tfdist.data.pipeline.options import EpochOptions, ShardOptions, SourceOptio
 from tfdist.data.sharding import ShardPlan
 from tfdist.errors import DataError, invalid
 
-__all__ = ["worker_files", "read_records", "HASH_BLOCK"]
-
-HASH_BLOCK = 512  # Records per vectorized hash-key parse.
+_HASH_BLOCK = 512  # Records per vectorized hash-key parse.
 _BUFFER = 1 << 20  # Read buffer per open file.
 _LOCAL_BUFFER = 1 << 18  # Local files read without threads: TF's default; 16 open files fill 4 MB, not 16, at start.
 _AUTOTUNE_READS = 16  # Files read at once with num_parallel_reads='autotune' (split among streams).
@@ -159,7 +157,7 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
     elif plan.policy == "hash":
         keep = _decode.key_mask(shard.key, features[shard.key],  # type: ignore[arg-type,index]
                                 plan.num_workers, worker)
-        records = records.batch(HASH_BLOCK).map(
+        records = records.batch(_HASH_BLOCK).map(
             lambda block: tf.boolean_mask(block, keep(block)), num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=tuning.deterministic).unbatch()
     return records

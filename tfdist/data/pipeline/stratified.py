@@ -1,7 +1,7 @@
 """Stratified reading: per-class shard groups sampled in a class mix, or rejection resampling without them.
 
 Example:
-    >>> from tfdist.data.records.files import FileInfo, Listing
+    >>> from tfdist.data import FileInfo, Listing
     >>> from tfdist.data.pipeline.stratified import class_groups
     >>> listing = Listing(files=(FileInfo(path="d-y=1-00000-of-00001.tfrecord", size=5),
     ...                          FileInfo(path="d-y=0-00000-of-00001.tfrecord", size=7)))
@@ -22,8 +22,6 @@ from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.sharding import plan_shards
 from tfdist.data.records.writer import CLASS_GROUP, label_of_name
 from tfdist.errors import DataError, invalid
-
-__all__ = ["class_groups", "stratified_records", "resample"]
 
 Group = list[tuple[str, int]]
 MEMORY_BUDGET = 256 << 20  # Bytes of small, re-drawn class groups one input pipeline keeps in memory.

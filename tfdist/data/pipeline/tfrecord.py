@@ -46,7 +46,7 @@ from tfdist.data.sharding import ShardPlan, plan_shards
 from tfdist.data.records.verify import VerifyReport, verify_files
 from tfdist.errors import DataError, invalid
 
-__all__ = ["TFRecordPipeline", "CORRUPT_POLICIES", "VERIFY_MODES"]
+__all__ = ["TFRecordPipeline"]
 
 _log = logging.getLogger("tfdist.data")
 
@@ -77,7 +77,7 @@ class TFRecordPipeline(GroupedOptions, error=DataError):
     required, and exactly one of ``features`` and ``parse_fn``.
 
     Example:
-        >>> from tfdist.data.pipeline.options import TuningOptions
+        >>> from tfdist.data import TuningOptions
         >>> pipeline = TFRecordPipeline(files="/data/train-*", batch_size=32, parse_fn=lambda record: record,
         ...                             tuning=TuningOptions(prefetch=2))
         >>> pipeline.batch_size, pipeline.epochs.batch_size, pipeline.prefetch, pipeline.shard_policy

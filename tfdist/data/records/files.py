@@ -1,13 +1,18 @@
 """Input files: expand globs, size them, find the writer's record counts, name their compression.
 
-The read side lists and sizes files only through :func:`glob`,
-:func:`size_of` and :func:`is_dir` here, which ask :mod:`tfdist.data.storage.remote`
+The read side lists and sizes files only through :func:`_glob`,
+:func:`_size_of` and :func:`_is_dir` here, which ask :mod:`tfdist.data.storage.remote`
 (TF's file systems, or boto3 for ``s3://``).
 
+:class:`FileInfo` and :class:`Listing` are public (``tfdist.data``, what ``TFRecordPipeline.listing()``
+returns); the rest is the data layer's own.
+
 Example:
-    >>> from tfdist.data.records.files import compression_of
-    >>> compression_of("/data/train-00000-of-00004.tfrecord.gz", "auto"), compression_of("/data/x.tfrecord", "auto")
-    ('GZIP', None)
+    >>> from tfdist.data import FileInfo, Listing
+    >>> listing = Listing(files=(FileInfo(path="/d/a.tfrecord", size=10, records=4),
+    ...                          FileInfo(path="/d/b.tfrecord.gz", size=7)))
+    >>> listing.sizes, listing.records(["/d/a.tfrecord"]), listing.records(["/d/b.tfrecord.gz"])
+    ((('/d/a.tfrecord', 10), ('/d/b.tfrecord.gz', 7)), 4, None)
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from tfdist.data.storage import remote
 from tfdist.data.records.writer import COMPRESSIONS, prefixes_of, read_manifest
 from tfdist.errors import DataError, Error, StorageError, invalid
 
-__all__ = ["FileInfo", "Listing", "list_files", "compression_of", "glob", "size_of", "is_dir", "on_local_disk"]
+__all__ = ["FileInfo", "Listing"]
 
 # File name endings -> compression: the writer's own endings first, then common spellings.
 _COMPRESSION_BY_SUFFIX = tuple((suffix, kind) for kind, suffix in COMPRESSIONS.items() if kind) + (
@@ -31,7 +36,12 @@ _COMPRESSION_BY_SUFFIX = tuple((suffix, kind) for kind, suffix in COMPRESSIONS.i
 
 
 def compression_of(path: str, given: Optional[str]) -> Optional[str]:
-    """``given`` when it is 'GZIP' or 'ZLIB'; for None or 'auto', the compression the file name ends in."""
+    """``given`` when it is 'GZIP' or 'ZLIB'; for None or 'auto', the compression the file name ends in.
+
+    Example:
+        >>> compression_of("/data/train-00000-of-00004.tfrecord.gz", "auto"), compression_of("/data/x.tfrecord", "auto")
+        ('GZIP', None)
+    """
     if given not in (None, "auto"):
         return given
     for suffix, kind in _COMPRESSION_BY_SUFFIX:
@@ -81,7 +91,7 @@ def on_local_disk(paths: Sequence[str], mountinfo: Optional[str] = None) -> bool
     return True
 
 
-def glob(pattern: str) -> list[str]:
+def _glob(pattern: str) -> list[str]:
     """The paths ``pattern`` matches (a pattern without wildcards is itself), through the path's reader."""
     remote.ensure_filesystem(pattern)
     try:
@@ -92,7 +102,7 @@ def glob(pattern: str) -> list[str]:
         raise StorageError(f"Cannot list {pattern}: {err}. Check the path and your access to it.") from err
 
 
-def is_dir(path: str) -> bool:
+def _is_dir(path: str) -> bool:
     """Whether ``path`` is a directory (object stores have none)."""
     if remote.reader_for(path) != "tensorflow":
         return False
@@ -104,7 +114,7 @@ def is_dir(path: str) -> bool:
         return False
 
 
-def size_of(path: str) -> int:
+def _size_of(path: str) -> int:
     """Bytes in ``path``; DataError when it does not exist, StorageError when it cannot be read."""
     try:
         return remote.size(path)
@@ -163,7 +173,7 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     """
     paths: list[str] = []
     for pattern in patterns:
-        matched = glob(pattern)
+        matched = _glob(pattern)
         if not matched:
             raise invalid(DataError, "files", pattern, "a pattern that matches at least one file",
                           "Check the path; globs need quotes in the shell.")
@@ -175,10 +185,10 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     if local:
         directories, sizes = _local_sizes(paths)
     else:  # URLs, and network or FUSE mounts, where a stat can cost a round trip.
-        directories = [p for p in paths if is_dir(p)]
+        directories = [p for p in paths if _is_dir(p)]
         if not directories:
             with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:  # Overlaps round trips.
-                sizes = list(pool.map(size_of, paths))
+                sizes = list(pool.map(_size_of, paths))
     if directories:
         raise invalid(DataError, "files", directories[0], "TFRecord files, not a directory",
                       f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.")
@@ -201,7 +211,7 @@ def _local_sizes(paths: Sequence[str]) -> tuple[list[str], list[int]]:
         try:
             info = os.stat(path)
         except FileNotFoundError:
-            sizes.append(size_of(path))  # Gone since the glob: size_of names the path in a DataError.
+            sizes.append(_size_of(path))  # Gone since the glob: _size_of names the path in a DataError.
             continue
         except OSError as err:
             raise StorageError(f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",

@@ -5,7 +5,7 @@
 the reader then takes only the records before the damage.
 
 Example:
-    >>> from tfdist.data.records.verify import VerifyReport
+    >>> from tfdist.data import VerifyReport
     >>> VerifyReport().to_dict()["records_lost"]
     0
 """
@@ -25,7 +25,7 @@ from tfdist.data.records.files import Listing, compression_of
 from tfdist.data.pipeline.options import SourceOptions
 from tfdist.errors import DataError, Error, StorageError, invalid
 
-__all__ = ["VerifyReport", "verify_files", "compression_problem"]
+__all__ = ["VerifyReport"]
 
 _log = logging.getLogger("tfdist.data")
 
@@ -88,7 +88,7 @@ def _head(path: str, size: int) -> bytes:
         raise StorageError(f"Cannot read {path}: {err}. Check that it exists and is readable.") from err
 
 
-def compression_problem(path: str, compression: Optional[str]) -> Optional[str]:
+def _compression_problem(path: str, compression: Optional[str]) -> Optional[str]:
     """What is wrong when ``path`` does not start the way ``compression`` says it must (None: it does).
 
     Reads the first 12 bytes only: a gzip magic number, a zlib header, or an
@@ -124,7 +124,7 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
     # boto3 are left to the reader (a sniff would download each one whole, ahead of the pipeline).
     sniffed = [p for p in paths if p not in walked and remote.reader_for(p) == "tensorflow"]
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(sniffed)))) as pool:
-        problems = list(pool.map(lambda p: compression_problem(p, compression_of(p, source.compression)), sniffed))
+        problems = list(pool.map(lambda p: _compression_problem(p, compression_of(p, source.compression)), sniffed))
     for path, problem in zip(sniffed, problems):
         if problem is not None:
             raise invalid(DataError, "compression", source.compression, f"the compression of {path} ({problem})",

@@ -24,8 +24,7 @@ from typing import Any, Optional, Union
 
 from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
-__all__ = ["write_tfrecords", "shard_name", "prefixes_of", "manifest_path", "read_manifest", "label_name",
-           "label_of_name", "COMPRESSIONS", "CLASS_GROUP"]
+__all__ = ["read_manifest", "write_tfrecords"]
 
 _log = logging.getLogger("tfdist.data")
 COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
@@ -37,7 +36,7 @@ Progress = Callable[[int], None]
 _MAX_LABEL_NAME = 100
 
 
-def shard_name(prefix: str, index: int, count: int, compression: Optional[str] = None) -> str:
+def _shard_name(prefix: str, index: int, count: int, compression: Optional[str] = None) -> str:
     """``PREFIX-00003-of-00016.tfrecord`` (plus ``.gz``/``.zz`` when compressed)."""
     return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression]}"
 
@@ -68,7 +67,7 @@ def prefixes_of(path: str) -> tuple[str, ...]:
     return (prefix, prefix[: group.start()]) if group and group.start() else (prefix,)
 
 
-def manifest_path(prefix: str) -> str:
+def _manifest_path(prefix: str) -> str:
     """Where ``write_tfrecords`` records what it wrote (counts per file and class)."""
     return f"{prefix}-manifest.json"
 
@@ -83,7 +82,7 @@ def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> Optional[dict[st
     """
     from tfdist.data.storage import remote
 
-    path = manifest_path(prefix)
+    path = _manifest_path(prefix)
     if not remote.exists(path):
         return None
     try:
@@ -186,7 +185,7 @@ def _existing(path_prefix: str, partition_by: Optional[str]) -> list[str]:
         raise
     except Exception:  # noqa: BLE001 - nothing listed, nothing to replace.
         return []
-    manifest = manifest_path(path_prefix)
+    manifest = _manifest_path(path_prefix)
     previous = read_manifest(path_prefix, on_corrupt="skip") if manifest in found else None
     if previous is not None:
         listed = set(previous["files"])
@@ -322,8 +321,8 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
                     "num_shards": num_shards, "records": written, "files": files,
                     "classes": dict(counters) if partition_by else None}
         old = _existing(path_prefix, partition_by)
-        staging.commit(sorted(files), manifest, manifest_path(path_prefix))
-        for stale in sorted(set(old) - set(files) - {manifest_path(path_prefix)}):
+        staging.commit(sorted(files), manifest, _manifest_path(path_prefix))
+        for stale in sorted(set(old) - set(files) - {_manifest_path(path_prefix)}):
             remote.remove(stale)
     except tf.errors.OpError as err:
         raise StorageError(f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
@@ -352,7 +351,7 @@ def _write_all(examples: Iterable[Example], path_prefix: str, staging: _Staging,
             group = _label_of(record, partition_by, index) if partition_by else ""
             if group not in writers:
                 prefix = f"{path_prefix}-{partition_by}={label_name(group)}" if partition_by else path_prefix
-                names[group] = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
+                names[group] = [_shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
                 if len({n for g in names.values() for n in g}) != sum(len(g) for g in names.values()):
                     raise invalid(DataError, f"examples[{index}].{partition_by}", group,
                                   "labels whose shortened file names differ", "Shorten the labels.")

@@ -36,12 +36,9 @@ from typing import Any, Sequence
 from tfdist._compat import tfio_unavailable_reason
 from tfdist.errors import DataError, StorageError, invalid
 
-__all__ = ["ensure_filesystem", "scheme_of", "reader_for", "glob", "size", "exists", "open_file", "readable_path",
-           "writable_path", "remove", "staged_files", "TFIO_SCHEMES"]
-
 _log = logging.getLogger("tfdist.data")
 BUILTIN_SCHEMES = frozenset({"", "file", "gs", "ram"})
-TFIO_SCHEMES = frozenset({"s3", "hdfs", "viewfs", "har", "az", "http", "https", "oss"})
+_TFIO_SCHEMES = frozenset({"s3", "hdfs", "viewfs", "har", "az", "http", "https", "oss"})
 READERS = ("tensorflow", "boto3")
 _STAGE_AHEAD = 4  # Objects each worker downloads ahead of its reader, in parallel.
 
@@ -57,9 +54,9 @@ def _reader_for_scheme(scheme: str, forced: str) -> str:
         return "tensorflow"
     import tensorflow as tf
 
-    if scheme not in TFIO_SCHEMES and scheme not in tf.io.gfile.get_registered_schemes():
+    if scheme not in _TFIO_SCHEMES and scheme not in tf.io.gfile.get_registered_schemes():
         raise invalid(DataError, "path", f"{scheme}://...", f"a local path or one of the schemes "
-                      f"{sorted((BUILTIN_SCHEMES | TFIO_SCHEMES) - {''})}", "Check the scheme's spelling.")
+                      f"{sorted((BUILTIN_SCHEMES | _TFIO_SCHEMES) - {''})}", "Check the scheme's spelling.")
     if scheme == "s3" and forced == "boto3":
         _log.info("Reading s3:// through boto3 (TFDIST_S3_READER=boto3).")
         return "boto3"

@@ -41,8 +41,6 @@ from typing import Any, Optional
 
 from tfdist.errors import DataError, StorageError, invalid
 
-__all__ = ["S3Store", "store", "split_url", "glob_regex", "endpoint_from_env"]
-
 _log = logging.getLogger("tfdist.data")
 _CHUNK = 8 << 20
 

@@ -49,12 +49,9 @@ from typing import Any, Callable, Optional
 
 from tfdist.errors import DataError, StorageError, invalid, require_int
 
-__all__ = ["StagedReads", "StagingAgent", "ensure_agent", "stage_root", "staged_name", "STAGE_DIR_ENV",
-           "STAGE_TIMEOUT_ENV"]
-
 _log = logging.getLogger("tfdist.data")
-STAGE_DIR_ENV = "TFDIST_S3_STAGE_DIR"
-STAGE_TIMEOUT_ENV = "TFDIST_S3_STAGE_TIMEOUT"
+_STAGE_DIR_ENV = "TFDIST_S3_STAGE_DIR"
+_STAGE_TIMEOUT_ENV = "TFDIST_S3_STAGE_TIMEOUT"
 SUFFIX = ".staged"
 _POLL_S = 0.05  # Reader's poll interval, and the agent's scan interval.
 _ERROR_TTL_S = 10.0  # An error file lives this long (readers poll far more often); a later request retries.
@@ -69,7 +66,7 @@ _KEEP_RECENT_S = 60.0  # ... and those requested this recently: over budget (wit
 def stage_root(env: Optional[Mapping[str, str]] = None) -> str:
     """The host's stage directory: ``TFDIST_S3_STAGE_DIR``, else ``$TMPDIR/tfdist-s3-stage-UID``."""
     env = os.environ if env is None else env
-    return env.get(STAGE_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"tfdist-s3-stage-{os.getuid()}")
+    return env.get(_STAGE_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"tfdist-s3-stage-{os.getuid()}")
 
 
 def staged_name(url: str, size: int, etag: str) -> str:
@@ -78,13 +75,13 @@ def staged_name(url: str, size: int, etag: str) -> str:
 
 
 def _timeout(env: Optional[Mapping[str, str]] = None) -> float:
-    raw = (os.environ if env is None else env).get(STAGE_TIMEOUT_ENV, "600")
+    raw = (os.environ if env is None else env).get(_STAGE_TIMEOUT_ENV, "600")
     try:
         seconds = float(raw)
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds < 7 * 86400:
-        raise invalid(DataError, STAGE_TIMEOUT_ENV, raw, "seconds in (0, 604800)", "Unset it for 600 s.")
+        raise invalid(DataError, _STAGE_TIMEOUT_ENV, raw, "seconds in (0, 604800)", "Unset it for 600 s.")
     return seconds
 
 
@@ -172,7 +169,7 @@ class StagedReads:
                       url, f"was not staged within {self.timeout:g}s into", local, "Is a tfdist staging agent "
                       "running on this TF server (workers started by tfdist-launch, the tfdist.launch.tasks.server program or "
                       "tfdist.launch.run_server, `tfdist data-service` or LocalDataService), with "
-                      f"{STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {STAGE_TIMEOUT_ENV} "
+                      f"{_STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {_STAGE_TIMEOUT_ENV} "
                       "for very large objects."], summarize=1)]
         with tf.control_dependencies(checks):
             return tf.identity(local)
@@ -234,7 +231,7 @@ class StagingAgent:
             _sweep(os.path.join(self.root, "objects"))
         except OSError as err:
             _log.warning("Staging agent not started: cannot create %s (%s). Set %s to a writable directory, the "
-                         "same for every task.", self.root, err, STAGE_DIR_ENV)
+                         "same for every task.", self.root, err, _STAGE_DIR_ENV)
             return self
         self._workers = [threading.Thread(target=self._fetch, name=f"tfdist-stage-{i}", daemon=True)
                          for i in range(_FETCHES)]
@@ -401,10 +398,10 @@ def _check_private(root: str) -> None:
     """Refuses a stage root another user owns or may write in (they could plant or swap copies)."""
     info = os.stat(root)
     if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        fix = f"Remove it, or set {STAGE_DIR_ENV} to a directory of yours (chmod 700), the same for every task."
+        fix = f"Remove it, or set {_STAGE_DIR_ENV} to a directory of yours (chmod 700), the same for every task."
         raise StorageError(
             f"Stage root {root} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}: another user "
-            f"could plant or replace staged copies there. {fix}", field=STAGE_DIR_ENV, value=root,
+            f"could plant or replace staged copies there. {fix}", field=_STAGE_DIR_ENV, value=root,
             expected=f"a directory owned by uid {os.getuid()}, not group/other writable", fix=fix)
 
 
