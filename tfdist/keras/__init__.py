@@ -38,10 +38,14 @@ TFDIST_NAMES = {
     "accumulate_gradients": "tfdist.keras.accumulation",
     "embedding_layout": "tfdist.keras.embeddings",
     "local_weights": "tfdist.keras.embeddings",
+    "EmbeddingShard": "tfdist.keras.embeddings",
+    "EmbeddingTable": "tfdist.keras.embeddings",
     "AdaptiveClassWeights": "tfdist.keras.adaptive",
     "ElasticEpochs": "tfdist.keras.elastic",
     "LinearScaling": "tfdist.keras.elastic",
     "per_replica_batch": "tfdist.keras.elastic",
+    "world_size": "tfdist.keras.elastic",
+    "membership": "tfdist.keras.elastic",
 }
 # The public tf_keras API, passed through unchanged.
 KERAS_NAMES = ("Input", "Model", "Sequential", "activations", "applications", "backend", "callbacks", "constraints",

@@ -2,7 +2,7 @@
 
 Example:
     >>> import tensorflow as tf
-    >>> from tfdist.keras.adaptive import AdaptiveClassWeights
+    >>> from tfdist.keras import AdaptiveClassWeights
     >>> weights = tf.Variable([1.0, 1.0])
     >>> callback = AdaptiveClassWeights(weights, per_class_data={0: [], 1: []}, rate=0.5)
 """
@@ -17,7 +17,7 @@ from typing import Any
 from tfdist.errors import DataError, invalid
 from tfdist._compat import callback_base
 
-__all__ = ["AdaptiveClassWeights", "reweight"]
+__all__ = ["AdaptiveClassWeights"]
 
 _log = logging.getLogger("tfdist.keras")
 

@@ -22,10 +22,10 @@ from tfdist._compat import (attach_preemption_handler, backup_base, callback_bas
                             training_state)
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
 
-__all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup", "CHECKPOINT_PATTERN"]
+__all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup"]
 
 _log = logging.getLogger("tfdist.keras")
-CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
+_CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
 
 
 def _task_name(spec: Optional[ClusterSpec]) -> str:
@@ -206,7 +206,7 @@ def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optio
         callbacks.append(PreemptionSafeBackup(backup_dir) if save_before_preemption
                          else tf_keras.callbacks.BackupAndRestore(backup_dir))
     if checkpoint_dir:
-        callbacks.append(tf_keras.callbacks.ModelCheckpoint(os.path.join(checkpoint_dir, CHECKPOINT_PATTERN),
+        callbacks.append(tf_keras.callbacks.ModelCheckpoint(os.path.join(checkpoint_dir, _CHECKPOINT_PATTERN),
                                                             save_weights_only=True))
     if tensorboard_dir and is_chief:
         callbacks.append(tf_keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch"))
