@@ -9,7 +9,7 @@ logging and the standard streams, then leaves with ``os._exit(code)`` before
 native destructors can run.
 
 Example:
-    >>> from tfdist.runtime.clean_exit import exit_code_of
+    >>> from tfdist.runtime import exit_code_of
     >>> exit_code_of(None), exit_code_of(3), exit_code_of("failed")  # The code Python gives sys.exit(value).
     (0, 3, 1)
 

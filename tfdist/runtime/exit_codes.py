@@ -24,11 +24,14 @@ This module is the one place for these rules: :func:`from_exit_value` (what ``sy
 :func:`from_exception` (an uncaught exception or a CLI's tfdist error), :func:`from_signal` and
 :func:`from_returncode` (a death by signal, shell style), :func:`is_retryable`.
 
+The codes and :func:`is_retryable` are public in :mod:`tfdist.runtime`; the ``from_*`` rules are tfdist's
+own (``tfdist.runtime.exit_code_of`` and ``exit_code_for_exception`` are the first and second).
+
 Example:
-    >>> from tfdist.runtime import exit_codes
-    >>> exit_codes.is_retryable(exit_codes.LOST_PEER), exit_codes.is_retryable(exit_codes.BAD_CONFIG)
+    >>> from tfdist.runtime import BAD_CONFIG, LOST_PEER, is_retryable
+    >>> is_retryable(LOST_PEER), is_retryable(BAD_CONFIG)
     (True, False)
-    >>> exit_codes.from_returncode(-9), exit_codes.from_exit_value("failed"), exit_codes.from_signal(2)
+    >>> from_returncode(-9), from_exit_value("failed"), from_signal(2)
     (137, 1, 130)
 """
 
@@ -40,7 +43,7 @@ from tfdist._compat import is_tf_error
 from tfdist.errors import Error
 
 __all__ = ["OK", "FAILED", "BAD_CONFIG", "TIMEOUT", "CANNOT_EXECUTE", "NOT_FOUND", "PREEMPTED", "LOST_PEER",
-           "PEER_LOST_ERRORS", "is_retryable", "from_exit_value", "from_exception", "from_signal", "from_returncode"]
+           "is_retryable"]
 
 OK = 0
 FAILED = 1
@@ -107,7 +110,7 @@ def from_exception(exc: BaseException) -> int:
     not imported.
 
     Example:
-        >>> from tfdist.errors import EngineError, LaunchError
+        >>> from tfdist import EngineError, LaunchError
         >>> from_exception(LaunchError("bad")), from_exception(EngineError("no Ray")), from_exception(KeyError())
         (2, 1, 1)
     """

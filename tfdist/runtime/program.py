@@ -20,9 +20,6 @@ from typing import NoReturn, Optional
 from tfdist.errors import Error
 from tfdist.runtime import exit_codes
 
-__all__ = ["ArgumentParser", "cli_main", "one_line", "finite_float", "port_number", "EXIT_USAGE", "EXIT_FAILURE",
-           "EXIT_PIPE"]
-
 EXIT_FAILURE, EXIT_USAGE = exit_codes.FAILED, exit_codes.BAD_CONFIG
 EXIT_PIPE = exit_codes.from_signal(signal.SIGPIPE)  # What a shell reports for a filter killed by SIGPIPE.
 
@@ -90,7 +87,7 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
       prog: The command's name in messages, e.g. ``"tfdist-launch"``.
 
     Example:
-        >>> from tfdist.errors import LaunchError
+        >>> from tfdist import LaunchError
         >>> @cli_main("demo")
         ... def main(argv=None):
         ...     raise LaunchError("Invalid value for `--workers`. Received: -1.")
@@ -132,7 +129,7 @@ def exit_code_for(err: Error) -> int:
     The rule is :func:`tfdist.runtime.exit_codes.from_exception`, the one every task ends by.
 
     Example:
-        >>> from tfdist.errors import EngineError, LaunchError
+        >>> from tfdist import EngineError, LaunchError
         >>> exit_code_for(LaunchError("bad")), exit_code_for(EngineError("no Ray"))
         (2, 1)
     """
