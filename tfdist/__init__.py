@@ -1,9 +1,11 @@
 """tfdist: TensorFlow distributed training made real.
 
 Cluster specs and TF_CONFIG (pure Python), strategy builders, the error
-hierarchy, and the subpackages ``tfdist.keras``, ``tfdist.data``,
-``tfdist.launch``, ``tfdist.plan`` and ``tfdist.testing``, loaded on first
-use: ``import tfdist`` does not import TensorFlow.
+hierarchy, and the public subpackages ``tfdist.cluster``, ``tfdist.strategy``,
+``tfdist.comm``, ``tfdist.data``, ``tfdist.launch``, ``tfdist.keras``,
+``tfdist.plan``, ``tfdist.runtime`` and ``tfdist.testing``, loaded on first
+use: ``import tfdist`` does not import TensorFlow. Each re-exports its public
+names; the modules inside them are tfdist's own.
 
 Example:
     >>> import tfdist
@@ -26,7 +28,7 @@ from tfdist.strategy.builders import (StrategyOptions, build_strategy, cluster_c
 __version__ = "0.1.0"
 
 # Subpackages loaded on first attribute access (each may import TensorFlow when used).
-_LAZY_MODULES = ("data", "keras", "launch", "plan", "testing")
+_LAZY_MODULES = ("cluster", "comm", "data", "keras", "launch", "plan", "runtime", "strategy", "testing")
 
 __all__ = [
     "ClusterSpec", "ClusterSpecError", "DataError", "EngineError", "Error", "LaunchError", "LaunchFailure",

@@ -10,6 +10,7 @@ every worker picks the same one) and returns a :class:`CollectiveTuning` that
 saves to JSON. ``build_strategy(..., tuning=PATH)`` loads it.
 
 Example:
+    >>> from tfdist.comm import CollectiveTuning
     >>> tuning = CollectiveTuning(bytes_per_pack=4 << 20, split_bytes=4 << 20)
     >>> tuning.strategy_options()
     {'bytes_per_pack': 4194304}

@@ -16,6 +16,7 @@ strategy says. :func:`all_reduce_sum` adds what Horovod users expect:
 * **packing** via ``bytes_per_pack`` (TF's own ``CommunicationOptions``).
 
 Example:
+    >>> from tfdist.comm import CollectiveConfig
     >>> CollectiveConfig(compression="fp16", bytes_per_pack=4 << 20).wire_dtype_name
     'float16'
 """

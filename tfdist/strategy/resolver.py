@@ -2,7 +2,7 @@
 
 Example:
     >>> from tfdist import ClusterSpec
-    >>> from tfdist.strategy.resolver import cluster_resolver
+    >>> from tfdist.strategy import cluster_resolver
     >>> resolver = cluster_resolver(ClusterSpec.local(workers=2).with_task("worker", 0))
     >>> resolver.task_type
     'worker'
