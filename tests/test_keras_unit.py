@@ -69,3 +69,14 @@ def test_default_strategy_gets_the_plain_dataset() -> None:
 
     dataset = fit_input(lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(2)))
     assert [list(b.numpy()) for b in dataset] == [[0, 1], [2, 3]]
+
+
+def test_linear_scaling_needs_a_finite_rate() -> None:
+    import math
+
+    from tfdist.keras.elastic import LinearScaling
+
+    for bad in (math.nan, math.inf, 0, -0.1, True, "0.1"):
+        with pytest.raises(StrategyError, match="`base_learning_rate`"):
+            LinearScaling(bad, reference_world_size=2)
+    assert LinearScaling(0.1, reference_world_size=2).base_learning_rate == 0.1

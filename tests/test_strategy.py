@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -169,3 +170,15 @@ class PeerWaitTest(parameterized.TestCase):
     def test_option_validation(self) -> None:
         with pytest.raises(StrategyError, match="`peer_wait_seconds`. Received: -1"):
             StrategyOptions(peer_wait_seconds=-1)
+        for name, value in (("timeout_seconds", math.nan), ("timeout_seconds", math.inf),
+                            ("peer_wait_seconds", math.nan), ("peer_wait_seconds", math.inf),
+                            ("timeout_seconds", True), ("peer_wait_seconds", "5")):
+            with pytest.raises(StrategyError, match=f"`{name}`") as caught:
+                StrategyOptions(**{name: value})
+            self.assertEqual(caught.value.field, name)
+        with pytest.raises(StrategyError, match="None to wait forever"):
+            StrategyOptions(timeout_seconds=math.inf)
+        for name, value in (("devices", "/gpu:0"), ("devices", [1]), ("device", 0)):
+            with pytest.raises(StrategyError, match=f"`{name}`"):
+                StrategyOptions(**{name: value})
+        self.assertEqual(StrategyOptions(devices=["/cpu:0"]).devices, ("/cpu:0",))

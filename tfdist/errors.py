@@ -174,10 +174,12 @@ def invalid(cls: type[_E], field: str, value: Any, expected: str, fix: str = "")
 
 
 def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[float] = None,
-                   above: Optional[float] = None, allow_none: bool = False, fix: str = "") -> Any:
+                   above: Optional[float] = None, maximum: Optional[float] = None, allow_none: bool = False,
+                   fix: str = "") -> Any:
     """Returns ``value`` if it is a finite real number (bools refused) within the bounds; else raises ``cls``.
 
-    ``minimum`` is inclusive, ``above`` exclusive; ``allow_none`` lets ``None`` through.
+    ``minimum`` and ``maximum`` are inclusive, ``above`` exclusive; ``allow_none`` lets ``None`` through.
+    NaN and the infinities are always refused: where "no limit" is meant, take None.
 
     Example:
         >>> require_number(PlanError, "latency", 5e-5, minimum=0)
@@ -186,17 +188,28 @@ def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[f
         Traceback (most recent call last):
         ...
         tfdist.errors.LaunchError: Invalid value for `timeout`. Received: '5'. Expected a number > 0.
+        >>> require_number(LaunchError, "grace_seconds", float("inf"), minimum=0, maximum=3600)
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.LaunchError: Invalid value for `grace_seconds`. Received: inf. Expected a number >= 0 and <= 3600.
     """
     if value is None and allow_none:
         return value
     in_range = (isinstance(value, (int, float)) and not isinstance(value, bool) and _finite_float(value)
-                and (minimum is None or value >= minimum) and (above is None or value > above))
+                and (minimum is None or value >= minimum) and (above is None or value > above)
+                and (maximum is None or value <= maximum))
     if not in_range:
-        bounds = [f">= {minimum:g}"] if minimum is not None else []
-        bounds += [f"> {above:g}"] if above is not None else []
+        bounds = [f">= {_bound(minimum)}"] if minimum is not None else []
+        bounds += [f"> {_bound(above)}"] if above is not None else []
+        bounds += [f"<= {_bound(maximum)}"] if maximum is not None else []
         expected = "a number" + (" " + " and ".join(bounds) if bounds else "") + (" or None" if allow_none else "")
         raise invalid(cls, field, value, expected, fix)
     return value
+
+
+def _bound(value: float) -> str:
+    """A bound as people write it: 31622400 (not 3.16224e+07), 0.5, 1e-05."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
 def _finite_float(value: float) -> bool:

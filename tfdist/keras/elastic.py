@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from tfdist._compat import callback_base
 from tfdist.cluster.spec import ClusterLike, resolve_cluster
-from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.errors import StrategyError, invalid, require_int, require_number
 from tfdist.cluster import elastic as _membership
 
 __all__ = ["per_replica_batch", "world_size", "membership", "ElasticEpochs", "LinearScaling"]
@@ -58,7 +58,7 @@ def per_replica_batch(global_batch_size: int, num_replicas: int) -> int:
         Traceback (most recent call last):
         ...
         tfdist.errors.StrategyError: Invalid value for `global_batch_size`. Received: 10. Expected a multiple \
-of the 3 replicas. Pick a global batch every world size between --min-workers and --max-workers divides \
+of the 3 replicas. Pick a global batch every world size between `min_workers` and `max_workers` divides \
 (e.g. a multiple of their least common multiple), or keep the per-replica batch with LinearScaling.
     """
     require_int(StrategyError, "global_batch_size", global_batch_size, minimum=1)
@@ -66,7 +66,7 @@ of the 3 replicas. Pick a global batch every world size between --min-workers an
     if global_batch_size % num_replicas:
         raise invalid(StrategyError, "global_batch_size", global_batch_size,
                       f"a multiple of the {num_replicas} replicas",
-                      "Pick a global batch every world size between --min-workers and --max-workers divides "
+                      "Pick a global batch every world size between `min_workers` and `max_workers` divides "
                       "(e.g. a multiple of their least common multiple), or keep the per-replica batch with "
                       "LinearScaling.")
     return global_batch_size // num_replicas
@@ -116,9 +116,7 @@ class LinearScaling(callback_base()):  # type: ignore[misc]
     def __init__(self, base_learning_rate: float, *, reference_world_size: int,
                  num_replicas: Optional[int] = None) -> None:
         super().__init__()
-        if isinstance(base_learning_rate, bool) or not isinstance(base_learning_rate, (int, float)) \
-                or not base_learning_rate > 0:
-            raise invalid(StrategyError, "base_learning_rate", base_learning_rate, "a number > 0")
+        require_number(StrategyError, "base_learning_rate", base_learning_rate, above=0)
         require_int(StrategyError, "reference_world_size", reference_world_size, minimum=1)
         if num_replicas is not None:
             require_int(StrategyError, "num_replicas", num_replicas, minimum=1)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
-from tfdist.errors import StrategyError, check_keywords, invalid, require_int
+from tfdist.errors import StrategyError, check_keywords, invalid, require_int, require_number, require_type
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -93,20 +93,21 @@ class StrategyOptions:
         for name in ("max_shard_bytes", "max_shards", "num_shards", "inter_op_threads"):
             if getattr(self, name) is not None:
                 require_int(StrategyError, name, getattr(self, name), minimum=1)
-        if self.timeout_seconds is not None and (
-                isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float))
-                or self.timeout_seconds <= 0):
-            raise invalid(StrategyError, "timeout_seconds", self.timeout_seconds, "a number > 0 or None",
-                          "Use None to wait forever.")
-        if isinstance(self.peer_wait_seconds, bool) or not isinstance(self.peer_wait_seconds, (int, float)) \
-                or self.peer_wait_seconds < 0:
-            raise invalid(StrategyError, "peer_wait_seconds", self.peer_wait_seconds, "a number >= 0",
-                          "Use 0 to let TensorFlow dial the leader without waiting.")
+        require_number(StrategyError, "timeout_seconds", self.timeout_seconds, above=0, allow_none=True,
+                       fix="Use None to wait forever.")
+        require_number(StrategyError, "peer_wait_seconds", self.peer_wait_seconds, minimum=0,
+                       fix="Use 0 to let TensorFlow dial the leader without waiting.")
         if self.partition == "max_size" and self.max_shard_bytes is None:
             raise invalid(StrategyError, "max_shard_bytes", None, "a byte count with partition='max_size'",
                           "Pass max_shard_bytes=..., or use partition='min_size'.")
+        require_type(StrategyError, "device", self.device, (str, type(None)), "a device name such as '/gpu:0', "
+                     "or None")
         if self.devices is not None:
-            object.__setattr__(self, "devices", tuple(self.devices))
+            devices = tuple(self.devices) if isinstance(self.devices, (list, tuple)) else None
+            if devices is None or not all(isinstance(d, str) and d for d in devices):
+                raise invalid(StrategyError, "devices", self.devices, "a list of device names, or None",
+                              "Example: devices=('/gpu:0', '/gpu:1').")
+            object.__setattr__(self, "devices", devices)
 
 
 # ------------------------------------------------------------------ registry
