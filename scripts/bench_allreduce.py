@@ -67,8 +67,7 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
     import tfdist
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
-    from tfdist.comm.autotune import all_reduce_timer, autotune_collectives
-    from tfdist.comm.collective import CollectiveConfig
+    from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives
 
     def timer(shapes: list[tuple[int, ...]], config: CollectiveConfig | None) -> float:
         once = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, as fit does it.
@@ -113,7 +112,7 @@ def _gloo_child(rank: int, port: int, repeats: int) -> None:
 
 def gloo(repeats: int) -> dict[str, float]:
     """Runs two gloo ranks as processes; returns rank 0's medians."""
-    from tfdist.cluster.address import free_ports
+    from tfdist.cluster import free_ports
 
     port = free_ports(1)[0]
     cmd = [sys.executable, __file__, "--gloo-child", "{rank}", str(port), "--repeats", str(repeats)]

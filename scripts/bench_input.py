@@ -268,11 +268,10 @@ def _bench_s3(files: list[str], batch: int, repeats: int) -> dict[str, Any]:
     import boto3
     import tensorflow as tf
 
-    from tfdist.cluster import address as _address
-    from tfdist.data.storage.remote import ensure_filesystem
-    from tfdist.cluster.probe import can_connect
+    from tfdist.cluster import can_connect, free_ports
+    from tfdist.data.storage.remote import ensure_filesystem  # Internal: registers tensorflow-io's s3 for raw tf.data.
 
-    port = _address.free_ports(1)[0]
+    port = free_ports(1)[0]
     server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
                                "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

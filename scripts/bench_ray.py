@@ -108,7 +108,7 @@ def _ray_head(env: dict[str, str], port: int, num_cpus: int) -> subprocess.Popen
     head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
                              "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    from tfdist.cluster.probe import can_connect
+    from tfdist.cluster import can_connect
 
     if not can_connect(f"127.0.0.1:{port}", timeout=120):
         raise SystemExit("ray start --head did not come up")
@@ -136,7 +136,7 @@ def main() -> int:
         return 0
     if args.ray_train:
         return ray_train_driver(*args.ray_train, args.num_cpus)
-    from tfdist.cluster import address as _address
+    from tfdist.cluster import free_ports
 
     tmp = os.path.join("/tmp", f"tfdist-bench-ray-{os.getpid()}")
     os.makedirs(tmp, exist_ok=True)
@@ -146,7 +146,7 @@ def main() -> int:
                RAY_AUTH_MODE="disabled", RAY_TRAIN_V2_ENABLED=env.get("RAY_TRAIN_V2_ENABLED", "1"))
     child = [sys.executable, HERE, "--child"]
     launch = [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "600"]
-    port = _address.free_ports(1)[0]
+    port = free_ports(1)[0]
     warm = f"127.0.0.1:{port}"
     variants = {
         "local": launch + ["--"] + child,

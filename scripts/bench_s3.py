@@ -72,10 +72,9 @@ def main() -> int:
 
         tfdist.exit_cleanly(lambda: child(args.child, args.files, args.mb_per_file) or 0)  # tensorflow-io#2039
 
-    from tfdist.cluster import address as _address
-    from tfdist.cluster.probe import can_connect
+    from tfdist.cluster import can_connect, free_ports
 
-    port = _address.free_ports(1)[0]
+    port = free_ports(1)[0]
     server = shutil.which("moto_server") or os.path.join(os.path.dirname(sys.executable), "moto_server")
     moto = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tfdist").setLevel(logging.INFO)
-    spec = tfdist.cluster.spec.current_cluster()
+    spec = tfdist.current_cluster()
     strategy = tfdist.build_strategy("auto", communication="ring")  # Before any other TF op.
     import numpy as np
     import tensorflow as tf

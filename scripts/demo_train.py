@@ -32,7 +32,7 @@ def main() -> int:
 
     from tfdist import keras
 
-    spec = tfdist.cluster.spec.current_cluster()
+    spec = tfdist.current_cluster()
     keras.utils.set_random_seed(7)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.examples, 32)).astype("float32")

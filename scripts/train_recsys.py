@@ -211,7 +211,7 @@ def main() -> int:
     eval_data = _read_all(os.path.join(args.data, "eval-*"))
     hot_share = float(train["hot"].mean())
     cold_weight = hot_share / (1 - hot_share) if args.cold_weight == "auto" else float(args.cold_weight)
-    spec = tfdist.cluster.spec.current_cluster()
+    spec = tfdist.current_cluster()
     workers = len(spec.jobs.get("worker", ())) if spec else 1
     summary: dict[str, Any] = {**_baseline(train, eval_data, meta["items"]), "cold_weight": round(cold_weight, 3),
                                "workers": workers, "ps": spec.num_ps if spec else 0}
