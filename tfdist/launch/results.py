@@ -1,18 +1,19 @@
-"""What a launch returns: each task's end and the run's, plus their JSON form (for runs in another process).
+"""What a launch returns: how the run ended (an :class:`Outcome`), each task's end, and their JSON form.
 
 Example:
     >>> from tfdist.cluster.spec import ClusterSpec
-    >>> from tfdist.launch.results import LaunchResult, TaskResult
+    >>> from tfdist.launch.results import LaunchResult, Outcome, TaskResult
     >>> done = TaskResult(task="worker:0", exit_code=0, restarts=0, runs_command=True, output="ok")
     >>> result = LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=(done,),
     ...                       cluster=ClusterSpec(jobs={"worker": ["127.0.0.1:2222"]}))
-    >>> LaunchResult.from_dict(result.to_dict()) == result
-    True
+    >>> result.reason is Outcome.OK, result.to_dict()["reason"], LaunchResult.from_dict(result.to_dict()) == result
+    (True, 'ok', True)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, Optional
 
 from tfdist._names import describe_choices
@@ -20,9 +21,23 @@ from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch.output import NoiseFilter
 
-__all__ = ["LaunchResult", "TaskResult"]
+__all__ = ["LaunchResult", "Outcome", "TaskResult"]
 
 _TAIL = 15  # Lines of the failing task's output in a summary.
+
+
+class Outcome(enum.StrEnum):
+    """How a run ended. The members are strings too: ``Outcome.OK == "ok"``, and JSON writes ``"ok"``.
+
+    Example:
+        >>> Outcome("timeout") is Outcome.TIMEOUT, f"run {Outcome.FAILED}"
+        (True, 'run failed')
+    """
+
+    OK = "ok"                    # every command task finished with 0
+    FAILED = "failed"            # a task that matters failed for good (restarts used up, too few workers left)
+    TIMEOUT = "timeout"          # the run's ``timeout`` passed
+    INTERRUPTED = "interrupted"  # SIGINT, SIGTERM, SIGHUP or SIGQUIT stopped the run
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,17 +59,25 @@ class LaunchResult:
     Attributes:
       exit_code: 0 when every command task succeeded; else the first failing
         task's code (124 on timeout, 130/143 when interrupted).
-      reason: 'ok', 'failed', 'timeout' or 'interrupted'.
+      reason: How the run ended, an :class:`Outcome` (a string: 'ok',
+        'failed', 'timeout' or 'interrupted'; a plain string is read as one).
       failed_task: The task that ended the run, if any.
       tasks: Every task's result.
       cluster: The cluster that ran.
     """
 
     exit_code: int
-    reason: str
+    reason: Outcome
     failed_task: Optional[str]
     tasks: tuple[TaskResult, ...]
     cluster: ClusterSpec
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, Outcome):
+            names = [outcome.value for outcome in Outcome]
+            if not isinstance(self.reason, str) or self.reason not in names:
+                raise invalid(LaunchError, "reason", self.reason, describe_choices(str(self.reason), names))
+            object.__setattr__(self, "reason", Outcome(self.reason))
 
     def task(self, name: str) -> TaskResult:
         """The result of task ``name`` ('type:index')."""
@@ -75,7 +98,7 @@ class LaunchResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable form; :meth:`from_dict` reads it back."""
-        return {"exit_code": self.exit_code, "reason": self.reason, "failed_task": self.failed_task,
+        return {"exit_code": self.exit_code, "reason": self.reason.value, "failed_task": self.failed_task,
                 "cluster": self.cluster.cluster_dict(dense=False),
                 "tasks": [dataclasses.asdict(task) for task in self.tasks]}
 
