@@ -179,6 +179,42 @@ class HostileConstructorArgumentsTest(parameterized.TestCase):
             str(err)  # The message itself must be printable.
 
 
+class LaunchFlagsTest(parameterized.TestCase):
+    """The library's errors name Python arguments; tfdist-launch prints them with the flag that was typed."""
+
+    def test_the_table_maps_arguments_to_real_flags(self) -> None:
+        import inspect
+
+        from tfdist.launch import LaunchConfig, jobset_manifest, slurm_script, tf_configs, tfjob_manifest
+
+        flags = {flag for action in launch_cli._parser()._actions for flag in action.option_strings}
+        self.assertLessEqual(set(launch_cli.FLAGS.values()), flags)
+        self.assertLessEqual(set(LaunchConfig.option_names()) - {"command", "env", "host"}, set(launch_cli.FLAGS))
+        set_by_the_cli = {"name", "namespace", "image", "cpu", "memory", "gpus", "hosts", "port", "time_limit",
+                          "cpus_per_task", "gpus_per_task", "port_base", "python", "tf_log_level", "tasks_per_node"}
+        for emitter in (tf_configs, tfjob_manifest, jobset_manifest, slurm_script):
+            arguments = set(inspect.signature(emitter).parameters) & set_by_the_cli
+            self.assertLessEqual(arguments, set(launch_cli.FLAGS), emitter.__name__)
+
+    @parameterized.named_parameters(
+        ("grace", ["--grace", "1e12"], "--grace"),
+        ("timeout", ["--timeout", "1e12"], "--timeout"),
+        ("log_dir", ["--log-dir", " "], "--log-dir"),
+        ("min_workers", ["--workers", "2", "--min-workers", "3"], "--min-workers"),
+        ("lose", ["--workers", "2", "--lose", "worker:1@1"], "--lose"),
+        ("kill", ["--kill", "worker:9@1"], "--kill"),
+        ("ps", ["--ps", "1"], "--ps"),
+        ("slurm_gpus", ["--emit", "slurm", "--gpus", "-1"], "--gpus"),
+        ("slurm_time", ["--emit", "slurm", "--time", "soon"], "--time"),
+        ("tfjob_image", ["--emit", "tfjob"], "--image"),
+    )
+    def test_library_errors_print_with_the_flag(self, argv: list[str], flag: str) -> None:
+        result = run_cli(launch_cli.main, [*argv, "--", "true"])
+        assert_refused(self, result, argv)
+        self.assertIn(f"Invalid value for `{flag}`", result[2])
+        self.assertNotRegex(result[2], r"`[a-z]+_[a-z_]+`")  # No Python argument left in the line.
+
+
 class NamedRegressionsTest(absltest.TestCase):
     """Issue 17's cases, one by one (each failed before the fix)."""
 

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["tfdist", "tfdist.errors", "tfdist.cluster.spec", "tfdist.strategy.builders", "tfdist.cluster.probe", "tfdist.testing",
+MODULES = ["tfdist", "tfdist.errors", "tfdist._options", "tfdist.cluster.spec", "tfdist.strategy.builders", "tfdist.cluster.probe", "tfdist.testing",
            "tfdist.launch.config", "tfdist.launch.emit.formats", "tfdist.launch.supervisor.runner", "tfdist.launch.results",
            "tfdist.launch.engines._process", "tfdist.launch.environment",
            "tfdist.launch.engines.base", "tfdist.launch.engines.registry", "tfdist.launch.engines._reaper", "tfdist.launch.supervisor.membership",

@@ -249,18 +249,18 @@ def test_engine_and_isolation_are_checked() -> None:
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"max_workers": 2}, "`--max-workers`.*--min-workers as well"),
-    ({"loses": ["worker:1@after=Epoch 2/"]}, "`--lose`.*--min-workers as well"),
-    ({"min_workers": 4}, "`--min-workers`. Received: 4"),
-    ({"min_workers": 0}, "`--min-workers`. Received: 0"),
-    ({"min_workers": 2, "max_workers": 1}, "`--max-workers`. Received: 1"),
+    ({"max_workers": 2}, "`max_workers`.*`min_workers` as well"),
+    ({"loses": ["worker:1@after=Epoch 2/"]}, "`loses`.*`min_workers` as well"),
+    ({"min_workers": 4}, r"`min_workers`. Received: 4. Expected an integer <= `workers` \(3\)"),
+    ({"min_workers": 0}, "`min_workers`. Received: 0"),
+    ({"min_workers": 2, "max_workers": 1}, "`max_workers`. Received: 1"),
     ({"min_workers": 2, "max_workers": 5}, "grows back only with workers it started"),
     ({"min_workers": 1, "loses": ["chief:0@after=Epoch 2/"]}, "Only workers leave and return"),
-    ({"min_workers": 1, "loses": ["worker:7@after=Epoch 2/"]}, "`--lose`. Received: 'worker:7'"),
-    ({"min_workers": 1, "returns": ["worker:1@after=Epoch 2/"]}, "`--return`.*some --lose takes away"),
-    ({"min_workers": 1, "loses": ["worker:1@after=("]}, "`--lose`.*valid regular expression"),
-    ({"min_workers": 1, "returns": ["worker:1@soon"]}, "`--return`. Received: 'worker:1@soon'"),
-    ({"min_workers": 1, "isolate_network": True}, "--isolate-network"),
+    ({"min_workers": 1, "loses": ["worker:7@after=Epoch 2/"]}, "`loses`. Received: 'worker:7'"),
+    ({"min_workers": 1, "returns": ["worker:1@after=Epoch 2/"]}, "`returns`.*some `loses` takes away"),
+    ({"min_workers": 1, "loses": ["worker:1@after=("]}, "`loses`.*valid regular expression"),
+    ({"min_workers": 1, "returns": ["worker:1@soon"]}, "`returns`. Received: 'worker:1@soon'"),
+    ({"min_workers": 1, "isolate_network": True}, "`isolate_network`"),
 ])
 def test_bad_elastic_config(options: dict, message: str) -> None:
     with pytest.raises(LaunchError, match=message):

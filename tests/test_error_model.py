@@ -8,6 +8,8 @@ Each row of ``CALLS`` is a public callable with valid keyword arguments. For eve
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import os
 import tempfile
@@ -109,8 +111,8 @@ def test_unknown_keywords_name_the_closest_option() -> None:
 def test_errors_carry_what_they_report() -> None:
     with pytest.raises(errors.LaunchError) as caught:
         LaunchConfig(command=("true",), timeout="5")
-    assert (caught.value.field, caught.value.value) == ("--timeout", "5")
-    assert caught.value.expected == "a number > 0 or None"
+    assert (caught.value.field, caught.value.value) == ("timeout", "5")
+    assert caught.value.expected == "a number > 0 and <= 31622400 or None"
     with pytest.raises(errors.PlanError) as caught_plan:
         plan.parse_quantity("10", "size")
     assert caught_plan.value.field == "kind" and "did you mean" in caught_plan.value.expected
@@ -120,6 +122,64 @@ def test_errors_carry_what_they_report() -> None:
                                  cluster=tfdist.ClusterSpec.local(workers=1))
     with pytest.raises(errors.LaunchError, match="`task`. Received: 'worker:9'"):
         result.task("worker:9")
+
+
+_LAUNCH_CALLS = ("LaunchConfig", "KillAt.parse", "tf_configs", "tfjob_manifest", "jobset_manifest", "slurm_script")
+# Bad input that only rules across arguments (or across LaunchConfig's option groups) catch.
+_BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
+    (LaunchConfig, {"ps": 1}), (LaunchConfig, {"run_on": "chief"}), (LaunchConfig, {"kills": ["worker:3@1"]}),
+    (LaunchConfig, {"workers": 2, "min_workers": 3}), (LaunchConfig, {"workers": 2, "min_workers": 1, "max_workers": 3}),
+    (LaunchConfig, {"max_workers": 2}), (LaunchConfig, {"returns": ["worker:0@1"], "min_workers": 1}),
+    (LaunchConfig, {"loses": ["chief:0@1"], "min_workers": 1, "chief": True}),
+    (LaunchConfig, {"min_workers": 1, "isolate_network": True}), (LaunchConfig, {"grace_seconds": 1e12}),
+    (LaunchConfig, {"timeout": 1e12}), (LaunchConfig, {"log_dir": "\0"}), (LaunchConfig, {"workrs": 2}),
+    (emit.slurm_script, {"config": LaunchConfig(command=("x",), workers=2, min_workers=1, ps=1, chief=True)}),
+    (emit.slurm_script, {"config": LaunchConfig(command=("x",), workers=2, min_workers=1, loses=["worker:1@1"])}),
+    (emit.slurm_script, {"config": _CONFIG, "port_base": 65535}),
+    (emit.tf_configs, {"config": _CONFIG, "hosts": ["h0"]}),
+    (emit.jobset_manifest, {"config": _CONFIG, "image": "me/train:1", "name": "a" * 60}),
+]
+
+
+def _launch_cases() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
+    hostile = [(CALLS[name][0], {**CALLS[name][1], field: value}) for name, field, value in _cases()
+               if name in _LAUNCH_CALLS]
+    return hostile + [(function, {"command": ("x",), **kwargs} if function is LaunchConfig else kwargs)
+                      for function, kwargs in _BAD_LAUNCH_INPUT]
+
+
+def test_launch_errors_name_the_python_argument() -> None:
+    """The library speaks Python: every field is an argument of the call (or a LaunchConfig option), no flag."""
+    named = 0
+    for function, kwargs in _launch_cases():
+        arguments = {*inspect.signature(function).parameters, *LaunchConfig.option_names(), "options"}
+        try:
+            function(**kwargs)
+        except errors.LaunchError as err:
+            named += 1
+            assert err.field in arguments, f"{function.__name__}({kwargs}): field {err.field!r} is no argument"
+            assert "--" not in err.field and "`--" not in str(err), f"{function.__name__}({kwargs}): {err}"
+    assert named > 200
+
+
+def test_launch_config_options_come_in_groups() -> None:
+    from tfdist.launch.config import Elastic, Topology
+
+    groups = LaunchConfig.option_groups()
+    assert list(groups) == ["topology", "supervision", "faults", "elastic", "network"]
+    flat = [f.name for kind in groups.values() for f in dataclasses.fields(kind)]
+    assert LaunchConfig.option_names() == ("command", *flat)  # Each option declared once, in its group.
+    assert [f.name for f in dataclasses.fields(LaunchConfig)] == list(LaunchConfig.option_names())
+    config = LaunchConfig(command=("x",), workers=3, min_workers=2, kills=["worker:1@5"], env={"A": "1"})
+    assert (config.topology, config.elastic) == (Topology(workers=3), Elastic(min_workers=2, max_workers=3))
+    assert (config.workers, config.max_workers, config.kills[0].seconds, config.env["A"]) == (3, 3, 5.0, "1")
+    assert LaunchConfig(**config.option_values()) == config  # What serialization needs.
+    assert dataclasses.replace(config, workers=4).topology.workers == 4
+    assert LaunchConfig(command=("x",), topology=Topology(workers=2, chief=True)).chief
+    with pytest.raises(errors.LaunchError, match="did you mean 'grace_seconds'"):
+        LaunchConfig(command=("x",), grace_second=1)
+    with pytest.raises(errors.LaunchError, match="`command`. Received: None. Expected a value"):
+        LaunchConfig(workers=2)
 
 
 def test_runtime_failures_are_not_value_errors() -> None:

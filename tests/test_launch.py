@@ -142,8 +142,8 @@ class LaunchTest(parameterized.TestCase):
         ("no_trigger", "worker:1", "TASK:INDEX@after=REGEX"),
         ("empty_regex", "worker:1@after=", "non-empty regular expression"),
         ("bad_regex", "worker:1@after=(", "valid regular expression"),
-        ("nan", "worker:1@nan", "finite number"),
-        ("negative", "worker:1@-1", "finite number"),
+        ("nan", "worker:1@nan", r"`kills`. Received: nan. Expected a number >= 0"),
+        ("negative", "worker:1@-1", r"`kills`. Received: -1.0. Expected a number >= 0"),
         ("words", "worker:1@soon", "TASK:INDEX@SECONDS"),
     )
     def test_bad_kill(self, text: str, message: str) -> None:
@@ -179,13 +179,17 @@ class LaunchTest(parameterized.TestCase):
         self.assertNotIn(f"127.0.0.1:{busy}", [t.address for t in spec.tasks()])
 
     @parameterized.named_parameters(
-        ("no_command", {"command": ()}, "a program to run after '--'"),
-        ("zero_workers", {"workers": 0}, r"`--workers`. Received: 0. Expected an integer >= 1"),
-        ("ps_without_chief", {"ps": 1}, "Add --chief"),
-        ("run_on_chief_without_chief", {"run_on": "chief"}, "Add --chief, or use --run-on auto"),
+        ("no_command", {"command": ()}, r"`command`. Received: \[\]. Expected a program to run"),
+        ("zero_workers", {"workers": 0}, r"`workers`. Received: 0. Expected an integer >= 1"),
+        ("ps_without_chief", {"ps": 1}, "Set `chief`"),
+        ("run_on_chief_without_chief", {"run_on": "chief"}, "Set `chief`, or `run_on` 'auto'"),
         ("run_on_typo", {"run_on": "al"}, "did you mean 'all'"),
         ("kill_unknown_task", {"kills": (KillAt(task="worker:5", seconds=1.0),)}, "did you mean 'worker:0'"),
-        ("negative_restarts", {"max_restarts": -1}, "`--max-restarts`"),
+        ("negative_restarts", {"max_restarts": -1}, "`max_restarts`"),
+        ("grace_huge", {"grace_seconds": 1e12}, r"`grace_seconds`. Received: 1000000000000.0. Expected a number >= 0 "
+                                                r"and <= 3600"),
+        ("log_dir_blank", {"log_dir": " "}, "`log_dir`.*Leave `log_dir` unset"),
+        ("unknown_option", {"max_restart": 1}, "did you mean 'max_restarts'"),
     )
     def test_bad_config(self, overrides: dict, message: str) -> None:
         fields = dict(command=(PY, "-c", "pass"), workers=1)
@@ -210,7 +214,10 @@ class CliTest(parameterized.TestCase):
         ("no_command", [], "a program to run after '--'"),
         ("zero_workers", ["--workers", "0", "--", "true"], "Expected an integer >= 1"),
         ("ps_without_workers", ["--chief", "--workers", "0", "--ps", "1", "--", "true"], "Expected an integer >= 1"),
-        ("run_on_chief", ["--run-on", "chief", "--", "true"], "Add --chief"),
+        ("run_on_chief", ["--run-on", "chief", "--", "true"], "`--run-on`. Received: 'chief'. Expected a cluster with "
+                                                             "a chief (`--chief`). Set `--chief`, or `--run-on` 'auto'"),
+        ("grace_huge", ["--grace", "1e12", "--", "true"], "`--grace`. Received: 1000000000000.0"),
+        ("kill_unknown", ["--kill", "worker:7@1", "--", "true"], "`--kill`. Received: 'worker:7'"),
         ("missing_program", ["--", "no-such-program-xyz"], "Check the spelling"),
         ("bad_kill", ["--kill", "worker:1", "--", "true"], "TASK:INDEX@SECONDS"),
     )
@@ -309,12 +316,13 @@ class StopTest(parameterized.TestCase):
         ("grace_negative", {"grace_seconds": -1}, "grace"),
         ("grace_text", {"grace_seconds": "5"}, "grace"),
         ("grace_inf", {"grace_seconds": float("inf")}, "grace"),
-        ("timeout_nan", {"timeout": float("nan")}, "`--timeout`"),
-        ("timeout_inf", {"timeout": float("inf")}, "`--timeout`"),
-        ("timeout_zero", {"timeout": 0}, "`--timeout`"),
-        ("workers_huge", {"workers": 10**12}, "`--workers`. Received: 1000000000000"),
-        ("ps_huge", {"ps": 10**12, "chief": True}, "`--ps`"),
-        ("threads_zero", {"threads_per_task": 0}, "`--threads-per-task`"),
+        ("timeout_nan", {"timeout": float("nan")}, "`timeout`"),
+        ("timeout_inf", {"timeout": float("inf")}, "`timeout`"),
+        ("timeout_zero", {"timeout": 0}, "`timeout`"),
+        ("timeout_two_years", {"timeout": 2 * 366 * 86400.0}, "`timeout`.*<= 31622400"),
+        ("workers_huge", {"workers": 10**12}, "`workers`. Received: 1000000000000"),
+        ("ps_huge", {"ps": 10**12, "chief": True}, "`ps`"),
+        ("threads_zero", {"threads_per_task": 0}, "`threads_per_task`"),
         ("chief_text", {"chief": "yes"}, "`chief`"),
     )
     def test_bad_numbers_are_refused_before_anything_starts(self, overrides: dict, message: str) -> None:

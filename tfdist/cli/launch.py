@@ -14,16 +14,45 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from typing import Optional, Sequence
 
 from tfdist.runtime import program as _common
 from tfdist.errors import Error
 from tfdist.launch.emit import formats as emit
-from tfdist.launch.config import RUN_ON_CHOICES, KillAt, LaunchConfig
+from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
 from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.registry import ENGINES, engine_for
 from tfdist.launch.supervisor.runner import run_config
+
+# The flag that sets each Python argument: the library's errors name the argument (`grace_seconds`), and
+# tfdist-launch prints them with the flag the user typed (`--grace`). LaunchConfig's options (all but
+# command, env and host), the emitters' and the Ray engine's arguments.
+FLAGS: dict[str, str] = {
+    "workers": "--workers", "ps": "--ps", "chief": "--chief", "evaluator": "--evaluator", "run_on": "--run-on",
+    "data_service_workers": "--data-service-workers", "max_restarts": "--max-restarts",
+    "threads_per_task": "--threads-per-task", "timeout": "--timeout", "grace_seconds": "--grace",
+    "log_dir": "--log-dir", "kills": "--kill", "min_workers": "--min-workers", "max_workers": "--max-workers",
+    "loses": "--lose", "returns": "--return", "isolate_network": "--isolate-network",
+    "name": "--name", "namespace": "--namespace", "image": "--image", "cpu": "--cpu", "memory": "--memory",
+    "gpus": "--gpus", "gpus_per_task": "--gpus", "hosts": "--hosts", "port": "--port", "port_base": "--port-base",
+    "python": "--python", "tf_log_level": "--tf-log-level", "time_limit": "--time",
+    "tasks_per_node": "--tasks-per-node", "cpus_per_task": "--cpus-per-task",
+    "engine": "--engine", "address": "--ray-address", "placement": "--ray-placement",
+    "num_cpus": "--ray-num-cpus", "ready_timeout": "--ray-ready-timeout",
+}
+
+
+def in_flags(err: Error) -> str:
+    """``err``'s message with each argument it names in backticks as its flag: `grace_seconds` -> `--grace`.
+
+    Example:
+        >>> from tfdist.errors import LaunchError, invalid
+        >>> in_flags(invalid(LaunchError, "ps", 1, "`chief` as well"))
+        'Invalid value for `--ps`. Received: 1. Expected `--chief` as well.'
+    """
+    return re.sub(r"`([a-z_]+)`", lambda match: f"`{FLAGS.get(match.group(1), match.group(1))}`", str(err))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -138,12 +167,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="tfdist-launch: %(message)s")
     if args.emit == "tf-config" and not command:
         command = ["CMD"]
+    if not command:
+        parser.error("a program to run after '--' is required, e.g. tfdist-launch --workers 2 -- python train.py")
     try:
         config = LaunchConfig(command=tuple(command), workers=args.workers, ps=args.ps, chief=args.chief,
                               evaluator=args.evaluator, run_on=args.run_on, max_restarts=args.max_restarts,
                               threads_per_task=args.threads_per_task, timeout=args.timeout, log_dir=args.log_dir,
-                              kills=tuple(KillAt.parse(k) for k in args.kill),
-                              isolate_network=args.isolate_network, grace_seconds=args.grace,
+                              kills=tuple(args.kill), isolate_network=args.isolate_network, grace_seconds=args.grace,
                               data_service_workers=args.data_service_workers, min_workers=args.min_workers,
                               max_workers=args.max_workers, loses=tuple(args.lose), returns=tuple(args.returns))
         if args.emit:
@@ -161,7 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         engine = _ray_engine(args) if args.engine == "ray" else engine_for(args.engine)
         result = run_config(config, on_line=_line, on_status=_status, engine=engine)
     except Error as err:
-        sys.stderr.write(f"tfdist-launch: error: {_common.one_line(str(err))}\n")
+        sys.stderr.write(f"tfdist-launch: error: {_common.one_line(in_flags(err))}\n")
         return _common.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)
     if result.exit_code != 0:
         sys.stderr.write(result.summary() + "\n")

@@ -1,16 +1,23 @@
 """What to launch: a validated, frozen description of a local cluster run.
 
+The options come in five groups, each a frozen dataclass that checks its own fields: :class:`Topology`
+(which tasks), :class:`Supervision` (restarts, time limits, logs, environment), :class:`Faults` (fault
+injection), :class:`Elastic` (losing and regaining workers) and :class:`Network`. :class:`LaunchConfig` holds
+them and takes every field flat, ``LaunchConfig(command=..., workers=2, max_restarts=1)``; its own checks are
+the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags.
+
 Example:
     >>> from tfdist.launch.config import LaunchConfig
     >>> config = LaunchConfig(command=("python", "train.py"), workers=2)
     >>> config.mode, [t for t in config.cmd_task_types()]
     ('collective', ['chief', 'worker', 'evaluator'])
+    >>> config.topology.workers, config.workers, config.grace_seconds
+    (2, 2, 5.0)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import shutil
@@ -19,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Optional
 
 from tfdist._names import describe_choices
+from tfdist._options import GroupedOptions, group
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 
@@ -40,7 +48,8 @@ class KillAt:
     Give exactly one trigger. ``after`` (a regular expression) fires the first
     time any task prints a matching line, so the fault lands at the same point
     of the work however fast the machine is; ``seconds`` fires that long after
-    launch.
+    launch. Errors name the :class:`LaunchConfig` argument that holds these
+    (``option``: ``kills``, ``loses``, ``returns``).
 
     Example:
         >>> KillAt.parse("worker:1@20")
@@ -51,43 +60,52 @@ class KillAt:
         True
     """
 
-    flag: ClassVar[str] = "--kill"  # the option that names it, in errors
+    option: ClassVar[str] = "kills"  # The LaunchConfig argument that holds these, named in errors.
     task: str
     seconds: Optional[float] = None
     after: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not re.fullmatch(r"(chief|worker|ps|evaluator):\d+", self.task):
-            raise invalid(LaunchError, self.flag, self.task, "a task 'type:index', e.g. 'worker:1'")
+            raise invalid(LaunchError, self.option, self.task, "a task 'type:index', e.g. 'worker:1'")
         if (self.seconds is None) == (self.after is None):
-            raise invalid(LaunchError, self.flag, self, "exactly one trigger: seconds or after", _KILL_FORMAT)
+            raise invalid(LaunchError, self.option, self, "exactly one trigger: seconds or after", _KILL_FORMAT)
         if self.seconds is not None:
-            if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
-                    or not math.isfinite(self.seconds) or self.seconds < 0:
-                raise invalid(LaunchError, self.flag, self.seconds, "seconds as a finite number >= 0")
+            require_number(LaunchError, self.option, self.seconds, minimum=0, fix="Seconds after launch, e.g. 20.")
             object.__setattr__(self, "seconds", float(self.seconds))
         if self.after is not None:
             if not isinstance(self.after, str) or not self.after:
-                raise invalid(LaunchError, self.flag, self.after, "a non-empty regular expression after 'after='")
+                raise invalid(LaunchError, self.option, self.after, "a non-empty regular expression after 'after='")
             try:
                 re.compile(self.after)
             except re.error as err:
-                raise invalid(LaunchError, self.flag, self.after, f"a valid regular expression ({err})") from None
+                raise invalid(LaunchError, self.option, self.after, f"a valid regular expression ({err})") from None
 
     @classmethod
     def parse(cls, text: str) -> "KillAt":
         """Parses ``TASK:INDEX@SECONDS`` or ``TASK:INDEX@after=REGEX``."""
         match = _KILL.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise invalid(LaunchError, cls.flag, text, _KILL_FORMAT)
+            raise invalid(LaunchError, cls.option, text, _KILL_FORMAT)
         task, trigger = f"{match.group(1)}:{match.group(2)}", match.group(3)
         if trigger.startswith("after="):
             return cls(task=task, after=trigger[len("after="):])
         try:
             seconds = float(trigger)
         except ValueError:
-            raise invalid(LaunchError, cls.flag, text, _KILL_FORMAT) from None
+            raise invalid(LaunchError, cls.option, text, _KILL_FORMAT) from None
         return cls(task=task, seconds=seconds)
+
+    @classmethod
+    def many(cls, values: Any) -> tuple["KillAt", ...]:
+        """``values`` (instances or their text form) as a tuple of this class; LaunchError otherwise."""
+        expected = f"a sequence of {cls.__name__} or 'TASK:INDEX@...' strings"
+        if isinstance(values, str):
+            raise invalid(LaunchError, cls.option, values, expected, f"Put one in a tuple: ({values!r},).")
+        events = tuple(cls.parse(v) if isinstance(v, str) else v for v in _iterable(values))
+        if not all(isinstance(e, cls) for e in events):
+            raise invalid(LaunchError, cls.option, values, expected, f"Build them with {cls.__name__}.parse().")
+        return events
 
     def matches(self, task: str, line: str) -> bool:
         """True when ``line``, printed by ``task``, fires this progress trigger."""
@@ -108,7 +126,7 @@ class LoseAt(KillAt):
         LoseAt(task='worker:2', seconds=None, after='epoch 2 end')
     """
 
-    flag: ClassVar[str] = "--lose"
+    option: ClassVar[str] = "loses"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,157 +140,237 @@ class ReturnAt(KillAt):
         'worker:2@after=epoch 4 end'
     """
 
-    flag: ClassVar[str] = "--return"
+    option: ClassVar[str] = "returns"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LaunchConfig:
-    """A local cluster run.
+class Topology:
+    """Which tasks run, and which of them run the command.
 
-    Args:
-      command: The program each user-code task runs (argv).
+    Attributes:
       workers: Worker tasks (>= 1).
-      ps: Parameter-server tasks; with ps the run is parameter-server style.
+      ps: Parameter-server tasks; with ps the run is parameter-server style
+        (needs ``chief``: the coordinator).
       chief: Add a chief task.
       evaluator: Add an evaluator task (runs the command; not in the cluster).
       run_on: 'auto' (collective: chief+workers+evaluator; parameter server:
         chief+evaluator, workers and ps run tfdist's TF server), 'all' (the
         command on every task), or 'chief' (the command on the chief only).
-      max_restarts: Restarts allowed after failures (whole group for
-        collectives, the failed worker for parameter servers).
-      threads_per_task: Intra-op threads per task (and the inter-op floor).
-      timeout: Seconds before every task is stopped (finite, > 0); None: no limit.
-      log_dir: Directory for one log file per task.
-      kills: Fault injections: :class:`KillAt` values or their text form,
-        e.g. ``("worker:1@after=Epoch 3/",)``.
-      isolate_network: Run the cluster in a private network namespace.
-      grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks
-        (one deadline shared by every task being stopped); finite, >= 0.
-      host: Address the tasks use.
-      env: Extra variables for every task.
       data_service_workers: Start a tf.data service (dispatcher plus this many
         workers) beside the cluster; every task gets its address in
         ``TFDIST_DATA_SERVICE``. 0: none.
-      min_workers: Elastic training: when a worker is lost (its restarts are
-        used up, or ``loses``), the group goes on with the workers left, down
-        to this many; below it the run fails. None: not elastic.
-      max_workers: Elastic training: the group grows back (returned workers
-        join at the next epoch boundary) up to this many; default ``workers``.
+    """
+
+    workers: int = 1
+    ps: int = 0
+    chief: bool = False
+    evaluator: bool = False
+    run_on: str = "auto"
+    data_service_workers: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("chief", "evaluator"):
+            require_bool(LaunchError, name, getattr(self, name))
+        for name, minimum in (("workers", 1), ("ps", 0), ("data_service_workers", 0)):
+            fix = "A cluster trains on at least one worker." if name == "workers" else ""
+            require_int(LaunchError, name, getattr(self, name), minimum=minimum, maximum=MAX_TASKS_PER_JOB, fix=fix)
+        if self.run_on not in RUN_ON_CHOICES:  # Compared, never hashed: any value gets this error.
+            raise invalid(LaunchError, "run_on", self.run_on, describe_choices(self.run_on, RUN_ON_CHOICES))
+        if self.run_on == "chief" and not self.chief:
+            raise invalid(LaunchError, "run_on", "chief", "a cluster with a chief (`chief`)",
+                          "Set `chief`, or `run_on` 'auto'.")
+        if self.ps and not self.chief:
+            raise invalid(LaunchError, "ps", self.ps, "`chief` as well (the coordinator runs on the chief)",
+                          "Set `chief`: ParameterServerStrategy's coordinator is the chief task.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Supervision:
+    """How the tasks run, restart and stop.
+
+    Attributes:
+      max_restarts: Restarts allowed after failures (whole group for
+        collectives, the failed worker for parameter servers).
+      threads_per_task: Intra-op threads per task (and the inter-op floor).
+      timeout: Seconds before every task is stopped (finite, > 0, at most a
+        year); None: no limit.
+      grace_seconds: Time between SIGTERM and SIGKILL when stopping tasks
+        (one deadline shared by every task being stopped); 0 to 3600.
+      log_dir: Directory for one log file per task.
+      env: Extra variables for every task.
+    """
+
+    max_restarts: int = 0
+    threads_per_task: Optional[int] = None
+    timeout: Optional[float] = None
+    grace_seconds: float = 5.0
+    log_dir: Optional[str] = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        require_int(LaunchError, "max_restarts", self.max_restarts, minimum=0, maximum=MAX_TASKS_PER_JOB)
+        if self.threads_per_task is not None:
+            require_int(LaunchError, "threads_per_task", self.threads_per_task, minimum=1, maximum=_MAX_THREADS)
+        # Past these maxima, waits overflow the OS timers (Event.wait(1e23) is an OverflowError); none is meant.
+        require_number(LaunchError, "timeout", self.timeout, above=0, maximum=_MAX_TIMEOUT, allow_none=True,
+                       fix="Seconds, e.g. 600; None for no limit.")
+        require_number(LaunchError, "grace_seconds", self.grace_seconds, minimum=0, maximum=_MAX_GRACE)
+        require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
+        if self.log_dir is not None and (not self.log_dir.strip() or "\0" in self.log_dir):
+            raise invalid(LaunchError, "log_dir", self.log_dir, "a directory path",
+                          "Leave `log_dir` unset to keep output on the console only.")
+        if not isinstance(self.env, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in self.env.items()):
+            raise invalid(LaunchError, "env", self.env, "a mapping of strings to strings")
+        object.__setattr__(self, "env", types.MappingProxyType(dict(self.env)))  # Frozen all through.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Faults:
+    """Fault injection for tests of recovery.
+
+    Attributes:
+      kills: :class:`KillAt` values or their text form, e.g.
+        ``("worker:1@after=Epoch 3/",)``.
+    """
+
+    kills: tuple[KillAt, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kills", KillAt.many(self.kills))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Elastic:
+    """Elastic training: the group goes on when workers leave, and grows back when they return.
+
+    Attributes:
+      min_workers: When a worker is lost (its restarts are used up, or
+        ``loses``), the group goes on with the workers left, down to this many;
+        below it the run fails. None: not elastic.
+      max_workers: The group grows back (returned workers join at the next
+        epoch boundary) up to this many; default ``workers``.
       loses: Elastic fault injection: :class:`LoseAt` values or text
         ('worker:2@after=REGEX'); the worker is killed and stays away.
       returns: Elastic fault injection: :class:`ReturnAt` values or text; the
         lost worker is available again.
     """
 
-    command: tuple[str, ...]
-    workers: int = 1
-    ps: int = 0
-    chief: bool = False
-    evaluator: bool = False
-    run_on: str = "auto"
-    max_restarts: int = 0
-    threads_per_task: Optional[int] = None
-    timeout: Optional[float] = None
-    log_dir: Optional[str] = None
-    kills: tuple[KillAt, ...] = ()
-    isolate_network: bool = False
-    grace_seconds: float = 5.0
-    host: str = "127.0.0.1"
-    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
-    data_service_workers: int = 0
     min_workers: Optional[int] = None
     max_workers: Optional[int] = None
     loses: tuple[LoseAt, ...] = ()
     returns: tuple[ReturnAt, ...] = ()
 
     def __post_init__(self) -> None:
-        command = _iterable(self.command)
-        kills = tuple(KillAt.parse(k) if isinstance(k, str) else k for k in _iterable(self.kills))
-        for name, kind in (("loses", LoseAt), ("returns", ReturnAt)):
-            events = tuple(kind.parse(e) if isinstance(e, str) else e for e in _iterable(getattr(self, name)))
-            if not all(isinstance(e, kind) for e in events):
-                raise invalid(LaunchError, name, getattr(self, name),
-                              f"a sequence of {kind.__name__} or 'worker:INDEX@...' strings")
-            object.__setattr__(self, name, events)
-        if isinstance(self.command, str) or not all(isinstance(arg, str) for arg in command):
-            raise invalid(LaunchError, "command", self.command, "a sequence of strings (argv)",
-                          "Example: command=('python', 'train.py').")
-        if not all(isinstance(kill, KillAt) for kill in kills):
-            raise invalid(LaunchError, "kills", self.kills, "a sequence of KillAt or 'TASK:INDEX@...' strings",
-                          "Build them with KillAt.parse().")
-        if not isinstance(self.env, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                        for k, v in self.env.items()):
-            raise invalid(LaunchError, "env", self.env, "a mapping of strings to strings")
-        for name in ("chief", "evaluator", "isolate_network"):
-            require_bool(LaunchError, name, getattr(self, name))
-        require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")
-        require_type(LaunchError, "run_on", self.run_on, str, describe_choices("", RUN_ON_CHOICES))
-        require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
-        if self.log_dir is not None and (not self.log_dir.strip() or "\0" in self.log_dir):
-            raise invalid(LaunchError, "--log-dir", self.log_dir, "a directory path",
-                          "Leave --log-dir out to keep output on the console only.")
-        object.__setattr__(self, "command", command)
-        object.__setattr__(self, "kills", kills)
-        object.__setattr__(self, "env", types.MappingProxyType(dict(self.env)))  # frozen all through
-        if not self.command:
-            raise invalid(LaunchError, "command", [], "a program to run after '--'",
-                          "Example: tfdist-launch --workers 2 -- python train.py")
-        for name, minimum in (("workers", 1), ("ps", 0), ("max_restarts", 0), ("data_service_workers", 0)):
-            fix = "A cluster trains on at least one worker." if name == "workers" else ""
-            require_int(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=minimum, fix=fix,
-                        maximum=MAX_TASKS_PER_JOB)
-        if self.threads_per_task is not None:
-            require_int(LaunchError, "--threads-per-task", self.threads_per_task, minimum=1, maximum=_MAX_THREADS)
-        require_number(LaunchError, "--timeout", self.timeout, above=0, allow_none=True, fix="Seconds, e.g. 600.")
-        require_number(LaunchError, "grace_seconds", self.grace_seconds, minimum=0)
-        # Past these, waits overflow the OS timers (Event.wait(1e23) is an OverflowError); none is meant.
-        for name, value, most in (("--timeout", self.timeout, _MAX_TIMEOUT),
-                                  ("--grace", self.grace_seconds, _MAX_GRACE)):
-            if value is not None and value > most:
-                raise invalid(LaunchError, name, value, f"seconds <= {most:g}")
-        if self.run_on not in RUN_ON_CHOICES:
-            raise invalid(LaunchError, "--run-on", self.run_on, describe_choices(self.run_on, RUN_ON_CHOICES))
-        if self.run_on == "chief" and not self.chief:
-            raise invalid(LaunchError, "--run-on", "chief", "a cluster with a chief (--chief)",
-                          "Add --chief, or use --run-on auto.")
-        if self.ps and not self.chief:
-            raise invalid(LaunchError, "--ps", self.ps, "--chief as well (the coordinator runs on the chief)",
-                          "Add --chief: ParameterServerStrategy's coordinator is the chief task.")
-        names = {t for t in self.task_names()}
-        for kill in self.kills:
-            if kill.task not in names:
-                raise invalid(LaunchError, "--kill", kill.task, describe_choices(kill.task, names))
-        self._check_elastic()
-
-    def _check_elastic(self) -> None:
-        """--min-workers/--max-workers/--lose/--return: consistent, or LaunchError."""
+        object.__setattr__(self, "loses", LoseAt.many(self.loses))
+        object.__setattr__(self, "returns", ReturnAt.many(self.returns))
         if self.min_workers is None:
-            for flag, value in (("--max-workers", self.max_workers), ("--lose", self.loses),
-                                ("--return", self.returns)):
-                if value:
-                    raise invalid(LaunchError, flag, value, "--min-workers as well (elastic training)",
-                                  f"Add --min-workers N (1 <= N <= --workers {self.workers}).")
+            for name in ("max_workers", "loses", "returns"):
+                if getattr(self, name) not in (None, ()):
+                    raise invalid(LaunchError, name, getattr(self, name), "`min_workers` as well (elastic training)",
+                                  "Set `min_workers` (1 <= N <= `workers`).")
             return
-        require_int(LaunchError, "--min-workers", self.min_workers, minimum=1, maximum=self.workers,
-                    fix="The fewest workers the group may train with, at most --workers.")
-        if self.max_workers is None:
-            object.__setattr__(self, "max_workers", self.workers)
-        require_int(LaunchError, "--max-workers", self.max_workers, minimum=self.min_workers, maximum=self.workers,
-                    fix="Between --min-workers and --workers: the local engine grows back only with workers "
-                        "it started.")
-        if self.isolate_network:
-            raise invalid(LaunchError, "--isolate-network", True, "no elastic options (not supported together yet)",
-                          "Drop --isolate-network or --min-workers.")
-        workers = {f"worker:{i}" for i in range(self.workers)}
-        for event in self.loses + self.returns:
-            if event.task not in workers:
-                raise invalid(LaunchError, event.flag, event.task, describe_choices(event.task, workers),
-                              "Only workers leave and return; a lost chief or ps needs a restart (--max-restarts).")
+        require_int(LaunchError, "min_workers", self.min_workers, minimum=1, maximum=MAX_TASKS_PER_JOB,
+                    fix="The fewest workers the group may train with, at most `workers`.")
+        if self.max_workers is not None:
+            require_int(LaunchError, "max_workers", self.max_workers, minimum=self.min_workers,
+                        maximum=MAX_TASKS_PER_JOB, fix="Between `min_workers` and `workers`.")
         lost = {event.task for event in self.loses}
         for event in self.returns:
             if event.task not in lost:
-                raise invalid(LaunchError, "--return", event.task, f"a worker some --lose takes away ({sorted(lost)})",
-                              f"Add --lose {event.task}@TRIGGER, or drop this --return.")
+                raise invalid(LaunchError, "returns", event.task, f"a worker some `loses` takes away ({sorted(lost)})",
+                              f"Add {event.task}@TRIGGER to `loses`, or drop this return.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Network:
+    """Where the tasks listen.
+
+    Attributes:
+      host: Address the tasks use.
+      isolate_network: Run the cluster in a private network namespace.
+    """
+
+    host: str = "127.0.0.1"
+    isolate_network: bool = False
+
+    def __post_init__(self) -> None:
+        require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")
+        require_bool(LaunchError, "isolate_network", self.isolate_network)
+
+
+class LaunchConfig(GroupedOptions, error=LaunchError):
+    """A local cluster run: the command, and the option groups it runs with.
+
+    Every field of the groups is a keyword argument and an attribute
+    (``config.workers``); a whole group may be passed by name instead
+    (``topology=Topology(workers=2)``). ``option_names()`` lists every
+    argument (for code that serializes a config).
+
+    Args:
+      command: The program each user-code task runs (argv).
+      topology: :class:`Topology`: workers, ps, chief, evaluator, run_on,
+        data_service_workers.
+      supervision: :class:`Supervision`: max_restarts, threads_per_task,
+        timeout, grace_seconds, log_dir, env.
+      faults: :class:`Faults`: kills.
+      elastic: :class:`Elastic`: min_workers, max_workers (default
+        ``workers``), loses, returns.
+      network: :class:`Network`: host, isolate_network.
+
+    Example:
+        >>> config = LaunchConfig(command=("python", "train.py"), workers=3, min_workers=2)
+        >>> config.max_workers, config.elastic.max_workers, "max_restarts" in LaunchConfig.option_names()
+        (3, 3, True)
+        >>> LaunchConfig(command=("python", "train.py"), grace_seconds=1e12)
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.LaunchError: Invalid value for `grace_seconds`. Received: 1000000000000.0. Expected a number \
+>= 0 and <= 3600.
+    """
+
+    command: tuple[str, ...]
+    topology = group(Topology)
+    supervision = group(Supervision)
+    faults = group(Faults)
+    elastic = group(Elastic)
+    network = group(Network)
+
+    def __post_init__(self) -> None:
+        """The command, and the rules across groups (each group has checked its own fields)."""
+        command = _iterable(self.command)
+        if isinstance(self.command, str) or not all(isinstance(arg, str) for arg in command):
+            raise invalid(LaunchError, "command", self.command, "a sequence of strings (argv)",
+                          "Example: command=('python', 'train.py').")
+        if not command:
+            raise invalid(LaunchError, "command", [], "a program to run (argv), e.g. ('python', 'train.py')")
+        object.__setattr__(self, "command", command)
+        names = set(self.task_names())
+        for kill in self.kills:
+            if kill.task not in names:
+                raise invalid(LaunchError, "kills", kill.task, describe_choices(kill.task, names))
+        if self.min_workers is not None:
+            self._check_elastic()
+
+    def _check_elastic(self) -> None:
+        """Elastic options against the topology and the network."""
+        if self.min_workers > self.workers:
+            raise invalid(LaunchError, "min_workers", self.min_workers, f"an integer <= `workers` ({self.workers})",
+                          "The fewest workers the group may train with, at most `workers`.")
+        if self.max_workers is None:
+            self._replace_options(max_workers=self.workers)
+        if self.max_workers > self.workers:
+            raise invalid(LaunchError, "max_workers", self.max_workers, f"an integer <= `workers` ({self.workers})",
+                          "Between `min_workers` and `workers`: the local engine grows back only with workers it "
+                          "started.")
+        if self.isolate_network:
+            raise invalid(LaunchError, "isolate_network", True, "no elastic options (not supported together yet)",
+                          "Drop `isolate_network` or `min_workers`.")
+        workers = {f"worker:{i}" for i in range(self.workers)}
+        for event in self.loses + self.returns:
+            if event.task not in workers:
+                raise invalid(LaunchError, event.option, event.task, describe_choices(event.task, workers),
+                              "Only workers leave and return; a lost chief or ps needs a restart (`max_restarts`).")
 
     @property
     def mode(self) -> str:

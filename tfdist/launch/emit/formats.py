@@ -28,13 +28,13 @@ EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
     """The cluster on real hosts: ``hosts`` in task order, or ``{job}-{index}`` names."""
     names = require_config(config).task_names()
-    require_int(LaunchError, "--port", port, minimum=1, maximum=65535)
+    require_int(LaunchError, "port", port, minimum=1, maximum=65535)
     if hosts is not None and (isinstance(hosts, str) or not isinstance(hosts, Sequence)
                               or not all(isinstance(host, str) for host in hosts)):
-        raise invalid(LaunchError, "--hosts", hosts, "a list of host names, one per task")
+        raise invalid(LaunchError, "hosts", hosts, "a list of host names, one per task")
     hosts = list(hosts) if hosts else [name.replace(":", "-") for name in names]
     if len(hosts) < len(names):
-        raise invalid(LaunchError, "--hosts", hosts, f"{len(names)} hosts, one per task ({', '.join(names)})")
+        raise invalid(LaunchError, "hosts", hosts, f"{len(names)} hosts, one per task ({', '.join(names)})")
     jobs: dict[str, list[str]] = {}
     for name, host in zip(names, hosts):
         jobs.setdefault(split_task_name(name)[0], []).append(host if ":" in host else f"{host}:{port}")

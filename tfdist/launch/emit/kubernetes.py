@@ -35,15 +35,15 @@ def check_dns1035(field: str, name: Any, *, max_length: int = 63) -> str:
     """A DNS-1035 label (what the training operator requires of a TFJob name)."""
     if not isinstance(name, str) or len(name) > max_length or not _DNS1035.match(name):
         raise invalid(LaunchError, field, name, f"a DNS-1035 label: at most {max_length} lower-case letters, digits "
-                      "or '-', starting with a letter and ending with a letter or digit", "Example: --name resnet-50.")
+                      "or '-', starting with a letter and ending with a letter or digit", "Example: 'resnet-50'.")
     return name
 
 
 def check_namespace(namespace: Any) -> str:
     """A Kubernetes namespace (a DNS-1123 label)."""
     if not isinstance(namespace, str) or len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
-        raise invalid(LaunchError, "--namespace", namespace, "a DNS-1123 label: at most 63 lower-case letters, "
-                      "digits or '-', starting and ending with a letter or digit", "Example: --namespace training.")
+        raise invalid(LaunchError, "namespace", namespace, "a DNS-1123 label: at most 63 lower-case letters, "
+                      "digits or '-', starting and ending with a letter or digit", "Example: 'training'.")
     return namespace
 
 
@@ -57,19 +57,19 @@ def check_quantity(field: str, value: Any) -> str:
 def check_image(image: Any) -> str:
     """A container image reference; tfdist must be installed in it."""
     if not isinstance(image, str) or not image or not (image.isascii() and image.isprintable()) or " " in image:
-        raise invalid(LaunchError, "--image", image or None, "a container image with tfdist installed",
+        raise invalid(LaunchError, "image", image or None, "a container image with tfdist installed",
                       "TensorFlow's own images do not have tfdist: build one (FROM tensorflow/tensorflow:2.17.1, "
-                      "pip install tfdist) and pass --image REGISTRY/NAME:TAG.")
+                      "pip install tfdist) and pass it as `image` (REGISTRY/NAME:TAG).")
     return image
 
 
 def _limits(cpu: Optional[str], memory: Optional[str], gpus: int) -> dict[str, Any]:
-    require_int(LaunchError, "--gpus", gpus, minimum=0, maximum=64)
+    require_int(LaunchError, "gpus", gpus, minimum=0, maximum=64)
     limits: dict[str, Any] = {}
     if cpu is not None:
-        limits["cpu"] = check_quantity("--cpu", cpu)
+        limits["cpu"] = check_quantity("cpu", cpu)
     if memory is not None:
-        limits["memory"] = check_quantity("--memory", memory)
+        limits["memory"] = check_quantity("memory", memory)
     if gpus:
         limits["nvidia.com/gpu"] = str(gpus)  # A quantity, as the API serializes it.
     return limits
@@ -120,7 +120,7 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
         ([], 'ExitCode')
     """
     require_config(config)
-    check_dns1035("--name", name)
+    check_dns1035("name", name)
     image = check_image(image)
     limits = _limits(cpu, memory, gpus)
     if restart_policy not in RESTART_POLICIES:
@@ -128,7 +128,7 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
     if clean_pod_policy not in CLEAN_POD_POLICIES:
         raise invalid(LaunchError, "clean_pod_policy", clean_pod_policy, f"one of {', '.join(CLEAN_POD_POLICIES)}")
     run_policy: dict[str, Any] = {"cleanPodPolicy": clean_pod_policy,
-                                  "backoffLimit": require_int(LaunchError, "--max-restarts", config.max_restarts,
+                                  "backoffLimit": require_int(LaunchError, "max_restarts", config.max_restarts,
                                                               minimum=0, maximum=_INT32)}
     if ttl_seconds_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = require_int(LaunchError, "ttl_seconds_after_finished",
@@ -204,13 +204,13 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
         (['worker'], 'tfdist-job')
     """
     require_config(config)
-    check_dns1035("--name", name)
+    check_dns1035("name", name)
     image = check_image(image)
     limits = _limits(cpu, memory, gpus)
     counts = config.task_counts()
     jobs = ",".join(f"{job}={n}" for job, n in counts.items())
     for job, count in counts.items():  # JobSet's webhook: the longest pod name must be a DNS-1035 label.
-        check_dns1035("--name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))
+        check_dns1035("name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))
     env = [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
            for var, label in JOBSET_LABELS.items()]
     wrap = ["python", "-m", "tfdist.launch.tasks.jobset", "--jobs", jobs, "--port", str(TFJOB_PORT),

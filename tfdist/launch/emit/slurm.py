@@ -30,37 +30,37 @@ echo "tfdist job: Slurm restart count ${{SLURM_RESTART_COUNT:-0}}: $TASKS tasks 
 def check_job_name(name: str) -> str:
     """A Slurm job name that cannot break out of its ``#SBATCH`` line."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise invalid(LaunchError, "--name", name, "1-128 letters, digits, '.', '_', '+' or '-', "
-                      "starting with a letter or digit", "Example: --name resnet-50.")
+        raise invalid(LaunchError, "name", name, "1-128 letters, digits, '.', '_', '+' or '-', "
+                      "starting with a letter or digit", "Example: 'resnet-50'.")
     return name
 
 
 def check_time(text: str) -> str:
     """A Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED."""
     if not isinstance(text, str) or not _TIME.match(text):
-        raise invalid(LaunchError, "--time", text, "a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED)",
-                      "Example: --time 04:00:00.")
+        raise invalid(LaunchError, "time_limit", text, "a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS or "
+                      "UNLIMITED)", "Example: '04:00:00'.")
     return text
 
 
 def check_python(python: str) -> str:
     """An interpreter path without control characters (it is shell-quoted in the script)."""
     if not isinstance(python, str) or not python or any(ord(c) < 32 or ord(c) == 127 for c in python):
-        raise invalid(LaunchError, "--python", python, "the path of a Python with tfdist installed on every node")
+        raise invalid(LaunchError, "python", python, "the path of a Python with tfdist installed on every node")
     return python
 
 
 def _elastic_header(config: LaunchConfig, tasks_per_node: int) -> list[str]:
     """``#SBATCH`` lines of an elastic job: a node range for chief + min..max workers, requeued on node failure."""
-    for flag, value in (("--ps", config.ps), ("--evaluator", config.evaluator)):
-        if value:
-            raise invalid(LaunchError, flag, value, "no parameter servers or evaluator in an elastic Slurm job",
-                          "Elastic Slurm jobs are chief/worker (MultiWorkerMirroredStrategy) jobs; "
-                          "drop --min-workers, or this option.")
+    for name in ("ps", "evaluator"):
+        if getattr(config, name):
+            raise invalid(LaunchError, name, getattr(config, name), "no parameter servers or evaluator in an "
+                          "elastic Slurm job", "Elastic Slurm jobs are chief/worker (MultiWorkerMirroredStrategy) "
+                          "jobs; drop `min_workers`, or this option.")
     if config.loses or config.returns:
-        raise invalid(LaunchError, "--lose" if config.loses else "--return", (config.loses or config.returns)[0],
+        raise invalid(LaunchError, "loses" if config.loses else "returns", (config.loses or config.returns)[0],
                       "no fault injection in a Slurm script (the local engine's)",
-                      "On Slurm a failed node (or 'scontrol requeue') plays the loss; drop --lose/--return.")
+                      "On Slurm a failed node (or 'scontrol requeue') plays the loss; drop `loses` and `returns`.")
     low, high = (-(-(int(config.chief) + n) // tasks_per_node) for n in (config.min_workers, config.max_workers))
     return [f"#SBATCH --nodes={low}-{high}" if low < high else f"#SBATCH --nodes={low}",
             f"#SBATCH --ntasks-per-node={tasks_per_node}",
@@ -106,17 +106,17 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
     check_job_name(name)
     check_time(time_limit)
     python = check_python(sys.executable if python is None else python)
-    require_int(LaunchError, "--gpus", gpus_per_task, minimum=0, maximum=1024)
-    require_int(LaunchError, "--tf-log-level", tf_log_level, minimum=0, maximum=3)
+    require_int(LaunchError, "gpus_per_task", gpus_per_task, minimum=0, maximum=1024)
+    require_int(LaunchError, "tf_log_level", tf_log_level, minimum=0, maximum=3)
     if cpus_per_task is not None:
-        require_int(LaunchError, "--cpus-per-task", cpus_per_task, minimum=1, maximum=65536)
+        require_int(LaunchError, "cpus_per_task", cpus_per_task, minimum=1, maximum=65536)
     counts = {job: n for job, n in (("chief", int(config.chief)), ("worker", config.workers), ("ps", config.ps),
                                     ("evaluator", int(config.evaluator))) if n}
     total = sum(counts.values())
     if port_base is not None:
-        require_int(LaunchError, "--port-base", port_base, minimum=1024, maximum=65536 - total,
-                    fix=f"The {total} tasks on one node use --port-base .. --port-base+{total - 1}.")
-    require_int(LaunchError, "--tasks-per-node", tasks_per_node, minimum=1, maximum=4096)
+        require_int(LaunchError, "port_base", port_base, minimum=1024, maximum=65536 - total,
+                    fix=f"The {total} tasks on one node use ports `port_base` to `port_base` + {total - 1}.")
+    require_int(LaunchError, "tasks_per_node", tasks_per_node, minimum=1, maximum=4096)
     jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
     if config.min_workers is not None:
