@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from tfdist.launch.supervisor import _netns
+from tfdist.launch.tasks.netns import loopback_up
 
-_netns.loopback_up()
+loopback_up()
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # multi-node; the namespace has nothing but loopback
 os.environ["RAY_AUTH_MODE"] = "disabled"
 

@@ -24,7 +24,7 @@ from conftest import assert_all_gone  # noqa: E402
 
 from tfdist import testing  # noqa: E402
 from tfdist.errors import LaunchFailure  # noqa: E402
-from tfdist.launch.supervisor import _netns
+from tfdist.launch.engines._netns import unshare_argv
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(600)]
 SCENARIOS = Path(__file__).with_name("_ray_two_nodes.py")
@@ -35,7 +35,7 @@ EXTRA_HOST = "127.0.0.2"
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Both scenarios on one two-node cluster (Ray costs seconds and a GB per start)."""
     try:
-        unshare = _netns.unshare_argv()
+        unshare = unshare_argv()
     except LaunchFailure as err:
         pytest.skip(f"no private network namespace here: {err}")
     work = tmp_path_factory.mktemp("ray-two-nodes")

@@ -2,7 +2,8 @@
 
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.emit.formats import jobset_manifest, slurm_script, tf_configs, tfjob_manifest
-from tfdist.launch.engines.base import Engine, LocalEngine, TaskProcess
+from tfdist.launch.engines.base import Engine, TaskProcess
+from tfdist.launch.engines.local import LocalEngine
 from tfdist.launch.engines.registry import register_engine
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.supervisor.runner import run, run_config

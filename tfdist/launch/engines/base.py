@@ -4,37 +4,27 @@ An engine places every task (gives it an address), starts a task's command with 
 supervisor built, streams its output lines, reports its exit and delivers signals. It never decides to
 restart or stop anything: :func:`tfdist.launch.supervisor.runner.run_config` does, the same way for every engine.
 
+The engines: :class:`~tfdist.launch.engines.local.LocalEngine` (processes on this machine, the default) and
+:class:`~tfdist.launch.engines.ray.RayEngine`; :func:`~tfdist.launch.engines.registry.register_engine` adds one.
+
 Example:
-    >>> import sys
-    >>> from tfdist.launch.config import LaunchConfig
-    >>> engine = LocalEngine()
-    >>> spec = engine.place(LaunchConfig(command=("python",), workers=2))
-    >>> lines = []
-    >>> hello = [sys.executable, "-c", "import sys; sys.stdout.write('hi' + chr(10))"]
-    >>> task = engine.start("worker:0", hello, {}, lambda t, l: lines.append(l))
-    >>> task.wait(30), spec.num_workers
-    (0, 2)
-    >>> task.release(5); engine.close(); lines
-    ['hi']
+    >>> from tfdist.launch import Engine, LocalEngine
+    >>> issubclass(LocalEngine, Engine), LocalEngine.name, LocalEngine.isolates_network, Engine.isolates_network
+    (True, 'local', True, False)
 """
 
 from __future__ import annotations
 
 import abc
-import logging
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Optional, Protocol, runtime_checkable
 
-from tfdist.cluster import address as _address
 from tfdist.cluster.spec import ClusterSpec
-from tfdist.errors import LaunchFailure
-from tfdist.launch.engines._process import LineSink, LocalProcess
-from tfdist.launch.engines._reaper import Reaper
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines import _ports
+from tfdist.launch.engines._process import LineSink
 
-__all__ = ["Engine", "TaskProcess", "LineSink", "LocalEngine"]
-
-_log = logging.getLogger("tfdist.launch")
+__all__ = ["Engine", "TaskProcess", "LineSink"]
 
 
 @runtime_checkable
@@ -62,6 +52,7 @@ class Engine(abc.ABC):
     """Places and runs tasks; see the module docstring for what an engine must not do."""
 
     name: ClassVar[str]
+    isolates_network: ClassVar[bool] = False  # whether it can run ``isolate_network`` configs
 
     @abc.abstractmethod
     def place(self, config: LaunchConfig) -> ClusterSpec:
@@ -109,48 +100,13 @@ class Engine(abc.ABC):
         """
         return {}
 
+    def readdress(self, address: str) -> str:
+        """Where a task placed at ``address`` starts again after its group stopped (an elastic regroup).
+
+        ``address`` while its port can be bound; else a new free port on the same host. Default: asked in
+        this machine's network, other machines' addresses kept as they are (their engine picked them).
+        """
+        return _ports.readdress(address, _ports.HOST)
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default.
         """Frees the engine's resources after the run; idempotent."""
-
-
-class LocalEngine(Engine):
-    """Every task is a process on this machine, in a process group of its own.
-
-    A reaper process (in its own session) stops every task group if the launcher dies, even by SIGKILL.
-    """
-
-    name = "local"
-
-    def __init__(self) -> None:
-        self._host = "127.0.0.1"
-        self._reaper: Optional[Reaper] = None
-        self._grace = 5.0
-
-    def place(self, config: LaunchConfig) -> ClusterSpec:
-        self._host, self._grace = config.host, config.grace_seconds
-        for _ in range(10):
-            spec = ClusterSpec.local(workers=config.workers, ps=config.ps, chief=config.chief,
-                                     evaluator=config.evaluator, host=config.host)
-            taken = [t.address for t in spec.tasks()
-                     if not _address.port_is_free(*_address.split_address(t.address))]
-            if not taken:
-                return spec
-            _log.info("Ports %s were taken before start; picking again.", taken)
-        raise LaunchFailure("Could not find free ports for the cluster after 10 tries; is the machine out of ports?")
-
-    def reserve_address(self) -> str:
-        return f"{self._host}:{_address.free_ports(1, self._host)[0]}"
-
-    def start(self, task: str, argv: Sequence[str], env: Mapping[str, str], on_line: LineSink) -> TaskProcess:
-        if self._reaper is None:
-            self._reaper = Reaper(grace=self._grace)
-        reaper = self._reaper
-        proc = LocalProcess(task, argv, env=env, on_line=on_line, on_exit=reaper.forget)
-        if proc.pid is not None:
-            reaper.watch(proc.pid)
-        return proc
-
-    def close(self) -> None:
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.close()

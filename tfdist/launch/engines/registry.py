@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from tfdist._names import describe_choices
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch.engines.base import Engine, LocalEngine
+from tfdist.launch.engines.base import Engine
+from tfdist.launch.engines.local import LocalEngine
 
 __all__ = ["ENGINES", "engine_for", "register_engine"]
 

@@ -1,165 +1,123 @@
-"""The elastic part of the launcher's supervisor: losing, returning and regrouping workers (``--min-workers``).
+"""The rules of an elastic run (``min_workers``): who leaves with a lost worker, whether enough are left, who
+joins when, and what a membership change restarts.
 
-:class:`ElasticSupervision` is a mixin of :class:`tfdist.launch.supervisor.runner._Supervisor`; it holds the rules of a
-membership change and uses the supervisor's records, engine and start/stop methods.
+:class:`ElasticRules` decides and never acts: the supervisor passes the state a rule needs and applies the
+:class:`Regroup` it gets back (stopping and starting tasks, updating its :class:`~._group.Group`).
+
+Example:
+    >>> from tfdist.cluster.spec import ClusterSpec
+    >>> from tfdist.launch.config import LaunchConfig
+    >>> from tfdist.launch.supervisor.membership import Membership
+    >>> rules = ElasticRules(LaunchConfig(command=("python",), workers=3, min_workers=2))
+    >>> now = Membership(generation=0, workers=("worker:0", "worker:1", "worker:2"))
+    >>> left = rules.remaining(now, ["worker:1"])
+    >>> left, rules.enough(left), rules.enough(left[:1])
+    (('worker:0', 'worker:2'), True, False)
+    >>> full = ClusterSpec(jobs={"worker": ["h:1", "h:2", "h:3"]})
+    >>> change = rules.regroup(now, left, full, "worker:1 lost")
+    >>> change.message
+    'elastic: membership 1: world size 2 (workers worker:0, worker:2); worker:1 lost'
+    >>> change.stop, change.start, change.new_spec
+    (('worker:0', 'worker:1', 'worker:2'), ('worker:0', 'worker:2'), True)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+import dataclasses
+from collections.abc import Sequence
+from typing import Optional
 
-from tfdist.cluster import elastic as _boundaries
 from tfdist.cluster.spec import ClusterSpec, split_task_name
-from tfdist.launch.supervisor import membership as elastic
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines.base import Engine
-
-__all__ = ["ElasticSupervision"]
-
-Outcome = tuple[int, str, Optional[str]]
-_NOT_STARTED_CODE = 1
+from tfdist.launch.supervisor.membership import Membership
 
 
-class NotStarted:
-    """The attempt of a worker whose start failed (its engine could not run it): it has exited at once."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Regroup:
+    """A new generation of the training group, for the supervisor to apply in this order.
 
-    pid: Optional[int] = None
+    Attributes:
+      membership: The new generation.
+      message: The status line that announces it.
+      stop: Tasks to stop first (SIGKILL, no grace).
+      new_spec: Whether the cluster is drawn again from the new membership (collectives) once they stopped;
+        a parameter-server cluster stays as it is (the coordinator knows every worker).
+      start: Tasks to start, in order (TF servers first), each as one more restart.
+      joined: The returned workers this change takes in.
+    """
 
-    def poll(self) -> Optional[int]:
-        return _NOT_STARTED_CODE
-
-    def signal(self, sig: int) -> None:
-        pass
-
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
-        return _NOT_STARTED_CODE
-
-    def release(self, timeout: float) -> None:
-        pass
+    membership: Membership
+    message: str
+    stop: tuple[str, ...]
+    new_spec: bool
+    start: tuple[str, ...]
+    joined: tuple[str, ...] = ()
 
 
-class ElasticSupervision:
-    """Membership changes of an elastic run; mixed into the supervisor, which provides the attributes below."""
+class ElasticRules:
+    """The membership rules of one elastic run; see the module docstring.
 
-    config: LaunchConfig
-    status: Callable[[str], None]
-    engine: Engine
-    spec: ClusterSpec
-    full_spec: ClusterSpec
-    membership: elastic.Membership
-    tasks: Mapping[str, Any]  # name -> the supervisor's task record
-    finished: dict[str, int]
-    away: list[str]
-    available: list[str]
-    elastic_dir: Optional[str]
-    _boundaries_seen: set[str]
-    unstartable: dict[str, str]  # worker -> why its last start failed; the run loop counts it as lost
+    Args:
+      config: The run; its ``mode``, ``min_workers``, ``max_workers`` and tasks are read once.
+    """
 
-    if TYPE_CHECKING:
-        def stop(self, records: Sequence[Any], grace: Optional[float] = None) -> None: ...
-        def _start(self, task: str) -> None: ...
-        def _in_group(self, task: str) -> bool: ...
+    def __init__(self, config: LaunchConfig) -> None:
+        self._parameter_server = config.mode == "parameter_server"
+        self.minimum = config.min_workers or 0
+        self._maximum = config.max_workers or config.workers
+        self._tasks = tuple(config.task_names())
+        self._runs_command = config.runs_command
 
-    def _elastic_worker(self, task: str) -> bool:
-        return self.elastic_dir is not None and task in self.membership.workers
+    @property
+    def rejoins_at_once(self) -> bool:
+        """Whether a returned worker joins as soon as it is back (parameter servers: the coordinator
+        reconnects) instead of at the next epoch boundary (collectives)."""
+        return self._parameter_server
 
-    def _start_failed(self, record: Any, reason: str) -> None:
-        """An elastic worker the engine could not start (its Ray node left): it counts as exited, then lost."""
-        self.status(f"elastic: {record.name} could not start ({reason}); it is lost")
-        record.proc = NotStarted()
-        record.watch_exit()
-        self.finished.pop(record.name, None)
-        self.unstartable[record.name] = reason
+    def leaving(self, task: str, also: Sequence[str], membership: Membership) -> tuple[str, ...]:
+        """The workers that leave when ``task`` is lost with ``also`` (workers of the same node)."""
+        return (task,) + tuple(t for t in also if t != task and t in membership.workers)
 
-    def _lose(self, task: str, why: str, also: Sequence[str] = ()) -> Optional[Outcome]:
-        """``task`` (a worker) leaves, with the workers in ``also`` (the same node): killed, kept away; the
-        group goes on without them or the run fails."""
-        if task not in self.membership.workers or self.tasks[task].poll() == 0:
-            self.status(f"elastic: {task} is not in the group or has finished; nothing to lose")
+    def remaining(self, membership: Membership, leaving: Sequence[str]) -> tuple[str, ...]:
+        """The workers of ``membership`` left once ``leaving`` are gone."""
+        return tuple(w for w in membership.workers if w not in leaving)
+
+    def enough(self, workers: Sequence[str]) -> bool:
+        """Whether the group may train on with ``workers`` (at least ``min_workers``)."""
+        return len(workers) >= self.minimum
+
+    def joining(self, membership: Membership, available: Sequence[str]) -> tuple[str, ...]:
+        """The returned workers of ``available`` that join now: as many as ``max_workers`` has room for."""
+        room = max(self._maximum - len(membership.workers), 0)
+        return tuple(available[:room])
+
+    def placed_again(self, full: ClusterSpec, task: str, address: str) -> Optional[ClusterSpec]:
+        """``full`` with ``task`` at ``address`` (its engine placed it again there); None when the run cannot
+        follow the move: a parameter-server coordinator only knows the addresses it started with."""
+        job, index = split_task_name(task)
+        if self._parameter_server and full.jobs[job][index] != address:
             return None
-        leaving = [task] + [t for t in also if t != task and t in self.membership.workers]
-        self.status(f"elastic: losing {', '.join(leaving)} {why}")
-        for name in leaving:
-            record = self.tasks[name]
-            if record.proc is not None:
-                self.stop([record], grace=0)  # SIGKILL, reap, and read its last output
-                self.finished[name] = record.poll() if record.poll() is not None else 137
-            self.away.append(name)
-        left = tuple(w for w in self.membership.workers if w not in leaving)
-        minimum = self.config.min_workers or 0
-        if len(left) < minimum:
-            self.status(f"elastic: lost {', '.join(self.away)}; {len(left)} worker(s) left, below --min-workers "
-                        f"{minimum}; stopping the run")
-            return self.finished.get(task, 1) or 1, "failed", task
-        self._regroup(left, f"{', '.join(leaving)} lost")
-        return None
+        jobs = {name: dict(addresses) for name, addresses in full.jobs.items()}
+        jobs[job][index] = address
+        return ClusterSpec(jobs=jobs)
 
-    def _return(self, task: str, why: str) -> None:
-        if task not in self.away:
-            self.status(f"elastic: {task} returned {why}, but it was not away; ignored")
-            return
-        self._check_boundaries()  # boundaries recorded before the return do not count for it
-        self.away.remove(task)
-        self.available.append(task)
-        if self.config.mode == "parameter_server":
-            self.status(f"elastic: {task} is available again {why}; it rejoins now")
-            self._grow("the coordinator reconnects")
-        else:
-            self.status(f"elastic: {task} is available again {why}; it joins at the next epoch boundary")
+    def regroup(self, membership: Membership, workers: Sequence[str], full: ClusterSpec, why: str,
+                joined: Sequence[str] = ()) -> Regroup:
+        """The change from ``membership`` to a new generation of ``workers``; ``why`` ends its message.
 
-    def _check_returns(self) -> None:
-        """Lost workers whose place the engine has again (a Ray node joined): returns, as with ``--return``."""
-        for task, address in self.engine.returned().items():
-            if task not in self.away:
-                continue
-            job, index = split_task_name(task)
-            if self.config.mode == "parameter_server" and self.full_spec.jobs[job][index] != address:
-                self.status(f"elastic: {task} was placed again at {address}, but the coordinator only knows "
-                            f"{self.full_spec.jobs[job][index]}; it stays away")
-                continue
-            jobs = {name: dict(addresses) for name, addresses in self.full_spec.jobs.items()}
-            jobs[job][index] = address
-            self.full_spec = ClusterSpec(jobs=jobs)
-            self._return(task, f"(the engine placed it again, at {address})")
-
-    def _grow(self, why: str) -> None:
-        room = (self.config.max_workers or self.config.workers) - len(self.membership.workers)
-        joining, self.available = self.available[:max(room, 0)], self.available[max(room, 0):]
-        if joining:
-            self._regroup(self.membership.workers + tuple(joining), f"{', '.join(joining)} joined; {why}")
-
-    def _regroup(self, workers: tuple[str, ...], why: str) -> None:
-        """A new generation: collectives restart the training group with a new TF_CONFIG; ps runs go on."""
-        before = set(self.membership.workers)
-        self.membership = elastic.Membership(generation=self.membership.generation + 1, workers=workers)
-        size = self.membership.world_size(self.full_spec)
-        self.status(f"elastic: membership {self.membership.generation}: world size {size} "
-                    f"(workers {', '.join(self.membership.workers)}); {why}")
-        if self.config.mode == "parameter_server":
-            for name in [w for w in self.membership.workers if w not in before]:
-                self.tasks[name].restarts += 1
-                self._start(name)
-            return
-        group = [t for t in self.tasks if self._in_group(t)]
+        Collectives restart the whole training group with a new TF_CONFIG: every old attempt (but the
+        evaluator's) is stopped first, exited ones included, so none of their readers outlives it. A
+        parameter-server run goes on: only the workers new to the group start.
+        """
+        new = Membership(generation=membership.generation + 1, workers=tuple(workers))
+        message = (f"elastic: membership {new.generation}: world size {new.world_size(full)} "
+                   f"(workers {', '.join(new.workers)}); {why}")
+        if self._parameter_server:
+            return Regroup(membership=new, message=message, stop=(), new_spec=False, joined=tuple(joined),
+                           start=tuple(w for w in new.workers if w not in membership.workers))
         # SIGKILL, no grace: the backup of the last epoch is written, and TF's preemption handler would
         # catch a SIGTERM and let the old group train on (even to the end of fit, deleting the backup).
-        # Every old attempt is released too (exited ones included), so none of their readers outlives it.
-        self.stop([self.tasks[t] for t in self.tasks if not t.startswith("evaluator")], grace=0)
-        self.spec = self.membership.spec(self.full_spec)
-        for name in sorted(group, key=lambda n: self.config.runs_command(n)):  # servers first
-            self.tasks[name].restarts += 1
-            self._start(name)
-
-    def _check_boundaries(self) -> None:
-        """Epoch boundaries the training leader recorded; a returned worker joins at the first new one."""
-        if self.elastic_dir is None:
-            return
-        for record in _boundaries.read_boundaries(self.elastic_dir, self._boundaries_seen):
-            if record.get("generation") != self.membership.generation:
-                continue
-            self.status(f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
-                        f"world size {record.get('world_size')})")
-            if self.available:
-                self._grow(f"epoch {record.get('epoch')} backed up")
-                return
+        stop = tuple(t for t in self._tasks if split_task_name(t)[0] != "evaluator")
+        group = [t for t in self._tasks if new.trains(t)]
+        return Regroup(membership=new, message=message, stop=stop, new_spec=True, joined=tuple(joined),
+                       start=tuple(sorted(group, key=self._runs_command)))

@@ -1,4 +1,9 @@
-"""Runs a whole cluster as local processes and supervises it to the end.
+"""Runs a whole cluster on an engine and supervises it to the end, the same way for every engine.
+
+The supervisor keeps its whole state in one :class:`~tfdist.launch.supervisor._group.Group` and changes it
+in one place; it asks two collaborators, which answer with values: the elastic rules
+(:mod:`tfdist.launch.supervisor._elastic`) and the fault injections (:mod:`tfdist.launch.supervisor._faults`).
+A run ends with an :class:`~tfdist.launch.results.Outcome` in its :class:`~tfdist.launch.results.LaunchResult`.
 
 Example:
     >>> import sys
@@ -10,11 +15,9 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
-import queue
 import shutil
 import signal
 import sys
@@ -23,20 +26,22 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import IO, Any, Optional, Union
+from typing import Any, Optional, Union
 
+from tfdist.cluster import elastic as _boundaries
 from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.errors import LaunchError, LaunchFailure, check_keywords, invalid
-from tfdist.cluster import elastic as _boundaries
 from tfdist.launch import environment
-from tfdist.launch.supervisor import _netns
 from tfdist.launch import output as _tf_logs
-from tfdist.launch.supervisor import membership as elastic
-from tfdist.launch.supervisor._elastic import ElasticSupervision
 from tfdist.launch.config import KillAt, LaunchConfig, LoseAt, ReturnAt
-from tfdist.launch.engines.base import Engine, LineSink, LocalEngine, TaskProcess
+from tfdist.launch.engines.base import Engine, LineSink
+from tfdist.launch.engines.local import LocalEngine
 from tfdist.launch.engines.registry import engine_for
 from tfdist.launch.results import LaunchResult, TaskResult
+from tfdist.launch.supervisor import membership as elastic
+from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
+from tfdist.launch.supervisor._faults import Faults
+from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
 
 __all__ = ["run", "run_config", "EXPOSURE_WARNING"]
 
@@ -46,9 +51,9 @@ DATA_SERVICE_TASK = "data-service:0"
 EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
                     "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
                     "cluster unreachable from outside.")
+ISOLATED = "network namespace: private, loopback only; task ports are unreachable from outside"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-_TIMEOUT_CODE, _KEEP_LINES = 124, 20000
-_KILL_WAIT, _DRAIN_SECONDS = 10.0, 2.0
+_KILL_WAIT, _DRAIN_SECONDS, _PASS_SECONDS = 10.0, 2.0, 0.05
 _OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(LaunchConfig))
 
 
@@ -66,95 +71,54 @@ def _make_log_dir(path: str) -> None:
                       f"It cannot be used: {reason}. Pick another path.") from None
 
 
-class _Task:
-    """The supervisor's record of one task across its attempts."""
-
-    def __init__(self, name: str, argv: Sequence[str], log_path: Optional[str]) -> None:
-        self.name, self.argv = name, tuple(argv)
-        self.proc: Optional[TaskProcess] = None
-        self.restarts = 0
-        self.ended_at: Optional[float] = None  # when the current attempt exited (monotonic), set by its waiter
-        self.waiter: Optional[threading.Thread] = None
-        self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
-        self.log: Optional[IO[str]] = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
-
-    def poll(self) -> Optional[int]:
-        return self.proc.poll() if self.proc is not None else None
-
-    def watch_exit(self) -> None:
-        """Stamps the exit of the current attempt as it happens (a daemon thread that lives as long as it)."""
-        proc, self.ended_at = self.proc, None
-
-        def _stamp() -> None:
-            if proc is not None and proc.wait(None) is not None and self.proc is proc:
-                self.ended_at = time.monotonic()
-
-        self.waiter = threading.Thread(target=_stamp, name=f"tfdist-exit-{self.name}", daemon=True)
-        self.waiter.start()
-
-    def exit_time(self) -> float:
-        """When the current attempt (which has exited) ended; failures are handled in this order."""
-        if self.waiter is not None:
-            self.waiter.join(1.0)  # the process is gone: its waiter stamps at once
-        return self.ended_at if self.ended_at is not None else time.monotonic()
-
-
-class _Supervisor(ElasticSupervision):
-    """The rules every engine shares: start order, fail-fast, restart groups, fault injection, stopping."""
+class _Supervisor:
+    """The rules every engine shares: start order, fail-fast, restart groups, fault injection, elastic
+    membership, stopping. It owns the run's :class:`Group` and is the only one to change it."""
 
     def __init__(self, config: LaunchConfig, engine: Engine, spec: ClusterSpec, sink: Optional[LineSink],
                  status: StatusSink, base_env: Mapping[str, str]) -> None:
-        self.config, self.engine, self.spec, self.status = config, engine, spec, status
-        self.full_spec = spec  # every task's address; self.spec is the current generation's cluster
+        self.config, self.engine, self.status = config, engine, status
         self.base_env = dict(base_env)
-        self.restarts_used = 0
-        self.stop_signal: Optional[int] = None
         # TensorFlow's INFO records and start-up noise stay in the log files, out of the console: every task
         # (servers, the user's command, the data service) imports TF. TF_CPP_MIN_LOG_LEVEL=0 shows them.
         tf_info = _tf_logs.wants_tf_info({**base_env, **config.env})
         self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
-        self._events = config.kills + config.loses + config.returns
-        self._line_kills = [event for event in self._events if event.after is not None]
-        self._on_event = {KillAt: self._kill, LoseAt: self._lose, ReturnAt: self._return}
-        self.membership = elastic.Membership(generation=0, workers=tuple(
-            name for name in config.task_names() if name.startswith("worker:")))
-        self.away: list[str] = []       # lost workers
-        self.available: list[str] = []  # returned workers waiting for the next epoch boundary
-        self.elastic_dir = tempfile.mkdtemp(prefix="tfdist-elastic-") if config.min_workers is not None else None
-        self._boundaries_seen: set[str] = set()
-        self.unstartable: dict[str, str] = {}
-        self._fired: queue.SimpleQueue[tuple[KillAt, str]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        if config.log_dir:
-            _make_log_dir(config.log_dir)
+        self.faults = Faults(config.kills + config.loses + config.returns)
+        self.rules = ElasticRules(config)
+        self._on_event: dict[type[KillAt], Callable[[str, str], Optional[Ending]]] = {
+            KillAt: self._kill, LoseAt: self._lose, ReturnAt: self._return}
 
         def _log_path(name: str) -> Optional[str]:
             return os.path.join(config.log_dir, name.replace(":", "-") + ".log") if config.log_dir else None
 
-        self.tasks = {name: _Task(name, config.command if config.runs_command(name) else environment.server_argv(),
+        tasks = {name: TaskRecord(name, config.command if config.runs_command(name) else environment.server_argv(),
                                   _log_path(name)) for name in config.task_names()}
-        self.finished: dict[str, int] = {}
-        self.data_service: Optional[_Task] = None
+        data_service = None
         if config.data_service_workers:
             address = engine.reserve_address()
             self.base_env["TFDIST_DATA_SERVICE"] = f"grpc://{address}"
-            argv = (sys.executable, "-m", "tfdist.launch.tasks.data_service", "--workers", str(config.data_service_workers),
-                    "--port", address.rsplit(":", 1)[1])
-            self.data_service = _Task(DATA_SERVICE_TASK, argv, _log_path("data-service"))
+            argv = (sys.executable, "-m", "tfdist.launch.tasks.data_service", "--workers",
+                    str(config.data_service_workers), "--port", address.rsplit(":", 1)[1])
+            data_service = TaskRecord(DATA_SERVICE_TASK, argv, _log_path("data-service"))
+        workers = tuple(name for name in config.task_names() if name.startswith("worker:"))
+        self.group = Group(config=config, tasks=tasks, data_service=data_service, spec=spec,
+                           membership=elastic.Membership(generation=0, workers=workers),
+                           elastic_dir=tempfile.mkdtemp(prefix="tfdist-elastic-")
+                           if config.min_workers is not None else None)
+
+    def request_stop(self, signum: int) -> None:
+        """A stop signal arrived (from a signal handler): the run ends at its next pass."""
+        self.group.stop_signal = signum
 
     def _on_line(self, task: str, line: str) -> None:
         """Every output line of every task: kept, logged, checked against progress triggers, passed on."""
-        record = self.data_service if task == DATA_SERVICE_TASK else self.tasks[task]
+        record = self.group.data_service if task == DATA_SERVICE_TASK else self.group.tasks[task]
         assert record is not None
         record.lines.append(line)
         if record.log is not None:
             record.log.write(line + "\n")
             record.log.flush()
-        if self._line_kills:
-            with self._lock:
-                for kill in [k for k in self._line_kills if k.matches(task, line)]:
-                    self._line_kills.remove(kill)
-                    self._fired.put((kill, task))
+        self.faults.on_line(task, line)
         if self._console is not None:
             try:
                 self._console(task, line)
@@ -162,141 +126,57 @@ class _Supervisor(ElasticSupervision):
                 _log.exception("The output callback failed; task output is no longer passed on.")
                 self._console = None
 
-    def _launch(self, record: _Task, env: Mapping[str, str]) -> None:
+    # ---- starting and stopping --------------------------------------------------------------------------------
+
+    def _launch(self, record: TaskRecord, env: Mapping[str, str]) -> None:
         if record.log is not None:
             record.log.write(f"--- tfdist-launch: {record.name} start #{record.restarts}\n")
         record.proc = self.engine.start(record.name, record.argv, env, self._on_line)
         record.watch_exit()
-        self.finished.pop(record.name, None)
+        self.group.finished.pop(record.name, None)
 
     def _start(self, task: str) -> None:
-        record = self.tasks[task]
-        tf_task = self.membership.tf_task(task) if self.config.mode == "collective" else task
-        env = environment.child_env(self.base_env, self.config, self.spec, tf_task, record.restarts)
+        group, record = self.group, self.group.tasks[task]
+        tf_task = group.membership.tf_task(task) if self.config.mode == "collective" else task
+        env = environment.child_env(self.base_env, self.config, group.spec, tf_task, record.restarts)
         env[environment.TASK_VAR] = task  # the launcher's stable name; TF_CONFIG holds this generation's index
-        env.update(elastic.membership_variables(self.membership, self.full_spec))
-        if self.elastic_dir is not None:
-            env[_boundaries.ELASTIC_DIR_VAR] = self.elastic_dir
+        env.update(elastic.membership_variables(group.membership, group.full_spec))
+        if group.elastic_dir is not None:
+            env[_boundaries.ELASTIC_DIR_VAR] = group.elastic_dir
         try:
             self._launch(record, env)
         except LaunchFailure as err:
-            if not self._elastic_worker(task):
+            if not group.elastic_worker(task):
                 raise
             self._start_failed(record, str(err))  # a loss of that worker, not the end of the run
             return
         role = "command" if self.config.runs_command(task) else "TF server"
         task_type, index = split_task_name(tf_task)
         self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
-                    f"{self.spec.jobs[task_type][index]})")
+                    f"{group.spec.jobs[task_type][index]})")
 
-    def _in_group(self, task: str) -> bool:
-        """Whether ``task`` trains in the current generation (workers that are away or waiting to join do not)."""
-        task_type = split_task_name(task)[0]
-        return task_type != "evaluator" and (task_type != "worker" or task in self.membership.workers)
-
-    def _restart_group(self, task: str) -> list[str]:
-        task_type = split_task_name(task)[0]
-        if task_type == "evaluator":
-            return [task]
-        if self.config.mode == "parameter_server" and task_type == "worker":
-            return [task]  # The coordinator reschedules its closures.
-        # A lost ps loses variables; collectives cannot continue with a new peer: restart the training group.
-        return [t for t in self.tasks if self._in_group(t)]
+    def _start_failed(self, record: TaskRecord, reason: str) -> None:
+        """An elastic worker the engine could not start (its Ray node left): it counts as exited, then lost."""
+        self.status(f"elastic: {record.name} could not start ({reason}); it is lost")
+        record.proc = NotStarted()
+        record.watch_exit()
+        self.group.finished.pop(record.name, None)
+        self.group.unstartable[record.name] = reason
 
     def _restart(self, task: str, code: int) -> None:
-        self.restarts_used += 1
-        group = self._restart_group(task)
-        delay = min(2.0 ** (self.restarts_used - 1), 10.0)
-        self.status(f"{task} exited with {code}; restart {self.restarts_used}/{self.config.max_restarts} "
-                    f"of {', '.join(group)} in {delay:.0f}s")
-        self.stop([self.tasks[name] for name in group])
+        group = self.group
+        group.restarts_used += 1
+        names = group.restart_group(task)
+        delay = min(2.0 ** (group.restarts_used - 1), 10.0)
+        self.status(f"{task} exited with {code}; restart {group.restarts_used}/{self.config.max_restarts} "
+                    f"of {', '.join(names)} in {delay:.0f}s")
+        self.stop([group.tasks[name] for name in names])
         time.sleep(delay)
-        for name in sorted(group, key=lambda n: self.config.runs_command(n)):  # servers first
-            self.tasks[name].restarts += 1
+        for name in group.servers_first(names):
+            group.tasks[name].restarts += 1
             self._start(name)
 
-    def _inject_faults(self, pending: list[KillAt], elapsed: float) -> Optional[tuple[int, str, Optional[str]]]:
-        """Fires due fault injections (--kill, --lose, --return); an outcome when the run must end."""
-        fired = []
-        while pending and elapsed >= (pending[0].seconds or 0.0):
-            event = pending.pop(0)
-            fired.append((event, f"at {elapsed:.1f}s"))
-        while not self._fired.empty():
-            event, source = self._fired.get()
-            fired.append((event, f"after {source} printed /{event.after}/ ({elapsed:.1f}s)"))
-        for event, when in fired:
-            outcome = self._on_event[type(event)](event.task, when)
-            if outcome is not None:
-                return outcome
-        return None
-
-    def _kill(self, task: str, when: str) -> None:
-        self.status(f"fault injection: SIGKILL {task} {when}")
-        self._signal(task, signal.SIGKILL)
-
-    def _signal(self, task: str, sig: int) -> None:
-        proc = self.tasks[task].proc
-        if proc is not None:
-            proc.signal(sig)
-
-    def run(self, deadline: Optional[float], t0: float) -> tuple[int, str, Optional[str]]:
-        pending = sorted((k for k in self._events if k.seconds is not None), key=lambda k: k.seconds or 0.0)
-        if self.data_service is not None:
-            self._launch(self.data_service, dict(self.base_env))
-            self.status(f"tf.data service started ({self.base_env['TFDIST_DATA_SERVICE']}, "
-                        f"{self.config.data_service_workers} worker(s))")
-        for task in sorted(self.tasks, key=lambda n: self.config.runs_command(n)):
-            self._start(task)
-        cmd_tasks = [t for t in self.tasks if self.config.runs_command(t)]
-        while True:
-            if self.stop_signal is not None:
-                return 128 + self.stop_signal, "interrupted", None
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                self.status(f"timeout after {self.config.timeout:g}s; stopping every task")
-                return _TIMEOUT_CODE, "timeout", None
-            outcome = self._inject_faults(pending, now - t0)
-            if outcome is not None:
-                return outcome
-            self._check_boundaries()
-            self._check_returns()
-            # In exit order, not task order: when a collective member crashes, its peers fail of the collective
-            # error just after it, and one pass may see them all; the first to fail is the one restarted or lost.
-            exited = [(task, record, code) for task, record in self.tasks.items()
-                      if (code := record.poll()) is not None and task not in self.finished and task not in self.away]
-            if any(code != 0 and self.engine.deciding(task) for task, _, code in exited):
-                time.sleep(0.05)  # the engine cannot tell yet whether a node left: keep the exit order, decide later
-                continue
-            for task, record, code in sorted(exited, key=lambda item: item[1].exit_time()):
-                self.finished[task] = code
-                runs_cmd = self.config.runs_command(task)
-                if code == 0 and runs_cmd:
-                    self.status(f"{task} finished")
-                    continue
-                # A task whose place is gone (its Ray node left) cannot restart there: no restart is spent on it.
-                unstartable = self.unstartable.pop(task, None)
-                node_left = code != 0 and unstartable is None and self.engine.lost(task)
-                gone = node_left or unstartable is not None
-                if code != 0 and self.restarts_used < self.config.max_restarts and not gone:
-                    self._restart(task, code)
-                    break
-                if code != 0 and self._elastic_worker(task):
-                    also = [w for w in self.membership.workers if w != task and self.engine.lost(w)] if node_left else []
-                    why = (f"(it could not start: {unstartable})" if unstartable is not None else
-                           "(its node left the cluster)" if node_left else f"(exit code {code}, restarts used up)")
-                    outcome = self._lose(task, why, also)
-                    if outcome is not None:
-                        return outcome
-                    break
-                if code != 0 and (runs_cmd or task.startswith("ps")):
-                    self.status(f"{task} failed with exit code {code}" + ("; its node left the cluster" if node_left else ""))
-                    return code, "failed", task
-                self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
-            if all(self.finished.get(t) == 0 for t in cmd_tasks if t not in self.away and t not in self.available):
-                return 0, "ok", None
-            time.sleep(0.05)
-
-    def stop(self, records: Sequence[_Task], grace: Optional[float] = None) -> None:
+    def stop(self, records: Sequence[TaskRecord], grace: Optional[float] = None) -> None:
         """SIGTERM to all, one shared grace deadline, SIGKILL to the rest, then reap and read the last output."""
         procs = [r.proc for r in records if r.proc is not None]
         for proc in procs:
@@ -315,12 +195,186 @@ class _Supervisor(ElasticSupervision):
             proc.release(max(0.0, drain - time.monotonic()))
 
     def stop_all(self) -> None:
-        self.stop(list(self.tasks.values())[::-1] + ([self.data_service] if self.data_service else []))
-        for record in list(self.tasks.values()) + ([self.data_service] if self.data_service else []):
+        group = self.group
+        self.stop(list(group.tasks.values())[::-1] + ([group.data_service] if group.data_service else []))
+        for record in group.records():
             if record.log is not None:
                 record.log.close()
-        if self.elastic_dir is not None:
-            shutil.rmtree(self.elastic_dir, ignore_errors=True)
+        if group.elastic_dir is not None:
+            shutil.rmtree(group.elastic_dir, ignore_errors=True)
+
+    # ---- fault injection --------------------------------------------------------------------------------------
+
+    def _inject_faults(self, elapsed: float) -> Optional[Ending]:
+        """Fires due fault injections (--kill, --lose, --return); the ending when the run must end."""
+        for event, when in self.faults.due(elapsed):
+            ending = self._on_event[type(event)](event.task, when)
+            if ending is not None:
+                return ending
+        return None
+
+    def _kill(self, task: str, when: str) -> None:
+        self.status(f"fault injection: SIGKILL {task} {when}")
+        proc = self.group.tasks[task].proc
+        if proc is not None:
+            proc.signal(signal.SIGKILL)
+
+    # ---- elastic membership: the rules decide, the supervisor applies -------------------------------------------
+
+    def _lose(self, task: str, why: str, also: Sequence[str] = ()) -> Optional[Ending]:
+        """``task`` (a worker) leaves, with the workers in ``also`` (the same node): killed, kept away; the
+        group goes on without them or the run fails."""
+        group = self.group
+        if task not in group.membership.workers or group.tasks[task].poll() == 0:
+            self.status(f"elastic: {task} is not in the group or has finished; nothing to lose")
+            return None
+        leaving = self.rules.leaving(task, also, group.membership)
+        self.status(f"elastic: losing {', '.join(leaving)} {why}")
+        for name in leaving:
+            record = group.tasks[name]
+            if record.proc is not None:
+                self.stop([record], grace=0)  # SIGKILL, reap, and read its last output
+                code = record.poll()
+                group.finished[name] = code if code is not None else KILLED
+            group.away.append(name)
+        left = self.rules.remaining(group.membership, leaving)
+        if not self.rules.enough(left):
+            self.status(f"elastic: lost {', '.join(group.away)}; {len(left)} worker(s) left, below --min-workers "
+                        f"{self.rules.minimum}; stopping the run")
+            return Ending.failed(group.finished.get(task, 1) or 1, task)  # the lost worker's code, as it ended
+        self._apply(self.rules.regroup(group.membership, left, group.full_spec, f"{', '.join(leaving)} lost"))
+        return None
+
+    def _return(self, task: str, why: str) -> None:
+        group = self.group
+        if task not in group.away:
+            self.status(f"elastic: {task} returned {why}, but it was not away; ignored")
+            return
+        self._check_boundaries()  # boundaries recorded before the return do not count for it
+        group.away.remove(task)
+        group.available.append(task)
+        if self.rules.rejoins_at_once:
+            self.status(f"elastic: {task} is available again {why}; it rejoins now")
+            self._grow("the coordinator reconnects")
+        else:
+            self.status(f"elastic: {task} is available again {why}; it joins at the next epoch boundary")
+
+    def _grow(self, why: str) -> None:
+        group = self.group
+        joining = self.rules.joining(group.membership, group.available)
+        if joining:
+            workers = group.membership.workers + joining
+            self._apply(self.rules.regroup(group.membership, workers, group.full_spec,
+                                           f"{', '.join(joining)} joined; {why}", joined=joining))
+
+    def _apply(self, change: Regroup) -> None:
+        """Makes ``change`` the current generation: stops what it stops, draws the cluster again, starts."""
+        group = self.group
+        group.membership = change.membership
+        group.available = [t for t in group.available if t not in change.joined]
+        self.status(change.message)
+        if change.stop:
+            self.stop([group.tasks[name] for name in change.stop], grace=0)
+        if change.new_spec:  # after the stop: the old attempts' ports are free again
+            group.spec = group.membership.spec(group.full_spec, readdress=self.engine.readdress)
+        for name in change.start:
+            group.tasks[name].restarts += 1
+            self._start(name)
+
+    def _check_returns(self) -> None:
+        """Lost workers whose place the engine has again (a Ray node joined): returns, as with ``--return``."""
+        group = self.group
+        for task, address in self.engine.returned().items():
+            if task not in group.away:
+                continue
+            full = self.rules.placed_again(group.full_spec, task, address)
+            if full is None:
+                job, index = split_task_name(task)
+                self.status(f"elastic: {task} was placed again at {address}, but the coordinator only knows "
+                            f"{group.full_spec.jobs[job][index]}; it stays away")
+                continue
+            group.full_spec = full
+            self._return(task, f"(the engine placed it again, at {address})")
+
+    def _check_boundaries(self) -> None:
+        """Epoch boundaries the training leader recorded; a returned worker joins at the first new one."""
+        group = self.group
+        if group.elastic_dir is None:
+            return
+        for record in _boundaries.read_boundaries(group.elastic_dir, group.boundaries_seen):
+            if record.get("generation") != group.membership.generation:
+                continue
+            self.status(f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
+                        f"world size {record.get('world_size')})")
+            if group.available:
+                self._grow(f"epoch {record.get('epoch')} backed up")
+                return
+
+    # ---- the run ------------------------------------------------------------------------------------------------
+
+    def run(self, deadline: Optional[float], t0: float) -> Ending:
+        group = self.group
+        if group.data_service is not None:
+            self._launch(group.data_service, dict(self.base_env))
+            self.status(f"tf.data service started ({self.base_env['TFDIST_DATA_SERVICE']}, "
+                        f"{self.config.data_service_workers} worker(s))")
+        for task in group.servers_first(list(group.tasks)):
+            self._start(task)
+        cmd_tasks = [t for t in group.tasks if self.config.runs_command(t)]
+        while True:
+            if group.stop_signal is not None:
+                return Ending.interrupted(group.stop_signal)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                self.status(f"timeout after {self.config.timeout:g}s; stopping every task")
+                return Ending.timeout()
+            ending = self._inject_faults(now - t0)
+            if ending is not None:
+                return ending
+            self._check_boundaries()
+            self._check_returns()
+            # In exit order, not task order: when a collective member crashes, its peers fail of the collective
+            # error just after it, and one pass may see them all; the first to fail is the one restarted or lost.
+            exited = [(task, record, code) for task, record in group.tasks.items()
+                      if (code := record.poll()) is not None and task not in group.finished
+                      and task not in group.away]
+            if any(code != 0 and self.engine.deciding(task) for task, _, code in exited):
+                time.sleep(_PASS_SECONDS)  # the engine cannot tell yet whether a node left: keep the order
+                continue
+            ending = self._handle_exits(sorted(exited, key=lambda item: item[1].exit_time()))
+            if ending is not None:
+                return ending
+            if all(group.finished.get(t) == 0 for t in cmd_tasks if t not in group.away and t not in group.available):
+                return Ending.ok()
+            time.sleep(_PASS_SECONDS)
+
+    def _handle_exits(self, exited: Sequence[tuple[str, TaskRecord, int]]) -> Optional[Ending]:
+        """Handles the exits of one pass, first to end first, until one restarts or regroups the others."""
+        group = self.group
+        for task, _, code in exited:
+            group.finished[task] = code
+            runs_cmd = self.config.runs_command(task)
+            if code == 0 and runs_cmd:
+                self.status(f"{task} finished")
+                continue
+            # A task whose place is gone (its Ray node left) cannot restart there: no restart is spent on it.
+            unstartable = group.unstartable.pop(task, None)
+            node_left = code != 0 and unstartable is None and self.engine.lost(task)
+            gone = node_left or unstartable is not None
+            if code != 0 and group.restarts_used < self.config.max_restarts and not gone:
+                self._restart(task, code)
+                return None  # the rest of this pass were attempts the restart replaced
+            if code != 0 and group.elastic_worker(task):
+                also = [w for w in group.membership.workers if w != task and self.engine.lost(w)] if node_left else []
+                why = (f"(it could not start: {unstartable})" if unstartable is not None else
+                       "(its node left the cluster)" if node_left else f"(exit code {code}, restarts used up)")
+                return self._lose(task, why, also)
+            if code != 0 and (runs_cmd or task.startswith("ps")):
+                self.status(f"{task} failed with exit code {code}"
+                            + ("; its node left the cluster" if node_left else ""))
+                return Ending.failed(code, task)
+            self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
+        return None
 
 
 class _StopSignals:
@@ -354,7 +408,11 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
 
     SIGINT, SIGTERM, SIGHUP and SIGQUIT (when called from the main thread)
     stop every task (SIGTERM, then SIGKILL after ``config.grace_seconds``) and
-    end the run with code 128 + the signal number.
+    end the run with code 128 + the signal number (``Outcome.INTERRUPTED``).
+
+    With ``config.isolate_network`` the engine (the local one) runs every task in a private network
+    namespace that has only loopback; this supervisor stays in the host's network, where no task port can
+    be reached (:mod:`tfdist.launch.engines._netns`).
 
     Args:
       config: What to run.
@@ -363,21 +421,18 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
         result and the ``log_dir`` files keep every line.
       on_status: Called with one-line status messages; default logs them.
       base_env: Environment each child starts from; default ``os.environ``.
-      engine: Where the tasks run; default a :class:`~tfdist.launch.engines.base.LocalEngine`.
+      engine: Where the tasks run; default a :class:`~tfdist.launch.engines.local.LocalEngine`.
     """
     config.check_command()
     if config.log_dir:
         _make_log_dir(config.log_dir)  # Before anything is printed or started.
     status = on_status or (lambda message: _log.info("%s", message))
     base_env = dict(os.environ if base_env is None else base_env)
-    if config.isolate_network and engine is not None and not isinstance(engine, LocalEngine):
+    engine = engine or LocalEngine()
+    if config.isolate_network and not engine.isolates_network:
         raise invalid(LaunchError, "isolate_network", True, f"the local engine (not {type(engine).__name__})",
                       "A private network namespace exists on this machine only; drop --isolate-network.")
     with _StopSignals() as signals:
-        if config.isolate_network:
-            return _netns.run_isolated(config, on_line=on_line, on_status=status, base_env=base_env,
-                                       stop=signals)
-        engine = engine or LocalEngine()
         try:
             return _supervise(config, engine, on_line, status, base_env, signals)
         finally:
@@ -386,23 +441,26 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
 
 def _supervise(config: LaunchConfig, engine: Engine, on_line: Optional[LineSink], status: StatusSink,
                base_env: Mapping[str, str], signals: _StopSignals) -> LaunchResult:
-    spec = engine.place(config)
+    spec = engine.place(config)  # with isolate_network, the local engine makes the private namespace here
     status(EXPOSURE_WARNING)
+    if config.isolate_network:
+        status(ISOLATED)
     supervisor = _Supervisor(config, engine, spec, on_line, status, base_env)
-    signals.listeners.append(lambda signum: setattr(supervisor, "stop_signal", signum))
+    signals.listeners.append(supervisor.request_stop)
     if signals.signum is not None:
-        supervisor.stop_signal = signals.signum
+        supervisor.request_stop(signals.signum)
     t0 = time.monotonic()
     deadline = t0 + config.timeout if config.timeout else None
     try:
-        code, reason, failed = supervisor.run(deadline, t0)
+        ending = supervisor.run(deadline, t0)
     finally:
         supervisor.stop_all()
     tasks = tuple(TaskResult(task=name, exit_code=record.poll(), restarts=record.restarts,
                              runs_command=config.runs_command(name), output="\n".join(record.lines),
                              pid=record.proc.pid if record.proc else None)
-                  for name, record in supervisor.tasks.items())
-    result = LaunchResult(exit_code=code, reason=reason, failed_task=failed, tasks=tasks, cluster=spec)
+                  for name, record in supervisor.group.tasks.items())
+    result = LaunchResult(exit_code=ending.exit_code, reason=ending.outcome, failed_task=ending.failed_task,
+                          tasks=tasks, cluster=spec)
     status(result.summary().splitlines()[0] + f" in {time.monotonic() - t0:.1f}s")
     return result
 

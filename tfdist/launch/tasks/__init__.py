@@ -1,7 +1,8 @@
 """The programs a launch starts in each task (``python -m tfdist.launch.tasks.NAME``).
 
 ``server`` (a TensorFlow server for ps and idle workers), ``slurm`` and ``jobset`` (per-task entries that
-read the manager's environment), ``function`` (a Python function as a task), ``netns_child`` (a launch
-inside a network namespace), ``data_service`` (a local tf.data service). They live in the launch layer,
-not in :mod:`tfdist.cli`, because the launcher starts them: the layer rule also reads module names in strings.
+read the manager's environment), ``function`` (a Python function as a task), ``netns`` (the holder of the
+local engine's private network namespace), ``data_service`` (a local tf.data service). They live in the
+launch layer, not in :mod:`tfdist.cli`, because the launcher starts them: the layer rule also reads module
+names in strings.
 """
