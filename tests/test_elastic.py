@@ -14,7 +14,8 @@ from conftest import assert_all_gone
 from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cli import launch as launch_cli
 from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
-from tfdist.launch.engines.base import Engine, LocalEngine
+from tfdist.launch.engines.base import Engine
+from tfdist.launch.engines.local import LocalEngine
 
 PY = sys.executable
 FAKE = str(Path(__file__).with_name("_elastic_fake_train.py"))

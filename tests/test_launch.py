@@ -16,7 +16,7 @@ from conftest import assert_all_gone
 from tfdist import ClusterSpec, LaunchError, launch
 from tfdist.launch.supervisor import runner
 from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.launch.engines.base import LocalEngine
+from tfdist.launch.engines.local import LocalEngine
 
 PY = sys.executable
 pytestmark = pytest.mark.timeout(120)
