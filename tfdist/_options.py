@@ -51,8 +51,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 from tfdist.errors import Error, check_keywords, invalid
 
-__all__ = ["GroupedOptions", "OptionGroup", "group"]
-
 G = TypeVar("G")
 
 
@@ -91,10 +89,12 @@ class OptionGroup(Generic[G]):
 
     def build(self, values: Mapping[str, Any]) -> G:
         """The group from flat ``values``; its errors name the flat argument."""
+        fields = self.fields()
         try:
-            return self.kind(**{name: values[flat] for flat, name in self.fields().items()})
+            return self.kind(**{name: values[flat] for flat, name in fields.items()})
         except Error as err:
-            raise _renamed(err, self.prefix) from None
+            flat = {name: flat for flat, name in fields.items()}.get(err.field or "", err.field)
+            raise err if flat == err.field else _renamed(err, flat) from None
 
 
 def group(kind: type[G], *, prefix: str = "") -> OptionGroup[G]:
@@ -102,11 +102,8 @@ def group(kind: type[G], *, prefix: str = "") -> OptionGroup[G]:
     return OptionGroup(kind, prefix=prefix)
 
 
-def _renamed(err: Error, prefix: str) -> Error:
-    """``err`` naming ``prefix + err.field`` (the flat argument) instead of the group's field."""
-    if not prefix or not err.field or err.field.startswith(prefix):
-        return err
-    flat = prefix + err.field
+def _renamed(err: Error, flat: str) -> Error:
+    """``err`` naming ``flat`` (the argument the caller passed) instead of the group's own field."""
     message = err.message.replace(f"`{err.field}`", f"`{flat}`", 1)
     return type(err)(message, field=flat, value=err.value, expected=err.expected, fix=err.fix)
 
