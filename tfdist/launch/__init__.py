@@ -1,14 +1,21 @@
-"""Run a whole cluster as local processes, or emit it for Kubernetes (TFJob, JobSet) and Slurm."""
+"""Run a whole cluster as local processes (or on Ray), or emit it for Kubernetes (TFJob, JobSet) and Slurm.
 
-from tfdist.launch.config import KillAt, LaunchConfig
-from tfdist.launch.emit.formats import jobset_manifest, slurm_script, tf_configs, tfjob_manifest
-from tfdist.launch.engines.base import Engine, TaskProcess
-from tfdist.launch.engines.local import LocalEngine
-from tfdist.launch.engines.registry import register_engine
+Example:
+    >>> from tfdist.launch import LaunchConfig, tf_configs
+    >>> config = LaunchConfig(command=("python", "train.py"), workers=2)
+    >>> sorted(tf_configs(config, hosts=["a", "b"]))
+    ['worker:0', 'worker:1']
+"""
+
+from tfdist.launch.config import (Elastic, Faults, KillAt, LaunchConfig, LoseAt, Network, ReturnAt, Supervision,
+                                  Topology)
+from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest, to_yaml, validate_tfjob
+from tfdist.launch.engines import Engine, LocalEngine, RayEngine, RayOptions, TaskProcess, register_engine
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
-from tfdist.launch.supervisor.runner import run, run_config
 from tfdist.launch.server import run_server
+from tfdist.launch.supervisor import run, run_config
 
-__all__ = ["Engine", "KillAt", "LaunchConfig", "LaunchResult", "LocalEngine", "Outcome", "TaskProcess",
-           "TaskResult", "jobset_manifest", "register_engine", "run", "run_config", "run_server", "slurm_script",
-           "tf_configs", "tfjob_manifest"]
+__all__ = ["Elastic", "Engine", "Faults", "KillAt", "LaunchConfig", "LaunchResult", "LocalEngine", "LoseAt", "Network",
+           "Outcome", "RayEngine", "RayOptions", "ReturnAt", "Supervision", "TaskProcess", "TaskResult", "Topology",
+           "jobset_manifest", "register_engine", "run", "run_config", "run_server", "slurm_script", "tf_configs",
+           "tfjob_manifest", "to_yaml", "validate_tfjob"]

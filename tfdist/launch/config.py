@@ -7,7 +7,7 @@ them and takes every field flat, ``LaunchConfig(command=..., workers=2, max_rest
 the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags.
 
 Example:
-    >>> from tfdist.launch.config import LaunchConfig
+    >>> from tfdist.launch import LaunchConfig
     >>> config = LaunchConfig(command=("python", "train.py"), workers=2)
     >>> config.mode, [t for t in config.cmd_task_types()]
     ('collective', ['chief', 'worker', 'evaluator'])
@@ -34,7 +34,7 @@ _MAX_THREADS = 4096
 _MAX_TIMEOUT = 366 * 86400.0  # A year.
 _MAX_GRACE = 3600.0
 
-__all__ = ["LaunchConfig", "KillAt", "LoseAt", "ReturnAt", "RUN_ON_CHOICES", "require_config"]
+__all__ = ["LaunchConfig", "Topology", "Supervision", "Faults", "Elastic", "Network", "KillAt", "LoseAt", "ReturnAt"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
 _KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(.*)$", re.S)

@@ -17,16 +17,14 @@ from collections.abc import Mapping
 from tfdist.cluster.spec import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
 
-__all__ = ["TASK_VAR", "RESTART_VAR", "SERVER_MODULE", "server_argv", "task_variables", "child_env"]
-
 TASK_VAR = "TFDIST_TASK"
-RESTART_VAR = "TFDIST_RESTART"
-SERVER_MODULE = "tfdist.launch.tasks.server"  # What tasks that run no user code run: a TensorFlow server.
+_RESTART_VAR = "TFDIST_RESTART"
+_SERVER_MODULE = "tfdist.launch.tasks.server"  # What tasks that run no user code run: a TensorFlow server.
 
 
 def server_argv(python: str = sys.executable) -> list[str]:
     """The TensorFlow server's command line, for tasks that do not run the user's command."""
-    return [python, "-m", SERVER_MODULE]
+    return [python, "-m", _SERVER_MODULE]
 
 
 def task_variables(config: LaunchConfig) -> dict[str, str]:
@@ -61,5 +59,5 @@ def child_env(base: Mapping[str, str], config: LaunchConfig, spec: ClusterSpec, 
     env.update(task_variables(config))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env[TASK_VAR] = task
-    env[RESTART_VAR] = str(restart)
+    env[_RESTART_VAR] = str(restart)
     return env

@@ -20,7 +20,7 @@ task's whole ConfigProto (about 20 lines). TF 2.18+ logs everything through absl
   value, indented to their depth, top-level fields named as ConfigProto's) up to the blank line that
   ends it; any other line (a user's ``loss: 0.25``, an exception's last line) ends the dump and passes;
 - absl's ``before absl::InitializeLog()`` preamble;
-- the known harmless messages of :data:`KNOWN_NOISE`, whatever their level:
+- the known harmless messages of :data:`_KNOWN_NOISE`, whatever their level:
   the cuDNN/cuFFT/cuBLAS "Unable to register ... factory" errors (a TF 2.17
   bug, tensorflow#62075), TF-TRT's "Could not find TensorRT", the oneDNN
   notice, cpu_feature_guard's "rebuild TensorFlow" note (two lines), "Could
@@ -56,8 +56,6 @@ from typing import Optional
 
 from tfdist.launch.engines._process import LineSink
 
-__all__ = ["NoiseFilter", "KNOWN_NOISE", "quiet_sink", "wants_tf_info"]
-
 _CPP_SOURCE = r"[\w./-]+\.(?:cc|h|cpp)"
 _HEADER = re.compile(  # absl (any TF) or TSL (TF <= 2.17) header of a C++ log record; group 1 is the level.
     rf"^(?:([IWEF])\d{{4}} \d\d:\d\d:\d+\.\d+ +\d+ |\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ){_CPP_SOURCE}:\d+\] ")
@@ -79,7 +77,7 @@ _PROTO_DUMPS: dict[str, frozenset[str]] = {"SessionOptions: ": _CONFIG_PROTO_FIE
 _NO_CUDA_DRIVER = "Could not find cuda drivers on your machine, GPU will not be used."
 # Messages TensorFlow prints in every run on a CPU machine (the text after the record's header). Matched whatever
 # the level: a harmless 'E' here is still noise. Anything not listed passes.
-KNOWN_NOISE = re.compile("|".join((
+_KNOWN_NOISE = re.compile("|".join((
     r"Unable to register cu(?:DNN|FFT|BLAS) factory: Attempting to register factory for plugin cu\w+ when one "
     r"has already been registered",
     r"TF-TRT Warning: Could not find TensorRT$",
@@ -124,7 +122,7 @@ class NoiseFilter:
             self._start_dump(text)
             self._tail = _CPU_GUARD_TAIL
             return False
-        if KNOWN_NOISE.search(text):
+        if _KNOWN_NOISE.search(text):
             self._tail = _CPU_GUARD_TAIL
             return False
         return not (self._no_driver and _CUINIT.match(text))

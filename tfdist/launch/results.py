@@ -1,8 +1,8 @@
 """What a launch returns: how the run ended (an :class:`Outcome`), each task's end, and their JSON form.
 
 Example:
-    >>> from tfdist.cluster.spec import ClusterSpec
-    >>> from tfdist.launch.results import LaunchResult, Outcome, TaskResult
+    >>> from tfdist import ClusterSpec
+    >>> from tfdist.launch import LaunchResult, Outcome, TaskResult
     >>> done = TaskResult(task="worker:0", exit_code=0, restarts=0, runs_command=True, output="ok")
     >>> result = LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=(done,),
     ...                       cluster=ClusterSpec(jobs={"worker": ["127.0.0.1:2222"]}))

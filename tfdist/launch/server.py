@@ -23,7 +23,7 @@ from typing import Optional
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid
 
-__all__ = ["run_server", "watch_chief"]
+__all__ = ["run_server"]
 
 _log = logging.getLogger("tfdist.launch.server")
 

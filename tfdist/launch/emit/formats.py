@@ -1,10 +1,9 @@
 """The same topology for real engines: per-task TF_CONFIG, a Kubeflow TFJob, a JobSet, a Slurm script.
 
 Example:
-    >>> from tfdist.launch.config import LaunchConfig
-    >>> from tfdist.launch import emit
+    >>> from tfdist.launch import LaunchConfig, tf_configs
     >>> config = LaunchConfig(command=("python", "train.py"), workers=2)
-    >>> sorted(emit.tf_configs(config))
+    >>> sorted(tf_configs(config))
     ['worker:0', 'worker:1']
 """
 
@@ -19,8 +18,7 @@ from tfdist.launch.emit.kubernetes import TFJOB_PORT, jobset_manifest, tfjob_man
 from tfdist.launch.emit.slurm import slurm_script
 from tfdist.launch.config import LaunchConfig, require_config
 
-__all__ = ["emit_spec", "tf_configs", "tfjob_manifest", "validate_tfjob", "jobset_manifest", "slurm_script",
-           "to_yaml", "EMIT_FORMATS", "TFJOB_PORT"]
+__all__ = ["tf_configs", "tfjob_manifest", "validate_tfjob", "jobset_manifest", "slurm_script", "to_yaml"]
 
 EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 
@@ -59,7 +57,16 @@ def _yaml_scalar(value: Any) -> str:
 
 
 def to_yaml(value: Any, indent: int = 0) -> str:
-    """A small YAML writer for manifests (mappings, lists, scalars)."""
+    """A small YAML writer for manifests (mappings, lists, scalars).
+
+    Example:
+        >>> print(to_yaml({"kind": "TFJob", "spec": {"replicas": 2, "args": ["train.py"]}}))
+        kind: "TFJob"
+        spec:
+          replicas: 2
+          args:
+            - "train.py"
+    """
     pad = "  " * indent
     if isinstance(value, dict):
         out = []

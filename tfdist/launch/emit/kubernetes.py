@@ -114,7 +114,7 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
       ttl_seconds_after_finished: Delete the TFJob this long after it ends.
 
     Example:
-        >>> from tfdist.launch.config import LaunchConfig
+        >>> from tfdist.launch import LaunchConfig
         >>> job = tfjob_manifest(LaunchConfig(command=("python", "train.py"), workers=2), image="me/train:1")
         >>> validate_tfjob(job), job["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"]
         ([], 'ExitCode')
@@ -198,7 +198,7 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
     others restart it, up to ``config.max_restarts`` times.
 
     Example:
-        >>> from tfdist.launch.config import LaunchConfig
+        >>> from tfdist.launch import LaunchConfig
         >>> js = jobset_manifest(LaunchConfig(command=("python", "train.py"), workers=2), image="me/train:1")
         >>> [r["name"] for r in js["spec"]["replicatedJobs"]], js["spec"]["network"]["subdomain"]
         (['worker'], 'tfdist-job')

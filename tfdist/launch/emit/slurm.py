@@ -94,7 +94,7 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
     and ``TFDIST_MEMBERSHIP`` (Slurm's restart count).
 
     Example:
-        >>> from tfdist.launch.config import LaunchConfig
+        >>> from tfdist.launch import LaunchConfig
         >>> script = slurm_script(LaunchConfig(command=("python", "train.py"), workers=2), python="/opt/py")
         >>> "PYTHON=/opt/py" in script and "#SBATCH --ntasks=2" in script
         True

@@ -17,8 +17,6 @@ import threading
 import time
 from typing import Optional
 
-__all__ = ["Reaper"]
-
 
 def _alive(pgid: int) -> bool:
     try:

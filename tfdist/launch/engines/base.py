@@ -24,7 +24,7 @@ from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
 from tfdist.launch.engines._process import LineSink
 
-__all__ = ["Engine", "TaskProcess", "LineSink"]
+__all__ = ["Engine", "TaskProcess"]
 
 
 @runtime_checkable

@@ -40,7 +40,7 @@ from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
 
-__all__ = ["RayEngine", "RayOptions", "INSTALL_HINT", "LOOPBACK_VAR", "PLACEMENTS"]
+__all__ = ["RayEngine", "RayOptions"]
 
 _log = logging.getLogger("tfdist.launch.ray")
 INSTALL_HINT = 'pip install "tfdist[ray]"  (Ray 2.60 with the pins this stack needs)'

@@ -18,7 +18,7 @@ from tfdist.errors import LaunchError, invalid
 from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.local import LocalEngine
 
-__all__ = ["ENGINES", "engine_for", "register_engine"]
+__all__ = ["register_engine"]
 
 
 def _ray_engine() -> Engine:

@@ -9,7 +9,7 @@ Epoch boundaries come from the training side (:mod:`tfdist.cluster.elastic`); a 
 the next one.
 
 Example:
-    >>> from tfdist.cluster.spec import ClusterSpec
+    >>> from tfdist.cluster import ClusterSpec
     >>> full = ClusterSpec(jobs={"worker": ["h:1", "h:2", "h:3"]})
     >>> group = Membership(generation=1, workers=("worker:0", "worker:2"))
     >>> group.spec(full, readdress=lambda address: address).jobs["worker"][1], group.tf_task("worker:2")
@@ -26,8 +26,6 @@ from collections.abc import Callable
 from tfdist.cluster.elastic import MEMBERSHIP_VAR, WORLD_SIZE_VAR
 from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.launch.engines import _ports
-
-__all__ = ["Membership", "membership_variables"]
 
 
 def _on_this_machine(address: str) -> str:

@@ -43,7 +43,7 @@ from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
 from tfdist.launch.supervisor._faults import Faults
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
 
-__all__ = ["run", "run_config", "EXPOSURE_WARNING"]
+__all__ = ["run", "run_config"]
 
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
