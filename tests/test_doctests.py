@@ -22,7 +22,8 @@ MODULES = ["tfdist", "tfdist.errors", "tfdist._options", "tfdist.cluster.spec", 
            "tfdist.keras.embeddings", "tfdist.runtime.exit_codes", "tfdist.cluster.slurm", "tfdist.cluster.jobset",
            "tfdist.launch.emit.kubernetes", "tfdist.launch.emit.slurm", "tfdist.launch.server", "tfdist._compat",
            "tfdist.stack", "tfdist.data.storage.s3", "tfdist.data.storage.staging",
-           "tfdist.strategy.resolver", "tfdist.launch.output", "tfdist.runtime.program"]
+           "tfdist.strategy.resolver", "tfdist.launch.output", "tfdist.runtime.program",
+           "tfdist.cluster", "tfdist.cluster.address", "tfdist.data", "tfdist.launch", "tfdist.runtime"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -35,17 +35,96 @@ def test_exports() -> None:
         assert name in tfdist.__all__ and hasattr(tfdist, name), name
     assert set(tfdist.__all__) <= set(dir(tfdist))
     data = importlib.import_module("tfdist.data")
-    for name in ("LocalDataService", "skew_report", "SkewReport", "TFRecordPipeline"):
+    for name in ("LocalDataService", "skew_report", "SkewReport", "TFRecordPipeline", "SourceOptions", "ShardOptions",
+                 "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions"):
         assert name in data.__all__ and hasattr(data, name), name
+    for package, names in (("tfdist.cluster", ("ClusterSpec", "free_ports", "can_connect")),
+                           ("tfdist.launch", ("LaunchConfig", "RayEngine", "validate_tfjob", "to_yaml")),
+                           ("tfdist.runtime", ("PREEMPTED", "is_retryable", "exit_cleanly"))):
+        module = importlib.import_module(package)
+        assert set(names) <= set(module.__all__), (package, sorted(set(names) - set(module.__all__)))
+    assert {"cluster", "comm", "runtime", "strategy"} <= set(tfdist.__all__)
+
+
+# What users import from. Every other module's __all__ lists only names its package re-exports, up to one of
+# these, so a public name has one home and everything else is tfdist's own.
+PUBLIC = ("tfdist", "tfdist.cluster", "tfdist.comm", "tfdist.data", "tfdist.keras", "tfdist.launch", "tfdist.plan",
+          "tfdist.runtime", "tfdist.strategy", "tfdist.testing")
+PACKAGE = pathlib.Path(tfdist.__file__).parent
+# A package __init__ holds a docstring, imports and __all__; these two also load names on first use.
+LAZY_INIT_NAMES = {"tfdist": {"__version__", "_LAZY_MODULES", "__getattr__", "__dir__", "importlib", "Any"},
+                   "tfdist.keras": {"TFDIST_NAMES", "KERAS_NAMES", "__getattr__", "__dir__", "importlib", "Any"}}
+
+
+def _module_names() -> list[str]:
+    """Every tfdist module but the CLI's (entry points run as programs; their source is read instead)."""
+    found = ["tfdist"] + [info.name for info in pkgutil.walk_packages(tfdist.__path__, "tfdist.")]
+    return [name for name in found if not name.startswith("tfdist.cli")]
+
+
+def _dotted(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def test_every_all_name_exists() -> None:
-    for info in pkgutil.walk_packages(tfdist.__path__, "tfdist."):
-        if info.name.startswith(("tfdist.cli", "tfdist.keras")):
-            continue  # Entry points run as programs; tfdist.keras is checked below.
-        module = importlib.import_module(info.name)
-        for name in getattr(module, "__all__", ()):
-            assert hasattr(module, name), f"{info.name}.__all__ names {name!r}, which it lacks"
+    for name in _module_names():
+        module = importlib.import_module(name)
+        listed = list(getattr(module, "__all__", ()))
+        assert len(listed) == len(set(listed)), f"{name}.__all__ lists a name twice: {listed}"
+        for attr in listed:
+            assert hasattr(module, attr), f"{name}.__all__ names {attr!r}, which it lacks"
+
+
+def test_public_names_are_reexported_up_to_a_public_package() -> None:
+    """A module's __all__ holds what its package re-exports (the same object), and so on up to PUBLIC."""
+    missing = []
+    for name in _module_names():
+        module = importlib.import_module(name)
+        for attr in getattr(module, "__all__", ()):
+            here, value = name, getattr(module, attr)
+            while here not in PUBLIC:
+                parent = here.rpartition(".")[0]
+                package = importlib.import_module(parent)
+                if attr not in getattr(package, "__all__", ()) or getattr(package, attr, None) is not value:
+                    missing.append(f"{name}.{attr} (not re-exported by {parent})")
+                    break
+                here = parent
+    assert not missing, ("names in __all__ that no public package re-exports; re-export them, or drop them from "
+                         f"__all__ (a module's other names are internal): {missing}")
+    cli = [_dotted(path) for path in sorted((PACKAGE / "cli").glob("*.py"))
+           if any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+                  for node in ast.parse(path.read_text(encoding="utf-8")).body)]
+    assert not cli, f"the CLI exports nothing (users run it): {cli}"
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("__init__.py")), ids=_dotted)
+def test_package_inits_only_reexport(path: pathlib.Path) -> None:
+    name = _dotted(path)
+    allowed = LAZY_INIT_NAMES.get(name, set())
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported, loose = set(), []
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # The docstring.
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound = {alias.asname or alias.name.partition(".")[0] for alias in node.names} - {"annotations"}
+            imported |= bound - allowed
+            continue
+        if isinstance(node, ast.FunctionDef):
+            bound = {node.name}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            bound = {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                     if isinstance(t, ast.Name)}
+        else:
+            bound = set()
+        if not bound or not bound <= allowed | {"__all__"}:
+            loose.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    assert not loose, f"{path}: an __init__ only re-exports (move the code to a module): {loose}"
+    exported = set(getattr(importlib.import_module(name), "__all__", ()))
+    assert imported <= exported, f"{name} imports names it does not list in __all__: {sorted(imported - exported)}"
+    if name not in LAZY_INIT_NAMES:
+        assert exported <= imported, f"{name}.__all__ lists names it does not import: {sorted(exported - imported)}"
 
 
 def test_keras_lists_its_names_and_resolves_them_to_objects() -> None:
@@ -63,13 +142,9 @@ def test_keras_lists_its_names_and_resolves_them_to_objects() -> None:
 
 
 def _keyword_only_classes() -> list[type]:
-    from tfdist.comm.autotune import CollectiveTuning
-    from tfdist.comm.collective import CollectiveConfig
-    from tfdist.data.records.files import FileInfo, Listing
-    from tfdist.data.pipeline.tfrecord import TFRecordPipeline
-    from tfdist.data.report import SkewReport
-    from tfdist.data.sharding import ShardPlan
-    from tfdist.keras.embeddings import EmbeddingShard, EmbeddingTable
+    from tfdist.comm import CollectiveConfig, CollectiveTuning
+    from tfdist.data import FileInfo, Listing, ShardPlan, SkewReport, TFRecordPipeline
+    from tfdist.keras import EmbeddingShard, EmbeddingTable
     from tfdist.launch import KillAt, LaunchConfig, LaunchResult, TaskResult
     from tfdist.plan import EmbeddingTraffic, Plan
     from tfdist.testing import ClusterRun
@@ -98,9 +173,8 @@ def test_every_dataclass_in_the_package_is_frozen_and_keyword_only() -> None:
 
 
 def _spec_classes() -> list[type]:
-    from tfdist.comm.autotune import CollectiveTuning
-    from tfdist.comm.collective import CollectiveConfig
-    from tfdist.launch.config import KillAt, LaunchConfig
+    from tfdist.comm import CollectiveConfig, CollectiveTuning
+    from tfdist.launch import KillAt, LaunchConfig
     from tfdist.plan import Plan
 
     return [tfdist.StrategyOptions, CollectiveConfig, CollectiveTuning, LaunchConfig, KillAt, Plan]
@@ -116,8 +190,8 @@ def test_specs_are_frozen_and_hold_no_mutable_mappings(cls: type) -> None:
 
 
 def test_frozen_mappings_cannot_be_changed() -> None:
-    from tfdist.comm.autotune import CollectiveTuning
-    from tfdist.launch.config import LaunchConfig
+    from tfdist.comm import CollectiveTuning
+    from tfdist.launch import LaunchConfig
 
     tuning = CollectiveTuning(timings_ms={"0": 1.0})
     config = LaunchConfig(command=("true",), env={"A": "1"})
