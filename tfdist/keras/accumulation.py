@@ -18,6 +18,7 @@ there is no condition around the collective.
 
 Example:
     >>> import tf_keras
+    >>> from tfdist.keras import accumulate_gradients
     >>> model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(1)])
     >>> model = accumulate_gradients(model, steps=4)
     >>> model.accumulation_steps

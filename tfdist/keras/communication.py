@@ -15,6 +15,7 @@ Gradient accumulation (one all-reduce per k micro-batches) is
 
 Example:
     >>> import tf_keras
+    >>> from tfdist.keras import with_communication
     >>> opt = with_communication(tf_keras.optimizers.SGD(0.1), compression="bf16", bytes_per_pack=4 << 20)
     >>> opt.communication.compression, opt.communication.bytes_per_pack
     ('bf16', 4194304)

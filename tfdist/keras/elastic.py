@@ -11,6 +11,7 @@ its start with the new sharding, so every record is seen once per completed epoc
   learning rate by ``N / reference`` (Goyal et al.'s linear rule), and steps per epoch change with ``N``.
 
 Example:
+    >>> from tfdist.keras import membership, per_replica_batch, world_size
     >>> per_replica_batch(12, 3), per_replica_batch(12, 2)
     (4, 6)
     >>> world_size(env={"TFDIST_WORLD_SIZE": "2"}), membership(env={})

@@ -15,6 +15,7 @@ evaluate with a local copy of the model on the coordinator.
 
 Example:
     >>> import tf_keras
+    >>> from tfdist.keras import embedding_layout
     >>> layer = tf_keras.layers.Embedding(100, 8)
     >>> layer.build((None,))
     >>> [(t.name, t.rows, t.dim, len(t.shards)) for t in embedding_layout([layer])]

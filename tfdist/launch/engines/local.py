@@ -2,7 +2,7 @@
 
 Example:
     >>> import sys
-    >>> from tfdist.launch import LaunchConfig
+    >>> from tfdist.launch import LaunchConfig, LocalEngine
     >>> engine = LocalEngine()
     >>> spec = engine.place(LaunchConfig(command=("python",), workers=2))
     >>> lines = []

@@ -15,6 +15,7 @@ room for it again (a node joins); the new actor then reports its address and :me
 the task back, so the worker rejoins at the next epoch boundary.
 
 Example:
+    >>> from tfdist.launch import RayOptions
     >>> options = RayOptions(cpus_per_task=2, placement="spread")   # RayEngine(**same) runs with them
     >>> options.bundle(), options.strategy
     ({'CPU': 2.0}, 'SPREAD')

@@ -5,8 +5,8 @@ joins when, and what a membership change restarts.
 :class:`Regroup` it gets back (stopping and starting tasks, updating its :class:`~._group.Group`).
 
 Example:
-    >>> from tfdist.cluster.spec import ClusterSpec
-    >>> from tfdist.launch.config import LaunchConfig
+    >>> from tfdist import ClusterSpec
+    >>> from tfdist.launch import LaunchConfig
     >>> from tfdist.launch.supervisor.membership import Membership
     >>> rules = ElasticRules(LaunchConfig(command=("python",), workers=3, min_workers=2))
     >>> now = Membership(generation=0, workers=("worker:0", "worker:1", "worker:2"))

@@ -1,7 +1,7 @@
 """The fault injections of a run (``kills``, ``loses``, ``returns``): which are due, by time or by output.
 
 Example:
-    >>> from tfdist.launch.config import KillAt, LoseAt
+    >>> from tfdist.launch import KillAt, LoseAt
     >>> faults = Faults([KillAt(task="worker:1", seconds=5), LoseAt(task="worker:2", after="^epoch 1 end$")])
     >>> faults.due(1.0)
     []
