@@ -3,7 +3,7 @@
     python scripts/bench_elastic.py [--repeats 3]
 
 Each round runs, alternating in one session so machine noise hits both alike, (a) a cold `tfdist.launch.run`
-of tests/_elastic_keras_train.py on 3 workers (launch to the leader's first training step) and (b) the same
+of tests/support/elastic_keras_train.py on 3 workers (launch to the leader's first training step) and (b) the same
 script with `min_workers=2`, `--lose worker:2@after=^EPOCH 1 ` and `--return worker:2@after=^EPOCH 2 `:
 
   * loss: the launcher's 'elastic: losing worker:2' line -> the 2-worker group's first training step;
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tfdist import launch
 
-SCRIPT = str(Path(__file__).resolve().parent.parent / "tests" / "_elastic_keras_train.py")
+SCRIPT = str(Path(__file__).resolve().parent.parent / "tests" / "elastic_keras_train.py")
 FIRST = re.compile(r"^FIRST_STEP generation (\d+) at ([\d.]+)$")
 STATUS_MARKS = (("elastic: losing worker:2", "lost"), ("elastic: worker:2 is available again", "returned"),
                 ("elastic: membership 2:", "regrouped"))

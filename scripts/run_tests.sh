@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Creates the stack's venv if missing, installs tfdist[test], runs pytest. Extra arguments go to pytest, e.g.
 #   scripts/run_tests.sh -m "not multiprocess"     # the fast, TF-light part
-#   scripts/run_tests.sh tests/test_cluster.py -k fuzz
+#   scripts/run_tests.sh tests/cluster/test_spec.py -k fuzz
 #   TFDIST_STACK=newest scripts/run_tests.sh       # on TF 2.21 + tf-keras 2.21, in .venv-newest
 # TFDIST_STACK is pinned (default: TF 2.17.1 + tf-keras 2.17 + tensorflow-io 0.37.1) or newest;
 # scripts/_venv.sh and scripts/stacks/ say what each installs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
-tfdist_venv test,ray   # ray: the Ray engine's tests (tests/test_ray.py); installs on both stacks
+tfdist_venv test,ray   # ray: the Ray engine's tests (tests/launch/engines/test_ray.py); installs on both stacks
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

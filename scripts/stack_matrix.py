@@ -7,13 +7,13 @@ install tensorflow-io 0.37.1 into it too (`pip install --no-deps tensorflow-io==
 tensorflow-io-gcs-filesystem==0.37.1`) to see whether its file systems load there. Each cell is the command
 printed next to it, run with that venv's Python and this checkout first on PYTHONPATH:
 
-  MWMS fit             tests/test_multiworker.py  2-worker fit, both workers end with identical weights
-  PS fit               tests/test_keras.py        chief + 2 workers + 1 ps fit with fit_input and callbacks
-  preemption save      tests/test_keras.py        SIGTERM mid-fit saves on both workers, the rerun resumes
-  compression          tests/test_communication.py fp16/bf16 fit reaches the uncompressed loss (2 workers)
-  accumulation         tests/test_communication.py 4 micro-batches equal one large batch (2 workers)
+  MWMS fit             tests/strategy/test_multiworker.py  2-worker fit, both workers end with identical weights
+  PS fit               tests/keras/test_fit.py        chief + 2 workers + 1 ps fit with fit_input and callbacks
+  preemption save      tests/keras/test_fit.py        SIGTERM mid-fit saves on both workers, the rerun resumes
+  compression          tests/comm/test_communication.py fp16/bf16 fit reaches the uncompressed loss (2 workers)
+  accumulation         tests/comm/test_communication.py 4 micro-batches equal one large batch (2 workers)
   s3 tensorflow-io     import tensorflow_io, then 's3' in tf.io.gfile.get_registered_schemes()
-  s3 boto3             tests/test_data_s3.py::...[boto3] against moto (write, two workers read, verify)
+  s3 boto3             tests/data/storage/test_s3.py::...[boto3] against moto (write, two workers read, verify)
   import s             `import tensorflow, tf_keras` in a fresh process, median of 3
 
 Run it under the heavy-command lock: every cell starts TensorFlow clusters.
@@ -31,14 +31,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {
-    "MWMS fit": ["tests/test_multiworker.py::MultiWorkerMirroredTest::test_auto_strategy_two_workers_identical_weights"],
-    "PS fit": ["tests/test_keras.py::ParameterServerKerasTest::test_fit_input_callbacks_and_evaluator_sidecar"],
-    "preemption save": ["tests/test_keras.py::PreemptionTest"],
-    "compression": ["tests/test_communication.py::TwoWorkerCommunicationTest::"
+    "MWMS fit": ["tests/strategy/test_multiworker.py::MultiWorkerMirroredTest::test_auto_strategy_two_workers_identical_weights"],
+    "PS fit": ["tests/keras/test_fit.py::ParameterServerKerasTest::test_fit_input_callbacks_and_evaluator_sidecar"],
+    "preemption save": ["tests/keras/test_fit.py::PreemptionTest"],
+    "compression": ["tests/comm/test_communication.py::TwoWorkerCommunicationTest::"
                     "test_compressed_fit_reaches_the_uncompressed_loss"],
-    "accumulation": ["tests/test_communication.py::TwoWorkerCommunicationTest::"
+    "accumulation": ["tests/comm/test_communication.py::TwoWorkerCommunicationTest::"
                      "test_accumulation_equals_one_large_batch"],
-    "s3 boto3": ["tests/test_data_s3.py::test_write_and_read_sharded_tfrecords_on_s3[boto3]"],
+    "s3 boto3": ["tests/data/storage/test_s3.py::test_write_and_read_sharded_tfrecords_on_s3[boto3]"],
 }
 TFIO_PROBE = ("import tensorflow as tf\ntry:\n    import tensorflow_io\nexcept Exception as e:\n    print('IMPORT', e)\n"
               "print('S3' if 's3' in tf.io.gfile.get_registered_schemes() else 'NO-S3')")

@@ -24,24 +24,6 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "tfdist", "AWS_SECRET_ACCESS_KEY": "tfdist-secre
            "S3_USE_HTTPS": "0", "S3_VERIFY_SSL": "0"}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # A zombie is dead, only not yet reaped.
-    except FileNotFoundError:
-        return False
-
-
-def assert_all_gone(pids: list[int | None], within: float = 5.0) -> None:
-    """Every pid has died (SIGKILL delivery and reaping by init are asynchronous: allow ``within`` s)."""
-    deadline = time.monotonic() + within
-    alive = [pid for pid in pids if pid is not None]
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _alive(pid)]
-        time.sleep(0.05)
-    assert not alive, f"processes still running: {alive}"
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[dict[str, str]]:
     """Starts the moto S3 server on 127.0.0.1; yields the env that points S3 clients at it."""

@@ -1,0 +1,149 @@
+"""Keras under both strategies: equivalence, cluster callbacks, PS with the evaluator side-car, fault tolerance."""
+
+from __future__ import annotations
+
+from tests.support import SUPPORT
+
+import glob
+import json
+import os
+import pathlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from absl.testing import absltest
+
+from tests.support import cluster_tasks
+from tfdist import testing
+from tfdist.launch.config import KillAt
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+class DataParallelTest(absltest.TestCase):
+
+    def test_two_workers_equal_one_process_with_two_replicas(self) -> None:
+        mwms = testing.run_cluster(cluster_tasks.equivalence_mwms, workers=2, timeout=180, args=[64, 3])
+        mirrored = testing.run_cluster(cluster_tasks.equivalence_mirrored, workers=1, timeout=180, args=[64, 3])
+        self.assertTrue(mwms.ok, mwms.result.summary())
+        self.assertTrue(mirrored.ok, mirrored.result.summary())
+        reference = mirrored.values["worker:0"]
+        self.assertEqual((reference["replicas"], mwms.values["worker:0"]["replicas"]), (2, 2))
+        for task in ("worker:0", "worker:1"):
+            np.testing.assert_allclose(mwms.values[task]["weights"], reference["weights"], rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(mwms.values["worker:0"]["weights"], mwms.values["worker:1"]["weights"])
+
+    def test_cluster_callbacks_under_mwms(self) -> None:
+        root = self.create_tempdir().full_path
+        run = testing.run_cluster(cluster_tasks.mwms_with_cluster_callbacks, workers=2, timeout=180, args=[root, 3])
+        self.assertTrue(run.ok, run.result.summary())
+        chief, other = run.values["worker:0"], run.values["worker:1"]
+        self.assertIn("TensorBoard", chief["callbacks"])
+        self.assertNotIn("TensorBoard", other["callbacks"])  # TensorBoard on the chief only.
+        self.assertEqual(sorted(os.listdir(os.path.join(root, "ckpt")))[:2], ["checkpoint", "ckpt-1.data-00000-of-00001"])
+        self.assertTrue(os.path.exists(os.path.join(root, "ckpt", "ckpt-3.index")))
+        leftovers = glob.glob(os.path.join(root, "**", "workertemp_*"), recursive=True)
+        self.assertEqual(leftovers, [])  # Non-chief copies went to temporary directories, now removed.
+        self.assertFalse(os.path.exists(os.path.join(root, "backup", "chief")))  # Backup deleted after success.
+        self.assertTrue(glob.glob(os.path.join(root, "tb", "train", "events.out.tfevents.*")))
+        for value in (chief, other):
+            self.assertLen(value["throughput"], 3)
+            self.assertGreater(value["throughput"][-1]["examples_per_s"], 0)
+        reports = sorted(os.listdir(os.path.join(root, "throughput")))
+        self.assertEqual(reports, [f"throughput-worker-{w}-epoch{e}.json" for w in (0, 1) for e in range(3)])
+        self.assertLen(chief["stragglers"], 3)  # The chief compared both workers every epoch.
+
+
+class ParameterServerKerasTest(absltest.TestCase):
+
+    def test_fit_input_callbacks_and_evaluator_sidecar(self) -> None:
+        root = self.create_tempdir().full_path
+        run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240,
+                                  args=[root, 4, 20])
+        self.assertTrue(run.ok, run.result.summary())
+        chief = run.values["chief:0"]
+        self.assertLess(chief["loss"][-1], chief["loss"][0])
+        self.assertIn("PS fit cannot detect the end of an epoch", chief["missing_steps_error"])
+        self.assertIn("Each worker builds its own input", chief["dataset_not_function_error"])
+        self.assertEqual(run.values["evaluator:0"], {"evaluated": True})  # Stopped by itself after ckpt-4.
+        evaluations = [line for line in run.output("evaluator:0").splitlines() if "- loss:" in line]
+        self.assertGreaterEqual(len(evaluations), 1)  # It may skip checkpoints saved while it evaluated.
+        self.assertTrue(glob.glob(os.path.join(root, "tb", "eval", "**", "events.out.tfevents.*"), recursive=True))
+
+    def test_killed_ps_is_recovered_from_the_backup(self) -> None:
+        root = self.create_tempdir().full_path
+        statuses: list[str] = []
+        # Kill the ps once the chief has backed up epoch 2 (a log line, not a clock: issue #11).
+        run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
+                                  kills=(KillAt(task="ps:0", after="^EPOCH_END 2$"),), on_status=statuses.append,
+                                  args=[root, 6, 20])
+        self.assertTrue(run.ok, run.result.summary())
+        self.assertLen([s for s in statuses if "fault injection: SIGKILL ps:0 after chief:0" in s], 1)
+        restarts = {t.task: t.restarts for t in run.result.tasks}
+        self.assertEqual(restarts["ps:0"], 1)
+        self.assertEqual(restarts["chief:0"], 1)  # A lost ps restarts the group from the backup.
+        resumed = run.values["chief:0"]
+        self.assertEqual(resumed["restart"], 1)
+        self.assertGreaterEqual(resumed["epochs_seen"][0], 3, resumed)  # Resumed after the backed-up epoch 2.
+        self.assertEqual(resumed["epochs_seen"][-1], 5)
+
+
+class DemoTest(absltest.TestCase):
+
+    def test_demo_script_trains_and_summarizes_under_mwms(self) -> None:
+        import subprocess
+        import sys
+
+        root = self.create_tempdir().full_path
+        repo = str(pathlib.Path(__file__).resolve().parents[2])
+        make = [sys.executable, os.path.join(repo, "scripts", "make_synthetic_images.py"), "--classes", "4",
+                "--size", "32", "--shards", "2"]
+        for args in (["--out", f"{root}/data/train", "--num", "800", "--partition"],
+                     ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1"]):
+            subprocess.run(make + args, check=True, capture_output=True, timeout=120)
+        command = [sys.executable, os.path.join(repo, "scripts", "demo.py"), "--data", f"{root}/data", "--out",
+                   f"{root}/out", "--classes", "4", "--image-size", "32", "--epochs", "2", "--batch", "32"]
+        run = testing.run_cluster(command, workers=2, timeout=240)
+        self.assertTrue(run.ok, run.result.summary())
+        summary = json.loads(Path(f"{root}/out/summary.json").read_text())
+        self.assertEqual((summary["replicas"], summary["sampling"], summary["worker_records"]), (2, "stratified",
+                                                                                                 [400, 400]))
+        self.assertEqual(sorted(summary["per_class_accuracy"]), ["0", "1", "2", "3"])
+        self.assertTrue(glob.glob(f"{root}/out/tensorboard/train/events.out.tfevents.*"))
+
+
+class PreemptionTest(absltest.TestCase):
+
+    def test_sigterm_saves_and_the_rerun_resumes_there(self) -> None:
+        import signal
+        import subprocess
+        import sys
+        import time
+
+        root = self.create_tempdir().full_path
+        log = os.path.join(root, "epochs")
+        tasks = str(SUPPORT / "cluster_tasks.py")
+        command = [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "30", "--timeout", "200",
+                   "--", sys.executable, "-m", "tfdist.launch.tasks.function", "--file", tasks, "preemptible_fit",
+                   json.dumps([os.path.join(root, "backup"), log, 40, 0.2])]
+        first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # SIGTERM once a few epochs have run on worker 0.
+            if os.path.exists(log + ".worker-0") and len(Path(log + ".worker-0").read_text().split()) >= 3 * 4:
+                break
+            time.sleep(0.2)
+        signal_sent = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        output = first.communicate(timeout=120)[0]
+        self.assertEqual(first.returncode, 143, output[-3000:])
+        self.assertLess(time.monotonic() - signal_sent, 25, "workers should save and exit, not wait for SIGKILL")
+        before = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()]
+        second = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        self.assertEqual(second.returncode, 0, second.stdout[-3000:])
+        after = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()][len(before):]
+        last_epoch_before = int(before[-1][1])
+        resumed_epoch, resumed_step = int(after[0][1]), int(after[0][2])
+        self.assertGreaterEqual(resumed_epoch, last_epoch_before)  # Where SIGTERM stopped it, not from zero.
+        self.assertGreater(resumed_step, int(before[-1][2]) - 1)
+        self.assertEqual(after[-1], ["done", "40", str(40 * 8)])

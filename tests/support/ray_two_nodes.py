@@ -1,0 +1,198 @@
+"""Elastic scenarios on a real two-node Ray on this machine; run by tests/launch/engines/test_ray_elastic.py under `unshare -n`.
+
+A multi-node Ray refuses ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the loopback-only, single-node mode), and
+its daemons then bind every interface. So the whole cluster runs in a private network namespace that has
+only loopback: the head (2 CPUs) on 127.0.0.1, a second raylet (1 CPU) on 127.0.0.2. Stopping that raylet is
+a node that leaves; starting it again is a node that joins. Prints one JSON line (prefix RESULT_JSON) with
+each scenario's statuses, outputs and cluster, and the pid of every Ray process it saw, for the test to
+check that none is left. Usage: _ray_two_nodes.py WORKDIR [keras]  (keras: also the real-TF scenario)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from tfdist.launch.tasks.netns import loopback_up
+
+loopback_up()
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # multi-node; the namespace has nothing but loopback
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
+import ray  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ray_tasks  # noqa: E402
+from ray_helpers import Background, stop_ray_block  # noqa: E402
+
+from tfdist import testing
+from tfdist.cluster import address as _address
+from tfdist.launch.config import LaunchConfig  # noqa: E402
+from tfdist.launch.engines.ray import RayEngine  # noqa: E402
+from tfdist.launch.supervisor.runner import run_config  # noqa: E402
+from tfdist.cluster.probe import can_connect  # noqa: E402
+
+PY = sys.executable
+RAY_CLI = os.path.join(os.path.dirname(PY), "ray")
+FAKE = str(Path(__file__).with_name("elastic_fake_train.py"))
+EXTRA_HOST = "127.0.0.2"
+RESULT_PREFIX = "RESULT_JSON "
+
+
+def _session_pids(leader: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == leader:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+class TwoNodes:
+    """`ray start --block` for the head and for the extra node, each in a session of its own."""
+
+    def __init__(self) -> None:
+        port, client_port = _address.free_ports(2)
+        self.address = f"127.0.0.1:{port}"
+        self.seen: set[int] = set()
+        self.head = self._start(["--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
+                                 "--include-dashboard=false", f"--ray-client-server-port={client_port}"])
+        self.extra: Optional[subprocess.Popen] = None
+        if not can_connect(self.address, timeout=120):
+            raise SystemExit("ray start --head did not come up")
+
+    def _start(self, args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen([RAY_CLI, "start", "--block", "--disable-usage-stats", *args], env=dict(os.environ),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def _alive_nodes(self) -> list[str]:
+        probe = subprocess.run([PY, "-c", "import ray, sys\nray.init(address=sys.argv[1], log_to_driver=False)\n"
+                                "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))",
+                                self.address], capture_output=True, text=True, timeout=120)
+        return probe.stdout.split()
+
+    def join(self) -> None:
+        """Starts the extra node and waits until the cluster lists it alive."""
+        self.extra = self._start([f"--address={self.address}", "--num-cpus=1", f"--node-ip-address={EXTRA_HOST}",
+                                  '--resources={"extra_node": 1}'])
+        deadline = time.monotonic() + 180
+        while EXTRA_HOST not in self._alive_nodes():
+            if time.monotonic() > deadline:
+                raise SystemExit("the extra Ray node did not join")
+            time.sleep(1)
+
+    def leave(self) -> None:
+        extra, self.extra = self.extra, None
+        if extra is not None:
+            self._stop(extra)
+
+    def _stop(self, proc: subprocess.Popen) -> None:
+        self.seen.update(_session_pids(proc.pid))
+        stop_ray_block(proc)
+
+    def close(self) -> None:
+        self.leave()
+        self._stop(self.head)
+
+
+def _report(result: Any, statuses: list[str]) -> dict[str, Any]:
+    return {"exit_code": result.exit_code, "summary": result.summary(), "statuses": statuses,
+            "cluster": {t.name: t.address for t in result.cluster.tasks()},
+            "outputs": {t.task: t.output for t in result.tasks}}
+
+
+def lose_and_return(nodes: TwoNodes, work: Path) -> dict[str, Any]:
+    """--lose/--return fault injection on Ray: the actor stays, the program is killed and started again."""
+    statuses: list[str] = []
+    config = LaunchConfig(command=(PY, FAKE, str(work / "backup-inject"), "7"), workers=3, min_workers=2,
+                          timeout=200, grace_seconds=2, loses=("worker:2@after=^epoch 1 end$",),
+                          returns=("worker:2@after=^epoch 3 end$",))
+    result = run_config(config, engine=RayEngine(address=nodes.address), on_status=statuses.append)
+    return _report(result, statuses)
+
+
+def node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
+    """The extra node stops after epoch 1 (progress), and starts again once the smaller group runs."""
+    statuses: list[str] = []
+    background = Background()
+
+    def _on_line(task: str, line: str) -> None:
+        if line == "epoch 1 end":
+            background.once("leave", nodes.leave)
+
+    def _on_status(message: str) -> None:
+        statuses.append(message)
+        if message.startswith("elastic: membership 1:"):
+            background.once("join", nodes.join)
+
+    command = testing.command_for(ray_tasks.elastic_until_grown, (str(work / "backup-node"), 2, 600))
+    config = LaunchConfig(command=tuple(command), workers=3, min_workers=2, max_restarts=2, timeout=300,
+                          grace_seconds=2)
+    result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
+                        on_status=_on_status)
+    background.join(200)
+    return dict(_report(result, statuses), events=background.events)
+
+
+def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
+    """The same with a real MWMS fit: the node leaves after epoch 0 (membership 0 holds there), and joins
+    while membership 1 holds after its first epoch."""
+    statuses: list[str] = []
+    background = Background()
+    hold = work / "hold"
+    for generation in (0, 1):
+        Path(f"{hold}-{generation}").touch()
+
+    def _on_line(task: str, line: str) -> None:
+        if line.startswith("EPOCH 0 "):
+            background.once("leave", nodes.leave)
+
+    def _on_status(message: str) -> None:
+        statuses.append(message)
+        if message.startswith("elastic: membership 1:"):
+            background.once("join", nodes.join)
+        if "is available again" in message:
+            os.remove(f"{hold}-1")
+
+    command = (PY, str(Path(__file__).with_name("ray_elastic_keras.py")), str(work / "keras"), "6", str(hold))
+    config = LaunchConfig(command=command, workers=3, min_workers=2, max_restarts=2, timeout=400, grace_seconds=2,
+                          env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
+                        on_status=_on_status)
+    background.join(200)
+    return dict(_report(result, statuses), events=background.events)
+
+
+def main() -> int:
+    work = Path(sys.argv[1])
+    nodes = TwoNodes()
+    report: dict[str, Any] = {}
+    try:
+        nodes.join()
+        report["inject"] = lose_and_return(nodes, work)
+        if nodes.extra is None:
+            nodes.join()
+        report["node"] = node_leaves_and_joins(nodes, work)
+        if "keras" in sys.argv[2:]:
+            if nodes.extra is None:
+                nodes.join()
+            report["keras"] = keras_node_leaves_and_joins(nodes, work)
+        report["ray_initialized_after"] = ray.is_initialized()
+        report["cluster_up_after"] = can_connect(nodes.address, timeout=5)
+    finally:
+        nodes.close()
+        report["ray_pids"] = sorted(nodes.seen)
+        sys.stdout.write(RESULT_PREFIX + json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
