@@ -16,7 +16,7 @@ from typing import Optional
 
 from tfdist.errors import ClusterSpecError, invalid
 
-ENV_VARS = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX", "JOB_COMPLETION_INDEX")
+_ENV_VARS = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX", "JOB_COMPLETION_INDEX")
 
 
 def _need(env: Mapping[str, str], name: str) -> str:

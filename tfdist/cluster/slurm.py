@@ -31,7 +31,7 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
-def expand_hostlist(field: str, hostlist: str) -> list[str]:
+def _expand_hostlist(field: str, hostlist: str) -> list[str]:
     """Expands ``'n[01-02],m5'`` to ``['n01', 'n02', 'm5']`` (order kept)."""
     hosts: list[str] = []
     for part in _split_top(hostlist.strip()):
@@ -86,7 +86,7 @@ def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
         raise invalid(ClusterSpecError, name, procid, "a non-negative integer")
     rank = int(procid)
     list_name, hostlist = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    hosts = expand_hostlist(list_name, hostlist)
+    hosts = _expand_hostlist(list_name, hostlist)
     count_name, per_node = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     counts = expand_tasks_per_node(count_name, per_node)
     if len(counts) != len(hosts):

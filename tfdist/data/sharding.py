@@ -24,7 +24,7 @@ __all__ = ["ShardPlan", "plan_shards"]
 
 SHARD_POLICIES = ("auto", "file", "data", "hash", "off")
 # 'auto' shards by file when the per-worker byte load is within this factor of the mean.
-BALANCE_TOLERANCE = 1.10
+_BALANCE_TOLERANCE = 1.10
 
 
 def _balance_files(files: Sequence[tuple[str, int]], num_workers: int) -> list[list[str]]:
@@ -125,7 +125,7 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
     assignment = _balance_files(files, num_workers)
     loads = tuple(sum(sizes[name] for name in names) for names in assignment)
     skew = imbalance(loads)
-    if policy == "auto" and skew > BALANCE_TOLERANCE:
+    if policy == "auto" and skew > _BALANCE_TOLERANCE:
         return _everyone_reads_all("data", f"file sizes do not split evenly (the busiest worker would read "
                                    f"{skew:.2f}x the mean)", everything, total, num_workers)
     return ShardPlan(policy="file", reason=f"{len(files)} files over {num_workers} workers, byte-balanced within "

@@ -58,7 +58,7 @@ _ERROR_TTL_S = 10.0  # An error file lives this long (readers poll far more ofte
 _FETCHES = 4  # Objects one agent downloads at once (each in parallel ranged parts).
 _CLAIMING_S = 5.0  # An empty lock this young is being claimed (created, its pid not written yet): not dead.
 _STALE_WANT_S = 3600.0  # A request this old (readers renew theirs while they wait) was left by a reader gone.
-CACHE_MB_ENV = "TFDIST_S3_CACHE_MB"
+_CACHE_MB_ENV = "TFDIST_S3_CACHE_MB"
 _KEEP_RECENT = 32  # Eviction spares the copies requested last (readers' files ahead, one about to be opened) ...
 _KEEP_RECENT_S = 60.0  # ... and those requested this recently: over budget (with a warning) rather than deleted.
 
@@ -86,12 +86,12 @@ def _timeout(env: Optional[Mapping[str, str]] = None) -> float:
 
 
 def _cache_bytes(env: Optional[Mapping[str, str]] = None) -> int:
-    raw = (os.environ if env is None else env).get(CACHE_MB_ENV, "4096")
+    raw = (os.environ if env is None else env).get(_CACHE_MB_ENV, "4096")
     try:
         value: Any = int(raw)
     except ValueError:
         value = raw
-    return require_int(DataError, CACHE_MB_ENV, value, minimum=1,
+    return require_int(DataError, _CACHE_MB_ENV, value, minimum=1,
                        fix="Set a whole number of MiB (e.g. 4096 for 4 GiB), or unset it for 4096.") << 20
 
 
@@ -380,7 +380,7 @@ class StagingAgent:
             total -= size
         if total > self.cache_bytes and not self._over:
             _log.warning("Stage root %s holds %d MiB, over %s=%d: its copies were requested recently, so none is "
-                         "deleted yet.", objects, total >> 20, CACHE_MB_ENV, self.cache_bytes >> 20)
+                         "deleted yet.", objects, total >> 20, _CACHE_MB_ENV, self.cache_bytes >> 20)
         self._over = total > self.cache_bytes
 
     def _expire_errors(self) -> None:

@@ -23,7 +23,7 @@ __all__ = ["tf_configs", "tfjob_manifest", "validate_tfjob", "jobset_manifest", 
 EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 
 
-def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
+def _emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
     """The cluster on real hosts: ``hosts`` in task order, or ``{job}-{index}`` names."""
     names = require_config(config).task_names()
     require_int(LaunchError, "port", port, minimum=1, maximum=65535)
@@ -42,7 +42,7 @@ def emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, po
 def tf_configs(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None,
                port: int = TFJOB_PORT) -> dict[str, dict[str, Any]]:
     """TF_CONFIG for every task, keyed 'type:index'."""
-    spec = emit_spec(config, hosts=hosts, port=port)
+    spec = _emit_spec(config, hosts=hosts, port=port)
     return {t.name: spec.to_tf_config(t.type, t.index) for t in spec.tasks()}
 
 

@@ -17,11 +17,11 @@ from tfdist.launch.environment import server_argv, task_variables
 from tfdist.launch.config import LaunchConfig, require_config
 
 TFJOB_PORT = 2222
-CONTAINER = "tensorflow"  # The training operator requires a container of this name.
-RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
-CLEAN_POD_POLICIES = ("All", "Running", "None")
-REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-JOBSET_LABELS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
+_CONTAINER = "tensorflow"  # The training operator requires a container of this name.
+_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+_CLEAN_POD_POLICIES = ("All", "Running", "None")
+_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+_JOBSET_LABELS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
                  "REPLICATED_JOB_NAME": "jobset.sigs.k8s.io/replicatedjob-name",
                  "JOB_INDEX": "jobset.sigs.k8s.io/job-index",
                  "JOBSET_RESTART_ATTEMPT": "jobset.sigs.k8s.io/restart-attempt"}
@@ -31,7 +31,7 @@ _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[e
 _INT32 = 2**31 - 1
 
 
-def check_dns1035(field: str, name: Any, *, max_length: int = 63) -> str:
+def _check_dns1035(field: str, name: Any, *, max_length: int = 63) -> str:
     """A DNS-1035 label (what the training operator requires of a TFJob name)."""
     if not isinstance(name, str) or len(name) > max_length or not _DNS1035.match(name):
         raise invalid(LaunchError, field, name, f"a DNS-1035 label: at most {max_length} lower-case letters, digits "
@@ -39,7 +39,7 @@ def check_dns1035(field: str, name: Any, *, max_length: int = 63) -> str:
     return name
 
 
-def check_namespace(namespace: Any) -> str:
+def _check_namespace(namespace: Any) -> str:
     """A Kubernetes namespace (a DNS-1123 label)."""
     if not isinstance(namespace, str) or len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
         raise invalid(LaunchError, "namespace", namespace, "a DNS-1123 label: at most 63 lower-case letters, "
@@ -47,14 +47,14 @@ def check_namespace(namespace: Any) -> str:
     return namespace
 
 
-def check_quantity(field: str, value: Any) -> str:
+def _check_quantity(field: str, value: Any) -> str:
     """A positive Kubernetes resource quantity such as '4', '500m' or '16Gi'."""
     if not isinstance(value, str) or not _QUANTITY.match(value) or not re.search(r"[1-9]", value.split("e")[0]):
         raise invalid(LaunchError, field, value, "a positive Kubernetes quantity such as '4', '500m' or '16Gi'")
     return value
 
 
-def check_image(image: Any) -> str:
+def _check_image(image: Any) -> str:
     """A container image reference; tfdist must be installed in it."""
     if not isinstance(image, str) or not image or not (image.isascii() and image.isprintable()) or " " in image:
         raise invalid(LaunchError, "image", image or None, "a container image with tfdist installed",
@@ -67,9 +67,9 @@ def _limits(cpu: Optional[str], memory: Optional[str], gpus: int) -> dict[str, A
     require_int(LaunchError, "gpus", gpus, minimum=0, maximum=64)
     limits: dict[str, Any] = {}
     if cpu is not None:
-        limits["cpu"] = check_quantity("cpu", cpu)
+        limits["cpu"] = _check_quantity("cpu", cpu)
     if memory is not None:
-        limits["memory"] = check_quantity("memory", memory)
+        limits["memory"] = _check_quantity("memory", memory)
     if gpus:
         limits["nvidia.com/gpu"] = str(gpus)  # A quantity, as the API serializes it.
     return limits
@@ -81,7 +81,7 @@ def _container(config: LaunchConfig, job: str, image: str, limits: dict[str, Any
     command = list(config.command) if runs_command else server_argv("python")
     if wrap is not None:
         command = wrap + list(config.command)
-    container: dict[str, Any] = {"name": CONTAINER, "image": image, "command": command,
+    container: dict[str, Any] = {"name": _CONTAINER, "image": image, "command": command,
                                  "env": [{"name": name, "value": value}
                                          for name, value in task_variables(config).items()] + env,
                                  "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}]}
@@ -120,25 +120,25 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
         ([], 'ExitCode')
     """
     require_config(config)
-    check_dns1035("name", name)
-    image = check_image(image)
+    _check_dns1035("name", name)
+    image = _check_image(image)
     limits = _limits(cpu, memory, gpus)
-    if restart_policy not in RESTART_POLICIES:
-        raise invalid(LaunchError, "restart_policy", restart_policy, f"one of {', '.join(RESTART_POLICIES)}")
-    if clean_pod_policy not in CLEAN_POD_POLICIES:
-        raise invalid(LaunchError, "clean_pod_policy", clean_pod_policy, f"one of {', '.join(CLEAN_POD_POLICIES)}")
+    if restart_policy not in _RESTART_POLICIES:
+        raise invalid(LaunchError, "restart_policy", restart_policy, f"one of {', '.join(_RESTART_POLICIES)}")
+    if clean_pod_policy not in _CLEAN_POD_POLICIES:
+        raise invalid(LaunchError, "clean_pod_policy", clean_pod_policy, f"one of {', '.join(_CLEAN_POD_POLICIES)}")
     run_policy: dict[str, Any] = {"cleanPodPolicy": clean_pod_policy,
                                   "backoffLimit": require_int(LaunchError, "max_restarts", config.max_restarts,
                                                               minimum=0, maximum=_INT32)}
     if ttl_seconds_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = require_int(LaunchError, "ttl_seconds_after_finished",
                                                             ttl_seconds_after_finished, minimum=0, maximum=_INT32)
-    replicas = {REPLICA_TYPES[job]: {"replicas": count, "restartPolicy": restart_policy,
+    replicas = {_REPLICA_TYPES[job]: {"replicas": count, "restartPolicy": restart_policy,
                                      "template": {"spec": {"containers": [_container(config, job, image, limits, [])]}}}
                 for job, count in config.task_counts().items()}
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
-        metadata["namespace"] = check_namespace(namespace)
+        metadata["namespace"] = _check_namespace(namespace)
     manifest = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
                 "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas}}
     problems = validate_tfjob(manifest)
@@ -158,8 +158,8 @@ def validate_tfjob(manifest: dict[str, Any]) -> list[str]:
         problems.append(f"metadata.name: {name!r} is not a DNS-1035 label")
     spec = manifest.get("spec", {})
     policy = spec.get("runPolicy", {})
-    if policy.get("cleanPodPolicy", "None") not in CLEAN_POD_POLICIES:
-        problems.append(f"spec.runPolicy.cleanPodPolicy: {policy['cleanPodPolicy']!r} not in {CLEAN_POD_POLICIES}")
+    if policy.get("cleanPodPolicy", "None") not in _CLEAN_POD_POLICIES:
+        problems.append(f"spec.runPolicy.cleanPodPolicy: {policy['cleanPodPolicy']!r} not in {_CLEAN_POD_POLICIES}")
     for key in ("backoffLimit", "ttlSecondsAfterFinished", "activeDeadlineSeconds"):
         value = policy.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT32:
@@ -171,16 +171,16 @@ def validate_tfjob(manifest: dict[str, Any]) -> list[str]:
         problems.append("spec.tfReplicaSpecs: must not have more than 1 Chief or Master role")
     for rtype, replica in replica_specs.items():
         path = f"spec.tfReplicaSpecs[{rtype}]"
-        if replica.get("restartPolicy", "Never") not in RESTART_POLICIES:
-            problems.append(f"{path}.restartPolicy: {replica['restartPolicy']!r} not in {RESTART_POLICIES}")
+        if replica.get("restartPolicy", "Never") not in _RESTART_POLICIES:
+            problems.append(f"{path}.restartPolicy: {replica['restartPolicy']!r} not in {_RESTART_POLICIES}")
         containers = ((replica.get("template") or {}).get("spec") or {}).get("containers") or []
         if not containers:
             problems.append(f"{path}.template.spec.containers: must be specified")
         for index, container in enumerate(containers):
             if not container.get("image"):
                 problems.append(f"{path}.template.spec.containers[{index}].image: must be required")
-        if containers and not any(c.get("name") == CONTAINER for c in containers):
-            problems.append(f"{path}.template.spec.containers: must have at least one container with name {CONTAINER}")
+        if containers and not any(c.get("name") == _CONTAINER for c in containers):
+            problems.append(f"{path}.template.spec.containers: must have at least one container with name {_CONTAINER}")
     return problems
 
 
@@ -204,15 +204,15 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
         (['worker'], 'tfdist-job')
     """
     require_config(config)
-    check_dns1035("name", name)
-    image = check_image(image)
+    _check_dns1035("name", name)
+    image = _check_image(image)
     limits = _limits(cpu, memory, gpus)
     counts = config.task_counts()
     jobs = ",".join(f"{job}={n}" for job, n in counts.items())
     for job, count in counts.items():  # JobSet's webhook: the longest pod name must be a DNS-1035 label.
-        check_dns1035("name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))
+        _check_dns1035("name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))
     env = [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
-           for var, label in JOBSET_LABELS.items()]
+           for var, label in _JOBSET_LABELS.items()]
     wrap = ["python", "-m", "tfdist.launch.tasks.jobset", "--jobs", jobs, "--port", str(TFJOB_PORT),
             "--run-on", config.run_on, "--"]
     permanent = [code for code in range(1, 256) if not exit_codes.is_retryable(code)]
@@ -223,12 +223,12 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
         replicated.append({"name": job, "replicas": 1, "template": {"spec": {
             "parallelism": count, "completions": count, "completionMode": "Indexed", "backoffLimit": 0,
             "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-                "containerName": CONTAINER, "operator": "In", "values": permanent}}]},
+                "containerName": _CONTAINER, "operator": "In", "values": permanent}}]},
             "template": {"spec": pod}}}})
     trainers = ["chief"] if config.mode == "parameter_server" else [j for j in ("chief", "worker") if j in counts]
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
-        metadata["namespace"] = check_namespace(namespace)
+        metadata["namespace"] = _check_namespace(namespace)
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": metadata, "spec": {
         "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
         "successPolicy": {"operator": "All", "targetReplicatedJobs": trainers},

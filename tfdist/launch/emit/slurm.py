@@ -12,7 +12,7 @@ from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
 
 # Exit codes a rerun cannot fix: tfdist's bad-configuration code, and a command that cannot be run.
-PERMANENT_CODES = (exit_codes.BAD_CONFIG, exit_codes.CANNOT_EXECUTE, exit_codes.NOT_FOUND)
+_PERMANENT_CODES = (exit_codes.BAD_CONFIG, exit_codes.CANNOT_EXECUTE, exit_codes.NOT_FOUND)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _TIME = re.compile(r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(?::\d{1,2}){0,2}"
                    r"|UNLIMITED|INFINITE)$")
@@ -27,7 +27,7 @@ TASKS=$("$PYTHON" -m tfdist.launch.tasks.slurm --allocated-tasks {most}) || exit
 echo "tfdist job: Slurm restart count ${{SLURM_RESTART_COUNT:-0}}: $TASKS tasks on ${{SLURM_JOB_NUM_NODES:-1}} node(s)" >&2"""
 
 
-def check_job_name(name: str) -> str:
+def _check_job_name(name: str) -> str:
     """A Slurm job name that cannot break out of its ``#SBATCH`` line."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise invalid(LaunchError, "name", name, "1-128 letters, digits, '.', '_', '+' or '-', "
@@ -35,7 +35,7 @@ def check_job_name(name: str) -> str:
     return name
 
 
-def check_time(text: str) -> str:
+def _check_time(text: str) -> str:
     """A Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED."""
     if not isinstance(text, str) or not _TIME.match(text):
         raise invalid(LaunchError, "time_limit", text, "a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS or "
@@ -43,7 +43,7 @@ def check_time(text: str) -> str:
     return text
 
 
-def check_python(python: str) -> str:
+def _check_python(python: str) -> str:
     """An interpreter path without control characters (it is shell-quoted in the script)."""
     if not isinstance(python, str) or not python or any(ord(c) < 32 or ord(c) == 127 for c in python):
         raise invalid(LaunchError, "python", python, "the path of a Python with tfdist installed on every node")
@@ -103,9 +103,9 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         ['#SBATCH --nodes=2-4']
     """
     require_config(config)
-    check_job_name(name)
-    check_time(time_limit)
-    python = check_python(sys.executable if python is None else python)
+    _check_job_name(name)
+    _check_time(time_limit)
+    python = _check_python(sys.executable if python is None else python)
     require_int(LaunchError, "gpus_per_task", gpus_per_task, minimum=0, maximum=1024)
     require_int(LaunchError, "tf_log_level", tf_log_level, minimum=0, maximum=3)
     if cpus_per_task is not None:
@@ -170,7 +170,7 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         "  # srun returns 128+signal when it stopped the other tasks: the job's code is the first task's failure.",
         f"  first=$(sed -n '{_FIRST_FAILURE}' \"$SRUN_LOG\" | head -n 1)",
         '  code=${first:-$code}',
-        f'  case "$code" in {"|".join(map(str, PERMANENT_CODES))}) exit "$code";; esac  # a rerun would fail the same way',
+        f'  case "$code" in {"|".join(map(str, _PERMANENT_CODES))}) exit "$code";; esac  # a rerun would fail the same way',
         '  [ "$attempt" -ge "$MAX_RESTARTS" ] && exit "$code"',
         "  attempt=$((attempt + 1))",
         '  echo "tfdist job: step failed with exit code $code; restart $attempt of $MAX_RESTARTS" >&2',
