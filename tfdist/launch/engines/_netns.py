@@ -30,8 +30,8 @@ _CLOSE_WAIT = 5.0
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise LaunchFailure(f"--isolate-network needs the '{name}' command (util-linux); install it, or run "
-                            "without --isolate-network.", field="isolate_network", value=True)
+        raise LaunchFailure(f"`isolate_network` needs the '{name}' command (util-linux); install it, or leave "
+                            "`isolate_network` off.", field="isolate_network", value=True)
     return path
 
 
@@ -46,9 +46,9 @@ def unshare_argv(*, rootless: Optional[bool] = None) -> list[str]:
     argv = [_tool("unshare"), "-rn" if rootless else "-n"]
     probe = subprocess.run(argv + ["true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
-        raise LaunchFailure(f"--isolate-network is unavailable: `unshare {argv[1]} true` failed with "
+        raise LaunchFailure(f"`isolate_network` is unavailable here: `unshare {argv[1]} true` failed with "
                             f"{probe.stderr.strip() or probe.returncode!r}. Run as root or enable unprivileged user "
-                            "namespaces (sysctl kernel.unprivileged_userns_clone=1), or drop --isolate-network.",
+                            "namespaces (sysctl kernel.unprivileged_userns_clone=1), or leave `isolate_network` off.",
                             field="isolate_network", value=True)
     return argv
 
@@ -79,7 +79,7 @@ class Namespace:
             ready = self._read()
             self.pid = int(ready["pid"])
             if os.stat(f"/proc/{self.pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
-                raise LaunchFailure("--isolate-network: the namespace holder runs in the launcher's own network "
+                raise LaunchFailure("`isolate_network`: the namespace holder runs in the launcher's own network "
                                     "namespace; nothing would be isolated.", field="isolate_network", value=True)
         except BaseException:
             self.close()
@@ -91,15 +91,16 @@ class Namespace:
         if not line:  # the holder ended: nothing more will come
             self._end()
             why = self._proc.stderr.read().strip() if self._proc.stderr is not None else ""
-            raise LaunchFailure(f"The network namespace of --isolate-network ended (exit {self._proc.returncode}): "
-                                f"{why[-2000:] or 'no message'}.", field="isolate_network", value=True)
+            raise LaunchFailure(f"The private network namespace (`isolate_network`) ended (exit "
+                                f"{self._proc.returncode}): {why[-2000:] or 'no message'}.", field="isolate_network",
+                                value=True)
         return json.loads(line)
 
     def _ask(self, op: str, **arguments: Any) -> Any:
         with self._lock:
             if self._proc.poll() is not None or self._proc.stdin is None or self._proc.stdin.closed:
-                raise LaunchFailure("The network namespace of --isolate-network is closed.", field="isolate_network",
-                                    value=True)
+                raise LaunchFailure("The private network namespace (`isolate_network`) is closed.",
+                                    field="isolate_network", value=True)
             try:
                 self._proc.stdin.write(json.dumps({"op": op, **arguments}) + "\n")
                 self._proc.stdin.flush()
@@ -125,8 +126,8 @@ class Namespace:
     def enter(self, argv: Sequence[str]) -> list[str]:
         """``argv`` as a command that runs inside the namespace (``nsenter`` execs it: same pid)."""
         if self._proc.poll() is not None:  # not reaped before: the holder's pid cannot belong to anyone else
-            raise LaunchFailure("The network namespace of --isolate-network is gone: its holder process ended "
-                                f"(exit {self._proc.returncode}).", field="isolate_network", value=True)
+            raise LaunchFailure("The private network namespace (`isolate_network`) is gone: its holder process "
+                                f"ended (exit {self._proc.returncode}).", field="isolate_network", value=True)
         ns = f"/proc/{self.pid}/ns"
         prefix = [self._nsenter, f"--net={ns}/net"]
         if self.rootless:  # the namespace belongs to the holder's user namespace: enter that first

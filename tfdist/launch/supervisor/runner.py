@@ -67,7 +67,7 @@ def _make_log_dir(path: str) -> None:
         os.remove(probe)
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path.
         reason = getattr(err, "strerror", None) or str(err)
-        raise invalid(LaunchError, "--log-dir", path, "a directory tfdist-launch can create and write",
+        raise invalid(LaunchError, "log_dir", path, "a directory tfdist-launch can create and write",
                       f"It cannot be used: {reason}. Pick another path.") from None
 
 
@@ -431,7 +431,7 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
     engine = engine or LocalEngine()
     if config.isolate_network and not engine.isolates_network:
         raise invalid(LaunchError, "isolate_network", True, f"the local engine (not {type(engine).__name__})",
-                      "A private network namespace exists on this machine only; drop --isolate-network.")
+                      "A private network namespace exists on this machine only; leave `isolate_network` off.")
     with _StopSignals() as signals:
         try:
             return _supervise(config, engine, on_line, status, base_env, signals)
