@@ -2,7 +2,8 @@
 joins when, and what a membership change restarts.
 
 :class:`ElasticRules` decides and never acts: the supervisor passes the state a rule needs and applies the
-:class:`Regroup` it gets back (stopping and starting tasks, updating its :class:`~tfdist.launch.supervisor._group.Group`).
+:class:`Regroup` it gets back (stopping and starting tasks, updating its
+:class:`~tfdist.launch.supervisor._group.Group`).
 
 Example:
     >>> from tfdist import ClusterSpec
