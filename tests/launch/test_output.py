@@ -155,7 +155,9 @@ def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib
     # The same command without the filter shows what it left out (TF_CPP_MIN_LOG_LEVEL=0 turns it off).
     loud = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
-    assert loud.returncode == 1 and "oneDNN custom operations are on" in loud.stderr, loud.stderr
+    # Which start-up lines TF prints depends on the CPU (oneDNN's line is absent on some): any dropped line will do.
+    dropped = [line for line in loud.stderr.splitlines() if not NoiseFilter()(line)]
+    assert loud.returncode == 1 and dropped, loud.stderr
 
 
 def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm_and_sigint(tmp_path: pathlib.Path) -> None:
