@@ -27,7 +27,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 DDP_BUCKET_BYTES = 25 << 20
@@ -40,8 +41,17 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
     inplanes = 64
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for block in range(blocks):
-            shapes += [(1, 1, inplanes, width), (width,), (width,), (3, 3, width, width), (width,), (width,),
-                       (1, 1, width, 4 * width), (4 * width,), (4 * width,)]
+            shapes += [
+                (1, 1, inplanes, width),
+                (width,),
+                (width,),
+                (3, 3, width, width),
+                (width,),
+                (width,),
+                (1, 1, width, 4 * width),
+                (4 * width,),
+                (4 * width,),
+            ]
             if block == 0:
                 shapes += [(1, 1, inplanes, 4 * width), (4 * width,), (4 * width,)]
             inplanes = 4 * width
@@ -103,8 +113,9 @@ def _gloo_child(rank: int, port: int, repeats: int) -> None:
     buckets = [torch.ones(min(DDP_BUCKET_BYTES // 4, total - i)) for i in range(0, total, DDP_BUCKET_BYTES // 4)]
     out["resnet50"] = _median_time(lambda: [dist.all_reduce(b) for b in buckets], repeats, before=dist.barrier)
     tensors = [torch.ones(math.prod(s)) for s in resnet50_shapes()]
-    out["resnet50_per_tensor"] = _median_time(lambda: [dist.all_reduce(t) for t in tensors], repeats,
-                                              before=dist.barrier)
+    out["resnet50_per_tensor"] = _median_time(
+        lambda: [dist.all_reduce(t) for t in tensors], repeats, before=dist.barrier
+    )
     dist.destroy_process_group()
     if rank == 0:
         sys.stdout.write(json.dumps(out) + "\n")
@@ -159,14 +170,23 @@ def loopback(repeats: int, sizes: list[int]) -> dict[str, float]:
     """Seconds for two processes to swap ``size`` bytes each way over TCP on 127.0.0.1."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        child = subprocess.Popen([sys.executable, __file__, "--loopback-child", str(port), "--repeats", str(repeats),
-                                  "--sizes", ",".join(map(str, sizes))])
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--loopback-child",
+                str(port),
+                "--repeats",
+                str(repeats),
+                "--sizes",
+                ",".join(map(str, sizes)),
+            ]
+        )
         buffers = _buffers(sizes)
         try:
             conn, _ = server.accept()
             with conn:
-                return {str(size): _median_time(lambda s=size: _exchange(conn, s, buffers), repeats)
-                        for size in sizes}
+                return {str(size): _median_time(lambda s=size: _exchange(conn, s, buffers), repeats) for size in sizes}
         finally:
             child.wait(timeout=120)
 
@@ -185,11 +205,21 @@ def cost_model(default: dict[str, float], workers: int) -> dict[str, Any]:
     rows = []
     for size, seconds in samples:
         predicted = Plan(params=size / 4, workers=workers, bandwidth=bandwidth, latency=latency).ring_allreduce_s
-        rows.append({"bytes": size, "measured_ms": _ms(seconds), "predicted_ms": _ms(predicted),
-                     "error": round(predicted / seconds - 1, 3)})
-    return {"workers": workers, "fitted_latency_us": round(latency * 1e6, 1),
-            "fitted_bandwidth_MBps": round(bandwidth / 1e6, 1), "rows": rows,
-            "max_abs_error": max(abs(r["error"]) for r in rows)}
+        rows.append(
+            {
+                "bytes": size,
+                "measured_ms": _ms(seconds),
+                "predicted_ms": _ms(predicted),
+                "error": round(predicted / seconds - 1, 3),
+            }
+        )
+    return {
+        "workers": workers,
+        "fitted_latency_us": round(latency * 1e6, 1),
+        "fitted_bandwidth_MBps": round(bandwidth / 1e6, 1),
+        "rows": rows,
+        "max_abs_error": max(abs(r["error"]) for r in rows),
+    }
 
 
 def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[str, float]) -> dict[str, Any]:
@@ -210,13 +240,16 @@ def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[s
         row["gloo_over_limit"] = round(gloo_times[key] / limit[key], 2) if key in gloo_times else None
         rows.append(row)
     resnet, big = rows[-1], rows[SIZES.index(64 << 20)]
-    goals = {"resnet50 speed-up vs TF default, tuned bf16 (goal >= 2.5)": resnet["tuned_bf16_speedup_vs_tf_default"],
-             "resnet50 speed-up vs TF default, tuned fp16": resnet["tuned_fp16_speedup_vs_tf_default"],
-             "resnet50 speed-up vs TF default, packing only (fp32)": resnet["tuned_fp32_speedup_vs_tf_default"]}
+    goals = {
+        "resnet50 speed-up vs TF default, tuned bf16 (goal >= 2.5)": resnet["tuned_bf16_speedup_vs_tf_default"],
+        "resnet50 speed-up vs TF default, tuned fp16": resnet["tuned_fp16_speedup_vs_tf_default"],
+        "resnet50 speed-up vs TF default, packing only (fp32)": resnet["tuned_fp32_speedup_vs_tf_default"],
+    }
     if gloo_times:
         goals["resnet50 tuned bf16 / gloo DDP buckets (goal < 1)"] = resnet["tuned_bf16_over_gloo"]
         goals["resnet50 tuned bf16 / gloo per tensor"] = round(
-            tf_times["tuned_bf16"]["resnet50"] / gloo_times["resnet50_per_tensor"], 2)
+            tf_times["tuned_bf16"]["resnet50"] / gloo_times["resnet50_per_tensor"], 2
+        )
         goals["64MB tuned bf16 / gloo (goal <= 4)"] = big["tuned_bf16_over_gloo"]
         goals["64MB tuned fp16 / gloo (goal <= 4)"] = big["tuned_fp16_over_gloo"]
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
@@ -244,15 +277,24 @@ def main() -> int:
     from tfdist import testing
 
     full = args.workers == 2
-    run = testing.run_cluster("bench_allreduce:tf_worker", workers=args.workers, timeout=1200,
-                              args=[args.repeats, full], env={"PYTHONPATH": HERE})
+    run = testing.run_cluster(
+        "bench_allreduce:tf_worker",
+        workers=args.workers,
+        timeout=1200,
+        args=[args.repeats, full],
+        env={"PYTHONPATH": HERE},
+    )
     if not run.ok:
         sys.stderr.write(run.result.summary() + "\n" + run.output("worker:0")[-3000:] + "\n")
         return 1
     # A collective ends when the slowest worker has its result: take the slower worker's time per case.
-    tf_times = {variant: {case: max(run.values[w][variant][case] for w in run.values)
-                          for case in run.values["worker:0"][variant]}
-                for variant in run.values["worker:0"] if variant != "tuning"}
+    tf_times = {
+        variant: {
+            case: max(run.values[w][variant][case] for w in run.values) for case in run.values["worker:0"][variant]
+        }
+        for variant in run.values["worker:0"]
+        if variant != "tuning"
+    }
     report: dict[str, Any] = {"cost_model": cost_model(tf_times["default"], args.workers)}
     if full:
         limit_sizes = SIZES + [4 * sum(math.prod(s) for s in resnet50_shapes())]

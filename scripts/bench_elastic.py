@@ -34,8 +34,11 @@ from tfdist import launch
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "tests" / "elastic_keras_train.py")
 FIRST = re.compile(r"^FIRST_STEP generation (\d+) at ([\d.]+)$")
-STATUS_MARKS = (("elastic: losing worker:2", "lost"), ("elastic: worker:2 is available again", "returned"),
-                ("elastic: membership 2:", "regrouped"))
+STATUS_MARKS = (
+    ("elastic: losing worker:2", "lost"),
+    ("elastic: worker:2 is available again", "returned"),
+    ("elastic: membership 2:", "regrouped"),
+)
 
 
 def _run(kind: str) -> dict[str, float]:
@@ -56,12 +59,20 @@ def _run(kind: str) -> dict[str, float]:
         if " started (command" in message:
             starts.append(now)
 
-    options = dict(min_workers=2, loses=["worker:2@after=^EPOCH 1 "], returns=["worker:2@after=^EPOCH 2 "]) \
-        if elastic else {}
+    options = (
+        dict(min_workers=2, loses=["worker:2@after=^EPOCH 1 "], returns=["worker:2@after=^EPOCH 2 "]) if elastic else {}
+    )
     with tempfile.TemporaryDirectory() as work:
         start = time.time()
-        result = launch.run([sys.executable, SCRIPT, work, str(epochs)], workers=workers, timeout=900,
-                            grace_seconds=2, on_line=on_line, on_status=on_status, **options)
+        result = launch.run(
+            [sys.executable, SCRIPT, work, str(epochs)],
+            workers=workers,
+            timeout=900,
+            grace_seconds=2,
+            on_line=on_line,
+            on_status=on_status,
+            **options,
+        )
     if result.exit_code != 0:
         raise SystemExit(result.summary())
     if not elastic:
@@ -70,29 +81,42 @@ def _run(kind: str) -> dict[str, float]:
     def launcher(mark: str, step: str) -> float:
         return max(t for t in starts if marks[mark] <= t <= marks[step]) - marks[mark]
 
-    return {"loss": marks["step1"] - marks["lost"], "return": marks["step2"] - marks["returned"],
-            "regroup": marks["step2"] - marks["regrouped"], "launcher_loss": launcher("lost", "step1"),
-            "launcher_regroup": launcher("regrouped", "step2")}
+    return {
+        "loss": marks["step1"] - marks["lost"],
+        "return": marks["step2"] - marks["returned"],
+        "regroup": marks["step2"] - marks["regrouped"],
+        "launcher_loss": launcher("lost", "step1"),
+        "launcher_regroup": launcher("regrouped", "step2"),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    samples: dict[str, list[float]] = {k: [] for k in ("cold", "cold2", "loss", "return", "regroup",
-                                                           "launcher_loss", "launcher_regroup")}
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("cold", "cold2", "loss", "return", "regroup", "launcher_loss", "launcher_regroup")
+    }
     for round_ in range(args.repeats):
         kinds = ("cold", "cold2", "elastic")
-        for kind in (kinds if round_ % 2 == 0 else kinds[::-1]):
+        for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
             for key, value in _run(kind).items():
                 samples[key].append(round(value, 2))
         sys.stderr.write(json.dumps(samples) + "\n")
     medians = {k: statistics.median(v) for k, v in samples.items()}
     cold = medians["cold"]
-    sys.stdout.write(json.dumps({"median_seconds": {k: round(v, 2) for k, v in medians.items()},
-                                 "ratio_to_cold": {k: round(v / cold, 2) for k, v in medians.items()},
-                                 "loss_vs_cold2": round(medians["loss"] / medians["cold2"], 2),
-                                 "samples": samples}, indent=1) + "\n")
+    sys.stdout.write(
+        json.dumps(
+            {
+                "median_seconds": {k: round(v, 2) for k, v in medians.items()},
+                "ratio_to_cold": {k: round(v / cold, 2) for k, v in medians.items()},
+                "loss_vs_cold2": round(medians["loss"] / medians["cold2"], 2),
+                "samples": samples,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

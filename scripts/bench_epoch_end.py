@@ -42,9 +42,16 @@ def _fit_once(files: list[str], size: int, epochs: int, model_on: bool) -> dict[
 
     out = round(size * 0.75)
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
-    pipeline = TFRecordPipeline(files=files, features=spec, batch_size=128, image_key="image",
-                                image_size=(out, out), label_key="label", as_supervised=True,
-                                autotune_model=True if model_on else None)
+    pipeline = TFRecordPipeline(
+        files=files,
+        features=spec,
+        batch_size=128,
+        image_key="image",
+        image_size=(out, out),
+        label_key="label",
+        as_supervised=True,
+        autotune_model=True if model_on else None,
+    )
     image = keras.Input((out, out, 3), name="image")
     model = keras.Model(image, keras.layers.Dense(8)(keras.layers.GlobalAveragePooling2D()(image)))
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -67,8 +74,12 @@ def _fit_once(files: list[str], size: int, epochs: int, model_on: bool) -> dict[
     # tf-keras calls on_train_batch_begin before fetching the batch, so the gap runs to the next epoch's
     # first batch begin: deleting the old iterator and making the new one.
     gaps = [first - end for end, first in zip(ends, firsts[1:])]
-    return {"fit_s": done - start, "gaps_s": gaps, "epochs_s": [e - f for f, e in zip(firsts, ends)],
-            "tail_s": done - ends[-1]}
+    return {
+        "fit_s": done - start,
+        "gaps_s": gaps,
+        "epochs_s": [e - f for f, e in zip(firsts, ends)],
+        "tail_s": done - ends[-1],
+    }
 
 
 def _at_least(minimum: int) -> Callable[[str], int]:
@@ -77,6 +88,7 @@ def _at_least(minimum: int) -> Callable[[str], int]:
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
+
     return parse
 
 
@@ -89,7 +101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
     args = parser.parse_args(argv)
     import tensorflow as tf
-
     from bench_input import _write  # The same files as the input benchmark (reused in a shared --workdir).
 
     files, _ = _write(args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-"), args.num, args.size)
@@ -99,17 +110,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         order = ("model_on", "model_off") if repeat % 2 == 0 else ("model_off", "model_on")
         for name in order:
             runs[name].append(_fit_once(files, args.size, args.epochs, name == "model_on"))
-    report: dict[str, Any] = {"tensorflow": tf.__version__, "cpus": os.cpu_count(), "records": args.num,
-                              "size": args.size, "epochs": args.epochs, "repeats": args.repeats}
+    report: dict[str, Any] = {
+        "tensorflow": tf.__version__,
+        "cpus": os.cpu_count(),
+        "records": args.num,
+        "size": args.size,
+        "epochs": args.epochs,
+        "repeats": args.repeats,
+    }
     for name, done in runs.items():
         gaps = [g for run in done for g in run["gaps_s"]]
-        report[name] = {"fit_s_median": round(statistics.median(r["fit_s"] for r in done), 2),
-                        "fit_s": [round(r["fit_s"], 2) for r in done],
-                        "epoch_s_median": round(statistics.median(e for run in done for e in run["epochs_s"]), 2),
-                        "gap_s_median": round(statistics.median(gaps), 3), "gap_s_max": round(max(gaps), 3),
-                        "slow_gaps": f"{sum(g > _SLOW_GAP_S for g in gaps)}/{len(gaps)}",
-                        "tail_s_median": round(statistics.median(r["tail_s"] for r in done), 3),
-                        "tail_s_max": round(max(r["tail_s"] for r in done), 3)}
+        report[name] = {
+            "fit_s_median": round(statistics.median(r["fit_s"] for r in done), 2),
+            "fit_s": [round(r["fit_s"], 2) for r in done],
+            "epoch_s_median": round(statistics.median(e for run in done for e in run["epochs_s"]), 2),
+            "gap_s_median": round(statistics.median(gaps), 3),
+            "gap_s_max": round(max(gaps), 3),
+            "slow_gaps": f"{sum(g > _SLOW_GAP_S for g in gaps)}/{len(gaps)}",
+            "tail_s_median": round(statistics.median(r["tail_s"] for r in done), 3),
+            "tail_s_max": round(max(r["tail_s"] for r in done), 3),
+        }
     report["fit_off_vs_on"] = round(report["model_on"]["fit_s_median"] / report["model_off"]["fit_s_median"], 2)
     sys.stdout.write(json.dumps(report) + "\n")
     return 0

@@ -59,8 +59,11 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
 
 # Each goal's two variants run back to back: in each group, the variant a goal is about sits next to both
 # of its partners (seed_style_no_model, shown without a goal, runs one place from tfdist).
-_GROUPS = (("seed_style_no_model", "seed_style", "tfdist", "decode_limit"), ("balanced", "partitioned_plain", "sqrt"),
-           ("decode_limit_per_element", "decode_only", "decode_resize"))
+_GROUPS = (
+    ("seed_style_no_model", "seed_style", "tfdist", "decode_limit"),
+    ("balanced", "partitioned_plain", "sqrt"),
+    ("decode_limit_per_element", "decode_only", "decode_resize"),
+)
 _STALL_MS = 50  # An iterator deletion slower than this waited on tf.data's autotuning model.
 
 
@@ -93,15 +96,14 @@ def _records_per_s(make: Callable[[], Any]) -> tuple[float, float, float, float]
     read = time.perf_counter()
     del iterator
     end = time.perf_counter()
-    return (seen / (end - start), 1000 * (time.process_time() - cpu) / seen, 1000 * (built - cpu),
-            1000 * (end - read))
+    return (seen / (end - start), 1000 * (time.process_time() - cpu) / seen, 1000 * (built - cpu), 1000 * (end - read))
 
 
 def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
     """The 16 plain files and the partitioned prefix for ``size`` px images (written once per workdir)."""
     import tensorflow as tf
-
     from make_synthetic_images import examples
+
     from tfdist.data import write_tfrecords
 
     plain, part = os.path.join(work, f"plain{size}"), os.path.join(work, f"part{size}")
@@ -142,53 +144,100 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
     images, labels = tf.stack([p[0] for p in pairs]), tf.stack([p[1] for p in pairs])
 
     def in_memory(one: Callable[[Any], Any], dtype: Any) -> Callable[[], Any]:
-        return no_model(lambda: (tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch)
-                                 .map(lambda b, y: (tf.map_fn(one, b, fn_output_signature=dtype), y),
-                                      num_parallel_calls=autotune).prefetch(autotune)))
+        return no_model(
+            lambda: (
+                tf.data.Dataset.from_tensor_slices((images, labels))
+                .batch(batch)
+                .map(lambda b, y: (tf.map_fn(one, b, fn_output_signature=dtype), y), num_parallel_calls=autotune)
+                .prefetch(autotune)
+            )
+        )
 
     @no_model
     def decode_limit_per_element() -> Any:
-        return (tf.data.Dataset.from_tensor_slices((images, labels))
-                .map(lambda i, y: (decode_one(i), y), num_parallel_calls=autotune).batch(batch).prefetch(autotune))
+        return (
+            tf.data.Dataset.from_tensor_slices((images, labels))
+            .map(lambda i, y: (decode_one(i), y), num_parallel_calls=autotune)
+            .batch(batch)
+            .prefetch(autotune)
+        )
 
     def pipeline(paths: Any, **kwargs: Any) -> Callable[[], Any]:
-        return lambda: TFRecordPipeline(files=paths, features=spec, batch_size=batch, image_key="image",
-                                        image_size=size, label_key="label", as_supervised=True, **kwargs).dataset()
+        return lambda: TFRecordPipeline(
+            files=paths,
+            features=spec,
+            batch_size=batch,
+            image_key="image",
+            image_size=size,
+            label_key="label",
+            as_supervised=True,
+            **kwargs,
+        ).dataset()
 
-    return {"seed_style": seed_style, "seed_style_no_model": no_model(seed_style),
-            "decode_limit": in_memory(decode_one, tf.float32),
-            "decode_limit_per_element": decode_limit_per_element,
-            "decode_only": in_memory(lambda jpeg: tf.io.decode_jpeg(jpeg, channels=3), tf.uint8),
-            "decode_resize": in_memory(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), size),
-                                       tf.float32), "tfdist": pipeline(files),
-            "partitioned_plain": pipeline(part), "balanced": pipeline(part, class_weights="balanced", seed=0),
-            "sqrt": pipeline(part, class_weights="sqrt", seed=0)}
+    return {
+        "seed_style": seed_style,
+        "seed_style_no_model": no_model(seed_style),
+        "decode_limit": in_memory(decode_one, tf.float32),
+        "decode_limit_per_element": decode_limit_per_element,
+        "decode_only": in_memory(lambda jpeg: tf.io.decode_jpeg(jpeg, channels=3), tf.uint8),
+        "decode_resize": in_memory(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), size), tf.float32),
+        "tfdist": pipeline(files),
+        "partitioned_plain": pipeline(part),
+        "balanced": pipeline(part, class_weights="balanced", seed=0),
+        "sqrt": pipeline(part, class_weights="sqrt", seed=0),
+    }
 
 
-def _raw(runs: dict[str, list[float]], cpu: dict[str, list[float]], build: dict[str, list[float]],
-         deletes: dict[str, list[float]]) -> dict[str, Any]:
+def _raw(
+    runs: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    build: dict[str, list[float]],
+    deletes: dict[str, list[float]],
+) -> dict[str, Any]:
     """Every run of every variant (``--variants``): records/s, CPU s per 1,000 records, build CPU ms, and
     the wall ms of deleting the iterator."""
-    return {k: {"records_per_s": [round(x) for x in v], "cpu_s_per_1k_records": [round(x, 4) for x in cpu[k]],
-                "build_cpu_ms": [round(x) for x in build[k]], "delete_ms": [round(x) for x in deletes[k]]}
-            for k, v in runs.items()}
+    return {
+        k: {
+            "records_per_s": [round(x) for x in v],
+            "cpu_s_per_1k_records": [round(x, 4) for x in cpu[k]],
+            "build_cpu_ms": [round(x) for x in build[k]],
+            "delete_ms": [round(x) for x in deletes[k]],
+        }
+        for k, v in runs.items()
+    }
 
 
-def _summary(runs: dict[str, list[float]], cpu: dict[str, list[float]], build: dict[str, list[float]],
-             deletes: dict[str, list[float]]) -> dict[str, Any]:
-    rates = {name: {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v)),
-                    "runs": [round(x) for x in v],
-                    "cpu_s_per_1k_records": round(statistics.median(cpu[name]), 3),
-                    "build_cpu_ms": round(statistics.median(build[name])),
-                    "stalls": sum(ms > _STALL_MS for ms in deletes[name]),
-                    "delete_ms_max": round(max(deletes[name]))} for name, v in runs.items()}
+def _summary(
+    runs: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    build: dict[str, list[float]],
+    deletes: dict[str, list[float]],
+) -> dict[str, Any]:
+    rates = {
+        name: {
+            "median": round(statistics.median(v)),
+            "min": round(min(v)),
+            "max": round(max(v)),
+            "runs": [round(x) for x in v],
+            "cpu_s_per_1k_records": round(statistics.median(cpu[name]), 3),
+            "build_cpu_ms": round(statistics.median(build[name])),
+            "stalls": sum(ms > _STALL_MS for ms in deletes[name]),
+            "delete_ms_max": round(max(deletes[name])),
+        }
+        for name, v in runs.items()
+    }
     ratios = {}
     for name, (top, bottom, goal) in _RATIOS.items():
         paired = [a / b for a, b in zip(runs[top], runs[bottom])]
         median = statistics.median(paired)
-        ratios[name] = {"median": round(median, 2), "min": round(min(paired), 2), "max": round(max(paired), 2),
-                        "goal": goal, "met": goal is not None and median >= goal}
-    for name, (top, bottom, goal) in _RATIOS.items():  # The same ratios in CPU per record (inverse).
+        ratios[name] = {
+            "median": round(median, 2),
+            "min": round(min(paired), 2),
+            "max": round(max(paired), 2),
+            "goal": goal,
+            "met": goal is not None and median >= goal,
+        }
+    for name, (top, bottom, _goal) in _RATIOS.items():  # The same ratios in CPU per record (inverse).
         paired = [b / a for a, b in zip(cpu[top], cpu[bottom])]
         ratios[name]["cpu_median"] = round(statistics.median(paired), 2)
     return {"records_per_s": rates, "ratios": ratios}
@@ -201,22 +250,39 @@ def _table(report: dict[str, Any]) -> str:
         return ""
     head = "| | " + " | ".join(f"{k} px" for k in sizes) + " |\n|---|" + "---|" * len(sizes) + "\n"
     names = list(next(iter(sizes.values()))["records_per_s"])
-    rows = [f"| {n} | " + " | ".join(f"{s['records_per_s'][n]['median']:,} ({s['records_per_s'][n]['min']:,}–"
-                                    f"{s['records_per_s'][n]['max']:,}); "
-                                    f"{s['records_per_s'][n]['cpu_s_per_1k_records']:.3f} s; "
-                                    f"{s['records_per_s'][n]['build_cpu_ms']} ms; "
-                                    f"{s['records_per_s'][n]['stalls']} "
-                                    f"({s['records_per_s'][n]['delete_ms_max']} ms)" for s in sizes.values())
-            + " |" for n in names]
-    ratios = [f"| {n} ({'no goal' if _RATIOS[n][2] is None else f'goal ≥ {_RATIOS[n][2]}'}) | " + " | ".join(
-        ("**{:.2f}×**" if s['ratios'][n]['met'] else "{:.2f}×").format(s['ratios'][n]['median'])
-        + f" ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f}); "
-        f"CPU {s['ratios'][n]['cpu_median']:.2f}×"
-        for s in sizes.values()) + " |" for n in _RATIOS]
-    return ("records/s, median (min–max); CPU s per 1,000 records (median); build CPU ms (median); "
-            f"iterator deletions over {_STALL_MS} ms (the slowest)\n\n" + head + "\n".join(rows)
-            + "\n\nratios, median of paired runs (min–max; bold: the goal is met); "
-            "CPU: median of the paired CPU-per-record ratios\n\n" + head + "\n".join(ratios) + "\n\n")
+    rows = [
+        f"| {n} | "
+        + " | ".join(
+            f"{s['records_per_s'][n]['median']:,} ({s['records_per_s'][n]['min']:,}–"
+            f"{s['records_per_s'][n]['max']:,}); "
+            f"{s['records_per_s'][n]['cpu_s_per_1k_records']:.3f} s; "
+            f"{s['records_per_s'][n]['build_cpu_ms']} ms; "
+            f"{s['records_per_s'][n]['stalls']} "
+            f"({s['records_per_s'][n]['delete_ms_max']} ms)"
+            for s in sizes.values()
+        )
+        + " |"
+        for n in names
+    ]
+    ratios = [
+        f"| {n} ({'no goal' if _RATIOS[n][2] is None else f'goal ≥ {_RATIOS[n][2]}'}) | "
+        + " | ".join(
+            ("**{:.2f}×**" if s["ratios"][n]["met"] else "{:.2f}×").format(s["ratios"][n]["median"])
+            + f" ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f}); "
+            f"CPU {s['ratios'][n]['cpu_median']:.2f}×"
+            for s in sizes.values()
+        )
+        + " |"
+        for n in _RATIOS
+    ]
+    return (
+        "records/s, median (min–max); CPU s per 1,000 records (median); build CPU ms (median); "
+        f"iterator deletions over {_STALL_MS} ms (the slowest)\n\n"
+        + head
+        + "\n".join(rows)
+        + "\n\nratios, median of paired runs (min–max; bold: the goal is met); "
+        "CPU: median of the paired CPU-per-record ratios\n\n" + head + "\n".join(ratios) + "\n\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,13 +317,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cpu[size][name].append(seconds)
                 build[size][name].append(built)
     report: dict[str, Any] = {
-        "records": args.num, "files": "16 plain; 16 per class partitioned (8 classes, halving)",
-        "batch": args.batch, "repeats": args.repeats, "tensorflow": tf.__version__, "cpus": os.cpu_count(),
+        "records": args.num,
+        "files": "16 plain; 16 per class partitioned (8 classes, halving)",
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "tensorflow": tf.__version__,
+        "cpus": os.cpu_count(),
         "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
-        "sizes": {f"{size}->{round(size * args.scale)}": (_summary(runs[size], cpu[size], build[size], deletes[size])
-                                                          if not args.variants else
-                                                          _raw(runs[size], cpu[size], build[size], deletes[size]))
-                  for size in sizes}}
+        "sizes": {
+            f"{size}->{round(size * args.scale)}": (
+                _summary(runs[size], cpu[size], build[size], deletes[size])
+                if not args.variants
+                else _raw(runs[size], cpu[size], build[size], deletes[size])
+            )
+            for size in sizes
+        },
+    }
     if args.s3:
         report["s3"] = _bench_s3(_write(work, args.num, sizes[0])[0], args.batch, args.repeats)
     sys.stdout.write(_table(report) + json.dumps(report) + "\n")
@@ -272,13 +347,22 @@ def _bench_s3(files: list[str], batch: int, repeats: int) -> dict[str, Any]:
     from tfdist.data.storage.remote import ensure_filesystem  # Internal: registers tensorflow-io's s3 for raw tf.data.
 
     port = free_ports(1)[0]
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         endpoint = f"http://127.0.0.1:{port}"
         assert can_connect(f"127.0.0.1:{port}", 30)
-        os.environ.update(S3_ENDPOINT=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",  # noqa
-                          AWS_REGION="us-east-1", S3_USE_HTTPS="0", S3_VERIFY_SSL="0")
+        os.environ.update(
+            S3_ENDPOINT=endpoint,
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_REGION="us-east-1",
+            S3_USE_HTTPS="0",
+            S3_VERIFY_SSL="0",
+        )
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket="bench")
         for path in files:
@@ -293,8 +377,10 @@ def _bench_s3(files: list[str], batch: int, repeats: int) -> dict[str, Any]:
                     seen += int(records.shape[0])
                 out[name].append(seen / (time.perf_counter() - start))
         med = {k: round(statistics.median(v)) for k, v in out.items()}
-        return {"records_per_s_median": med, "parallel_vs_sequential": round(med["parallel_interleave"] /
-                                                                             med["sequential"], 2)}
+        return {
+            "records_per_s_median": med,
+            "parallel_vs_sequential": round(med["parallel_interleave"] / med["sequential"], 2),
+        }
     finally:
         server.terminate()
         server.wait(10)

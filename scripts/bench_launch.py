@@ -49,8 +49,13 @@ def child(peer_wait: bool) -> int:
             sys.stdout.write(f"{MARK} {marked[0]:.6f}\n")
             sys.stdout.flush()
 
-    model.fit(dataset, epochs=1, steps_per_epoch=4, verbose=0,
-              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=_mark)])
+    model.fit(
+        dataset,
+        epochs=1,
+        steps_per_epoch=4,
+        verbose=0,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=_mark)],
+    )
     return 0
 
 
@@ -84,12 +89,18 @@ def main() -> int:
         launch_s.append(_time_to_first_step(launch, env, 2))
         no_wait_s.append(_time_to_first_step(launch + ["--no-peer-wait"], env, 2))
     plain, launched, no_wait = (statistics.median(v) for v in (plain_s, launch_s, no_wait_s))
-    report = {"repeats": args.repeats, "plain_single_process_s": [round(v, 2) for v in plain_s],
-              "tfdist_launch_2_workers_s": [round(v, 2) for v in launch_s],
-              "tfdist_launch_2_workers_without_peer_wait_s": [round(v, 2) for v in no_wait_s],
-              "median_plain_s": round(plain, 2), "median_tfdist_s": round(launched, 2),
-              "median_without_peer_wait_s": round(no_wait, 2), "ratio": round(launched / plain, 2),
-              "ratio_without_peer_wait": round(no_wait / plain, 2), "goal": "ratio < 1.5"}
+    report = {
+        "repeats": args.repeats,
+        "plain_single_process_s": [round(v, 2) for v in plain_s],
+        "tfdist_launch_2_workers_s": [round(v, 2) for v in launch_s],
+        "tfdist_launch_2_workers_without_peer_wait_s": [round(v, 2) for v in no_wait_s],
+        "median_plain_s": round(plain, 2),
+        "median_tfdist_s": round(launched, 2),
+        "median_without_peer_wait_s": round(no_wait, 2),
+        "ratio": round(launched / plain, 2),
+        "ratio_without_peer_wait": round(no_wait / plain, 2),
+        "goal": "ratio < 1.5",
+    }
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     return 0
 

@@ -64,8 +64,13 @@ def train(config: dict[str, Any], strategy: Any = None) -> None:
                 with open(config["marks"], "a") as f:
                     f.write(f"{MARK} {rank} {marked[0]:.6f}\n")
 
-    model.fit(dataset, epochs=1, steps_per_epoch=4, verbose=0,
-              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=_mark)])
+    model.fit(
+        dataset,
+        epochs=1,
+        steps_per_epoch=4,
+        verbose=0,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=_mark)],
+    )
 
 
 def ray_train_driver(address: str, marks: str, num_cpus: int) -> int:
@@ -78,10 +83,12 @@ def ray_train_driver(address: str, marks: str, num_cpus: int) -> int:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
-    trainer = TensorflowTrainer(train, train_loop_config={"marks": marks},
-                                scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-                                run_config=RunConfig(storage_path=os.path.dirname(marks),
-                                                     name=f"bench-{os.getpid()}-{time.time_ns()}"))
+    trainer = TensorflowTrainer(
+        train,
+        train_loop_config={"marks": marks},
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(storage_path=os.path.dirname(marks), name=f"bench-{os.getpid()}-{time.time_ns()}"),
+    )
     trainer.fit()
     ray.shutdown()
     return 0
@@ -98,16 +105,31 @@ def _run(argv: list[str], env: dict[str, str], marks: str) -> float:
         found.setdefault(int(rank), []).append(float(at))
     firsts = {rank: min(ats) for rank, ats in found.items()}
     if done.returncode != 0 or sorted(firsts) != [0, 1]:
-        raise SystemExit(f"{argv[:6]} failed ({done.returncode}), marks {found}: {done.stdout[-2000:]} "
-                         f"{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"{argv[:6]} failed ({done.returncode}), marks {found}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
+        )
     return max(firsts.values()) - start
 
 
 def _ray_head(env: dict[str, str], port: int, num_cpus: int) -> subprocess.Popen:
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
-                             "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    head = subprocess.Popen(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--num-cpus={num_cpus}",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     from tfdist.cluster import can_connect
 
     if not can_connect(f"127.0.0.1:{port}", timeout=120):
@@ -121,12 +143,20 @@ def main() -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ray-train", nargs=2, metavar=("ADDRESS", "MARKS"), help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--num-cpus", type=int, default=4,
-                        help="logical CPUs of every Ray (tfdist's own, Ray Train's own, the warm head); 4 holds "
-                             "2 workers plus Ray Train's controller")
-    parser.add_argument("--variants", default=None, metavar="A,B",
-                        help="run only these variants (default: all five); e.g. local,tfdist-ray-warm for a quick "
-                             "look at the once-Ray-is-up ratio")
+    parser.add_argument(
+        "--num-cpus",
+        type=int,
+        default=4,
+        help="logical CPUs of every Ray (tfdist's own, Ray Train's own, the warm head); 4 holds "
+        "2 workers plus Ray Train's controller",
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        metavar="A,B",
+        help="run only these variants (default: all five); e.g. local,tfdist-ray-warm for a quick "
+        "look at the once-Ray-is-up ratio",
+    )
     args = parser.parse_args()
     if args.child:
         import tfdist
@@ -142,8 +172,13 @@ def main() -> int:
     os.makedirs(tmp, exist_ok=True)
     marks = os.path.join(tmp, "marks")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "RAY_ADDRESS")}
-    env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               RAY_AUTH_MODE="disabled", RAY_TRAIN_V2_ENABLED=env.get("RAY_TRAIN_V2_ENABLED", "1"))
+    env.update(
+        TF_USE_LEGACY_KERAS="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_AUTH_MODE="disabled",
+        RAY_TRAIN_V2_ENABLED=env.get("RAY_TRAIN_V2_ENABLED", "1"),
+    )
     child = [sys.executable, HERE, "--child"]
     launch = [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "600"]
     port = free_ports(1)[0]
@@ -178,13 +213,18 @@ def main() -> int:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
     median = {name: statistics.median(values) for name, values in times.items()}
-    report: dict[str, Any] = {"repeats": args.repeats, "num_cpus": args.num_cpus,
-                              "seconds": {k: [round(v, 2) for v in vs] for k, vs in times.items()},
-                              "median_s": {k: round(v, 2) for k, v in median.items()}}
-    ratios = {"tfdist_ray_over_ray_train": ("tfdist-ray", "ray-train"),
-              "tfdist_ray_warm_over_ray_train_warm": ("tfdist-ray-warm", "ray-train-warm"),
-              "tfdist_ray_warm_over_local": ("tfdist-ray-warm", "local"),
-              "tfdist_ray_cold_over_local": ("tfdist-ray", "local")}
+    report: dict[str, Any] = {
+        "repeats": args.repeats,
+        "num_cpus": args.num_cpus,
+        "seconds": {k: [round(v, 2) for v in vs] for k, vs in times.items()},
+        "median_s": {k: round(v, 2) for k, v in median.items()},
+    }
+    ratios = {
+        "tfdist_ray_over_ray_train": ("tfdist-ray", "ray-train"),
+        "tfdist_ray_warm_over_ray_train_warm": ("tfdist-ray-warm", "ray-train-warm"),
+        "tfdist_ray_warm_over_local": ("tfdist-ray-warm", "local"),
+        "tfdist_ray_cold_over_local": ("tfdist-ray", "local"),
+    }
     for key, (top, bottom) in ratios.items():
         if top in times and bottom in times:
             report[key] = round(median[top] / median[bottom], 2)

@@ -24,9 +24,31 @@ TOPOLOGIES = ((1, 1), (2, 1), (1, 2), (2, 2))  # (workers, ps)
 
 def run_once(data: str, workers: int, ps: int, steps: int, out: str) -> dict:
     summary = os.path.join(out, f"w{workers}p{ps}.json")
-    cmd = [sys.executable, "-m", "tfdist.cli.launch", "--chief", "--workers", str(workers), "--ps", str(ps),
-           "--timeout", "600", "--", sys.executable, os.path.join(HERE, "train_recsys.py"), "--data", data,
-           "--epochs", "3", "--steps-per-epoch", str(steps), "--cold-weight", "1", "--summary", summary]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfdist.cli.launch",
+        "--chief",
+        "--workers",
+        str(workers),
+        "--ps",
+        str(ps),
+        "--timeout",
+        "600",
+        "--",
+        sys.executable,
+        os.path.join(HERE, "train_recsys.py"),
+        "--data",
+        data,
+        "--epochs",
+        "3",
+        "--steps-per-epoch",
+        str(steps),
+        "--cold-weight",
+        "1",
+        "--summary",
+        summary,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if done.returncode:
         raise RuntimeError(f"w{workers}p{ps} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -41,8 +63,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     if not os.path.exists(os.path.join(args.data, "clicks.json")):
-        subprocess.run([sys.executable, os.path.join(HERE, "make_synthetic_clicks.py"), "--out", args.data],
-                       check=True)
+        subprocess.run([sys.executable, os.path.join(HERE, "make_synthetic_clicks.py"), "--out", args.data], check=True)
     out = tempfile.mkdtemp(prefix="bench-recsys-")
     rates: dict[str, list[float]] = {}
     last: dict[str, dict] = {}
@@ -52,9 +73,17 @@ def main() -> int:
             last[key] = run_once(args.data, workers, ps, args.steps, out)
             rates.setdefault(key, []).append(round(last[key]["steps_per_s"], 1))
     base = statistics.median(rates["1 workers, 1 ps"])
-    rows = [{"topology": key, "steps_per_s": runs, "median": statistics.median(runs),
-             "ratio_to_1w1p": round(statistics.median(runs) / base, 2), "auc": last[key]["auc"],
-             "bytes_per_step": last[key]["bytes_per_step"]} for key, runs in rates.items()]
+    rows = [
+        {
+            "topology": key,
+            "steps_per_s": runs,
+            "median": statistics.median(runs),
+            "ratio_to_1w1p": round(statistics.median(runs) / base, 2),
+            "auc": last[key]["auc"],
+            "bytes_per_step": last[key]["bytes_per_step"],
+        }
+        for key, runs in rates.items()
+    ]
     sys.stdout.write(json.dumps({"rows": rows}, indent=1) + "\n")
     return 0
 

@@ -23,8 +23,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_REGION": "us-east-1",
-        "S3_USE_HTTPS": "0", "S3_VERIFY_SSL": "0"}
+KEYS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench-secret",
+    "AWS_REGION": "us-east-1",
+    "S3_USE_HTTPS": "0",
+    "S3_VERIFY_SSL": "0",
+}
 PATTERN = "s3://bench/data/part-*"
 
 
@@ -42,8 +47,9 @@ def child(mode: str, files: int, mb_per_file: int) -> None:
         write_tfrecords((record for _ in range(count)), "s3://bench/data/part", num_shards=files)
         print(json.dumps({"records": count}), flush=True)
         return
-    pipeline = TFRecordPipeline(files=PATTERN, batch_size=256, verify="none", drop_remainder=False,
-                                parse_fn=lambda records: records)
+    pipeline = TFRecordPipeline(
+        files=PATTERN, batch_size=256, verify="none", drop_remainder=False, parse_fn=lambda records: records
+    )
     start = time.perf_counter()
     count = 0
     for batch in pipeline.dataset():
@@ -52,9 +58,13 @@ def child(mode: str, files: int, mb_per_file: int) -> None:
 
 
 def _run(args: argparse.Namespace, mode: str, env: dict[str, str]) -> dict[str, float]:
-    done = subprocess.run([sys.executable, __file__, "--child", mode, "--files", str(args.files),
-                           "--mb-per-file", str(args.mb_per_file)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--files", str(args.files), "--mb-per-file", str(args.mb_per_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -76,13 +86,22 @@ def main() -> int:
 
     port = free_ports(1)[0]
     server = shutil.which("moto_server") or os.path.join(os.path.dirname(sys.executable), "moto_server")
-    moto = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    moto = subprocess.Popen(
+        [server, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         assert can_connect(f"127.0.0.1:{port}", timeout=30), "moto_server did not start"
-        env = dict(os.environ, **KEYS, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-                   S3_ENDPOINT=f"http://127.0.0.1:{port}", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        env = dict(
+            os.environ,
+            **KEYS,
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+            S3_ENDPOINT=f"http://127.0.0.1:{port}",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
+        )
         total = _run(args, "write", dict(env, TFDIST_S3_READER="boto3"))["records"]
         mb = total / 1024
         runs: dict[str, list[float]] = {"tensorflow": [], "boto3": []}

@@ -30,8 +30,9 @@ CASES = (str(4 << 20), str(64 << 20), "resnet50")
 
 def _run(python: str, script: str, *args: str) -> str:
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([python, os.path.join(HERE, script), *args], env=env, capture_output=True, text=True,
-                          timeout=1500)
+    done = subprocess.run(
+        [python, os.path.join(HERE, script), *args], env=env, capture_output=True, text=True, timeout=1500
+    )
     if done.returncode != 0:
         raise SystemExit(f"{python} {script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     return done.stdout
@@ -79,8 +80,10 @@ def main() -> int:
     for key in runs["pinned"]:
         p, n = runs["pinned"][key], runs["newest"][key]
         mp, mn = statistics.median(p), statistics.median(n)
-        print(f"| {key} | {' '.join(f'{v:g}' for v in p)} | {mp:g} | {' '.join(f'{v:g}' for v in n)} | {mn:g} | "
-              f"**{mn / mp:.2f}** |")
+        print(
+            f"| {key} | {' '.join(f'{v:g}' for v in p)} | {mp:g} | {' '.join(f'{v:g}' for v in n)} | {mn:g} | "
+            f"**{mn / mp:.2f}** |"
+        )
     return 0
 
 

@@ -39,13 +39,20 @@ def main() -> int:
     labels = (x @ rng.normal(size=(32, 4))).argmax(axis=1)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = (tf.data.Dataset.from_tensor_slices((x, labels)).shuffle(args.examples, seed=1)
-               .batch(args.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE).with_options(options))
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, labels))
+        .shuffle(args.examples, seed=1)
+        .batch(args.global_batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+        .with_options(options)
+    )
     with strategy.scope():
-        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(4)])
-        model.compile(optimizer=keras.optimizers.Adam(1e-2),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)])
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
     start = time.perf_counter()
     history = model.fit(dataset, epochs=args.epochs, verbose=2 if (spec is None or spec.is_chief) else 0)
     seconds = time.perf_counter() - start

@@ -23,18 +23,20 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 DIM = 8
 
 
-def generate(*, users: int, items: int, events: int, hot_fraction: float, hot_share: float, item_zipf: float,
-             seed: int) -> dict[str, Any]:
+def generate(
+    *, users: int, items: int, events: int, hot_fraction: float, hot_share: float, item_zipf: float, seed: int
+) -> dict[str, Any]:
     """The events as numpy arrays (user, item, label, hot), ordered by user."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    n_hot = max(1, int(round(users * hot_fraction)))
+    n_hot = max(1, round(users * hot_fraction))
     # Activity: Zipf among hot users, holding hot_share of all events; cold users share the rest evenly.
     hot_weights = 1.0 / np.arange(1, n_hot + 1) ** 0.8
     hot_weights = hot_share * hot_weights / hot_weights.sum()
@@ -62,27 +64,51 @@ def _examples(data: dict[str, Any], mask: Any, seed: int) -> Iterator[Any]:
     order = np.flatnonzero(mask)
     np.random.default_rng(seed).shuffle(order)  # Files hold users mixed, as logs would.
     for i in order:
-        feature = {key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(data[src][i])]))
-                   for key, src in (("user_id", "user"), ("item_id", "item"), ("label", "label"), ("hot", "hot"))}
+        feature = {
+            key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(data[src][i])]))
+            for key, src in (("user_id", "user"), ("item_id", "item"), ("label", "label"), ("hot", "hot"))
+        }
         yield tf.train.Example(features=tf.train.Features(feature=feature))
 
 
-def write_dataset(out: str, *, users: int = 20000, items: int = 2000, events: int = 300000,
-                  hot_fraction: float = 0.3, hot_share: float = 0.85, item_zipf: float = 1.0, shards: int = 8,
-                  seed: int = 0) -> dict[str, Any]:
+def write_dataset(
+    out: str,
+    *,
+    users: int = 20000,
+    items: int = 2000,
+    events: int = 300000,
+    hot_fraction: float = 0.3,
+    hot_share: float = 0.85,
+    item_zipf: float = 1.0,
+    shards: int = 8,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Writes train-*/eval-* TFRecords and clicks.json under ``out``; returns the summary it wrote."""
     from tfdist.data import write_tfrecords
 
-    data = generate(users=users, items=items, events=events, hot_fraction=hot_fraction, hot_share=hot_share,
-                    item_zipf=item_zipf, seed=seed)
+    data = generate(
+        users=users,
+        items=items,
+        events=events,
+        hot_fraction=hot_fraction,
+        hot_share=hot_share,
+        item_zipf=item_zipf,
+        seed=seed,
+    )
     os.makedirs(out, exist_ok=True)
     write_tfrecords(_examples(data, ~data["is_eval"], seed), os.path.join(out, "train"), num_shards=shards)
     write_tfrecords(_examples(data, data["is_eval"], seed + 1), os.path.join(out, "eval"), num_shards=2)
     train = ~data["is_eval"]
-    summary = {"users": users, "items": items, "hot_users": int(data["n_hot"]),
-               "train_records": int(train.sum()), "eval_records": int(data["is_eval"].sum()),
-               "train_hot_share": round(float(data["hot"][train].mean()), 4),
-               "train_click_rate": round(float(data["label"][train].mean()), 4), "seed": seed}
+    summary = {
+        "users": users,
+        "items": items,
+        "hot_users": int(data["n_hot"]),
+        "train_records": int(train.sum()),
+        "eval_records": int(data["is_eval"].sum()),
+        "train_hot_share": round(float(data["hot"][train].mean()), 4),
+        "train_click_rate": round(float(data["label"][train].mean()), 4),
+        "seed": seed,
+    }
     with open(os.path.join(out, "clicks.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     logging.getLogger("make_synthetic_clicks").info("Wrote %s", summary)
@@ -102,8 +128,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    write_dataset(args.out, users=args.users, items=args.items, events=args.events, hot_fraction=args.hot_fraction,
-                  hot_share=args.hot_share, item_zipf=args.item_zipf, shards=args.shards, seed=args.seed)
+    write_dataset(
+        args.out,
+        users=args.users,
+        items=args.items,
+        events=args.events,
+        hot_fraction=args.hot_fraction,
+        hot_share=args.hot_share,
+        item_zipf=args.item_zipf,
+        shards=args.shards,
+        seed=args.seed,
+    )
     return 0
 
 

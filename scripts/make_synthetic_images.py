@@ -44,9 +44,11 @@ def examples(num: int, classes: int, size: int, skew: str, seed: int):  # type: 
         stripes = np.sin((xx * np.cos(label) + yy * np.sin(label)) * (0.2 + 0.05 * label))[..., None]
         pixels = palette[label] + 40 * stripes + rng.normal(0, 25, size=(size, size, 3))
         jpeg = tf.io.encode_jpeg(np.clip(pixels, 0, 255).astype(np.uint8), quality=90).numpy()
-        feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-                   "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-                   "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+        feature = {
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+        }
         yield tf.train.Example(features=tf.train.Features(feature=feature))
 
 
@@ -65,11 +67,19 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tfdist.data import write_tfrecords
 
-    paths = write_tfrecords(examples(args.num, args.classes, args.size, args.skew, args.seed), args.out,
-                            num_shards=args.shards, compression=args.compression,
-                            partition_by="label" if args.partition else None)
-    summary = {"files": len(paths), "records": args.num,
-               "class_counts": class_counts(args.num, args.classes, args.skew), "prefix": args.out}
+    paths = write_tfrecords(
+        examples(args.num, args.classes, args.size, args.skew, args.seed),
+        args.out,
+        num_shards=args.shards,
+        compression=args.compression,
+        partition_by="label" if args.partition else None,
+    )
+    summary = {
+        "files": len(paths),
+        "records": args.num,
+        "class_counts": class_counts(args.num, args.classes, args.skew),
+        "prefix": args.out,
+    }
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 

@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
 
 PACKAGES = ("slurm-wlm", "munge")
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "srun", "scontrol", "scancel", "squeue")
@@ -72,7 +71,7 @@ PartitionName=local Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _which(name: str) -> Optional[str]:
+def _which(name: str) -> str | None:
     path = os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
     return shutil.which(name, path=path)
 
@@ -82,7 +81,7 @@ def missing_binaries() -> list[str]:
     return [name for name in BINARIES if _which(name) is None]
 
 
-def ensure_installed() -> Optional[str]:
+def ensure_installed() -> str | None:
     """Installs slurm-wlm and munge with apt-get when missing; returns None, or why it could not."""
     if not missing_binaries():
         return None
@@ -91,8 +90,7 @@ def ensure_installed() -> Optional[str]:
     if os.geteuid() != 0:
         return f"Slurm is not installed ({', '.join(missing_binaries())} missing) and apt-get needs root"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
@@ -131,12 +129,17 @@ class LocalSlurm:
         """Cancels this cluster's jobs, then stops the daemons this object started, each by its own pid."""
         if all(self.processes.get(n) is not None and self.processes[n].poll() is None for n in ("slurmctld", "slurmd")):
             try:
-                subprocess.run([_which("scancel") or "scancel", "--full", "--user", "root"], env=self.env,
-                               capture_output=True, timeout=20)
+                subprocess.run(
+                    [_which("scancel") or "scancel", "--full", "--user", "root"],
+                    env=self.env,
+                    capture_output=True,
+                    timeout=20,
+                )
                 deadline = time.monotonic() + grace
                 while time.monotonic() < deadline:  # Their tasks end before slurmd does.
-                    queue = subprocess.run([_which("squeue") or "squeue", "-h"], env=self.env,
-                                           capture_output=True, text=True, timeout=20)
+                    queue = subprocess.run(
+                        [_which("squeue") or "squeue", "-h"], env=self.env, capture_output=True, text=True, timeout=20
+                    )
                     if queue.returncode != 0 or not queue.stdout.strip():
                         break
                     time.sleep(0.5)
@@ -164,13 +167,15 @@ def _write_conf(directory: str, cpus: int) -> None:
 
 def _spawn(argv: list[str], log: str) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
 
 def _node_state(env: dict[str, str]) -> str:
-    done = subprocess.run([_which("sinfo") or "sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True,
-                          text=True, timeout=20)
+    done = subprocess.run(
+        [_which("sinfo") or "sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20
+    )
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
@@ -188,22 +193,37 @@ def start(directory: str, *, cpus: int = 8, timeout: float = 90.0) -> LocalSlurm
     munge = os.path.join(directory, "munge")
     key = os.path.join(munge, "munge.key")
     if not os.path.exists(key):
-        subprocess.run([_which("mungekey") or "mungekey", "--create", "--keyfile", key], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [_which("mungekey") or "mungekey", "--create", "--keyfile", key],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     os.chmod(key, 0o600)
     conf = os.path.join(directory, "slurm.conf")
     processes: dict[str, subprocess.Popen] = {}
     cluster = LocalSlurm(directory, processes)
     try:
         processes["munged"] = _spawn(
-            [_which("munged") or "munged", "--foreground", "--force", f"--key-file={key}",
-             f"--socket={munge}/munge.socket", f"--pid-file={munge}/munged.pid", f"--seed-file={munge}/munge.seed",
-             f"--log-file={directory}/munged.log"], os.path.join(directory, "munged.out"))
+            [
+                _which("munged") or "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={munge}/munge.socket",
+                f"--pid-file={munge}/munged.pid",
+                f"--seed-file={munge}/munge.seed",
+                f"--log-file={directory}/munged.log",
+            ],
+            os.path.join(directory, "munged.out"),
+        )
         _wait_for(lambda: os.path.exists(f"{munge}/munge.socket"), 20, "munged socket", cluster)
-        processes["slurmctld"] = _spawn([_which("slurmctld") or "slurmctld", "-D", "-i", "-f", conf],
-                                        os.path.join(directory, "slurmctld.out"))
-        processes["slurmd"] = _spawn([_which("slurmd") or "slurmd", "-D", "-N", NODE, "-f", conf],
-                                     os.path.join(directory, "slurmd.out"))
+        processes["slurmctld"] = _spawn(
+            [_which("slurmctld") or "slurmctld", "-D", "-i", "-f", conf], os.path.join(directory, "slurmctld.out")
+        )
+        processes["slurmd"] = _spawn(
+            [_which("slurmd") or "slurmd", "-D", "-N", NODE, "-f", conf], os.path.join(directory, "slurmd.out")
+        )
         _wait_for(lambda: _node_state(cluster.env) == "idle", timeout, "node idle in sinfo", cluster)
     except BaseException:
         cluster.stop()
@@ -238,7 +258,7 @@ def _stop_dir(directory: str) -> int:
     return stopped
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="A single-node Slurm cluster on 127.0.0.1.")
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("--dir", default="/tmp/tfdist-slurm", help="state, logs and slurm.conf go here")

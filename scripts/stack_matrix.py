@@ -31,17 +31,24 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {
-    "MWMS fit": ["tests/strategy/test_multiworker.py::MultiWorkerMirroredTest::test_auto_strategy_two_workers_identical_weights"],
+    "MWMS fit": [
+        "tests/strategy/test_multiworker.py::MultiWorkerMirroredTest::test_auto_strategy_two_workers_identical_weights"
+    ],
     "PS fit": ["tests/keras/test_fit.py::ParameterServerKerasTest::test_fit_input_callbacks_and_evaluator_sidecar"],
     "preemption save": ["tests/keras/test_fit.py::PreemptionTest"],
-    "compression": ["tests/comm/test_communication.py::TwoWorkerCommunicationTest::"
-                    "test_compressed_fit_reaches_the_uncompressed_loss"],
-    "accumulation": ["tests/comm/test_communication.py::TwoWorkerCommunicationTest::"
-                     "test_accumulation_equals_one_large_batch"],
+    "compression": [
+        "tests/comm/test_communication.py::TwoWorkerCommunicationTest::"
+        "test_compressed_fit_reaches_the_uncompressed_loss"
+    ],
+    "accumulation": [
+        "tests/comm/test_communication.py::TwoWorkerCommunicationTest::test_accumulation_equals_one_large_batch"
+    ],
     "s3 boto3": ["tests/data/storage/test_s3.py::test_write_and_read_sharded_tfrecords_on_s3[boto3]"],
 }
-TFIO_PROBE = ("import tensorflow as tf\ntry:\n    import tensorflow_io\nexcept Exception as e:\n    print('IMPORT', e)\n"
-              "print('S3' if 's3' in tf.io.gfile.get_registered_schemes() else 'NO-S3')")
+TFIO_PROBE = (
+    "import tensorflow as tf\ntry:\n    import tensorflow_io\nexcept Exception as e:\n    print('IMPORT', e)\n"
+    "print('S3' if 's3' in tf.io.gfile.get_registered_schemes() else 'NO-S3')"
+)
 
 
 def _env() -> dict[str, str]:
@@ -50,8 +57,14 @@ def _env() -> dict[str, str]:
 
 def _pytest(python: str, ids: list[str]) -> tuple[str, float]:
     start = time.perf_counter()
-    done = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *ids], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *ids],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     seconds = time.perf_counter() - start
     last = (done.stdout.strip().splitlines() or ["?"])[-1]
     return ("pass" if done.returncode == 0 else f"FAIL ({last})"), seconds
@@ -69,8 +82,14 @@ def _tfio(python: str) -> str:
 
 def _import_seconds(python: str) -> float:
     code = "import time; t = time.perf_counter(); import tensorflow, tf_keras; print(time.perf_counter() - t)"
-    runs = [float(subprocess.run([python, "-c", code], env=_env(), capture_output=True, text=True,
-                                 timeout=300).stdout.strip().splitlines()[-1]) for _ in range(3)]
+    runs = [
+        float(
+            subprocess.run([python, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(3)
+    ]
     return statistics.median(runs)
 
 
@@ -79,8 +98,12 @@ def main() -> int:
     parser.add_argument("--python", required=True, help="the venv's python")
     parser.add_argument("--json", help="also write the row here")
     args = parser.parse_args()
-    versions = subprocess.run([args.python, "-c", "import importlib.metadata as m; print(m.version('tensorflow'), "
-                               "m.version('tf-keras'))"], capture_output=True, text=True, check=True).stdout.split()
+    versions = subprocess.run(
+        [args.python, "-c", "import importlib.metadata as m; print(m.version('tensorflow'), m.version('tf-keras'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     row: dict[str, object] = {"tensorflow": versions[0], "tf-keras": versions[1]}
     for name, ids in TESTS.items():
         result, seconds = _pytest(args.python, ids)
@@ -91,8 +114,11 @@ def main() -> int:
     row["import s"] = round(_import_seconds(args.python), 2)
     print(json.dumps(row), flush=True)
     cells = ["MWMS fit", "PS fit", "preemption save", "compression", "accumulation"]
-    print(f"| {row['tensorflow']} | {row['tf-keras']} | " + " | ".join(str(row[c]) for c in cells)
-          + f" | {row['s3 tensorflow-io']} / {row['s3 boto3']} | {row['import s']} |")
+    print(
+        f"| {row['tensorflow']} | {row['tf-keras']} | "
+        + " | ".join(str(row[c]) for c in cells)
+        + f" | {row['s3 tensorflow-io']} / {row['s3 boto3']} | {row['import s']} |"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(row, f, indent=1)

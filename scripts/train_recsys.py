@@ -91,16 +91,21 @@ def _model(keras: Any, users: int, items: int, dim: int, learning_rate: float, o
     """logit = <user, item> + item bias + bias, from embedding tables (sharded over the ps when built in scope)."""
     user_id = keras.Input((), dtype="int64", name="user_id")
     item_id = keras.Input((), dtype="int64", name="item_id")
-    user = keras.layers.Embedding(users, dim, name="user_embedding",
-                                  embeddings_initializer=keras.initializers.RandomNormal(stddev=0.05))(user_id)
-    item = keras.layers.Embedding(items, dim, name="item_embedding",
-                                  embeddings_initializer=keras.initializers.RandomNormal(stddev=0.05))(item_id)
+    user = keras.layers.Embedding(
+        users, dim, name="user_embedding", embeddings_initializer=keras.initializers.RandomNormal(stddev=0.05)
+    )(user_id)
+    item = keras.layers.Embedding(
+        items, dim, name="item_embedding", embeddings_initializer=keras.initializers.RandomNormal(stddev=0.05)
+    )(item_id)
     bias = keras.layers.Embedding(items, 1, name="item_bias", embeddings_initializer="zeros")(item_id)
     logit = keras.layers.Add()([keras.layers.Dot(axes=1)([user, item]), keras.layers.Flatten()(bias)])
     output = keras.layers.Dense(1, activation="sigmoid", name="click")(logit)
     model = keras.Model({"user_id": user_id, "item_id": item_id}, output)
-    model.compile(optimizer=getattr(keras.optimizers, OPTIMIZERS[optimizer])(learning_rate), loss="binary_crossentropy",
-                  steps_per_execution=10)
+    model.compile(
+        optimizer=getattr(keras.optimizers, OPTIMIZERS[optimizer])(learning_rate),
+        loss="binary_crossentropy",
+        steps_per_execution=10,
+    )
     return model
 
 
@@ -110,12 +115,16 @@ def _evaluate(keras: Any, model: Any, eval_data: dict[str, Any], meta: dict[str,
 
     local = _model(keras, meta["users"], meta["items"], args.dim, args.learning_rate)
     local.set_weights(local_weights(model))
-    scores = local.predict({"user_id": eval_data["user_id"], "item_id": eval_data["item_id"]}, batch_size=8192,
-                           verbose=0).reshape(-1)
+    scores = local.predict(
+        {"user_id": eval_data["user_id"], "item_id": eval_data["item_id"]}, batch_size=8192, verbose=0
+    ).reshape(-1)
     hot = eval_data["hot"].astype(bool)
     labels = eval_data["label"]
-    return {"auc": auc(labels, scores), "auc_hot": auc(labels[hot], scores[hot]),
-            "auc_cold": auc(labels[~hot], scores[~hot])}
+    return {
+        "auc": auc(labels, scores),
+        "auc_hot": auc(labels[hot], scores[hot]),
+        "auc_cold": auc(labels[~hot], scores[~hot]),
+    }
 
 
 def _baseline(train: dict[str, Any], eval_data: dict[str, Any], items: int) -> dict[str, float]:
@@ -129,8 +138,11 @@ def _baseline(train: dict[str, Any], eval_data: dict[str, Any], items: int) -> d
     scores = rate[eval_data["item_id"]]
     hot = eval_data["hot"].astype(bool)
     labels = eval_data["label"]
-    return {"baseline_auc": auc(labels, scores), "baseline_auc_hot": auc(labels[hot], scores[hot]),
-            "baseline_auc_cold": auc(labels[~hot], scores[~hot])}
+    return {
+        "baseline_auc": auc(labels, scores),
+        "baseline_auc_hot": auc(labels[hot], scores[hot]),
+        "baseline_auc_cold": auc(labels[~hot], scores[~hot]),
+    }
 
 
 def _traffic(train: dict[str, Any], meta: dict[str, Any], args: Any, workers: int) -> dict[str, Any]:
@@ -142,11 +154,14 @@ def _traffic(train: dict[str, Any], meta: dict[str, Any], args: Any, workers: in
     per_worker = args.batch // max(1, workers)
     rows = []
     for start in range(0, min(len(train["user_id"]), 50 * per_worker), per_worker):
-        users = np.unique(train["user_id"][start:start + per_worker]).size
-        items = np.unique(train["item_id"][start:start + per_worker]).size
+        users = np.unique(train["user_id"][start : start + per_worker]).size
+        items = np.unique(train["item_id"][start : start + per_worker]).size
         rows.append(users * args.dim + items * (args.dim + 1))
-    traffic = embedding_traffic(table_values=meta["users"] * args.dim + meta["items"] * (args.dim + 1),
-                                values_touched_per_step=float(np.mean(rows)), workers=max(2, workers))
+    traffic = embedding_traffic(
+        table_values=meta["users"] * args.dim + meta["items"] * (args.dim + 1),
+        values_touched_per_step=float(np.mean(rows)),
+        workers=max(2, workers),
+    )
     return traffic.to_dict()
 
 
@@ -156,9 +171,17 @@ def _train(keras: Any, strategy: Any, meta: dict[str, Any], args: Any, cold_weig
 
     from tfdist.data import TFRecordPipeline
 
-    pipeline = TFRecordPipeline(files=os.path.join(args.data, "train-*"), batch_size=args.batch, features=_spec(),
-                                shard_policy="hash", shard_key="user_id", num_epochs=None, shuffle_buffer=20000,
-                                seed=args.seed, drop_remainder=True)
+    pipeline = TFRecordPipeline(
+        files=os.path.join(args.data, "train-*"),
+        batch_size=args.batch,
+        features=_spec(),
+        shard_policy="hash",
+        shard_key="user_id",
+        num_epochs=None,
+        shuffle_buffer=20000,
+        seed=args.seed,
+        drop_remainder=True,
+    )
 
     def dataset_fn(context: Any) -> Any:
         def split(batch: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
@@ -174,23 +197,35 @@ def _train(keras: Any, strategy: Any, meta: dict[str, Any], args: Any, cold_weig
     steps = args.steps_per_epoch or max(10, meta["train_records"] // args.batch)
     marks: list[float] = []
     timer = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter()))
-    model.fit(keras.fit_input(dataset_fn, strategy=strategy, steps_per_epoch=steps), epochs=args.epochs,
-              steps_per_epoch=steps, callbacks=[timer], verbose=2)
+    model.fit(
+        keras.fit_input(dataset_fn, strategy=strategy, steps_per_epoch=steps),
+        epochs=args.epochs,
+        steps_per_epoch=steps,
+        callbacks=[timer],
+        verbose=2,
+    )
     rate = steps * (len(marks) - 1) / (marks[-1] - marks[0]) if len(marks) > 1 else float("nan")
     return model, rate
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", help="directory written by make_synthetic_clicks.py (default: generate the "
-                        f"synthetic click logs into {DEFAULT_DATA} unless they are there)")
+    parser.add_argument(
+        "--data",
+        help="directory written by make_synthetic_clicks.py (default: generate the "
+        f"synthetic click logs into {DEFAULT_DATA} unless they are there)",
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="default: one pass over the training data")
     parser.add_argument("--batch", type=int, default=1024, help="global batch")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=0.01)
-    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
-                        help="adam updates its moments for whole tables each step; adagrad and sgd only touched rows")
+    parser.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZERS),
+        default="adam",
+        help="adam updates its moments for whole tables each step; adagrad and sgd only touched rows",
+    )
     parser.add_argument("--cold-weight", default="auto", help="sample weight of cold users' examples, or 'auto'")
     parser.add_argument("--compare", action="store_true", help="also train without cold-user weights first")
     parser.add_argument("--partition", default="fixed", help="tfdist partition: fixed (one shard per ps), min_size")
@@ -213,8 +248,12 @@ def main() -> int:
     cold_weight = hot_share / (1 - hot_share) if args.cold_weight == "auto" else float(args.cold_weight)
     spec = tfdist.current_cluster()
     workers = len(spec.jobs.get("worker", ())) if spec else 1
-    summary: dict[str, Any] = {**_baseline(train, eval_data, meta["items"]), "cold_weight": round(cold_weight, 3),
-                               "workers": workers, "ps": spec.num_ps if spec else 0}
+    summary: dict[str, Any] = {
+        **_baseline(train, eval_data, meta["items"]),
+        "cold_weight": round(cold_weight, 3),
+        "workers": workers,
+        "ps": spec.num_ps if spec else 0,
+    }
     fit_start = time.time()
     if args.compare:
         model, rate = _train(keras, strategy, meta, args, cold_weight=1.0)
@@ -227,10 +266,14 @@ def main() -> int:
     summary["bytes_per_step"] = _traffic(train, meta, args, workers)
     rounded = json.loads(json.dumps(summary), parse_float=lambda v: round(float(v), 4))
     for name, values in [("weighted", rounded)] + ([("unweighted", rounded["unweighted"])] if args.compare else []):
-        sys.stdout.write(f"{name}: AUC {values['auc']:.4f} (hot {values['auc_hot']:.4f}, cold {values['auc_cold']:.4f})"
-                         f", {values['steps_per_s']:.1f} steps/s\n")
-    sys.stdout.write(f"popularity baseline: AUC {rounded['baseline_auc']:.4f} (hot {rounded['baseline_auc_hot']:.4f},"
-                     f" cold {rounded['baseline_auc_cold']:.4f})\n")
+        sys.stdout.write(
+            f"{name}: AUC {values['auc']:.4f} (hot {values['auc_hot']:.4f}, cold {values['auc_cold']:.4f})"
+            f", {values['steps_per_s']:.1f} steps/s\n"
+        )
+    sys.stdout.write(
+        f"popularity baseline: AUC {rounded['baseline_auc']:.4f} (hot {rounded['baseline_auc_hot']:.4f},"
+        f" cold {rounded['baseline_auc_cold']:.4f})\n"
+    )
     sys.stdout.write("RESULT " + json.dumps(rounded) + "\n")
     if args.summary:
         with open(args.summary, "w", encoding="utf-8") as f:

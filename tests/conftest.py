@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +19,13 @@ from tfdist.cluster.probe import can_connect
 # absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
 flags.FLAGS.mark_as_parsed()
 
-S3_KEYS = {"AWS_ACCESS_KEY_ID": "tfdist", "AWS_SECRET_ACCESS_KEY": "tfdist-secret", "AWS_REGION": "us-east-1",
-           "S3_USE_HTTPS": "0", "S3_VERIFY_SSL": "0"}
+S3_KEYS = {
+    "AWS_ACCESS_KEY_ID": "tfdist",
+    "AWS_SECRET_ACCESS_KEY": "tfdist-secret",
+    "AWS_REGION": "us-east-1",
+    "S3_USE_HTTPS": "0",
+    "S3_VERIFY_SSL": "0",
+}
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +33,12 @@ def s3_server() -> Iterator[dict[str, str]]:
     """Starts the moto S3 server on 127.0.0.1; yields the env that points S3 clients at it."""
     server = shutil.which("moto_server") or os.path.join(os.path.dirname(sys.executable), "moto_server")
     port = _address.free_ports(1)[0]
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [server, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         assert can_connect(f"127.0.0.1:{port}", timeout=30), "moto_server did not start"
         yield dict(S3_KEYS, S3_ENDPOINT=f"http://127.0.0.1:{port}", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
@@ -48,9 +56,13 @@ def s3_client(s3_server: dict[str, str]) -> Any:
     """A boto3 S3 client of the moto server (needs boto3: the test extra installs it)."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                        aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client(
+        "s3",
+        endpoint_url=s3_server["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 def _slurm_local():  # type: ignore[no-untyped-def]

@@ -64,8 +64,13 @@ def test_keras3_fit_under_a_multi_worker_strategy_names_the_fix() -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", KERAS3_FIT], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2"))
+    done = subprocess.run(
+        [sys.executable, "-c", KERAS3_FIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ERROR from tfdist import keras | Keras 3 (keras 3." in done.stdout
     assert "cannot fit under MultiWorkerMirroredStrategy" in done.stdout and "PerReplica" in done.stdout

@@ -25,7 +25,7 @@ def _blocks() -> list[tuple[str, str, str | None]]:
     found = []
     for page in DOCS:
         text = page.read_text(encoding="utf-8")
-        for number, match in enumerate(_FENCE.finditer(text), start=1):
+        for _number, match in enumerate(_FENCE.finditer(text), start=1):
             before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
             marker = _NOT_RUN.search(before)
             line = text.count("\n", 0, match.start()) + 1
@@ -38,8 +38,17 @@ BLOCKS = _blocks()
 
 def test_the_docs_pages_exist() -> None:
     names = {page.name for page in DOCS}
-    expected = {"cluster.md", "strategies.md", "data.md", "keras.md", "launch.md", "communication.md",
-                "planning.md", "recsys.md", "design.md"}
+    expected = {
+        "cluster.md",
+        "strategies.md",
+        "data.md",
+        "keras.md",
+        "launch.md",
+        "communication.md",
+        "planning.md",
+        "recsys.md",
+        "design.md",
+    }
     assert expected <= names, f"missing docs pages: {sorted(expected - names)}"
     assert BLOCKS, "no python blocks found in docs/"
 
@@ -56,8 +65,14 @@ def test_python_block_runs(where: str, code: str, reason: str | None) -> None:
     if reason is not None:
         pytest.skip(f"not-run: {reason}")
     with tempfile.TemporaryDirectory(prefix="tfdist-docs-") as tmp:
-        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2",
-               "TF_USE_LEGACY_KERAS": "1", "HOME": tmp}
-        done = subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True, text=True,
-                              timeout=300)
+        env = {
+            "PYTHONPATH": str(ROOT),
+            "PATH": "/usr/bin:/bin",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TF_USE_LEGACY_KERAS": "1",
+            "HOME": tmp,
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True, text=True, timeout=300
+        )
     assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"

@@ -20,60 +20,145 @@ import pytest
 
 import tfdist
 from tfdist import errors, launch, plan, testing
-from tfdist.comm.autotune import CollectiveTuning
 from tfdist.cluster.spec import split_task_name
+from tfdist.comm.autotune import CollectiveTuning
 from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
-from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.emit import formats as emit
 from tfdist.strategy.builders import StrategyOptions, resolve_options
 
-HOSTILE: tuple[Any, ...] = (None, "", "x", "5", -1, 0, 2**70, 1.5, -0.5, math.nan, math.inf, True, [], ["x"], {},
-                            {"x": 1}, (1, 2), object(), b"bytes")
+HOSTILE: tuple[Any, ...] = (
+    None,
+    "",
+    "x",
+    "5",
+    -1,
+    0,
+    2**70,
+    1.5,
+    -0.5,
+    math.nan,
+    math.inf,
+    True,
+    [],
+    ["x"],
+    {},
+    {"x": 1},
+    (1, 2),
+    object(),
+    b"bytes",
+)
 _FILES = [("/data/a-0", 100), ("/data/a-1", 120), ("/data/a-2", 90)]
 _CONFIG = LaunchConfig(command=("python", "train.py"), workers=2)
 _PS_CLUSTER = {"cluster": {"chief": ["c:1"], "worker": ["w:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}}
 
 # name -> (callable, valid keyword arguments)
 CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-    "ClusterSpec.local": (tfdist.ClusterSpec.local, {"workers": 2, "ps": 1, "chief": True, "evaluator": False,
-                                                     "host": "127.0.0.1"}),
+    "ClusterSpec.local": (
+        tfdist.ClusterSpec.local,
+        {"workers": 2, "ps": 1, "chief": True, "evaluator": False, "host": "127.0.0.1"},
+    ),
     "ClusterSpec": (tfdist.ClusterSpec, {"jobs": {"worker": ["a:1", "b:2"]}}),
-    "ClusterSpec.from_tf_config": (tfdist.ClusterSpec.from_tf_config,
-                                   {"tf_config": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'}),
+    "ClusterSpec.from_tf_config": (
+        tfdist.ClusterSpec.from_tf_config,
+        {"tf_config": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'},
+    ),
     "ClusterSpec.with_task": (tfdist.ClusterSpec.local(workers=2).with_task, {"task_type": "worker", "task_id": 1}),
     "StrategyOptions": (StrategyOptions, {"communication": "ring", "bytes_per_pack": 0, "partition": "min_size"}),
     "resolve_options": (resolve_options, {"bytes_per_pack": 1024, "timeout_seconds": 5.0}),
-    "LaunchConfig": (LaunchConfig, {"command": ("python", "x.py"), "workers": 2, "ps": 0, "chief": False,
-                                    "evaluator": False, "run_on": "auto", "max_restarts": 0, "threads_per_task": 1,
-                                    "timeout": 5.0, "log_dir": None, "kills": (), "isolate_network": False,
-                                    "grace_seconds": 1.0, "host": "127.0.0.1", "env": {},
-                                    "data_service_workers": 0}),
+    "LaunchConfig": (
+        LaunchConfig,
+        {
+            "command": ("python", "x.py"),
+            "workers": 2,
+            "ps": 0,
+            "chief": False,
+            "evaluator": False,
+            "run_on": "auto",
+            "max_restarts": 0,
+            "threads_per_task": 1,
+            "timeout": 5.0,
+            "log_dir": None,
+            "kills": (),
+            "isolate_network": False,
+            "grace_seconds": 1.0,
+            "host": "127.0.0.1",
+            "env": {},
+            "data_service_workers": 0,
+        },
+    ),
     "KillAt.parse": (KillAt.parse, {"text": "worker:1@after=Epoch 2/"}),
-    "Plan": (plan.Plan, {"params": 1e6, "workers": 2, "bandwidth": 1e9, "latency": 1e-5, "gpus_per_worker": 1,
-                         "device_memory": None, "optimizer": "adam", "bytes_per_value": 4, "ps_shards": None,
-                         "compute_s": None, "embedding_values": 0.0, "embedding_touched": 0.0}),
+    "Plan": (
+        plan.Plan,
+        {
+            "params": 1e6,
+            "workers": 2,
+            "bandwidth": 1e9,
+            "latency": 1e-5,
+            "gpus_per_worker": 1,
+            "device_memory": None,
+            "optimizer": "adam",
+            "bytes_per_value": 4,
+            "ps_shards": None,
+            "compute_s": None,
+            "embedding_values": 0.0,
+            "embedding_touched": 0.0,
+        },
+    ),
     "parse_quantity": (plan.parse_quantity, {"text": "10Gbps", "kind": "bandwidth"}),
-    "embedding_traffic": (plan.embedding_traffic, {"table_values": 1e6, "values_touched_per_step": 1e3,
-                                                   "workers": 2}),
+    "embedding_traffic": (plan.embedding_traffic, {"table_values": 1e6, "values_touched_per_step": 1e3, "workers": 2}),
     "CollectiveConfig": (CollectiveConfig, {"compression": "fp16", "bytes_per_pack": 0, "split_bytes": 0}),
-    "CollectiveTuning": (CollectiveTuning, {"compression": "bf16", "bytes_per_pack": 1 << 20, "split_bytes": 0,
-                                            "timings_ms": {"0": 1.5}, "workers": 2, "total_bytes": 4096}),
+    "CollectiveTuning": (
+        CollectiveTuning,
+        {
+            "compression": "bf16",
+            "bytes_per_pack": 1 << 20,
+            "split_bytes": 0,
+            "timings_ms": {"0": 1.5},
+            "workers": 2,
+            "total_bytes": 4096,
+        },
+    ),
     "plan_shards": (plan_shards, {"files": _FILES, "num_workers": 2, "policy": "auto"}),
     "command_for": (testing.command_for, {"target": "tests.cluster_tasks:noop"}),
     "resolve_cluster": (tfdist.resolve_cluster, {"cluster": {"cluster": {"worker": ["a:1"]}}}),
     "current_cluster": (tfdist.current_cluster, {"env": {"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}}'}}),
-    "ClusterSpec.from_slurm": (tfdist.ClusterSpec.from_slurm, {
-        "env": {"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"},
-        "jobs": {"worker": 2}, "port_base": 8888}),
+    "ClusterSpec.from_slurm": (
+        tfdist.ClusterSpec.from_slurm,
+        {
+            "env": {"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"},
+            "jobs": {"worker": 2},
+            "port_base": 8888,
+        },
+    ),
     "split_task_name": (split_task_name, {"name": "worker:1"}),
     "build_strategy(kind)": (lambda kind: tfdist.build_strategy(kind, cluster=_PS_CLUSTER), {"kind": "mirrored_x"}),
     "tf_configs": (emit.tf_configs, {"config": _CONFIG, "hosts": ["h0", "h1"], "port": 2222}),
-    "tfjob_manifest": (emit.tfjob_manifest, {"config": _CONFIG, "image": "me/train:1", "name": "job",
-                                             "namespace": None, "cpu": None, "memory": None, "gpus": 0}),
+    "tfjob_manifest": (
+        emit.tfjob_manifest,
+        {
+            "config": _CONFIG,
+            "image": "me/train:1",
+            "name": "job",
+            "namespace": None,
+            "cpu": None,
+            "memory": None,
+            "gpus": 0,
+        },
+    ),
     "jobset_manifest": (emit.jobset_manifest, {"config": _CONFIG, "image": "me/train:1", "name": "job", "gpus": 0}),
-    "slurm_script": (emit.slurm_script, {"config": _CONFIG, "name": "job", "time_limit": "01:00:00",
-                                         "cpus_per_task": None, "gpus_per_task": 0, "port_base": None}),
+    "slurm_script": (
+        emit.slurm_script,
+        {
+            "config": _CONFIG,
+            "name": "job",
+            "time_limit": "01:00:00",
+            "cpus_per_task": None,
+            "gpus_per_task": 0,
+            "port_base": None,
+        },
+    ),
     "gradient_value_bytes": (gradient_value_bytes, {"compression": "bf16"}),
 }
 
@@ -82,8 +167,9 @@ def _cases() -> list[tuple[str, str, Any]]:
     return [(name, field, value) for name, (_, kwargs) in CALLS.items() for field in kwargs for value in HOSTILE]
 
 
-@pytest.mark.parametrize("name,field,value", _cases(),
-                         ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None)
+@pytest.mark.parametrize(
+    "name,field,value", _cases(), ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None
+)
 def test_hostile_values_raise_only_tfdist_errors(name: str, field: str, value: Any) -> None:
     function, kwargs = CALLS[name]
     try:
@@ -92,7 +178,7 @@ def test_hostile_values_raise_only_tfdist_errors(name: str, field: str, value: A
         assert isinstance(err, ValueError), f"{name}({field}={value!r}) is bad input, not {err!r}"
         assert str(err), f"{name}({field}={value!r}) raised an empty message"
         assert err.field, f"{name}({field}={value!r}) raised {err!r} without naming the field"
-    except Exception as err:  # noqa: BLE001 - the point: anything else is a leak.
+    except Exception as err:
         pytest.fail(f"{name}({field}={value!r}) leaked {type(err).__name__}: {err}")
 
 
@@ -118,8 +204,9 @@ def test_errors_carry_what_they_report() -> None:
     assert caught_plan.value.field == "kind" and "did you mean" in caught_plan.value.expected
     with pytest.raises(errors.PlanError, match="`params`. Received: '1M'.*parse_quantity"):
         plan.Plan(params="1M", workers=2, bandwidth=1e9, latency=1e-5)
-    result = launch.LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=(),
-                                 cluster=tfdist.ClusterSpec.local(workers=1))
+    result = launch.LaunchResult(
+        exit_code=0, reason="ok", failed_task=None, tasks=(), cluster=tfdist.ClusterSpec.local(workers=1)
+    )
     with pytest.raises(errors.LaunchError, match="`task`. Received: 'worker:9'"):
         result.task("worker:9")
 
@@ -127,12 +214,19 @@ def test_errors_carry_what_they_report() -> None:
 _LAUNCH_CALLS = ("LaunchConfig", "KillAt.parse", "tf_configs", "tfjob_manifest", "jobset_manifest", "slurm_script")
 # Bad input that only rules across arguments (or across LaunchConfig's option groups) catch.
 _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
-    (LaunchConfig, {"ps": 1}), (LaunchConfig, {"run_on": "chief"}), (LaunchConfig, {"kills": ["worker:3@1"]}),
-    (LaunchConfig, {"workers": 2, "min_workers": 3}), (LaunchConfig, {"workers": 2, "min_workers": 1, "max_workers": 3}),
-    (LaunchConfig, {"max_workers": 2}), (LaunchConfig, {"returns": ["worker:0@1"], "min_workers": 1}),
+    (LaunchConfig, {"ps": 1}),
+    (LaunchConfig, {"run_on": "chief"}),
+    (LaunchConfig, {"kills": ["worker:3@1"]}),
+    (LaunchConfig, {"workers": 2, "min_workers": 3}),
+    (LaunchConfig, {"workers": 2, "min_workers": 1, "max_workers": 3}),
+    (LaunchConfig, {"max_workers": 2}),
+    (LaunchConfig, {"returns": ["worker:0@1"], "min_workers": 1}),
     (LaunchConfig, {"loses": ["chief:0@1"], "min_workers": 1, "chief": True}),
-    (LaunchConfig, {"min_workers": 1, "isolate_network": True}), (LaunchConfig, {"grace_seconds": 1e12}),
-    (LaunchConfig, {"timeout": 1e12}), (LaunchConfig, {"log_dir": "\0"}), (LaunchConfig, {"workrs": 2}),
+    (LaunchConfig, {"min_workers": 1, "isolate_network": True}),
+    (LaunchConfig, {"grace_seconds": 1e12}),
+    (LaunchConfig, {"timeout": 1e12}),
+    (LaunchConfig, {"log_dir": "\0"}),
+    (LaunchConfig, {"workrs": 2}),
     (emit.slurm_script, {"config": LaunchConfig(command=("x",), workers=2, min_workers=1, ps=1, chief=True)}),
     (emit.slurm_script, {"config": LaunchConfig(command=("x",), workers=2, min_workers=1, loses=["worker:1@1"])}),
     (emit.slurm_script, {"config": _CONFIG, "port_base": 65535}),
@@ -142,10 +236,13 @@ _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
 
 
 def _launch_cases() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
-    hostile = [(CALLS[name][0], {**CALLS[name][1], field: value}) for name, field, value in _cases()
-               if name in _LAUNCH_CALLS]
-    return hostile + [(function, {"command": ("x",), **kwargs} if function is LaunchConfig else kwargs)
-                      for function, kwargs in _BAD_LAUNCH_INPUT]
+    hostile = [
+        (CALLS[name][0], {**CALLS[name][1], field: value}) for name, field, value in _cases() if name in _LAUNCH_CALLS
+    ]
+    return hostile + [
+        (function, {"command": ("x",), **kwargs} if function is LaunchConfig else kwargs)
+        for function, kwargs in _BAD_LAUNCH_INPUT
+    ]
 
 
 def test_launch_errors_name_the_python_argument() -> None:

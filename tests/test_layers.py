@@ -39,12 +39,21 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and (body := node.body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)}
+    docstrings = {
+        id(body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and (body := node.body)
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    }
     # Logger names follow the package ("tfdist.data"), they do not use it.
-    docstrings |= {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
-                   and getattr(node.func, "attr", getattr(node.func, "id", "")) == "getLogger" for arg in node.args}
+    docstrings |= {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "getLogger"
+        for arg in node.args
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name in MODULES}
@@ -59,8 +68,12 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
                     found.add(target)
                 elif base in MODULES:
                     found.add(base)
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-              and name != "tfdist._layers"):  # The rule itself names every floor.
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and name != "tfdist._layers"
+        ):  # The rule itself names every floor.
             found |= _named_modules(node.value)
     found.discard(name)
     return found

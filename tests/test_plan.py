@@ -15,12 +15,17 @@ GBPS10 = 1.25e9
 
 
 class UnitsTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
-        ("count_m", "25.6M", "count", 25.6e6), ("count_b", "7G", "count", 7e9), ("count_plain", "1000", "count", 1e3),
-        ("gbps", "10Gbps", "bandwidth", 1.25e9), ("mbit", "100Mbit/s", "bandwidth", 12.5e6),
-        ("gbyte_s", "1.25GB/s", "bandwidth", 1.25e9), ("gib", "16GiB", "bytes", 16 * 2**30),
-        ("gb", "80GB", "bytes", 80e9), ("us", "50us", "time", 50e-6), ("ms", "2ms", "time", 2e-3),
+        ("count_m", "25.6M", "count", 25.6e6),
+        ("count_b", "7G", "count", 7e9),
+        ("count_plain", "1000", "count", 1e3),
+        ("gbps", "10Gbps", "bandwidth", 1.25e9),
+        ("mbit", "100Mbit/s", "bandwidth", 12.5e6),
+        ("gbyte_s", "1.25GB/s", "bandwidth", 1.25e9),
+        ("gib", "16GiB", "bytes", 16 * 2**30),
+        ("gb", "80GB", "bytes", 80e9),
+        ("us", "50us", "time", 50e-6),
+        ("ms", "2ms", "time", 2e-3),
         ("s", "0.1s", "time", 0.1),
     )
     def test_parse(self, text: str, kind: str, expected: float) -> None:
@@ -37,7 +42,6 @@ class UnitsTest(parameterized.TestCase):
 
 
 class ModelTest(parameterized.TestCase):
-
     def test_formulas(self) -> None:
         plan = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, ps_shards=2)
         self.assertAlmostEqual(plan.ring_allreduce_s, 6 * 50e-6 + 1.5 * 102.4e6 / GBPS10)
@@ -62,8 +66,9 @@ class ModelTest(parameterized.TestCase):
 
     def test_embeddings_make_parameter_servers_win(self) -> None:
         dense = Plan(params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6)
-        sparse = Plan(params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6, embedding_values=320e6,
-                      embedding_touched=16e3)
+        sparse = Plan(
+            params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6, embedding_values=320e6, embedding_touched=16e3
+        )
         self.assertEqual(dense.recommendation, "data_parallel")
         self.assertEqual(sparse.recommendation, "parameter_server")
         self.assertAlmostEqual(sparse.ps_s, 2 * 50e-6 + 2 * (1e6 + 16e3) * 4 / GBPS10)
@@ -80,25 +85,85 @@ class ModelTest(parameterized.TestCase):
             Plan(params=1e6, workers=0, bandwidth=1e9, latency=1e-5)
 
     def test_cli_json_and_errors(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "plan", "--params", "25.6M", "--workers", "4",
-                               "--bandwidth", "10Gbps", "--latency", "50us", "--device-memory", "16GiB",
-                               "--optimizer", "adam", "--json"], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.main",
+                "plan",
+                "--params",
+                "25.6M",
+                "--workers",
+                "4",
+                "--bandwidth",
+                "10Gbps",
+                "--latency",
+                "50us",
+                "--device-memory",
+                "16GiB",
+                "--optimizer",
+                "adam",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertEqual(done.returncode, 0, done.stderr)
         data = json.loads(done.stdout)
-        for key in ("ring_allreduce_s", "tree_allreduce_s", "ps_s", "memory_per_replica_bytes", "recommendation",
-                    "reasons"):
+        for key in (
+            "ring_allreduce_s",
+            "tree_allreduce_s",
+            "ps_s",
+            "memory_per_replica_bytes",
+            "recommendation",
+            "reasons",
+        ):
             self.assertIn(key, data)
         self.assertEqual(data["recommendation"], "data_parallel")
-        bad = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "plan", "--params", "25.6M", "--workers", "4",
-                              "--bandwidth", "fast", "--latency", "50us"], capture_output=True, text=True, timeout=60)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.main",
+                "plan",
+                "--params",
+                "25.6M",
+                "--workers",
+                "4",
+                "--bandwidth",
+                "fast",
+                "--latency",
+                "50us",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertEqual(bad.returncode, 2)
         self.assertIn("a bandwidth such as '10Gbps'", bad.stderr)
 
     def test_cli_embedding_traffic(self) -> None:
-        base = [sys.executable, "-m", "tfdist.cli.main", "plan", "--params", "321M", "--workers", "2",
-                "--bandwidth", "10Gbps", "--latency", "50us"]
-        done = subprocess.run(base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"],
-                              capture_output=True, text=True, timeout=60)
+        base = [
+            sys.executable,
+            "-m",
+            "tfdist.cli.main",
+            "plan",
+            "--params",
+            "321M",
+            "--workers",
+            "2",
+            "--bandwidth",
+            "10Gbps",
+            "--latency",
+            "50us",
+        ]
+        done = subprocess.run(
+            base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertEqual(done.returncode, 0, done.stderr)
         data = json.loads(done.stdout)
         self.assertEqual(data["embedding_ps_bytes"], 2 * 16e3 * 4)
@@ -106,8 +171,12 @@ class ModelTest(parameterized.TestCase):
         self.assertEqual(data["embedding_ratio"], 10000.0)
         self.assertEqual(data["recommendation"], "parameter_server")  # Dense all-reduce of 320M values loses.
         self.assertIn("embedding rows a batch touches", " ".join(data["reasons"]))
-        text = subprocess.run(base + ["--embedding-values", "320M", "--embedding-touched", "16k"],
-                              capture_output=True, text=True, timeout=60)
+        text = subprocess.run(
+            base + ["--embedding-values", "320M", "--embedding-touched", "16k"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertIn("as ps rows", text.stdout)
         half = subprocess.run(base + ["--embedding-values", "320M"], capture_output=True, text=True, timeout=60)
         self.assertEqual(half.returncode, 2)

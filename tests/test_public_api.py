@@ -23,10 +23,12 @@ def _run(code: str) -> str:
 
 
 def test_import_tfdist_is_light_and_its_subpackages_load_on_use() -> None:
-    out = _run("import sys, tfdist\n"
-               "light = 'tensorflow' not in sys.modules and 'tf_keras' not in sys.modules\n"
-               "names = (tfdist.keras.__name__, tfdist.data.__name__, tfdist.launch.__name__, tfdist.plan.__name__)\n"
-               "print(light, 'tensorflow' in sys.modules, *names)")
+    out = _run(
+        "import sys, tfdist\n"
+        "light = 'tensorflow' not in sys.modules and 'tf_keras' not in sys.modules\n"
+        "names = (tfdist.keras.__name__, tfdist.data.__name__, tfdist.launch.__name__, tfdist.plan.__name__)\n"
+        "print(light, 'tensorflow' in sys.modules, *names)"
+    )
     assert out == "True False tfdist.keras tfdist.data tfdist.launch tfdist.plan"
 
 
@@ -35,12 +37,24 @@ def test_exports() -> None:
         assert name in tfdist.__all__ and hasattr(tfdist, name), name
     assert set(tfdist.__all__) <= set(dir(tfdist))
     data = importlib.import_module("tfdist.data")
-    for name in ("LocalDataService", "skew_report", "SkewReport", "TFRecordPipeline", "SourceOptions", "ShardOptions",
-                 "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions"):
+    for name in (
+        "LocalDataService",
+        "skew_report",
+        "SkewReport",
+        "TFRecordPipeline",
+        "SourceOptions",
+        "ShardOptions",
+        "ParseOptions",
+        "SampleOptions",
+        "EpochOptions",
+        "TuningOptions",
+    ):
         assert name in data.__all__ and hasattr(data, name), name
-    for package, names in (("tfdist.cluster", ("ClusterSpec", "free_ports", "can_connect")),
-                           ("tfdist.launch", ("LaunchConfig", "RayEngine", "validate_tfjob", "to_yaml")),
-                           ("tfdist.runtime", ("PREEMPTED", "is_retryable", "exit_cleanly"))):
+    for package, names in (
+        ("tfdist.cluster", ("ClusterSpec", "free_ports", "can_connect")),
+        ("tfdist.launch", ("LaunchConfig", "RayEngine", "validate_tfjob", "to_yaml")),
+        ("tfdist.runtime", ("PREEMPTED", "is_retryable", "exit_cleanly")),
+    ):
         module = importlib.import_module(package)
         assert set(names) <= set(module.__all__), (package, sorted(set(names) - set(module.__all__)))
     assert {"cluster", "comm", "runtime", "strategy"} <= set(tfdist.__all__)
@@ -48,12 +62,24 @@ def test_exports() -> None:
 
 # What users import from. Every other module's __all__ lists only names its package re-exports, up to one of
 # these, so a public name has one home and everything else is tfdist's own.
-PUBLIC = ("tfdist", "tfdist.cluster", "tfdist.comm", "tfdist.data", "tfdist.keras", "tfdist.launch", "tfdist.plan",
-          "tfdist.runtime", "tfdist.strategy", "tfdist.testing")
+PUBLIC = (
+    "tfdist",
+    "tfdist.cluster",
+    "tfdist.comm",
+    "tfdist.data",
+    "tfdist.keras",
+    "tfdist.launch",
+    "tfdist.plan",
+    "tfdist.runtime",
+    "tfdist.strategy",
+    "tfdist.testing",
+)
 PACKAGE = pathlib.Path(tfdist.__file__).parent
 # A package __init__ holds a docstring, imports and __all__; these two also load names on first use.
-LAZY_INIT_NAMES = {"tfdist": {"__version__", "_LAZY_MODULES", "__getattr__", "__dir__", "importlib", "Any"},
-                   "tfdist.keras": {"TFDIST_NAMES", "KERAS_NAMES", "__getattr__", "__dir__", "importlib", "Any"}}
+LAZY_INIT_NAMES = {
+    "tfdist": {"__version__", "_LAZY_MODULES", "__getattr__", "__dir__", "importlib", "Any"},
+    "tfdist.keras": {"TFDIST_NAMES", "KERAS_NAMES", "__getattr__", "__dir__", "importlib", "Any"},
+}
 
 
 def _module_names() -> list[str]:
@@ -90,11 +116,18 @@ def test_public_names_are_reexported_up_to_a_public_package() -> None:
                     missing.append(f"{name}.{attr} (not re-exported by {parent})")
                     break
                 here = parent
-    assert not missing, ("names in __all__ that no public package re-exports; re-export them, or drop them from "
-                         f"__all__ (a module's other names are internal): {missing}")
-    cli = [_dotted(path) for path in sorted((PACKAGE / "cli").glob("*.py"))
-           if any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
-                  for node in ast.parse(path.read_text(encoding="utf-8")).body)]
+    assert not missing, (
+        "names in __all__ that no public package re-exports; re-export them, or drop them from "
+        f"__all__ (a module's other names are internal): {missing}"
+    )
+    cli = [
+        _dotted(path)
+        for path in sorted((PACKAGE / "cli").glob("*.py"))
+        if any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    ]
     assert not cli, f"the CLI exports nothing (users run it): {cli}"
 
 
@@ -114,8 +147,11 @@ def test_package_inits_only_reexport(path: pathlib.Path) -> None:
         if isinstance(node, ast.FunctionDef):
             bound = {node.name}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            bound = {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                     if isinstance(t, ast.Name)}
+            bound = {
+                t.id
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name)
+            }
         else:
             bound = set()
         if not bound or not bound <= allowed | {"__all__"}:
@@ -149,9 +185,27 @@ def _keyword_only_classes() -> list[type]:
     from tfdist.plan import EmbeddingTraffic, Plan
     from tfdist.testing import ClusterRun
 
-    return [tfdist.ClusterSpec, tfdist.Task, tfdist.StrategyOptions, CollectiveConfig, CollectiveTuning, Plan,
-            EmbeddingTraffic, EmbeddingShard, EmbeddingTable, ClusterRun, FileInfo, Listing, TFRecordPipeline,
-            SkewReport, ShardPlan, KillAt, LaunchConfig, LaunchResult, TaskResult]
+    return [
+        tfdist.ClusterSpec,
+        tfdist.Task,
+        tfdist.StrategyOptions,
+        CollectiveConfig,
+        CollectiveTuning,
+        Plan,
+        EmbeddingTraffic,
+        EmbeddingShard,
+        EmbeddingTable,
+        ClusterRun,
+        FileInfo,
+        Listing,
+        TFRecordPipeline,
+        SkewReport,
+        ShardPlan,
+        KillAt,
+        LaunchConfig,
+        LaunchResult,
+        TaskResult,
+    ]
 
 
 @pytest.mark.parametrize("cls", _keyword_only_classes(), ids=lambda cls: cls.__name__)
@@ -201,9 +255,7 @@ def test_frozen_mappings_cannot_be_changed() -> None:
 
 
 def test_file_compressions_are_named_once() -> None:
-    from tfdist.data.records import _framing
-    from tfdist.data.records import files
-    from tfdist.data.records import writer
+    from tfdist.data.records import _framing, files, writer
 
     named = {kind for kind in writer.COMPRESSIONS if kind}
     assert set(_framing._DECOMPRESS) == named

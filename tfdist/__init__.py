@@ -18,12 +18,29 @@ Example:
 import importlib
 from typing import Any
 
-from tfdist.runtime.clean_exit import exit_cleanly
 from tfdist.cluster.spec import ClusterSpec, Task, current_cluster, resolve_cluster
-from tfdist.errors import (ClusterSpecError, DataError, EngineError, Error, LaunchError, LaunchFailure, PlanError,
-                           RuntimeFailure, ServiceError, StackError, StorageError, StrategyError)
-from tfdist.strategy.builders import (StrategyOptions, build_strategy, cluster_coordinator, register_strategy,
-                             strategy_names)
+from tfdist.errors import (
+    ClusterSpecError,
+    DataError,
+    EngineError,
+    Error,
+    LaunchError,
+    LaunchFailure,
+    PlanError,
+    RuntimeFailure,
+    ServiceError,
+    StackError,
+    StorageError,
+    StrategyError,
+)
+from tfdist.runtime.clean_exit import exit_cleanly
+from tfdist.strategy.builders import (
+    StrategyOptions,
+    build_strategy,
+    cluster_coordinator,
+    register_strategy,
+    strategy_names,
+)
 
 __version__ = "0.1.0"
 
@@ -31,10 +48,29 @@ __version__ = "0.1.0"
 _LAZY_MODULES = ("cluster", "comm", "data", "keras", "launch", "plan", "runtime", "strategy", "testing")
 
 __all__ = [
-    "ClusterSpec", "ClusterSpecError", "DataError", "EngineError", "Error", "LaunchError", "LaunchFailure",
-    "PlanError", "RuntimeFailure", "ServiceError", "StackError", "StorageError", "StrategyError", "StrategyOptions",
-    "Task", "build_strategy", "cluster_coordinator", "current_cluster", "exit_cleanly", "register_strategy",
-    "resolve_cluster", "strategy_names", *_LAZY_MODULES,
+    "ClusterSpec",
+    "ClusterSpecError",
+    "DataError",
+    "EngineError",
+    "Error",
+    "LaunchError",
+    "LaunchFailure",
+    "PlanError",
+    "RuntimeFailure",
+    "ServiceError",
+    "StackError",
+    "StorageError",
+    "StrategyError",
+    "StrategyOptions",
+    "Task",
+    "build_strategy",
+    "cluster_coordinator",
+    "current_cluster",
+    "exit_cleanly",
+    "register_strategy",
+    "resolve_cluster",
+    "strategy_names",
+    *_LAZY_MODULES,
 ]
 
 

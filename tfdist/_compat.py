@@ -25,7 +25,7 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.errors import StackError
 
@@ -39,7 +39,7 @@ def parse_version(text: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def installed_version(distribution: str) -> Optional[str]:
+def installed_version(distribution: str) -> str | None:
     """The installed version of a distribution ('tensorflow', 'tf-keras', ...), or None."""
     try:
         return importlib.metadata.version(distribution)
@@ -51,24 +51,28 @@ def _stack_text() -> str:
     return f"TensorFlow {installed_version('tensorflow')} with tf-keras {installed_version('tf-keras')}"
 
 
-def stack_problem() -> Optional[str]:
+def stack_problem() -> str | None:
     """Why the installed TF / tf-keras pair is unsupported, or None if it is supported."""
     tf_version, keras_version = installed_version("tensorflow"), installed_version("tf-keras")
     if tf_version is None:
         return "TensorFlow is not installed: pip install 'tensorflow>=2.17,<2.22'."
     tf_minor = parse_version(tf_version)
     if not SUPPORTED_TF[0] <= tf_minor <= SUPPORTED_TF[1]:
-        return (f"TensorFlow {tf_version} is outside tfdist's range 2.17-2.21 (2.16 stalls at the start of a "
-                "multi-worker fit). Install e.g. tensorflow==2.21.0 tf-keras==2.21.0.")
+        return (
+            f"TensorFlow {tf_version} is outside tfdist's range 2.17-2.21 (2.16 stalls at the start of a "
+            "multi-worker fit). Install e.g. tensorflow==2.21.0 tf-keras==2.21.0."
+        )
     if keras_version is None:
         return f"tf-keras is not installed: pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
     if parse_version(keras_version) != tf_minor:
-        return (f"tf-keras {keras_version} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
-                f"minor version. pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'.")
+        return (
+            f"tf-keras {keras_version} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
+            f"minor version. pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
+        )
     return None
 
 
-def tfio_unavailable_reason() -> Optional[str]:
+def tfio_unavailable_reason() -> str | None:
     """Why tensorflow-io's file systems cannot load here, or None when they can (no TF import)."""
     tf_version = installed_version("tensorflow")
     if importlib.util.find_spec("tensorflow_io") is None:
@@ -78,7 +82,7 @@ def tfio_unavailable_reason() -> Optional[str]:
     return None
 
 
-def keras3_loaded() -> Optional[str]:
+def keras3_loaded() -> str | None:
     """The version of Keras 3 if a script has imported it (``import keras``), else None."""
     module = sys.modules.get("keras")
     version = str(getattr(module, "__version__", "")) if module is not None else ""
@@ -86,11 +90,15 @@ def keras3_loaded() -> Optional[str]:
 
 
 def _missing(what: str, needed_by: str) -> StackError:
-    return StackError(f"tfdist needs {what} for {needed_by}, which {_stack_text()} does not have. tfdist supports "
-                      "TensorFlow 2.17-2.21 with the tf-keras of the same minor version; install one of those, or "
-                      "report the version at tfdist's issue tracker.",
-                      field="stack", value=_stack_text(), expected=what,
-                      fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras")
+    return StackError(
+        f"tfdist needs {what} for {needed_by}, which {_stack_text()} does not have. tfdist supports "
+        "TensorFlow 2.17-2.21 with the tf-keras of the same minor version; install one of those, or "
+        "report the version at tfdist's issue tracker.",
+        field="stack",
+        value=_stack_text(),
+        expected=what,
+        fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras",
+    )
 
 
 def _attr(obj: Any, name: str, needed_by: str) -> Any:
@@ -124,8 +132,11 @@ def forbid_keras3_fit(strategy_name: str) -> bool:
             "raises 'Attempt to convert a value (PerReplica...)', and Keras 3 has no ParameterServerStrategy fit. "
             "Build the model with tf-keras: `from tfdist import keras` (or `import tf_keras as keras`), or set "
             "TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
-            field="keras", value=f"keras {version}", expected="tf-keras (Keras 2)",
-            fix="from tfdist import keras")
+            field="keras",
+            value=f"keras {version}",
+            expected="tf-keras (Keras 2)",
+            fix="from tfdist import keras",
+        )
 
     fit._tfdist_guard = True  # type: ignore[attr-defined]
     model.fit = fit
@@ -133,6 +144,7 @@ def forbid_keras3_fit(strategy_name: str) -> bool:
 
 
 # ---- tf-keras callbacks ------------------------------------------------------------------------------------
+
 
 def callback_base() -> type:
     """``tf_keras.callbacks.Callback`` with tf-keras' private batch-hook switch as a public method.
@@ -180,8 +192,11 @@ def attach_preemption_handler(state: Any, model: Any, handler: Any) -> None:
     The same four assignments as ``WorkerTrainingState.__init__`` when
     ``save_before_preemption`` holds (identical in tf-keras 2.17 to 2.21).
     """
-    for obj, name in ((state, "_enable_save_before_preemption"), (state, "read_checkpoint_manager"),
-                      (handler, "_read_checkpoint_manager")):
+    for obj, name in (
+        (state, "_enable_save_before_preemption"),
+        (state, "read_checkpoint_manager"),
+        (handler, "_read_checkpoint_manager"),
+    ):
         _attr(obj, name, "PreemptionSafeBackup")
     handler._read_checkpoint_manager = state.read_checkpoint_manager
     state.preemption_handler = handler
@@ -196,6 +211,7 @@ def validate_target_and_loss(model: Any, y: Any, loss: Any) -> None:
 
 # ---- TensorFlow ---------------------------------------------------------------------------------------------
 
+
 def stop_data_server(server: Any) -> None:
     """Stops an in-process tf.data service dispatcher or worker (TF has no public stop)."""
     _attr(server, "_stop", "LocalDataService.stop")()
@@ -203,16 +219,18 @@ def stop_data_server(server: Any) -> None:
 
 def communication_options(strategy: Any) -> Any:
     """The ``CommunicationOptions`` a MultiWorkerMirroredStrategy merges into every all-reduce."""
-    return _attr(_attr(strategy, "extended", "communication_options"), "_communication_options",
-                 "communication_options")
+    return _attr(
+        _attr(strategy, "extended", "communication_options"), "_communication_options", "communication_options"
+    )
 
 
 def _sharded_variable_class() -> type:
     try:
         from tensorflow.python.distribute.sharded_variable import ShardedVariable
     except ImportError:
-        raise _missing("tensorflow.python.distribute.sharded_variable.ShardedVariable",
-                       "embedding_layout/local_weights") from None
+        raise _missing(
+            "tensorflow.python.distribute.sharded_variable.ShardedVariable", "embedding_layout/local_weights"
+        ) from None
     return ShardedVariable
 
 
@@ -268,6 +286,7 @@ def unbatch_dense(dataset: Any) -> Any:
 
 
 # ---- the check every stack runs ------------------------------------------------------------------------------
+
 
 def _check_preemption_wiring() -> None:
     import tensorflow as tf
@@ -345,8 +364,13 @@ def check_internals() -> dict[str, str]:
     """Resolves every internal tfdist uses; returns name -> 'ok'. Raises StackError on the first that fails."""
     problem = stack_problem()
     if problem is not None:
-        raise StackError(problem, field="stack", value=_stack_text(), expected="TF 2.17-2.21 with matching tf-keras",
-                         fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras")
+        raise StackError(
+            problem,
+            field="stack",
+            value=_stack_text(),
+            expected="TF 2.17-2.21 with matching tf-keras",
+            fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras",
+        )
     for check in _CHECKS.values():
         check()
     return {name: "ok" for name in _CHECKS}

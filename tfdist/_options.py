@@ -64,8 +64,7 @@ class OptionGroup(Generic[G]):
     """
 
     def __init__(self, kind: type[G], *, prefix: str = "") -> None:
-        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)
-                and kind.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen):  # type: ignore[attr-defined]
             raise TypeError(f"an option group is a frozen dataclass, not {kind!r}")
         self.kind, self.prefix, self.name = kind, prefix, ""
 
@@ -120,6 +119,7 @@ class GroupedOptions:
     _own_post_init: ClassVar[Callable[[Any], None] | None] = None
 
     if TYPE_CHECKING:  # The flat arguments and attributes are made at run time, from the groups.
+
         def __init__(self, **options: Any) -> None: ...
 
         def __getattr__(self, name: str) -> Any: ...
@@ -138,8 +138,17 @@ class GroupedOptions:
                 taken.add(flat)
                 f = own[name]
                 annotations[flat] = hints.get(name, f.type)
-                setattr(cls, flat, dataclasses.field(default=f.default, default_factory=f.default_factory,
-                                                     repr=f.repr, compare=f.compare, metadata={"group": grp.name}))
+                setattr(
+                    cls,
+                    flat,
+                    dataclasses.field(
+                        default=f.default,
+                        default_factory=f.default_factory,
+                        repr=f.repr,
+                        compare=f.compare,
+                        metadata={"group": grp.name},
+                    ),
+                )
         cls.__annotations__ = annotations
         cls._option_groups = {**cls._option_groups, **groups}  # A subclass keeps its parent's groups.
         cls._option_error = error or cls._option_error
@@ -190,6 +199,7 @@ def _post_init(own: Callable[[Any], None] | None) -> Callable[[Any], None]:
             self._set_group(grp, grp.build({flat: getattr(self, flat) for flat in grp.fields()}))
         if own is not None:
             own(self)  # Rules across groups, and the class's own fields.
+
     return __post_init__
 
 
@@ -198,8 +208,7 @@ def _keyword_init(cls: type[GroupedOptions], init: Callable[..., None]) -> Calla
     error = cls._option_error
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     names = [f.name for f in fields]
-    required = [f.name for f in fields if f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING]
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
     @functools.wraps(init)
     def __init__(self: GroupedOptions, *args: Any, **options: Any) -> None:
@@ -209,8 +218,13 @@ def _keyword_init(cls: type[GroupedOptions], init: Callable[..., None]) -> Calla
             if name in options:
                 given = options.pop(name)
                 if not isinstance(given, grp.kind):
-                    raise invalid(error, name, given, f"a {grp.kind.__name__}",
-                                  f"Or pass its fields as keyword arguments: {', '.join(grp.fields())}.")
+                    raise invalid(
+                        error,
+                        name,
+                        given,
+                        f"a {grp.kind.__name__}",
+                        f"Or pass its fields as keyword arguments: {', '.join(grp.fields())}.",
+                    )
                 for flat, field in grp.fields().items():
                     options.setdefault(flat, getattr(given, field))
         check_keywords(error, "options", options, [*names, *cls._option_groups])

@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 __all__ = [
-    "Error",
     "ClusterSpecError",
-    "StrategyError",
-    "LaunchError",
     "DataError",
+    "EngineError",
+    "Error",
+    "LaunchError",
+    "LaunchFailure",
     "PlanError",
     "RuntimeFailure",
-    "LaunchFailure",
-    "StorageError",
     "ServiceError",
-    "EngineError",
     "StackError",
+    "StorageError",
+    "StrategyError",
 ]
 
 _UNSET: Any = object()
@@ -59,8 +59,15 @@ class Error(Exception):
       fix: How to fix it, in words.
     """
 
-    def __init__(self, message: str, *, field: str | None = None, value: Any = _UNSET,
-                 expected: str | None = None, fix: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: Any = _UNSET,
+        expected: str | None = None,
+        fix: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
@@ -70,6 +77,7 @@ class Error(Exception):
 
 
 # ---- bad input: each is a ValueError -------------------------------------------------------------------------
+
 
 class ClusterSpecError(Error, ValueError):
     """A cluster spec or TF_CONFIG is malformed or inconsistent."""
@@ -92,6 +100,7 @@ class PlanError(Error, ValueError):
 
 
 # ---- runtime failure: never a ValueError ---------------------------------------------------------------------
+
 
 class RuntimeFailure(Error, RuntimeError):
     """The input was valid, but the environment failed (ports, services, storage, engines)."""
@@ -128,8 +137,9 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def require_int(cls: type[_E], field: str, value: Any, *, minimum: int, fix: str = "",
-                maximum: int | None = None) -> int:
+def require_int(
+    cls: type[_E], field: str, value: Any, *, minimum: int, fix: str = "", maximum: int | None = None
+) -> int:
     """Returns ``value`` if it is an int in ``[minimum, maximum]`` (bools refused); else raises ``cls``.
 
     Example:
@@ -173,9 +183,17 @@ def invalid(cls: type[_E], field: str, value: Any, expected: str, fix: str = "")
     return cls(message, field=field, value=value, expected=expected, fix=fix)
 
 
-def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[float] = None,
-                   above: Optional[float] = None, maximum: Optional[float] = None, allow_none: bool = False,
-                   fix: str = "") -> Any:
+def require_number(
+    cls: type[_E],
+    field: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    above: float | None = None,
+    maximum: float | None = None,
+    allow_none: bool = False,
+    fix: str = "",
+) -> Any:
     """Returns ``value`` if it is a finite real number (bools refused) within the bounds; else raises ``cls``.
 
     ``minimum`` and ``maximum`` are inclusive, ``above`` exclusive; ``allow_none`` lets ``None`` through.
@@ -195,9 +213,14 @@ def require_number(cls: type[_E], field: str, value: Any, *, minimum: Optional[f
     """
     if value is None and allow_none:
         return value
-    in_range = (isinstance(value, (int, float)) and not isinstance(value, bool) and _finite_float(value)
-                and (minimum is None or value >= minimum) and (above is None or value > above)
-                and (maximum is None or value <= maximum))
+    in_range = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and _finite_float(value)
+        and (minimum is None or value >= minimum)
+        and (above is None or value > above)
+        and (maximum is None or value <= maximum)
+    )
     if not in_range:
         bounds = [f">= {_bound(minimum)}"] if minimum is not None else []
         bounds += [f"> {_bound(above)}"] if above is not None else []
@@ -220,8 +243,9 @@ def _finite_float(value: float) -> bool:
         return False
 
 
-def require_type(cls: type[_E], field: str, value: Any, types: type | tuple[type, ...], expected: str,
-                 fix: str = "") -> Any:
+def require_type(
+    cls: type[_E], field: str, value: Any, types: type | tuple[type, ...], expected: str, fix: str = ""
+) -> Any:
     """Returns ``value`` if it is an instance of ``types`` (bools only where ``bool`` is named); else raises ``cls``.
 
     Example:
@@ -244,8 +268,14 @@ def require_bool(cls: type[_E], field: str, value: Any) -> bool:
         tfdist.errors.DataError: Invalid value for `augment`. Received: 'yes'. Expected True or False. Pass \
 augment=True or augment=False (a bool, not a string or number).
     """
-    return require_type(cls, field, value, bool, "True or False",
-                        f"Pass {field}=True or {field}=False (a bool, not a string or number).")
+    return require_type(
+        cls,
+        field,
+        value,
+        bool,
+        "True or False",
+        f"Pass {field}=True or {field}=False (a bool, not a string or number).",
+    )
 
 
 def check_keywords(cls: type[_E], field: str, given: Iterable[str], allowed: Iterable[str], fix: str = "") -> None:

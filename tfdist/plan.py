@@ -15,13 +15,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Optional
+from typing import Any
 
 from tfdist._names import describe_choices
 from tfdist.errors import PlanError, invalid, require_int, require_number, require_type
 
-__all__ = ["Plan", "PlanError", "parse_quantity", "fit_ring", "OPTIMIZER_SLOTS", "EmbeddingTraffic",
-           "embedding_traffic"]
+__all__ = [
+    "OPTIMIZER_SLOTS",
+    "EmbeddingTraffic",
+    "Plan",
+    "PlanError",
+    "embedding_traffic",
+    "fit_ring",
+    "parse_quantity",
+]
 
 # Extra per-parameter state each optimizer keeps (in copies of the weights).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2}
@@ -33,9 +40,12 @@ _MAX_DEVICE_MEMORY = float(2**60)
 _MAX_PARAMS = 1e15  # A thousand times today's largest models; anything above is a unit mistake.
 _NUMBER = r"(?P<value>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*"
 # Each kind parse_quantity reads, with examples for its error message.
-_KINDS = {"count": "a count such as '25.6M' or '7B'", "bytes": "a size such as '16GiB' or '80GB'",
-          "time": "a time such as '50us', '2ms' or '0.1s'",
-          "bandwidth": "a bandwidth such as '10Gbps', '100Mbit/s' or '1.25GB/s'"}
+_KINDS = {
+    "count": "a count such as '25.6M' or '7B'",
+    "bytes": "a size such as '16GiB' or '80GB'",
+    "time": "a time such as '50us', '2ms' or '0.1s'",
+    "bandwidth": "a bandwidth such as '10Gbps', '100Mbit/s' or '1.25GB/s'",
+}
 
 
 def parse_quantity(text: Any, kind: str = "count") -> float:
@@ -101,11 +111,11 @@ class Plan:
     bandwidth: float
     latency: float
     gpus_per_worker: int = 1
-    device_memory: Optional[float] = None
+    device_memory: float | None = None
     optimizer: str = "adam"
     bytes_per_value: int = 4
-    ps_shards: Optional[int] = None
-    compute_s: Optional[float] = None
+    ps_shards: int | None = None
+    compute_s: float | None = None
     embedding_values: float = 0.0
     embedding_touched: float = 0.0
 
@@ -124,26 +134,48 @@ class Plan:
         for name in ("workers", "gpus_per_worker"):
             require_int(PlanError, name, getattr(self, name), minimum=1, maximum=_MAX_MACHINES)
         if self.device_memory is not None and self.device_memory > _MAX_DEVICE_MEMORY:
-            raise invalid(PlanError, "device_memory", self.device_memory, "at most 1 EiB per device",
-                          "Check the unit: '16GiB', '80GB'.")
+            raise invalid(
+                PlanError,
+                "device_memory",
+                self.device_memory,
+                "at most 1 EiB per device",
+                "Check the unit: '16GiB', '80GB'.",
+            )
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise invalid(PlanError, "optimizer", self.optimizer, describe_choices(self.optimizer, OPTIMIZER_SLOTS))
         if self.bytes_per_value not in (2, 4) or isinstance(self.bytes_per_value, bool):
             raise invalid(PlanError, "bytes_per_value", self.bytes_per_value, "4 (fp32) or 2 (fp16/bf16)")
         if not 0 <= self.embedding_values <= self.params:
-            raise invalid(PlanError, "embedding_values", self.embedding_values, f"between 0 and params ({self.params:g})")
-        if not 0 <= self.embedding_touched <= self.embedding_values or (self.embedding_values and
-                                                                          not self.embedding_touched):
-            raise invalid(PlanError, "embedding_touched", self.embedding_touched,
-                          f"a value in (0, embedding_values={self.embedding_values:g}] when embedding_values is set",
-                          "Count the values in the distinct rows one worker's batch reads.")
+            raise invalid(
+                PlanError, "embedding_values", self.embedding_values, f"between 0 and params ({self.params:g})"
+            )
+        if not 0 <= self.embedding_touched <= self.embedding_values or (
+            self.embedding_values and not self.embedding_touched
+        ):
+            raise invalid(
+                PlanError,
+                "embedding_touched",
+                self.embedding_touched,
+                f"a value in (0, embedding_values={self.embedding_values:g}] when embedding_values is set",
+                "Count the values in the distinct rows one worker's batch reads.",
+            )
         if self.params > _MAX_PARAMS:
-            raise invalid(PlanError, "params", self.params, f"at most {_MAX_PARAMS:g} parameters",
-                          "Check the unit: 'M' is a million, 'G' a billion values.")
+            raise invalid(
+                PlanError,
+                "params",
+                self.params,
+                f"at most {_MAX_PARAMS:g} parameters",
+                "Check the unit: 'M' is a million, 'G' a billion values.",
+            )
         estimates = (self.ring_allreduce_s, self.tree_allreduce_s, self.ps_s, self.memory_per_replica_bytes)
         if not all(math.isfinite(value) for value in estimates):
-            raise invalid(PlanError, "params", self.params, "sizes and rates whose estimates fit in a float",
-                          "Check the units: params counts values (e.g. '25.6M'), bandwidth is per machine.")
+            raise invalid(
+                PlanError,
+                "params",
+                self.params,
+                "sizes and rates whose estimates fit in a float",
+                "Check the units: params counts values (e.g. '25.6M'), bandwidth is per machine.",
+            )
 
     @property
     def gradient_bytes(self) -> float:
@@ -193,13 +225,17 @@ class Plan:
         gib = 2**30
         reasons = []
         if self.device_memory is not None and self.memory_per_replica_bytes > self.device_memory:
-            reasons.append(f"one replica needs {self.memory_per_replica_bytes / gib:.1f} GiB for weights, gradients "
-                           f"and {self.optimizer} state, more than the {self.device_memory / gib:.1f} GiB per device")
+            reasons.append(
+                f"one replica needs {self.memory_per_replica_bytes / gib:.1f} GiB for weights, gradients "
+                f"and {self.optimizer} state, more than the {self.device_memory / gib:.1f} GiB per device"
+            )
             return "model_parallel", reasons
         allreduce = min(self.ring_allreduce_s, self.tree_allreduce_s)
         best = "ring" if self.ring_allreduce_s <= self.tree_allreduce_s else "tree"
-        reasons.append(f"{best} all-reduce of {self.gradient_bytes / 1e6:.1f} MB takes {allreduce * 1e3:.1f} ms per "
-                       f"step; parameter servers {self.ps_s * 1e3:.1f} ms")
+        reasons.append(
+            f"{best} all-reduce of {self.gradient_bytes / 1e6:.1f} MB takes {allreduce * 1e3:.1f} ms per "
+            f"step; parameter servers {self.ps_s * 1e3:.1f} ms"
+        )
         if self.compute_s is not None:
             ratio = self.compute_s / allreduce if allreduce else math.inf
             reasons.append(f"compute/communication ratio {ratio:.2f} (compute {self.compute_s * 1e3:.1f} ms)")
@@ -208,8 +244,10 @@ class Plan:
                 return "parameter_server", reasons
         if self.ps_s < 0.5 * allreduce:
             if self.embedding_values:
-                reasons.append(f"parameter servers move only the embedding rows a batch touches "
-                               f"({self.embedding_touched:g} of {self.embedding_values:g} values)")
+                reasons.append(
+                    f"parameter servers move only the embedding rows a batch touches "
+                    f"({self.embedding_touched:g} of {self.embedding_values:g} values)"
+                )
             reasons.append("sharded parameter servers take less than half the all-reduce time")
             return "parameter_server", reasons
         reasons.append("the replica fits and all-reduce is the cheapest synchronization")
@@ -220,19 +258,29 @@ class Plan:
         allreduce = min(self.ring_allreduce_s, self.tree_allreduce_s)
         embedding = {}
         if self.embedding_values:
-            traffic = embedding_traffic(table_values=self.embedding_values,
-                                        values_touched_per_step=self.embedding_touched,
-                                        workers=max(2, self.workers), bytes_per_value=self.bytes_per_value)
+            traffic = embedding_traffic(
+                table_values=self.embedding_values,
+                values_touched_per_step=self.embedding_touched,
+                workers=max(2, self.workers),
+                bytes_per_value=self.bytes_per_value,
+            )
             embedding = {f"embedding_{k}": v for k, v in traffic.to_dict().items()}
-        return {**embedding, "ring_allreduce_s": self.ring_allreduce_s, "tree_allreduce_s": self.tree_allreduce_s,
-                "ps_s": self.ps_s, "memory_per_replica_bytes": self.memory_per_replica_bytes,
-                "gradient_bytes": self.gradient_bytes,
-                "compute_communication_ratio": (self.compute_s / allreduce if self.compute_s is not None and
-                                                allreduce else None),
-                "recommendation": self.recommendation, "reasons": self.reasons}
+        return {
+            **embedding,
+            "ring_allreduce_s": self.ring_allreduce_s,
+            "tree_allreduce_s": self.tree_allreduce_s,
+            "ps_s": self.ps_s,
+            "memory_per_replica_bytes": self.memory_per_replica_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "compute_communication_ratio": (
+                self.compute_s / allreduce if self.compute_s is not None and allreduce else None
+            ),
+            "recommendation": self.recommendation,
+            "reasons": self.reasons,
+        }
 
 
-def fit_ring(samples: list[tuple[float, ...]], *, workers: Optional[int] = None) -> tuple[float, float]:
+def fit_ring(samples: list[tuple[float, ...]], *, workers: int | None = None) -> tuple[float, float]:
     """Fits (latency s, bandwidth bytes/s) of the ring model to measured (bytes, seconds[, workers]) all-reduces.
 
     Least squares on ``t = 2(N-1) * latency + 2(N-1)/N * bytes / bandwidth``,
@@ -249,8 +297,10 @@ def fit_ring(samples: list[tuple[float, ...]], *, workers: Optional[int] = None)
     counts = [int(s[2]) if len(s) > 2 else workers for s in samples]
     if any(n is None or n < 2 for n in counts) or len(samples) < 2:
         raise invalid(PlanError, "samples", len(samples), "two or more sizes measured on >= 2 workers each")
-    rows = [(2 * (n - 1) / s[1], 2 * (n - 1) / n * s[0] / s[1], 1.0)  # Each row divided by t: relative error.
-            for s, n in zip(samples, counts)]
+    rows = [
+        (2 * (n - 1) / s[1], 2 * (n - 1) / n * s[0] / s[1], 1.0)  # Each row divided by t: relative error.
+        for s, n in zip(samples, counts)
+    ]
     sxx = sum(r[0] * r[0] for r in rows)
     sxy = sum(r[0] * r[1] for r in rows)
     syy = sum(r[1] * r[1] for r in rows)
@@ -288,8 +338,9 @@ class EmbeddingTraffic:
         return {k: round(v, 2) for k, v in dataclasses.asdict(self).items()}
 
 
-def embedding_traffic(*, table_values: float, values_touched_per_step: float, workers: int,
-                      bytes_per_value: int = 4) -> EmbeddingTraffic:
+def embedding_traffic(
+    *, table_values: float, values_touched_per_step: float, workers: int, bytes_per_value: int = 4
+) -> EmbeddingTraffic:
     """Per-worker bytes per step for embedding tables under parameter servers vs ring all-reduce.
 
     A PS worker pulls the rows its batch touches and pushes their gradients

@@ -18,7 +18,6 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from typing import Optional
 
 from tfdist import _compat
 
@@ -43,14 +42,14 @@ class StackReport:
     """
 
     python: str
-    tensorflow: Optional[str]
-    tf_keras: Optional[str]
-    keras: Optional[str]
-    tensorboard: Optional[str]
-    tensorflow_io: Optional[str]
-    boto3: Optional[str]
-    tf_use_legacy_keras: Optional[str]
-    keras3_imported: Optional[str]
+    tensorflow: str | None
+    tf_keras: str | None
+    keras: str | None
+    tensorboard: str | None
+    tensorflow_io: str | None
+    boto3: str | None
+    tf_use_legacy_keras: str | None
+    keras3_imported: str | None
     schemes: dict[str, str]
     internals: str
     problems: tuple[str, ...]
@@ -63,19 +62,22 @@ class StackReport:
 
     def to_text(self) -> str:
         """The report as ``tfdist doctor --stack`` prints it."""
-        def show(value: Optional[str]) -> str:
+
+        def show(value: str | None) -> str:
             return value if value is not None else "not installed"
 
-        lines = [f"python:             {self.python}",
-                 f"tensorflow:         {show(self.tensorflow)}",
-                 f"tf-keras:           {show(self.tf_keras)}",
-                 f"keras (Keras 3):    {show(self.keras)}"
-                 + (f" - imported by this process ({self.keras3_imported})" if self.keras3_imported else ""),
-                 f"TF_USE_LEGACY_KERAS: {self.tf_use_legacy_keras if self.tf_use_legacy_keras is not None else 'unset'}",
-                 f"tensorboard:        {show(self.tensorboard)}",
-                 f"tensorflow-io:      {show(self.tensorflow_io)}",
-                 f"boto3:              {show(self.boto3)}",
-                 "remote schemes:"]
+        lines = [
+            f"python:             {self.python}",
+            f"tensorflow:         {show(self.tensorflow)}",
+            f"tf-keras:           {show(self.tf_keras)}",
+            f"keras (Keras 3):    {show(self.keras)}"
+            + (f" - imported by this process ({self.keras3_imported})" if self.keras3_imported else ""),
+            f"TF_USE_LEGACY_KERAS: {self.tf_use_legacy_keras if self.tf_use_legacy_keras is not None else 'unset'}",
+            f"tensorboard:        {show(self.tensorboard)}",
+            f"tensorflow-io:      {show(self.tensorflow_io)}",
+            f"boto3:              {show(self.boto3)}",
+            "remote schemes:",
+        ]
         lines += [f"  {scheme + '://':<10} {how}" for scheme, how in self.schemes.items()]
         lines.append(f"internals:          {self.internals}")
         lines += [f"PROBLEM: {p}" for p in self.problems] + [f"warning: {w}" for w in self.warnings]
@@ -83,23 +85,37 @@ class StackReport:
         return "\n".join(lines)
 
 
-def _warnings(tf: Optional[str], keras: Optional[str], legacy: Optional[str], tensorboard: Optional[str],
-              tfio: Optional[str], keras3_imported: Optional[str]) -> list[str]:
+def _warnings(
+    tf: str | None,
+    keras: str | None,
+    legacy: str | None,
+    tensorboard: str | None,
+    tfio: str | None,
+    keras3_imported: str | None,
+) -> list[str]:
     out = []
     if keras is not None and _compat.parse_version(keras) >= (3, 0) and legacy != "1":
-        out.append("tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1). Keras 3 fails model.fit under "
-                   "MultiWorkerMirroredStrategy (ValueError: Attempt to convert a value (PerReplica...)) and has no "
-                   "ParameterServerStrategy fit. Use `from tfdist import keras` (tf-keras), or set "
-                   "TF_USE_LEGACY_KERAS=1 before importing TensorFlow (tfdist-launch sets it).")
+        out.append(
+            "tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1). Keras 3 fails model.fit under "
+            "MultiWorkerMirroredStrategy (ValueError: Attempt to convert a value (PerReplica...)) and has no "
+            "ParameterServerStrategy fit. Use `from tfdist import keras` (tf-keras), or set "
+            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow (tfdist-launch sets it)."
+        )
     if keras3_imported:
-        out.append(f"this process imported Keras 3 ({keras3_imported}); tfdist makes its fit raise under "
-                   "MultiWorkerMirroredStrategy and ParameterServerStrategy.")
+        out.append(
+            f"this process imported Keras 3 ({keras3_imported}); tfdist makes its fit raise under "
+            "MultiWorkerMirroredStrategy and ParameterServerStrategy."
+        )
     if tf is not None and tensorboard is None:
-        out.append("tensorboard is not installed (TF >= 2.21 no longer installs it): tf-keras' TensorBoard callback "
-                   "fails inside fit. pip install tensorboard.")
+        out.append(
+            "tensorboard is not installed (TF >= 2.21 no longer installs it): tf-keras' TensorBoard callback "
+            "fails inside fit. pip install tensorboard."
+        )
     if tf is not None and tfio is not None and _compat.parse_version(tf) > _compat.TFIO_LAST_TF:
-        out.append(f"tensorflow-io {tfio} is installed, but its file systems cannot load on TF {tf} (undefined "
-                   "symbols on TF >= 2.18): s3:// goes through boto3; hdfs/az need TF 2.17 or a mount.")
+        out.append(
+            f"tensorflow-io {tfio} is installed, but its file systems cannot load on TF {tf} (undefined "
+            "symbols on TF >= 2.18): s3:// goes through boto3; hdfs/az need TF 2.17 or a mount."
+        )
     return out
 
 
@@ -107,8 +123,11 @@ def _schemes(probe: bool) -> dict[str, str]:
     tfio_problem = _compat.tfio_unavailable_reason()
     boto3 = importlib.util.find_spec("boto3") is not None
     if not probe:
-        s3 = "tensorflow-io" if tfio_problem is None else (
-            "boto3 (tfdist)" if boto3 else "unavailable: pip install 'tfdist[s3]'")
+        s3 = (
+            "tensorflow-io"
+            if tfio_problem is None
+            else ("boto3 (tfdist)" if boto3 else "unavailable: pip install 'tfdist[s3]'")
+        )
         out = {"gs": "TensorFlow", "s3": s3}
         out.update({s: "tensorflow-io" if tfio_problem is None else f"unavailable: {tfio_problem}" for s in _TFIO_ONLY})
         return out
@@ -149,7 +168,17 @@ def stack_report(*, probe: bool = False) -> StackReport:
             internals = str(err)
             problems.append(str(err))
     return StackReport(
-        python=".".join(map(str, sys.version_info[:3])), tensorflow=tf, tf_keras=version("tf-keras"), keras=keras,
-        tensorboard=tensorboard, tensorflow_io=tfio, boto3=version("boto3"), tf_use_legacy_keras=legacy,
-        keras3_imported=keras3_imported, schemes=_schemes(probe and tf is not None), internals=internals,
-        problems=tuple(problems), warnings=tuple(_warnings(tf, keras, legacy, tensorboard, tfio, keras3_imported)))
+        python=".".join(map(str, sys.version_info[:3])),
+        tensorflow=tf,
+        tf_keras=version("tf-keras"),
+        keras=keras,
+        tensorboard=tensorboard,
+        tensorflow_io=tfio,
+        boto3=version("boto3"),
+        tf_use_legacy_keras=legacy,
+        keras3_imported=keras3_imported,
+        schemes=_schemes(probe and tf is not None),
+        internals=internals,
+        problems=tuple(problems),
+        warnings=tuple(_warnings(tf, keras, legacy, tensorboard, tfio, keras3_imported)),
+    )

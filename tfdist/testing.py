@@ -19,17 +19,17 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
-from tfdist.launch.tasks.function import RESULT_PREFIX
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch.config import KillAt
 from tfdist.launch.results import LaunchResult
 from tfdist.launch.supervisor.runner import run
+from tfdist.launch.tasks.function import RESULT_PREFIX
 
-__all__ = ["ClusterRun", "KillAt", "run_cluster", "command_for", "RESULT_PREFIX"]
+__all__ = ["RESULT_PREFIX", "ClusterRun", "KillAt", "command_for", "run_cluster"]
 
-Target = Union[Sequence[str], str, Callable[..., Any]]
+Target = Sequence[str] | str | Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,16 +64,29 @@ def command_for(target: Target, args: Sequence[Any] = ()) -> list[str]:
         if "<locals>" in function:
             raise invalid(LaunchError, "target", function, "a module-level function", "Move it to module level.")
         where = ["--file", inspect.getfile(target)]
-    elif isinstance(target, Sequence) and not isinstance(target, bytes) and target and all(
-            isinstance(arg, str) for arg in target):
+    elif (
+        isinstance(target, Sequence)
+        and not isinstance(target, bytes)
+        and target
+        and all(isinstance(arg, str) for arg in target)
+    ):
         return list(target)
     else:
         raise invalid(LaunchError, "target", target, "'module:function', a function or a command list")
     return [sys.executable, "-m", "tfdist.launch.tasks.function", *where, function, json.dumps(list(args))]
 
 
-def run_cluster(target: Target, *, workers: int, timeout: float, ps: int = 0, chief: bool = False,
-                evaluator: bool = False, args: Sequence[Any] = (), **options: Any) -> ClusterRun:
+def run_cluster(
+    target: Target,
+    *,
+    workers: int,
+    timeout: float,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    args: Sequence[Any] = (),
+    **options: Any,
+) -> ClusterRun:
     """Runs ``target`` on a local cluster and waits for the end.
 
     Args:
@@ -90,11 +103,12 @@ def run_cluster(target: Target, *, workers: int, timeout: float, ps: int = 0, ch
         any task prints that line (fault tests trigger on progress, not time),
         and ``max_restarts=1``.
     """
-    result = run(command_for(target, args), workers=workers, ps=ps, chief=chief, evaluator=evaluator,
-                 timeout=timeout, **options)
+    result = run(
+        command_for(target, args), workers=workers, ps=ps, chief=chief, evaluator=evaluator, timeout=timeout, **options
+    )
     values = {}
     for task in result.tasks:
         for line in task.output.splitlines():
             if line.startswith(RESULT_PREFIX):
-                values[task.task] = json.loads(line[len(RESULT_PREFIX):])
+                values[task.task] = json.loads(line[len(RESULT_PREFIX) :])
     return ClusterRun(result=result, values=values)

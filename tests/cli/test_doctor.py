@@ -18,12 +18,12 @@ def _doctor(*args: str, tf_config: str | None = None) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     if tf_config is not None:
         env["TF_CONFIG"] = tf_config
-    return subprocess.run([sys.executable, "-m", "tfdist.cli.main", "doctor", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "doctor", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 class DoctorTest(absltest.TestCase):
-
     def test_valid_config_prints_role_and_fingerprint(self) -> None:
         spec = ClusterSpec.local(workers=2, chief=True)
         done = _doctor(tf_config=json.dumps(spec.to_tf_config("worker", 1)))
@@ -62,16 +62,21 @@ class DoctorTest(absltest.TestCase):
 
 
 class ResolverAndKerasTest(absltest.TestCase):
-
     def test_resolver_keeps_evaluator_out_and_defaults_to_grpc(self) -> None:
         from tfdist.strategy.resolver import cluster_resolver
 
-        spec = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
-                           task_type="worker", task_id=1, environment="cloud")
+        spec = ClusterSpec(
+            jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
+            task_type="worker",
+            task_id=1,
+            environment="cloud",
+        )
         resolver = cluster_resolver(spec)
         self.assertEqual(resolver.cluster_spec().as_dict(), {"chief": ["c:1"], "worker": ["w:1", "w:2"]})
-        self.assertEqual((resolver.task_type, resolver.task_id, resolver.rpc_layer, resolver.environment),
-                         ("worker", 1, "grpc", "cloud"))
+        self.assertEqual(
+            (resolver.task_type, resolver.task_id, resolver.rpc_layer, resolver.environment),
+            ("worker", 1, "grpc", "cloud"),
+        )
         sparse = cluster_resolver(ClusterSpec(jobs={"worker": {"2": "w:2", "5": "w:5"}}, task_type="worker", task_id=5))
         self.assertEqual(sparse.cluster_spec().task_indices("worker"), [2, 5])
 
@@ -87,12 +92,20 @@ class ResolverAndKerasTest(absltest.TestCase):
 
 
 class DoctorStackTest(absltest.TestCase):
-
     def test_stack_report_exits_0_on_a_supported_stack(self) -> None:
         done = _doctor("--stack")
         self.assertEqual(done.returncode, 0, done.stderr[-2000:])
-        for line in ("tensorflow:", "tf-keras:", "keras (Keras 3):", "TF_USE_LEGACY_KERAS:", "tensorboard:",
-                     "tensorflow-io:", "  s3://", "internals:          ok: all", "stack: supported"):
+        for line in (
+            "tensorflow:",
+            "tf-keras:",
+            "keras (Keras 3):",
+            "TF_USE_LEGACY_KERAS:",
+            "tensorboard:",
+            "tensorflow-io:",
+            "  s3://",
+            "internals:          ok: all",
+            "stack: supported",
+        ):
             self.assertIn(line, done.stdout)
 
     def test_the_task_report_ends_with_a_stack_line(self) -> None:

@@ -21,14 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfdist
-from tfdist.comm.autotune import CollectiveTuning
-from tfdist.launch.tasks import data_service
-from tfdist.launch.tasks import jobset as jobset_task
-from tfdist.launch.tasks import server
-from tfdist.launch.tasks import slurm as slurm_task
 from tfdist.cli import launch as launch_cli
 from tfdist.cli import main as tfdist_cli
+from tfdist.comm.autotune import CollectiveTuning
 from tfdist.errors import PlanError, StorageError, StrategyError
+from tfdist.launch.tasks import data_service, server
+from tfdist.launch.tasks import jobset as jobset_task
+from tfdist.launch.tasks import slurm as slurm_task
 from tfdist.plan import Plan
 
 PY = sys.executable
@@ -39,26 +38,80 @@ PLAN = ["plan", "--params", "25M", "--workers", "4", "--bandwidth", "10Gbps", "-
 # Values that are wrong for every flag below: not finite, negative, absurdly large, empty, control
 # characters, and the surrogates Python makes of non-UTF-8 bytes in argv.
 HOSTILE = st.one_of(
-    st.sampled_from(["nan", "NaN", "inf", "-inf", "1e400", "-1", "-7.5", "99999999999999999999999", "", " ",
-                     "\n", "a\nb", "\x00", "\x1b[31m", "\udcff\udcfe", "--", "@"]),
+    st.sampled_from(
+        [
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "1e400",
+            "-1",
+            "-7.5",
+            "99999999999999999999999",
+            "",
+            " ",
+            "\n",
+            "a\nb",
+            "\x00",
+            "\x1b[31m",
+            "\udcff\udcfe",
+            "--",
+            "@",
+        ]
+    ),
     st.text(alphabet=st.characters(categories=["Cc", "Cs"]), min_size=1, max_size=8),
 )
 
 # CLI -> (base argv that is valid but for the flag under test, the flags whose hostile values it must refuse).
 CLIS: dict[str, tuple[Main, list[str], list[str]]] = {
     "doctor": (tfdist_cli.main, ["doctor", "--tf-config", VALID_TF_CONFIG], ["--tf-config", "--probe"]),
-    "plan": (tfdist_cli.main, PLAN, ["--params", "--workers", "--gpus-per-worker", "--bandwidth", "--latency",
-                                     "--device-memory", "--ps-shards", "--compute", "--embedding-values",
-                                     "--optimizer", "--compression"]),
-    "data-report": (tfdist_cli.main, ["data-report", "/nonexistent/*", "--label-key", "y", "--workers", "2"],
-                    ["--workers", "--shard-policy"]),
-    "launch": (launch_cli.main, ["--emit", "tf-config", "--workers", "2"],
-               ["--workers", "--ps", "--max-restarts", "--threads-per-task", "--timeout", "--grace", "--kill",
-                "--data-service-workers", "--run-on", "--hosts", "--port", "--emit"]),
+    "plan": (
+        tfdist_cli.main,
+        PLAN,
+        [
+            "--params",
+            "--workers",
+            "--gpus-per-worker",
+            "--bandwidth",
+            "--latency",
+            "--device-memory",
+            "--ps-shards",
+            "--compute",
+            "--embedding-values",
+            "--optimizer",
+            "--compression",
+        ],
+    ),
+    "data-report": (
+        tfdist_cli.main,
+        ["data-report", "/nonexistent/*", "--label-key", "y", "--workers", "2"],
+        ["--workers", "--shard-policy"],
+    ),
+    "launch": (
+        launch_cli.main,
+        ["--emit", "tf-config", "--workers", "2"],
+        [
+            "--workers",
+            "--ps",
+            "--max-restarts",
+            "--threads-per-task",
+            "--timeout",
+            "--grace",
+            "--kill",
+            "--data-service-workers",
+            "--run-on",
+            "--hosts",
+            "--port",
+            "--emit",
+        ],
+    ),
     "data_service": (data_service.main, [], ["--workers", "--port"]),
     "server": (server.main, [], ["--exit-with-chief"]),
-    "slurm_task": (slurm_task.main, [], ["--port-base", "--restart", "--jobs", "--run-on", "--min-workers",
-                                         "--allocated-tasks"]),
+    "slurm_task": (
+        slurm_task.main,
+        [],
+        ["--port-base", "--restart", "--jobs", "--run-on", "--min-workers", "--allocated-tasks"],
+    ),
     "jobset_task": (jobset_task.main, [], []),
 }
 
@@ -122,12 +175,14 @@ class HostileFlagsTest(parameterized.TestCase):
         assert_refused(self, run_cli(main, argv), argv)
         self.assertEqual(_children() - before, set(), "a refused command started a process")
 
-    @parameterized.named_parameters(("doctor_no_tf_config", tfdist_cli.main, ["doctor"]),
-                                    ("server_no_tf_config", server.main, []),
-                                    ("slurm_task_outside_slurm", slurm_task.main, ["--", "true"]),
-                                    ("jobset_task_outside_jobset", jobset_task.main, ["--", "true"]),
-                                    ("unknown_flag", launch_cli.main, ["--wrokers", "2", "--", "true"]),
-                                    ("no_subcommand", tfdist_cli.main, []))
+    @parameterized.named_parameters(
+        ("doctor_no_tf_config", tfdist_cli.main, ["doctor"]),
+        ("server_no_tf_config", server.main, []),
+        ("slurm_task_outside_slurm", slurm_task.main, ["--", "true"]),
+        ("jobset_task_outside_jobset", jobset_task.main, ["--", "true"]),
+        ("unknown_flag", launch_cli.main, ["--wrokers", "2", "--", "true"]),
+        ("no_subcommand", tfdist_cli.main, []),
+    )
     def test_missing_context_is_refused_in_one_line(self, main: Main, argv: list[str]) -> None:
         assert_refused(self, run_cli(main, argv), argv)
 
@@ -142,13 +197,18 @@ def _deep(levels: int, wrap: Callable[[object], object]) -> object:
 # What a careless or hostile caller passes to a constructor: any number, 5000-digit ints (their repr raises),
 # unprintable and non-UTF-8 text, bytes, nested containers, and containers 50,000 levels deep.
 NASTY = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-2**80, max_value=2**80),
-    st.just(10**5000), st.text(alphabet=st.characters(categories=["Cc", "Cs", "Zs", "Nd"]), max_size=8),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.just(10**5000),
+    st.text(alphabet=st.characters(categories=["Cc", "Cs", "Zs", "Nd"]), max_size=8),
     st.binary(max_size=8),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=3),
-                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-                 max_leaves=8),
-    st.just(_deep(50_000, lambda v: [v])), st.just(_deep(50_000, lambda v: {"worker": v})),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        max_leaves=8,
+    ),
+    st.just(_deep(50_000, lambda v: [v])),
+    st.just(_deep(50_000, lambda v: {"worker": v})),
 )
 
 
@@ -159,9 +219,17 @@ class HostileConstructorArgumentsTest(parameterized.TestCase):
         from tests.test_error_model import CALLS  # The API's table of public constructors with valid arguments.
 
         calls = {name: call for name, call in CALLS.items() if name not in ("ClusterSpec.local", "command_for")}
-        calls["CollectiveTuning"] = (CollectiveTuning, {"compression": "bf16", "bytes_per_pack": 1 << 20,
-                                                        "split_bytes": 0, "timings_ms": {"0": 1.5}, "workers": 2,
-                                                        "total_bytes": 4096})
+        calls["CollectiveTuning"] = (
+            CollectiveTuning,
+            {
+                "compression": "bf16",
+                "bytes_per_pack": 1 << 20,
+                "split_bytes": 0,
+                "timings_ms": {"0": 1.5},
+                "workers": 2,
+                "total_bytes": 4096,
+            },
+        )
         return calls
 
     @settings(max_examples=300, deadline=None)
@@ -190,8 +258,23 @@ class LaunchFlagsTest(parameterized.TestCase):
         flags = {flag for action in launch_cli._parser()._actions for flag in action.option_strings}
         self.assertLessEqual(set(launch_cli.FLAGS.values()), flags)
         self.assertLessEqual(set(LaunchConfig.option_names()) - {"command", "env", "host"}, set(launch_cli.FLAGS))
-        set_by_the_cli = {"name", "namespace", "image", "cpu", "memory", "gpus", "hosts", "port", "time_limit",
-                          "cpus_per_task", "gpus_per_task", "port_base", "python", "tf_log_level", "tasks_per_node"}
+        set_by_the_cli = {
+            "name",
+            "namespace",
+            "image",
+            "cpu",
+            "memory",
+            "gpus",
+            "hosts",
+            "port",
+            "time_limit",
+            "cpus_per_task",
+            "gpus_per_task",
+            "port_base",
+            "python",
+            "tf_log_level",
+            "tasks_per_node",
+        }
         for emitter in (tf_configs, tfjob_manifest, jobset_manifest, slurm_script):
             arguments = set(inspect.signature(emitter).parameters) & set_by_the_cli
             self.assertLessEqual(arguments, set(launch_cli.FLAGS), emitter.__name__)
@@ -238,8 +321,11 @@ class NamedRegressionsTest(absltest.TestCase):
     def test_launch_not_executable_and_missing_programs_start_nothing(self) -> None:
         script = self.create_tempfile("not-executable.sh", content="#!/bin/sh\necho hi\n").full_path
         os.chmod(script, stat.S_IRUSR | stat.S_IWUSR)
-        for program, message in ((script, "execute permission"), ("/no/such/cmd", "an existing executable file"),
-                                 (os.path.dirname(script), "an existing executable file")):
+        for program, message in (
+            (script, "execute permission"),
+            ("/no/such/cmd", "an existing executable file"),
+            (os.path.dirname(script), "an existing executable file"),
+        ):
             before = _children()
             result = run_cli(launch_cli.main, ["--workers", "1", "--", program])
             assert_refused(self, result, [program])
@@ -255,18 +341,22 @@ class NamedRegressionsTest(absltest.TestCase):
             self.assertNotIn("started", result[2])
 
     def test_data_service_workers_and_port_are_checked_before_tensorflow(self) -> None:
-        for argv, message in ((["--workers", "-1"], "`--workers`. Received: -1"),
-                              (["--port", "70000"], "invalid port (0-65535) value: '70000'")):
+        for argv, message in (
+            (["--workers", "-1"], "`--workers`. Received: -1"),
+            (["--port", "70000"], "invalid port (0-65535) value: '70000'"),
+        ):
             result = run_cli(data_service.main, argv)
             assert_refused(self, result, argv)
             self.assertIn(message, result[2])
 
     def test_plan_refuses_infinite_and_zero_inputs(self) -> None:
-        for flag, value, message in (("--params", "1e400", "`params`. Received: inf"),
-                                     ("--params", "1e300", "at most 1e+15"),
-                                     ("--ps-shards", "0", "`ps_shards`. Received: 0"),
-                                     ("--ps-shards", "-2", "`ps_shards`. Received: -2"),
-                                     ("--device-memory", "0", "`device_memory`. Received: 0.0")):
+        for flag, value, message in (
+            ("--params", "1e400", "`params`. Received: inf"),
+            ("--params", "1e300", "at most 1e+15"),
+            ("--ps-shards", "0", "`ps_shards`. Received: 0"),
+            ("--ps-shards", "-2", "`ps_shards`. Received: -2"),
+            ("--device-memory", "0", "`device_memory`. Received: 0.0"),
+        ):
             argv = [*PLAN, flag, value, "--json"]
             result = run_cli(tfdist_cli.main, argv)
             assert_refused(self, result, argv)
@@ -279,16 +369,21 @@ class NamedRegressionsTest(absltest.TestCase):
         json.loads(out, parse_constant=lambda name: self.fail(f"{name} in --json output"))
         with pytest.raises(PlanError, match="Invalid value for `params`"):
             Plan(params=float("nan"), workers=2, bandwidth=1e9, latency=1e-5)
-        with pytest.raises(PlanError, match="Invalid value for `params`. Received: 1000000000000000.0. Expected "
-                                            "sizes and rates whose estimates fit"):
+        with pytest.raises(
+            PlanError,
+            match="Invalid value for `params`. Received: 1000000000000000.0. Expected "
+            "sizes and rates whose estimates fit",
+        ):
             Plan(params=1e15, workers=2, bandwidth=1e-300, latency=1e-5)
 
     def test_collective_tuning_load_and_save(self) -> None:
         tmp = self.create_tempdir()
         path = os.path.join(tmp.full_path, "tuning.json")
-        for body, message in (('{"format": "tfdist-collective-tuning/1", "workers": "two"}', "`workers`"),
-                              ('{"format": "tfdist-collective-tuning/1", "timings_ms": {"0": "x"}}', "timings_ms"),
-                              ("[" * 100_000, "`tuning`")):
+        for body, message in (
+            ('{"format": "tfdist-collective-tuning/1", "workers": "two"}', "`workers`"),
+            ('{"format": "tfdist-collective-tuning/1", "timings_ms": {"0": "x"}}', "timings_ms"),
+            ("[" * 100_000, "`tuning`"),
+        ):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(body)
             with pytest.raises(StrategyError, match=message):
@@ -296,8 +391,14 @@ class NamedRegressionsTest(absltest.TestCase):
         with pytest.raises(StorageError, match="Is a directory"):
             CollectiveTuning(bytes_per_pack=1 << 20).save(tmp.full_path)
         self.assertEqual(os.listdir(os.path.dirname(tmp.full_path)).count(os.path.basename(tmp.full_path)), 1)
-        self.assertEqual([n for n in os.listdir(os.path.dirname(tmp.full_path))
-                          if n.startswith(os.path.basename(tmp.full_path) + ".tmp")], [])
+        self.assertEqual(
+            [
+                n
+                for n in os.listdir(os.path.dirname(tmp.full_path))
+                if n.startswith(os.path.basename(tmp.full_path) + ".tmp")
+            ],
+            [],
+        )
 
 
 def _run(argv: Sequence[str | bytes], **kwargs: object) -> subprocess.CompletedProcess:
@@ -309,9 +410,11 @@ class RealProcessTest(absltest.TestCase):
     """What only a real process shows: a closed pipe, raw bytes in argv, the modules a refusal imports."""
 
     def test_closed_pipe_ends_quietly(self) -> None:
-        for argv in (["-m", "tfdist.cli.main", "doctor", "--tf-config", VALID_TF_CONFIG],
-                     ["-m", "tfdist.cli.main", *PLAN],
-                     ["-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "3"]):
+        for argv in (
+            ["-m", "tfdist.cli.main", "doctor", "--tf-config", VALID_TF_CONFIG],
+            ["-m", "tfdist.cli.main", *PLAN],
+            ["-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "3"],
+        ):
             for buffered in (True, False):  # Block-buffered stdout fails at the flush, unbuffered at the write.
                 env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
                 env.update({} if buffered else {"PYTHONUNBUFFERED": "1"})
@@ -324,9 +427,11 @@ class RealProcessTest(absltest.TestCase):
                 self.assertEqual((done.returncode, done.stderr.decode()), (141, ""), (argv, buffered))
 
     def test_non_utf8_bytes_in_argv(self) -> None:
-        for argv in ([b"-m", b"tfdist.cli.main", b"doctor", b"--tf-config", b"\xff\xfe"],
-                     [b"-m", b"tfdist.cli.launch", b"--workers", b"\xff", b"--", b"true"],
-                     [b"-m", b"tfdist.cli.launch", b"--workers", b"1", b"--", b"/no/\xff"]):
+        for argv in (
+            [b"-m", b"tfdist.cli.main", b"doctor", b"--tf-config", b"\xff\xfe"],
+            [b"-m", b"tfdist.cli.launch", b"--workers", b"\xff", b"--", b"true"],
+            [b"-m", b"tfdist.cli.launch", b"--workers", b"1", b"--", b"/no/\xff"],
+        ):
             done = _run(argv)
             self.assertEqual(done.returncode, 2, done.stderr)
             self.assertEqual(done.stderr.count(b"\n"), 1, done.stderr)

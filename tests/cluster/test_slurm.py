@@ -7,12 +7,15 @@ from absl.testing import parameterized
 
 from tfdist import ClusterSpec, ClusterSpecError
 
-STEP = {"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "node[01-02],gpu7", "SLURM_STEP_TASKS_PER_NODE": "2(x2),1",
-        "SLURM_STEP_NUM_TASKS": "5"}
+STEP = {
+    "SLURM_PROCID": "0",
+    "SLURM_STEP_NODELIST": "node[01-02],gpu7",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2),1",
+    "SLURM_STEP_NUM_TASKS": "5",
+}
 
 
 class SlurmTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
         ("rank0_chief", "0", ("chief", 0), "gpu7:8888"),
         ("rank1_ps", "1", ("ps", 0), "node01:8888"),
@@ -33,8 +36,9 @@ class SlurmTest(parameterized.TestCase):
 
     def test_zero_padding_and_suffix(self) -> None:
         env = {"SLURM_PROCID": "0", "SLURM_NODELIST": "r[008-010]-ib", "SLURM_TASKS_PER_NODE": "1(x3)"}
-        self.assertEqual([t.address for t in ClusterSpec.from_slurm(env).tasks()],
-                         ["r008-ib:8888", "r009-ib:8888", "r010-ib:8888"])
+        self.assertEqual(
+            [t.address for t in ClusterSpec.from_slurm(env).tasks()], ["r008-ib:8888", "r009-ib:8888", "r010-ib:8888"]
+        )
 
     @parameterized.named_parameters(
         ("no_procid", {}, "SLURM_PROCID.*Run inside 'srun'"),
@@ -64,7 +68,8 @@ class SlurmTest(parameterized.TestCase):
                     patch.setenv(key, value)
                 # TF's resolver needs a GPU per task to lay tasks out; give it one and keep the env untouched.
                 resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-                    jobs=jobs, gpus_per_node=2, gpus_per_task=1, auto_set_gpu=False)
+                    jobs=jobs, gpus_per_node=2, gpus_per_task=1, auto_set_gpu=False
+                )
                 theirs = resolver.cluster_spec().as_dict()
                 their_task = resolver.get_task_info()
             ours = ClusterSpec.from_slurm(env, jobs=jobs)
@@ -79,10 +84,12 @@ class SlurmTest(parameterized.TestCase):
                 patch.setenv(key, value)
             with pytest.raises(RuntimeError, match="Requested more GPUs per node than available"):
                 tf.distribute.cluster_resolver.SlurmClusterResolver(
-                    jobs={"worker": 5}, gpus_per_node=0, gpus_per_task=1, auto_set_gpu=False)
+                    jobs={"worker": 5}, gpus_per_node=0, gpus_per_task=1, auto_set_gpu=False
+                )
             with pytest.raises(ValueError, match="range\\(\\) arg 3 must not be zero"):
                 tf.distribute.cluster_resolver.SlurmClusterResolver(
-                    jobs={"worker": 5}, gpus_per_node=0, gpus_per_task=0, auto_set_gpu=False).cluster_spec()
+                    jobs={"worker": 5}, gpus_per_node=0, gpus_per_task=0, auto_set_gpu=False
+                ).cluster_spec()
             from tfdist.strategy.resolver import slurm_cluster_resolver
 
             ours = slurm_cluster_resolver(jobs={"worker": 5})

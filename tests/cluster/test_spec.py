@@ -12,9 +12,14 @@ from absl.testing import parameterized
 from tfdist import ClusterSpec, ClusterSpecError, Error
 
 TFJOB_PS = {
-    "cluster": {"chief": ["job-chief-0.ns.svc:2222"], "ps": ["job-ps-0.ns.svc:2222"],
-                "worker": ["job-worker-0.ns.svc:2222", "job-worker-1.ns.svc:2222"]},
-    "task": {"type": "worker", "index": 1}, "environment": "cloud"}
+    "cluster": {
+        "chief": ["job-chief-0.ns.svc:2222"],
+        "ps": ["job-ps-0.ns.svc:2222"],
+        "worker": ["job-worker-0.ns.svc:2222", "job-worker-1.ns.svc:2222"],
+    },
+    "task": {"type": "worker", "index": 1},
+    "environment": "cloud",
+}
 
 
 def _cfg(cluster: object, task: object = None, **extra: object) -> str:
@@ -25,7 +30,6 @@ def _cfg(cluster: object, task: object = None, **extra: object) -> str:
 
 
 class BadInputTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
         ("invalid_json", '{"cluster": {"worker": ["a:1"]', r"valid JSON \(error at line 1"),
         ("single_quotes", "{'cluster': {}}", "double quotes"),
@@ -49,12 +53,21 @@ class BadInputTest(parameterized.TestCase):
         ("chief_and_master", _cfg({"chief": ["a:1"], "master": ["b:1"]}), "only one of 'chief' and 'master'"),
         ("ps_without_workers", _cfg({"chief": ["a:1"], "ps": ["b:1"]}), "needs at least one worker"),
         ("only_evaluator", _cfg({"evaluator": ["a:1"]}), "a 'chief' or 'worker' job"),
-        ("task_not_in_cluster", _cfg({"worker": ["a:1"]}, {"type": "ps", "index": 0}),
-         r"`task.type`. Received: 'ps'. Expected a job of the cluster"),
-        ("task_index_out_of_range", _cfg({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 2}),
-         r"indices of job 'worker': \[0, 1\]"),
-        ("task_index_not_integer", _cfg({"worker": ["a:1"]}, {"type": "worker", "index": "one"}),
-         r"`task.index`. Received: 'one'. Expected an integer >= 0"),
+        (
+            "task_not_in_cluster",
+            _cfg({"worker": ["a:1"]}, {"type": "ps", "index": 0}),
+            r"`task.type`. Received: 'ps'. Expected a job of the cluster",
+        ),
+        (
+            "task_index_out_of_range",
+            _cfg({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 2}),
+            r"indices of job 'worker': \[0, 1\]",
+        ),
+        (
+            "task_index_not_integer",
+            _cfg({"worker": ["a:1"]}, {"type": "worker", "index": "one"}),
+            r"`task.index`. Received: 'one'. Expected an integer >= 0",
+        ),
         ("task_index_float", _cfg({"worker": ["a:1"]}, {"type": "worker", "index": 0.5}), "integer >= 0"),
         ("task_index_bool", _cfg({"worker": ["a:1"]}, {"type": "worker", "index": True}), "integer >= 0"),
         ("task_index_negative", _cfg({"worker": ["a:1"]}, {"type": "worker", "index": -1}), "integer >= 0"),
@@ -109,8 +122,17 @@ class BadInputTest(parameterized.TestCase):
             ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:6", "otherhost:5"]})
 
     def test_valid_addresses_stay_valid(self) -> None:
-        spec = ClusterSpec(jobs={"worker": ["10.0.0.1:2222", "[::1]:2222", "w-1.ns.svc.cluster.local:2222",
-                                            "my_host:1", "h" * 63 + ".x:65535"]})
+        spec = ClusterSpec(
+            jobs={
+                "worker": [
+                    "10.0.0.1:2222",
+                    "[::1]:2222",
+                    "w-1.ns.svc.cluster.local:2222",
+                    "my_host:1",
+                    "h" * 63 + ".x:65535",
+                ]
+            }
+        )
         self.assertEqual(spec.num_workers, 5)
 
     def test_local_rejects_bad_counts(self) -> None:
@@ -123,7 +145,6 @@ class BadInputTest(parameterized.TestCase):
 
 
 class ManagerFormsTest(parameterized.TestCase):
-
     def test_kubeflow_tfjob_parameter_server(self) -> None:
         spec = ClusterSpec.from_tf_config(json.dumps(TFJOB_PS))
         self.assertEqual((spec.task_type, spec.task_id, spec.environment), ("worker", 1, "cloud"))
@@ -131,16 +152,20 @@ class ManagerFormsTest(parameterized.TestCase):
         self.assertEqual(spec.task.address, "job-worker-1.ns.svc:2222")  # type: ignore[union-attr]
 
     def test_vertex_ai_extra_keys_and_legacy_master(self) -> None:
-        config = {"cluster": {"master": ["cmle-master-0:2222"], "worker": ["cmle-worker-0:2222"]},
-                  "task": {"type": "master", "index": 0, "trial": "1", "cloud": "x"},
-                  "job": {"args": ["--epochs", "3"]}, "environment": "cloud"}
+        config = {
+            "cluster": {"master": ["cmle-master-0:2222"], "worker": ["cmle-worker-0:2222"]},
+            "task": {"type": "master", "index": 0, "trial": "1", "cloud": "x"},
+            "job": {"args": ["--epochs", "3"]},
+            "environment": "cloud",
+        }
         spec = ClusterSpec.from_tf_config(config)
         self.assertEqual((spec.task_type, spec.is_chief), ("chief", True))
         self.assertEqual(list(spec.jobs), ["chief", "worker"])
 
     def test_sparse_dynamic_workers(self) -> None:
-        spec = ClusterSpec.from_tf_config(_cfg({"worker": {"1": "w1:2222", "3": "w3:2222"}},
-                                               {"type": "worker", "index": "3"}))
+        spec = ClusterSpec.from_tf_config(
+            _cfg({"worker": {"1": "w1:2222", "3": "w3:2222"}}, {"type": "worker", "index": "3"})
+        )
         self.assertEqual(dict(spec.jobs["worker"]), {1: "w1:2222", 3: "w3:2222"})
         self.assertEqual((spec.task_id, spec.num_workers, spec.is_chief), (3, 2, False))
         self.assertTrue(spec.with_task("worker", 1).is_chief)  # Lowest index leads without a chief.
@@ -162,7 +187,6 @@ class ManagerFormsTest(parameterized.TestCase):
 
 
 class SpecBehaviourTest(parameterized.TestCase):
-
     def test_to_tf_config_round_trips_for_every_task(self) -> None:
         spec = ClusterSpec.local(workers=2, ps=1, chief=True, evaluator=True)
         for task in spec.tasks():
@@ -214,6 +238,8 @@ class SpecBehaviourTest(parameterized.TestCase):
     def test_cluster_layer_never_imports_tensorflow(self) -> None:
         import subprocess
 
-        code = ("import sys, tfdist, tfdist.cluster.spec, tfdist.launch, tfdist.cluster.probe; "
-                "tfdist.ClusterSpec.local(workers=2); sys.exit('tensorflow' in sys.modules)")
+        code = (
+            "import sys, tfdist, tfdist.cluster.spec, tfdist.launch, tfdist.cluster.probe; "
+            "tfdist.ClusterSpec.local(workers=2); sys.exit('tensorflow' in sys.modules)"
+        )
         self.assertEqual(subprocess.run([sys.executable, "-c", code], check=False).returncode, 0)

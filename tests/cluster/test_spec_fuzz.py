@@ -11,16 +11,49 @@ from hypothesis import strategies as st
 from tfdist import ClusterSpec, ClusterSpecError
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 70000) | st.floats(allow_nan=False) |
-    st.sampled_from(["", "a:1", "b:2", "[::1]:3", "worker", "ps", "chief", "master", "evaluator", "0", "x:0", "²", "٣", "a:²"]) |
-    st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["cluster", "task", "type", "index", "worker", "ps", "chief", "evaluator", "master",
-                         "rpc_layer", "environment", "0", "1", "²", "٣"]) | st.text(max_size=5), children, max_size=4),
-    max_leaves=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 70000)
+    | st.floats(allow_nan=False)
+    | st.sampled_from(
+        ["", "a:1", "b:2", "[::1]:3", "worker", "ps", "chief", "master", "evaluator", "0", "x:0", "²", "٣", "a:²"]
+    )
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "cluster",
+                    "task",
+                    "type",
+                    "index",
+                    "worker",
+                    "ps",
+                    "chief",
+                    "evaluator",
+                    "master",
+                    "rpc_layer",
+                    "environment",
+                    "0",
+                    "1",
+                    "²",
+                    "٣",
+                ]
+            )
+            | st.text(max_size=5),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 
-VALID = {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]},
-         "task": {"type": "worker", "index": 1}, "environment": "cloud"}
+VALID = {
+    "cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]},
+    "task": {"type": "worker", "index": 1},
+    "environment": "cloud",
+}
 
 
 def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:

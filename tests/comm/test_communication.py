@@ -11,10 +11,10 @@ import tempfile
 import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
-from tests.support.processes import assert_all_gone
 
-from tests.support import cluster_tasks
 import tfdist
+from tests.support import cluster_tasks
+from tests.support.processes import assert_all_gone
 from tfdist import testing
 from tfdist.comm.autotune import CollectiveTuning
 from tfdist.comm.collective import CollectiveConfig, payload_bytes
@@ -35,8 +35,9 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
         super().setUpClass()
         cls.tuning_dir = tempfile.mkdtemp()
         cls.tuning_path = os.path.join(cls.tuning_dir, "tuning.json")
-        cls.cluster = testing.run_cluster(cluster_tasks.communication_checks, workers=2, timeout=240,
-                                      args=[cls.tuning_path])
+        cls.cluster = testing.run_cluster(
+            cluster_tasks.communication_checks, workers=2, timeout=240, args=[cls.tuning_path]
+        )
         assert_all_gone([t.pid for t in cls.cluster.result.tasks])
 
     @classmethod
@@ -93,7 +94,7 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
         self.assertTrue(scaled["finite"])
         # Each overflow (seen through the fp16 all-reduce) halves the scale and skips the step: 2**40 needs
         # 25 of them, i.e. all of the first 3 epochs (8 steps each), whose loss is therefore unchanged ...
-        self.assertLessEqual(scaled["final_scale"], 2.0 ** 15)
+        self.assertLessEqual(scaled["final_scale"], 2.0**15)
         self.assertEqual(scaled["loss"][0], scaled["loss"][2])
         # ... and then it trains.
         self.assertLess(scaled["loss"][-1], scaled["loss"][0] / 2)
@@ -107,21 +108,21 @@ class TwoWorkerCommunicationTest(absltest.TestCase):
         self.assertEqual(sparse["bytes"], 2 * dense_params + 4)
 
     def test_build_strategy_options_reach_tf_collectives(self) -> None:
-        self.assertEqual(self.a["strategy_options"],
-                         {"implementation": "RING", "bytes_per_pack": 1 << 20, "timeout_seconds": 120})
+        self.assertEqual(
+            self.a["strategy_options"], {"implementation": "RING", "bytes_per_pack": 1 << 20, "timeout_seconds": 120}
+        )
 
     def test_fp16_sums_do_not_overflow_and_keep_non_finite(self) -> None:
         sums = self.a["fp16_sums"]
         self.assertEqual(sums["large"][0], 120000.0)  # float16 tops out at 65504
         # One scale for all: 120000 is scaled by 2**-2, so tiny values keep float16's absolute step, 2**-24 / 2**-2.
-        self.assertAlmostEqual(sums["large"][1], 2e-6, delta=2 ** -22)
+        self.assertAlmostEqual(sums["large"][1], 2e-6, delta=2**-22)
         self.assertEqual(sums["large"][2:], [-6.0, 0.0])
         self.assertTrue(all(math.isnan(v) or math.isinf(v) for v in sums["inf"]))
         self.assertEqual(sums["zeros"], [0.0, 0.0])
 
 
 class CollectiveConfigTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
         ("unknown_compression", {"compression": "fp8"}, r"`compression`.*Received: 'fp8'.*'fp16'"),
         ("negative_pack", {"bytes_per_pack": -1}, r"`bytes_per_pack`.*Received: -1"),
@@ -138,13 +139,13 @@ class CollectiveConfigTest(parameterized.TestCase):
 
 
 class TuningFileTest(absltest.TestCase):
-
     def setUp(self) -> None:
         self.path = os.path.join(self.create_tempdir().full_path, "tuning.json")
 
     def test_round_trip(self) -> None:
-        tuning = CollectiveTuning(bytes_per_pack=4 << 20, split_bytes=4 << 20, timings_ms={"0": 9.0},
-                                  workers=2, total_bytes=100)
+        tuning = CollectiveTuning(
+            bytes_per_pack=4 << 20, split_bytes=4 << 20, timings_ms={"0": 9.0}, workers=2, total_bytes=100
+        )
         tuning.save(self.path)
         self.assertEqual(CollectiveTuning.load(self.path), tuning)
         self.assertEqual(json.loads(open(self.path).read())["format"], "tfdist-collective-tuning/1")
@@ -172,7 +173,6 @@ class TuningFileTest(absltest.TestCase):
 
 
 class KerasWrappersTest(absltest.TestCase):
-
     def test_with_communication_keeps_the_optimizer_config(self) -> None:
         import tf_keras
 
@@ -207,7 +207,7 @@ class KerasWrappersTest(absltest.TestCase):
             accumulate_gradients(model, steps=0)
 
         class Custom(tf_keras.Model):
-            def train_step(self, data):  # noqa: ANN001, ANN202
+            def train_step(self, data):
                 return {}
 
         with pytest.raises(StrategyError, match=r"`model`.*Received: 'Custom'.*standard train_step"):

@@ -10,18 +10,19 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tests.support.records import FEATURES, example
+from tests.support.records import ids as _ids
 from tfdist.data import TFRecordPipeline, write_tfrecords
-from tests.support.records import FEATURES, example, ids as _ids
 
 
 def _example(i: int) -> tf.train.Example:
     return example(i, i % 3)
 
+
 RECORDS = 601  # Prime: no batch size or worker count divides it.
 
 
 class ExactlyOnceTest(parameterized.TestCase):
-
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
@@ -39,12 +40,20 @@ class ExactlyOnceTest(parameterized.TestCase):
         shutil.rmtree(cls.root, ignore_errors=True)
         super().tearDownClass()
 
-    @parameterized.product(policy=("file", "data", "hash", "auto"), workers=(2, 3, 4),
-                           compression=(None, "GZIP", "ZLIB"))
+    @parameterized.product(
+        policy=("file", "data", "hash", "auto"), workers=(2, 3, 4), compression=(None, "GZIP", "ZLIB")
+    )
     def test_every_record_once(self, policy: str, workers: int, compression: str) -> None:
         batch = 7 * workers  # Per replica 7: divides neither the data nor any worker's share.
-        pipeline = TFRecordPipeline(files=f"{self.prefixes[compression]}-*", features=FEATURES, batch_size=batch,
-                                    shard_policy=policy, shard_key="id", shuffle_buffer=50, seed=workers)
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefixes[compression]}-*",
+            features=FEATURES,
+            batch_size=batch,
+            shard_policy=policy,
+            shard_key="id",
+            shuffle_buffer=50,
+            seed=workers,
+        )
         seen = [i for worker in range(workers) for i in _ids(pipeline, workers, worker)]
         self.assertLen(seen, RECORDS)
         self.assertLen(set(seen), RECORDS)
@@ -52,15 +61,20 @@ class ExactlyOnceTest(parameterized.TestCase):
 
     @parameterized.named_parameters(("plain", None), ("gzip", "GZIP"))
     def test_off_gives_every_worker_everything_once(self, compression: str) -> None:
-        pipeline = TFRecordPipeline(files=f"{self.prefixes[compression]}-*", features=FEATURES, batch_size=22,
-                                    shard_policy="off")
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefixes[compression]}-*", features=FEATURES, batch_size=22, shard_policy="off"
+        )
         for worker in range(2):
             seen = _ids(pipeline, 2, worker)
             self.assertEqual((len(seen), set(seen)), (RECORDS, set(range(RECORDS))))
 
     def test_parse_fn_path_keeps_the_partial_batch(self) -> None:
-        pipeline = TFRecordPipeline(files=f"{self.prefixes[None]}-*", batch_size=50, num_epochs=2,
-                                    parse_fn=lambda r: tf.io.parse_single_example(r, FEATURES)["id"])
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefixes[None]}-*",
+            batch_size=50,
+            num_epochs=2,
+            parse_fn=lambda r: tf.io.parse_single_example(r, FEATURES)["id"],
+        )
         values = [int(v) for b in pipeline.dataset() for v in b.numpy()]
         self.assertEqual(collections.Counter(values), collections.Counter({i: 2 for i in range(RECORDS)}))
 
@@ -77,8 +91,7 @@ class StaticBatchTest(parameterized.TestCase):
     def test_dropped_records_are_logged_with_their_count(self, parse_fn: bool) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "d")
         write_tfrecords((_example(i) for i in range(103)), prefix, num_shards=2)
-        kwargs = ({"parse_fn": lambda r: tf.io.parse_single_example(r, FEATURES)} if parse_fn
-                  else {"features": FEATURES})
+        kwargs = {"parse_fn": lambda r: tf.io.parse_single_example(r, FEATURES)} if parse_fn else {"features": FEATURES}
         pipeline = TFRecordPipeline(files=f"{prefix}-*", batch_size=20, drop_remainder=True, **kwargs)
         with self.assertLogs("tfdist.data", logging.WARNING) as logs:
             batches = list(pipeline.dataset())

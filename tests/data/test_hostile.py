@@ -13,15 +13,16 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tests.support.records import FEATURES, example
 from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
 from tfdist.data.records.files import list_files
 from tfdist.data.records.writer import label_name
-from tests.support.records import FEATURES, example
 
 
 def _example(i: int, label: Any = None) -> tf.train.Example:
     return example(i, i % 3 if label is None else label)
+
 
 def _ids(pattern: str, **kwargs: Any) -> list[int]:
     pipeline = TFRecordPipeline(files=pattern, features=FEATURES, batch_size=16, **kwargs)
@@ -41,7 +42,6 @@ def _tree(root: str) -> list[str]:
 
 
 class AtomicWriteTest(parameterized.TestCase):
-
     def test_a_failed_rewrite_leaves_the_previous_dataset(self) -> None:
         root = self.create_tempdir().full_path
         prefix = os.path.join(root, "part")
@@ -65,9 +65,18 @@ class AtomicWriteTest(parameterized.TestCase):
         write_tfrecords((_example(i) for i in range(40)), prefix, num_shards=4)
         write_tfrecords((_example(i) for i in range(40)), os.path.join(root, "part-other"), num_shards=1)
         paths = write_tfrecords((_example(i) for i in range(40, 80)), prefix, num_shards=2)
-        self.assertEqual(_tree(root), sorted(["part-00000-of-00002.tfrecord", "part-00001-of-00002.tfrecord",
-                                              "part-manifest.json", "part-other-00000-of-00001.tfrecord",
-                                              "part-other-manifest.json"]))
+        self.assertEqual(
+            _tree(root),
+            sorted(
+                [
+                    "part-00000-of-00002.tfrecord",
+                    "part-00001-of-00002.tfrecord",
+                    "part-manifest.json",
+                    "part-other-00000-of-00001.tfrecord",
+                    "part-other-manifest.json",
+                ]
+            ),
+        )
         self.assertEqual(sorted(_ids(paths)), list(range(40, 80)))
 
     def test_prefixes_that_look_like_class_groups_keep_their_own_shards(self) -> None:
@@ -79,17 +88,27 @@ class AtomicWriteTest(parameterized.TestCase):
         write_tfrecords((_example(i) for i in range(40, 60)), plain, num_shards=1)
         write_tfrecords((_example(i) for i in range(60, 80)), versioned, num_shards=2)
         write_tfrecords((_example(i) for i in range(80, 90)), plain, num_shards=1)
-        self.assertEqual(_tree(root), sorted(["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord",
-                                              "part-v=2-manifest.json", "part-00000-of-00001.tfrecord",
-                                              "part-manifest.json"]))
+        self.assertEqual(
+            _tree(root),
+            sorted(
+                [
+                    "part-v=2-00000-of-00002.tfrecord",
+                    "part-v=2-00001-of-00002.tfrecord",
+                    "part-v=2-manifest.json",
+                    "part-00000-of-00001.tfrecord",
+                    "part-manifest.json",
+                ]
+            ),
+        )
         self.assertEqual(sorted(_ids(f"{versioned}-0*")), list(range(60, 80)))
         self.assertEqual(sorted(_ids(f"{plain}-0*")), list(range(80, 90)))
         # Without a manifest, only this prefix's own shard names count as old (and this write's class groups).
         os.remove(f"{plain}-manifest.json")
         write_tfrecords((_example(i) for i in range(90, 99)), plain, num_shards=1, partition_by="label")
-        self.assertEqual([p for p in _tree(root) if p.startswith("part-v=2")],
-                         ["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord",
-                          "part-v=2-manifest.json"])
+        self.assertEqual(
+            [p for p in _tree(root) if p.startswith("part-v=2")],
+            ["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord", "part-v=2-manifest.json"],
+        )
         self.assertNotIn("part-00000-of-00001.tfrecord", _tree(root))
 
     def test_a_prefix_that_looks_like_a_class_group_finds_its_own_manifest(self) -> None:
@@ -103,8 +122,9 @@ class AtomicWriteTest(parameterized.TestCase):
         # Both at once: 'part' by label writes the same names for class 2 and replaces those files, so two
         # manifests name them; the one that matches the files wins (the other says 5 records of no class).
         labels = {i: 2 if i < 16 else 1 for i in range(10, 20)}
-        write_tfrecords((_example(i, labels[i]) for i in labels), os.path.join(root, "part"), num_shards=2,
-                        partition_by="label")
+        write_tfrecords(
+            (_example(i, labels[i]) for i in labels), os.path.join(root, "part"), num_shards=2, partition_by="label"
+        )
         self.assertTrue(os.path.exists(f"{versioned}-manifest.json"))
         listing = list_files([f"{versioned}-0*"])
         self.assertEqual([(f.records, f.label) for f in listing.files], [(3, "2"), (3, "2")])
@@ -127,23 +147,38 @@ class AtomicWriteTest(parameterized.TestCase):
 
 
 class LabelNamesTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
-        ("traversal", "/../../ESCAPED"), ("slash", "a/b"), ("newline", "a\nb"), ("long", "x" * 300),
-        ("dots", ".."), ("percent", "50%"), ("tilde", "a~b"), ("unicode", "chat-ü"))
+        ("traversal", "/../../ESCAPED"),
+        ("slash", "a/b"),
+        ("newline", "a\nb"),
+        ("long", "x" * 300),
+        ("dots", ".."),
+        ("percent", "50%"),
+        ("tilde", "a~b"),
+        ("unicode", "chat-ü"),
+    )
     def test_labels_stay_inside_and_read_back(self, label: str) -> None:
         root = self.create_tempdir().full_path
         target = os.path.join(root, "data")
-        paths = write_tfrecords([_example(i, label if i % 2 else "plain") for i in range(10)],
-                                os.path.join(target, "part"), num_shards=1, partition_by="label")
+        paths = write_tfrecords(
+            [_example(i, label if i % 2 else "plain") for i in range(10)],
+            os.path.join(target, "part"),
+            num_shards=1,
+            partition_by="label",
+        )
         self.assertTrue(all(os.path.dirname(p) == target for p in paths))
         self.assertTrue(all(f.startswith("data/") for f in _tree(root)))
         self.assertTrue(all("\n" not in p and len(os.path.basename(p)) < 200 for p in paths))
         manifest = read_manifest(os.path.join(target, "part"))
         self.assertEqual(manifest["classes"], {"plain": 5, label: 5})
         features = {"id": FEATURES["id"], "label": tf.io.FixedLenFeature([], tf.string)}
-        pipeline = TFRecordPipeline(files=os.path.join(target, "part-*"), features=features, batch_size=4,
-                                    label_key="label", class_weights="natural")
+        pipeline = TFRecordPipeline(
+            files=os.path.join(target, "part-*"),
+            features=features,
+            batch_size=4,
+            label_key="label",
+            class_weights="natural",
+        )
         self.assertEqual(sorted(pipeline.class_groups()), sorted(["plain", label]))
         self.assertEqual(sorted(int(v) for b in pipeline.dataset() for v in b["id"].numpy()), list(range(10)))
 
@@ -151,8 +186,9 @@ class LabelNamesTest(parameterized.TestCase):
     def test_labels_that_cannot_be_classes_are_rejected(self, label: Any, message: str) -> None:
         root = self.create_tempdir().full_path
         with pytest.raises(DataError, match=message):
-            write_tfrecords([_example(0), _example(1, label)], os.path.join(root, "p"), num_shards=1,
-                            partition_by="label")
+            write_tfrecords(
+                [_example(0), _example(1, label)], os.path.join(root, "p"), num_shards=1, partition_by="label"
+            )
         self.assertEqual(_tree(root), [])
 
     def test_label_names_are_safe(self) -> None:
@@ -162,7 +198,6 @@ class LabelNamesTest(parameterized.TestCase):
 
 
 class PipelineErrorsTest(parameterized.TestCase):
-
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
@@ -186,8 +221,11 @@ class PipelineErrorsTest(parameterized.TestCase):
         ("gzip_as_zlib", {"files": "GZ", "compression": "ZLIB"}, r"`compression`.*starts like GZIP"),
         ("plain_as_gzip", {"compression": "GZIP"}, r"`compression`.*starts like uncompressed TFRecords"),
         ("cache_dir", {"cache": "/nonexistent-tfdist/cache"}, r"`cache`.*an existing directory"),
-        ("num_classes", {"class_weights": "balanced", "label_key": "label", "num_classes": 2},
-         r"`num_classes`. Received: 2.*labels run from 0 to 2"),
+        (
+            "num_classes",
+            {"class_weights": "balanced", "label_key": "label", "num_classes": 2},
+            r"`num_classes`. Received: 2.*labels run from 0 to 2",
+        ),
         ("directory", {"files": "ROOT"}, r"`files`.*not a directory"),
     )
     def test_bad_input_is_a_data_error_naming_the_field(self, overrides: dict, message: str) -> None:
@@ -214,8 +252,11 @@ class PipelineErrorsTest(parameterized.TestCase):
         ("as_supervised", {"as_supervised": None}, "`as_supervised`. Received: None"),
         ("autotune_model", {"autotune_model": "on"}, "`autotune_model`. Received: 'on'.*autotune_model=True or"),
         ("augment", {"augment": "yes"}, "`augment`. Received: 'yes'"),
-        ("budget_without_model", {"autotune_model": False, "ram_budget_bytes": 1 << 30},
-         "`autotune_model`. Received: False. Expected True or None with ram_budget_bytes"),
+        (
+            "budget_without_model",
+            {"autotune_model": False, "ram_budget_bytes": 1 << 30},
+            "`autotune_model`. Received: False. Expected True or None with ram_budget_bytes",
+        ),
     )
     def test_absurd_values_are_bounded(self, overrides: dict, message: str) -> None:
         kwargs = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
@@ -227,10 +268,13 @@ class PipelineErrorsTest(parameterized.TestCase):
         """TF's autotuning model stalls iterator deletion (TuningOptions): off by default, on when asked or
         when a RAM budget needs it; the pipeline still reads everything either way."""
         base = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
-        cases = {"default": ({}, False, None), "asked": ({"autotune_model": True}, True, None),
-                 "budget": ({"ram_budget_bytes": 1 << 30}, True, 1 << 30),
-                 "asked_with_budget": ({"autotune_model": True, "ram_budget_bytes": 1 << 30}, True, 1 << 30),
-                 "refused": ({"autotune_model": False}, False, None)}
+        cases = {
+            "default": ({}, False, None),
+            "asked": ({"autotune_model": True}, True, None),
+            "budget": ({"ram_budget_bytes": 1 << 30}, True, 1 << 30),
+            "asked_with_budget": ({"autotune_model": True, "ram_budget_bytes": 1 << 30}, True, 1 << 30),
+            "refused": ({"autotune_model": False}, False, None),
+        }
         for name, (extra, enabled, budget) in cases.items():
             with self.subTest(name):
                 dataset = TFRecordPipeline(**base, **extra).dataset()
@@ -266,7 +310,6 @@ class PipelineErrorsTest(parameterized.TestCase):
 
 
 class SampleAndCliTest(parameterized.TestCase):
-
     def test_stratified_sample_takes_a_list_of_weights(self) -> None:
         datasets = [tf.data.Dataset.from_tensors(0).repeat(), tf.data.Dataset.from_tensors(1).repeat()]
         values = list(stratified_sample(datasets, [0.0, 1.0], seed=0).take(20).as_numpy_iterator())
@@ -285,12 +328,16 @@ class SampleAndCliTest(parameterized.TestCase):
             (["--label-key", "label", "--shard-policy", "hash", "--shard-key", "nope"], r"features\['nope'\]"),
             (["--label-key", "label", "--plot", "/missing-tfdist/dir/x.png"], "--plot"),
         ]
-        script = ("import sys; from tfdist.cli.main import main; cases = %r; codes = []\n"
-                  "for args in cases:\n"
-                  "    codes.append(main(['data-report', *args]))\n"
-                  "    sys.stderr.write('<END>\\n')\n"
-                  "print(codes)") % ([[f"{prefix}-*", "--workers", "2", *args] for args, _ in cases]
-                                      + [[root, "--label-key", "label", "--workers", "2"]])
+        script = (
+            "import sys; from tfdist.cli.main import main; cases = %r; codes = []\n"
+            "for args in cases:\n"
+            "    codes.append(main(['data-report', *args]))\n"
+            "    sys.stderr.write('<END>\\n')\n"
+            "print(codes)"
+        ) % (
+            [[f"{prefix}-*", "--workers", "2", *args] for args, _ in cases]
+            + [[root, "--label-key", "label", "--workers", "2"]]
+        )
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
         self.assertEqual(json.loads(done.stdout.strip().splitlines()[-1]), [2, 2, 2, 2], done.stderr[-2000:])
         self.assertEqual(done.stdout.strip().splitlines(), ["[2, 2, 2, 2]"])  # No report printed before the error.

@@ -9,18 +9,19 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tests.support.records import ID_ONLY as FEATURES
+from tests.support.records import example
 from tfdist import ClusterSpec, DataError
 from tfdist.data import TFRecordPipeline, write_tfrecords
 from tfdist.data.pipeline.options import EpochOptions, ShardOptions, SourceOptions, TuningOptions
 from tfdist.data.records.verify import VerifyReport
-from tests.support.records import ID_ONLY as FEATURES, example
 
 
 def _examples(n: int) -> list[tf.train.Example]:
     return [example(i) for i in range(n)]
 
-class PartsTest(parameterized.TestCase):
 
+class PartsTest(parameterized.TestCase):
     def setUp(self) -> None:
         super().setUp()
         self.prefix = os.path.join(self.create_tempdir().full_path, "d")
@@ -29,8 +30,10 @@ class PartsTest(parameterized.TestCase):
 
     def test_options_come_in_groups(self) -> None:
         p = self.pipeline
-        self.assertEqual((p.source.files, p.sharding.policy, p.epochs.batch_size, p.tuning.prefetch),
-                         ((f"{self.prefix}-*",), "auto", 8, "autotune"))
+        self.assertEqual(
+            (p.source.files, p.sharding.policy, p.epochs.batch_size, p.tuning.prefetch),
+            ((f"{self.prefix}-*",), "auto", 8, "autotune"),
+        )
         self.assertIsNone(p.sampling.class_weights)
         self.assertEqual(dataclasses.replace(p, batch_size=4).epochs.batch_size, 4)  # Groups follow replace().
         with pytest.raises(DataError, match="`policy`"):
@@ -51,8 +54,11 @@ class PartsTest(parameterized.TestCase):
         self.assertEqual(set(TFRecordPipeline.option_names()), set(flat))
         for field in dataclasses.fields(TFRecordPipeline):
             if field.init:  # Same default as the group's (nothing copied by hand that could drift).
-                self.assertEqual((field.default, field.default_factory),
-                                 (flat[field.name].default, flat[field.name].default_factory), field.name)
+                self.assertEqual(
+                    (field.default, field.default_factory),
+                    (flat[field.name].default, flat[field.name].default_factory),
+                    field.name,
+                )
         p = self.pipeline
         self.assertEqual(p.option_values()["batch_size"], 8)
         self.assertEqual(TFRecordPipeline(**p.option_values()), p)
@@ -61,8 +67,9 @@ class PartsTest(parameterized.TestCase):
         tuning = TuningOptions(prefetch=2, deterministic=False)
         p = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=8, tuning=tuning)
         self.assertEqual((p.tuning, p.prefetch, p.deterministic), (tuning, 2, False))
-        p = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, epochs=EpochOptions(batch_size=4),
-                             tuning=tuning, prefetch=3)  # A flat argument wins over its group's value.
+        p = TFRecordPipeline(
+            files=f"{self.prefix}-*", features=FEATURES, epochs=EpochOptions(batch_size=4), tuning=tuning, prefetch=3
+        )  # A flat argument wins over its group's value.
         self.assertEqual((p.batch_size, p.prefetch, p.tuning.prefetch, p.deterministic), (4, 3, 3, False))
         with pytest.raises(DataError, match="did you mean 'shuffle_buffer'") as caught:
             TFRecordPipeline(files="x", features=FEATURES, batch_size=8, shuffle_bufer=4)

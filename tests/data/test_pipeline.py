@@ -17,13 +17,15 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tests.support.records import FEATURES
+from tests.support.records import example as _example
+from tests.support.records import ids as _ids
 from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
 from tfdist.data.records._framing import check_file, crc32c
 from tfdist.data.report import skew_report
 from tfdist.data.service import LocalDataService
-from tests.support.records import FEATURES, ids as _ids
-from tests.support.records import example as _example
+
 
 def _skewed(n: int = 1000) -> list[tf.train.Example]:
     """90/9/1 classes, ids 0..n-1."""
@@ -42,7 +44,6 @@ def _write(path: str, data: bytes) -> None:
 
 
 class WriterTest(parameterized.TestCase):
-
     def test_names_balance_and_manifest(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "train")
         paths = write_tfrecords((e.SerializeToString() for e in _skewed(103)), prefix, num_shards=4)
@@ -55,10 +56,19 @@ class WriterTest(parameterized.TestCase):
     def test_partition_by_label_and_gzip(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "part")
         seen = []
-        paths = write_tfrecords(_skewed(), prefix, num_shards=2, compression="GZIP", partition_by="label",
-                                progress=seen.append, log_every=500)
-        self.assertEqual([os.path.basename(p) for p in paths][:2],
-                         ["part-label=0-00000-of-00002.tfrecord.gz", "part-label=0-00001-of-00002.tfrecord.gz"])
+        paths = write_tfrecords(
+            _skewed(),
+            prefix,
+            num_shards=2,
+            compression="GZIP",
+            partition_by="label",
+            progress=seen.append,
+            log_every=500,
+        )
+        self.assertEqual(
+            [os.path.basename(p) for p in paths][:2],
+            ["part-label=0-00000-of-00002.tfrecord.gz", "part-label=0-00001-of-00002.tfrecord.gz"],
+        )
         self.assertLen(paths, 6)
         self.assertEqual(seen[-1], 1000)
         self.assertEqual(read_manifest(prefix)["classes"], {"0": 900, "1": 90, "2": 10})
@@ -80,7 +90,6 @@ class WriterTest(parameterized.TestCase):
 
 
 class ShardingTest(parameterized.TestCase):
-
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
@@ -97,8 +106,16 @@ class ShardingTest(parameterized.TestCase):
 
     @parameterized.product(workers=(2, 3), policy=("file", "data", "hash"))
     def test_each_record_exactly_once(self, workers: int, policy: str) -> None:
-        pipeline = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=12, shard_policy=policy,
-                                    shard_key="id", drop_remainder=False, shuffle_buffer=64, seed=3)
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefix}-*",
+            features=FEATURES,
+            batch_size=12,
+            shard_policy=policy,
+            shard_key="id",
+            drop_remainder=False,
+            shuffle_buffer=64,
+            seed=3,
+        )
         per_worker = [_ids(pipeline, workers, w) for w in range(workers)]
         union = collections.Counter(i for ids in per_worker for i in ids)
         self.assertEqual(union, collections.Counter({i: 2 for i in range(600)}))
@@ -127,17 +144,24 @@ class ShardingTest(parameterized.TestCase):
 
     def test_tensorflow_auto_shard_is_off(self) -> None:
         dataset = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=8).dataset()
-        self.assertEqual(dataset.options().experimental_distribute.auto_shard_policy,
-                         tf.data.experimental.AutoShardPolicy.OFF)
+        self.assertEqual(
+            dataset.options().experimental_distribute.auto_shard_policy, tf.data.experimental.AutoShardPolicy.OFF
+        )
 
 
 class StratifiedTest(parameterized.TestCase):
-
     def test_balanced_mix_from_90_9_1(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "part")
         write_tfrecords(_skewed(), prefix, num_shards=2, partition_by="label")
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=100, label_key="label",
-                                    class_weights="balanced", num_epochs=None, seed=1)
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*",
+            features=FEATURES,
+            batch_size=100,
+            label_key="label",
+            class_weights="balanced",
+            num_epochs=None,
+            seed=1,
+        )
         labels = [int(v) for batch in pipeline.dataset().take(300) for v in batch["label"].numpy()]
         shares = np.bincount(labels, minlength=3) / len(labels)
         np.testing.assert_allclose(shares, [1 / 3] * 3, atol=0.02)
@@ -149,8 +173,15 @@ class StratifiedTest(parameterized.TestCase):
     def test_class_order_is_numeric_and_small_groups_fall_back_to_data(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "many")
         write_tfrecords([_example(i, i % 12) for i in range(240)], prefix, num_shards=1, partition_by="label")
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=24, label_key="label",
-                                    class_weights="balanced", shard_policy="file", seed=0)
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*",
+            features=FEATURES,
+            batch_size=24,
+            label_key="label",
+            class_weights="balanced",
+            shard_policy="file",
+            seed=0,
+        )
         self.assertEqual(list(pipeline.class_groups()), [str(c) for c in range(12)])
         seen = []
         for worker in range(2):  # One file per class, two workers: each class is split by record.
@@ -161,15 +192,23 @@ class StratifiedTest(parameterized.TestCase):
     def test_unpartitioned_fallback_resamples(self) -> None:
         # Rejection resampling reads sum(p/a) records per output: ~3 here (60/30/10), ~50 for 90/9/1 data.
         prefix = os.path.join(self.create_tempdir().full_path, "plain")
-        write_tfrecords([_example(i, 0 if i < 600 else 1 if i < 900 else 2) for i in range(1000)], prefix,
-                        num_shards=2)
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=100, label_key="label",
-                                    class_weights={0: 1, 1: 1, 2: 2}, num_classes=3, num_epochs=None, seed=1)
+        write_tfrecords([_example(i, 0 if i < 600 else 1 if i < 900 else 2) for i in range(1000)], prefix, num_shards=2)
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*",
+            features=FEATURES,
+            batch_size=100,
+            label_key="label",
+            class_weights={0: 1, 1: 1, 2: 2},
+            num_classes=3,
+            num_epochs=None,
+            seed=1,
+        )
         labels = [int(v) for batch in pipeline.dataset().take(100) for v in batch["label"].numpy()]
         np.testing.assert_allclose(np.bincount(labels, minlength=3) / len(labels), [0.25, 0.25, 0.5], atol=0.03)
         with pytest.raises(DataError, match="Pass num_classes"):
-            TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=10, label_key="label",
-                             class_weights="balanced").dataset()
+            TFRecordPipeline(
+                files=f"{prefix}-*", features=FEATURES, batch_size=10, label_key="label", class_weights="balanced"
+            ).dataset()
 
     @parameterized.named_parameters(("natural", "natural", [0.9, 0.1]), ("sqrt", "sqrt", [0.75, 0.25]))
     def test_weight_schemes(self, scheme: str, expected: list) -> None:
@@ -208,7 +247,6 @@ class StratifiedTest(parameterized.TestCase):
 
 
 class CorruptTest(parameterized.TestCase):
-
     def _files(self) -> tuple[str, str]:
         prefix = os.path.join(self.create_tempdir().full_path, "d")
         good, bad = write_tfrecords(_skewed(200), prefix, num_shards=2)
@@ -232,14 +270,16 @@ class CorruptTest(parameterized.TestCase):
         good, bad = self._files()
         data = _read(bad)
         _write(bad, data[: len(data) // 2] + b"\x00" * 7)
-        pipeline = TFRecordPipeline(files=[good, bad], features=FEATURES, batch_size=10, on_corrupt="skip",
-                                    drop_remainder=False)
+        pipeline = TFRecordPipeline(
+            files=[good, bad], features=FEATURES, batch_size=10, on_corrupt="skip", drop_remainder=False
+        )
         kept = sum(len(b["id"]) for b in pipeline.dataset())
         report = pipeline.last_report
         self.assertEqual(report["corrupt_files"], [bad])
         self.assertEqual(kept, 100 + report["records_kept_from_corrupt"])
-        self.assertEqual((report["records_lost"], report["records_lost_exact"]),
-                         (100 - report["records_kept_from_corrupt"], True))  # Exact: the writer's manifest.
+        self.assertEqual(
+            (report["records_lost"], report["records_lost_exact"]), (100 - report["records_kept_from_corrupt"], True)
+        )  # Exact: the writer's manifest.
 
     def test_compressed_files_are_checked_with_verify_all(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "z")
@@ -268,7 +308,7 @@ class CorruptTest(parameterized.TestCase):
         offsets, offset = [], 0
         while offset < len(data):
             offsets.append(offset)
-            offset += 16 + int.from_bytes(data[offset:offset + 8], "little")
+            offset += 16 + int.from_bytes(data[offset : offset + 8], "little")
         for index in (0, 3, len(offsets) - 1):
             damaged = bytearray(data)
             damaged[offsets[index] + 8] ^= 0x40  # The stored CRC of this record's length.
@@ -276,8 +316,11 @@ class CorruptTest(parameterized.TestCase):
             _write(good, bytes(damaged))
             check = check_file(good)
             self.assertEqual((check.records, check.valid_bytes), (index, offsets[index]))
-            self.assertEqual(check.problem, f"corrupt record header at byte {offsets[index]} (is this a TFRecord "
-                                            "file, and is its compression set right?)")
+            self.assertEqual(
+                check.problem,
+                f"corrupt record header at byte {offsets[index]} (is this a TFRecord "
+                "file, and is its compression set right?)",
+            )
         _write(good, b"")
         self.assertEqual((check_file(good).records, check_file(good).ok), (0, True))
 
@@ -288,8 +331,11 @@ class CorruptTest(parameterized.TestCase):
 
         root = self.create_tempdir().full_path
         # Round robin over 3 shards: records 0, 3, 6, ... (the big ones) go to the first file.
-        paths = write_tfrecords([_example(i, i % 2, payload=b"x" * (40_000 if i % 3 == 0 else 10)) for i in range(90)],
-                                os.path.join(root, "m"), num_shards=3)
+        paths = write_tfrecords(
+            [_example(i, i % 2, payload=b"x" * (40_000 if i % 3 == 0 else 10)) for i in range(90)],
+            os.path.join(root, "m"),
+            num_shards=3,
+        )
         self.assertGreater(os.path.getsize(paths[0]), 1 << 20)
         self.assertLess(os.path.getsize(paths[1]), 1 << 20)
         expected = [check_file(p) for p in paths]
@@ -313,7 +359,6 @@ class CorruptTest(parameterized.TestCase):
         self.assertEqual(checks[1].records, expected[1].records - 1)
         self.assertIn("truncated record at byte", checks[1].problem)
 
-
     def test_headers_read_one_pread_each_match_the_mapped_walk(self) -> None:
         # Files whose first record is 16 KB or more are walked by pread (one page fault per header saved); the
         # walk must find the same offsets, header bytes, record count and problem as through a memory map.
@@ -321,36 +366,46 @@ class CorruptTest(parameterized.TestCase):
 
         from tfdist.data.records import _framing
 
-        path = write_tfrecords([_example(i, i % 2, payload=b"y" * 20_000) for i in range(60)],
-                               os.path.join(self.create_tempdir().full_path, "p"), num_shards=1)[0]
+        path = write_tfrecords(
+            [_example(i, i % 2, payload=b"y" * 20_000) for i in range(60)],
+            os.path.join(self.create_tempdir().full_path, "p"),
+            num_shards=1,
+        )[0]
         sound = _read(path)
         self.assertGreater(len(sound), 1 << 20)
-        variants = {"sound": sound, "truncated_record": sound[:-7], "truncated_header": sound + b"\0" * 5,
-                    "bad_crc": sound[:8] + bytes([sound[8] ^ 1]) + sound[9:]}
+        variants = {
+            "sound": sound,
+            "truncated_record": sound[:-7],
+            "truncated_header": sound + b"\0" * 5,
+            "bad_crc": sound[:8] + bytes([sound[8] ^ 1]) + sound[9:],
+        }
         for name, data in variants.items():
             with self.subTest(name):
                 _write(path, data)
                 with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                     by_map = _framing._walk(mapped, path)
                     by_reads = _framing._walk_reads(f.fileno(), len(data), path)
-                self.assertEqual((by_reads.records, by_reads.end, by_reads.problem),
-                                 (by_map.records, by_map.end, by_map.problem))
+                self.assertEqual(
+                    (by_reads.records, by_reads.end, by_reads.problem), (by_map.records, by_map.end, by_map.problem)
+                )
                 self.assertEqual(by_reads.offsets.tolist(), by_map.offsets.tolist())
                 self.assertEqual(by_reads.rows.tolist(), by_map.rows.tolist())
                 self.assertEqual(check_file(path), _framing._checked([by_map])[0])  # check_file takes the pread walk.
-        self.assertEqual(check_file(path).problem, "corrupt record header at byte 0 (is this a TFRecord file, and is "
-                                                   "its compression set right?)")
+        self.assertEqual(
+            check_file(path).problem,
+            "corrupt record header at byte 0 (is this a TFRecord file, and is its compression set right?)",
+        )
 
 
 class PipelineTest(parameterized.TestCase):
-
     def test_a_cache_replays_the_records_not_one_shuffled_order(self) -> None:
         # The cache holds one pass of records before shuffle and repeat: each pass over the dataset (each Keras
         # epoch) is shuffled anew and complete; stratified reading refuses a cache (it would replay one draw).
         prefix = os.path.join(self.create_tempdir().full_path, "c")
         write_tfrecords([_example(i, i % 2) for i in range(64)], prefix, num_shards=2)
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=8, shuffle_buffer=64, seed=3,
-                                    cache=True)
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*", features=FEATURES, batch_size=8, shuffle_buffer=64, seed=3, cache=True
+        )
         dataset = pipeline.dataset()
         passes = [[int(v) for b in dataset for v in b["id"].numpy()] for _ in range(3)]
         self.assertTrue(all(sorted(p) == list(range(64)) for p in passes), passes)
@@ -360,8 +415,14 @@ class PipelineTest(parameterized.TestCase):
         grouped = os.path.join(self.create_tempdir().full_path, "g")
         write_tfrecords([_example(i, i % 2) for i in range(16)], grouped, num_shards=1, partition_by="label")
         with self.assertRaisesRegex(DataError, "`cache`. Received: True. Expected False with stratified reading"):
-            TFRecordPipeline(files=f"{grouped}-*", features=FEATURES, batch_size=4, label_key="label",
-                             class_weights="balanced", cache=True).dataset()
+            TFRecordPipeline(
+                files=f"{grouped}-*",
+                features=FEATURES,
+                batch_size=4,
+                label_key="label",
+                class_weights="balanced",
+                cache=True,
+            ).dataset()
 
     def test_images_decoded_resized_and_supervised(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "img")
@@ -369,8 +430,17 @@ class PipelineTest(parameterized.TestCase):
         png = tf.io.encode_png(np.full((8, 8, 3), 100, np.uint8)).numpy()
         write_tfrecords([_example(i, i % 2, image=jpeg if i % 2 else png) for i in range(10)], prefix, num_shards=2)
         features = dict(FEATURES, image=tf.io.FixedLenFeature([], tf.string))
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=4, image_key="image",
-                                    image_size=(16, 16), label_key="label", as_supervised=True, augment=True, seed=1)
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*",
+            features=features,
+            batch_size=4,
+            image_key="image",
+            image_size=(16, 16),
+            label_key="label",
+            as_supervised=True,
+            augment=True,
+            seed=1,
+        )
         x, y = next(iter(pipeline.dataset()))
         self.assertEqual((x["image"].shape, x["image"].dtype, y.shape), ((4, 16, 16, 3), tf.float32, (4,)))
         self.assertNotIn("label", x)
@@ -385,18 +455,24 @@ class PipelineTest(parameterized.TestCase):
         jpegs = [tf.io.encode_jpeg(rng.integers(0, 255, (24 + i, 20, 3), np.uint8)).numpy() for i in range(6)]
         write_tfrecords([_example(i, 0, image=jpegs[i]) for i in range(6)], prefix, num_shards=1)
         features = dict(FEATURES, image=tf.io.FixedLenFeature(shape, tf.string))
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=6, image_key="image",
-                                    image_size=(12, 10))
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*", features=features, batch_size=6, image_key="image", image_size=(12, 10)
+        )
         batch = next(iter(pipeline.dataset()))
-        expected = [tf.image.resize(tf.io.decode_jpeg(jpegs[i], channels=3), (12, 10)) / 255.0
-                    for i in batch["id"].numpy()]
+        expected = [
+            tf.image.resize(tf.io.decode_jpeg(jpegs[i], channels=3), (12, 10)) / 255.0 for i in batch["id"].numpy()
+        ]
         np.testing.assert_array_equal(batch["image"].numpy(), np.stack(expected))
 
     def test_parse_fn_and_epochs(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "p")
         write_tfrecords(_skewed(50), prefix, num_shards=1)
-        pipeline = TFRecordPipeline(files=f"{prefix}-*", batch_size=10, num_epochs=3,
-                                    parse_fn=lambda r: tf.io.parse_single_example(r, FEATURES)["id"] * 2)
+        pipeline = TFRecordPipeline(
+            files=f"{prefix}-*",
+            batch_size=10,
+            num_epochs=3,
+            parse_fn=lambda r: tf.io.parse_single_example(r, FEATURES)["id"] * 2,
+        )
         values = [int(v) for b in pipeline.dataset() for v in b.numpy()]
         self.assertEqual(collections.Counter(values), collections.Counter({2 * i: 3 for i in range(50)}))
 
@@ -434,10 +510,17 @@ class PipelineTest(parameterized.TestCase):
             apply = real(*args, **kwargs)
             return lambda dataset: handed.append(dataset.options()) or apply(dataset)
 
-        with LocalDataService(num_workers=2) as service, \
-                mock.patch.object(tf.data.experimental.service, "distribute", distribute):
-            pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=10,
-                                        data_service=service.address, drop_remainder=False)
+        with (
+            LocalDataService(num_workers=2) as service,
+            mock.patch.object(tf.data.experimental.service, "distribute", distribute),
+        ):
+            pipeline = TFRecordPipeline(
+                files=f"{prefix}-*",
+                features=FEATURES,
+                batch_size=10,
+                data_service=service.address,
+                drop_remainder=False,
+            )
             ids = [int(v) for b in pipeline.dataset() for v in b["id"].numpy()]
         self.assertEqual(sorted(ids), list(range(300)))
         self.assertEqual(len(handed), 1)
@@ -445,7 +528,6 @@ class PipelineTest(parameterized.TestCase):
 
 
 class ReportTest(parameterized.TestCase):
-
     def test_report_numbers_and_cli(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "r")
         write_tfrecords(_skewed(), prefix, num_shards=4)
@@ -458,21 +540,54 @@ class ReportTest(parameterized.TestCase):
         self.assertGreater(skewed.record_imbalance, 1.3)
         self.assertIn("Workers read unequal shares", " ".join(skewed.advice()))
         png = os.path.join(self.create_tempdir().full_path, "skew.png")
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "data-report", f"{prefix}-*", "--label-key",
-                               "label", "--workers", "3", "--shard-policy", "hash", "--shard-key", "id", "--json",
-                               "--plot", png], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.main",
+                "data-report",
+                f"{prefix}-*",
+                "--label-key",
+                "label",
+                "--workers",
+                "3",
+                "--shard-policy",
+                "hash",
+                "--shard-key",
+                "id",
+                "--json",
+                "--plot",
+                png,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         self.assertEqual(done.returncode, 0, done.stderr)
         data = json.loads(done.stdout)
         self.assertEqual((data["policy"], sum(data["worker_records"])), ("hash", 1000))
         self.assertGreater(os.path.getsize(png), 1000)
-        bad = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "data-report", "/nonexistent-*",
-                              "--label-key", "label", "--workers", "2"], capture_output=True, text=True, timeout=120)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.main",
+                "data-report",
+                "/nonexistent-*",
+                "--label-key",
+                "label",
+                "--workers",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         self.assertEqual(bad.returncode, 2)
         self.assertIn("matches at least one file", bad.stderr)
 
 
 class AdaptiveWeightsTest(parameterized.TestCase):
-
     def test_weight_moves_to_the_class_with_high_loss(self) -> None:
         from tfdist import keras
         from tfdist.keras.adaptive import AdaptiveClassWeights, reweight
@@ -480,13 +595,14 @@ class AdaptiveWeightsTest(parameterized.TestCase):
         self.assertEqual(reweight([0.5, 0.5], [1.0, 1.0], rate=1.0, floor=0.0), [0.5, 0.5])
         rng = np.random.default_rng(0)
         x0, x1 = rng.normal(size=(256, 4)).astype("float32"), rng.normal(size=(256, 4)).astype("float32")
-        easy = tf.data.Dataset.from_tensor_slices((x0, np.zeros(256, "int64")))   # Class 0: constant label.
+        easy = tf.data.Dataset.from_tensor_slices((x0, np.zeros(256, "int64")))  # Class 0: constant label.
         hard = tf.data.Dataset.from_tensor_slices((x1, rng.integers(0, 2, 256)))  # Class 1: noise labels.
         weights = tf.Variable([0.5, 0.5])
         train = stratified_sample([easy, hard], weights, seed=0).batch(32).take(20)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-        model.compile(optimizer=keras.optimizers.Adam(0.05),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
         callback = AdaptiveClassWeights(weights, per_class_data={0: easy.batch(64), 1: hard.batch(64)}, rate=1.0)
         model.fit(train, epochs=3, verbose=0, callbacks=[callback])
         self.assertLen(callback.history, 3)

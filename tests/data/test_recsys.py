@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 from absl.testing import absltest
-from tests.support.processes import assert_all_gone
 
+from tests.support.processes import assert_all_gone
 from tfdist import testing
 from tfdist.plan import PlanError, embedding_traffic
 
@@ -30,17 +30,21 @@ def _script(name: str) -> Any:
 
 
 def _make_clicks(out: str) -> dict[str, Any]:
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_clicks.py"), "--out", out, *SMALL],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_synthetic_clicks.py"), "--out", out, *SMALL],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return json.loads(Path(out, "clicks.json").read_text())
 
 
 class GeneratorTest(absltest.TestCase):
-
     def test_hot_cold_split_and_one_eval_event_per_user(self) -> None:
         gen = _script("make_synthetic_clicks")
-        data = gen.generate(users=1000, items=100, events=40000, hot_fraction=0.3, hot_share=0.85, item_zipf=1.0,
-                            seed=0)
+        data = gen.generate(
+            users=1000, items=100, events=40000, hot_fraction=0.3, hot_share=0.85, item_zipf=1.0, seed=0
+        )
         self.assertEqual(data["n_hot"], 300)
         hot_share = data["hot"].mean()
         self.assertAlmostEqual(hot_share, 0.85, delta=0.03)
@@ -66,8 +70,12 @@ class GeneratorTest(absltest.TestCase):
             self.assertEqual({p: p.stat().st_mtime_ns for p in Path(train.DEFAULT_DATA).iterdir()}, before)
         finally:
             os.chdir(cwd)
-        help_text = subprocess.run([sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--help"],
-                                   capture_output=True, text=True, timeout=120)
+        help_text = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         self.assertEqual(help_text.returncode, 0, help_text.stderr)
         self.assertIn("default: generate", help_text.stdout)
 
@@ -78,13 +86,13 @@ class GeneratorTest(absltest.TestCase):
         scores = np.round(rng.random(300), 1)  # Many ties.
         pos, neg = scores[labels], scores[~labels]
         pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (
-            len(pos) * len(neg))
+            len(pos) * len(neg)
+        )
         self.assertAlmostEqual(auc(labels, scores), pairwise, places=12)
         self.assertEqual(auc([0, 0, 1, 1], [0.1, 0.2, 0.3, 0.4]), 1.0)
 
 
 class HashShardingTest(absltest.TestCase):
-
     def test_each_user_on_exactly_one_worker_and_every_record_once(self) -> None:
         import tensorflow as tf
 
@@ -93,12 +101,19 @@ class HashShardingTest(absltest.TestCase):
         root = self.create_tempdir().full_path
         meta = _make_clicks(root)
         spec = {k: tf.io.FixedLenFeature([], tf.int64) for k in ("user_id", "item_id", "label", "hot")}
-        pipeline = TFRecordPipeline(files=os.path.join(root, "train-*"), batch_size=512, features=spec,
-                                    shard_policy="hash", shard_key="user_id", drop_remainder=False)
+        pipeline = TFRecordPipeline(
+            files=os.path.join(root, "train-*"),
+            batch_size=512,
+            features=spec,
+            shard_policy="hash",
+            shard_key="user_id",
+            drop_remainder=False,
+        )
         users, counts = [], 0
         for worker in range(2):
-            context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker,
-                                                 num_replicas_in_sync=2)
+            context = tf.distribute.InputContext(
+                num_input_pipelines=2, input_pipeline_id=worker, num_replicas_in_sync=2
+            )
             ids = np.concatenate([b["user_id"].numpy() for b in pipeline.dataset(context)])
             users.append(set(ids.tolist()))
             counts += ids.size
@@ -109,7 +124,6 @@ class HashShardingTest(absltest.TestCase):
 
 
 class EmbeddingUnitsTest(absltest.TestCase):
-
     def test_traffic_rejects_bad_inputs(self) -> None:
         with pytest.raises(PlanError, match=r"`workers`.*Received: 1"):
             embedding_traffic(table_values=10, values_touched_per_step=1, workers=1)
@@ -137,12 +151,29 @@ class RecsysTrainingTest(absltest.TestCase):
         root = self.create_tempdir().full_path
         _make_clicks(os.path.join(root, "data"))
         summary_path = os.path.join(root, "summary.json")
-        command = [sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--data", os.path.join(root, "data"),
-                   "--epochs", "10", "--compare", "--summary", summary_path]
+        command = [
+            sys.executable,
+            str(REPO / "scripts" / "train_recsys.py"),
+            "--data",
+            os.path.join(root, "data"),
+            "--epochs",
+            "10",
+            "--compare",
+            "--summary",
+            summary_path,
+        ]
         statuses: list[str] = []
         # The kill lands while the model trains by construction: when the chief starts epoch 3 of the first fit.
-        run = testing.run_cluster(command, chief=True, workers=2, ps=2, timeout=300, max_restarts=1,
-                                  kills=("worker:1@after=^Epoch 3/10$",), on_status=statuses.append)
+        run = testing.run_cluster(
+            command,
+            chief=True,
+            workers=2,
+            ps=2,
+            timeout=300,
+            max_restarts=1,
+            kills=("worker:1@after=^Epoch 3/10$",),
+            on_status=statuses.append,
+        )
         self.assertTrue(run.ok, run.result.summary() + run.output("chief:0")[-3000:])
         self.assertLen([s for s in statuses if "fault injection: SIGKILL worker:1 after chief:0" in s], 1)
         restarts = {t.task: t.restarts for t in run.result.tasks}

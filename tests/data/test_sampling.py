@@ -7,6 +7,7 @@ the weights, a seed makes it repeatable, and the faster paths read the same reco
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 from unittest import mock
 
@@ -15,16 +16,17 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tests.support.records import FEATURES
+from tests.support.records import example as _example
 from tfdist import DataError
 from tfdist.data import TFRecordPipeline, stratified_sample, write_tfrecords
 from tfdist.data.pipeline import stratified as stratify
+from tfdist.data.pipeline.options import SourceOptions
 from tfdist.data.records._framing import first_record
 from tfdist.data.records.files import FileInfo, Listing, list_files
-from tfdist.data.pipeline.options import SourceOptions
 from tfdist.data.sampling import class_choices
 from tfdist.data.sharding import plan_shards
-from tests.support.records import FEATURES
-from tests.support.records import example as _example
+
 
 def _halving(n: int = 1600) -> list[tf.train.Example]:
     """4 classes whose frequencies halve: 8/15, 4/15, 2/15, 1/15 of ``n`` (ids 0..n-1)."""
@@ -33,9 +35,12 @@ def _halving(n: int = 1600) -> list[tf.train.Example]:
 
 
 class ClassChoicesTest(parameterized.TestCase):
-
-    @parameterized.named_parameters(("skewed", [0.7, 0.2, 0.1]), ("zero_inside", [0.5, 0.0, 0.5]),
-                                    ("zero_last", [0.25, 0.75, 0.0]), ("unnormalized", [3.0, 1.0, 0.0]))
+    @parameterized.named_parameters(
+        ("skewed", [0.7, 0.2, 0.1]),
+        ("zero_inside", [0.5, 0.0, 0.5]),
+        ("zero_last", [0.25, 0.75, 0.0]),
+        ("unnormalized", [3.0, 1.0, 0.0]),
+    )
     def test_choices_follow_the_probabilities(self, probabilities: list) -> None:
         picks = np.array(list(class_choices(probabilities, seed=5).take(30000).as_numpy_iterator()))
         expected = np.asarray(probabilities) / sum(probabilities)
@@ -58,23 +63,28 @@ class ClassChoicesTest(parameterized.TestCase):
         stop = list(stratified_sample(datasets, [0.5, 0.5], seed=0, on_exhausted="stop").as_numpy_iterator())
         self.assertLess(len(stop), 40)
 
-
     @parameterized.named_parameters(("repeat", "repeat", 1), ("repeat_blocks", "repeat", 4), ("drop", "drop", 4))
-    def test_choices_drawn_up_front_follow_the_mix_and_lose_nothing_past_them(self, exhausted: str,
-                                                                            block: int) -> None:
+    def test_choices_drawn_up_front_follow_the_mix_and_lose_nothing_past_them(self, exhausted: str, block: int) -> None:
         # draws: the choices are drawn up front (numpy, seeded). Past them, round robin: nothing is lost.
         keys = {0: tf.data.Dataset.range(0, 6000), 1: tf.data.Dataset.range(10_000, 12_000)}
         mix = {0: 0.75, 1: 0.25}
-        taken = list(stratified_sample(keys, mix, seed=2, on_exhausted=exhausted, block=block, draws=4000)
-                     .take(4000).as_numpy_iterator())
+        taken = list(
+            stratified_sample(keys, mix, seed=2, on_exhausted=exhausted, block=block, draws=4000)
+            .take(4000)
+            .as_numpy_iterator()
+        )
         self.assertLen(taken, 4000)
         self.assertAlmostEqual(sum(v < 10_000 for v in taken) / 4000, 0.75, delta=0.025)
-        again = list(stratified_sample(keys, mix, seed=2, on_exhausted=exhausted, block=block, draws=4000)
-                     .take(4000).as_numpy_iterator())
+        again = list(
+            stratified_sample(keys, mix, seed=2, on_exhausted=exhausted, block=block, draws=4000)
+            .take(4000)
+            .as_numpy_iterator()
+        )
         self.assertEqual(taken, again)  # The seed repeats the numpy draws.
         if exhausted == "drop":  # Too few choices planned for both classes: the round robin drains the rest.
-            drained = list(stratified_sample(keys, mix, seed=2, on_exhausted="drop", block=block, draws=100)
-                           .as_numpy_iterator())
+            drained = list(
+                stratified_sample(keys, mix, seed=2, on_exhausted="drop", block=block, draws=100).as_numpy_iterator()
+            )
             self.assertEqual(sorted(drained), list(range(6000)) + list(range(10_000, 12_000)))
 
     def test_choices_are_planned_only_with_a_seed_and_a_negative_seed_works(self) -> None:
@@ -106,15 +116,15 @@ class ClassChoicesTest(parameterized.TestCase):
 
 
 class StratifiedPipelineTest(parameterized.TestCase):
-
     def setUp(self) -> None:
         super().setUp()
         self.prefix = os.path.join(self.create_tempdir().full_path, "part")
         write_tfrecords(_halving(), self.prefix, num_shards=4, partition_by="label")
 
     def _labels(self, **kwargs: object) -> list[int]:
-        pipeline = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=64, label_key="label",
-                                    **kwargs)  # type: ignore[arg-type]
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefix}-*", features=FEATURES, batch_size=64, label_key="label", **kwargs
+        )  # type: ignore[arg-type]
         return [int(v) for batch in pipeline.dataset() for v in batch["label"].numpy()]
 
     @parameterized.named_parameters(
@@ -123,32 +133,48 @@ class StratifiedPipelineTest(parameterized.TestCase):
         ("mapping_shuffled", {0: 1, 1: 1, 2: 2, 3: 4}, [0.125, 0.125, 0.25, 0.5], {"shuffle_buffer": 256}),
         ("block_1", "balanced", [0.25] * 4, {"sample_block": 1}),
     )
-    def test_a_finite_epoch_keeps_the_mix_and_the_size(self, weights: object, expected: list,
-                                                       extra: dict) -> None:
+    def test_a_finite_epoch_keeps_the_mix_and_the_size(self, weights: object, expected: list, extra: dict) -> None:
         labels = self._labels(class_weights=weights, num_epochs=3, seed=2, **extra)
         self.assertLen(labels, 3 * 1600)  # Each epoch draws as many records as the share.
         np.testing.assert_allclose(np.bincount(labels, minlength=4) / len(labels), expected, atol=0.03)
         self.assertEqual(labels, self._labels(class_weights=weights, num_epochs=3, seed=2, **extra))  # Seeded.
 
     def test_natural_mix_reads_each_record_once(self) -> None:
-        pipeline = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=64, label_key="label",
-                                    class_weights="natural", seed=0)
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefix}-*",
+            features=FEATURES,
+            batch_size=64,
+            label_key="label",
+            class_weights="natural",
+            seed=0,
+        )
         ids = [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
         self.assertEqual(sorted(ids), list(range(1600)))
 
     def test_small_redrawn_groups_are_held_in_memory(self) -> None:
-        files = [(f"d-y={label}-00000-of-00001.tfrecord", size)
-                 for label, size in (("0", 8000), ("1", 4000), ("2", 2000), ("3", 1000))]
+        files = [
+            (f"d-y={label}-00000-of-00001.tfrecord", size)
+            for label, size in (("0", 8000), ("1", 4000), ("2", 2000), ("3", 1000))
+        ]
         listing = Listing(files=tuple(FileInfo(path=p, size=s, records=s // 10, record_bytes=s) for p, s in files))
         groups = stratify.class_groups(listing, "y")
         counts = {"0": 800, "1": 400, "2": 200, "3": 100}
 
         def held(mix: object, share: int, count: int = 1, policy: str = "data") -> list[str]:
-            passes = {label: stratify._pass_of(plan_shards(files, num_workers=count, policy=policy), 0,
-                                               counts[label], files, listing, SourceOptions(files="d-*"))
-                      for label, files in groups.items()}
-            return stratify._held_in_memory(passes, mix, share=share, listing=listing,
-                                            source=SourceOptions(files="d-*"))
+            passes = {
+                label: stratify._pass_of(
+                    plan_shards(files, num_workers=count, policy=policy),
+                    0,
+                    counts[label],
+                    files,
+                    listing,
+                    SourceOptions(files="d-*"),
+                )
+                for label, files in groups.items()
+            }
+            return stratify._held_in_memory(
+                passes, mix, share=share, listing=listing, source=SourceOptions(files="d-*")
+            )
 
         balanced = {label: 0.25 for label in counts}  # 500 draws each of 2,000: 2+ passes of '2' and '3'.
         self.assertEqual(held(balanced, 2000), ["3", "2"])
@@ -170,11 +196,23 @@ class StratifiedPipelineTest(parameterized.TestCase):
             self.assertEqual(held(balanced, 1000, count=2, policy="off"), ["3"])
         finally:
             stratify.MEMORY_BUDGET = budget
-        off = stratify._pass_of(plan_shards(groups["3"], num_workers=2, policy="off"), 1, 100, groups["3"], listing,
-                                SourceOptions(files="d-*"))
+        off = stratify._pass_of(
+            plan_shards(groups["3"], num_workers=2, policy="off"),
+            1,
+            100,
+            groups["3"],
+            listing,
+            SourceOptions(files="d-*"),
+        )
         self.assertEqual((off.records, off.part), (100, 1.0))
-        data = stratify._pass_of(plan_shards(groups["3"], num_workers=3, policy="data"), 1, 100, groups["3"],
-                                 listing, SourceOptions(files="d-*"))
+        data = stratify._pass_of(
+            plan_shards(groups["3"], num_workers=3, policy="data"),
+            1,
+            100,
+            groups["3"],
+            listing,
+            SourceOptions(files="d-*"),
+        )
         self.assertEqual(data.records, 33)  # Records 1, 4, ..., 97.
 
     @parameterized.named_parameters(("manifest", True), ("framing_walk", False))
@@ -197,9 +235,17 @@ class StratifiedPipelineTest(parameterized.TestCase):
         self.assertLess(4 * disk, memory)  # Else the case tests nothing.
 
         def held() -> list[str]:
-            passes = {label: stratify._pass_of(plan_shards(files, num_workers=1), 0,
-                                               stratify._records_in(files, listing, source), files, listing, source)
-                      for label, files in groups.items()}
+            passes = {
+                label: stratify._pass_of(
+                    plan_shards(files, num_workers=1),
+                    0,
+                    stratify._records_in(files, listing, source),
+                    files,
+                    listing,
+                    source,
+                )
+                for label, files in groups.items()
+            }
             return stratify._held_in_memory(passes, {"0": 0.5, "1": 0.5}, share=48, listing=listing, source=source)
 
         budget = stratify.MEMORY_BUDGET
@@ -213,23 +259,30 @@ class StratifiedPipelineTest(parameterized.TestCase):
 
     def test_each_pass_of_a_held_class_is_a_new_permutation_of_its_records(self) -> None:
         # Class 3 (ids i % 15 == 14, 106 records) is drawn 400 times an epoch: held, reshuffled every pass.
-        pipeline = TFRecordPipeline(files=f"{self.prefix}-*", features=FEATURES, batch_size=64, label_key="label",
-                                    class_weights="balanced", shuffle_buffer=64, num_epochs=1, seed=3)
+        pipeline = TFRecordPipeline(
+            files=f"{self.prefix}-*",
+            features=FEATURES,
+            batch_size=64,
+            label_key="label",
+            class_weights="balanced",
+            shuffle_buffer=64,
+            num_epochs=1,
+            seed=3,
+        )
         records, _, _, stratified = pipeline._records_for(None, None)
         self.assertTrue(stratified)
         ids = [int(tf.io.parse_single_example(r, FEATURES)["id"]) for r in records]
         small = sorted(i for i in range(1600) if i % 15 == 14)
         drawn = [i for i in ids if i % 15 == 14]
-        passes = [drawn[k:k + len(small)] for k in range(0, len(drawn) - len(small) + 1, len(small))]
+        passes = [drawn[k : k + len(small)] for k in range(0, len(drawn) - len(small) + 1, len(small))]
         self.assertGreaterEqual(len(passes), 3)
         for one in passes:
             self.assertEqual(sorted(one), small)  # Each pass: every record of the class once.
-        for first, second in zip(passes, passes[1:]):
+        for first, second in itertools.pairwise(passes):
             self.assertNotEqual(first, second)  # Shuffled anew each pass.
 
 
 class FastReadTest(parameterized.TestCase):
-
     def test_first_record_and_damaged_headers(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "r")
         path = write_tfrecords([_example(i, 0) for i in range(3)], prefix, num_shards=1)[0]
@@ -253,8 +306,9 @@ class FastReadTest(parameterized.TestCase):
         prefix = os.path.join(self.create_tempdir().full_path, "s")
         write_tfrecords([_example(i, i % 2) for i in range(8)], prefix, num_shards=2)
         with pytest.raises(DataError, match=r"features\['id'\]"):
-            TFRecordPipeline(files=f"{prefix}-*", batch_size=4,
-                             features={"id": tf.io.FixedLenFeature([], tf.string)}).dataset()
+            TFRecordPipeline(
+                files=f"{prefix}-*", batch_size=4, features={"id": tf.io.FixedLenFeature([], tf.string)}
+            ).dataset()
 
     @parameterized.named_parameters(("deterministic", True), ("any_order", False))
     def test_every_record_once_on_the_fast_reader(self, deterministic: bool) -> None:
@@ -264,9 +318,15 @@ class FastReadTest(parameterized.TestCase):
             seen = collections.Counter()
             for worker in range(2):
                 context = tf.distribute.InputContext(2, worker, 2)
-                pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=8,
-                                            shard_policy=policy, deterministic=deterministic, shuffle_buffer=16,
-                                            seed=1)
+                pipeline = TFRecordPipeline(
+                    files=f"{prefix}-*",
+                    features=FEATURES,
+                    batch_size=8,
+                    shard_policy=policy,
+                    deterministic=deterministic,
+                    shuffle_buffer=16,
+                    seed=1,
+                )
                 seen.update(int(v) for b in pipeline.dataset(context) for v in b["id"].numpy())
             self.assertEqual(seen, collections.Counter(range(301)), policy)
 
@@ -275,14 +335,17 @@ class SequentialClassReadTest(parameterized.TestCase):
     """Under 'autotune', each local class group is read file by file, without reader threads."""
 
     def _ids(self, files: str, **kwargs: object) -> list[int]:
-        pipeline = TFRecordPipeline(files=files, features=FEATURES, batch_size=16, label_key="label",
-                                    **kwargs)  # type: ignore[arg-type]
+        pipeline = TFRecordPipeline(files=files, features=FEATURES, batch_size=16, label_key="label", **kwargs)  # type: ignore[arg-type]
         return [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
 
-    @parameterized.named_parameters(("balanced", {"class_weights": "balanced", "seed": 1, "num_epochs": 3}),
-                                    ("sqrt_block_1_shuffled", {"class_weights": "sqrt", "sample_block": 1, "seed": 2,
-                                                               "shuffle_buffer": 64, "num_epochs": 3}),
-                                    ("natural", {"class_weights": "natural", "seed": 0}))
+    @parameterized.named_parameters(
+        ("balanced", {"class_weights": "balanced", "seed": 1, "num_epochs": 3}),
+        (
+            "sqrt_block_1_shuffled",
+            {"class_weights": "sqrt", "sample_block": 1, "seed": 2, "shuffle_buffer": 64, "num_epochs": 3},
+        ),
+        ("natural", {"class_weights": "natural", "seed": 0}),
+    )
     def test_the_same_records_and_mix_as_one_parallel_read_per_class(self, kwargs: dict) -> None:
         # 4 classes x 5 files. TF's own reader with one file at a time gives the order of a sequential read;
         # 4 files at once (what 'autotune' used to give each class here) interleaves them.
@@ -295,11 +358,13 @@ class SequentialClassReadTest(parameterized.TestCase):
             self.assertEqual(sorted(sequential), list(range(1200)))  # Every record exactly once.
         else:
             self.assertLen(sequential, 3600)
-            labels = np.asarray([[0 if i % 15 < 8 else 1 if i % 15 < 12 else 2 if i % 15 < 14 else 3]
-                                 for i in sequential]).reshape(-1)
+            labels = np.asarray(
+                [[0 if i % 15 < 8 else 1 if i % 15 < 12 else 2 if i % 15 < 14 else 3] for i in sequential]
+            ).reshape(-1)
             weights = np.ones(4) if kwargs["class_weights"] == "balanced" else np.sqrt([8, 4, 2, 1])
-            np.testing.assert_allclose(np.bincount(labels, minlength=4) / len(labels), weights / weights.sum(),
-                                       atol=0.03)
+            np.testing.assert_allclose(
+                np.bincount(labels, minlength=4) / len(labels), weights / weights.sum(), atol=0.03
+            )
 
     def test_class_groups_on_a_network_mount_keep_the_parallel_reader(self) -> None:
         from tfdist.data.records import files as files_module
@@ -313,8 +378,8 @@ class SequentialClassReadTest(parameterized.TestCase):
         self.assertNotEqual(self._ids(f"{prefix}-*", **kwargs), parallel)
 
     def test_plain_local_files_keep_the_order_of_tfs_parallel_reader_without_its_threads(self) -> None:
-        from tfdist.data.records import files as files_module
         from tfdist.data.pipeline import reading
+        from tfdist.data.records import files as files_module
 
         # 20 files of unequal length (the writer's first shards are longer), more than the 16 read at once.
         prefix = os.path.join(self.create_tempdir().full_path, "t")
@@ -339,9 +404,11 @@ class SequentialClassReadTest(parameterized.TestCase):
         ("remote_one_stream", 20, 1, "autotune", False, "file", ("parallel", 16)),
         ("remote_class_groups", 20, 8, "autotune", False, "file", ("parallel", 2)),
         ("explicit_reads", 20, 1, 4, True, "file", ("parallel", 4)),
-        ("explicit_reads_few_files", 2, 8, 4, True, "file", ("parallel", 2)))
-    def test_how_each_stream_reads(self, files: int, streams: int, reads: object, local: bool, policy: str,
-                                   expected: tuple) -> None:
+        ("explicit_reads_few_files", 2, 8, 4, True, "file", ("parallel", 2)),
+    )
+    def test_how_each_stream_reads(
+        self, files: int, streams: int, reads: object, local: bool, policy: str, expected: tuple
+    ) -> None:
         from tfdist.data.pipeline.options import TuningOptions
         from tfdist.data.pipeline.reading import _how_to_read
 
@@ -354,23 +421,44 @@ class SequentialClassReadTest(parameterized.TestCase):
         write_tfrecords(_halving(1201), prefix, num_shards=6, partition_by="label")
         seen: collections.Counter = collections.Counter()
         for worker in range(2):
-            pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=16, label_key="label",
-                                        class_weights="natural", shard_policy=policy, deterministic=True, seed=3)
+            pipeline = TFRecordPipeline(
+                files=f"{prefix}-*",
+                features=FEATURES,
+                batch_size=16,
+                label_key="label",
+                class_weights="natural",
+                shard_policy=policy,
+                deterministic=True,
+                seed=3,
+            )
             context = tf.distribute.InputContext(2, worker, 2)
             seen.update(int(v) for batch in pipeline.dataset(context) for v in batch["id"].numpy())
         self.assertEqual(seen, collections.Counter(range(1201)))
 
 
-@pytest.mark.parametrize("table, paths, local", [
-    ("27 1 254:0 / / rw - ext4 /dev/vda rw\n", ["/data/a", "/tmp/b"], True),
-    ("27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /mnt/nfs rw - nfs4 srv:/x rw\n", ["/data/a", "/mnt/nfs/b"],
-     False),
-    ("27 1 254:0 / / rw - xfs /dev/vda rw\n41 27 0:51 / /gcs rw,nosuid - fuse.gcsfuse bucket rw\n", ["/gcs/a"], False),
-    ("27 1 254:0 / / rw - lustre mds@tcp:/fs rw\n42 27 0:52 / /scratch\\040space rw - tmpfs tmpfs rw\n",
-     ["/scratch space/a"], True),
-    ("27 1 254:0 / / rw - ext4 /dev/vda rw\n", ["s3://bucket/a"], False),
-    ("", ["/data/a"], False),  # No mount table: read ahead in parallel, as before.
-])
+@pytest.mark.parametrize(
+    "table, paths, local",
+    [
+        ("27 1 254:0 / / rw - ext4 /dev/vda rw\n", ["/data/a", "/tmp/b"], True),
+        (
+            "27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /mnt/nfs rw - nfs4 srv:/x rw\n",
+            ["/data/a", "/mnt/nfs/b"],
+            False,
+        ),
+        (
+            "27 1 254:0 / / rw - xfs /dev/vda rw\n41 27 0:51 / /gcs rw,nosuid - fuse.gcsfuse bucket rw\n",
+            ["/gcs/a"],
+            False,
+        ),
+        (
+            "27 1 254:0 / / rw - lustre mds@tcp:/fs rw\n42 27 0:52 / /scratch\\040space rw - tmpfs tmpfs rw\n",
+            ["/scratch space/a"],
+            True,
+        ),
+        ("27 1 254:0 / / rw - ext4 /dev/vda rw\n", ["s3://bucket/a"], False),
+        ("", ["/data/a"], False),  # No mount table: read ahead in parallel, as before.
+    ],
+)
 def test_on_local_disk_takes_the_longest_mount_point(table: str, paths: list[str], local: bool) -> None:
     from tfdist.data.records.files import on_local_disk
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support import SUPPORT
-
 import os
 import re
 import subprocess
@@ -12,20 +10,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.support.processes import assert_all_gone
 
+from tests.support import SUPPORT
+from tests.support.processes import assert_all_gone
 from tfdist import launch
 
 PY = sys.executable
-SCRIPT = str((SUPPORT / "elastic_keras_train.py"))
+SCRIPT = str(SUPPORT / "elastic_keras_train.py")
 RECORDS = 48  # as in the script
 EPOCH_LINE = re.compile(r"^EPOCH (\d+) world (\S+) seen (\S+) id_sum (\S+) id_sq (\S+) kernel (.*)$", re.M)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
 
 def _epochs(output: str) -> list[tuple[int, float, float, float, float, np.ndarray]]:
-    return [(int(e), float(w), float(c), float(s), float(q), np.array(k.split(), float))
-            for e, w, c, s, q, k in EPOCH_LINE.findall(output)]
+    return [
+        (int(e), float(w), float(c), float(s), float(q), np.array(k.split(), float))
+        for e, w, c, s, q, k in EPOCH_LINE.findall(output)
+    ]
 
 
 def _final(output: str) -> np.ndarray:
@@ -38,20 +39,35 @@ def test_three_to_two_to_three_workers_keeps_the_global_batch(tmp_path: Path) ->
     epochs = 6
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    reference = subprocess.run([PY, SCRIPT, str(tmp_path / "reference"), str(epochs)], env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, check=False)
+    reference = subprocess.run(
+        [PY, SCRIPT, str(tmp_path / "reference"), str(epochs)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+        check=False,
+    )
     assert reference.returncode == 0, reference.stdout[-3000:]
     statuses: list[str] = []
-    result = launch.run([PY, SCRIPT, str(tmp_path / "elastic"), str(epochs)], workers=3, min_workers=2,
-                        loses=["worker:2@after=^EPOCH 1 "], returns=["worker:2@after=^EPOCH 2 "],
-                        timeout=600, grace_seconds=2, on_status=statuses.append)
+    result = launch.run(
+        [PY, SCRIPT, str(tmp_path / "elastic"), str(epochs)],
+        workers=3,
+        min_workers=2,
+        loses=["worker:2@after=^EPOCH 1 "],
+        returns=["worker:2@after=^EPOCH 2 "],
+        timeout=600,
+        grace_seconds=2,
+        on_status=statuses.append,
+    )
     leader = result.task("worker:0").output
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses) + leader[-3000:]
     # Both membership changes, logged by the launcher; the return waits for the next backed-up epoch (3).
     changes = [s for s in statuses if s.startswith("elastic: membership")]
     assert [c.split(";")[0] for c in changes] == [
         "elastic: membership 1: world size 2 (workers worker:0, worker:1)",
-        "elastic: membership 2: world size 3 (workers worker:0, worker:1, worker:2)"], statuses
+        "elastic: membership 2: world size 3 (workers worker:0, worker:1, worker:2)",
+    ], statuses
     assert changes[1].endswith("worker:2 joined; epoch 3 backed up"), changes[1]
     # Every epoch completed exactly once, on the world size of its generation (the interrupted epoch 2 was
     # redone by the smaller group), and every completed epoch trained on each of the 48 records once:

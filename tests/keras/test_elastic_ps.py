@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from tests.support import SUPPORT
-
 import re
 import sys
 import threading
 from pathlib import Path
 
 import pytest
-from tests.support.processes import assert_all_gone
 
+from tests.support import SUPPORT
+from tests.support.processes import assert_all_gone
 from tfdist import launch
 
 PY = sys.executable
-SCRIPT = str((SUPPORT / "elastic_ps_train.py"))
+SCRIPT = str(SUPPORT / "elastic_ps_train.py")
 STEP = re.compile(r"^STEP (\d+)$")
 STARTED = re.compile(r"^(\S+) started \(.*pid (\d+),")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
@@ -43,16 +42,27 @@ def test_lose_needs_no_group_restart_and_return_adds_the_worker_back(tmp_path: P
             if task == "worker:1" and generation[0] == 2 and "TensorFlow server worker:1 up" in line:
                 marker.touch()  # the chief's epoch 4 ends once the returned worker can take work
 
-    result = launch.run([PY, SCRIPT, str(epochs), str(steps), "4", str(marker)], workers=2, ps=1, chief=True,
-                        min_workers=1, loses=["worker:1@after=^EPOCH_END 1$"],
-                        returns=["worker:1@after=^EPOCH_END 3$"], timeout=480, grace_seconds=2,
-                        on_status=on_status, on_line=on_line)
+    result = launch.run(
+        [PY, SCRIPT, str(epochs), str(steps), "4", str(marker)],
+        workers=2,
+        ps=1,
+        chief=True,
+        min_workers=1,
+        loses=["worker:1@after=^EPOCH_END 1$"],
+        returns=["worker:1@after=^EPOCH_END 3$"],
+        timeout=480,
+        grace_seconds=2,
+        on_status=on_status,
+        on_line=on_line,
+    )
     chief = result.task("chief:0").output
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses) + chief[-3000:]
     # Both changes, and no group restart: chief, ps and worker:0 started once and kept their process.
     changes = [s.split(";")[0] for s in statuses if s.startswith("elastic: membership")]
-    assert changes == ["elastic: membership 1: world size 2 (workers worker:0)",
-                       "elastic: membership 2: world size 3 (workers worker:0, worker:1)"], statuses
+    assert changes == [
+        "elastic: membership 1: world size 2 (workers worker:0)",
+        "elastic: membership 2: world size 3 (workers worker:0, worker:1)",
+    ], statuses
     starts = [STARTED.match(s).groups() for s in statuses if STARTED.match(s)]
     assert [task for task, _ in starts].count("worker:1") == 2
     for task in ("chief:0", "ps:0", "worker:0"):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support import SUPPORT
-
 import glob
 import json
 import os
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 from absl.testing import absltest
 
-from tests.support import cluster_tasks
+from tests.support import SUPPORT, cluster_tasks
 from tfdist import testing
 from tfdist.launch.config import KillAt
 
@@ -22,7 +20,6 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 
 class DataParallelTest(absltest.TestCase):
-
     def test_two_workers_equal_one_process_with_two_replicas(self) -> None:
         mwms = testing.run_cluster(cluster_tasks.equivalence_mwms, workers=2, timeout=180, args=[64, 3])
         mirrored = testing.run_cluster(cluster_tasks.equivalence_mirrored, workers=1, timeout=180, args=[64, 3])
@@ -41,7 +38,9 @@ class DataParallelTest(absltest.TestCase):
         chief, other = run.values["worker:0"], run.values["worker:1"]
         self.assertIn("TensorBoard", chief["callbacks"])
         self.assertNotIn("TensorBoard", other["callbacks"])  # TensorBoard on the chief only.
-        self.assertEqual(sorted(os.listdir(os.path.join(root, "ckpt")))[:2], ["checkpoint", "ckpt-1.data-00000-of-00001"])
+        self.assertEqual(
+            sorted(os.listdir(os.path.join(root, "ckpt")))[:2], ["checkpoint", "ckpt-1.data-00000-of-00001"]
+        )
         self.assertTrue(os.path.exists(os.path.join(root, "ckpt", "ckpt-3.index")))
         leftovers = glob.glob(os.path.join(root, "**", "workertemp_*"), recursive=True)
         self.assertEqual(leftovers, [])  # Non-chief copies went to temporary directories, now removed.
@@ -56,11 +55,11 @@ class DataParallelTest(absltest.TestCase):
 
 
 class ParameterServerKerasTest(absltest.TestCase):
-
     def test_fit_input_callbacks_and_evaluator_sidecar(self) -> None:
         root = self.create_tempdir().full_path
-        run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240,
-                                  args=[root, 4, 20])
+        run = testing.run_cluster(
+            cluster_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240, args=[root, 4, 20]
+        )
         self.assertTrue(run.ok, run.result.summary())
         chief = run.values["chief:0"]
         self.assertLess(chief["loss"][-1], chief["loss"][0])
@@ -75,9 +74,17 @@ class ParameterServerKerasTest(absltest.TestCase):
         root = self.create_tempdir().full_path
         statuses: list[str] = []
         # Kill the ps once the chief has backed up epoch 2 (a log line, not a clock: issue #11).
-        run = testing.run_cluster(cluster_tasks.ps_full, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
-                                  kills=(KillAt(task="ps:0", after="^EPOCH_END 2$"),), on_status=statuses.append,
-                                  args=[root, 6, 20])
+        run = testing.run_cluster(
+            cluster_tasks.ps_full,
+            workers=2,
+            ps=1,
+            chief=True,
+            timeout=240,
+            max_restarts=1,
+            kills=(KillAt(task="ps:0", after="^EPOCH_END 2$"),),
+            on_status=statuses.append,
+            args=[root, 6, 20],
+        )
         self.assertTrue(run.ok, run.result.summary())
         self.assertLen([s for s in statuses if "fault injection: SIGKILL ps:0 after chief:0" in s], 1)
         restarts = {t.task: t.restarts for t in run.result.tasks}
@@ -90,31 +97,54 @@ class ParameterServerKerasTest(absltest.TestCase):
 
 
 class DemoTest(absltest.TestCase):
-
     def test_demo_script_trains_and_summarizes_under_mwms(self) -> None:
         import subprocess
         import sys
 
         root = self.create_tempdir().full_path
         repo = str(pathlib.Path(__file__).resolve().parents[2])
-        make = [sys.executable, os.path.join(repo, "scripts", "make_synthetic_images.py"), "--classes", "4",
-                "--size", "32", "--shards", "2"]
-        for args in (["--out", f"{root}/data/train", "--num", "800", "--partition"],
-                     ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1"]):
+        make = [
+            sys.executable,
+            os.path.join(repo, "scripts", "make_synthetic_images.py"),
+            "--classes",
+            "4",
+            "--size",
+            "32",
+            "--shards",
+            "2",
+        ]
+        for args in (
+            ["--out", f"{root}/data/train", "--num", "800", "--partition"],
+            ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1"],
+        ):
             subprocess.run(make + args, check=True, capture_output=True, timeout=120)
-        command = [sys.executable, os.path.join(repo, "scripts", "demo.py"), "--data", f"{root}/data", "--out",
-                   f"{root}/out", "--classes", "4", "--image-size", "32", "--epochs", "2", "--batch", "32"]
+        command = [
+            sys.executable,
+            os.path.join(repo, "scripts", "demo.py"),
+            "--data",
+            f"{root}/data",
+            "--out",
+            f"{root}/out",
+            "--classes",
+            "4",
+            "--image-size",
+            "32",
+            "--epochs",
+            "2",
+            "--batch",
+            "32",
+        ]
         run = testing.run_cluster(command, workers=2, timeout=240)
         self.assertTrue(run.ok, run.result.summary())
         summary = json.loads(Path(f"{root}/out/summary.json").read_text())
-        self.assertEqual((summary["replicas"], summary["sampling"], summary["worker_records"]), (2, "stratified",
-                                                                                                 [400, 400]))
+        self.assertEqual(
+            (summary["replicas"], summary["sampling"], summary["worker_records"]), (2, "stratified", [400, 400])
+        )
         self.assertEqual(sorted(summary["per_class_accuracy"]), ["0", "1", "2", "3"])
         self.assertTrue(glob.glob(f"{root}/out/tensorboard/train/events.out.tfevents.*"))
 
 
 class PreemptionTest(absltest.TestCase):
-
     def test_sigterm_saves_and_the_rerun_resumes_there(self) -> None:
         import signal
         import subprocess
@@ -124,9 +154,25 @@ class PreemptionTest(absltest.TestCase):
         root = self.create_tempdir().full_path
         log = os.path.join(root, "epochs")
         tasks = str(SUPPORT / "cluster_tasks.py")
-        command = [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "30", "--timeout", "200",
-                   "--", sys.executable, "-m", "tfdist.launch.tasks.function", "--file", tasks, "preemptible_fit",
-                   json.dumps([os.path.join(root, "backup"), log, 40, 0.2])]
+        command = [
+            sys.executable,
+            "-m",
+            "tfdist.cli.launch",
+            "--workers",
+            "2",
+            "--grace",
+            "30",
+            "--timeout",
+            "200",
+            "--",
+            sys.executable,
+            "-m",
+            "tfdist.launch.tasks.function",
+            "--file",
+            tasks,
+            "preemptible_fit",
+            json.dumps([os.path.join(root, "backup"), log, 40, 0.2]),
+        ]
         first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # SIGTERM once a few epochs have run on worker 0.
@@ -141,7 +187,7 @@ class PreemptionTest(absltest.TestCase):
         before = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()]
         second = subprocess.run(command, capture_output=True, text=True, timeout=240)
         self.assertEqual(second.returncode, 0, second.stdout[-3000:])
-        after = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()][len(before):]
+        after = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()][len(before) :]
         last_epoch_before = int(before[-1][1])
         resumed_epoch, resumed_step = int(after[0][1]), int(after[0][2])
         self.assertGreaterEqual(resumed_epoch, last_epoch_before)  # Where SIGTERM stopped it, not from zero.

@@ -13,7 +13,6 @@ from tfdist.data.pipeline import _context
 
 
 class StragglerTest(absltest.TestCase):
-
     def test_chief_names_the_slow_worker(self) -> None:
         from tfdist.keras.cluster_aware import ThroughputLogger
 
@@ -34,12 +33,15 @@ class StragglerTest(absltest.TestCase):
 
 
 class SlotTest(absltest.TestCase):
-
     def test_collective_clusters_split_by_tf_config_and_ps_clusters_do_not(self) -> None:
         mwms = ClusterSpec.local(workers=2, chief=True)
         ps = ClusterSpec.local(workers=2, ps=1, chief=True)
-        cases = [(mwms.to_tf_config("chief", 0), (0, 3)), (mwms.to_tf_config("worker", 1), (2, 3)),
-                 (ps.to_tf_config("chief", 0), (0, 1)), (None, (0, 1))]
+        cases = [
+            (mwms.to_tf_config("chief", 0), (0, 3)),
+            (mwms.to_tf_config("worker", 1), (2, 3)),
+            (ps.to_tf_config("chief", 0), (0, 1)),
+            (None, (0, 1)),
+        ]
         for config, expected in cases:
             with pytest.MonkeyPatch.context() as patch:
                 if config is None:

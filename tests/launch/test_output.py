@@ -43,8 +43,16 @@ TF217_STARTUP = [
     "I0000 00:00:1796016095.016565   25075 coordination_service_agent.cc:310] Coordination agent has successfully "
     "connected.",
     "I0000 00:00:1796016068.032805   24234 eager_service_impl.cc:356] SessionOptions: device_count {",
-    '  key: "CPU"', "  value: 1", "}", "inter_op_parallelism_threads: 4", "gpu_options {", "  experimental {", "  }",
-    "}", "allow_soft_placement: true", "",
+    '  key: "CPU"',
+    "  value: 1",
+    "}",
+    "inter_op_parallelism_threads: 4",
+    "gpu_options {",
+    "  experimental {",
+    "  }",
+    "}",
+    "allow_soft_placement: true",
+    "",
     "2026-11-30 05:21:36.121856: W tensorflow/core/framework/dataset.cc:993] Input of GeneratorDatasetOp::Dataset "
     "will not be optimized because the dataset does not implement the AsGraphDefInternal() method needed to apply "
     "optimizations.",
@@ -104,14 +112,17 @@ def test_a_real_line_inside_a_sessionoptions_dump_ends_it_and_passes(real: str) 
 
 def test_only_the_sessionoptions_record_starts_a_dump() -> None:
     keep = NoiseFilter()
-    lines = ["I0000 00:00:1796016068.032805   24234 some_other.cc:12] Something {", "  key: \"CPU\"", "}"]
+    lines = ["I0000 00:00:1796016068.032805   24234 some_other.cc:12] Something {", '  key: "CPU"', "}"]
     assert [line for line in lines if keep(line)] == lines[1:]
 
 
 def test_a_users_line_right_after_an_info_record_is_not_taken_for_its_body() -> None:
     keep = NoiseFilter()
-    lines = ["I0000 00:00:1796015311.882301    2464 grpc_server_lib.cc:464] Started server with target: grpc://x:1",
-             "epochs: 3", "To enable the following instructions: is only dropped after cpu_feature_guard"]
+    lines = [
+        "I0000 00:00:1796015311.882301    2464 grpc_server_lib.cc:464] Started server with target: grpc://x:1",
+        "epochs: 3",
+        "To enable the following instructions: is only dropped after cpu_feature_guard",
+    ]
     assert [line for line in lines if keep(line)] == lines[1:]
 
 
@@ -141,20 +152,31 @@ def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib
     missing = str(tmp_path / "no-such-file")
     code = f"import tensorflow as tf\nprint('on stdout')\ntf.io.read_file({missing!r})\n"
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # TF then logs INFO too.
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 1, done.stderr
     assert done.stdout == "on stdout\n"
-    assert re.search(rf"op_kernel\.cc:\d+\] OP_REQUIRES failed .*NOT_FOUND: {re.escape(missing)}",
-                     done.stderr, re.M), done.stderr
+    assert re.search(rf"op_kernel\.cc:\d+\] OP_REQUIRES failed .*NOT_FOUND: {re.escape(missing)}", done.stderr, re.M), (
+        done.stderr
+    )
     assert "tensorflow.python.framework.errors_impl.NotFoundError: " in done.stderr
     keep = NoiseFilter()
     assert all(keep(line) for line in done.stderr.splitlines()), done.stderr
     for noise in ("Unable to register cu", "TF-TRT", "oneDNN", "cuda drivers", "rebuild TensorFlow", "InitializeLog"):
         assert noise not in done.stderr
     # The same command without the filter shows what it left out (TF_CPP_MIN_LOG_LEVEL=0 turns it off).
-    loud = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=120, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    loud = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"},
+    )
     # Which start-up lines TF prints depends on the CPU (oneDNN's line is absent on some): any dropped line will do.
     dropped = [line for line in loud.stderr.splitlines() if not NoiseFilter()(line)]
     assert loud.returncode == 1 and dropped, loud.stderr
@@ -163,16 +185,30 @@ def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib
 def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm_and_sigint(tmp_path: pathlib.Path) -> None:
     preamble = TF217_STARTUP[8]
     script = f"echo out; echo '{preamble}' >&2; echo 'a real problem' >&2; exit 7"
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "a real problem\n")
     # SIGTERM / SIGINT to `tfdist quiet` (a scheduler, `timeout`, `kill -INT`) reach the command; its status
     # comes back. A new session: no controlling terminal that could have sent the SIGINT to the command too.
     for sig, status in ((signal.SIGTERM, 5), (signal.SIGINT, 6)):
         marker = tmp_path / f"started-{sig.name}"
-        proc = subprocess.Popen([sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c",
-                                 f"trap 'exit 5' TERM; trap 'exit 6' INT; touch {marker}; "
-                                 "while :; do sleep 0.1; done"], start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.main",
+                "quiet",
+                "--",
+                "sh",
+                "-c",
+                f"trap 'exit 5' TERM; trap 'exit 6' INT; touch {marker}; while :; do sleep 0.1; done",
+            ],
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 30
             while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -191,9 +227,11 @@ def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm_and
 def test_tfdist_quiet_does_not_repeat_a_ctrl_c_the_terminal_already_sent(tmp_path: pathlib.Path) -> None:
     """Ctrl-C typed at a real terminal (a pty) reaches the command once, not once more through `tfdist quiet`."""
     ready, count = tmp_path / "ready", tmp_path / "count"
-    child = (f"import pathlib, signal, time\nn = []\nsignal.signal(signal.SIGINT, lambda s, f: n.append(s))\n"
-             f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(2)\n"
-             f"pathlib.Path({str(count)!r}).write_text(str(len(n)))\n")
+    child = (
+        f"import pathlib, signal, time\nn = []\nsignal.signal(signal.SIGINT, lambda s, f: n.append(s))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(2)\n"
+        f"pathlib.Path({str(count)!r}).write_text(str(len(n)))\n"
+    )
     pid, terminal = pty.fork()  # A new session whose controlling terminal is the pty.
     if pid == 0:
         os.execv(sys.executable, [sys.executable, "-m", "tfdist.cli.main", "quiet", "--", sys.executable, "-c", child])

@@ -39,17 +39,22 @@ S3_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.s3
-@pytest.mark.skipif(tfio_unavailable_reason() is not None,
-                    reason=f"the abort comes from tensorflow-io, and {tfio_unavailable_reason()}")
+@pytest.mark.skipif(
+    tfio_unavailable_reason() is not None, reason=f"the abort comes from tensorflow-io, and {tfio_unavailable_reason()}"
+)
 class CleanExitTest(parameterized.TestCase):
-
     @pytest.fixture(autouse=True)
     def _server(self, s3_server: dict[str, str]) -> None:
         self.env = dict(os.environ, **s3_server)
 
     def _run(self, mode: str, bucket: str, outcome: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", S3_SCRIPT, mode, bucket, self.env["S3_ENDPOINT"], outcome],
-                              env=self.env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-c", S3_SCRIPT, mode, bucket, self.env["S3_ENDPOINT"], outcome],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def test_without_the_guard_the_process_aborts(self) -> None:
         done = self._run("plain", "tfdist-plain", "0")

@@ -18,12 +18,13 @@ PS_CLUSTER = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps":
 
 
 class OptionsTest(parameterized.TestCase):
-
     def test_unknown_kind_lists_kinds_and_closest(self) -> None:
         with pytest.raises(StrategyError, match=r"'multi_worker_mirrored'.*did you mean 'multi_worker_mirrored'"):
             tfdist.build_strategy("multi_worker_mirored")
-        self.assertEqual(tfdist.strategy_names(), ("auto", "default", "mirrored", "multi_worker_mirrored",
-                                                   "one_device", "parameter_server"))
+        self.assertEqual(
+            tfdist.strategy_names(),
+            ("auto", "default", "mirrored", "multi_worker_mirrored", "one_device", "parameter_server"),
+        )
 
     @parameterized.named_parameters(
         ("communication", {"communication": "nccl2"}, r"`communication`. Received: 'nccl2'.*did you mean 'nccl'"),
@@ -54,8 +55,12 @@ class OptionsTest(parameterized.TestCase):
         ("single_worker", ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker"), 0, "default"),
         ("single_worker_two_gpus", ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker"), 2, "mirrored"),
         ("two_workers", ClusterSpec(jobs={"worker": ["a:1", "b:1"]}, task_type="worker"), 0, "multi_worker_mirrored"),
-        ("chief_and_worker", ClusterSpec(jobs={"chief": ["a:1"], "worker": ["b:1"]}, task_type="chief"), 0,
-         "multi_worker_mirrored"),
+        (
+            "chief_and_worker",
+            ClusterSpec(jobs={"chief": ["a:1"], "worker": ["b:1"]}, task_type="chief"),
+            0,
+            "multi_worker_mirrored",
+        ),
         ("ps", PS_CLUSTER.with_task("chief"), 0, "parameter_server"),
         ("evaluator", PS_CLUSTER.with_task("evaluator"), 0, "default"),
     )
@@ -66,7 +71,6 @@ class OptionsTest(parameterized.TestCase):
 
 
 class TensorFlowMappingTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
         ("auto_cpu", "auto", 0, "AUTO"),
         ("ring", "ring", 0, "RING"),
@@ -141,7 +145,6 @@ def test_building_after_other_ops_says_to_build_first() -> None:
 
 
 class PeerWaitTest(parameterized.TestCase):
-
     @parameterized.named_parameters(
         ("chief_leads", {"chief": ["c:1"], "worker": ["w:1"]}, ("chief:0", "c:1")),
         ("lowest_worker_leads", {"worker": {"3": "w:3", "1": "w:1"}}, ("worker:1", "w:1")),
@@ -170,9 +173,14 @@ class PeerWaitTest(parameterized.TestCase):
     def test_option_validation(self) -> None:
         with pytest.raises(StrategyError, match="`peer_wait_seconds`. Received: -1"):
             StrategyOptions(peer_wait_seconds=-1)
-        for name, value in (("timeout_seconds", math.nan), ("timeout_seconds", math.inf),
-                            ("peer_wait_seconds", math.nan), ("peer_wait_seconds", math.inf),
-                            ("timeout_seconds", True), ("peer_wait_seconds", "5")):
+        for name, value in (
+            ("timeout_seconds", math.nan),
+            ("timeout_seconds", math.inf),
+            ("peer_wait_seconds", math.nan),
+            ("peer_wait_seconds", math.inf),
+            ("timeout_seconds", True),
+            ("peer_wait_seconds", "5"),
+        ):
             with pytest.raises(StrategyError, match=f"`{name}`") as caught:
                 StrategyOptions(**{name: value})
             self.assertEqual(caught.value.field, name)

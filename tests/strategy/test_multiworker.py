@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from absl.testing import absltest
-from tests.support.processes import assert_all_gone
 
 from tests.support import cluster_tasks
+from tests.support.processes import assert_all_gone
 from tfdist import launch, testing
-from tfdist.launch.config import KillAt
 from tfdist.cluster.probe import can_connect
+from tfdist.launch.config import KillAt
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -39,9 +39,18 @@ def _without_tf_log_level() -> dict[str, str]:
 
 
 # TensorFlow's start-up noise on this CPU-only machine, TF 2.17 to 2.21 (issue #11): none may reach the console.
-_NOISE = ("Unable to register cu", "TF-TRT Warning", "absl::InitializeLog", "Started server with target",
-          "oneDNN custom operations", "Could not find cuda drivers", "failed call to cuInit", "rebuild TensorFlow",
-          "SessionOptions", "RuntimeWarning")
+_NOISE = (
+    "Unable to register cu",
+    "TF-TRT Warning",
+    "absl::InitializeLog",
+    "Started server with target",
+    "oneDNN custom operations",
+    "Could not find cuda drivers",
+    "failed call to cuInit",
+    "rebuild TensorFlow",
+    "SessionOptions",
+    "RuntimeWarning",
+)
 
 
 def _assert_quiet_console(test: absltest.TestCase, console: str, log_dir: str, tasks: tuple[str, ...]) -> None:
@@ -56,12 +65,11 @@ def _assert_quiet_console(test: absltest.TestCase, console: str, log_dir: str, t
         keep = NoiseFilter()
         kept = [line for line in logged if keep(line)]
         test.assertGreater(len(logged), len(kept), task)  # TF's noise is there, in the file ...
-        shown = [line[len(task) + 3:] for line in console.splitlines() if line.startswith(f"[{task}] ")]
+        shown = [line[len(task) + 3 :] for line in console.splitlines() if line.startswith(f"[{task}] ")]
         test.assertEqual(shown, kept, task)  # ... and the console shows every other line of the task.
 
 
 class MultiWorkerMirroredTest(absltest.TestCase):
-
     def test_auto_strategy_two_workers_identical_weights(self) -> None:
         run = testing.run_cluster(cluster_tasks.mwms_fit, workers=2, timeout=180)
         self.assertTrue(run.ok, run.result.summary())
@@ -77,10 +85,28 @@ class MultiWorkerMirroredTest(absltest.TestCase):
 
     def test_cli_runs_a_script_on_both_workers(self) -> None:
         logs = self.create_tempdir().full_path
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "180",
-                               "--log-dir", logs, "--", sys.executable, str(REPO / "scripts" / "demo_train.py"),
-                               "--epochs", "2"], capture_output=True, text=True, timeout=240,
-                              env=_without_tf_log_level())
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.launch",
+                "--workers",
+                "2",
+                "--timeout",
+                "180",
+                "--log-dir",
+                logs,
+                "--",
+                sys.executable,
+                str(REPO / "scripts" / "demo_train.py"),
+                "--epochs",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=_without_tf_log_level(),
+        )
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         results = [json.loads(m) for m in re.findall(r"^\[worker:\d\] RESULT (.*)$", done.stdout, re.M)]
         self.assertLen(results, 2)
@@ -92,11 +118,30 @@ class MultiWorkerMirroredTest(absltest.TestCase):
     def test_cli_shows_a_real_tensorflow_error_but_not_the_noise(self) -> None:
         logs = self.create_tempdir().full_path
         missing = os.path.join(logs, "no-such-file")
-        code = ("import tensorflow as tf\nprint('user line before the error', flush=True)\n"
-                f"tf.io.read_file({missing!r})\n")
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--workers", "1", "--timeout", "120",
-                               "--log-dir", logs, "--", sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=180, env=_without_tf_log_level())
+        code = (
+            f"import tensorflow as tf\nprint('user line before the error', flush=True)\ntf.io.read_file({missing!r})\n"
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.cli.launch",
+                "--workers",
+                "1",
+                "--timeout",
+                "120",
+                "--log-dir",
+                logs,
+                "--",
+                sys.executable,
+                "-c",
+                code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=_without_tf_log_level(),
+        )
         self.assertEqual(done.returncode, 1, done.stderr[-3000:])
         console = done.stdout + done.stderr
         # TF's own error, as its C++ log line (a W record of op_kernel.cc) and as the Python exception.
@@ -113,11 +158,22 @@ class MultiWorkerMirroredTest(absltest.TestCase):
 
         rng = np.random.default_rng(0)
         prefix = os.path.join(self.create_tempdir().full_path, "train")
-        write_tfrecords((tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=rng.normal(size=8))),
-            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))})) for i in range(643)),
-            prefix, num_shards=4)
+        write_tfrecords(
+            (
+                tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "x": tf.train.Feature(float_list=tf.train.FloatList(value=rng.normal(size=8))),
+                            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3])),
+                        }
+                    )
+                )
+                for i in range(643)
+            ),
+            prefix,
+            num_shards=4,
+        )
         run = testing.run_cluster(cluster_tasks.mwms_pipeline, workers=2, timeout=180, args=[prefix])
         self.assertTrue(run.ok, run.result.summary())
         a, b = run.values["worker:0"], run.values["worker:1"]
@@ -134,10 +190,21 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         from tfdist.data import write_tfrecords
 
         prefix = os.path.join(self.create_tempdir().full_path, "svc")
-        write_tfrecords((tf.train.Example(features=tf.train.Features(feature={"id": tf.train.Feature(
-            int64_list=tf.train.Int64List(value=[i]))})) for i in range(400)), prefix, num_shards=8)
-        run = testing.run_cluster(cluster_tasks.service_consumer, workers=2, timeout=180, args=[prefix],
-                                  data_service_workers=2)
+        write_tfrecords(
+            (
+                tf.train.Example(
+                    features=tf.train.Features(
+                        feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+                    )
+                )
+                for i in range(400)
+            ),
+            prefix,
+            num_shards=8,
+        )
+        run = testing.run_cluster(
+            cluster_tasks.service_consumer, workers=2, timeout=180, args=[prefix], data_service_workers=2
+        )
         self.assertTrue(run.ok, run.result.summary())
         ids = run.values["worker:0"]["ids"] + run.values["worker:1"]["ids"]
         self.assertEqual(sorted(ids), list(range(400)))  # One shared job: each record to one consumer.
@@ -145,8 +212,13 @@ class MultiWorkerMirroredTest(absltest.TestCase):
     def test_crash_once_restarts_group_and_resumes_from_backup(self) -> None:
         tmp = self.create_tempdir().full_path
         log, marker = os.path.join(tmp, "epochs"), os.path.join(tmp, "crashed")
-        run = testing.run_cluster(cluster_tasks.mwms_backup_fit, workers=2, timeout=240, max_restarts=1,
-                                  args=[os.path.join(tmp, "backup"), log, 5, marker])
+        run = testing.run_cluster(
+            cluster_tasks.mwms_backup_fit,
+            workers=2,
+            timeout=240,
+            max_restarts=1,
+            args=[os.path.join(tmp, "backup"), log, 5, marker],
+        )
         self.assertTrue(run.ok, run.result.summary())
         self.assertEqual([t.restarts for t in run.result.tasks], [1, 1])
         attempts = _attempts(log, "worker:0")
@@ -160,9 +232,15 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         log = os.path.join(tmp, "epochs")
         statuses: list[str] = []
         # Kill worker 1 once worker 0 has backed up epoch 2: the fault lands there however slow the machine.
-        run = testing.run_cluster(cluster_tasks.mwms_backup_fit, workers=2, timeout=240, max_restarts=1,
-                                  kills=("worker:1@after=^EPOCH_END worker:0 0 2$",), on_status=statuses.append,
-                                  args=[os.path.join(tmp, "backup"), log, 6, "", 0.5])
+        run = testing.run_cluster(
+            cluster_tasks.mwms_backup_fit,
+            workers=2,
+            timeout=240,
+            max_restarts=1,
+            kills=("worker:1@after=^EPOCH_END worker:0 0 2$",),
+            on_status=statuses.append,
+            args=[os.path.join(tmp, "backup"), log, 6, "", 0.5],
+        )
         self.assertTrue(run.ok, run.result.summary())
         self.assertLen([s for s in statuses if "fault injection: SIGKILL worker:1 after worker:0" in s], 1)
         self.assertEqual([t.restarts for t in run.result.tasks], [1, 1])
@@ -174,20 +252,32 @@ class MultiWorkerMirroredTest(absltest.TestCase):
 
 
 class ParameterServerTest(absltest.TestCase):
-
     def test_fit_and_evaluate_with_sharded_embedding(self) -> None:
         shown: list[tuple[str, str]] = []
         logs = self.create_tempdir().full_path
-        run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=2, chief=True, timeout=240, log_dir=logs,
-                                  on_line=lambda task, line: shown.append((task, line)))
+        run = testing.run_cluster(
+            cluster_tasks.ps_fit,
+            workers=2,
+            ps=2,
+            chief=True,
+            timeout=240,
+            log_dir=logs,
+            on_line=lambda task, line: shown.append((task, line)),
+        )
         self.assertTrue(run.ok, run.result.summary())
         # Issue 11: the TF servers' console output reads well: no runpy warning, no ConfigProto dump, but
         # tfdist's own lines; the full TF INFO output stays in the task's log file.
         for server in ("worker:0", "worker:1", "ps:0", "ps:1"):
             lines = [line for task, line in shown if task == server]
             self.assertIn(f"TensorFlow server {server} up", "\n".join(lines))
-            for noise in ("RuntimeWarning", "SessionOptions", "device_count {", "allow_soft_placement",
-                          "Started server with target", "absl::InitializeLog"):
+            for noise in (
+                "RuntimeWarning",
+                "SessionOptions",
+                "device_count {",
+                "allow_soft_placement",
+                "Started server with target",
+                "absl::InitializeLog",
+            ):
                 self.assertNotIn(noise, "\n".join(lines), server)
         with open(os.path.join(logs, "ps-0.log"), encoding="utf-8") as f:
             # TF's absl records stay in the file (TF 2.17 also dumps SessionOptions there; 2.21 no longer does).
@@ -196,8 +286,10 @@ class ParameterServerTest(absltest.TestCase):
         self.assertTrue(value["is_ps"])
         self.assertLess(value["loss"][-1], value["loss"][0])
         self.assertGreater(value["eval_loss"], 0)
-        self.assertEqual(sorted(d.split("/device")[0] for d in value["shard_devices"]),
-                         ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"])
+        self.assertEqual(
+            sorted(d.split("/device")[0] for d in value["shard_devices"]),
+            ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"],
+        )
         self.assertEqual(value["shard_rows"], [500, 500])
         # TF's PS guide: the coordinator needs inter-op threads >= workers + 1 on small machines.
         self.assertEqual(value["inter_op_threads"], 4 if (os.cpu_count() or 1) < 4 else 0)
@@ -205,9 +297,17 @@ class ParameterServerTest(absltest.TestCase):
 
     def test_killed_worker_is_restarted_alone_and_training_finishes(self) -> None:
         statuses: list[str] = []
-        run = testing.run_cluster(cluster_tasks.ps_fit, workers=2, ps=1, chief=True, timeout=240, max_restarts=1,
-                                  kills=(KillAt(task="worker:1", after="^EPOCH_END 1$"),), on_status=statuses.append,
-                                  args=[6, 20, 0.2])
+        run = testing.run_cluster(
+            cluster_tasks.ps_fit,
+            workers=2,
+            ps=1,
+            chief=True,
+            timeout=240,
+            max_restarts=1,
+            kills=(KillAt(task="worker:1", after="^EPOCH_END 1$"),),
+            on_status=statuses.append,
+            args=[6, 20, 0.2],
+        )
         self.assertTrue(run.ok, run.result.summary())
         self.assertLen([s for s in statuses if "fault injection: SIGKILL worker:1 after chief:0" in s], 1)
         restarts = {t.task: t.restarts for t in run.result.tasks}
@@ -216,7 +316,6 @@ class ParameterServerTest(absltest.TestCase):
 
 
 class IsolatedNetworkTest(absltest.TestCase):
-
     def test_ports_unreachable_from_outside_while_training_inside(self) -> None:
         statuses: list[str] = []
         probes: dict[str, bool] = {}
@@ -228,8 +327,9 @@ class IsolatedNetworkTest(absltest.TestCase):
                     probes[address] = can_connect(address, timeout=0.5)
 
         run = testing.command_for(cluster_tasks.ready_then_fit, [3.0])
-        result = launch.run(run, workers=2, timeout=180, isolate_network=True, on_line=_on_line,
-                            on_status=statuses.append)
+        result = launch.run(
+            run, workers=2, timeout=180, isolate_network=True, on_line=_on_line, on_status=statuses.append
+        )
         self.assertEqual(result.exit_code, 0, result.summary())
         self.assertLen(probes, 2)
         self.assertEqual(set(probes.values()), {False})  # Refused from outside the namespace...

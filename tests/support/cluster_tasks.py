@@ -60,10 +60,15 @@ def mwms_fit(epochs: int = 3) -> dict[str, Any]:
         model = _small_model(keras)
     history = model.fit(dataset, epochs=epochs, verbose=0)
     weights = _flat_weights(model)
-    return {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
-            "is_mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
-            "fingerprint": spec.fingerprint, "is_chief": spec.is_chief,
-            "loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist()}
+    return {
+        "strategy": type(strategy).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "is_mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+        "fingerprint": spec.fingerprint,
+        "is_chief": spec.is_chief,
+        "loss": [float(v) for v in history.history["loss"]],
+        "weights": weights.tolist(),
+    }
 
 
 def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[str, Any]:
@@ -89,8 +94,14 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
         return dataset.repeat().batch(context.get_per_replica_batch_size(64)).prefetch(2)
 
     with strategy.scope():
-        model = keras.Sequential([keras.Input((1,), dtype="int64"), keras.layers.Embedding(1000, 8),
-                                  keras.layers.Flatten(), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [
+                keras.Input((1,), dtype="int64"),
+                keras.layers.Embedding(1000, 8),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1),
+            ]
+        )
         model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", steps_per_execution=5)
     creator = keras.utils.experimental.DatasetCreator(dataset_fn)
     import time
@@ -104,15 +115,20 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
     evaluation = model.evaluate(creator, steps=5, verbose=0, return_dict=True)
     table = model.layers[0].embeddings
     shards = getattr(table, "variables", [table])
-    return {"strategy": type(strategy).__name__,
-            "is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
-            "loss": [float(v) for v in history.history["loss"]], "eval_loss": float(evaluation["loss"]),
-            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-            "shard_devices": [v.device for v in shards], "shard_rows": [int(v.shape[0]) for v in shards]}
+    return {
+        "strategy": type(strategy).__name__,
+        "is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
+        "loss": [float(v) for v in history.history["loss"]],
+        "eval_loss": float(evaluation["loss"]),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "shard_devices": [v.device for v in shards],
+        "shard_rows": [int(v.shape[0]) for v in shards],
+    }
 
 
-def mwms_backup_fit(backup_dir: str, log_path: str, epochs: int, crash_marker: str = "",
-                    epoch_sleep: float = 0.0) -> dict[str, Any]:
+def mwms_backup_fit(
+    backup_dir: str, log_path: str, epochs: int, crash_marker: str = "", epoch_sleep: float = 0.0
+) -> dict[str, Any]:
     """MWMS fit with BackupAndRestore; logs 'restart epoch' per finished epoch; may crash once.
 
     After each epoch's backup it prints ``EPOCH_END task restart epoch`` (fault tests trigger on it).
@@ -189,22 +205,32 @@ def mwms_pipeline(prefix: str) -> dict[str, Any]:
         def result(self) -> Any:
             return self.count
 
-    features = {"x": tf.io.FixedLenFeature([8], tf.float32), "id": tf.io.FixedLenFeature([], tf.int64),
-                "label": tf.io.FixedLenFeature([], tf.int64)}
-    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=24, label_key="label",
-                                shuffle_buffer=100, seed=1)
+    features = {
+        "x": tf.io.FixedLenFeature([8], tf.float32),
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    pipeline = TFRecordPipeline(
+        files=f"{prefix}-*", features=features, batch_size=24, label_key="label", shuffle_buffer=100, seed=1
+    )
     ids = [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
     import dataclasses
 
     supervised = dataclasses.replace(pipeline, as_supervised=True)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Lambda(lambda f: f["x"]), keras.layers.Dense(3)])
-        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[Examples()])
+        model.compile(
+            optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=[Examples()]
+        )
     history = model.fit(supervised.dataset(), epochs=1, verbose=0)
     evaluated = model.evaluate(supervised.dataset(), verbose=0, return_dict=True)
-    return {"ids": ids, "plan": pipeline.plan(2).policy, "loss": history.history["loss"][-1],
-            "fit_examples": history.history["examples"][-1], "evaluated": evaluated["examples"]}
+    return {
+        "ids": ids,
+        "plan": pipeline.plan(2).policy,
+        "loss": history.history["loss"][-1],
+        "fit_examples": history.history["examples"][-1],
+        "evaluated": evaluated["examples"],
+    }
 
 
 def service_consumer(prefix: str) -> dict[str, Any]:
@@ -216,8 +242,13 @@ def service_consumer(prefix: str) -> dict[str, Any]:
     from tfdist.data import TFRecordPipeline
 
     features = {"id": tf.io.FixedLenFeature([], tf.int64)}
-    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=features, batch_size=10, drop_remainder=False,
-                                data_service=os.environ["TFDIST_DATA_SERVICE"])
+    pipeline = TFRecordPipeline(
+        files=f"{prefix}-*",
+        features=features,
+        batch_size=10,
+        drop_remainder=False,
+        data_service=os.environ["TFDIST_DATA_SERVICE"],
+    )
     return {"ids": [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]}
 
 
@@ -249,10 +280,13 @@ def _equivalence_fit(strategy: Any, global_batch: int, epochs: int) -> dict[str,
     with strategy.scope():
         model = _equivalence_model(keras)
     steps = 1024 // global_batch
-    model.fit(keras.fit_input(_equivalence_fn(global_batch), strategy=strategy, steps_per_epoch=steps),
-              epochs=epochs, steps_per_epoch=steps, verbose=0)
-    return {"weights": _flat_weights(model).tolist(),
-            "replicas": strategy.num_replicas_in_sync}
+    model.fit(
+        keras.fit_input(_equivalence_fn(global_batch), strategy=strategy, steps_per_epoch=steps),
+        epochs=epochs,
+        steps_per_epoch=steps,
+        verbose=0,
+    )
+    return {"weights": _flat_weights(model).tolist(), "replicas": strategy.num_replicas_in_sync}
 
 
 def equivalence_mwms(global_batch: int, epochs: int) -> dict[str, Any]:
@@ -286,13 +320,20 @@ def mwms_with_cluster_callbacks(root: str, epochs: int) -> dict[str, Any]:
     dirs = {name: os.path.join(root, name) for name in ("backup", "ckpt", "tb", "throughput")}
     with strategy.scope():
         model = _small_model(keras)
-    callbacks = keras.cluster_callbacks(backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"],
-                                        tensorboard_dir=dirs["tb"], global_batch_size=64,
-                                        report_dir=dirs["throughput"])
+    callbacks = keras.cluster_callbacks(
+        backup_dir=dirs["backup"],
+        checkpoint_dir=dirs["ckpt"],
+        tensorboard_dir=dirs["tb"],
+        global_batch_size=64,
+        report_dir=dirs["throughput"],
+    )
     model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
-    logger = [c for c in callbacks if isinstance(c, keras.ThroughputLogger)][0]
-    return {"callbacks": sorted(type(c).__name__ for c in callbacks), "throughput": logger.history,
-            "stragglers": logger.stragglers}
+    logger = next(c for c in callbacks if isinstance(c, keras.ThroughputLogger))
+    return {
+        "callbacks": sorted(type(c).__name__ for c in callbacks),
+        "throughput": logger.history,
+        "stragglers": logger.stragglers,
+    }
 
 
 def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[str, Any]:
@@ -312,46 +353,67 @@ def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[s
     y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
 
     def build() -> Any:
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(1, activation="sigmoid")])
-        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=["accuracy"],
-                      steps_per_execution=5)
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1, activation="sigmoid")]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss="binary_crossentropy",
+            metrics=["accuracy"],
+            steps_per_execution=5,
+        )
         return model
 
     if spec.task_type == "evaluator":
         model = build()
         data = tf.data.Dataset.from_tensor_slices((x[:512], y[:512])).batch(128)
-        keras.sidecar_evaluate(model, data, checkpoint_dir=dirs["ckpt"], epochs=epochs,
-                               log_dir=os.path.join(dirs["tb"], "eval"))
+        keras.sidecar_evaluate(
+            model, data, checkpoint_dir=dirs["ckpt"], epochs=epochs, log_dir=os.path.join(dirs["tb"], "eval")
+        )
         return {"evaluated": True}
     strategy = tfdist.build_strategy("auto")
 
     def dataset_fn(context: Any) -> Any:
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(context.num_input_pipelines,
-                                                                   context.input_pipeline_id)
-        return dataset.shuffle(2048, seed=context.input_pipeline_id).repeat().batch(
-            context.get_per_replica_batch_size(64))
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            context.num_input_pipelines, context.input_pipeline_id
+        )
+        return (
+            dataset.shuffle(2048, seed=context.input_pipeline_id).repeat().batch(context.get_per_replica_batch_size(64))
+        )
 
     with strategy.scope():
         model = build()
     epochs_seen: list[int] = []
-    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch),
-                                            # After the backup callback: the backup of `epoch` exists.
-                                            on_epoch_end=lambda epoch, logs: print(f"EPOCH_END {epoch}", flush=True))
-    callbacks = keras.cluster_callbacks(backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"],
-                                        tensorboard_dir=dirs["tb"]) + [record]
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch),
+        # After the backup callback: the backup of `epoch` exists.
+        on_epoch_end=lambda epoch, logs: print(f"EPOCH_END {epoch}", flush=True),
+    )
+    callbacks = keras.cluster_callbacks(
+        backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"], tensorboard_dir=dirs["tb"]
+    ) + [record]
     errors = {}
-    for name, source, steps in (("missing_steps_error", dataset_fn, None),
-                                ("dataset_not_function_error", tf.data.Dataset.range(3), steps)):
+    for name, source, given_steps in (
+        ("missing_steps_error", dataset_fn, None),
+        ("dataset_not_function_error", tf.data.Dataset.range(3), steps),
+    ):
         try:
-            keras.fit_input(source, strategy=strategy, steps_per_epoch=steps)
+            keras.fit_input(source, strategy=strategy, steps_per_epoch=given_steps)
         except tfdist.StrategyError as err:
             errors[name] = str(err)
-    history = model.fit(keras.fit_input(dataset_fn, strategy=strategy, steps_per_epoch=steps), epochs=epochs,
-                        steps_per_epoch=steps, verbose=0, callbacks=callbacks)
-    return {"loss": history.history["loss"], "epochs_seen": epochs_seen, "restart": int(os.environ["TFDIST_RESTART"]),
-            **errors}
-
+    history = model.fit(
+        keras.fit_input(dataset_fn, strategy=strategy, steps_per_epoch=steps),
+        epochs=epochs,
+        steps_per_epoch=steps,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    return {
+        "loss": history.history["loss"],
+        "epochs_seen": epochs_seen,
+        "restart": int(os.environ["TFDIST_RESTART"]),
+        **errors,
+    }
 
 
 def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: float) -> dict[str, Any]:
@@ -372,23 +434,26 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
         with open(f"{log_path}.{task.replace(':', '-')}", "a") as f:
             f.write(f"{kind} {epoch} {int(model.optimizer.iterations.numpy())}\n")
 
-    callbacks = [keras.PreemptionSafeBackup(backup_dir, save_freq=False),
-                 keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: _log("begin", e),
-                                                on_epoch_end=lambda e, logs: time.sleep(epoch_sleep))]
+    callbacks = [
+        keras.PreemptionSafeBackup(backup_dir, save_freq=False),
+        keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda e, logs: _log("begin", e), on_epoch_end=lambda e, logs: time.sleep(epoch_sleep)
+        ),
+    ]
     model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
     _log("done", epochs)
     return {"done": True}
 
 
-def _comm_fit(keras: Any, strategy: Any, *, batch: int, epochs: int, compression: str = "",
-              accumulate: int = 1, tuning: str = "") -> dict[str, Any]:
+def _comm_fit(
+    keras: Any, strategy: Any, *, batch: int, epochs: int, compression: str = "", accumulate: int = 1, tuning: str = ""
+) -> dict[str, Any]:
     """One seeded fit of the regression model; compression/accumulation/tuning as asked."""
     from tfdist.keras import accumulate_gradients, with_communication
 
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                                  keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
         optimizer = keras.optimizers.SGD(0.05)
         if compression or tuning:
             optimizer = with_communication(optimizer, compression=compression or "none", tuning=tuning or None)
@@ -396,23 +461,26 @@ def _comm_fit(keras: Any, strategy: Any, *, batch: int, epochs: int, compression
     accumulate_gradients(model, steps=accumulate)
     history = model.fit(_regression_dataset(batch), epochs=epochs, verbose=0)
     weights = _flat_weights(model)
-    return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
-            "bytes": getattr(optimizer, "communication_bytes_per_step", None),
-            "updates": int(optimizer.iterations.numpy())}
+    return {
+        "loss": [float(v) for v in history.history["loss"]],
+        "weights": weights.tolist(),
+        "bytes": getattr(optimizer, "communication_bytes_per_step", None),
+        "updates": int(optimizer.iterations.numpy()),
+    }
 
 
 def communication_checks(tuning_path: str) -> dict[str, Any]:
     """Compression, accumulation and the autotuner on one 2-worker MWMS cluster (many checks per TF start)."""
     import tfdist
 
-    strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring", bytes_per_pack=1 << 20,
-                                     timeout_seconds=120)
+    strategy = tfdist.build_strategy(
+        "multi_worker_mirrored", communication="ring", bytes_per_pack=1 << 20, timeout_seconds=120
+    )
     from tfdist import keras
     from tfdist._compat import communication_options
     from tfdist.comm.autotune import CollectiveTuning, autotune_collectives
 
-    out = {name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name)
-           for name in ("none", "fp16", "bf16")}
+    out = {name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name) for name in ("none", "fp16", "bf16")}
     out["plain"] = _comm_fit(keras, strategy, batch=64, epochs=4)
     out["batch128"] = _comm_fit(keras, strategy, batch=128, epochs=3)
     out["accumulate4"] = _comm_fit(keras, strategy, batch=128, epochs=3, accumulate=4)
@@ -422,9 +490,13 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     spec = tfdist.ClusterSpec.from_tf_config()
     if spec.is_chief:
         tuning.save(tuning_path)
-    out["tuning"] = {"bytes_per_pack": tuning.bytes_per_pack, "split_bytes": tuning.split_bytes,
-                     "timings_ms": dict(tuning.timings_ms), "workers": tuning.workers,
-                     "total_bytes": tuning.total_bytes}
+    out["tuning"] = {
+        "bytes_per_pack": tuning.bytes_per_pack,
+        "split_bytes": tuning.split_bytes,
+        "timings_ms": dict(tuning.timings_ms),
+        "workers": tuning.workers,
+        "total_bytes": tuning.total_bytes,
+    }
     strategy.reduce("SUM", strategy.experimental_distribute_values_from_function(lambda c: 1.0), axis=None)
     out["reloaded_equal"] = CollectiveTuning.load(tuning_path) == tuning if spec.is_chief else None
     out["tuned_fit"] = _comm_fit(keras, strategy, batch=64, epochs=2, tuning=tuning_path)
@@ -432,8 +504,11 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     out["loss_scaled"] = _loss_scaled_fit(keras, strategy)
     out["sparse"] = _sparse_fit(keras, strategy)
     effective = communication_options(strategy)  # What TF's all-reduce launchers merge per call.
-    out["strategy_options"] = {"implementation": effective.implementation.name,
-                               "bytes_per_pack": effective.bytes_per_pack, "timeout_seconds": effective.timeout_seconds}
+    out["strategy_options"] = {
+        "implementation": effective.implementation.name,
+        "bytes_per_pack": effective.bytes_per_pack,
+        "timeout_seconds": effective.timeout_seconds,
+    }
     return out
 
 
@@ -450,14 +525,23 @@ def _sparse_fit(keras: Any, strategy: Any) -> dict[str, Any]:
     targets = (ids % 7 / 7.0).astype("float32")
     data = _sharded_by_element(tf.data.Dataset.from_tensor_slices((ids, targets)).batch(64))
     with strategy.scope():
-        model = keras.Sequential([keras.Input((), dtype="int64"), keras.layers.Embedding(50, 4),
-                                  keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [
+                keras.Input((), dtype="int64"),
+                keras.layers.Embedding(50, 4),
+                keras.layers.Dense(8, activation="tanh"),
+                keras.layers.Dense(1),
+            ]
+        )
         optimizer = with_communication(keras.optimizers.SGD(0.1), compression="fp16")
         model.compile(optimizer=optimizer, loss="mse")
     history = model.fit(data, epochs=4, verbose=0)
     weights = _flat_weights(model)
-    return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
-            "bytes": optimizer.communication_bytes_per_step}
+    return {
+        "loss": [float(v) for v in history.history["loss"]],
+        "weights": weights.tolist(),
+        "bytes": optimizer.communication_bytes_per_step,
+    }
 
 
 def _loss_scaled_fit(keras: Any, strategy: Any) -> dict[str, Any]:
@@ -470,17 +554,22 @@ def _loss_scaled_fit(keras: Any, strategy: Any) -> dict[str, Any]:
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         with strategy.scope():
-            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                                      keras.layers.Dense(1, dtype="float32")])
+            model = keras.Sequential(
+                [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1, dtype="float32")]
+            )
             inner = with_communication(keras.optimizers.SGD(0.05), compression="fp16")
-            optimizer = keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=2.0 ** 40)
+            optimizer = keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=2.0**40)
             model.compile(optimizer=optimizer, loss="mse")
         history = model.fit(_regression_dataset(64), epochs=5, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     weights = _flat_weights(model)
-    return {"loss": [float(v) for v in history.history["loss"]], "weights": weights.tolist(),
-            "final_scale": float(optimizer.loss_scale.numpy()), "finite": bool(np.isfinite(weights).all())}
+    return {
+        "loss": [float(v) for v in history.history["loss"]],
+        "weights": weights.tolist(),
+        "final_scale": float(optimizer.loss_scale.numpy()),
+        "finite": bool(np.isfinite(weights).all()),
+    }
 
 
 def _fp16_sums(strategy: Any) -> dict[str, list[float]]:
@@ -496,11 +585,15 @@ def _fp16_sums(strategy: Any) -> dict[str, list[float]]:
         def replica_fn() -> Any:
             with tf.device(device):
                 return all_reduce_sum([tf.constant(values)], fp16)[0]
+
         result = strategy.run(tf.function(replica_fn))
         return [float(v) for v in strategy.experimental_local_results(result)[0].numpy()]
 
-    return {"large": reduce([60000.0, 1e-6, -3.0, 0.0]), "inf": reduce([float("inf"), 1.0]),
-            "zeros": reduce([0.0, 0.0])}
+    return {
+        "large": reduce([60000.0, 1e-6, -3.0, 0.0]),
+        "inf": reduce([float("inf"), 1.0]),
+        "zeros": reduce([0.0, 0.0]),
+    }
 
 
 def _write_result(root: str, value: dict[str, Any]) -> None:
@@ -510,8 +603,17 @@ def _write_result(root: str, value: dict[str, Any]) -> None:
     import time
 
     task, restart = os.environ["TFDIST_TASK"], os.environ.get("TFDIST_RESTART", "0")
-    env = {k: os.environ.get(k) for k in ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS",
-                                          "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_JOB_ID")}
+    env = {
+        k: os.environ.get(k)
+        for k in (
+            "TF_CONFIG",
+            "TF_CPP_MIN_LOG_LEVEL",
+            "TF_USE_LEGACY_KERAS",
+            "SLURM_PROCID",
+            "SLURM_STEP_ID",
+            "SLURM_JOB_ID",
+        )
+    }
     path = os.path.join(root, f"result-{task.replace(':', '-')}-{restart}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(dict(value, task=task, restart=int(restart), env=env, end=time.time()), f)
@@ -532,8 +634,7 @@ def slurm_mwms(root: str, epochs: int, crash_epoch: int = -1) -> dict[str, Any]:
     if spec.task_type == "evaluator":
         keras.utils.set_random_seed(1)
         model = _small_model(keras)
-        keras.sidecar_evaluate(model, _regression_dataset(), checkpoint_dir=os.path.join(root, "ckpt"),
-                               epochs=epochs)
+        keras.sidecar_evaluate(model, _regression_dataset(), checkpoint_dir=os.path.join(root, "ckpt"), epochs=epochs)
         _write_result(root, {"evaluated": True})
         return {}
     strategy = tfdist.build_strategy("auto", communication="ring")
@@ -548,13 +649,17 @@ def slurm_mwms(root: str, epochs: int, crash_epoch: int = -1) -> dict[str, Any]:
             open(marker, "w").close()
             os._exit(3)
 
-    callbacks = keras.cluster_callbacks(backup_dir=os.path.join(root, "backup"),
-                                        checkpoint_dir=os.path.join(root, "ckpt"))
-    callbacks.append(keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: begun.append(epoch),
-                                                    on_epoch_end=_epoch_end))
+    callbacks = keras.cluster_callbacks(
+        backup_dir=os.path.join(root, "backup"), checkpoint_dir=os.path.join(root, "ckpt")
+    )
+    callbacks.append(
+        keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: begun.append(epoch), on_epoch_end=_epoch_end)
+    )
     model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
-    _write_result(root, {"epochs_begun": begun, "weights": _flat_weights(model).tolist(),
-                         "replicas": strategy.num_replicas_in_sync})
+    _write_result(
+        root,
+        {"epochs_begun": begun, "weights": _flat_weights(model).tolist(), "replicas": strategy.num_replicas_in_sync},
+    )
     return {}
 
 
@@ -587,10 +692,17 @@ def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -
     with strategy.scope():
         model = _small_model(keras)
     record: dict[str, Any] = {
-        "task": task, "generation": generation, "world_size": elastic.world_size(),
-        "replicas": strategy.num_replicas_in_sync, "slurm_restart": os.environ.get("SLURM_RESTART_COUNT"),
+        "task": task,
+        "generation": generation,
+        "world_size": elastic.world_size(),
+        "replicas": strategy.num_replicas_in_sync,
+        "slurm_restart": os.environ.get("SLURM_RESTART_COUNT"),
         "per_replica_batch": keras.per_replica_batch(global_batch, strategy.num_replicas_in_sync),
-        "tf_config": json.loads(os.environ["TF_CONFIG"]), "epochs_begun": [], "steps": {}, "logged_world_size": []}
+        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "epochs_begun": [],
+        "steps": {},
+        "logged_world_size": [],
+    }
     path = os.path.join(root, f"elastic-{task.replace(':', '-')}-g{generation}.json")
 
     def _save() -> None:
@@ -614,9 +726,14 @@ def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -
     x, y = _regression_data(n=240)
     dataset = _sharded_by_element(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True))
     callbacks = keras.cluster_callbacks(backup_dir=os.path.join(root, "backup"))
-    callbacks += [keras.ElasticEpochs(),
-                  keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: record["epochs_begun"].append(epoch),
-                                                 on_train_batch_end=_batch_end, on_epoch_end=_epoch_end)]
+    callbacks += [
+        keras.ElasticEpochs(),
+        keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: record["epochs_begun"].append(epoch),
+            on_train_batch_end=_batch_end,
+            on_epoch_end=_epoch_end,
+        ),
+    ]
     _save()
     history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=callbacks)
     record.update(done=True, loss=history.history["loss"], weights=_flat_weights(model).tolist())

@@ -17,8 +17,11 @@ tf_config = json.loads(os.environ["TF_CONFIG"])
 index = tf_config["task"]["index"]
 generation = int(os.environ["TFDIST_MEMBERSHIP"])
 size = int(os.environ["TFDIST_WORLD_SIZE"])
-print(f"task {os.environ['TFDIST_TASK']} index {index} generation {generation} world {size} "
-      f"workers {len(tf_config['cluster']['worker'])}", flush=True)
+print(
+    f"task {os.environ['TFDIST_TASK']} index {index} generation {generation} world {size} "
+    f"workers {len(tf_config['cluster']['worker'])}",
+    flush=True,
+)
 # FAKE_CRASH=MARKER|TASK: TASK crashes in epoch 1 of generation 0, and its peers fail of the "collective error"
 # 20 ms later, as MWMS peers do.
 crash = os.environ["FAKE_CRASH"].split("|") if os.environ.get("FAKE_CRASH") and generation == 0 else None
@@ -43,8 +46,11 @@ for epoch in range(start, epochs):
     once = os.environ.get("FAKE_FAIL_ONCE")  # MARKER|TASK|GENERATION|EPOCH - fail there once, then work
     if once:
         marker, task, fail_generation, fail_epoch = once.split("|")
-        if (task, int(fail_generation), int(fail_epoch)) == (os.environ["TFDIST_TASK"], generation, epoch) and \
-                not os.path.exists(marker):
+        if (task, int(fail_generation), int(fail_epoch)) == (
+            os.environ["TFDIST_TASK"],
+            generation,
+            epoch,
+        ) and not os.path.exists(marker):
             open(marker, "w").close()
             sys.exit(3)
     if crash and epoch == 1 and os.environ["TFDIST_TASK"] == crash[1]:
@@ -57,8 +63,7 @@ for epoch in range(start, epochs):
         with open(backup + ".tmp", "w") as f:
             f.write(str(epoch))
         os.replace(backup + ".tmp", backup)
-        elastic.write_boundary(os.environ["TFDIST_ELASTIC_DIR"], generation=generation, epoch=epoch,
-                               world_size=size)
+        elastic.write_boundary(os.environ["TFDIST_ELASTIC_DIR"], generation=generation, epoch=epoch, world_size=size)
         print(f"epoch {epoch} end", flush=True)
     else:
         pause(0.1)  # the leader's backup lands before any peer finishes the epoch

@@ -11,12 +11,11 @@ import sys
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from tfdist import keras
 from tfdist.keras.elastic import ElasticEpochs, per_replica_batch, world_size
 from tfdist.keras.inputs import enable_determinism
-
-import tensorflow as tf  # noqa: E402 (after tfdist.keras, which picks tf-keras)
 
 RECORDS, GLOBAL_BATCH, FEATURES = 48, 12, 4
 workdir, epochs = sys.argv[1], int(sys.argv[2])
@@ -74,8 +73,11 @@ class Report(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.leader:
             kernel = " ".join(f"{v:.7g}" for v in self.model.dense.kernel.numpy().ravel())
-            print(f"EPOCH {epoch} world {logs['world_size']:g} seen {logs['seen']:g} id_sum {logs['id_sum']:g} "
-                  f"id_sq {logs['id_sq']:g} kernel {kernel}", flush=True)
+            print(
+                f"EPOCH {epoch} world {logs['world_size']:g} seen {logs['seen']:g} id_sum {logs['id_sum']:g} "
+                f"id_sq {logs['id_sq']:g} kernel {kernel}",
+                flush=True,
+            )
 
 
 with strategy.scope():

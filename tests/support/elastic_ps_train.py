@@ -15,10 +15,10 @@ import os
 import sys
 import time
 
+import tensorflow as tf
+
 import tfdist
 from tfdist import keras
-
-import tensorflow as tf  # noqa: E402 (after tfdist.keras, which picks tf-keras)
 
 epochs, steps, wait_epoch, marker = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 strategy = tfdist.build_strategy("auto")
@@ -30,8 +30,12 @@ def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
     y = tf.reduce_sum(x, axis=1, keepdims=True)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
     flat = tf.nest.flatten(dataset.element_spec)  # each batch 50 ms late (tf.data's SleepDataset, on the worker)
-    slow = tf.raw_ops.SleepDataset(input_dataset=tf.data.experimental.to_variant(dataset), sleep_microseconds=50_000,
-                                   output_types=[s.dtype for s in flat], output_shapes=[s.shape for s in flat])
+    slow = tf.raw_ops.SleepDataset(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        sleep_microseconds=50_000,
+        output_types=[s.dtype for s in flat],
+        output_shapes=[s.shape for s in flat],
+    )
     return tf.data.experimental.from_variant(slow, dataset.element_spec)
 
 
@@ -61,7 +65,15 @@ def _epoch_end(epoch: int, logs: object) -> None:
 with strategy.scope():
     model = Traced()
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=1)
-history = model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs, steps_per_epoch=steps,
-                    verbose=0, callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=_epoch_end)])
-print(f"DONE epochs {len(history.history['loss'])} loss {history.history['loss'][0]:.4f} "
-      f"{history.history['loss'][-1]:.4f}", flush=True)
+history = model.fit(
+    keras.utils.experimental.DatasetCreator(dataset_fn),
+    epochs=epochs,
+    steps_per_epoch=steps,
+    verbose=0,
+    callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=_epoch_end)],
+)
+print(
+    f"DONE epochs {len(history.history['loss'])} loss {history.history['loss'][0]:.4f} "
+    f"{history.history['loss'][-1]:.4f}",
+    flush=True,
+)

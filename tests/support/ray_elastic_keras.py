@@ -12,11 +12,10 @@ import sys
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from tfdist import keras
 from tfdist.keras.elastic import ElasticEpochs, per_replica_batch
-
-import tensorflow as tf  # noqa: E402 (after tfdist.keras, which picks tf-keras)
 
 RECORDS, GLOBAL_BATCH = 48, 12
 workdir, epochs, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3]

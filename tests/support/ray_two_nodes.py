@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.launch.tasks.netns import loopback_up
 
@@ -24,18 +24,18 @@ loopback_up()
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # multi-node; the namespace has nothing but loopback
 os.environ["RAY_AUTH_MODE"] = "disabled"
 
-import ray  # noqa: E402
+import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ray_tasks  # noqa: E402
-from ray_helpers import Background, stop_ray_block  # noqa: E402
+import ray_tasks
+from ray_helpers import Background, stop_ray_block
 
 from tfdist import testing
 from tfdist.cluster import address as _address
-from tfdist.launch.config import LaunchConfig  # noqa: E402
-from tfdist.launch.engines.ray import RayEngine  # noqa: E402
-from tfdist.launch.supervisor.runner import run_config  # noqa: E402
-from tfdist.cluster.probe import can_connect  # noqa: E402
+from tfdist.cluster.probe import can_connect
+from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines.ray import RayEngine
+from tfdist.launch.supervisor.runner import run_config
 
 PY = sys.executable
 RAY_CLI = os.path.join(os.path.dirname(PY), "ray")
@@ -63,26 +63,54 @@ class TwoNodes:
         port, client_port = _address.free_ports(2)
         self.address = f"127.0.0.1:{port}"
         self.seen: set[int] = set()
-        self.head = self._start(["--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-                                 "--include-dashboard=false", f"--ray-client-server-port={client_port}"])
-        self.extra: Optional[subprocess.Popen] = None
+        self.head = self._start(
+            [
+                "--head",
+                f"--port={port}",
+                "--num-cpus=2",
+                "--node-ip-address=127.0.0.1",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={client_port}",
+            ]
+        )
+        self.extra: subprocess.Popen | None = None
         if not can_connect(self.address, timeout=120):
             raise SystemExit("ray start --head did not come up")
 
     def _start(self, args: list[str]) -> subprocess.Popen:
-        return subprocess.Popen([RAY_CLI, "start", "--block", "--disable-usage-stats", *args], env=dict(os.environ),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            [RAY_CLI, "start", "--block", "--disable-usage-stats", *args],
+            env=dict(os.environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def _alive_nodes(self) -> list[str]:
-        probe = subprocess.run([PY, "-c", "import ray, sys\nray.init(address=sys.argv[1], log_to_driver=False)\n"
-                                "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))",
-                                self.address], capture_output=True, text=True, timeout=120)
+        probe = subprocess.run(
+            [
+                PY,
+                "-c",
+                "import ray, sys\nray.init(address=sys.argv[1], log_to_driver=False)\n"
+                "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))",
+                self.address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return probe.stdout.split()
 
     def join(self) -> None:
         """Starts the extra node and waits until the cluster lists it alive."""
-        self.extra = self._start([f"--address={self.address}", "--num-cpus=1", f"--node-ip-address={EXTRA_HOST}",
-                                  '--resources={"extra_node": 1}'])
+        self.extra = self._start(
+            [
+                f"--address={self.address}",
+                "--num-cpus=1",
+                f"--node-ip-address={EXTRA_HOST}",
+                '--resources={"extra_node": 1}',
+            ]
+        )
         deadline = time.monotonic() + 180
         while EXTRA_HOST not in self._alive_nodes():
             if time.monotonic() > deadline:
@@ -104,17 +132,27 @@ class TwoNodes:
 
 
 def _report(result: Any, statuses: list[str]) -> dict[str, Any]:
-    return {"exit_code": result.exit_code, "summary": result.summary(), "statuses": statuses,
-            "cluster": {t.name: t.address for t in result.cluster.tasks()},
-            "outputs": {t.task: t.output for t in result.tasks}}
+    return {
+        "exit_code": result.exit_code,
+        "summary": result.summary(),
+        "statuses": statuses,
+        "cluster": {t.name: t.address for t in result.cluster.tasks()},
+        "outputs": {t.task: t.output for t in result.tasks},
+    }
 
 
 def lose_and_return(nodes: TwoNodes, work: Path) -> dict[str, Any]:
     """--lose/--return fault injection on Ray: the actor stays, the program is killed and started again."""
     statuses: list[str] = []
-    config = LaunchConfig(command=(PY, FAKE, str(work / "backup-inject"), "7"), workers=3, min_workers=2,
-                          timeout=200, grace_seconds=2, loses=("worker:2@after=^epoch 1 end$",),
-                          returns=("worker:2@after=^epoch 3 end$",))
+    config = LaunchConfig(
+        command=(PY, FAKE, str(work / "backup-inject"), "7"),
+        workers=3,
+        min_workers=2,
+        timeout=200,
+        grace_seconds=2,
+        loses=("worker:2@after=^epoch 1 end$",),
+        returns=("worker:2@after=^epoch 3 end$",),
+    )
     result = run_config(config, engine=RayEngine(address=nodes.address), on_status=statuses.append)
     return _report(result, statuses)
 
@@ -134,10 +172,12 @@ def node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
             background.once("join", nodes.join)
 
     command = testing.command_for(ray_tasks.elastic_until_grown, (str(work / "backup-node"), 2, 600))
-    config = LaunchConfig(command=tuple(command), workers=3, min_workers=2, max_restarts=2, timeout=300,
-                          grace_seconds=2)
-    result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
-                        on_status=_on_status)
+    config = LaunchConfig(
+        command=tuple(command), workers=3, min_workers=2, max_restarts=2, timeout=300, grace_seconds=2
+    )
+    result = run_config(
+        config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line, on_status=_on_status
+    )
     background.join(200)
     return dict(_report(result, statuses), events=background.events)
 
@@ -163,10 +203,18 @@ def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
             os.remove(f"{hold}-1")
 
     command = (PY, str(Path(__file__).with_name("ray_elastic_keras.py")), str(work / "keras"), "6", str(hold))
-    config = LaunchConfig(command=command, workers=3, min_workers=2, max_restarts=2, timeout=400, grace_seconds=2,
-                          env={"TF_CPP_MIN_LOG_LEVEL": "2"})
-    result = run_config(config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line,
-                        on_status=_on_status)
+    config = LaunchConfig(
+        command=command,
+        workers=3,
+        min_workers=2,
+        max_restarts=2,
+        timeout=400,
+        grace_seconds=2,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    result = run_config(
+        config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line, on_status=_on_status
+    )
     background.join(200)
     return dict(_report(result, statuses), events=background.events)
 

@@ -29,6 +29,7 @@ def example(i: int, label: int | str | bytes | None = None, **extra: bytes) -> t
 
 def ids(pipeline: Any, workers: int, worker: int) -> list[int]:
     """The ids worker ``worker`` of ``workers`` reads from ``pipeline`` in one pass, in order."""
-    context = tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=worker,
-                                         num_replicas_in_sync=workers)
+    context = tf.distribute.InputContext(
+        num_input_pipelines=workers, input_pipeline_id=worker, num_replicas_in_sync=workers
+    )
     return [int(v) for batch in pipeline.dataset(context) for v in batch["id"].numpy()]

@@ -17,9 +17,14 @@ BATCH = 20
 def _example(i: int) -> Any:
     import tensorflow as tf
 
-    return tf.train.Example(features=tf.train.Features(feature={
-        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2]))}))
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+            }
+        )
+    )
 
 
 def _write_truncated(bucket: str, key: str, ids: range, keep_records: int) -> None:
@@ -29,11 +34,11 @@ def _write_truncated(bucket: str, key: str, ids: range, keep_records: int) -> No
     from tfdist.data import write_tfrecords
 
     prefix = os.path.join(tempfile.mkdtemp(), "bad")
-    path, = write_tfrecords((_example(i) for i in ids), prefix, num_shards=1)
+    (path,) = write_tfrecords((_example(i) for i in ids), prefix, num_shards=1)
     with open(path, "rb") as f:
         data = f.read()
     record = len(data) // len(ids)  # Equal-length records: ids < 1000 encode in the same number of bytes.
-    boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data[:keep_records * record + record // 2])
+    boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data[: keep_records * record + record // 2])
 
 
 def fit_from_s3(bucket: str) -> dict[str, Any]:
@@ -69,13 +74,25 @@ def fit_from_s3(bucket: str) -> dict[str, Any]:
             return super().train_step(data)
 
     def fit(files: str, steps: int, **options: Any) -> list[int]:
-        pipeline = TFRecordPipeline(files=files, features=features, label_key="label", as_supervised=True,
-                                    batch_size=BATCH, shuffle_buffer=0, num_epochs=None, **options)
+        pipeline = TFRecordPipeline(
+            files=files,
+            features=features,
+            label_key="label",
+            as_supervised=True,
+            batch_size=BATCH,
+            shuffle_buffer=0,
+            num_epochs=None,
+            **options,
+        )
         with strategy.scope():
             model = Counting()
             model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
-        model.fit(keras.fit_input(pipeline, strategy=strategy, steps_per_epoch=steps), epochs=1,
-                  steps_per_epoch=steps, verbose=0)
+        model.fit(
+            keras.fit_input(pipeline, strategy=strategy, steps_per_epoch=steps),
+            epochs=1,
+            steps_per_epoch=steps,
+            verbose=0,
+        )
         return [int(v) for v in model.seen.numpy()]
 
     result: dict[str, Any] = {}
@@ -85,7 +102,7 @@ def fit_from_s3(bucket: str) -> dict[str, Any]:
     result["skip"] = fit(f"s3://{bucket}/bad/part-*", 10, verify="all", on_corrupt="skip")
     try:
         fit(f"s3://{bucket}/bad/part-*", 10, verify="all", on_corrupt="raise")
-    except Exception as err:  # noqa: BLE001 - Keras re-raises errors of the traced dataset function its own way.
+    except Exception as err:
         result["raise"] = f"{type(err).__name__}: {err}"
     try:  # Not checked up front: TensorFlow's own framing check fails on the worker, and fit raises it.
         fit(f"s3://{bucket}/bad/part-*", 10, verify="none")

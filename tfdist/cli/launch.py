@@ -1,11 +1,11 @@
 """``tfdist-launch``: run a whole cluster as local processes, or emit it for a real engine.
 
-    tfdist-launch --workers 2 -- python train.py
-    tfdist-launch --chief --workers 2 --ps 1 --max-restarts 2 --log-dir logs -- python train.py
-    tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- python train.py
-    tfdist-launch --emit jobset --workers 4 --image my/image:1 -- python train.py
-    tfdist-launch --emit slurm --workers 4 --time 04:00:00 -- python train.py
-    tfdist-launch --engine ray --ray-address auto --chief --workers 4 --ps 2 -- python train.py
+tfdist-launch --workers 2 -- python train.py
+tfdist-launch --chief --workers 2 --ps 1 --max-restarts 2 --log-dir logs -- python train.py
+tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- python train.py
+tfdist-launch --emit jobset --workers 4 --image my/image:1 -- python train.py
+tfdist-launch --emit slurm --workers 4 --time 04:00:00 -- python train.py
+tfdist-launch --engine ray --ray-address auto --chief --workers 4 --ps 2 -- python train.py
 """
 
 from __future__ import annotations
@@ -16,31 +16,57 @@ import logging
 import os
 import re
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from tfdist.runtime import program as _common
 from tfdist.errors import Error
-from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
+from tfdist.launch.emit import formats as emit
 from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.registry import ENGINES, engine_for
 from tfdist.launch.supervisor.runner import run_config
+from tfdist.runtime import program as _common
 
 # The flag that sets each Python argument: the library's errors name the argument (`grace_seconds`), and
 # tfdist-launch prints them with the flag the user typed (`--grace`). LaunchConfig's options (all but
 # command, env and host), the emitters' and the Ray engine's arguments.
 FLAGS: dict[str, str] = {
-    "workers": "--workers", "ps": "--ps", "chief": "--chief", "evaluator": "--evaluator", "run_on": "--run-on",
-    "data_service_workers": "--data-service-workers", "max_restarts": "--max-restarts",
-    "threads_per_task": "--threads-per-task", "timeout": "--timeout", "grace_seconds": "--grace",
-    "log_dir": "--log-dir", "kills": "--kill", "min_workers": "--min-workers", "max_workers": "--max-workers",
-    "loses": "--lose", "returns": "--return", "isolate_network": "--isolate-network",
-    "name": "--name", "namespace": "--namespace", "image": "--image", "cpu": "--cpu", "memory": "--memory",
-    "gpus": "--gpus", "gpus_per_task": "--gpus", "hosts": "--hosts", "port": "--port", "port_base": "--port-base",
-    "python": "--python", "tf_log_level": "--tf-log-level", "time_limit": "--time",
-    "tasks_per_node": "--tasks-per-node", "cpus_per_task": "--cpus-per-task",
-    "engine": "--engine", "address": "--ray-address", "placement": "--ray-placement",
-    "num_cpus": "--ray-num-cpus", "ready_timeout": "--ray-ready-timeout",
+    "workers": "--workers",
+    "ps": "--ps",
+    "chief": "--chief",
+    "evaluator": "--evaluator",
+    "run_on": "--run-on",
+    "data_service_workers": "--data-service-workers",
+    "max_restarts": "--max-restarts",
+    "threads_per_task": "--threads-per-task",
+    "timeout": "--timeout",
+    "grace_seconds": "--grace",
+    "log_dir": "--log-dir",
+    "kills": "--kill",
+    "min_workers": "--min-workers",
+    "max_workers": "--max-workers",
+    "loses": "--lose",
+    "returns": "--return",
+    "isolate_network": "--isolate-network",
+    "name": "--name",
+    "namespace": "--namespace",
+    "image": "--image",
+    "cpu": "--cpu",
+    "memory": "--memory",
+    "gpus": "--gpus",
+    "gpus_per_task": "--gpus",
+    "hosts": "--hosts",
+    "port": "--port",
+    "port_base": "--port-base",
+    "python": "--python",
+    "tf_log_level": "--tf-log-level",
+    "time_limit": "--time",
+    "tasks_per_node": "--tasks-per-node",
+    "cpus_per_task": "--cpus-per-task",
+    "engine": "--engine",
+    "address": "--ray-address",
+    "placement": "--ray-placement",
+    "num_cpus": "--ray-num-cpus",
+    "ready_timeout": "--ray-ready-timeout",
 }
 
 
@@ -57,66 +83,133 @@ def in_flags(err: Error) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _common.ArgumentParser(
-        prog="tfdist-launch", description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
+        prog="tfdist-launch",
+        description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
         "or emit the same topology for Kubernetes (TFJob, JobSet) or Slurm.",
-        usage="tfdist-launch [options] -- CMD [ARGS...]")
+        usage="tfdist-launch [options] -- CMD [ARGS...]",
+    )
     topo = parser.add_argument_group("topology")
     topo.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     topo.add_argument("--ps", type=int, default=0, help="parameter-server tasks (needs --chief)")
     topo.add_argument("--chief", action="store_true", help="add a chief task")
     topo.add_argument("--evaluator", action="store_true", help="add an evaluator task")
-    topo.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto",
-                      help="auto: every worker without ps, the chief (coordinator) with ps")
+    topo.add_argument(
+        "--run-on",
+        choices=RUN_ON_CHOICES,
+        default="auto",
+        help="auto: every worker without ps, the chief (coordinator) with ps",
+    )
     run = parser.add_argument_group("local run")
     run.add_argument("--max-restarts", type=int, default=0, help="restarts after task failures")
     run.add_argument("--threads-per-task", type=int, default=None, help="intra-op threads per task")
-    run.add_argument("--timeout", type=_common.finite_float, default=None,
-                     help="seconds before every task is killed")
+    run.add_argument("--timeout", type=_common.finite_float, default=None, help="seconds before every task is killed")
     run.add_argument("--log-dir", default=None, help="write one log file per task here")
-    run.add_argument("--kill", action="append", default=[], metavar="TASK@TRIGGER",
-                     help="SIGKILL a task once (fault injection): worker:1@after='Epoch 3/' when any task prints "
-                          "a line matching the regex, or worker:1@20 after 20 s")
-    run.add_argument("--isolate-network", action="store_true",
-                     help="run the cluster in a private network namespace with only loopback")
-    run.add_argument("--data-service-workers", type=int, default=0, metavar="N",
-                     help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE")
-    run.add_argument("--grace", type=_common.finite_float, default=5.0,
-                     help="seconds from SIGTERM to SIGKILL when stopping")
+    run.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="TASK@TRIGGER",
+        help="SIGKILL a task once (fault injection): worker:1@after='Epoch 3/' when any task prints "
+        "a line matching the regex, or worker:1@20 after 20 s",
+    )
+    run.add_argument(
+        "--isolate-network",
+        action="store_true",
+        help="run the cluster in a private network namespace with only loopback",
+    )
+    run.add_argument(
+        "--data-service-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE",
+    )
+    run.add_argument(
+        "--grace", type=_common.finite_float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping"
+    )
     eng = parser.add_argument_group("engine (where the tasks run)")
-    eng.add_argument("--engine", choices=sorted(ENGINES), default="local",
-                     help="local: processes on this machine; ray: actors in one Ray placement group")
-    eng.add_argument("--ray-address", default=None, metavar="ADDR",
-                     help="join this Ray cluster ('auto' or host:port) and leave it running; default: start a "
-                          "local Ray for the run and stop it afterwards")
-    eng.add_argument("--ray-placement", choices=("pack", "spread", "strict_pack", "strict_spread"), default="pack",
-                     help="pack: as few nodes as possible; spread: across nodes")
-    eng.add_argument("--ray-num-cpus", type=int, default=None, metavar="N",
-                     help="CPUs of the local Ray started for the run (default: enough for the job, at least this "
-                          "machine's count); not with --ray-address")
-    eng.add_argument("--ray-ready-timeout", type=_common.finite_float, default=120.0, metavar="SECONDS",
-                     help="seconds to wait until the Ray cluster holds every task")
+    eng.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default="local",
+        help="local: processes on this machine; ray: actors in one Ray placement group",
+    )
+    eng.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join this Ray cluster ('auto' or host:port) and leave it running; default: start a "
+        "local Ray for the run and stop it afterwards",
+    )
+    eng.add_argument(
+        "--ray-placement",
+        choices=("pack", "spread", "strict_pack", "strict_spread"),
+        default="pack",
+        help="pack: as few nodes as possible; spread: across nodes",
+    )
+    eng.add_argument(
+        "--ray-num-cpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPUs of the local Ray started for the run (default: enough for the job, at least this "
+        "machine's count); not with --ray-address",
+    )
+    eng.add_argument(
+        "--ray-ready-timeout",
+        type=_common.finite_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="seconds to wait until the Ray cluster holds every task",
+    )
     elastic = parser.add_argument_group("elastic training (local engine; --min/--max-workers also for --emit slurm)")
-    elastic.add_argument("--min-workers", type=int, default=None, metavar="N",
-                         help="go on with the workers left when one is lost, down to N; below N the run fails")
-    elastic.add_argument("--max-workers", type=int, default=None, metavar="M",
-                         help="returned workers join at the next epoch boundary, up to M (default --workers)")
-    elastic.add_argument("--lose", action="append", default=[], metavar="TASK@TRIGGER",
-                         help="kill a worker and keep it away; TRIGGER as for --kill (repeatable)")
-    elastic.add_argument("--return", dest="returns", action="append", default=[], metavar="TASK@TRIGGER",
-                         help="a lost worker is available again; TRIGGER as for --kill (repeatable)")
+    elastic.add_argument(
+        "--min-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="go on with the workers left when one is lost, down to N; below N the run fails",
+    )
+    elastic.add_argument(
+        "--max-workers",
+        type=int,
+        default=None,
+        metavar="M",
+        help="returned workers join at the next epoch boundary, up to M (default --workers)",
+    )
+    elastic.add_argument(
+        "--lose",
+        action="append",
+        default=[],
+        metavar="TASK@TRIGGER",
+        help="kill a worker and keep it away; TRIGGER as for --kill (repeatable)",
+    )
+    elastic.add_argument(
+        "--return",
+        dest="returns",
+        action="append",
+        default=[],
+        metavar="TASK@TRIGGER",
+        help="a lost worker is available again; TRIGGER as for --kill (repeatable)",
+    )
     out = parser.add_argument_group("emit for a real engine")
     out.add_argument("--emit", choices=emit.EMIT_FORMATS, default=None, help="print instead of running")
     out.add_argument("--name", default="tfdist-job", help="job name (tfjob, jobset, slurm)")
     out.add_argument("--namespace", default=None, help="Kubernetes namespace (tfjob, jobset)")
-    out.add_argument("--image", default=None,
-                     help="container image with tfdist installed (tfjob, jobset; required there)")
+    out.add_argument(
+        "--image", default=None, help="container image with tfdist installed (tfjob, jobset; required there)"
+    )
     out.add_argument("--cpu", default=None, help="CPU limit per task (tfjob, jobset), e.g. 4")
     out.add_argument("--memory", default=None, help="memory limit per task (tfjob, jobset), e.g. 16Gi")
     out.add_argument("--gpus", "--gpus-per-task", type=int, default=0, help="GPUs per task (tfjob, jobset, slurm, ray)")
     out.add_argument("--hosts", default=None, help="comma-separated hosts in task order (tf-config)")
     out.add_argument("--port", type=int, default=emit.TFJOB_PORT, help="task port (tf-config)")
-    out.add_argument("--port-base", type=int, default=None,
-                     help="fixed first port per node (slurm); default a per-job base from SLURM_JOB_ID")
+    out.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        help="fixed first port per node (slurm); default a per-job base from SLURM_JOB_ID",
+    )
     out.add_argument("--python", default=None, help="interpreter the tasks run (slurm); default this one")
     out.add_argument("--tf-log-level", type=int, default=2, help="default TF_CPP_MIN_LOG_LEVEL (slurm)")
     out.add_argument("--time", default="01:00:00", help="time limit (slurm)")
@@ -129,7 +222,7 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if "--" in argv:
         cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
+        return argv[:cut], argv[cut + 1 :]
     return argv, []
 
 
@@ -140,11 +233,28 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
         return json.dumps(configs, indent=2)
     if args.emit in ("tfjob", "jobset"):
         build = emit.tfjob_manifest if args.emit == "tfjob" else emit.jobset_manifest
-        return emit.to_yaml(build(config, name=args.name, namespace=args.namespace, image=args.image,
-                                  cpu=args.cpu, memory=args.memory, gpus=args.gpus))
-    return emit.slurm_script(config, name=args.name, time_limit=args.time, cpus_per_task=args.cpus_per_task,
-                             gpus_per_task=args.gpus, port_base=args.port_base, python=args.python,
-                             tf_log_level=args.tf_log_level, tasks_per_node=args.tasks_per_node)
+        return emit.to_yaml(
+            build(
+                config,
+                name=args.name,
+                namespace=args.namespace,
+                image=args.image,
+                cpu=args.cpu,
+                memory=args.memory,
+                gpus=args.gpus,
+            )
+        )
+    return emit.slurm_script(
+        config,
+        name=args.name,
+        time_limit=args.time,
+        cpus_per_task=args.cpus_per_task,
+        gpus_per_task=args.gpus,
+        port_base=args.port_base,
+        python=args.python,
+        tf_log_level=args.tf_log_level,
+        tasks_per_node=args.tasks_per_node,
+    )
 
 
 def _ray_engine(args: argparse.Namespace) -> Engine:
@@ -154,12 +264,18 @@ def _ray_engine(args: argparse.Namespace) -> Engine:
         # Read by Ray at import: a local Ray then binds every daemon to loopback. An entry point may set it.
         os.environ.setdefault(LOOPBACK_VAR, "0")
     cpus = 1 if args.cpus_per_task is None else args.cpus_per_task
-    return RayEngine(address=args.ray_address, cpus_per_task=cpus, gpus_per_task=args.gpus,
-                     placement=args.ray_placement, ready_timeout=args.ray_ready_timeout, num_cpus=args.ray_num_cpus)
+    return RayEngine(
+        address=args.ray_address,
+        cpus_per_task=cpus,
+        gpus_per_task=args.gpus,
+        placement=args.ray_placement,
+        ready_timeout=args.ray_ready_timeout,
+        num_cpus=args.ray_num_cpus,
+    )
 
 
 @_common.cli_main("tfdist-launch")
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     own, command = _split(sys.argv[1:] if argv is None else argv)
     parser = _parser()
@@ -170,12 +286,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not command:
         parser.error("a program to run after '--' is required, e.g. tfdist-launch --workers 2 -- python train.py")
     try:
-        config = LaunchConfig(command=tuple(command), workers=args.workers, ps=args.ps, chief=args.chief,
-                              evaluator=args.evaluator, run_on=args.run_on, max_restarts=args.max_restarts,
-                              threads_per_task=args.threads_per_task, timeout=args.timeout, log_dir=args.log_dir,
-                              kills=tuple(args.kill), isolate_network=args.isolate_network, grace_seconds=args.grace,
-                              data_service_workers=args.data_service_workers, min_workers=args.min_workers,
-                              max_workers=args.max_workers, loses=tuple(args.lose), returns=tuple(args.returns))
+        config = LaunchConfig(
+            command=tuple(command),
+            workers=args.workers,
+            ps=args.ps,
+            chief=args.chief,
+            evaluator=args.evaluator,
+            run_on=args.run_on,
+            max_restarts=args.max_restarts,
+            threads_per_task=args.threads_per_task,
+            timeout=args.timeout,
+            log_dir=args.log_dir,
+            kills=tuple(args.kill),
+            isolate_network=args.isolate_network,
+            grace_seconds=args.grace,
+            data_service_workers=args.data_service_workers,
+            min_workers=args.min_workers,
+            max_workers=args.max_workers,
+            loses=tuple(args.lose),
+            returns=tuple(args.returns),
+        )
         if args.emit:
             sys.stdout.write(_emit(args, config) + "\n")
             return 0

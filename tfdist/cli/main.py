@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from tfdist.cli import data_report, doctor, plan, quiet
 from tfdist.runtime import program as _common
@@ -13,7 +13,7 @@ _SUBCOMMANDS = (doctor, data_report, plan, quiet)
 
 
 @_common.cli_main("tfdist")
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     parser = _common.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
     subparsers = parser.add_subparsers(dest="command", required=True)

@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch.output import NoiseFilter, wants_tf_info
@@ -34,11 +34,14 @@ from tfdist.runtime import exit_codes
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    parser = subparsers.add_parser("quiet", help="run a command without TensorFlow's start-up noise on stderr",
-                                   description="Run CMD with TensorFlow's INFO records and known start-up "
-                                   "messages left out of its stderr, as tfdist-launch does for its tasks; real "
-                                   "warnings and errors pass. Exits with CMD's status.")
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "quiet",
+        help="run a command without TensorFlow's start-up noise on stderr",
+        description="Run CMD with TensorFlow's INFO records and known start-up "
+        "messages left out of its stderr, as tfdist-launch does for its tasks; real "
+        "warnings and errors pass. Exits with CMD's status.",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
     parser.set_defaults(run=run)
 
@@ -46,13 +49,14 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise invalid(LaunchError, "command", [], "a program to run after '--'",
-                      "e.g. tfdist quiet -- python prepare.py")
+        raise invalid(
+            LaunchError, "command", [], "a program to run after '--'", "e.g. tfdist quiet -- python prepare.py"
+        )
     keep: Callable[[str], bool] = (lambda line: True) if wants_tf_info(os.environ) else NoiseFilter()
-    started: list["subprocess.Popen[bytes]"] = []
+    started: list[subprocess.Popen[bytes]] = []
     early: list[int] = []  # Signals that came before the command existed: sent to it once it does.
 
-    def _forward(signum: int, _frame: Optional[FrameType]) -> None:
+    def _forward(signum: int, _frame: FrameType | None) -> None:
         if not started:
             early.append(signum)
         elif not (signum == signal.SIGINT and _terminal_reached(started[0].pid)):
@@ -84,14 +88,19 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def _start(command: list[str]) -> "subprocess.Popen[bytes]":
+def _start(command: list[str]) -> subprocess.Popen[bytes]:
     """``command`` started with its stderr piped to this process; LaunchError when it cannot start."""
     try:
         return subprocess.Popen(command, stdin=None, stdout=None, stderr=subprocess.PIPE)
     except OSError as err:
-        raise invalid(LaunchError, "command", command[0], "a program that exists and can be run",
-                      f"It cannot be started: {err.strerror or err}. Check the command after '--' and PATH.") \
-            from None
+        raise invalid(
+            LaunchError,
+            "command",
+            command[0],
+            "a program that exists and can be run",
+            f"It cannot be started: {err.strerror or err}. Check the command after '--' and PATH.",
+        ) from None
+
 
 def _terminal_reached(pid: int) -> bool:
     """True when process ``pid`` is in the foreground process group of this process's controlling terminal.

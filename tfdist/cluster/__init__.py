@@ -12,8 +12,28 @@ Example:
 
 from tfdist.cluster.address import free_ports
 from tfdist.cluster.probe import can_connect, probe_tasks, wait_until_reachable
-from tfdist.cluster.spec import (JOB_NAMES, ClusterLike, ClusterSpec, Task, current_cluster, resolve_cluster,
-                                 split_task_name, task_counts)
+from tfdist.cluster.spec import (
+    JOB_NAMES,
+    ClusterLike,
+    ClusterSpec,
+    Task,
+    current_cluster,
+    resolve_cluster,
+    split_task_name,
+    task_counts,
+)
 
-__all__ = ["JOB_NAMES", "ClusterLike", "ClusterSpec", "Task", "can_connect", "current_cluster", "free_ports",
-           "probe_tasks", "resolve_cluster", "split_task_name", "task_counts", "wait_until_reachable"]
+__all__ = [
+    "JOB_NAMES",
+    "ClusterLike",
+    "ClusterSpec",
+    "Task",
+    "can_connect",
+    "current_cluster",
+    "free_ports",
+    "probe_tasks",
+    "resolve_cluster",
+    "split_task_name",
+    "task_counts",
+    "wait_until_reachable",
+]

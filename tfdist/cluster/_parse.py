@@ -10,8 +10,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tfdist.cluster.address import check_address, is_loopback, same_endpoint_key, split_address
 from tfdist._names import describe_choices
+from tfdist.cluster.address import check_address, is_loopback, same_endpoint_key, split_address
 from tfdist.errors import ClusterSpecError, invalid
 
 _log = logging.getLogger("tfdist.cluster.spec")
@@ -25,19 +25,34 @@ _KNOWN_TOP_KEYS = frozenset({"cluster", "task", "rpc_layer", "environment", "job
 def load_json(text: str) -> Any:
     """Parses TF_CONFIG text, turning JSON errors into ClusterSpecError."""
     if not text.strip():
-        raise invalid(ClusterSpecError, "TF_CONFIG", text, "a JSON object with a 'cluster' key",
-                      "Set TF_CONFIG to the JSON your cluster manager writes, or unset it to run locally.")
+        raise invalid(
+            ClusterSpecError,
+            "TF_CONFIG",
+            text,
+            "a JSON object with a 'cluster' key",
+            "Set TF_CONFIG to the JSON your cluster manager writes, or unset it to run locally.",
+        )
     try:
         return json.loads(text)
     except RecursionError:
-        raise invalid(ClusterSpecError, "TF_CONFIG", text, "JSON nested a few levels deep",
-                      "TF_CONFIG is an object of jobs, each a list of 'host:port' strings.") from None
+        raise invalid(
+            ClusterSpecError,
+            "TF_CONFIG",
+            text,
+            "JSON nested a few levels deep",
+            "TF_CONFIG is an object of jobs, each a list of 'host:port' strings.",
+        ) from None
     except json.JSONDecodeError as err:
         hint = "Quote the whole value in the shell: TF_CONFIG='{\"cluster\": ...}'"
         if "'" in text:
             hint = "JSON needs double quotes around keys and strings, not single quotes."
-        raise invalid(ClusterSpecError, "TF_CONFIG", text,
-                      f"valid JSON (error at line {err.lineno} column {err.colno}: {err.msg})", hint) from None
+        raise invalid(
+            ClusterSpecError,
+            "TF_CONFIG",
+            text,
+            f"valid JSON (error at line {err.lineno} column {err.colno}: {err.msg})",
+            hint,
+        ) from None
 
 
 def normalize_job_name(field: str, name: object) -> str:
@@ -48,8 +63,13 @@ def normalize_job_name(field: str, name: object) -> str:
         _log.warning("TF_CONFIG uses the legacy job name 'master'; tfdist treats it as 'chief'.")
         return "chief"
     if name not in JOB_NAMES:
-        raise invalid(ClusterSpecError, field, name, describe_choices(name, JOB_NAMES),
-                      "Rename the job; TensorFlow's strategies know only these job names.")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            name,
+            describe_choices(name, JOB_NAMES),
+            "Rename the job; TensorFlow's strategies know only these job names.",
+        )
     return name
 
 
@@ -59,8 +79,13 @@ def parse_index(field: str, value: object) -> int:
         raise invalid(ClusterSpecError, field, value, "an integer >= 0")
     if isinstance(value, str):
         if not (value.isascii() and value.isdigit() and len(value) <= 9) or (value.startswith("0") and value != "0"):
-            raise invalid(ClusterSpecError, field, value, "an integer >= 0 written as plain digits, e.g. 1",
-                          "Remove spaces and leading zeros.")
+            raise invalid(
+                ClusterSpecError,
+                field,
+                value,
+                "an integer >= 0 written as plain digits, e.g. 1",
+                "Remove spaces and leading zeros.",
+            )
         value = int(value)
     if value < 0:
         raise invalid(ClusterSpecError, field, value, "an integer >= 0")
@@ -70,41 +95,72 @@ def parse_index(field: str, value: object) -> int:
 def _parse_job(job: str, tasks: object) -> dict[int, str]:
     field = f"cluster.{job}"
     if isinstance(tasks, str):
-        raise invalid(ClusterSpecError, field, tasks, "a list of 'host:port' strings",
-                      f"Wrap the address in a list: \"{job}\": [{json.dumps(tasks)}].")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            tasks,
+            "a list of 'host:port' strings",
+            f'Wrap the address in a list: "{job}": [{json.dumps(tasks)}].',
+        )
     if isinstance(tasks, Mapping):  # Sparse form: {"1": "host:port"} (TFJob dynamic workers).
         parsed = {}
         for key, addr in tasks.items():
             index = parse_index(f"{field} key {key!r}", key)
             if index in parsed:
-                raise invalid(ClusterSpecError, f"{field} key {key!r}", key, "each task index once",
-                              f"Index {index} is given twice; remove one of the two tasks.")
+                raise invalid(
+                    ClusterSpecError,
+                    f"{field} key {key!r}",
+                    key,
+                    "each task index once",
+                    f"Index {index} is given twice; remove one of the two tasks.",
+                )
             parsed[index] = check_address(f"{field}[{key}]", addr)
     elif isinstance(tasks, (list, tuple)):
         parsed = {i: check_address(f"{field}[{i}]", addr) for i, addr in enumerate(tasks)}
     else:
-        raise invalid(ClusterSpecError, field, tasks,
-                      "a list of 'host:port' strings or a mapping of task index to address")
+        raise invalid(
+            ClusterSpecError, field, tasks, "a list of 'host:port' strings or a mapping of task index to address"
+        )
     if not parsed:
-        raise invalid(ClusterSpecError, field, tasks, "at least one task address",
-                      f"Remove the empty '{job}' job or give it an address.")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            tasks,
+            "at least one task address",
+            f"Remove the empty '{job}' job or give it an address.",
+        )
     return dict(sorted(parsed.items()))
 
 
 def parse_cluster(cluster: object) -> dict[str, dict[int, str]]:
     """Validates the ``cluster`` part; returns job -> {index: address}."""
     if not isinstance(cluster, Mapping):
-        raise invalid(ClusterSpecError, "cluster", cluster, "a mapping of job name to task addresses",
-                      'For example {"worker": ["host0:2222", "host1:2222"]}.')
+        raise invalid(
+            ClusterSpecError,
+            "cluster",
+            cluster,
+            "a mapping of job name to task addresses",
+            'For example {"worker": ["host0:2222", "host1:2222"]}.',
+        )
     if not cluster:
-        raise invalid(ClusterSpecError, "cluster", cluster, "at least one job",
-                      "Add a 'worker' (or 'chief') job with the task addresses.")
+        raise invalid(
+            ClusterSpecError,
+            "cluster",
+            cluster,
+            "at least one job",
+            "Add a 'worker' (or 'chief') job with the task addresses.",
+        )
     jobs: dict[str, dict[int, str]] = {}
     for raw_name, tasks in cluster.items():
         name = normalize_job_name("cluster job name", raw_name)
         if name in jobs:
-            raise invalid(ClusterSpecError, "cluster", sorted(cluster), "only one of 'chief' and 'master'",
-                          "Remove the legacy 'master' job; 'chief' replaces it.")
+            raise invalid(
+                ClusterSpecError,
+                "cluster",
+                sorted(cluster),
+                "only one of 'chief' and 'master'",
+                "Remove the legacy 'master' job; 'chief' replaces it.",
+            )
         jobs[name] = _parse_job(str(raw_name), tasks)
     check_jobs(jobs)
     return {name: jobs[name] for name in JOB_NAMES if name in jobs}
@@ -114,15 +170,31 @@ def check_jobs(jobs: Mapping[str, Mapping[int, str]]) -> None:
     """Cross-job rules: one chief, one evaluator, ps needs workers, no shared addresses."""
     for job in ("chief", "evaluator"):
         if len(jobs.get(job, ())) > 1:
-            raise invalid(ClusterSpecError, f"cluster.{job}", list(jobs[job].values()), f"at most one {job} task",
-                          f"Keep one {job}; make the others 'worker' tasks." if job == "chief" else
-                          "Run one evaluator; it follows the chief's checkpoints.")
+            raise invalid(
+                ClusterSpecError,
+                f"cluster.{job}",
+                list(jobs[job].values()),
+                f"at most one {job} task",
+                f"Keep one {job}; make the others 'worker' tasks."
+                if job == "chief"
+                else "Run one evaluator; it follows the chief's checkpoints.",
+            )
     if not jobs.get("chief") and not jobs.get("worker"):
-        raise invalid(ClusterSpecError, "cluster", {k: list(v.values()) for k, v in jobs.items()},
-                      "a 'chief' or 'worker' job", "Add the training tasks; ps and evaluator tasks do not train.")
+        raise invalid(
+            ClusterSpecError,
+            "cluster",
+            {k: list(v.values()) for k, v in jobs.items()},
+            "a 'chief' or 'worker' job",
+            "Add the training tasks; ps and evaluator tasks do not train.",
+        )
     if jobs.get("ps") and not jobs.get("worker"):
-        raise invalid(ClusterSpecError, "cluster.worker", None, "worker tasks when 'ps' tasks are present",
-                      "ParameterServerStrategy needs at least one worker; add a 'worker' job or drop 'ps'.")
+        raise invalid(
+            ClusterSpecError,
+            "cluster.worker",
+            None,
+            "worker tasks when 'ps' tasks are present",
+            "ParameterServerStrategy needs at least one worker; add a 'worker' job or drop 'ps'.",
+        )
     seen: dict[str, str] = {}
     loopback_ports: dict[int, tuple[str, str]] = {}
     for job, tasks in jobs.items():
@@ -130,16 +202,27 @@ def check_jobs(jobs: Mapping[str, Mapping[int, str]]) -> None:
             where = f"{job}[{index}]"
             key = same_endpoint_key(address)
             if key in seen:
-                raise invalid(ClusterSpecError, f"cluster.{where}", address, "an address used by one task only",
-                              f"It is also {seen[key]} (host names ignore case); give each task its own port.")
+                raise invalid(
+                    ClusterSpecError,
+                    f"cluster.{where}",
+                    address,
+                    "an address used by one task only",
+                    f"It is also {seen[key]} (host names ignore case); give each task its own port.",
+                )
             seen[key] = where
             host, port = split_address(address)
             if is_loopback(host):
                 if port in loopback_ports:
                     other, other_address = loopback_ports[port]
-                    _log.warning("cluster.%s (%s) and cluster.%s (%s) both name this machine's port %d; the second "
-                                 "task will fail to start. Give each task its own port.",
-                                 where, address, other, other_address, port)
+                    _log.warning(
+                        "cluster.%s (%s) and cluster.%s (%s) both name this machine's port %d; the second "
+                        "task will fail to start. Give each task its own port.",
+                        where,
+                        address,
+                        other,
+                        other_address,
+                        port,
+                    )
                 loopback_ports.setdefault(port, (where, address))
 
 
@@ -152,8 +235,13 @@ def parse_task(task: object, jobs: Mapping[str, Mapping[int, str]]) -> tuple[str
     if not task:
         return None, 0
     if "type" not in task:
-        raise invalid(ClusterSpecError, "task.type", None, describe_choices("", JOB_NAMES),
-                      'Add "type" to "task", e.g. {"type": "worker", "index": 0}.')
+        raise invalid(
+            ClusterSpecError,
+            "task.type",
+            None,
+            describe_choices("", JOB_NAMES),
+            'Add "type" to "task", e.g. {"type": "worker", "index": 0}.',
+        )
     task_type = normalize_job_name("task.type", task["type"])
     task_id = parse_index("task.index", task.get("index", 0))
     check_task(task_type, task_id, jobs)
@@ -165,17 +253,30 @@ def check_task(task_type: str, task_id: int, jobs: Mapping[str, Mapping[int, str
     if task_type not in jobs:
         if task_type == "evaluator":  # TFJob and Vertex AI leave the evaluator out of "cluster".
             if task_id != 0:
-                raise invalid(ClusterSpecError, "task.index", task_id, "0 for the evaluator (there is only one)",
-                              "Run one evaluator with index 0; it follows the chief's checkpoints.")
+                raise invalid(
+                    ClusterSpecError,
+                    "task.index",
+                    task_id,
+                    "0 for the evaluator (there is only one)",
+                    "Run one evaluator with index 0; it follows the chief's checkpoints.",
+                )
             return
-        raise invalid(ClusterSpecError, "task.type", task_type,
-                      f"a job of the cluster, {describe_choices(task_type, jobs)}",
-                      "Every task but the evaluator must be listed in 'cluster'.")
+        raise invalid(
+            ClusterSpecError,
+            "task.type",
+            task_type,
+            f"a job of the cluster, {describe_choices(task_type, jobs)}",
+            "Every task but the evaluator must be listed in 'cluster'.",
+        )
     if task_id not in jobs[task_type]:
         indices = sorted(jobs[task_type])
-        raise invalid(ClusterSpecError, "task.index", task_id,
-                      f"one of the indices of job '{task_type}': {indices}",
-                      f"The '{task_type}' job lists {len(indices)} task(s); indices start at 0.")
+        raise invalid(
+            ClusterSpecError,
+            "task.index",
+            task_id,
+            f"one of the indices of job '{task_type}': {indices}",
+            f"The '{task_type}' job lists {len(indices)} task(s); indices start at 0.",
+        )
 
 
 def parse_tf_config(config: object) -> dict[str, Any]:
@@ -185,8 +286,13 @@ def parse_tf_config(config: object) -> dict[str, Any]:
     if not isinstance(config, Mapping):
         raise invalid(ClusterSpecError, "TF_CONFIG", config, 'a JSON object like {"cluster": {...}, "task": {...}}')
     if "cluster" not in config:
-        raise invalid(ClusterSpecError, "cluster", None, "a 'cluster' key in TF_CONFIG",
-                      'Add "cluster": {"worker": ["host:port", ...]}.')
+        raise invalid(
+            ClusterSpecError,
+            "cluster",
+            None,
+            "a 'cluster' key in TF_CONFIG",
+            'Add "cluster": {"worker": ["host:port", ...]}.',
+        )
     unknown = sorted(str(key) for key in config if key not in _KNOWN_TOP_KEYS)
     if unknown:
         _log.debug("Ignoring TF_CONFIG keys TensorFlow does not read: %s", unknown)

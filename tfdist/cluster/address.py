@@ -44,21 +44,39 @@ def _host_problem(host: str) -> str | None:
 def check_address(field: str, value: object) -> str:
     """Returns ``value`` when it is a valid ``host:port``; raises ClusterSpecError."""
     if not isinstance(value, str):
-        raise invalid(ClusterSpecError, field, value, "a 'host:port' string",
-                      "Write each task address as a string such as 'worker-0.svc:2222'.")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            value,
+            "a 'host:port' string",
+            "Write each task address as a string such as 'worker-0.svc:2222'.",
+        )
     if _SCHEME.match(value):
-        raise invalid(ClusterSpecError, field, value, "a bare 'host:port' without a scheme",
-                      f"Drop the '{value.split('://')[0]}://' prefix; the protocol goes in "
-                      "the top-level 'rpc_layer' field.")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            value,
+            "a bare 'host:port' without a scheme",
+            f"Drop the '{value.split('://')[0]}://' prefix; the protocol goes in the top-level 'rpc_layer' field.",
+        )
     match = _ADDRESS.match(value)
     if match is None:
-        raise invalid(ClusterSpecError, field, value,
-                      "'host:port' (IPv6 hosts in brackets, e.g. '[::1]:2222')",
-                      "Add the port after a colon, e.g. 'localhost:2222'.")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            value,
+            "'host:port' (IPv6 hosts in brackets, e.g. '[::1]:2222')",
+            "Add the port after a colon, e.g. 'localhost:2222'.",
+        )
     port_text = match.group("port")
     if not 1 <= int(port_text) <= 65535 or port_text.startswith("0"):
-        raise invalid(ClusterSpecError, field, value, "a port in 1..65535 written without leading zeros",
-                      "Pick a port in 1..65535 (0 means 'any' and cannot be dialled).")
+        raise invalid(
+            ClusterSpecError,
+            field,
+            value,
+            "a port in 1..65535 written without leading zeros",
+            "Pick a port in 1..65535 (0 means 'any' and cannot be dialled).",
+        )
     problem = _host_problem(match.group("host"))
     if problem:
         raise invalid(ClusterSpecError, field, value, problem, "Write the host as DNS or `hostname -f` names it.")
@@ -118,14 +136,23 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
                 sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
                 sock.bind((host, 0))
             except (socket.gaierror, UnicodeError) as err:  # A name that resolves to nothing: the input is wrong.
-                raise invalid(LaunchError, "host", host, f"an address of this machine ({err})",
-                              "Use 127.0.0.1 for a local cluster.") from err
+                raise invalid(
+                    LaunchError,
+                    "host",
+                    host,
+                    f"an address of this machine ({err})",
+                    "Use 127.0.0.1 for a local cluster.",
+                ) from err
             except OSError as err:
                 if err.errno == errno.EADDRNOTAVAIL:  # A real address, but not one of this machine's.
-                    raise invalid(LaunchError, "host", host, "an address of this machine",
-                                  "Use 127.0.0.1 for a local cluster.") from err
-                raise LaunchFailure(f"Cannot pick a free port on {host!r}: {err}. Check that ports and file "
-                                    "descriptors are left.", field="host", value=host) from err
+                    raise invalid(
+                        LaunchError, "host", host, "an address of this machine", "Use 127.0.0.1 for a local cluster."
+                    ) from err
+                raise LaunchFailure(
+                    f"Cannot pick a free port on {host!r}: {err}. Check that ports and file descriptors are left.",
+                    field="host",
+                    value=host,
+                ) from err
             ports.append(sock.getsockname()[1])
         return ports
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Optional
 
 WORLD_SIZE_VAR = "TFDIST_WORLD_SIZE"
 MEMBERSHIP_VAR = "TFDIST_MEMBERSHIP"
@@ -62,7 +61,7 @@ def write_boundary(directory: str, *, generation: int, epoch: int, world_size: i
     return path
 
 
-def optional_int(env: Mapping[str, str], name: str) -> Optional[int]:
+def optional_int(env: Mapping[str, str], name: str) -> int | None:
     """``env[name]`` as an int, or None when unset or not a number."""
     try:
         return int(env[name])

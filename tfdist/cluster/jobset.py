@@ -12,7 +12,6 @@ as ``JOBSET_NAME``, ``REPLICATED_JOB_NAME``, ``JOB_INDEX``) and its index from
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional
 
 from tfdist.errors import ClusterSpecError, invalid
 
@@ -22,9 +21,14 @@ _ENV_VARS = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX", "JOB_COMPLETION_
 def _need(env: Mapping[str, str], name: str) -> str:
     value = env.get(name)
     if not value:
-        raise invalid(ClusterSpecError, name, value, "a value set in a JobSet pod",
-                      "Run in a pod of a JobSet from 'tfdist-launch --emit jobset' (its env passes the JobSet labels "
-                      "in through the downward API; Kubernetes sets JOB_COMPLETION_INDEX for indexed Jobs).")
+        raise invalid(
+            ClusterSpecError,
+            name,
+            value,
+            "a value set in a JobSet pod",
+            "Run in a pod of a JobSet from 'tfdist-launch --emit jobset' (its env passes the JobSet labels "
+            "in through the downward API; Kubernetes sets JOB_COMPLETION_INDEX for indexed Jobs).",
+        )
     return value
 
 
@@ -35,8 +39,9 @@ def _index(env: Mapping[str, str], name: str) -> int:
     return int(value)
 
 
-def jobset_layout(env: Mapping[str, str], *, jobs: Mapping[str, int], port: int,
-                  subdomain: Optional[str] = None) -> tuple[dict[str, list[str]], str, int]:
+def jobset_layout(
+    env: Mapping[str, str], *, jobs: Mapping[str, int], port: int, subdomain: str | None = None
+) -> tuple[dict[str, list[str]], str, int]:
     """Returns ``(cluster, task_type, task_id)`` for this JobSet pod.
 
     Example:
@@ -48,15 +53,29 @@ def jobset_layout(env: Mapping[str, str], *, jobs: Mapping[str, int], port: int,
     name = _need(env, "JOBSET_NAME")
     task_type = _need(env, "REPLICATED_JOB_NAME")
     if task_type not in jobs:
-        raise invalid(ClusterSpecError, "REPLICATED_JOB_NAME", task_type, f"one of the jobs {sorted(jobs)}",
-                      "Name each replicated Job after its TensorFlow job type, as --emit jobset does.")
+        raise invalid(
+            ClusterSpecError,
+            "REPLICATED_JOB_NAME",
+            task_type,
+            f"one of the jobs {sorted(jobs)}",
+            "Name each replicated Job after its TensorFlow job type, as --emit jobset does.",
+        )
     if _index(env, "JOB_INDEX") != 0:
-        raise invalid(ClusterSpecError, "JOB_INDEX", env["JOB_INDEX"], "0: one indexed Job per TensorFlow job type",
-                      "Use replicas: 1 and parallelism = completions = task count, as --emit jobset does.")
+        raise invalid(
+            ClusterSpecError,
+            "JOB_INDEX",
+            env["JOB_INDEX"],
+            "0: one indexed Job per TensorFlow job type",
+            "Use replicas: 1 and parallelism = completions = task count, as --emit jobset does.",
+        )
     task_id = _index(env, "JOB_COMPLETION_INDEX")
     if task_id >= jobs[task_type]:
-        raise invalid(ClusterSpecError, "JOB_COMPLETION_INDEX", task_id, f"an index below {jobs[task_type]}, "
-                      f"the {task_type} count")
+        raise invalid(
+            ClusterSpecError,
+            "JOB_COMPLETION_INDEX",
+            task_id,
+            f"an index below {jobs[task_type]}, the {task_type} count",
+        )
     domain = subdomain or name
     cluster = {job: [f"{name}-{job}-0-{i}.{domain}:{port}" for i in range(count)] for job, count in jobs.items()}
     return cluster, task_type, task_id

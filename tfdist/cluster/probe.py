@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tfdist.cluster.address import split_address
 from tfdist.cluster.spec import ClusterSpec
 
-__all__ = ["probe_tasks", "can_connect", "wait_until_reachable"]
+__all__ = ["can_connect", "probe_tasks", "wait_until_reachable"]
 
 _log = logging.getLogger("tfdist.cluster.probe")
 
@@ -46,8 +46,13 @@ def wait_until_reachable(name: str, address: str, timeout: float, *, log_every: 
             if waited > 1.0:
                 _log.info("%s at %s is up after %.1fs.", name, address, waited)
             return True
-        _log.warning("Still waiting for %s at %s (%.0fs so far). Is that task running, with the same TF_CONFIG "
-                     "cluster (compare fingerprints with `tfdist doctor`)?", name, address, time.monotonic() - start)
+        _log.warning(
+            "Still waiting for %s at %s (%.0fs so far). Is that task running, with the same TF_CONFIG "
+            "cluster (compare fingerprints with `tfdist doctor`)?",
+            name,
+            address,
+            time.monotonic() - start,
+        )
     return False
 
 
@@ -57,8 +62,11 @@ def probe_tasks(spec: ClusterSpec, *, timeout: float, include_self: bool = False
     Returns:
       'type:index' -> reachable within ``timeout``.
     """
-    tasks = [t for t in spec.tasks() if t.type != "evaluator"
-             and (include_self or (t.type, t.index) != (spec.task_type, spec.task_id))]
+    tasks = [
+        t
+        for t in spec.tasks()
+        if t.type != "evaluator" and (include_self or (t.type, t.index) != (spec.task_type, spec.task_id))
+    ]
     if not tasks:
         return {}
     with ThreadPoolExecutor(max_workers=min(32, len(tasks))) as pool:

@@ -37,8 +37,13 @@ def _expand_hostlist(field: str, hostlist: str) -> list[str]:
     for part in _split_top(hostlist.strip()):
         match = _PART.match(part)
         if not part or match is None or "[" in match.group(3) or "]" in match.group(3):
-            raise invalid(ClusterSpecError, field, hostlist, "a Slurm hostlist such as 'node[01-04],gpu7'",
-                          "Run inside an allocation (sbatch/salloc) so Slurm sets it.")
+            raise invalid(
+                ClusterSpecError,
+                field,
+                hostlist,
+                "a Slurm hostlist such as 'node[01-04],gpu7'",
+                "Run inside an allocation (sbatch/salloc) so Slurm sets it.",
+            )
         prefix, ranges, suffix = match.groups()
         if ranges is None:
             hosts.append(prefix + suffix)
@@ -67,12 +72,18 @@ def _first(env: Mapping[str, str], *names: str) -> tuple[str, str]:
     for name in names:
         if env.get(name):
             return name, env[name]
-    raise invalid(ClusterSpecError, names[0], None, "a value set by Slurm",
-                  f"Run inside 'srun' or an 'sbatch' script (looked for {', '.join(names)}).")
+    raise invalid(
+        ClusterSpecError,
+        names[0],
+        None,
+        "a value set by Slurm",
+        f"Run inside 'srun' or an 'sbatch' script (looked for {', '.join(names)}).",
+    )
 
 
-def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
-                 port_base: int) -> tuple[dict[str, list[str]], str, int]:
+def slurm_layout(
+    env: Mapping[str, str], *, jobs: Mapping[str, int] | None, port_base: int
+) -> tuple[dict[str, list[str]], str, int]:
     """Returns ``(cluster, task_type, task_id)`` for this Slurm task."""
     if not isinstance(env, Mapping):
         raise invalid(ClusterSpecError, "env", env, "a mapping of SLURM_* variables, e.g. os.environ")
@@ -90,20 +101,28 @@ def slurm_layout(env: Mapping[str, str], *, jobs: Mapping[str, int] | None,
     count_name, per_node = _first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     counts = expand_tasks_per_node(count_name, per_node)
     if len(counts) != len(hosts):
-        raise invalid(ClusterSpecError, count_name, per_node,
-                      f"one count per host of {list_name}={hostlist!r} ({len(hosts)} hosts)")
+        raise invalid(
+            ClusterSpecError,
+            count_name,
+            per_node,
+            f"one count per host of {list_name}={hostlist!r} ({len(hosts)} hosts)",
+        )
     addresses = [f"{host}:{port_base + i}" for host, n in sorted(zip(hosts, counts)) for i in range(n)]
     jobs = dict(jobs) if jobs is not None else {"worker": len(addresses)}
     if sum(jobs.values()) != len(addresses) or any(n < 1 for n in jobs.values()):
-        raise invalid(ClusterSpecError, "jobs", jobs,
-                      f"task counts >= 1 that add up to the {len(addresses)} Slurm tasks of this step",
-                      "Match 'sbatch --ntasks' to the jobs you ask for.")
+        raise invalid(
+            ClusterSpecError,
+            "jobs",
+            jobs,
+            f"task counts >= 1 that add up to the {len(addresses)} Slurm tasks of this step",
+            "Match 'sbatch --ntasks' to the jobs you ask for.",
+        )
     if rank >= len(addresses):
         raise invalid(ClusterSpecError, name, procid, f"a rank below the {len(addresses)} tasks of this step")
     cluster: dict[str, list[str]] = {}
     task_type, task_id, start = "", 0, 0
     for job in sorted(jobs):
-        cluster[job] = addresses[start:start + jobs[job]]
+        cluster[job] = addresses[start : start + jobs[job]]
         if start <= rank < start + jobs[job]:
             task_type, task_id = job, rank - start
         start += jobs[job]
@@ -131,14 +150,20 @@ def job_port_base(job_id: int, tasks_per_node: int, is_free: Callable[[int], boo
     width = PORT_SLOT * -(-max(tasks_per_node, 1) // PORT_SLOT)
     slots = (PORT_HIGH - PORT_LOW) // width
     if slots < 1:
-        raise invalid(ClusterSpecError, "SLURM_TASKS_PER_NODE", tasks_per_node,
-                      f"at most {PORT_HIGH - PORT_LOW} tasks per node")
+        raise invalid(
+            ClusterSpecError, "SLURM_TASKS_PER_NODE", tasks_per_node, f"at most {PORT_HIGH - PORT_LOW} tasks per node"
+        )
     for step in range(slots):
         base = PORT_LOW + width * ((job_id + step) % slots)
         if all(is_free(base + i) for i in range(tasks_per_node)):
             return base
-    raise invalid(ClusterSpecError, "ports", f"{PORT_LOW}-{PORT_HIGH - 1}",
-                  f"{tasks_per_node} free consecutive ports in one slot", "Pass a fixed --port-base.")
+    raise invalid(
+        ClusterSpecError,
+        "ports",
+        f"{PORT_LOW}-{PORT_HIGH - 1}",
+        f"{tasks_per_node} free consecutive ports in one slot",
+        "Pass a fixed --port-base.",
+    )
 
 
 def allocated_tasks(env: Mapping[str, str]) -> int:
@@ -187,8 +212,12 @@ def elastic_jobs(jobs: Mapping[str, int], tasks: int, *, min_workers: int) -> di
         raise invalid(ClusterSpecError, "jobs", dict(jobs), "no 'worker' count (the step's other tasks are workers)")
     workers = tasks - sum(jobs.values())
     if workers < min_workers:
-        raise invalid(ClusterSpecError, "SLURM_STEP_TASKS_PER_NODE", tasks,
-                      f"at least {sum(jobs.values()) + min_workers} tasks ({dict(jobs)} and >= {min_workers} workers)",
-                      "The allocation is smaller than --min-workers allows: request at least that many nodes "
-                      "(#SBATCH --nodes=MIN-MAX).")
+        raise invalid(
+            ClusterSpecError,
+            "SLURM_STEP_TASKS_PER_NODE",
+            tasks,
+            f"at least {sum(jobs.values()) + min_workers} tasks ({dict(jobs)} and >= {min_workers} workers)",
+            "The allocation is smaller than --min-workers allows: request at least that many nodes "
+            "(#SBATCH --nodes=MIN-MAX).",
+        )
     return {**jobs, "worker": workers}

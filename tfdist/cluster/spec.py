@@ -16,16 +16,24 @@ import json
 import os
 import types
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any
 
-from tfdist.cluster import address as _address
 from tfdist.cluster import _parse as _cluster_parse
+from tfdist.cluster import address as _address
 from tfdist.cluster import jobset as _jobset
 from tfdist.cluster import slurm as _slurm
 from tfdist.errors import ClusterSpecError, invalid, require_bool, require_int, require_type
 
-__all__ = ["ClusterSpec", "ClusterLike", "Task", "JOB_NAMES", "current_cluster", "resolve_cluster", "split_task_name",
-           "task_counts"]
+__all__ = [
+    "JOB_NAMES",
+    "ClusterLike",
+    "ClusterSpec",
+    "Task",
+    "current_cluster",
+    "resolve_cluster",
+    "split_task_name",
+    "task_counts",
+]
 
 JOB_NAMES = _cluster_parse.JOB_NAMES
 TF_CONFIG_VAR = "TF_CONFIG"
@@ -59,7 +67,7 @@ def split_task_name(name: str) -> tuple[str, int]:
     return job, int(index)
 
 
-def resolve_cluster(cluster: "ClusterLike" = None) -> Optional["ClusterSpec"]:
+def resolve_cluster(cluster: ClusterLike = None) -> ClusterSpec | None:
     """An explicit cluster first, the environment second: the spec itself, parsed TF_CONFIG, or :func:`current_cluster`.
 
     Example:
@@ -73,7 +81,7 @@ def resolve_cluster(cluster: "ClusterLike" = None) -> Optional["ClusterSpec"]:
     return current_cluster()
 
 
-def current_cluster(env: Mapping[str, str] | None = None) -> Optional["ClusterSpec"]:
+def current_cluster(env: Mapping[str, str] | None = None) -> ClusterSpec | None:
     """This process's cluster from ``TF_CONFIG``, or None when it is unset (the process runs alone).
 
     Example:
@@ -126,10 +134,10 @@ class ClusterSpec:
     """
 
     jobs: Mapping[str, Mapping[int, str]]
-    task_type: Optional[str] = None
+    task_type: str | None = None
     task_id: int = 0
-    rpc_layer: Optional[str] = None
-    environment: Optional[str] = None
+    rpc_layer: str | None = None
+    environment: str | None = None
 
     def __post_init__(self) -> None:
         jobs = _cluster_parse.parse_cluster(self.jobs)
@@ -156,8 +164,9 @@ class ClusterSpec:
 
     # ----------------------------------------------------------------- builders
     @classmethod
-    def from_tf_config(cls, tf_config: str | Mapping[str, Any] | None = None, *,
-                       env: Mapping[str, str] | None = None) -> "ClusterSpec":
+    def from_tf_config(
+        cls, tf_config: str | Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None
+    ) -> ClusterSpec:
         """Parses TF_CONFIG as written by TFJob, Vertex AI, Slurm scripts or by hand.
 
         Args:
@@ -175,14 +184,20 @@ class ClusterSpec:
         if tf_config is None:
             env = os.environ if env is None else env
             if TF_CONFIG_VAR not in env:
-                raise invalid(ClusterSpecError, TF_CONFIG_VAR, None, "the environment variable to be set",
-                              "Run under a cluster manager or tfdist-launch, or build one with ClusterSpec.local().")
+                raise invalid(
+                    ClusterSpecError,
+                    TF_CONFIG_VAR,
+                    None,
+                    "the environment variable to be set",
+                    "Run under a cluster manager or tfdist-launch, or build one with ClusterSpec.local().",
+                )
             tf_config = env[TF_CONFIG_VAR]
         return cls(**_cluster_parse.parse_tf_config(tf_config))
 
     @classmethod
-    def local(cls, *, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
-              host: str = "127.0.0.1") -> "ClusterSpec":
+    def local(
+        cls, *, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False, host: str = "127.0.0.1"
+    ) -> ClusterSpec:
         """A cluster on one machine, every task on its own free port of ``host``.
 
         Example:
@@ -190,22 +205,30 @@ class ClusterSpec:
             3
         """
         for name, value in (("workers", workers), ("ps", ps)):
-            require_int(ClusterSpecError, name, value, minimum=0, maximum=MAX_TASKS_PER_JOB,
-                        fix="A local cluster runs every task on this machine.")
+            require_int(
+                ClusterSpecError,
+                name,
+                value,
+                minimum=0,
+                maximum=MAX_TASKS_PER_JOB,
+                fix="A local cluster runs every task on this machine.",
+            )
         for name, flag in (("chief", chief), ("evaluator", evaluator)):
             require_bool(ClusterSpecError, name, flag)
         require_type(ClusterSpecError, "host", host, str, "a host name or address of this machine")
         if workers == 0 and not chief:
-            raise invalid(ClusterSpecError, "workers", workers, "at least one training task",
-                          "Pass workers >= 1, or chief=True.")
+            raise invalid(
+                ClusterSpecError, "workers", workers, "at least one training task", "Pass workers >= 1, or chief=True."
+            )
         counts = task_counts(workers=workers, ps=ps, chief=chief, evaluator=evaluator)
         ports = iter(_address.free_ports(sum(counts.values()), host))
         jobs = {job: [_address.join_address(host, next(ports)) for _ in range(n)] for job, n in counts.items()}
         return cls(jobs=jobs)
 
     @classmethod
-    def from_slurm(cls, env: Mapping[str, str] | None = None, *, jobs: Mapping[str, int] | None = None,
-                   port_base: int = 8888) -> "ClusterSpec":
+    def from_slurm(
+        cls, env: Mapping[str, str] | None = None, *, jobs: Mapping[str, int] | None = None, port_base: int = 8888
+    ) -> ClusterSpec:
         """The cluster of a Slurm job step, from its ``SLURM_*`` variables.
 
         Lays tasks out like TensorFlow's ``SlurmClusterResolver`` (sorted hosts,
@@ -219,12 +242,19 @@ class ClusterSpec:
           port_base: Port of the first task on each host.
         """
         cluster, task_type, task_id = _slurm.slurm_layout(
-            os.environ if env is None else env, jobs=jobs, port_base=port_base)
+            os.environ if env is None else env, jobs=jobs, port_base=port_base
+        )
         return cls(jobs=cluster, task_type=task_type, task_id=task_id)
 
     @classmethod
-    def from_jobset(cls, env: Mapping[str, str] | None = None, *, jobs: Mapping[str, int], port: int = 2222,
-                    subdomain: str | None = None) -> "ClusterSpec":
+    def from_jobset(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        jobs: Mapping[str, int],
+        port: int = 2222,
+        subdomain: str | None = None,
+    ) -> ClusterSpec:
         """The cluster of a JobSet pod (Kubeflow Trainer v2 / ``tfdist-launch --emit jobset``).
 
         Reads ``JOBSET_NAME``, ``REPLICATED_JOB_NAME``, ``JOB_INDEX`` (the JobSet
@@ -248,10 +278,11 @@ class ClusterSpec:
             require_int(ClusterSpecError, f"jobs[{job!r}]", count, minimum=1)
         require_int(ClusterSpecError, "port", port, minimum=1, maximum=65535)
         cluster, task_type, task_id = _jobset.jobset_layout(
-            os.environ if env is None else env, jobs=jobs, port=port, subdomain=subdomain)
+            os.environ if env is None else env, jobs=jobs, port=port, subdomain=subdomain
+        )
         return cls(jobs=cluster, task_type=task_type, task_id=task_id)
 
-    def with_task(self, task_type: str, task_id: int = 0) -> "ClusterSpec":
+    def with_task(self, task_type: str, task_id: int = 0) -> ClusterSpec:
         """The same cluster seen from another task."""
         return dataclasses.replace(self, task_type=task_type, task_id=task_id)
 
@@ -314,14 +345,18 @@ class ClusterSpec:
         the evaluator (which managers leave out of TF_CONFIG). Log it on every
         task: a differing value means mismatched TF_CONFIGs.
         """
-        canonical = json.dumps([self.cluster_dict(include_evaluator=False, dense=False),
-                                self.rpc_layer or "grpc"], sort_keys=True)
+        canonical = json.dumps(
+            [self.cluster_dict(include_evaluator=False, dense=False), self.rpc_layer or "grpc"], sort_keys=True
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     def tasks(self) -> list[Task]:
         """Every task, chief first, then workers, ps, evaluator, by index."""
-        return [Task(type=job, index=index, address=address)
-                for job, tasks in self.jobs.items() for index, address in tasks.items()]
+        return [
+            Task(type=job, index=index, address=address)
+            for job, tasks in self.jobs.items()
+            for index, address in tasks.items()
+        ]
 
     def cluster_dict(self, *, include_evaluator: bool = True, dense: bool = True) -> dict[str, Any]:
         """The ``cluster`` part of TF_CONFIG (lists where indices are 0..n-1)."""
@@ -333,8 +368,9 @@ class ClusterSpec:
             result[job] = list(tasks.values()) if is_dense else {str(i): a for i, a in tasks.items()}
         return result
 
-    def to_tf_config(self, task_type: str | None = None, task_id: int | None = None, *,
-                     include_evaluator: bool = False) -> dict[str, Any]:
+    def to_tf_config(
+        self, task_type: str | None = None, task_id: int | None = None, *, include_evaluator: bool = False
+    ) -> dict[str, Any]:
         """TF_CONFIG for one task, as a dict (``json.dumps`` it for the variable).
 
         Args:
@@ -345,8 +381,13 @@ class ClusterSpec:
         """
         if task_type is None:
             if self.task_type is None:
-                raise invalid(ClusterSpecError, "task_type", None, "a job name of this cluster",
-                              "Pass task_type=..., task_id=... or use spec.with_task(...) first.")
+                raise invalid(
+                    ClusterSpecError,
+                    "task_type",
+                    None,
+                    "a job name of this cluster",
+                    "Pass task_type=..., task_id=... or use spec.with_task(...) first.",
+                )
             task_type = self.task_type
             task_id = self.task_id if task_id is None else task_id
         spec = self.with_task(task_type, 0 if task_id is None else task_id)
@@ -369,4 +410,4 @@ class ClusterSpec:
 
 
 # What functions taking a cluster accept: a spec, TF_CONFIG text or mapping, or None for the environment's.
-ClusterLike = Union[ClusterSpec, str, Mapping[str, Any], None]
+ClusterLike = ClusterSpec | str | Mapping[str, Any] | None

@@ -28,7 +28,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from tfdist.comm.collective import CollectiveConfig, all_reduce_sum
 from tfdist.errors import StorageError, StrategyError, invalid, require_int
@@ -36,7 +36,7 @@ from tfdist.errors import StorageError, StrategyError, invalid, require_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["CollectiveTuning", "autotune_collectives", "all_reduce_timer", "DEFAULT_PACK_CANDIDATES"]
+__all__ = ["DEFAULT_PACK_CANDIDATES", "CollectiveTuning", "all_reduce_timer", "autotune_collectives"]
 
 _log = logging.getLogger("tfdist.comm.autotune")
 _MB = 1 << 20
@@ -69,11 +69,12 @@ class CollectiveTuning(CollectiveConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.timings_ms, Mapping) or not all(
-                isinstance(key, str) and isinstance(ms, (int, float)) and not isinstance(ms, bool)
-                and 0 <= ms < math.inf
-                for key, ms in self.timings_ms.items()):
-            raise invalid(StrategyError, "timings_ms", self.timings_ms,
-                          "a mapping of pack size (text) to milliseconds >= 0")
+            isinstance(key, str) and isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < math.inf
+            for key, ms in self.timings_ms.items()
+        ):
+            raise invalid(
+                StrategyError, "timings_ms", self.timings_ms, "a mapping of pack size (text) to milliseconds >= 0"
+            )
         object.__setattr__(self, "timings_ms", types.MappingProxyType(dict(self.timings_ms)))  # frozen all through
         require_int(StrategyError, "workers", self.workers, minimum=1)
         require_int(StrategyError, "total_bytes", self.total_bytes, minimum=0)
@@ -87,7 +88,7 @@ class CollectiveTuning(CollectiveConfig):
         body["timings_ms"] = dict(self.timings_ms)
         return json.dumps({"format": _FORMAT, **body}, indent=1, sort_keys=True)
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Writes the JSON atomically (temp file, then rename); on failure nothing is left behind.
 
         Raises:
@@ -103,42 +104,65 @@ class CollectiveTuning(CollectiveConfig):
         except OSError as err:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-            raise StorageError(f"Cannot write the tuning file {os.fspath(path)!r}: {err.strerror or err}. "
-                               "Pass a file path in a writable directory.", field="path",
-                               value=os.fspath(path)) from err
+            raise StorageError(
+                f"Cannot write the tuning file {os.fspath(path)!r}: {err.strerror or err}. "
+                "Pass a file path in a writable directory.",
+                field="path",
+                value=os.fspath(path),
+            ) from err
 
     @classmethod
-    def of(cls, tuning: Union["CollectiveTuning", str, os.PathLike]) -> "CollectiveTuning":
+    def of(cls, tuning: CollectiveTuning | str | os.PathLike) -> CollectiveTuning:
         """``tuning`` itself, or the tuning saved at that path."""
         return tuning if isinstance(tuning, cls) else cls.load(tuning)
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike]) -> "CollectiveTuning":
+    def load(cls, path: str | os.PathLike) -> CollectiveTuning:
         """Reads a file written by :meth:`save`."""
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as err:
-            raise StorageError(f"Cannot read the tuning file {os.fspath(path)!r}: {err}. Check the path, or write "
-                               "it with CollectiveTuning.save().", field="tuning", value=os.fspath(path)) from err
+            raise StorageError(
+                f"Cannot read the tuning file {os.fspath(path)!r}: {err}. Check the path, or write "
+                "it with CollectiveTuning.save().",
+                field="tuning",
+                value=os.fspath(path),
+            ) from err
         try:
             body = json.loads(text)
         except (ValueError, RecursionError) as err:
-            raise invalid(StrategyError, "tuning", os.fspath(path), "a tuning JSON file",
-                          f"Write it with CollectiveTuning.save() ({err}).") from err
+            raise invalid(
+                StrategyError,
+                "tuning",
+                os.fspath(path),
+                "a tuning JSON file",
+                f"Write it with CollectiveTuning.save() ({err}).",
+            ) from err
         if not isinstance(body, dict) or body.pop("format", None) != _FORMAT:
-            raise invalid(StrategyError, "tuning", os.fspath(path), f"a JSON object with format '{_FORMAT}'",
-                          "Write it with CollectiveTuning.save().")
+            raise invalid(
+                StrategyError,
+                "tuning",
+                os.fspath(path),
+                f"a JSON object with format '{_FORMAT}'",
+                "Write it with CollectiveTuning.save().",
+            )
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(body) - fields)
         if unknown:
-            raise invalid(StrategyError, "tuning", unknown, f"only the keys {sorted(fields)}",
-                          "The file comes from another tfdist version; rerun the autotuner.")
+            raise invalid(
+                StrategyError,
+                "tuning",
+                unknown,
+                f"only the keys {sorted(fields)}",
+                "The file comes from another tfdist version; rerun the autotuner.",
+            )
         return cls(**body)
 
 
-def all_reduce_timer(strategy: "tf.distribute.Strategy", shapes: Sequence[Sequence[int]],
-                     config: Optional[CollectiveConfig] = None) -> Callable[[], float]:
+def all_reduce_timer(
+    strategy: tf.distribute.Strategy, shapes: Sequence[Sequence[int]], config: CollectiveConfig | None = None
+) -> Callable[[], float]:
     """A traced, warmed-up all-reduce of float32 tensors of ``shapes``; each call runs it once, returns seconds.
 
     Call on every worker in the same order (it is a collective).
@@ -152,8 +176,10 @@ def all_reduce_timer(strategy: "tf.distribute.Strategy", shapes: Sequence[Sequen
     """
     import tensorflow as tf
 
-    values = [strategy.experimental_distribute_values_from_function(
-        lambda context, s=tuple(shape): tf.ones(s, tf.float32)) for shape in shapes]
+    values = [
+        strategy.experimental_distribute_values_from_function(lambda context, s=tuple(shape): tf.ones(s, tf.float32))
+        for shape in shapes
+    ]
     device = strategy.extended.worker_devices[0]
 
     def replica_fn(*tensors: Any) -> Any:
@@ -178,9 +204,14 @@ def all_reduce_timer(strategy: "tf.distribute.Strategy", shapes: Sequence[Sequen
     return once
 
 
-def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Sequence[int]], *,
-                         candidates: Sequence[int] = DEFAULT_PACK_CANDIDATES, compression: str = "none",
-                         repeats: int = 3) -> CollectiveTuning:
+def autotune_collectives(
+    strategy: tf.distribute.Strategy,
+    shapes: Sequence[Sequence[int]],
+    *,
+    candidates: Sequence[int] = DEFAULT_PACK_CANDIDATES,
+    compression: str = "none",
+    repeats: int = 3,
+) -> CollectiveTuning:
     """Times the all-reduce of ``shapes`` for each pack size and returns the fastest; call on every worker.
 
     Each candidate packs into all-reduces of about that many bytes and splits
@@ -206,8 +237,13 @@ def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Se
 
     shapes = [tuple(int(d) for d in s) for s in shapes]
     if not shapes:
-        raise invalid(StrategyError, "shapes", shapes, "at least one tensor shape",
-                      "Pass [v.shape for v in model.trainable_variables] after building the model.")
+        raise invalid(
+            StrategyError,
+            "shapes",
+            shapes,
+            "at least one tensor shape",
+            "Pass [v.shape for v in model.trainable_variables] after building the model.",
+        )
     configs = [CollectiveConfig(compression=compression, bytes_per_pack=c, split_bytes=c) for c in candidates]
     if not configs:
         raise invalid(StrategyError, "candidates", list(candidates), "at least one pack size in bytes")
@@ -216,15 +252,26 @@ def autotune_collectives(strategy: "tf.distribute.Strategy", shapes: Sequence[Se
     # hits every candidate alike.
     runs = [[timer() for timer in timers] for _ in range(repeats)]
     local = [statistics.median(column) for column in zip(*runs)]
-    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.experimental_distribute_values_from_function(
-        lambda context: tf.constant(local, tf.float64)), axis=None).numpy()
+    summed = strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        strategy.experimental_distribute_values_from_function(lambda context: tf.constant(local, tf.float64)),
+        axis=None,
+    ).numpy()
     mean_ms = [float(t) * 1e3 / strategy.num_replicas_in_sync for t in summed]
     best = min(range(len(configs)), key=lambda i: (mean_ms[i], i))
     timings = {str(c.bytes_per_pack): round(ms, 3) for c, ms in zip(configs, mean_ms)}
-    _log.info("Collective autotuning over %d tensors: %s ms; best pack %d bytes.", len(shapes), timings,
-              configs[best].bytes_per_pack)
+    _log.info(
+        "Collective autotuning over %d tensors: %s ms; best pack %d bytes.",
+        len(shapes),
+        timings,
+        configs[best].bytes_per_pack,
+    )
     total = sum(4 * math.prod(s) for s in shapes)
-    return CollectiveTuning(compression=compression, bytes_per_pack=configs[best].bytes_per_pack,
-                            split_bytes=configs[best].split_bytes, timings_ms=timings,
-                            workers=strategy.num_replicas_in_sync, total_bytes=total)
-
+    return CollectiveTuning(
+        compression=compression,
+        bytes_per_pack=configs[best].bytes_per_pack,
+        split_bytes=configs[best].split_bytes,
+        timings_ms=timings,
+        workers=strategy.num_replicas_in_sync,
+        total_bytes=total,
+    )

@@ -34,8 +34,14 @@ from tfdist.errors import StrategyError, invalid, require_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["CollectiveConfig", "GRADIENT_COMPRESSIONS", "all_reduce_sum", "gradient_value_bytes", "payload_bytes",
-           "wire_bytes"]
+__all__ = [
+    "GRADIENT_COMPRESSIONS",
+    "CollectiveConfig",
+    "all_reduce_sum",
+    "gradient_value_bytes",
+    "payload_bytes",
+    "wire_bytes",
+]
 
 # Gradient compression -> the dtype float32 gradients travel as (None: unchanged). Not file compression:
 # that is tfdist.data.records.writer.COMPRESSIONS.
@@ -67,10 +73,15 @@ class CollectiveConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.compression, str) or self.compression not in GRADIENT_COMPRESSIONS:
-            raise invalid(StrategyError, "compression", self.compression,
-                          describe_choices(self.compression, GRADIENT_COMPRESSIONS))
-        require_int(StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0,
-                    fix="Use 0 to keep the strategy's packing.")
+            raise invalid(
+                StrategyError,
+                "compression",
+                self.compression,
+                describe_choices(self.compression, GRADIENT_COMPRESSIONS),
+            )
+        require_int(
+            StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0, fix="Use 0 to keep the strategy's packing."
+        )
         require_int(StrategyError, "split_bytes", self.split_bytes, minimum=0, fix="Use 0 to never split.")
 
     @property
@@ -124,7 +135,7 @@ def _itemsize(tensor: Any) -> int:
     return int(size if size is not None else dtype.itemsize)
 
 
-def _split(flat: "tf.Tensor", piece_elems: int) -> list["tf.Tensor"]:
+def _split(flat: tf.Tensor, piece_elems: int) -> list[tf.Tensor]:
     import tensorflow as tf
 
     n = int(flat.shape[0])
@@ -132,7 +143,7 @@ def _split(flat: "tf.Tensor", piece_elems: int) -> list["tf.Tensor"]:
     return tf.split(flat, sizes) if len(sizes) > 1 else [flat]
 
 
-def _fp16_scale(tensors: Sequence["tf.Tensor"], context: Any) -> "tf.Tensor":
+def _fp16_scale(tensors: Sequence[tf.Tensor], context: Any) -> tf.Tensor:
     """A power of two that keeps every partial sum of ``tensors`` within float16 range."""
     import tensorflow as tf
 
@@ -147,8 +158,7 @@ def _fp16_scale(tensors: Sequence["tf.Tensor"], context: Any) -> "tf.Tensor":
     return tf.where(tf.math.is_finite(bound), scale, tf.constant(math.nan))
 
 
-def all_reduce_sum(tensors: Sequence["tf.Tensor"], config: CollectiveConfig,
-                   context: Any = None) -> list["tf.Tensor"]:
+def all_reduce_sum(tensors: Sequence[tf.Tensor], config: CollectiveConfig, context: Any = None) -> list[tf.Tensor]:
     """Sums dense ``tensors`` over all replicas; call in replica context.
 
     Every replica must call it with the same shapes, in the same order.
@@ -185,7 +195,7 @@ def all_reduce_sum(tensors: Sequence["tf.Tensor"], config: CollectiveConfig,
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, pieces, options=options)
     out, start = [], 0
     for tensor, count in zip(tensors, layout):
-        parts = reduced[start:start + count]
+        parts = reduced[start : start + count]
         start += count
         flat = parts[0] if count == 1 else tf.concat(parts, axis=0)
         if scale is not None:

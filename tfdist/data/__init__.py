@@ -13,14 +13,39 @@ Example:
     (64, True)
 """
 
-from tfdist.data.pipeline import (EpochOptions, ParseOptions, SampleOptions, ShardOptions, SourceOptions,
-                                  TFRecordPipeline, TuningOptions)
+from tfdist.data.pipeline import (
+    EpochOptions,
+    ParseOptions,
+    SampleOptions,
+    ShardOptions,
+    SourceOptions,
+    TFRecordPipeline,
+    TuningOptions,
+)
 from tfdist.data.records import FileInfo, Listing, VerifyReport, read_manifest, write_tfrecords
 from tfdist.data.report import SkewReport, skew_report
 from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.service import LocalDataService
 from tfdist.data.sharding import ShardPlan, plan_shards
 
-__all__ = ["EpochOptions", "FileInfo", "Listing", "LocalDataService", "ParseOptions", "SampleOptions", "ShardOptions",
-           "ShardPlan", "SkewReport", "SourceOptions", "TFRecordPipeline", "TuningOptions", "VerifyReport",
-           "plan_shards", "read_manifest", "resolve_weights", "skew_report", "stratified_sample", "write_tfrecords"]
+__all__ = [
+    "EpochOptions",
+    "FileInfo",
+    "Listing",
+    "LocalDataService",
+    "ParseOptions",
+    "SampleOptions",
+    "ShardOptions",
+    "ShardPlan",
+    "SkewReport",
+    "SourceOptions",
+    "TFRecordPipeline",
+    "TuningOptions",
+    "VerifyReport",
+    "plan_shards",
+    "read_manifest",
+    "resolve_weights",
+    "skew_report",
+    "stratified_sample",
+    "write_tfrecords",
+]

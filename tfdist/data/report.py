@@ -14,7 +14,7 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.data.sharding import imbalance
 
@@ -74,40 +74,61 @@ class SkewReport:
         """What to change, in words."""
         tips = []
         if self.record_imbalance > 1.1:
-            tips.append(f"Workers read unequal shares (max/mean {self.record_imbalance:.2f}): write more, "
-                        "equal-sized shards, or use shard_policy='data'.")
+            tips.append(
+                f"Workers read unequal shares (max/mean {self.record_imbalance:.2f}): write more, "
+                "equal-sized shards, or use shard_policy='data'."
+            )
         worst = max(self.class_divergence) if self.class_divergence else 0.0
         if worst > 0.05:
-            tips.append(f"A worker's class mix differs from the global one by {worst:.0%} (total variation): write "
-                        "per-class shard groups (write_tfrecords(partition_by=...)) and read with class_weights, or "
-                        "use shard_policy='data'.")
+            tips.append(
+                f"A worker's class mix differs from the global one by {worst:.0%} (total variation): write "
+                "per-class shard groups (write_tfrecords(partition_by=...)) and read with class_weights, or "
+                "use shard_policy='data'."
+            )
         if self.class_imbalance > 10:
-            tips.append(f"Classes are skewed {self.class_imbalance:.0f}:1: consider class_weights='sqrt' or "
-                        "'balanced' in TFRecordPipeline.")
+            tips.append(
+                f"Classes are skewed {self.class_imbalance:.0f}:1: consider class_weights='sqrt' or "
+                "'balanced' in TFRecordPipeline."
+            )
         return tips or ["Shares and class mixes are balanced; nothing to change."]
 
     def to_text(self) -> str:
         """A table for people."""
         classes = list(self.global_classes)
-        lines = [f"sharding: {self.policy} ({self.reason})",
-                 f"{'worker':<8}{'records':>10}{'MB':>9}{'TV':>7}  " + " ".join(f"{c:>8}" for c in classes)]
-        for i, (records, size, mix, tv) in enumerate(zip(self.worker_records, self.worker_bytes,
-                                                         self.worker_classes, self.class_divergence)):
-            lines.append(f"{i:<8}{records:>10}{size / 1e6:>9.2f}{tv:>7.3f}  " +
-                         " ".join(f"{mix.get(c, 0):>8}" for c in classes))
-        lines.append(f"{'all':<8}{sum(self.worker_records):>10}{sum(self.worker_bytes) / 1e6:>9.2f}{'':>7}  " +
-                     " ".join(f"{self.global_classes[c]:>8}" for c in classes))
-        lines.append(f"record imbalance (max/mean): {self.record_imbalance:.3f}; class skew (max/min): "
-                     f"{self.class_imbalance:.1f}; worst class-mix divergence: {max(self.class_divergence):.3f}")
+        lines = [
+            f"sharding: {self.policy} ({self.reason})",
+            f"{'worker':<8}{'records':>10}{'MB':>9}{'TV':>7}  " + " ".join(f"{c:>8}" for c in classes),
+        ]
+        for i, (records, size, mix, tv) in enumerate(
+            zip(self.worker_records, self.worker_bytes, self.worker_classes, self.class_divergence)
+        ):
+            lines.append(
+                f"{i:<8}{records:>10}{size / 1e6:>9.2f}{tv:>7.3f}  " + " ".join(f"{mix.get(c, 0):>8}" for c in classes)
+            )
+        lines.append(
+            f"{'all':<8}{sum(self.worker_records):>10}{sum(self.worker_bytes) / 1e6:>9.2f}{'':>7}  "
+            + " ".join(f"{self.global_classes[c]:>8}" for c in classes)
+        )
+        lines.append(
+            f"record imbalance (max/mean): {self.record_imbalance:.3f}; class skew (max/min): "
+            f"{self.class_imbalance:.1f}; worst class-mix divergence: {max(self.class_divergence):.3f}"
+        )
         lines += [f"- {tip}" for tip in self.advice()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "reason": self.reason, "worker_records": list(self.worker_records),
-                "worker_bytes": list(self.worker_bytes), "worker_classes": [dict(c) for c in self.worker_classes],
-                "global_classes": self.global_classes, "record_imbalance": self.record_imbalance,
-                "class_divergence": list(self.class_divergence), "class_imbalance": self.class_imbalance,
-                "advice": self.advice()}
+        return {
+            "policy": self.policy,
+            "reason": self.reason,
+            "worker_records": list(self.worker_records),
+            "worker_bytes": list(self.worker_bytes),
+            "worker_classes": [dict(c) for c in self.worker_classes],
+            "global_classes": self.global_classes,
+            "record_imbalance": self.record_imbalance,
+            "class_divergence": list(self.class_divergence),
+            "class_imbalance": self.class_imbalance,
+            "advice": self.advice(),
+        }
 
     def plot(self, path: str) -> None:
         """Draws per-worker class histograms to ``path`` (needs matplotlib: ``pip install tfdist[bench]``)."""
@@ -120,8 +141,12 @@ class SkewReport:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         width = 0.8 / len(self.worker_classes)
         for i, mix in enumerate(self.worker_classes):
-            left.bar([c + i * width for c in range(len(classes))], [mix.get(k, 0) for k in classes], width,
-                     label=f"worker {i}")
+            left.bar(
+                [c + i * width for c in range(len(classes))],
+                [mix.get(k, 0) for k in classes],
+                width,
+                label=f"worker {i}",
+            )
         left.set_xticks([c + 0.4 - width / 2 for c in range(len(classes))], classes)
         left.set_title(f"records per class and worker ({self.label_key})")
         left.legend()
@@ -135,8 +160,15 @@ class SkewReport:
         plt.close(fig)
 
 
-def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: str = "auto",
-                shard_key: Optional[str] = None, label_spec: Optional[Any] = None) -> SkewReport:
+def skew_report(
+    files: Any,
+    *,
+    label_key: str,
+    num_workers: int,
+    shard_policy: str = "auto",
+    shard_key: str | None = None,
+    label_spec: Any | None = None,
+) -> SkewReport:
     """Reads the labels of every record and reports each worker's share under ``shard_policy``.
 
     Args:
@@ -149,17 +181,18 @@ def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: s
     """
     import tensorflow as tf
 
-    from tfdist.data.records.files import compression_of
     from tfdist.data.pipeline.parsing import check_features
     from tfdist.data.pipeline.tfrecord import TFRecordPipeline
+    from tfdist.data.records.files import compression_of
 
     spec = label_spec or tf.io.FixedLenFeature([], tf.int64)
     features = {label_key: spec}
     if shard_key:
         features[shard_key] = tf.io.FixedLenFeature([], tf.int64)
     # The report runs each worker's real record stream (the pipeline's own sharding code), so it is exact.
-    probe = TFRecordPipeline(files=files, features=features, batch_size=1, shard_policy=shard_policy,
-                             shard_key=shard_key, deterministic=True)
+    probe = TFRecordPipeline(
+        files=files, features=features, batch_size=1, shard_policy=shard_policy, shard_key=shard_key, deterministic=True
+    )
     listing = probe.listing()
     plan = probe.plan(num_workers, listing)
     sizes = dict(listing.sizes)
@@ -176,5 +209,11 @@ def skew_report(files: Any, *, label_key: str, num_workers: int, shard_policy: s
         records.append(sum(counts.values()))
         nbytes.append(sum(sizes[p] for p in plan.files_for(worker)))
         classes.append(dict(sorted(counts.items())))
-    return SkewReport(policy=plan.policy, reason=plan.reason, label_key=label_key, worker_records=tuple(records),
-                      worker_bytes=tuple(nbytes), worker_classes=tuple(classes))
+    return SkewReport(
+        policy=plan.policy,
+        reason=plan.reason,
+        label_key=label_key,
+        worker_records=tuple(records),
+        worker_bytes=tuple(nbytes),
+        worker_classes=tuple(classes),
+    )

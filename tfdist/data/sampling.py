@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from tfdist import _compat
 from tfdist._compat import is_variable
@@ -29,8 +29,9 @@ _CHOICES_PER_DRAW = 1024  # Class choices drawn per vectorized draw.
 _PLANNED_CHOICES = 1 << 18  # At most this many choices are drawn up front (2 MB of int64 in the dataset's graph).
 
 
-def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optional[Mapping[Any, int]] = None,
-                    classes: Optional[Sequence[Any]] = None) -> dict[Any, float]:
+def resolve_weights(
+    weights: str | Mapping[Any, float], *, counts: Mapping[Any, int] | None = None, classes: Sequence[Any] | None = None
+) -> dict[Any, float]:
     """Turns a weight scheme or mapping into normalized per-class probabilities.
 
     Args:
@@ -42,15 +43,30 @@ def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optiona
     keys = list(counts) if counts is not None else list(classes or [])
     if isinstance(weights, str):
         if weights not in _WEIGHT_SCHEMES:
-            raise invalid(DataError, "class_weights", weights,
-                          describe_choices(weights, _WEIGHT_SCHEMES) + ", a mapping, or a tf.Variable")
+            raise invalid(
+                DataError,
+                "class_weights",
+                weights,
+                describe_choices(weights, _WEIGHT_SCHEMES) + ", a mapping, or a tf.Variable",
+            )
         if weights != "balanced" and counts is None:
-            raise invalid(DataError, "class_weights", weights, "class counts to weigh by",
-                          "Pass counts=..., or write the data with write_tfrecords(partition_by=...).")
+            raise invalid(
+                DataError,
+                "class_weights",
+                weights,
+                "class counts to weigh by",
+                "Pass counts=..., or write the data with write_tfrecords(partition_by=...).",
+            )
         if not keys:
             raise invalid(DataError, "classes", keys, "at least one class")
-        raw = {k: 1.0 if weights == "balanced" else float(counts[k]) if weights == "natural"  # type: ignore[index]
-               else math.sqrt(counts[k]) for k in keys}  # type: ignore[index]
+        raw = {
+            k: 1.0
+            if weights == "balanced"
+            else float(counts[k])
+            if weights == "natural"  # type: ignore[index]
+            else math.sqrt(counts[k])
+            for k in keys
+        }  # type: ignore[index]
     else:
         try:
             raw = {k: float(v) for k, v in weights.items()}
@@ -65,9 +81,16 @@ def resolve_weights(weights: Union[str, Mapping[Any, float]], *, counts: Optiona
     return {k: v / total for k, v in raw.items()}
 
 
-def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence["tf.data.Dataset"]],
-                      weights: Weights, *, counts: Optional[Mapping[Any, int]] = None, seed: Optional[int] = None,
-                      on_exhausted: str = "repeat", block: int = 1, draws: Optional[int] = None) -> "tf.data.Dataset":
+def stratified_sample(
+    datasets: Mapping[Any, tf.data.Dataset] | Sequence[tf.data.Dataset],
+    weights: Weights,
+    *,
+    counts: Mapping[Any, int] | None = None,
+    seed: int | None = None,
+    on_exhausted: str = "repeat",
+    block: int = 1,
+    draws: int | None = None,
+) -> tf.data.Dataset:
     """Samples from per-class datasets with the given class mix.
 
     Args:
@@ -113,8 +136,12 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     if not isinstance(weights, (str, Mapping)) and not is_variable(weights):
         # A list of weights, one per dataset in order (as tf.data.Dataset.sample_from_datasets takes them).
         if not isinstance(weights, Sequence) or len(weights) != len(keys):
-            raise invalid(DataError, "weights", weights, f"a scheme name, a mapping, a tf.Variable, or a list of "
-                          f"{len(keys)} weights (one per dataset)")
+            raise invalid(
+                DataError,
+                "weights",
+                weights,
+                f"a scheme name, a mapping, a tf.Variable, or a list of {len(keys)} weights (one per dataset)",
+            )
         weights = dict(zip(keys, weights))
     members = [mapping[k].repeat() if on_exhausted == "repeat" else mapping[k] for k in keys]
     if block > 1:
@@ -126,19 +153,33 @@ def stratified_sample(datasets: Union[Mapping[Any, "tf.data.Dataset"], Sequence[
     return _compat.unbatch_dense(sampled) if block > 1 else sampled
 
 
-def _sample(members: list["tf.data.Dataset"], weights: Weights, keys: list[Any], *,
-            counts: Optional[Mapping[Any, int]], seed: Optional[int], stop: bool,
-            choices: Optional[int] = None) -> "tf.data.Dataset":
+def _sample(
+    members: list[tf.data.Dataset],
+    weights: Weights,
+    keys: list[Any],
+    *,
+    counts: Mapping[Any, int] | None,
+    seed: int | None,
+    stop: bool,
+    choices: int | None = None,
+) -> tf.data.Dataset:
     import tensorflow as tf
 
     if isinstance(weights, tf.Variable):
         if weights.shape.rank != 1 or weights.shape[0] != len(keys):
-            raise invalid(DataError, "class_weights", f"tf.Variable{weights.shape}",
-                          f"a 1-D variable with {len(keys)} entries (one per class)")
+            raise invalid(
+                DataError,
+                "class_weights",
+                f"tf.Variable{weights.shape}",
+                f"a 1-D variable with {len(keys)} entries (one per class)",
+            )
         variable = weights
         # A dataset of weights reads the variable at every element, so updates take effect while training.
-        live = tf.data.Dataset.from_tensors(0).repeat().map(
-            lambda _: tf.cast(variable.read_value(), tf.float32) / tf.reduce_sum(variable))
+        live = (
+            tf.data.Dataset.from_tensors(0)
+            .repeat()
+            .map(lambda _: tf.cast(variable.read_value(), tf.float32) / tf.reduce_sum(variable))
+        )
         return tf.data.Dataset.sample_from_datasets(members, weights=live, seed=seed, stop_on_empty_dataset=stop)
     probabilities = resolve_weights(weights, counts=counts, classes=keys)  # type: ignore[arg-type]
     mix = [probabilities[k] for k in keys]
@@ -149,7 +190,7 @@ def _sample(members: list["tf.data.Dataset"], weights: Weights, keys: list[Any],
     return tf.data.Dataset.choose_from_datasets(members, picks, stop_on_empty_dataset=stop)
 
 
-def _planned_choices(probabilities: Sequence[float], count: int, *, seed: int) -> "tf.data.Dataset":
+def _planned_choices(probabilities: Sequence[float], count: int, *, seed: int) -> tf.data.Dataset:
     """``count`` class indices (int64) drawn now by numpy with ``probabilities``, then round robin forever.
 
     The round robin runs over the classes of weight > 0 only: past the planned
@@ -162,11 +203,12 @@ def _planned_choices(probabilities: Sequence[float], count: int, *, seed: int) -
     rng = np.random.default_rng(seed % (1 << 64))  # Seeds may be negative (as TF's); numpy takes them mod 2**64.
     picks = rng.choice(len(mix), size=count, p=mix / mix.sum())
     drawn = tf.data.Dataset.from_tensor_slices(tf.constant(picks, tf.int64))
-    return drawn.concatenate(tf.data.Dataset.from_tensor_slices(tf.constant(np.flatnonzero(mix > 0), tf.int64))
-                             .repeat())
+    return drawn.concatenate(
+        tf.data.Dataset.from_tensor_slices(tf.constant(np.flatnonzero(mix > 0), tf.int64)).repeat()
+    )
 
 
-def class_choices(probabilities: Sequence[float], *, seed: Optional[int] = None) -> "tf.data.Dataset":
+def class_choices(probabilities: Sequence[float], *, seed: int | None = None) -> tf.data.Dataset:
     """An endless stream of class indices (int64) drawn with ``probabilities``, 1,024 at a time.
 
     What ``sample_from_datasets`` draws per element (one random categorical

@@ -14,10 +14,10 @@ Example::
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any
 
-from tfdist.cluster import address as _address
 from tfdist._compat import stop_data_server
+from tfdist.cluster import address as _address
 from tfdist.errors import DataError, ServiceError, require_int
 
 __all__ = ["LocalDataService"]
@@ -48,7 +48,7 @@ class LocalDataService:
             raise ServiceError("The data service is not started; use `with LocalDataService(...) as service:`.")
         return self._dispatcher.target
 
-    def start(self) -> "LocalDataService":
+    def start(self) -> LocalDataService:
         import tensorflow as tf
 
         from tfdist.data.storage.staging import ensure_agent
@@ -59,8 +59,11 @@ class LocalDataService:
         self._dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
         dispatcher = self._dispatcher.target.split("://")[1]
         for _ in range(self.num_workers):
-            self._workers.append(service.WorkerServer(service.WorkerConfig(
-                dispatcher_address=dispatcher, worker_address=f"{self.host}:%port%")))
+            self._workers.append(
+                service.WorkerServer(
+                    service.WorkerConfig(dispatcher_address=dispatcher, worker_address=f"{self.host}:%port%")
+                )
+            )
         return self
 
     def stop(self) -> None:
@@ -70,9 +73,10 @@ class LocalDataService:
             stop_data_server(self._dispatcher)
         self._workers, self._dispatcher = [], None
 
-    def __enter__(self) -> "LocalDataService":
+    def __enter__(self) -> LocalDataService:
         return self.start()
 
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Sequence
-from typing import Optional
 
 from tfdist._names import describe_choices
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB
@@ -76,8 +75,9 @@ def imbalance(loads: Sequence[float]) -> float:
     return max(loads) / mean if mean else 1.0
 
 
-def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: str = "auto",
-                shard_key: Optional[str] = None) -> ShardPlan:
+def plan_shards(
+    files: Sequence[tuple[str, int]], *, num_workers: int, policy: str = "auto", shard_key: str | None = None
+) -> ShardPlan:
     """Chooses and lays out a sharding policy.
 
     'auto' picks 'file' when there are at least as many files as workers and
@@ -98,42 +98,86 @@ def plan_shards(files: Sequence[tuple[str, int]], *, num_workers: int, policy: s
     if policy not in SHARD_POLICIES:
         raise invalid(DataError, "shard_policy", policy, describe_choices(policy, SHARD_POLICIES))
     require_int(DataError, "num_workers", num_workers, minimum=1, maximum=MAX_TASKS_PER_JOB)
-    if isinstance(files, (str, bytes)) or not isinstance(files, Sequence) or not all(
-            isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
-            and not isinstance(item[1], bool) and item[1] >= 0 for item in files):
+    if (
+        isinstance(files, (str, bytes))
+        or not isinstance(files, Sequence)
+        or not all(
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], int)
+            and not isinstance(item[1], bool)
+            and item[1] >= 0
+            for item in files
+        )
+    ):
         raise invalid(DataError, "files", files, "a sequence of (path, size in bytes) pairs")
     if not files:
         raise invalid(DataError, "files", [], "at least one input file", "Check the glob pattern or the list.")
     total = sum(size for _, size in files)
     everything = tuple(sorted(name for name, _ in files))
     if policy == "hash" and not shard_key:
-        raise invalid(DataError, "shard_key", shard_key, "the feature to hash with shard_policy='hash'",
-                      "Pass shard_key='user_id' (for example).")
+        raise invalid(
+            DataError,
+            "shard_key",
+            shard_key,
+            "the feature to hash with shard_policy='hash'",
+            "Pass shard_key='user_id' (for example).",
+        )
     if policy in ("off", "data", "hash") or (policy == "auto" and num_workers == 1):
         chosen = "off" if policy == "auto" else policy
-        reason = {"off": "one input pipeline reads everything" if num_workers == 1 else "sharding is off: every "
-                  "worker reads every record", "data": "every worker reads all files and keeps one "
-                  f"record in {num_workers}", "hash": f"records go to worker hash({shard_key}) % {num_workers}"}
+        reason = {
+            "off": "one input pipeline reads everything"
+            if num_workers == 1
+            else "sharding is off: every worker reads every record",
+            "data": f"every worker reads all files and keeps one record in {num_workers}",
+            "hash": f"records go to worker hash({shard_key}) % {num_workers}",
+        }
         return _everyone_reads_all(chosen, reason[chosen], everything, total, num_workers)
     if len(files) < num_workers:
         if policy == "file":
-            raise invalid(DataError, "shard_policy", "file", f"at least as many files as workers ({num_workers})",
-                          f"Only {len(files)} file(s): use shard_policy='data' or 'auto', or write more shards.")
-        return _everyone_reads_all("data", f"{len(files)} file(s) for {num_workers} workers: too few to shard by "
-                                   "file", everything, total, num_workers)
+            raise invalid(
+                DataError,
+                "shard_policy",
+                "file",
+                f"at least as many files as workers ({num_workers})",
+                f"Only {len(files)} file(s): use shard_policy='data' or 'auto', or write more shards.",
+            )
+        return _everyone_reads_all(
+            "data",
+            f"{len(files)} file(s) for {num_workers} workers: too few to shard by file",
+            everything,
+            total,
+            num_workers,
+        )
     sizes = dict(files)
     assignment = _balance_files(files, num_workers)
     loads = tuple(sum(sizes[name] for name in names) for names in assignment)
     skew = imbalance(loads)
     if policy == "auto" and skew > _BALANCE_TOLERANCE:
-        return _everyone_reads_all("data", f"file sizes do not split evenly (the busiest worker would read "
-                                   f"{skew:.2f}x the mean)", everything, total, num_workers)
-    return ShardPlan(policy="file", reason=f"{len(files)} files over {num_workers} workers, byte-balanced within "
-                     f"{(skew - 1) * 100:.1f}%", num_workers=num_workers,
-                     assignment=tuple(tuple(a) for a in assignment), worker_bytes=loads)
+        return _everyone_reads_all(
+            "data",
+            f"file sizes do not split evenly (the busiest worker would read {skew:.2f}x the mean)",
+            everything,
+            total,
+            num_workers,
+        )
+    return ShardPlan(
+        policy="file",
+        reason=f"{len(files)} files over {num_workers} workers, byte-balanced within {(skew - 1) * 100:.1f}%",
+        num_workers=num_workers,
+        assignment=tuple(tuple(a) for a in assignment),
+        worker_bytes=loads,
+    )
 
 
-def _everyone_reads_all(policy: str, reason: str, everything: tuple[str, ...], total: int,
-                        num_workers: int) -> ShardPlan:
-    return ShardPlan(policy=policy, reason=reason, num_workers=num_workers, assignment=(everything,) * num_workers,
-                     worker_bytes=(total,) * num_workers)
+def _everyone_reads_all(
+    policy: str, reason: str, everything: tuple[str, ...], total: int, num_workers: int
+) -> ShardPlan:
+    return ShardPlan(
+        policy=policy,
+        reason=reason,
+        num_workers=num_workers,
+        assignment=(everything,) * num_workers,
+        worker_bytes=(total,) * num_workers,
+    )

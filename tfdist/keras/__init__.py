@@ -48,10 +48,32 @@ TFDIST_NAMES = {
     "membership": "tfdist.keras.elastic",
 }
 # The public tf_keras API, passed through unchanged.
-KERAS_NAMES = ("Input", "Model", "Sequential", "activations", "applications", "backend", "callbacks", "constraints",
-               "datasets", "dtensor", "experimental", "export", "initializers", "layers", "losses", "metrics",
-               "mixed_precision", "models", "optimizers", "preprocessing", "regularizers", "saving", "utils",
-               "__version__")
+KERAS_NAMES = (
+    "Input",
+    "Model",
+    "Sequential",
+    "activations",
+    "applications",
+    "backend",
+    "callbacks",
+    "constraints",
+    "datasets",
+    "dtensor",
+    "experimental",
+    "export",
+    "initializers",
+    "layers",
+    "losses",
+    "metrics",
+    "mixed_precision",
+    "models",
+    "optimizers",
+    "preprocessing",
+    "regularizers",
+    "saving",
+    "utils",
+    "__version__",
+)
 
 __all__ = sorted(TFDIST_NAMES) + [name for name in KERAS_NAMES if not name.startswith("_")]
 
@@ -62,9 +84,11 @@ def __getattr__(name: str) -> Any:
     elif name in KERAS_NAMES:
         value = getattr(importlib.import_module("tf_keras"), name)
     else:
-        raise AttributeError(f"module 'tfdist.keras' has no attribute {name!r}; it offers tfdist's "
-                             f"{sorted(TFDIST_NAMES)} and tf_keras's {list(KERAS_NAMES)}. For anything else "
-                             "import tf_keras itself.")
+        raise AttributeError(
+            f"module 'tfdist.keras' has no attribute {name!r}; it offers tfdist's "
+            f"{sorted(TFDIST_NAMES)} and tf_keras's {list(KERAS_NAMES)}. For anything else "
+            "import tf_keras itself."
+        )
     globals()[name] = value  # Later lookups skip __getattr__.
     return value
 

@@ -55,8 +55,13 @@ def accumulate_gradients(model: Any, *, steps: int) -> Any:
     require_int(StrategyError, "steps", steps, minimum=1, fix="Use 1 for no accumulation.")
     overridden = type(model).train_step is not tf_keras.Model.train_step
     if overridden:
-        raise invalid(StrategyError, "model", type(model).__name__, "a model with Keras' standard train_step",
-                      "Your class overrides train_step: sum the gradients of micro-batches there.")
+        raise invalid(
+            StrategyError,
+            "model",
+            type(model).__name__,
+            "a model with Keras' standard train_step",
+            "Your class overrides train_step: sum the gradients of micro-batches there.",
+        )
     if steps == 1:
         model.__dict__.pop("train_step", None)
     else:
@@ -96,8 +101,9 @@ def _accumulating_train_step(self: Any, data: Any) -> dict[str, Any]:
         # The optimizer's compute_gradients: a LossScaleOptimizer scales the loss and unscales the gradients.
         pairs = self.optimizer.compute_gradients(loss, variables, tape=tape)
         grads = [None if g is None else tf.convert_to_tensor(g) * share for g, _ in pairs]
-        total = grads if total is None else [a if g is None else (g if a is None else a + g)
-                                             for a, g in zip(total, grads)]
+        total = (
+            grads if total is None else [a if g is None else (g if a is None else a + g) for a, g in zip(total, grads)]
+        )
         self.compute_metrics(x, y, y_pred, sample_weight)
     self.optimizer.apply_gradients(zip(total, variables))
     return self.get_metrics_result()

@@ -14,8 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tfdist.errors import DataError, invalid
 from tfdist._compat import callback_base
+from tfdist.errors import DataError, invalid
 
 __all__ = ["AdaptiveClassWeights"]
 
@@ -52,8 +52,9 @@ class AdaptiveClassWeights(callback_base()):  # type: ignore[misc]
       floor: Smallest weight any class keeps.
     """
 
-    def __init__(self, weights: Any, *, per_class_data: Mapping[int, Any], rate: float = 0.5,
-                 floor: float = 0.02) -> None:
+    def __init__(
+        self, weights: Any, *, per_class_data: Mapping[int, Any], rate: float = 0.5, floor: float = 0.02
+    ) -> None:
         super().__init__()
         if rate < 0 or not 0 <= floor < 1:
             raise invalid(DataError, "rate/floor", (rate, floor), "rate >= 0 and 0 <= floor < 1")
@@ -70,5 +71,9 @@ class AdaptiveClassWeights(callback_base()):  # type: ignore[misc]
         updated = reweight([float(w) for w in self.weights.numpy()], losses, rate=self.rate, floor=self.floor)
         self.weights.assign(updated)
         self.history.append(updated)
-        _log.info("Epoch %d class losses %s -> sampling weights %s.", epoch,
-                  [round(v, 4) for v in losses], [round(v, 3) for v in updated])
+        _log.info(
+            "Epoch %d class losses %s -> sampling weights %s.",
+            epoch,
+            [round(v, 4) for v in losses],
+            [round(v, 3) for v in updated],
+        )

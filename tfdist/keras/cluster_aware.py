@@ -15,20 +15,25 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
-from tfdist.runtime import exit_codes
-from tfdist._compat import (attach_preemption_handler, backup_base, callback_base, saving_before_preemption,
-                            training_state)
+from tfdist._compat import (
+    attach_preemption_handler,
+    backup_base,
+    callback_base,
+    saving_before_preemption,
+    training_state,
+)
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
+from tfdist.runtime import exit_codes
 
-__all__ = ["cluster_callbacks", "ThroughputLogger", "PreemptionSafeBackup"]
+__all__ = ["PreemptionSafeBackup", "ThroughputLogger", "cluster_callbacks"]
 
 _log = logging.getLogger("tfdist.keras")
 _CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
 
 
-def _task_name(spec: Optional[ClusterSpec]) -> str:
+def _task_name(spec: ClusterSpec | None) -> str:
     return spec.task.name if spec is not None and spec.task is not None else "local"
 
 
@@ -50,8 +55,15 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
       cluster: This task's cluster (a spec or TF_CONFIG); default ``TF_CONFIG`` from the environment.
     """
 
-    def __init__(self, global_batch_size: int, *, report_dir: Optional[str] = None,
-                 straggler_factor: float = 1.25, warmup_steps: int = 2, cluster: ClusterLike = None) -> None:
+    def __init__(
+        self,
+        global_batch_size: int,
+        *,
+        report_dir: str | None = None,
+        straggler_factor: float = 1.25,
+        warmup_steps: int = 2,
+        cluster: ClusterLike = None,
+    ) -> None:
         super().__init__()
         self.global_batch_size = global_batch_size
         self.report_dir = report_dir
@@ -93,11 +105,17 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
         if not self._steps:
             return
         step = statistics.mean(self._steps)
-        record = {"task": self._task, "epoch": epoch, "steps_timed": len(self._steps), "step_s": step,
-                  "examples_per_s": self.global_batch_size / step}
+        record = {
+            "task": self._task,
+            "epoch": epoch,
+            "steps_timed": len(self._steps),
+            "step_s": step,
+            "examples_per_s": self.global_batch_size / step,
+        }
         self.history.append(record)
-        _log.info("Epoch %d on %s: %.0f examples/s, %.1f ms/step.", epoch, self._task, record["examples_per_s"],
-                  step * 1e3)
+        _log.info(
+            "Epoch %d on %s: %.0f examples/s, %.1f ms/step.", epoch, self._task, record["examples_per_s"], step * 1e3
+        )
         if self.report_dir is None:
             return
         import tensorflow as tf
@@ -127,8 +145,13 @@ class ThroughputLogger(callback_base()):  # type: ignore[misc]
         slow = sorted(r["task"] for r in reports if r["step_s"] > self.straggler_factor * median)
         self.stragglers.append(slow)
         if slow:
-            _log.warning("Epoch %d stragglers (step time > %.2fx the median %.1f ms): %s.", epoch,
-                         self.straggler_factor, median * 1e3, ", ".join(slow))
+            _log.warning(
+                "Epoch %d stragglers (step time > %.2fx the median %.1f ms): %s.",
+                epoch,
+                self.straggler_factor,
+                median * 1e3,
+                ", ".join(slow),
+            )
 
 
 def exit_preempted() -> None:
@@ -166,22 +189,35 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
         state = training_state(self)
         strategy = self.model.distribute_strategy
         resolver = getattr(strategy, "cluster_resolver", None)
-        multi_worker = (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None
-                        and bool(resolver.cluster_spec().as_dict()))
+        multi_worker = (
+            isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and resolver is not None
+            and bool(resolver.cluster_spec().as_dict())
+        )
         if saving_before_preemption(state) or not multi_worker:
             return
         handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-            resolver, state.write_checkpoint_manager,
-            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted))
+            resolver,
+            state.write_checkpoint_manager,
+            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted),
+        )
         attach_preemption_handler(state, self.model, handler)
-        _log.info("Saving before preemption is on: SIGTERM makes every worker save the backup and exit "
-                  "(code %d).", exit_codes.PREEMPTED)
+        _log.info(
+            "Saving before preemption is on: SIGTERM makes every worker save the backup and exit (code %d).",
+            exit_codes.PREEMPTED,
+        )
 
 
-def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optional[str] = None,
-                      tensorboard_dir: Optional[str] = None, global_batch_size: Optional[int] = None,
-                      save_before_preemption: bool = False, report_dir: Optional[str] = None,
-                      cluster: ClusterLike = None) -> list[Any]:
+def cluster_callbacks(
+    *,
+    backup_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    tensorboard_dir: str | None = None,
+    global_batch_size: int | None = None,
+    save_before_preemption: bool = False,
+    report_dir: str | None = None,
+    cluster: ClusterLike = None,
+) -> list[Any]:
     """The callbacks a cluster job wants, each on the tasks that should run it.
 
     - ``BackupAndRestore(backup_dir)`` on every task: tf-keras writes the chief's
@@ -203,11 +239,17 @@ def cluster_callbacks(*, backup_dir: Optional[str] = None, checkpoint_dir: Optio
     is_chief = spec is None or spec.is_chief
     callbacks: list[Any] = []
     if backup_dir:
-        callbacks.append(PreemptionSafeBackup(backup_dir) if save_before_preemption
-                         else tf_keras.callbacks.BackupAndRestore(backup_dir))
+        callbacks.append(
+            PreemptionSafeBackup(backup_dir)
+            if save_before_preemption
+            else tf_keras.callbacks.BackupAndRestore(backup_dir)
+        )
     if checkpoint_dir:
-        callbacks.append(tf_keras.callbacks.ModelCheckpoint(os.path.join(checkpoint_dir, _CHECKPOINT_PATTERN),
-                                                            save_weights_only=True))
+        callbacks.append(
+            tf_keras.callbacks.ModelCheckpoint(
+                os.path.join(checkpoint_dir, _CHECKPOINT_PATTERN), save_weights_only=True
+            )
+        )
     if tensorboard_dir and is_chief:
         callbacks.append(tf_keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch"))
     if global_batch_size:

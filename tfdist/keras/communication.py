@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Optional, Union
+from typing import Any
 
 from tfdist.comm.collective import CollectiveConfig, all_reduce_sum, wire_bytes
 from tfdist.errors import StrategyError, invalid
@@ -33,8 +33,14 @@ from tfdist.errors import StrategyError, invalid
 __all__ = ["with_communication"]
 
 
-def with_communication(optimizer: Any, *, compression: str = "none", bytes_per_pack: int = 0, split_bytes: int = 0,
-                       tuning: Union[str, "os.PathLike[str]", Any, None] = None) -> Any:
+def with_communication(
+    optimizer: Any,
+    *,
+    compression: str = "none",
+    bytes_per_pack: int = 0,
+    split_bytes: int = 0,
+    tuning: str | os.PathLike[str] | Any | None = None,
+) -> Any:
     """A copy of ``optimizer`` that communicates gradients as configured.
 
     Args:
@@ -59,8 +65,13 @@ def with_communication(optimizer: Any, *, compression: str = "none", bytes_per_p
     import tf_keras
 
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
-        raise invalid(StrategyError, "optimizer", type(optimizer).__name__, "a tf_keras.optimizers.Optimizer",
-                      "Pass e.g. tf_keras.optimizers.SGD(...); legacy and Keras 3 optimizers are not supported.")
+        raise invalid(
+            StrategyError,
+            "optimizer",
+            type(optimizer).__name__,
+            "a tf_keras.optimizers.Optimizer",
+            "Pass e.g. tf_keras.optimizers.SGD(...); legacy and Keras 3 optimizers are not supported.",
+        )
     if tuning is not None:
         from tfdist.comm.autotune import CollectiveTuning
 
@@ -70,14 +81,19 @@ def with_communication(optimizer: Any, *, compression: str = "none", bytes_per_p
     config = CollectiveConfig(compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes)
     base = type(optimizer)
     if issubclass(base, _CommunicationMixin):
-        raise invalid(StrategyError, "optimizer", base.__name__, "an optimizer not wrapped yet",
-                      "Call with_communication on the original optimizer once.")
+        raise invalid(
+            StrategyError,
+            "optimizer",
+            base.__name__,
+            "an optimizer not wrapped yet",
+            "Call with_communication on the original optimizer once.",
+        )
     new = _subclass(base).from_config(optimizer.get_config())
     new._tfdist_setup(config)
     return new
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _subclass(base: type) -> type:
     return type(f"Communicating{base.__name__}", (_CommunicationMixin, base), {"__module__": __name__})
 
@@ -94,7 +110,7 @@ class _CommunicationMixin:
         return self._tfdist["config"]
 
     @property
-    def communication_bytes_per_step(self) -> Optional[int]:
+    def communication_bytes_per_step(self) -> int | None:
         return self._tfdist["bytes"]
 
     def aggregate_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:

@@ -23,25 +23,25 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from tfdist._compat import callback_base
+from tfdist.cluster import elastic as _membership
 from tfdist.cluster.spec import ClusterLike, resolve_cluster
 from tfdist.errors import StrategyError, invalid, require_int, require_number
-from tfdist.cluster import elastic as _membership
 
-__all__ = ["per_replica_batch", "world_size", "membership", "ElasticEpochs", "LinearScaling"]
+__all__ = ["ElasticEpochs", "LinearScaling", "membership", "per_replica_batch", "world_size"]
 
 _log = logging.getLogger("tfdist.keras")
 
 
-def world_size(*, env: Optional[Mapping[str, str]] = None) -> int:
+def world_size(*, env: Mapping[str, str] | None = None) -> int:
     """Training tasks in the current group (``TFDIST_WORLD_SIZE`` from tfdist-launch); 1 when unset."""
     value = _membership.optional_int(os.environ if env is None else env, _membership.WORLD_SIZE_VAR)
     return value if value is not None and value > 0 else 1
 
 
-def membership(*, env: Optional[Mapping[str, str]] = None) -> int:
+def membership(*, env: Mapping[str, str] | None = None) -> int:
     """The membership generation (``TFDIST_MEMBERSHIP``): 0 at launch, +1 at every change; 0 when unset."""
     value = _membership.optional_int(os.environ if env is None else env, _membership.MEMBERSHIP_VAR)
     return value if value is not None and value >= 0 else 0
@@ -65,11 +65,15 @@ of the 3 replicas. Pick a global batch every world size between `min_workers` an
     require_int(StrategyError, "global_batch_size", global_batch_size, minimum=1)
     require_int(StrategyError, "num_replicas", num_replicas, minimum=1)
     if global_batch_size % num_replicas:
-        raise invalid(StrategyError, "global_batch_size", global_batch_size,
-                      f"a multiple of the {num_replicas} replicas",
-                      "Pick a global batch every world size between `min_workers` and `max_workers` divides "
-                      "(e.g. a multiple of their least common multiple), or keep the per-replica batch with "
-                      "LinearScaling.")
+        raise invalid(
+            StrategyError,
+            "global_batch_size",
+            global_batch_size,
+            f"a multiple of the {num_replicas} replicas",
+            "Pick a global batch every world size between `min_workers` and `max_workers` divides "
+            "(e.g. a multiple of their least common multiple), or keep the per-replica batch with "
+            "LinearScaling.",
+        )
     return global_batch_size // num_replicas
 
 
@@ -86,7 +90,7 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
       env: Where to read the TFDIST_* variables; default ``os.environ``.
     """
 
-    def __init__(self, *, cluster: ClusterLike = None, env: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, *, cluster: ClusterLike = None, env: Mapping[str, str] | None = None) -> None:
         super().__init__()
         env = os.environ if env is None else env
         spec = resolve_cluster(cluster)
@@ -101,8 +105,9 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
         if logs is not None:
             logs["world_size"] = float(self._world_size)
         if self._is_leader and self._directory:
-            _membership.write_boundary(self._directory, generation=self._generation, epoch=epoch,
-                                       world_size=self._world_size)
+            _membership.write_boundary(
+                self._directory, generation=self._generation, epoch=epoch, world_size=self._world_size
+            )
 
 
 class LinearScaling(callback_base()):  # type: ignore[misc]
@@ -114,8 +119,9 @@ class LinearScaling(callback_base()):  # type: ignore[misc]
       num_replicas: The current replica count; default the strategy's, at the start of training.
     """
 
-    def __init__(self, base_learning_rate: float, *, reference_world_size: int,
-                 num_replicas: Optional[int] = None) -> None:
+    def __init__(
+        self, base_learning_rate: float, *, reference_world_size: int, num_replicas: int | None = None
+    ) -> None:
         super().__init__()
         require_number(StrategyError, "base_learning_rate", base_learning_rate, above=0)
         require_int(StrategyError, "reference_world_size", reference_world_size, minimum=1)
@@ -123,11 +129,16 @@ class LinearScaling(callback_base()):  # type: ignore[misc]
             require_int(StrategyError, "num_replicas", num_replicas, minimum=1)
         self.base_learning_rate, self.reference_world_size = float(base_learning_rate), reference_world_size
         self.num_replicas = num_replicas
-        self.learning_rate: Optional[float] = None
+        self.learning_rate: float | None = None
 
     def on_train_begin(self, logs: Any = None) -> None:
         replicas = self.num_replicas or self.model.distribute_strategy.num_replicas_in_sync
         self.learning_rate = self.base_learning_rate * replicas / self.reference_world_size
         self.model.optimizer.learning_rate.assign(self.learning_rate)
-        _log.info("LinearScaling: learning rate %g for %d replicas (%g for %d).", self.learning_rate, replicas,
-                  self.base_learning_rate, self.reference_world_size)
+        _log.info(
+            "LinearScaling: learning rate %g for %d replicas (%g for %d).",
+            self.learning_rate,
+            replicas,
+            self.base_learning_rate,
+            self.reference_world_size,
+        )

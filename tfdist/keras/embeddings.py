@@ -70,8 +70,13 @@ class EmbeddingTable:
         return tuple(shard.task for shard in self.shards)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "dim": self.dim, "shards": len(self.shards),
-                "shard_rows": [s.rows for s in self.shards], "tasks": list(self.tasks)}
+        return {
+            "rows": self.rows,
+            "dim": self.dim,
+            "shards": len(self.shards),
+            "shard_rows": [s.rows for s in self.shards],
+            "tasks": list(self.tasks),
+        }
 
 
 def _embedding_layers(layers: Iterable[Any]) -> Iterable[Any]:
@@ -99,8 +104,11 @@ def embedding_layout(model_or_layers: Any) -> list[EmbeddingTable]:
         variable = layer.embeddings
         parts = list(getattr(variable, "variables", None) or [variable])
         shards = tuple(EmbeddingShard(device=str(p.device), rows=int(p.shape[0])) for p in parts)
-        tables.append(EmbeddingTable(name=layer.name, rows=sum(s.rows for s in shards),
-                                     dim=int(variable.shape[-1]), shards=shards))
+        tables.append(
+            EmbeddingTable(
+                name=layer.name, rows=sum(s.rows for s in shards), dim=int(variable.shape[-1]), shards=shards
+            )
+        )
     return tables
 
 

@@ -9,18 +9,18 @@ In a training script (not run here: it needs a pipeline and a strategy)::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 from tfdist.errors import StrategyError, invalid
 
-__all__ = ["fit_input", "enable_determinism"]
+__all__ = ["enable_determinism", "fit_input"]
 
 _log = logging.getLogger("tfdist.keras")
 DatasetFn = Callable[[Any], Any]
 
 
-def fit_input(source: Union[Any, DatasetFn], *, strategy: Optional[Any] = None,
-              steps_per_epoch: Optional[int] = None) -> Any:
+def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per_epoch: int | None = None) -> Any:
     """Turns a ``TFRecordPipeline``, a dataset function or a dataset into ``fit``'s ``x``.
 
     - ParameterServerStrategy: a ``DatasetCreator`` over the dataset function
@@ -47,12 +47,21 @@ def fit_input(source: Union[Any, DatasetFn], *, strategy: Optional[Any] = None,
     dataset_fn = getattr(source, "dataset_fn", None) or (source if callable(source) else None)
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         if dataset_fn is None:
-            raise invalid(StrategyError, "source", type(source).__name__,
-                          "a TFRecordPipeline or a dataset function under ParameterServerStrategy",
-                          "Each worker builds its own input: pass `lambda ctx: make_dataset(ctx)`.")
+            raise invalid(
+                StrategyError,
+                "source",
+                type(source).__name__,
+                "a TFRecordPipeline or a dataset function under ParameterServerStrategy",
+                "Each worker builds its own input: pass `lambda ctx: make_dataset(ctx)`.",
+            )
         if steps_per_epoch is None:
-            raise invalid(StrategyError, "steps_per_epoch", None, "a number of steps under ParameterServerStrategy",
-                          "PS fit cannot detect the end of an epoch: pass steps_per_epoch=... here and to fit().")
+            raise invalid(
+                StrategyError,
+                "steps_per_epoch",
+                None,
+                "a number of steps under ParameterServerStrategy",
+                "PS fit cannot detect the end of an epoch: pass steps_per_epoch=... here and to fit().",
+            )
         return tf_keras.utils.experimental.DatasetCreator(dataset_fn)
     if dataset_fn is None:
         return source
@@ -61,9 +70,14 @@ def fit_input(source: Union[Any, DatasetFn], *, strategy: Optional[Any] = None,
     if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():  # TF's default strategy.
         return dataset_fn(tf.distribute.InputContext())
     if steps_per_epoch is None:
-        raise invalid(StrategyError, "steps_per_epoch", None, f"a number of steps with a dataset function under "
-                      f"{type(strategy).__name__}", "Keras cannot size an epoch of a distributed dataset: pass "
-                      "steps_per_epoch=... here and to fit(), or give a TFRecordPipeline.")
+        raise invalid(
+            StrategyError,
+            "steps_per_epoch",
+            None,
+            f"a number of steps with a dataset function under {type(strategy).__name__}",
+            "Keras cannot size an epoch of a distributed dataset: pass "
+            "steps_per_epoch=... here and to fit(), or give a TFRecordPipeline.",
+        )
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 

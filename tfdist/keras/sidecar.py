@@ -13,15 +13,16 @@ In the training script, on the evaluator task (not run here: it needs a cluster 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["sidecar_evaluate"]
 
 _log = logging.getLogger("tfdist.keras")
 
 
-def sidecar_evaluate(model: Any, data: Any, *, checkpoint_dir: str, epochs: int, steps: Optional[int] = None,
-                     log_dir: Optional[str] = None) -> None:
+def sidecar_evaluate(
+    model: Any, data: Any, *, checkpoint_dir: str, epochs: int, steps: int | None = None, log_dir: str | None = None
+) -> None:
     """Evaluates every new checkpoint in ``checkpoint_dir`` until the one of epoch ``epochs``.
 
     Args:
@@ -35,7 +36,8 @@ def sidecar_evaluate(model: Any, data: Any, *, checkpoint_dir: str, epochs: int,
     import tf_keras
 
     callbacks = [tf_keras.callbacks.TensorBoard(log_dir)] if log_dir else []
-    evaluator = tf_keras.utils.SidecarEvaluator(model, data, checkpoint_dir, steps=steps, max_evaluations=epochs,
-                                                callbacks=callbacks)
+    evaluator = tf_keras.utils.SidecarEvaluator(
+        model, data, checkpoint_dir, steps=steps, max_evaluations=epochs, callbacks=callbacks
+    )
     _log.info("Side-car evaluator watching %s until ckpt-%d.", checkpoint_dir, epochs)
     evaluator.start()

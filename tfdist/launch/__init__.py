@@ -7,15 +7,39 @@ Example:
     ['worker:0', 'worker:1']
 """
 
-from tfdist.launch.config import (Elastic, Faults, KillAt, LaunchConfig, LoseAt, Network, ReturnAt, Supervision,
-                                  Topology)
+from tfdist.launch.config import Elastic, Faults, KillAt, LaunchConfig, LoseAt, Network, ReturnAt, Supervision, Topology
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest, to_yaml, validate_tfjob
 from tfdist.launch.engines import Engine, LocalEngine, RayEngine, RayOptions, TaskProcess, register_engine
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
 from tfdist.launch.supervisor import run, run_config
 
-__all__ = ["Elastic", "Engine", "Faults", "KillAt", "LaunchConfig", "LaunchResult", "LocalEngine", "LoseAt", "Network",
-           "Outcome", "RayEngine", "RayOptions", "ReturnAt", "Supervision", "TaskProcess", "TaskResult", "Topology",
-           "jobset_manifest", "register_engine", "run", "run_config", "run_server", "slurm_script", "tf_configs",
-           "tfjob_manifest", "to_yaml", "validate_tfjob"]
+__all__ = [
+    "Elastic",
+    "Engine",
+    "Faults",
+    "KillAt",
+    "LaunchConfig",
+    "LaunchResult",
+    "LocalEngine",
+    "LoseAt",
+    "Network",
+    "Outcome",
+    "RayEngine",
+    "RayOptions",
+    "ReturnAt",
+    "Supervision",
+    "TaskProcess",
+    "TaskResult",
+    "Topology",
+    "jobset_manifest",
+    "register_engine",
+    "run",
+    "run_config",
+    "run_server",
+    "slurm_script",
+    "tf_configs",
+    "tfjob_manifest",
+    "to_yaml",
+    "validate_tfjob",
+]

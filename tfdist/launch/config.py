@@ -23,7 +23,7 @@ import re
 import shutil
 import types
 from collections.abc import Mapping
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 from tfdist._names import describe_choices
 from tfdist._options import GroupedOptions, group
@@ -34,7 +34,7 @@ _MAX_THREADS = 4096
 _MAX_TIMEOUT = 366 * 86400.0  # A year.
 _MAX_GRACE = 3600.0
 
-__all__ = ["LaunchConfig", "Topology", "Supervision", "Faults", "Elastic", "Network", "KillAt", "LoseAt", "ReturnAt"]
+__all__ = ["Elastic", "Faults", "KillAt", "LaunchConfig", "LoseAt", "Network", "ReturnAt", "Supervision", "Topology"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
 _KILL = re.compile(r"^(chief|worker|ps|evaluator):(\d+)@(.*)$", re.S)
@@ -62,8 +62,8 @@ class KillAt:
 
     option: ClassVar[str] = "kills"  # The LaunchConfig argument that holds these, named in errors.
     task: str
-    seconds: Optional[float] = None
-    after: Optional[str] = None
+    seconds: float | None = None
+    after: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not re.fullmatch(r"(chief|worker|ps|evaluator):\d+", self.task):
@@ -82,14 +82,14 @@ class KillAt:
                 raise invalid(LaunchError, self.option, self.after, f"a valid regular expression ({err})") from None
 
     @classmethod
-    def parse(cls, text: str) -> "KillAt":
+    def parse(cls, text: str) -> KillAt:
         """Parses ``TASK:INDEX@SECONDS`` or ``TASK:INDEX@after=REGEX``."""
         match = _KILL.match(text.strip()) if isinstance(text, str) else None
         if match is None:
             raise invalid(LaunchError, cls.option, text, _KILL_FORMAT)
         task, trigger = f"{match.group(1)}:{match.group(2)}", match.group(3)
         if trigger.startswith("after="):
-            return cls(task=task, after=trigger[len("after="):])
+            return cls(task=task, after=trigger[len("after=") :])
         try:
             seconds = float(trigger)
         except ValueError:
@@ -97,7 +97,7 @@ class KillAt:
         return cls(task=task, seconds=seconds)
 
     @classmethod
-    def many(cls, values: Any) -> tuple["KillAt", ...]:
+    def many(cls, values: Any) -> tuple[KillAt, ...]:
         """``values`` (instances or their text form) as a tuple of this class; LaunchError otherwise."""
         expected = f"a sequence of {cls.__name__} or 'TASK:INDEX@...' strings"
         if isinstance(values, str):
@@ -177,11 +177,17 @@ class Topology:
         if self.run_on not in RUN_ON_CHOICES:  # Compared, never hashed: any value gets this error.
             raise invalid(LaunchError, "run_on", self.run_on, describe_choices(self.run_on, RUN_ON_CHOICES))
         if self.run_on == "chief" and not self.chief:
-            raise invalid(LaunchError, "run_on", "chief", "a cluster with a chief (`chief`)",
-                          "Set `chief`, or `run_on` 'auto'.")
+            raise invalid(
+                LaunchError, "run_on", "chief", "a cluster with a chief (`chief`)", "Set `chief`, or `run_on` 'auto'."
+            )
         if self.ps and not self.chief:
-            raise invalid(LaunchError, "ps", self.ps, "`chief` as well (the coordinator runs on the chief)",
-                          "Set `chief`: ParameterServerStrategy's coordinator is the chief task.")
+            raise invalid(
+                LaunchError,
+                "ps",
+                self.ps,
+                "`chief` as well (the coordinator runs on the chief)",
+                "Set `chief`: ParameterServerStrategy's coordinator is the chief task.",
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -201,10 +207,10 @@ class Supervision:
     """
 
     max_restarts: int = 0
-    threads_per_task: Optional[int] = None
-    timeout: Optional[float] = None
+    threads_per_task: int | None = None
+    timeout: float | None = None
     grace_seconds: float = 5.0
-    log_dir: Optional[str] = None
+    log_dir: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
     def __post_init__(self) -> None:
@@ -212,15 +218,28 @@ class Supervision:
         if self.threads_per_task is not None:
             require_int(LaunchError, "threads_per_task", self.threads_per_task, minimum=1, maximum=_MAX_THREADS)
         # Past these maxima, waits overflow the OS timers (Event.wait(1e23) is an OverflowError); none is meant.
-        require_number(LaunchError, "timeout", self.timeout, above=0, maximum=_MAX_TIMEOUT, allow_none=True,
-                       fix="Seconds, e.g. 600; None for no limit.")
+        require_number(
+            LaunchError,
+            "timeout",
+            self.timeout,
+            above=0,
+            maximum=_MAX_TIMEOUT,
+            allow_none=True,
+            fix="Seconds, e.g. 600; None for no limit.",
+        )
         require_number(LaunchError, "grace_seconds", self.grace_seconds, minimum=0, maximum=_MAX_GRACE)
         require_type(LaunchError, "log_dir", self.log_dir, (str, type(None)), "a directory path or None")
         if self.log_dir is not None and (not self.log_dir.strip() or "\0" in self.log_dir):
-            raise invalid(LaunchError, "log_dir", self.log_dir, "a directory path",
-                          "Leave `log_dir` unset to keep output on the console only.")
-        if not isinstance(self.env, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                        for k, v in self.env.items()):
+            raise invalid(
+                LaunchError,
+                "log_dir",
+                self.log_dir,
+                "a directory path",
+                "Leave `log_dir` unset to keep output on the console only.",
+            )
+        if not isinstance(self.env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
             raise invalid(LaunchError, "env", self.env, "a mapping of strings to strings")
         object.__setattr__(self, "env", types.MappingProxyType(dict(self.env)))  # Frozen all through.
 
@@ -256,8 +275,8 @@ class Elastic:
         lost worker is available again.
     """
 
-    min_workers: Optional[int] = None
-    max_workers: Optional[int] = None
+    min_workers: int | None = None
+    max_workers: int | None = None
     loses: tuple[LoseAt, ...] = ()
     returns: tuple[ReturnAt, ...] = ()
 
@@ -267,19 +286,41 @@ class Elastic:
         if self.min_workers is None:
             for name in ("max_workers", "loses", "returns"):
                 if getattr(self, name) not in (None, ()):
-                    raise invalid(LaunchError, name, getattr(self, name), "`min_workers` as well (elastic training)",
-                                  "Set `min_workers` (1 <= N <= `workers`).")
+                    raise invalid(
+                        LaunchError,
+                        name,
+                        getattr(self, name),
+                        "`min_workers` as well (elastic training)",
+                        "Set `min_workers` (1 <= N <= `workers`).",
+                    )
             return
-        require_int(LaunchError, "min_workers", self.min_workers, minimum=1, maximum=MAX_TASKS_PER_JOB,
-                    fix="The fewest workers the group may train with, at most `workers`.")
+        require_int(
+            LaunchError,
+            "min_workers",
+            self.min_workers,
+            minimum=1,
+            maximum=MAX_TASKS_PER_JOB,
+            fix="The fewest workers the group may train with, at most `workers`.",
+        )
         if self.max_workers is not None:
-            require_int(LaunchError, "max_workers", self.max_workers, minimum=self.min_workers,
-                        maximum=MAX_TASKS_PER_JOB, fix="Between `min_workers` and `workers`.")
+            require_int(
+                LaunchError,
+                "max_workers",
+                self.max_workers,
+                minimum=self.min_workers,
+                maximum=MAX_TASKS_PER_JOB,
+                fix="Between `min_workers` and `workers`.",
+            )
         lost = {event.task for event in self.loses}
         for event in self.returns:
             if event.task not in lost:
-                raise invalid(LaunchError, "returns", event.task, f"a worker some `loses` takes away ({sorted(lost)})",
-                              f"Add {event.task}@TRIGGER to `loses`, or drop this return.")
+                raise invalid(
+                    LaunchError,
+                    "returns",
+                    event.task,
+                    f"a worker some `loses` takes away ({sorted(lost)})",
+                    f"Add {event.task}@TRIGGER to `loses`, or drop this return.",
+                )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -340,8 +381,13 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
         """The command, and the rules across groups (each group has checked its own fields)."""
         command = _iterable(self.command)
         if isinstance(self.command, str) or not all(isinstance(arg, str) for arg in command):
-            raise invalid(LaunchError, "command", self.command, "a sequence of strings (argv)",
-                          "Example: command=('python', 'train.py').")
+            raise invalid(
+                LaunchError,
+                "command",
+                self.command,
+                "a sequence of strings (argv)",
+                "Example: command=('python', 'train.py').",
+            )
         if not command:
             raise invalid(LaunchError, "command", [], "a program to run (argv), e.g. ('python', 'train.py')")
         object.__setattr__(self, "command", command)
@@ -355,22 +401,41 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
     def _check_elastic(self) -> None:
         """Elastic options against the topology and the network."""
         if self.min_workers > self.workers:
-            raise invalid(LaunchError, "min_workers", self.min_workers, f"an integer <= `workers` ({self.workers})",
-                          "The fewest workers the group may train with, at most `workers`.")
+            raise invalid(
+                LaunchError,
+                "min_workers",
+                self.min_workers,
+                f"an integer <= `workers` ({self.workers})",
+                "The fewest workers the group may train with, at most `workers`.",
+            )
         if self.max_workers is None:
             self._replace_options(max_workers=self.workers)
         if self.max_workers > self.workers:
-            raise invalid(LaunchError, "max_workers", self.max_workers, f"an integer <= `workers` ({self.workers})",
-                          "Between `min_workers` and `workers`: the local engine grows back only with workers it "
-                          "started.")
+            raise invalid(
+                LaunchError,
+                "max_workers",
+                self.max_workers,
+                f"an integer <= `workers` ({self.workers})",
+                "Between `min_workers` and `workers`: the local engine grows back only with workers it started.",
+            )
         if self.isolate_network:
-            raise invalid(LaunchError, "isolate_network", True, "no elastic options (not supported together yet)",
-                          "Drop `isolate_network` or `min_workers`.")
+            raise invalid(
+                LaunchError,
+                "isolate_network",
+                True,
+                "no elastic options (not supported together yet)",
+                "Drop `isolate_network` or `min_workers`.",
+            )
         workers = {f"worker:{i}" for i in range(self.workers)}
         for event in self.loses + self.returns:
             if event.task not in workers:
-                raise invalid(LaunchError, event.option, event.task, describe_choices(event.task, workers),
-                              "Only workers leave and return; a lost chief or ps needs a restart (`max_restarts`).")
+                raise invalid(
+                    LaunchError,
+                    event.option,
+                    event.task,
+                    describe_choices(event.task, workers),
+                    "Only workers leave and return; a lost chief or ps needs a restart (`max_restarts`).",
+                )
 
     @property
     def mode(self) -> str:
@@ -404,14 +469,29 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
             raise invalid(LaunchError, "command", program, "a program name or path")
         if os.sep not in program:
             if shutil.which(program) is None:
-                raise invalid(LaunchError, "command", program, "an executable on PATH or a file path",
-                              "Check the spelling, or give the full path.")
+                raise invalid(
+                    LaunchError,
+                    "command",
+                    program,
+                    "an executable on PATH or a file path",
+                    "Check the spelling, or give the full path.",
+                )
         elif not os.path.isfile(program):
-            raise invalid(LaunchError, "command", program, "an existing executable file",
-                          "Check the path; relative paths start from the current directory.")
+            raise invalid(
+                LaunchError,
+                "command",
+                program,
+                "an existing executable file",
+                "Check the path; relative paths start from the current directory.",
+            )
         elif not os.access(program, os.X_OK):
-            raise invalid(LaunchError, "command", program, "a file with execute permission",
-                          f"Run `chmod +x {program}`, or put its interpreter first (e.g. `bash {program}`).")
+            raise invalid(
+                LaunchError,
+                "command",
+                program,
+                "a file with execute permission",
+                f"Run `chmod +x {program}`, or put its interpreter first (e.g. `bash {program}`).",
+            )
 
     def runs_command(self, task: str) -> bool:
         """True when ``task`` ('type:index') runs the user's command."""
@@ -429,6 +509,11 @@ def _iterable(value: Any) -> tuple[Any, ...]:
 def require_config(config: Any, field: str = "config") -> LaunchConfig:
     """Returns ``config`` if it is a :class:`LaunchConfig`; LaunchError otherwise (for the emitters' inputs)."""
     if not isinstance(config, LaunchConfig):
-        raise invalid(LaunchError, field, config, "a tfdist.launch.LaunchConfig",
-                      "Build one with LaunchConfig(command=(...), workers=N, ...).")
+        raise invalid(
+            LaunchError,
+            field,
+            config,
+            "a tfdist.launch.LaunchConfig",
+            "Build one with LaunchConfig(command=(...), workers=N, ...).",
+        )
     return config

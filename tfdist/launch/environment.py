@@ -49,8 +49,9 @@ def task_variables(config: LaunchConfig) -> dict[str, str]:
     return env
 
 
-def child_env(base: Mapping[str, str], config: LaunchConfig, spec: ClusterSpec, task: str,
-              restart: int) -> dict[str, str]:
+def child_env(
+    base: Mapping[str, str], config: LaunchConfig, spec: ClusterSpec, task: str, restart: int
+) -> dict[str, str]:
     """Returns the environment for ``task`` ('type:index'); ``base`` is not changed."""
     task_type, index = split_task_name(task)
     env = dict(base)

@@ -52,46 +52,70 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Optional
 
 from tfdist.launch.engines._process import LineSink
 
 _CPP_SOURCE = r"[\w./-]+\.(?:cc|h|cpp)"
 _HEADER = re.compile(  # absl (any TF) or TSL (TF <= 2.17) header of a C++ log record; group 1 is the level.
-    rf"^(?:([IWEF])\d{{4}} \d\d:\d\d:\d+\.\d+ +\d+ |\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ){_CPP_SOURCE}:\d+\] ")
+    rf"^(?:([IWEF])\d{{4}} \d\d:\d\d:\d+\.\d+ +\d+ |\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ){_CPP_SOURCE}:\d+\] "
+)
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 # Text-format proto lines as protobuf's DebugString writes them (two spaces per level of nesting).
 _PROTO_OPEN = re.compile(r"^( *)([a-z_][a-z0-9_]*) \{$")
-_PROTO_FIELD = re.compile(r'^( *)([a-z_][a-z0-9_]*): (?:-?\d+(?:\.\d+)?(?:e[+-]?\d+)?|-?inf|nan|"(?:[^"\\]|\\.)*"|'
-                          r"true|false|[A-Z][A-Z0-9_]*)$")
+_PROTO_FIELD = re.compile(
+    r'^( *)([a-z_][a-z0-9_]*): (?:-?\d+(?:\.\d+)?(?:e[+-]?\d+)?|-?inf|nan|"(?:[^"\\]|\\.)*"|'
+    r"true|false|[A-Z][A-Z0-9_]*)$"
+)
 _PROTO_CLOSE = re.compile(r"^( *)\}$")
 # The INFO records followed by a text-proto dump: the record's text before the proto -> the top-level field names
 # of the dumped message (eager_service_impl.cc logs a remote task's whole ConfigProto as "SessionOptions: ...").
-_CONFIG_PROTO_FIELDS = frozenset((
-    "device_count", "intra_op_parallelism_threads", "inter_op_parallelism_threads", "use_per_session_threads",
-    "session_inter_op_thread_pool", "placement_period", "device_filters", "gpu_options",
-    "pluggable_device_options", "allow_soft_placement", "log_device_placement", "graph_options",
-    "operation_timeout_in_ms", "rpc_options", "cluster_def", "isolate_session_state",
-    "share_cluster_devices_in_session", "experimental"))
+_CONFIG_PROTO_FIELDS = frozenset(
+    (
+        "device_count",
+        "intra_op_parallelism_threads",
+        "inter_op_parallelism_threads",
+        "use_per_session_threads",
+        "session_inter_op_thread_pool",
+        "placement_period",
+        "device_filters",
+        "gpu_options",
+        "pluggable_device_options",
+        "allow_soft_placement",
+        "log_device_placement",
+        "graph_options",
+        "operation_timeout_in_ms",
+        "rpc_options",
+        "cluster_def",
+        "isolate_session_state",
+        "share_cluster_devices_in_session",
+        "experimental",
+    )
+)
 _PROTO_DUMPS: dict[str, frozenset[str]] = {"SessionOptions: ": _CONFIG_PROTO_FIELDS}
 _NO_CUDA_DRIVER = "Could not find cuda drivers on your machine, GPU will not be used."
 # Messages TensorFlow prints in every run on a CPU machine (the text after the record's header). Matched whatever
 # the level: a harmless 'E' here is still noise. Anything not listed passes.
-_KNOWN_NOISE = re.compile("|".join((
-    r"Unable to register cu(?:DNN|FFT|BLAS) factory: Attempting to register factory for plugin cu\w+ when one "
-    r"has already been registered",
-    r"TF-TRT Warning: Could not find TensorRT$",
-    r"oneDNN custom operations are on\.",
-    r"This TensorFlow binary is optimized to use available CPU instructions in performance-critical operations\.$",
-    re.escape(_NO_CUDA_DRIVER),
-    r"Input of GeneratorDatasetOp::Dataset will not be optimized because the dataset does not implement the "
-    r"AsGraphDefInternal\(\) method needed to apply optimizations\.$",
-    r"Failed to clear function handle cache: UNIMPLEMENTED: Releasing a multi-device component handle on a "
-    r"remote device is not yet implemented\.$",
-)))
+_KNOWN_NOISE = re.compile(
+    "|".join(
+        (
+            r"Unable to register cu(?:DNN|FFT|BLAS) factory: Attempting to register factory for plugin cu\w+ when one "
+            r"has already been registered",
+            r"TF-TRT Warning: Could not find TensorRT$",
+            r"oneDNN custom operations are on\.",
+            r"This TensorFlow binary is optimized to use available CPU instructions in performance-critical operations\.$",
+            re.escape(_NO_CUDA_DRIVER),
+            r"Input of GeneratorDatasetOp::Dataset will not be optimized because the dataset does not implement the "
+            r"AsGraphDefInternal\(\) method needed to apply optimizations\.$",
+            r"Failed to clear function handle cache: UNIMPLEMENTED: Releasing a multi-device component handle on a "
+            r"remote device is not yet implemented\.$",
+        )
+    )
+)
 # cpu_feature_guard's second line has no header of its own.
-_CPU_GUARD_TAIL = re.compile(r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate "
-                             r"compiler flags\.$")
+_CPU_GUARD_TAIL = re.compile(
+    r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate "
+    r"compiler flags\.$"
+)
 _CUINIT = re.compile(r"failed call to cuInit: ")
 
 
@@ -99,9 +123,9 @@ class NoiseFilter:
     """A per-task line filter: ``keep(line)`` is False for TensorFlow's INFO records and start-up noise."""
 
     def __init__(self) -> None:
-        self._proto: Optional[frozenset[str]] = None  # inside a dump: the dumped message's top-level fields
+        self._proto: frozenset[str] | None = None  # inside a dump: the dumped message's top-level fields
         self._depth = 0  # nesting depth inside the dump
-        self._tail: Optional[re.Pattern[str]] = None  # the header-less line a record may continue with
+        self._tail: re.Pattern[str] | None = None  # the header-less line a record may continue with
         self._no_driver = False  # this task said it has no CUDA driver: cuInit's failure is then expected
 
     def __call__(self, line: str) -> bool:
@@ -115,7 +139,7 @@ class NoiseFilter:
         header = _HEADER.match(line)
         if header is None:
             return line != _ABSL_PREAMBLE
-        text = line[header.end():]
+        text = line[header.end() :]
         if _NO_CUDA_DRIVER in text:
             self._no_driver = True
         if (header.group(1) or header.group(2)) == "I":
@@ -130,7 +154,7 @@ class NoiseFilter:
     def _start_dump(self, text: str) -> None:
         for prefix, fields in _PROTO_DUMPS.items():
             if text.startswith(prefix):
-                first = text[len(prefix):].rstrip()
+                first = text[len(prefix) :].rstrip()
                 self._proto, self._depth = fields, 0
                 if first and not self._in_dump(first):  # e.g. "SessionOptions: device_count {"
                     self._proto = None
@@ -161,7 +185,7 @@ def wants_tf_info(env: Mapping[str, str]) -> bool:
     return env.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0"
 
 
-def quiet_sink(sink: Optional[LineSink]) -> Optional[LineSink]:
+def quiet_sink(sink: LineSink | None) -> LineSink | None:
     """``sink`` without TensorFlow's noise (one :class:`NoiseFilter` per task); None stays None."""
     if sink is None:
         return None

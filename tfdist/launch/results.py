@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Optional
+from typing import Any
 
 from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterSpec
@@ -34,9 +34,9 @@ class Outcome(enum.StrEnum):
         (True, 'run failed')
     """
 
-    OK = "ok"                    # every command task finished with 0
-    FAILED = "failed"            # a task that matters failed for good (restarts used up, too few workers left)
-    TIMEOUT = "timeout"          # the run's ``timeout`` passed
+    OK = "ok"  # every command task finished with 0
+    FAILED = "failed"  # a task that matters failed for good (restarts used up, too few workers left)
+    TIMEOUT = "timeout"  # the run's ``timeout`` passed
     INTERRUPTED = "interrupted"  # SIGINT, SIGTERM, SIGHUP or SIGQUIT stopped the run
 
 
@@ -45,11 +45,11 @@ class TaskResult:
     """How one task ended."""
 
     task: str
-    exit_code: Optional[int]
+    exit_code: int | None
     restarts: int
     runs_command: bool
     output: str
-    pid: Optional[int] = None
+    pid: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,7 +68,7 @@ class LaunchResult:
 
     exit_code: int
     reason: Outcome
-    failed_task: Optional[str]
+    failed_task: str | None
     tasks: tuple[TaskResult, ...]
     cluster: ClusterSpec
 
@@ -88,8 +88,10 @@ class LaunchResult:
 
     def summary(self) -> str:
         """A few lines for people: the outcome and, on failure, the failing task's last lines (not TF's noise)."""
-        lines = [f"run {self.reason} (exit {self.exit_code})" +
-                 (f"; {self.failed_task} ended the run" if self.failed_task else "")]
+        lines = [
+            f"run {self.reason} (exit {self.exit_code})"
+            + (f"; {self.failed_task} ended the run" if self.failed_task else "")
+        ]
         if self.failed_task:
             keep = NoiseFilter()  # TF's start-up noise is not what a failure's last lines should show.
             tail = [line for line in self.task(self.failed_task).output.splitlines() if keep(line)][-_TAIL:]
@@ -98,13 +100,21 @@ class LaunchResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable form; :meth:`from_dict` reads it back."""
-        return {"exit_code": self.exit_code, "reason": self.reason.value, "failed_task": self.failed_task,
-                "cluster": self.cluster.cluster_dict(dense=False),
-                "tasks": [dataclasses.asdict(task) for task in self.tasks]}
+        return {
+            "exit_code": self.exit_code,
+            "reason": self.reason.value,
+            "failed_task": self.failed_task,
+            "cluster": self.cluster.cluster_dict(dense=False),
+            "tasks": [dataclasses.asdict(task) for task in self.tasks],
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LaunchResult":
+    def from_dict(cls, data: dict[str, Any]) -> LaunchResult:
         """The result :meth:`to_dict` wrote."""
-        return cls(exit_code=data["exit_code"], reason=data["reason"], failed_task=data["failed_task"],
-                   tasks=tuple(TaskResult(**task) for task in data["tasks"]),
-                   cluster=ClusterSpec(jobs=data["cluster"]))
+        return cls(
+            exit_code=data["exit_code"],
+            reason=data["reason"],
+            failed_task=data["failed_task"],
+            tasks=tuple(TaskResult(**task) for task in data["tasks"]),
+            cluster=ClusterSpec(jobs=data["cluster"]),
+        )

@@ -18,7 +18,6 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Optional
 
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid
@@ -54,8 +53,9 @@ def watch_chief(address: str, done: threading.Event, *, grace: float, interval: 
                 done.set()
 
 
-def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.Event] = None,
-               exit_with_chief: Optional[float] = None) -> int:
+def run_server(
+    spec: ClusterSpec | None = None, *, stop: threading.Event | None = None, exit_with_chief: float | None = None
+) -> int:
     """Serves this task until SIGTERM/SIGINT, ``stop`` is set, or the chief is gone; returns 0.
 
     Args:
@@ -70,11 +70,21 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
 
     spec = spec if spec is not None else ClusterSpec.from_tf_config()
     if spec.task is None or spec.task_type == "evaluator":
-        raise invalid(LaunchError, "task_type", spec.task_type, "a chief, worker or ps task of the cluster",
-                      "Set TF_CONFIG's 'task' to the task this server plays.")
+        raise invalid(
+            LaunchError,
+            "task_type",
+            spec.task_type,
+            "a chief, worker or ps task of the cluster",
+            "Set TF_CONFIG's 'task' to the task this server plays.",
+        )
     resolver = cluster_resolver(spec)
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=spec.task_type, task_index=spec.task_id,
-                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=spec.task_type,
+        task_index=spec.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     _log.info("TensorFlow server %s up at %s (%s).", spec.task.name, server.target, spec.describe())
     if spec.task_type == "worker":  # Stages the s3:// objects its ParameterServerStrategy datasets read via boto3.
         from tfdist.data.storage.staging import ensure_agent
@@ -82,7 +92,7 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
         ensure_agent()
     done = stop or threading.Event()
 
-    def _handle(signum: int, frame: Optional[FrameType]) -> None:
+    def _handle(signum: int, frame: FrameType | None) -> None:
         done.set()
 
     if threading.current_thread() is threading.main_thread():
@@ -90,10 +100,14 @@ def run_server(spec: Optional[ClusterSpec] = None, *, stop: Optional[threading.E
         signal.signal(signal.SIGINT, _handle)
     if exit_with_chief is not None and spec.has_chief and spec.task_type != "chief":
         chief = spec.jobs["chief"][min(spec.jobs["chief"])]
-        threading.Thread(target=watch_chief, args=(chief, done), kwargs={"grace": exit_with_chief},
-                         name="tfdist-watch-chief", daemon=True).start()
+        threading.Thread(
+            target=watch_chief,
+            args=(chief, done),
+            kwargs={"grace": exit_with_chief},
+            name="tfdist-watch-chief",
+            daemon=True,
+        ).start()
     while not done.wait(1.0):
         pass
     _log.info("TensorFlow server %s stopping.", spec.task.name)
     return 0
-

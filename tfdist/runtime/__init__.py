@@ -11,8 +11,29 @@ Example:
 """
 
 from tfdist.runtime.clean_exit import exit_cleanly, exit_code_for_exception, exit_code_of
-from tfdist.runtime.exit_codes import (BAD_CONFIG, CANNOT_EXECUTE, FAILED, LOST_PEER, NOT_FOUND, OK, PREEMPTED, TIMEOUT,
-                                       is_retryable)
+from tfdist.runtime.exit_codes import (
+    BAD_CONFIG,
+    CANNOT_EXECUTE,
+    FAILED,
+    LOST_PEER,
+    NOT_FOUND,
+    OK,
+    PREEMPTED,
+    TIMEOUT,
+    is_retryable,
+)
 
-__all__ = ["BAD_CONFIG", "CANNOT_EXECUTE", "FAILED", "LOST_PEER", "NOT_FOUND", "OK", "PREEMPTED", "TIMEOUT",
-           "exit_cleanly", "exit_code_for_exception", "exit_code_of", "is_retryable"]
+__all__ = [
+    "BAD_CONFIG",
+    "CANNOT_EXECUTE",
+    "FAILED",
+    "LOST_PEER",
+    "NOT_FOUND",
+    "OK",
+    "PREEMPTED",
+    "TIMEOUT",
+    "exit_cleanly",
+    "exit_code_for_exception",
+    "exit_code_of",
+    "is_retryable",
+]

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from tfdist.runtime import exit_codes
 
-__all__ = ["exit_cleanly", "exit_code_of", "exit_code_for_exception"]
+__all__ = ["exit_cleanly", "exit_code_for_exception", "exit_code_of"]
 
 # The rules live in tfdist.runtime.exit_codes; these are their names in tfdist.runtime since the first release.
 exit_code_of = exit_codes.from_exit_value
@@ -74,7 +74,7 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
     except KeyboardInterrupt:
         traceback.print_exc()
         code = exit_codes.from_signal(signal.SIGINT)
-    except BaseException as exc:  # noqa: BLE001 - report any failure as Python would.
+    except BaseException as exc:
         sys.excepthook(*sys.exc_info())
         code = exit_codes.from_exception(exc)
     try:

@@ -42,8 +42,17 @@ from typing import Any
 from tfdist._compat import is_tf_error
 from tfdist.errors import Error
 
-__all__ = ["OK", "FAILED", "BAD_CONFIG", "TIMEOUT", "CANNOT_EXECUTE", "NOT_FOUND", "PREEMPTED", "LOST_PEER",
-           "is_retryable"]
+__all__ = [
+    "BAD_CONFIG",
+    "CANNOT_EXECUTE",
+    "FAILED",
+    "LOST_PEER",
+    "NOT_FOUND",
+    "OK",
+    "PREEMPTED",
+    "TIMEOUT",
+    "is_retryable",
+]
 
 OK = 0
 FAILED = 1

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Optional
+from typing import NoReturn
 
 from tfdist.errors import Error
 from tfdist.runtime import exit_codes
@@ -23,7 +23,7 @@ from tfdist.runtime import exit_codes
 EXIT_FAILURE, EXIT_USAGE = exit_codes.FAILED, exit_codes.BAD_CONFIG
 EXIT_PIPE = exit_codes.from_signal(signal.SIGPIPE)  # What a shell reports for a filter killed by SIGPIPE.
 
-Main = Callable[[Optional[Sequence[str]]], int]
+Main = Callable[[Sequence[str] | None], int]
 
 
 def one_line(text: str) -> str:
@@ -99,9 +99,10 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
         >>> err.getvalue()
         'demo: error: Invalid value for `--workers`. Received: -1.\\n'
     """
+
     def decorate(main: Main) -> Main:
         @functools.wraps(main)
-        def wrapper(argv: Optional[Sequence[str]] = None) -> int:
+        def wrapper(argv: Sequence[str] | None = None) -> int:
             try:
                 code = main(argv)
                 sys.stdout.flush()  # A closed pipe shows here when stdout is block-buffered, not at exit.
@@ -119,7 +120,9 @@ def cli_main(prog: str) -> Callable[[Main], Main]:
             except Error as err:
                 sys.stderr.write(f"{prog}: error: {one_line(str(err))}\n")
                 return exit_code_for(err)
+
         return wrapper
+
     return decorate
 
 

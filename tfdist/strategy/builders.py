@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
@@ -25,17 +25,28 @@ if TYPE_CHECKING:
 
     from tfdist.comm.autotune import CollectiveTuning
 
-__all__ = ["StrategyOptions", "build_strategy", "resolve_options", "register_strategy", "strategy_names",
-           "choose_kind", "communication_options", "variable_partitioner", "cluster_coordinator"]
+__all__ = [
+    "StrategyOptions",
+    "build_strategy",
+    "choose_kind",
+    "cluster_coordinator",
+    "communication_options",
+    "register_strategy",
+    "resolve_options",
+    "strategy_names",
+    "variable_partitioner",
+]
 
 _log = logging.getLogger("tfdist.strategy.builders")
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 PARTITIONS = ("none", "min_size", "max_size", "fixed")
-_STARTUP_FIX = ("Build the strategy first thing in main(), before any tensor, variable, dataset or model "
-                "is created: TensorFlow configures collectives and threads only at program start-up.")
+_STARTUP_FIX = (
+    "Build the strategy first thing in main(), before any tensor, variable, dataset or model "
+    "is created: TensorFlow configures collectives and threads only at program start-up."
+)
 
-Builder = Callable[["StrategyOptions", Optional[ClusterSpec]], "tf.distribute.Strategy"]
+Builder = Callable[["StrategyOptions", ClusterSpec | None], "tf.distribute.Strategy"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,15 +83,15 @@ class StrategyOptions:
 
     communication: str = "auto"
     bytes_per_pack: int = 0
-    timeout_seconds: Optional[float] = None
+    timeout_seconds: float | None = None
     partition: str = "min_size"
     min_shard_bytes: int = 256 << 10
-    max_shard_bytes: Optional[int] = None
-    max_shards: Optional[int] = None
-    num_shards: Optional[int] = None
-    inter_op_threads: Optional[int] = None
-    devices: Optional[tuple[str, ...]] = None
-    device: Optional[str] = None
+    max_shard_bytes: int | None = None
+    max_shards: int | None = None
+    num_shards: int | None = None
+    inter_op_threads: int | None = None
+    devices: tuple[str, ...] | None = None
+    device: str | None = None
     peer_wait_seconds: float = 300.0
 
     def __post_init__(self) -> None:
@@ -93,20 +104,40 @@ class StrategyOptions:
         for name in ("max_shard_bytes", "max_shards", "num_shards", "inter_op_threads"):
             if getattr(self, name) is not None:
                 require_int(StrategyError, name, getattr(self, name), minimum=1)
-        require_number(StrategyError, "timeout_seconds", self.timeout_seconds, above=0, allow_none=True,
-                       fix="Use None to wait forever.")
-        require_number(StrategyError, "peer_wait_seconds", self.peer_wait_seconds, minimum=0,
-                       fix="Use 0 to let TensorFlow dial the leader without waiting.")
+        require_number(
+            StrategyError,
+            "timeout_seconds",
+            self.timeout_seconds,
+            above=0,
+            allow_none=True,
+            fix="Use None to wait forever.",
+        )
+        require_number(
+            StrategyError,
+            "peer_wait_seconds",
+            self.peer_wait_seconds,
+            minimum=0,
+            fix="Use 0 to let TensorFlow dial the leader without waiting.",
+        )
         if self.partition == "max_size" and self.max_shard_bytes is None:
-            raise invalid(StrategyError, "max_shard_bytes", None, "a byte count with partition='max_size'",
-                          "Pass max_shard_bytes=..., or use partition='min_size'.")
-        require_type(StrategyError, "device", self.device, (str, type(None)), "a device name such as '/gpu:0', "
-                     "or None")
+            raise invalid(
+                StrategyError,
+                "max_shard_bytes",
+                None,
+                "a byte count with partition='max_size'",
+                "Pass max_shard_bytes=..., or use partition='min_size'.",
+            )
+        require_type(StrategyError, "device", self.device, (str, type(None)), "a device name such as '/gpu:0', or None")
         if self.devices is not None:
             devices = tuple(self.devices) if isinstance(self.devices, (list, tuple)) else None
             if devices is None or not all(isinstance(d, str) and d for d in devices):
-                raise invalid(StrategyError, "devices", self.devices, "a list of device names, or None",
-                              "Example: devices=('/gpu:0', '/gpu:1').")
+                raise invalid(
+                    StrategyError,
+                    "devices",
+                    self.devices,
+                    "a list of device names, or None",
+                    "Example: devices=('/gpu:0', '/gpu:1').",
+                )
             object.__setattr__(self, "devices", devices)
 
 
@@ -116,11 +147,13 @@ _BUILDERS: dict[str, Builder] = {}
 
 def register_strategy(name: str) -> Callable[[Builder], Builder]:
     """Registers ``builder(options, cluster)`` under ``name`` for :func:`build_strategy`."""
+
     def decorator(builder: Builder) -> Builder:
         if name in _BUILDERS:
             raise invalid(StrategyError, "name", name, "a name not registered yet")
         _BUILDERS[name] = builder
         return builder
+
     return decorator
 
 
@@ -129,9 +162,13 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(sorted(_BUILDERS))
 
 
-def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
-                   tuning: Union[str, "os.PathLike[str]", "CollectiveTuning", None] = None,
-                   **options: Any) -> "tf.distribute.Strategy":
+def build_strategy(
+    kind: str = "auto",
+    *,
+    cluster: ClusterLike = None,
+    tuning: str | os.PathLike[str] | CollectiveTuning | None = None,
+    **options: Any,
+) -> tf.distribute.Strategy:
     """Builds a distribution strategy; call it before any other TensorFlow op.
 
     Args:
@@ -165,7 +202,7 @@ def build_strategy(kind: str = "auto", *, cluster: ClusterLike = None,
     return strategy
 
 
-def _guard_keras3(strategy: "tf.distribute.Strategy") -> None:
+def _guard_keras3(strategy: tf.distribute.Strategy) -> None:
     """Keras 3 cannot fit under MWMS or PS: make its fit say so (tfdist._compat.forbid_keras3_fit)."""
     import tensorflow as tf
 
@@ -173,12 +210,14 @@ def _guard_keras3(strategy: "tf.distribute.Strategy") -> None:
 
     for cls in (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.ParameterServerStrategy):
         if isinstance(strategy, cls) and forbid_keras3_fit(cls.__name__):
-            _log.warning("This process imported Keras 3, whose fit fails under %s; use `from tfdist import keras`.",
-                         cls.__name__)
+            _log.warning(
+                "This process imported Keras 3, whose fit fails under %s; use `from tfdist import keras`.", cls.__name__
+            )
 
 
-def resolve_options(*, tuning: Union[str, "os.PathLike[str]", "CollectiveTuning", None] = None,
-                    **options: Any) -> StrategyOptions:
+def resolve_options(
+    *, tuning: str | os.PathLike[str] | CollectiveTuning | None = None, **options: Any
+) -> StrategyOptions:
     """The :class:`StrategyOptions` that :func:`build_strategy` uses: ``options`` over the tuning file's.
 
     Example:
@@ -196,7 +235,7 @@ def resolve_options(*, tuning: Union[str, "os.PathLike[str]", "CollectiveTuning"
 
 
 # ------------------------------------------------------------------ choices
-def choose_kind(cluster: Optional[ClusterSpec], num_gpus: int) -> tuple[str, str]:
+def choose_kind(cluster: ClusterSpec | None, num_gpus: int) -> tuple[str, str]:
     """What 'auto' builds, and why. Pure: no TensorFlow needed.
 
     Example:
@@ -214,7 +253,9 @@ def choose_kind(cluster: Optional[ClusterSpec], num_gpus: int) -> tuple[str, str
     return "default", "no cluster and at most one GPU" if cluster is None else "a single-worker cluster"
 
 
-def communication_options(options: StrategyOptions, *, num_gpus: int) -> "tf.distribute.experimental.CommunicationOptions":
+def communication_options(
+    options: StrategyOptions, *, num_gpus: int
+) -> tf.distribute.experimental.CommunicationOptions:
     """Maps options to TensorFlow's ``CommunicationOptions``.
 
     'nccl' on a host without GPUs is an error rather than a silent fallback:
@@ -225,15 +266,20 @@ def communication_options(options: StrategyOptions, *, num_gpus: int) -> "tf.dis
 
     impl = tf.distribute.experimental.CommunicationImplementation
     if options.communication == "nccl" and num_gpus == 0:
-        raise invalid(StrategyError, "communication", "nccl", "'ring' or 'auto' on a host without GPUs",
-                      "NCCL runs only between GPUs; use communication='auto' (NCCL on GPUs, RING on CPUs).")
+        raise invalid(
+            StrategyError,
+            "communication",
+            "nccl",
+            "'ring' or 'auto' on a host without GPUs",
+            "NCCL runs only between GPUs; use communication='auto' (NCCL on GPUs, RING on CPUs).",
+        )
     implementation = {"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}[options.communication]
     return tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds,
-        implementation=implementation)
+        bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds, implementation=implementation
+    )
 
 
-def variable_partitioner(options: StrategyOptions, *, num_ps: int) -> Optional[Callable[..., Any]]:
+def variable_partitioner(options: StrategyOptions, *, num_ps: int) -> Callable[..., Any] | None:
     """TensorFlow's partitioner for ``options.partition`` (None for 'none')."""
     import tensorflow as tf
 
@@ -243,10 +289,12 @@ def variable_partitioner(options: StrategyOptions, *, num_ps: int) -> Optional[C
     if options.partition == "fixed":
         return partitioners.FixedShardsPartitioner(num_shards=options.num_shards or num_ps)
     if options.partition == "max_size":
-        return partitioners.MaxSizePartitioner(max_shard_bytes=options.max_shard_bytes,
-                                               max_shards=options.max_shards or num_ps)
-    return partitioners.MinSizePartitioner(min_shard_bytes=options.min_shard_bytes,
-                                           max_shards=options.max_shards or num_ps)
+        return partitioners.MaxSizePartitioner(
+            max_shard_bytes=options.max_shard_bytes, max_shards=options.max_shards or num_ps
+        )
+    return partitioners.MinSizePartitioner(
+        min_shard_bytes=options.min_shard_bytes, max_shards=options.max_shards or num_ps
+    )
 
 
 def _wait_for_leader(cluster: ClusterSpec, timeout: float) -> None:
@@ -257,8 +305,12 @@ def _wait_for_leader(cluster: ClusterSpec, timeout: float) -> None:
         return
     name, address = leader.name, leader.address
     if not wait_until_reachable(name, address, timeout):
-        _log.warning("%s at %s did not answer within %.0fs; handing over to TensorFlow, which keeps trying.",
-                     name, address, timeout)
+        _log.warning(
+            "%s at %s did not answer within %.0fs; handing over to TensorFlow, which keeps trying.",
+            name,
+            address,
+            timeout,
+        )
 
 
 def _wait_for_servers(cluster: ClusterSpec, timeout: float) -> None:
@@ -272,8 +324,12 @@ def _wait_for_servers(cluster: ClusterSpec, timeout: float) -> None:
         if task.type in ("worker", "ps"):
             remaining = max(0.0, deadline - time.monotonic())
             if not wait_until_reachable(task.name, task.address, remaining):
-                _log.warning("%s at %s did not answer within %.0fs; handing over to TensorFlow, which waits for it.",
-                             task.name, task.address, timeout)
+                _log.warning(
+                    "%s at %s did not answer within %.0fs; handing over to TensorFlow, which waits for it.",
+                    task.name,
+                    task.address,
+                    timeout,
+                )
 
 
 @contextlib.contextmanager
@@ -286,8 +342,12 @@ def _at_startup(what: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as err:
-        raise StrategyError(f"Cannot {what} now: {err}. {_STARTUP_FIX}", field="build_strategy",
-                            expected="a call before TensorFlow initializes", fix=_STARTUP_FIX) from err
+        raise StrategyError(
+            f"Cannot {what} now: {err}. {_STARTUP_FIX}",
+            field="build_strategy",
+            expected="a call before TensorFlow initializes",
+            fix=_STARTUP_FIX,
+        ) from err
 
 
 def _num_gpus() -> int:
@@ -298,14 +358,14 @@ def _num_gpus() -> int:
 
 # ------------------------------------------------------------------ builders
 @register_strategy("default")
-def _default(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+def _default(options: StrategyOptions, cluster: ClusterSpec | None) -> tf.distribute.Strategy:
     import tensorflow as tf
 
     return tf.distribute.get_strategy()
 
 
 @register_strategy("one_device")
-def _one_device(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+def _one_device(options: StrategyOptions, cluster: ClusterSpec | None) -> tf.distribute.Strategy:
     import tensorflow as tf
 
     device = options.device or ("/gpu:0" if _num_gpus() else "/cpu:0")
@@ -313,21 +373,26 @@ def _one_device(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf
 
 
 @register_strategy("mirrored")
-def _mirrored(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+def _mirrored(options: StrategyOptions, cluster: ClusterSpec | None) -> tf.distribute.Strategy:
     import tensorflow as tf
 
     return tf.distribute.MirroredStrategy(devices=list(options.devices) if options.devices else None)
 
 
 @register_strategy("multi_worker_mirrored")
-def _multi_worker_mirrored(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+def _multi_worker_mirrored(options: StrategyOptions, cluster: ClusterSpec | None) -> tf.distribute.Strategy:
     import tensorflow as tf
 
     from tfdist.strategy.resolver import cluster_resolver
 
     if cluster is not None and cluster.num_ps:
-        raise invalid(StrategyError, "kind", "multi_worker_mirrored", "a cluster without ps tasks",
-                      "Use kind='parameter_server' (or 'auto') for a cluster with ps tasks.")
+        raise invalid(
+            StrategyError,
+            "kind",
+            "multi_worker_mirrored",
+            "a cluster without ps tasks",
+            "Use kind='parameter_server' (or 'auto') for a cluster with ps tasks.",
+        )
     comm = communication_options(options, num_gpus=_num_gpus())
     resolver = cluster_resolver(cluster) if cluster is not None else None
     if cluster is not None and cluster.num_workers > 1 and options.peer_wait_seconds:
@@ -337,29 +402,42 @@ def _multi_worker_mirrored(options: StrategyOptions, cluster: Optional[ClusterSp
 
 
 @register_strategy("parameter_server")
-def _parameter_server(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+def _parameter_server(options: StrategyOptions, cluster: ClusterSpec | None) -> tf.distribute.Strategy:
     import tensorflow as tf
 
     from tfdist.strategy.resolver import cluster_resolver
 
     if cluster is None or not cluster.num_ps or not cluster.has_chief:
-        raise invalid(StrategyError, "cluster", cluster, "a cluster with a chief, workers and ps tasks",
-                      "Launch with `tfdist-launch --chief --workers N --ps M` or set TF_CONFIG accordingly.")
+        raise invalid(
+            StrategyError,
+            "cluster",
+            cluster,
+            "a cluster with a chief, workers and ps tasks",
+            "Launch with `tfdist-launch --chief --workers N --ps M` or set TF_CONFIG accordingly.",
+        )
     if cluster.task_type in ("worker", "ps"):
-        raise invalid(StrategyError, "task_type", cluster.task_type, "'chief' (the coordinator)",
-                      "Worker and ps tasks of a ParameterServerStrategy cluster run a TensorFlow server, not "
-                      "user code: `tfdist-launch` starts them, or call tfdist.launch.run_server().")
+        raise invalid(
+            StrategyError,
+            "task_type",
+            cluster.task_type,
+            "'chief' (the coordinator)",
+            "Worker and ps tasks of a ParameterServerStrategy cluster run a TensorFlow server, not "
+            "user code: `tfdist-launch` starts them, or call tfdist.launch.run_server().",
+        )
     if os.environ.get("GRPC_FAIL_FAST") != "use_caller":
-        _log.warning("GRPC_FAIL_FAST is not 'use_caller': the coordinator may wait long on a dead worker. "
-                     "Set GRPC_FAIL_FAST=use_caller before starting the coordinator (tfdist-launch does).")
+        _log.warning(
+            "GRPC_FAIL_FAST is not 'use_caller': the coordinator may wait long on a dead worker. "
+            "Set GRPC_FAIL_FAST=use_caller before starting the coordinator (tfdist-launch does)."
+        )
     threads = options.inter_op_threads
     if threads is None and (os.cpu_count() or 1) < cluster.num_workers + 1:
         threads = cluster.num_workers + 1
     if threads is not None and tf.config.threading.get_inter_op_parallelism_threads() < threads:
         with _at_startup("raise the inter-op threads for the 'parameter_server' strategy"):
             tf.config.threading.set_inter_op_parallelism_threads(threads)
-        _log.info("Inter-op threads raised to %d so the coordinator can drive %d workers.", threads,
-                  cluster.num_workers)
+        _log.info(
+            "Inter-op threads raised to %d so the coordinator can drive %d workers.", threads, cluster.num_workers
+        )
     if options.peer_wait_seconds:
         _wait_for_servers(cluster, options.peer_wait_seconds)
     partitioner = variable_partitioner(options, num_ps=cluster.num_ps)
@@ -368,17 +446,22 @@ def _parameter_server(options: StrategyOptions, cluster: Optional[ClusterSpec]) 
 
 
 @register_strategy("auto")
-def _auto(options: StrategyOptions, cluster: Optional[ClusterSpec]) -> "tf.distribute.Strategy":
+def _auto(options: StrategyOptions, cluster: ClusterSpec | None) -> tf.distribute.Strategy:
     kind, reason = choose_kind(cluster, _num_gpus())
     _log.info("Strategy 'auto' chose '%s': %s.", kind, reason)
     return _BUILDERS[kind](options, cluster)
 
 
-def cluster_coordinator(strategy: "tf.distribute.Strategy") -> "tf.distribute.coordinator.ClusterCoordinator":
+def cluster_coordinator(strategy: tf.distribute.Strategy) -> tf.distribute.coordinator.ClusterCoordinator:
     """The ``ClusterCoordinator`` for a parameter-server strategy (one per strategy)."""
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
-        raise invalid(StrategyError, "strategy", type(strategy).__name__, "a ParameterServerStrategy",
-                      "Only parameter-server training uses a coordinator; build it with kind='parameter_server'.")
+        raise invalid(
+            StrategyError,
+            "strategy",
+            type(strategy).__name__,
+            "a ParameterServerStrategy",
+            "Only parameter-server training uses a coordinator; build it with kind='parameter_server'.",
+        )
     return tf.distribute.coordinator.ClusterCoordinator(strategy)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["cluster_resolver", "slurm_cluster_resolver"]
 
 
-def cluster_resolver(spec: ClusterSpec) -> "tf.distribute.cluster_resolver.ClusterResolver":
+def cluster_resolver(spec: ClusterSpec) -> tf.distribute.cluster_resolver.ClusterResolver:
     """A ``SimpleClusterResolver`` for ``spec`` and its current task.
 
     The evaluator is kept out of the training cluster, as TFJob and Vertex AI
@@ -31,13 +31,21 @@ def cluster_resolver(spec: ClusterSpec) -> "tf.distribute.cluster_resolver.Clust
 
     cluster = tf.train.ClusterSpec({job: dict(tasks) for job, tasks in spec.jobs.items() if job != "evaluator"})
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        cluster, task_type=spec.task_type, task_id=spec.task_id,
-        environment=spec.environment or "", rpc_layer=spec.rpc_layer or "grpc")
+        cluster,
+        task_type=spec.task_type,
+        task_id=spec.task_id,
+        environment=spec.environment or "",
+        rpc_layer=spec.rpc_layer or "grpc",
+    )
 
 
-def slurm_cluster_resolver(*, jobs: Mapping[str, int] | None = None, port_base: int = 8888,
-                           gpus_per_node: int | None = None,
-                           gpus_per_task: int | None = None) -> "tf.distribute.cluster_resolver.ClusterResolver":
+def slurm_cluster_resolver(
+    *,
+    jobs: Mapping[str, int] | None = None,
+    port_base: int = 8888,
+    gpus_per_node: int | None = None,
+    gpus_per_task: int | None = None,
+) -> tf.distribute.cluster_resolver.ClusterResolver:
     """A resolver for the current Slurm step.
 
     On GPU nodes (``gpus_per_node`` > 0) this is TensorFlow's own
@@ -58,5 +66,9 @@ def slurm_cluster_resolver(*, jobs: Mapping[str, int] | None = None, port_base: 
     import tensorflow as tf
 
     return tf.distribute.cluster_resolver.SlurmClusterResolver(
-        jobs=dict(jobs) if jobs else None, port_base=port_base, gpus_per_node=gpus_per_node,
-        gpus_per_task=gpus_per_task, auto_set_gpu=False)
+        jobs=dict(jobs) if jobs else None,
+        port_base=port_base,
+        gpus_per_node=gpus_per_node,
+        gpus_per_task=gpus_per_task,
+        auto_set_gpu=False,
+    )

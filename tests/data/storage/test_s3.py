@@ -16,9 +16,14 @@ import pytest
 from tfdist._compat import tfio_unavailable_reason
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
-READERS = [pytest.param("boto3", id="boto3"),
-           pytest.param("tensorflow", id="tensorflow_io", marks=pytest.mark.skipif(
-               tfio_unavailable_reason() is not None, reason=str(tfio_unavailable_reason())))]
+READERS = [
+    pytest.param("boto3", id="boto3"),
+    pytest.param(
+        "tensorflow",
+        id="tensorflow_io",
+        marks=pytest.mark.skipif(tfio_unavailable_reason() is not None, reason=str(tfio_unavailable_reason())),
+    ),
+]
 
 SCRIPT = textwrap.dedent("""
     import collections, json, logging, sys
@@ -76,17 +81,25 @@ def test_write_and_read_sharded_tfrecords_on_s3(s3_server: dict[str, str], reade
     if reader == "boto3":
         env.pop("AWS_ENDPOINT_URL")
         env["S3_ENDPOINT"] = env["S3_ENDPOINT"].split("://")[1]
-    done = subprocess.run([sys.executable, "-c", SCRIPT, s3_server["S3_ENDPOINT"], f"tfdist-{reader}"], env=env, capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, s3_server["S3_ENDPOINT"], f"tfdist-{reader}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("Reading s3:// through boto3" in done.stderr) == (reader == "boto3"), done.stderr[-3000:]
-    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
-    result = json.loads(line[len("RESULT "):])
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
     assert result["paths"] == [f"s3://tfdist-{reader}/train/part-0000{i}-of-00004.tfrecord.gz" for i in range(4)]
     assert result["ids"] == list(range(500))  # Two workers, file sharding, each record once.
     assert result["checked"]["files_checked"] == 2 and result["checked"]["corrupt_files"] == []
     assert result["manifest_records"] == 500
     assert result["report"] == [250, 250]
-    assert result["objects"] == ["train/part-00000-of-00002.tfrecord", "train/part-00001-of-00002.tfrecord",
-                                 "train/part-manifest.json"]
+    assert result["objects"] == [
+        "train/part-00000-of-00002.tfrecord",
+        "train/part-00001-of-00002.tfrecord",
+        "train/part-manifest.json",
+    ]
     assert result["rewritten"] == list(range(500, 600))

@@ -8,31 +8,30 @@ same path as TF 2.21. The tf.data service and the agents' protocol: tests/data/s
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-from tfdist import testing
-
-
 from tests.support import s3_ps_task  # the chief's function, run by the cluster's chief task.
+from tfdist import testing
 
 pytestmark = [pytest.mark.s3]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
-def test_ps_fit_reads_every_s3_record_through_the_workers_staging_agents(s3_server: dict[str, str],
-                                                                         tmp_path: str) -> None:
+def test_ps_fit_reads_every_s3_record_through_the_workers_staging_agents(
+    s3_server: dict[str, str], tmp_path: str
+) -> None:
     stage = os.path.join(str(tmp_path), "stage")
     env = dict(s3_server, TFDIST_S3_READER="boto3", TFDIST_S3_STAGE_DIR=stage, TFDIST_S3_STAGE_TIMEOUT="120")
-    run = testing.run_cluster(s3_ps_task.fit_from_s3, workers=2, ps=1, chief=True, timeout=360,
-                              args=["tfdist-ps"], env=env)
+    run = testing.run_cluster(
+        s3_ps_task.fit_from_s3, workers=2, ps=1, chief=True, timeout=360, args=["tfdist-ps"], env=env
+    )
     assert run.ok, run.result.summary()
     result = run.values["chief:0"]
     # Every record read, each worker's stream in the same order: 1200 records over 600 ids, so every id at
     # least once, and no id more than (workers) times more often than another.
-    train = result["train"][:s3_ps_task.NUM_IDS]
+    train = result["train"][: s3_ps_task.NUM_IDS]
     assert sum(result["train"]) == 60 * s3_ps_task.BATCH
     assert min(train) >= 1 and max(train) - min(train) <= 2, train
     # The damaged object: its 5 whole records read, the cut one and the rest never (on_corrupt='skip').

@@ -25,8 +25,9 @@ def test_glob_keeps_wildcards_within_one_level() -> None:
     assert regex.match("d/part-01-x.gz") and not regex.match("d/part-21-x.gz") and not regex.match("d/part-01-a/b.gz")
 
 
-def test_store_lists_stages_within_budget_and_writes(s3_server: dict[str, str], s3_client: Any,
-                                                     tmp_path: "os.PathLike[str]") -> None:
+def test_store_lists_stages_within_budget_and_writes(
+    s3_server: dict[str, str], s3_client: Any, tmp_path: os.PathLike[str]
+) -> None:
     env = dict(s3_server)
     env.pop("AWS_ENDPOINT_URL")  # S3_ENDPOINT alone must do.
     s3_client.create_bucket(Bucket="store")
@@ -51,14 +52,18 @@ def test_store_lists_stages_within_budget_and_writes(s3_server: dict[str, str], 
         assert f.read() == bytes([0]) * 1000  # Evicted, so fetched again.
 
 
-def test_a_rewritten_object_is_staged_again(s3_server: dict[str, str], tmp_path: "os.PathLike[str]") -> None:
+def test_a_rewritten_object_is_staged_again(s3_server: dict[str, str], tmp_path: os.PathLike[str]) -> None:
     # Another process rewrites the object with the same size: the next listing shows a new ETag, and the
     # reader fetches the new bytes instead of serving its old copy.
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"])
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id=s3_server["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=s3_server["AWS_SECRET_ACCESS_KEY"],
+    )
     client.create_bucket(Bucket="rewrite")
     client.put_object(Bucket="rewrite", Key="d/obj", Body=b"a" * 100)
     store = S3Store(cache_dir=str(tmp_path), env=dict(s3_server))
@@ -73,7 +78,7 @@ def test_a_rewritten_object_is_staged_again(s3_server: dict[str, str], tmp_path:
     assert not os.path.exists(first) or first == again
 
 
-def test_missing_objects_and_bad_urls_are_clear(s3_server: dict[str, str], tmp_path: "os.PathLike[str]") -> None:
+def test_missing_objects_and_bad_urls_are_clear(s3_server: dict[str, str], tmp_path: os.PathLike[str]) -> None:
     store = S3Store(cache_dir=str(tmp_path), env=dict(s3_server))
     with pytest.raises(StorageError, match=r"Cannot read s3://no-such-bucket/x through boto3 \(endpoint http://"):
         store.stage("s3://no-such-bucket/x")

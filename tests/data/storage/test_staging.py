@@ -80,11 +80,12 @@ SCRIPT = textwrap.dedent("""
 def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: dict[str, str], tmp_path: str) -> None:
     stage = os.path.join(str(tmp_path), "stage")
     env = dict(os.environ, **s3_server, TFDIST_S3_READER="boto3", TFDIST_S3_STAGE_DIR=stage)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, "tfdist-service"], env=env, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "tfdist-service"], env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
-    result = json.loads(line[len("RESULT "):])
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
     assert "was not staged within 1s" in result["no_agent"] and "tfdist-launch" in result["no_agent"]
     assert "was not staged within 1s" in result["no_agent_skip"], result["no_agent_skip"]
     assert result["service"] == list(range(400))  # Dynamic sharding over 2 service workers: each record once.
@@ -92,8 +93,9 @@ def test_data_service_and_traced_datasets_read_s3_through_an_agent(s3_server: di
     assert "changed since it was listed" in result["changed"], result["changed"]
 
 
-def _bucket_of_objects(client: Any, s3_server: dict[str, str], tmp_path: str, bucket: str,
-                       count: int) -> tuple[Any, str]:
+def _bucket_of_objects(
+    client: Any, s3_server: dict[str, str], tmp_path: str, bucket: str, count: int
+) -> tuple[Any, str]:
     """Puts objects obj-0 .. obj-<count-1> of 1,000 bytes each; returns an S3Store and a stage root in tmp_path."""
     from tfdist.data.storage.s3 import S3Store
 
@@ -114,7 +116,8 @@ def _serve_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-u
 
 
 def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(
-        s3_server: dict[str, str], s3_client: Any, tmp_path: str) -> None:
+    s3_server: dict[str, str], s3_client: Any, tmp_path: str
+) -> None:
     from tfdist.data.storage import staging
 
     store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-agents", 6)
@@ -130,13 +133,13 @@ def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(
 
     # Two agents on one stage root, a budget of 3 copies: each object is downloaded once, the oldest evicted
     # (but the last one requested, which a reader may be about to open).
-    with staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1,
-                              keep_recent_s=0) as one, \
-            staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1,
-                                 keep_recent_s=0) as two:
+    with (
+        staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1, keep_recent_s=0) as one,
+        staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1, keep_recent_s=0) as two,
+    ):
         for url in urls:
             local = want(url, versions[url])
-            _serve_until(lambda: os.path.exists(local))
+            _serve_until(lambda local=local: os.path.exists(local))
             with open(local, "rb") as f:
                 assert f.read() == bytes([urls.index(url)]) * 1000
         assert one.staged + two.staged == 6
@@ -178,13 +181,14 @@ def test_run_server_starts_the_staging_agent_on_worker_tasks_only(tmp_path: str)
     env = dict(os.environ, TFDIST_S3_STAGE_DIR=os.path.join(str(tmp_path), "stage"))
     done = subprocess.run([sys.executable, "-c", SERVER], env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
-    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0]
-    assert json.loads(line[len("RESULT "):]) == {"ps": False, "worker": True}
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    assert json.loads(line[len("RESULT ") :]) == {"ps": False, "worker": True}
     assert "Staging agent serving s3:// requests in " + env["TFDIST_S3_STAGE_DIR"] in done.stderr
 
 
 def test_eviction_spares_recent_copies_counts_partial_downloads_and_budget_is_checked(
-        s3_server: dict[str, str], s3_client: Any, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    s3_server: dict[str, str], s3_client: Any, tmp_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     from tfdist.data.storage import staging
     from tfdist.errors import DataError
 
@@ -241,8 +245,12 @@ EXITS = textwrap.dedent("""
 @pytest.mark.timeout(120)
 def test_a_download_in_flight_does_not_keep_the_process_alive(tmp_path: str) -> None:
     marker = os.path.join(str(tmp_path), "downloading")
-    done = subprocess.run([sys.executable, "-c", EXITS, os.path.join(str(tmp_path), "stage"), marker],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS, os.path.join(str(tmp_path), "stage"), marker],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
 
 
@@ -289,8 +297,9 @@ def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_pat
 def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
     from tfdist.data.storage import staging
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, timeout=30)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=30
+    )
     gone, alive = int(dead.stdout), os.getpid()
     objects = os.path.join(str(tmp_path), "stage", "objects")
     os.makedirs(objects)
@@ -303,8 +312,7 @@ def test_an_agent_removes_what_dead_servers_left(tmp_path: str) -> None:
     assert sorted(os.listdir(objects)) == sorted(kept)
 
 
-def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], s3_client: Any,
-                                                     tmp_path: str) -> None:
+def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], s3_client: Any, tmp_path: str) -> None:
     from tfdist.data.storage import staging
 
     store, root = _bucket_of_objects(s3_client, s3_server, tmp_path, "tfdist-retry", 1)

@@ -15,11 +15,12 @@ import yaml
 from absl.testing import parameterized
 
 from tfdist import ClusterSpec
-from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.emit import formats as emit
 
-PS_TOPOLOGY = LaunchConfig(command=("python", "train.py", "--epochs", "3"), workers=2, ps=2, chief=True,
-                           evaluator=True, max_restarts=3)
+PS_TOPOLOGY = LaunchConfig(
+    command=("python", "train.py", "--epochs", "3"), workers=2, ps=2, chief=True, evaluator=True, max_restarts=3
+)
 
 
 def operator_tf_config(manifest: dict, replica_type: str, index: int, namespace: str = "default") -> str:
@@ -32,12 +33,12 @@ def operator_tf_config(manifest: dict, replica_type: str, index: int, namespace:
             continue
         port = spec["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
         cluster[job] = [f"{name}-{job}-{i}.{namespace}.svc:{port}" for i in range(spec["replicas"])]
-    return json.dumps({"cluster": cluster, "task": {"type": replica_type.lower(), "index": index},
-                       "environment": "cloud"})
+    return json.dumps(
+        {"cluster": cluster, "task": {"type": replica_type.lower(), "index": index}, "environment": "cloud"}
+    )
 
 
 class EmitTest(parameterized.TestCase):
-
     def test_tf_config_per_task(self) -> None:
         configs = emit.tf_configs(PS_TOPOLOGY, hosts=["h0", "h1", "h2:3000", "h3", "h4", "h5"], port=2222)
         self.assertEqual(sorted(configs), ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"])
@@ -46,12 +47,14 @@ class EmitTest(parameterized.TestCase):
         self.assertEqual(configs["worker:1"]["cluster"]["worker"], ["h1:2222", "h2:3000"])
 
     def test_tfjob_manifest_parses_and_operator_config_is_accepted(self) -> None:
-        manifest = yaml.safe_load(emit.to_yaml(emit.tfjob_manifest(PS_TOPOLOGY, name="rec", image="me/img:1",
-                                                                   cpu="4", memory="8Gi")))
+        manifest = yaml.safe_load(
+            emit.to_yaml(emit.tfjob_manifest(PS_TOPOLOGY, name="rec", image="me/img:1", cpu="4", memory="8Gi"))
+        )
         self.assertEqual((manifest["apiVersion"], manifest["kind"]), ("kubeflow.org/v1", "TFJob"))
         replicas = manifest["spec"]["tfReplicaSpecs"]
-        self.assertEqual({k: v["replicas"] for k, v in replicas.items()},
-                         {"Chief": 1, "Worker": 2, "PS": 2, "Evaluator": 1})
+        self.assertEqual(
+            {k: v["replicas"] for k, v in replicas.items()}, {"Chief": 1, "Worker": 2, "PS": 2, "Evaluator": 1}
+        )
         chief = replicas["Chief"]["template"]["spec"]["containers"][0]
         worker = replicas["Worker"]["template"]["spec"]["containers"][0]
         self.assertEqual((chief["name"], chief["image"]), ("tensorflow", "me/img:1"))
@@ -78,16 +81,17 @@ class EmitTest(parameterized.TestCase):
         self.assertTrue(script.startswith("#!/bin/bash\n#SBATCH --job-name=rec\n#SBATCH --ntasks=6"))
         self.assertIn("#SBATCH --cpus-per-task=4", script)
         self.assertIn("\nPORT_BASE=9000\n", script)
-        srun = [line for line in script.splitlines() if " srun --kill-on-bad-exit" in line][0]
-        self.assertIn("--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base \"$PORT_BASE\"", srun)
+        srun = next(line for line in script.splitlines() if " srun --kill-on-bad-exit" in line)
+        self.assertIn('--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base "$PORT_BASE"', srun)
         # Run what srun would run on each of 6 Slurm tasks over 2 nodes, with a program that shows its env.
         show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]
         args = srun.split('"$PYTHON" ', 1)[1].split(" -- ")[0]
         tail = shlex.split(args.replace('"$PORT_BASE"', "9000").replace('"$attempt"', "0"))
         seen = {}
         for procid in range(6):
-            env = dict(os.environ, SLURM_PROCID=str(procid), SLURM_STEP_NODELIST="n[1-2]",
-                       SLURM_STEP_TASKS_PER_NODE="3(x2)")
+            env = dict(
+                os.environ, SLURM_PROCID=str(procid), SLURM_STEP_NODELIST="n[1-2]", SLURM_STEP_TASKS_PER_NODE="3(x2)"
+            )
             argv = [sys.executable] + tail[:-1] + ["all", "--"] + show  # --run-on all: every task shows its env.
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual(done.returncode, 0, done.stderr)
@@ -97,15 +101,30 @@ class EmitTest(parameterized.TestCase):
         self.assertLen(set(seen.values()), 1)
 
     def test_slurm_ps_task_serves_tensorflow(self) -> None:
-        env = dict(os.environ, SLURM_PROCID="1", SLURM_STEP_NODELIST="n1", SLURM_STEP_TASKS_PER_NODE="4",
-                   TF_CPP_MIN_LOG_LEVEL="2")
-        argv = [sys.executable, "-m", "tfdist.launch.tasks.slurm", "--jobs", "chief=1,ps=1,worker=2", "--port-base",
-                "0", "--", "never-run-on-ps"]
+        env = dict(
+            os.environ,
+            SLURM_PROCID="1",
+            SLURM_STEP_NODELIST="n1",
+            SLURM_STEP_TASKS_PER_NODE="4",
+            TF_CPP_MIN_LOG_LEVEL="2",
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "tfdist.launch.tasks.slurm",
+            "--jobs",
+            "chief=1,ps=1,worker=2",
+            "--port-base",
+            "0",
+            "--",
+            "never-run-on-ps",
+        ]
         env["SLURM_STEP_NODELIST"] = "127.0.0.1"
         from tfdist.cluster import address as _address
 
-        base = next(p for p in range(20000, 60000, 7) if all(_address.port_is_free("127.0.0.1", p + i)
-                                                               for i in range(4)))
+        base = next(
+            p for p in range(20000, 60000, 7) if all(_address.port_is_free("127.0.0.1", p + i) for i in range(4))
+        )
         argv[argv.index("0")] = str(base)  # The 4 tasks on this "node" use base..base+3.
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines: list[str] = []
@@ -113,8 +132,11 @@ class EmitTest(parameterized.TestCase):
         reader.start()
         try:
             deadline = time.monotonic() + 60
-            while (not any("TensorFlow server ps:0 up" in line for line in lines) and proc.poll() is None
-                   and time.monotonic() < deadline):
+            while (
+                not any("TensorFlow server ps:0 up" in line for line in lines)
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.2)
             self.assertTrue(any("TensorFlow server ps:0 up" in line for line in lines), "".join(lines))
         finally:
@@ -122,18 +144,31 @@ class EmitTest(parameterized.TestCase):
             self.assertEqual(proc.wait(30), 0)  # SIGTERM stops the server cleanly.
 
     def test_slurm_task_reports_bad_environment(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "true"],
-                              env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "true"],
+            env={"PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertEqual(done.returncode, 2)
         self.assertIn("SLURM_PROCID", done.stderr)
 
     def test_cli_emit(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "2",
-                               "--hosts", "a,b"], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "2", "--hosts", "a,b"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(json.loads(done.stdout)["worker:0"]["cluster"], {"worker": ["a:2222", "b:2222"]})
-        done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--emit", "tfjob", "--workers", "2"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "tfdist.cli.launch", "--emit", "tfjob", "--workers", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertEqual(done.returncode, 2)
         self.assertIn("a program to run after '--'", done.stderr)
 
@@ -148,8 +183,7 @@ def test_server_watch_ends_after_the_chief_goes() -> None:
     listener.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     never_up = threading.Event()
-    threading.Thread(target=watch_chief, args=("127.0.0.1:1", never_up), kwargs={"grace": 0.2},
-                     daemon=True).start()
+    threading.Thread(target=watch_chief, args=("127.0.0.1:1", never_up), kwargs={"grace": 0.2}, daemon=True).start()
     done = threading.Event()
     listener.listen()
     watcher = threading.Thread(target=watch_chief, args=(address, done), kwargs={"grace": 1.0, "interval": 0.1})
@@ -197,8 +231,12 @@ NONSENSE = {
 @pytest.mark.parametrize("case", sorted(NONSENSE))
 def test_cli_rejects_nonsense_in_one_line(case: str) -> None:
     args, field = NONSENSE[case]
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", *args, "--", "python", "train.py"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.launch", *args, "--", "python", "train.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == "" and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and f"`{field}`" in done.stderr, done.stderr
@@ -210,11 +248,13 @@ def test_slurm_script_quotes_the_command_for_bash(tmp_path) -> None:
     script = emit.slurm_script(LaunchConfig(command=command, workers=2), python="/opt/py 3/bin/python")
     assert "\necho PWNED" not in script.split("srun")[0]
     srun = script.split("srun --kill-on-bad-exit=1 ", 1)[1].split(" 2>&1 1>&3")[0]
-    probe = ("PYTHON=" + shlex.quote("/opt/py 3/bin/python") + "; PORT_BASE=20000; attempt=0; "
-             "set -- " + srun + "; printf '%s\\0' \"$@\"")
+    probe = (
+        "PYTHON=" + shlex.quote("/opt/py 3/bin/python") + "; PORT_BASE=20000; attempt=0; "
+        "set -- " + srun + "; printf '%s\\0' \"$@\""
+    )
     done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     argv = done.stdout.split("\0")[:-1]
-    assert argv[argv.index("--") + 1:] == ["/opt/py 3/bin/python", *command[1:]]  # 'python' runs pinned.
+    assert argv[argv.index("--") + 1 :] == ["/opt/py 3/bin/python", *command[1:]]  # 'python' runs pinned.
     assert argv[0] == "/opt/py 3/bin/python" and not os.path.exists("/tmp/pwned")
     header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert header == ["#SBATCH --job-name=tfdist-job", "#SBATCH --ntasks=2", "#SBATCH --time=01:00:00"]
@@ -223,8 +263,13 @@ def test_slurm_script_quotes_the_command_for_bash(tmp_path) -> None:
 def test_slurm_task_missing_command_is_one_line() -> None:
     """`python -m tfdist.launch.tasks.slurm ... -- /no/such/cmd` raised FileNotFoundError (issue #17)."""
     env = dict(os.environ, SLURM_PROCID="0", SLURM_STEP_NODELIST="n1", SLURM_STEP_TASKS_PER_NODE="1")
-    done = subprocess.run([sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "/no/such/cmd"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "/no/such/cmd"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 127 and "Traceback" not in done.stderr, done.stderr
     assert "cannot run '/no/such/cmd'" in done.stderr.splitlines()[-1]
 

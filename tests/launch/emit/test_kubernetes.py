@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from tfdist import ClusterSpec, ClusterSpecError
-from tfdist.runtime import exit_codes
 from tfdist.errors import LaunchError
-from tfdist.launch.emit import formats as emit
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.emit import formats as emit
+from tfdist.runtime import exit_codes
 
 PS = LaunchConfig(command=("python", "train.py"), workers=2, ps=1, chief=True, evaluator=True, max_restarts=3)
 MWMS = LaunchConfig(command=("python", "train.py", "--epochs", "3"), workers=3)
@@ -51,6 +51,7 @@ def _set(path: str, value: Any):  # type: ignore[no-untyped-def]
             del node[last]
         else:
             node[last] = value
+
     return change
 
 
@@ -62,8 +63,10 @@ BROKEN = {  # rule -> (change to a valid manifest, what the operator's message n
     "name_empty": (_set("metadata.name", ""), "metadata.name"),
     "name_starts_with_digit": (_set("metadata.name", "1job"), "metadata.name"),
     "no_replica_specs": (_set("spec.tfReplicaSpecs", {}), "spec.tfReplicaSpecs: must be required"),
-    "two_chiefs": (lambda m: m["spec"]["tfReplicaSpecs"].update(Master=copy.deepcopy(m["spec"]["tfReplicaSpecs"]["Chief"])),
-                   "more than 1 Chief or Master"),
+    "two_chiefs": (
+        lambda m: m["spec"]["tfReplicaSpecs"].update(Master=copy.deepcopy(m["spec"]["tfReplicaSpecs"]["Chief"])),
+        "more than 1 Chief or Master",
+    ),
     "no_containers": (_set("spec.tfReplicaSpecs.PS.template.spec.containers", []), "[PS].template.spec.containers"),
     "no_image": (_set(f"{_WORKER}.image", ""), "[Worker].template.spec.containers[0].image"),
     "container_not_tensorflow": (_set(f"{_WORKER}.name", "main"), "container with name tensorflow"),
@@ -84,16 +87,22 @@ def test_each_operator_rule_is_checked(rule: str) -> None:
     assert any(message in p for p in problems), problems
 
 
-@pytest.mark.parametrize("config", [PS, MWMS, LaunchConfig(command=("t",), workers=1, chief=True, run_on="chief")],
-                         ids=["ps", "mwms", "chief_only"])
+@pytest.mark.parametrize(
+    "config",
+    [PS, MWMS, LaunchConfig(command=("t",), workers=1, chief=True, run_on="chief")],
+    ids=["ps", "mwms", "chief_only"],
+)
 def test_emitted_tfjobs_pass_and_load_into_the_sdk(config: LaunchConfig) -> None:
     manifest = tfjob(config, namespace="ml-team", cpu="4", memory="16Gi", gpus=1, ttl_seconds_after_finished=3600)
     assert emit.validate_tfjob(manifest) == []
     replicas = manifest["spec"]["tfReplicaSpecs"]
     assert sum(r in ("Chief", "Master") for r in replicas) <= 1
     assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"}
-    assert manifest["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": config.max_restarts,
-                                             "ttlSecondsAfterFinished": 3600}
+    assert manifest["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": config.max_restarts,
+        "ttlSecondsAfterFinished": 3600,
+    }
     training = pytest.importorskip("kubeflow.training", reason="the test extra installs kubeflow-training")
     client = training.ApiClient()
     job = client.deserialize(SimpleNamespace(data=json.dumps(manifest)), "KubeflowOrgV1TFJob")
@@ -114,8 +123,8 @@ def test_the_exit_code_table_matches_the_operators_rule() -> None:
     assert [c for c in range(1, 256) if exit_codes.is_retryable(c)] == list(range(128, 256))
     import tensorflow as tf
 
-    from tfdist.runtime.clean_exit import exit_code_for_exception
     from tfdist.keras.cluster_aware import exit_preempted
+    from tfdist.runtime.clean_exit import exit_code_for_exception
 
     assert exit_code_for_exception(tf.errors.UnavailableError(None, None, "peer gone")) == exit_codes.LOST_PEER
     assert exit_code_for_exception(tf.errors.DeadlineExceededError(None, None, "x")) == exit_codes.LOST_PEER
@@ -125,26 +134,55 @@ def test_the_exit_code_table_matches_the_operators_rule() -> None:
         exit_preempted()
     assert stopped.value.code == exit_codes.PREEMPTED  # TF's default 42 would not be retried by the operator.
     # An uncaught lost-peer error in a script run through exit_cleanly: the process exits 201.
-    done = subprocess.run([sys.executable, "-c", "import tensorflow as tf, tfdist\n"
-                           "def main():\n    raise tf.errors.UnavailableError(None, None, 'worker:1 is gone')\n"
-                           "tfdist.exit_cleanly(main)"], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tensorflow as tf, tfdist\n"
+            "def main():\n    raise tf.errors.UnavailableError(None, None, 'worker:1 is gone')\n"
+            "tfdist.exit_cleanly(main)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert done.returncode == exit_codes.LOST_PEER, done.stderr[-2000:]
 
 
 # ------------------------------------------------------------------ JobSet
 # Fields of jobset.x-k8s.io/v1alpha2 (api/jobset/v1alpha2/jobset_types.go json tags) and their enums.
-JOBSET_SPEC = {"replicatedJobs", "network", "successPolicy", "failurePolicy", "startupPolicy", "suspend",
-               "coordinator", "managedBy", "ttlSecondsAfterFinished", "volumeClaimPolicies"}
+JOBSET_SPEC = {
+    "replicatedJobs",
+    "network",
+    "successPolicy",
+    "failurePolicy",
+    "startupPolicy",
+    "suspend",
+    "coordinator",
+    "managedBy",
+    "ttlSecondsAfterFinished",
+    "volumeClaimPolicies",
+}
 REPLICATED_JOB = {"name", "groupName", "template", "replicas", "dependsOn"}
 NETWORK = {"enableDNSHostnames", "subdomain", "publishNotReadyAddresses"}
 SUCCESS_POLICY = {"operator": {"All", "Any"}, "targetReplicatedJobs": None}
 FAILURE_POLICY = {"maxRestarts", "restartStrategy", "rules"}
 FAILURE_RULE = {"name", "action", "onJobFailureReasons", "onJobFailureMessagePatterns", "targetReplicatedJobs"}
-FAILURE_ACTIONS = {"FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts", "RestartJob",
-                   "RestartJobAndIgnoreMaxRestarts"}
-FAILURE_REASONS = {"BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexes", "MaxFailedIndexesExceeded",
-                   "PodFailurePolicy"}  # jobset_webhook.go validOnJobFailureReasons
+FAILURE_ACTIONS = {
+    "FailJobSet",
+    "RestartJobSet",
+    "RestartJobSetAndIgnoreMaxRestarts",
+    "RestartJob",
+    "RestartJobAndIgnoreMaxRestarts",
+}
+FAILURE_REASONS = {
+    "BackoffLimitExceeded",
+    "DeadlineExceeded",
+    "FailedIndexes",
+    "MaxFailedIndexesExceeded",
+    "PodFailurePolicy",
+}  # jobset_webhook.go validOnJobFailureReasons
 RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # jobset_webhook.go ruleNameFmt
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -181,9 +219,12 @@ def test_jobset_follows_the_documented_schema(config: LaunchConfig) -> None:
 
 def _pod_env(manifest: dict[str, Any], rjob: dict[str, Any], index: int) -> dict[str, str]:
     """The environment Kubernetes gives pod ``index`` of ``rjob``: labels through the downward API, and the index."""
-    labels = {"jobset.sigs.k8s.io/jobset-name": manifest["metadata"]["name"],
-              "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"], "jobset.sigs.k8s.io/job-index": "0",
-              "jobset.sigs.k8s.io/restart-attempt": "2"}
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": manifest["metadata"]["name"],
+        "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+        "jobset.sigs.k8s.io/job-index": "0",
+        "jobset.sigs.k8s.io/restart-attempt": "2",
+    }
     env = {"JOB_COMPLETION_INDEX": str(index)}
     for var in rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"]:
         if "valueFrom" in var:
@@ -196,8 +237,12 @@ def _pod_env(manifest: dict[str, Any], rjob: dict[str, Any], index: int) -> dict
 
 def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None:
     manifest = jobset(PS, name="rec")
-    show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG']); "
-            "print(os.environ['TFDIST_TASK'] + ' ' + os.environ['TFDIST_RESTART'])"]
+    show = [
+        sys.executable,
+        "-c",
+        "import os; print(os.environ['TF_CONFIG']); "
+        "print(os.environ['TFDIST_TASK'] + ' ' + os.environ['TFDIST_RESTART'])",
+    ]
     seen = {}
     for rjob in manifest["spec"]["replicatedJobs"]:
         for index in range(rjob["template"]["spec"]["completions"]):
@@ -222,17 +267,29 @@ def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None
     assert len(set(seen.values())) == 1
 
 
-@pytest.mark.parametrize("env, message", [
-    ({}, "JOBSET_NAME"),
-    ({"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "trainer", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "0"},
-     "one of the jobs"),
-    ({"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "1", "JOB_COMPLETION_INDEX": "0"},
-     "one indexed Job per TensorFlow job type"),
-    ({"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "2"},
-     "an index below 2"),
-    ({"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "x"},
-     "non-negative integer"),
-], ids=["outside_jobset", "unknown_job", "second_job", "index_too_big", "bad_index"])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({}, "JOBSET_NAME"),
+        (
+            {"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "trainer", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "0"},
+            "one of the jobs",
+        ),
+        (
+            {"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "1", "JOB_COMPLETION_INDEX": "0"},
+            "one indexed Job per TensorFlow job type",
+        ),
+        (
+            {"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "2"},
+            "an index below 2",
+        ),
+        (
+            {"JOBSET_NAME": "rec", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "x"},
+            "non-negative integer",
+        ),
+    ],
+    ids=["outside_jobset", "unknown_job", "second_job", "index_too_big", "bad_index"],
+)
 def test_from_jobset_rejects_what_is_not_a_tfdist_jobset_pod(env: dict[str, str], message: str) -> None:
     with pytest.raises(ClusterSpecError, match=message):
         ClusterSpec.from_jobset(env, jobs={"chief": 1, "worker": 2})

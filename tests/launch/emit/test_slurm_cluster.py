@@ -7,8 +7,6 @@ submitted with PATH=/usr/bin:/bin, so they work only because the script pins the
 
 from __future__ import annotations
 
-from tests.support import SUPPORT
-
 import datetime
 import glob
 import json
@@ -17,10 +15,11 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
+from tests.support import SUPPORT
 from tfdist.cluster import slurm as _slurm
 
 pytestmark = [pytest.mark.slurm]
@@ -30,8 +29,12 @@ BASE_PYTHON = os.path.join(sys.base_prefix, "bin", "python3")  # The venv's base
 
 def emit(*args: str) -> str:
     """What ``tfdist-launch --emit slurm ARGS`` prints (run by this test's interpreter)."""
-    done = subprocess.run([sys.executable, "-m", "tfdist.cli.launch", "--emit", "slurm", *args],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.launch", "--emit", "slurm", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -40,17 +43,26 @@ def task_command(function: str, *args: Any) -> list[str]:
     return ["python", "-m", "tfdist.launch.tasks.function", "--file", TASKS_FILE, function, json.dumps(list(args))]
 
 
-def submit(cluster: Any, script: str, workdir: str, *, pythonpath: Optional[str] = None) -> subprocess.Popen:
+def submit(cluster: Any, script: str, workdir: str, *, pythonpath: str | None = None) -> subprocess.Popen:
     """``sbatch --wait --parsable`` of ``script`` from a bare environment; the job's output goes to workdir."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "job.sbatch")
     with open(path, "w") as f:
         f.write(script)
-    env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": cluster.conf, "HOME": os.environ.get("HOME", "/root"),
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath}
-    return subprocess.Popen(["sbatch", "--wait", "--parsable", "--chdir", workdir,
-                             "--output", os.path.join(workdir, "job.out"), path],
-                            env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SLURM_CONF": cluster.conf,
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath,
+    }
+    return subprocess.Popen(
+        ["sbatch", "--wait", "--parsable", "--chdir", workdir, "--output", os.path.join(workdir, "job.out"), path],
+        env=env,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, cluster: Any, timeout: float) -> tuple[int, dict[str, str], str]:
@@ -71,8 +83,9 @@ def finish(proc: subprocess.Popen, cluster: Any, timeout: float) -> tuple[int, d
 
 def job_record(cluster: Any, job_id: str) -> dict[str, str]:
     """The job as ``scontrol`` keeps it (MinJobAge=900 in the fixture; no slurmdbd here for sacct)."""
-    done = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=cluster.env, capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id], env=cluster.env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     return dict(item.split("=", 1) for item in done.stdout.split() if "=" in item)
 
@@ -98,20 +111,30 @@ def results(root: str) -> dict[str, dict[str, Any]]:
 
 def test_failures_end_the_job_at_once_with_their_code(slurm_cluster: Any, tmp_path: Any) -> None:
     """No TensorFlow here: three jobs at once, each failing a different way."""
-    show = ("import os, sys, time; t = os.environ['TFDIST_TASK']; "
-            "print('|'.join(['ENV', t, os.environ['TF_CONFIG'], os.environ['TF_CPP_MIN_LOG_LEVEL'], "
-            "os.environ['TF_USE_LEGACY_KERAS'], sys.executable]), flush=True); "
-            "time.sleep(1); sys.exit(7) if t == 'worker:1' else time.sleep(300)")
+    show = (
+        "import os, sys, time; t = os.environ['TFDIST_TASK']; "
+        "print('|'.join(['ENV', t, os.environ['TF_CONFIG'], os.environ['TF_CPP_MIN_LOG_LEVEL'], "
+        "os.environ['TF_USE_LEGACY_KERAS'], sys.executable]), flush=True); "
+        "time.sleep(1); sys.exit(7) if t == 'worker:1' else time.sleep(300)"
+    )
     jobs = {
         # A task exits 7: the job fails within seconds with 7 (srun itself would report 143 for the others).
-        "code7": submit(slurm_cluster, emit("--workers", "3", "--max-restarts", "0", "--", "python", "-c", show),
-                        str(tmp_path / "code7")),
+        "code7": submit(
+            slurm_cluster,
+            emit("--workers", "3", "--max-restarts", "0", "--", "python", "-c", show),
+            str(tmp_path / "code7"),
+        ),
         # The interpreter has no tfdist: the script stops at once and names it (exit 2, no restarts).
-        "no_tfdist": submit(slurm_cluster, emit("--workers", "2", "--max-restarts", "3", "--python", BASE_PYTHON,
-                                                "--", "true"), str(tmp_path / "no_tfdist"), pythonpath=""),
+        "no_tfdist": submit(
+            slurm_cluster,
+            emit("--workers", "2", "--max-restarts", "3", "--python", BASE_PYTHON, "--", "true"),
+            str(tmp_path / "no_tfdist"),
+            pythonpath="",
+        ),
         # A command that does not exist: 127 (not retried although restarts are allowed), one line, no traceback.
-        "no_cmd": submit(slurm_cluster, emit("--workers", "2", "--max-restarts", "3", "--", "/no/such/cmd"),
-                         str(tmp_path / "no_cmd")),
+        "no_cmd": submit(
+            slurm_cluster, emit("--workers", "2", "--max-restarts", "3", "--", "/no/such/cmd"), str(tmp_path / "no_cmd")
+        ),
     }
     done = {name: finish(proc, slurm_cluster, timeout=120) for name, proc in jobs.items()}
 
@@ -144,8 +167,11 @@ def test_two_mwms_jobs_at_once_one_restarting_with_an_evaluator(slurm_cluster: A
     root_a, root_b = str(tmp_path / "a"), str(tmp_path / "b")
     for root in (root_a, root_b):
         os.makedirs(root)
-    job_a = submit(slurm_cluster, emit("--workers", "2", "--evaluator", "--max-restarts", "1", "--",
-                                       *task_command("slurm_mwms", root_a, 3, 1)), root_a)
+    job_a = submit(
+        slurm_cluster,
+        emit("--workers", "2", "--evaluator", "--max-restarts", "1", "--", *task_command("slurm_mwms", root_a, 3, 1)),
+        root_a,
+    )
     job_b = submit(slurm_cluster, emit("--workers", "2", "--", *task_command("slurm_mwms", root_b, 2)), root_b)
     code_a, record_a, output_a = finish(job_a, slurm_cluster, timeout=420)
     code_b, record_b, output_b = finish(job_b, slurm_cluster, timeout=420)
@@ -171,8 +197,10 @@ def test_two_mwms_jobs_at_once_one_restarting_with_an_evaluator(slurm_cluster: A
     assert evaluator["end"] >= max(a[t]["end"] for t in ("worker:0/1", "worker:1/1")) - 1
     assert evaluator["end"] <= seconds(record_a["EndTime"]) + 1  # It ended with training, not at the limit.
 
-    ports = [set(json.loads(r[t]["env"]["TF_CONFIG"])["cluster"]["worker"]) for r, t in ((a, "worker:0/1"),
-                                                                                        (b, "worker:0/0"))]
+    ports = [
+        set(json.loads(r[t]["env"]["TF_CONFIG"])["cluster"]["worker"])
+        for r, t in ((a, "worker:0/1"), (b, "worker:0/0"))
+    ]
     assert not ports[0] & ports[1], ports
     for output in (output_a, output_b):
         assert "Could not start gRPC server" not in output and "already exists" not in output
@@ -182,8 +210,11 @@ def test_two_mwms_jobs_at_once_one_restarting_with_an_evaluator(slurm_cluster: A
 def test_parameter_server_job_ends_when_the_chief_does(slurm_cluster: Any, tmp_path: Any) -> None:
     root = str(tmp_path)
     started = time.time()
-    job = submit(slurm_cluster, emit("--chief", "--workers", "2", "--ps", "1", "--time", "30",
-                                     "--", *task_command("slurm_ps", root)), root)
+    job = submit(
+        slurm_cluster,
+        emit("--chief", "--workers", "2", "--ps", "1", "--time", "30", "--", *task_command("slurm_ps", root)),
+        root,
+    )
     code, record, output = finish(job, slurm_cluster, timeout=420)
     assert (code, record["JobState"], record["ExitCode"]) == (0, "COMPLETED", "0:0"), output
     chief = results(root)["chief:0/0"]
@@ -191,7 +222,7 @@ def test_parameter_server_job_ends_when_the_chief_does(slurm_cluster: Any, tmp_p
     lag = seconds(record["EndTime"]) - chief["end"]
     assert lag <= 15, (lag, output)  # Not at the time limit (30 min), and no 137 from srun --wait.
     for task in ("ps:0", "worker:0", "worker:1"):  # Each server saw the chief go and left by itself.
-        assert re.search(rf"Chief at \S+ gone for \d+s: the coordinator is done, stopping", output), output
+        assert re.search(r"Chief at \S+ gone for \d+s: the coordinator is done, stopping", output), output
         assert f"TensorFlow server {task} stopping" in output, output
     assert output.count("the coordinator is done") == 3, output
     assert "CANCELLED" not in output and "Terminated" not in output, output
@@ -227,38 +258,77 @@ def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_clu
     and the tasks' own doing: the step's size, TF_CONFIG, TFDIST_WORLD_SIZE/TFDIST_MEMBERSHIP, the resume.
     """
     root, name = str(tmp_path), f"elastic-{os.getpid()}"
-    script = emit("--workers", "3", "--min-workers", "2", "--tasks-per-node", "3", "--name", name, "--time", "10",
-                  "--", *task_command("slurm_elastic", root, 4, 12, 1))
-    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=3", "#SBATCH --requeue", "#SBATCH --open-mode=append",
-                 '--ntasks="$TASKS"', "--allocated-tasks 3", "--min-workers 2 --"):
+    script = emit(
+        "--workers",
+        "3",
+        "--min-workers",
+        "2",
+        "--tasks-per-node",
+        "3",
+        "--name",
+        name,
+        "--time",
+        "10",
+        "--",
+        *task_command("slurm_elastic", root, 4, 12, 1),
+    )
+    for line in (
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=3",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        '--ntasks="$TASKS"',
+        "--allocated-tasks 3",
+        "--min-workers 2 --",
+    ):
         assert line in script, script
     assert "#SBATCH --ntasks=" not in script, script  # The size comes from the allocation, not a fixed count.
     job = submit(slurm_cluster, script, root)
     try:
         _wait("pause after epoch 1's backup", lambda: os.path.exists(os.path.join(root, "paused")), 300, job, root)
-        queue = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], env=slurm_cluster.env, capture_output=True,
-                               text=True, timeout=30)
+        queue = subprocess.run(
+            ["squeue", "-h", "-n", name, "-o", "%i"], env=slurm_cluster.env, capture_output=True, text=True, timeout=30
+        )
         job_id = queue.stdout.strip()
         assert job_id.isdigit(), queue
         first = _elastic_records(root)
         assert sorted(first) == ["worker:0/g0", "worker:1/g0", "worker:2/g0"], first
         # The node fails: Slurm stops the tasks and requeues the job (--requeue), which waits ~120 s to be eligible.
-        subprocess.run(["scontrol", "update", "NodeName=localhost", "State=DOWN", "Reason=tfdist-elastic-test"],
-                       env=slurm_cluster.env, check=True, timeout=30)
-        _wait("requeue", lambda: (_job_field(slurm_cluster, job_id, "JobState"),
-                                  _job_field(slurm_cluster, job_id, "Restarts")) == ("PENDING", "1"), 60, job, root)
+        subprocess.run(
+            ["scontrol", "update", "NodeName=localhost", "State=DOWN", "Reason=tfdist-elastic-test"],
+            env=slurm_cluster.env,
+            check=True,
+            timeout=30,
+        )
+        _wait(
+            "requeue",
+            lambda: (
+                (_job_field(slurm_cluster, job_id, "JobState"), _job_field(slurm_cluster, job_id, "Restarts"))
+                == ("PENDING", "1")
+            ),
+            60,
+            job,
+            root,
+        )
         # Slurm holds the requeued job ~120 s so that the old run can leave the node (slurmd drains a node that
         # is asked to start a job id it still runs: "Duplicate jobid"). The test waits for exactly that, the
         # old run's slurmstepd sockets gone from the spool (slurmd's own check), then lets the job start now.
         spool = os.path.join(slurm_cluster.directory, "spool")
-        _wait("old run gone from the node", lambda: not glob.glob(os.path.join(spool, f"*_{job_id}.*")), 60,
-              job, root)
+        _wait("old run gone from the node", lambda: not glob.glob(os.path.join(spool, f"*_{job_id}.*")), 60, job, root)
         # The requeued job gets a smaller allocation.
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "NumTasks=2", "TasksPerNode=2", "StartTime=now"],
-                       env=slurm_cluster.env, check=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", "NumTasks=2", "TasksPerNode=2", "StartTime=now"],
+            env=slurm_cluster.env,
+            check=True,
+            timeout=30,
+        )
     finally:  # The node serves the other tests again (ReturnToService=2 usually does it at once).
-        subprocess.run(["scontrol", "update", "NodeName=localhost", "State=RESUME"], env=slurm_cluster.env,
-                       capture_output=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", "NodeName=localhost", "State=RESUME"],
+            env=slurm_cluster.env,
+            capture_output=True,
+            timeout=30,
+        )
     code, record, output = finish(job, slurm_cluster, timeout=420)
     assert (code, record["JobState"], record["ExitCode"], record["Restarts"]) == (0, "COMPLETED", "0:0", "1"), output
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.processes import assert_all_gone
 
+from tests.support.processes import assert_all_gone
 from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cluster.probe import can_connect
 from tfdist.launch.engines._netns import Namespace, unshare_argv
@@ -77,8 +77,14 @@ def _probe_run(tmp_path: Path, isolate: bool) -> tuple[launch.LaunchResult, dict
         if len(probed) == len(reached) == 2:
             done.touch()
 
-    result = launch.run([PY, "-c", TASK, str(done)], workers=2, timeout=60, isolate_network=isolate,
-                        on_line=_on_line, on_status=statuses.append)
+    result = launch.run(
+        [PY, "-c", TASK, str(done)],
+        workers=2,
+        timeout=60,
+        isolate_network=isolate,
+        on_line=_on_line,
+        on_status=statuses.append,
+    )
     return result, probed, statuses
 
 
@@ -117,10 +123,13 @@ def test_a_namespace_holds_what_its_tasks_bind(rootless: bool) -> None:
     namespace = Namespace(rootless=rootless)
     try:
         port = namespace.pick(1, "127.0.0.1")[0]
-        serve = ("import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); "
-                 "print('up', flush=True); sys.stdin.read()")
-        task = subprocess.Popen(namespace.enter([PY, "-c", serve, str(port)]), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        serve = (
+            "import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); "
+            "print('up', flush=True); sys.stdin.read()"
+        )
+        task = subprocess.Popen(
+            namespace.enter([PY, "-c", serve, str(port)]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         try:
             assert task.stdout is not None and task.stdout.readline() == "up\n"
             assert not namespace.is_free("127.0.0.1", port)  # taken in there...

@@ -28,25 +28,28 @@ os.environ.setdefault(LOOPBACK_VAR, "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray", reason='Ray is not installed; pip install "tfdist[ray]"')
 
-from tests.support import cluster_tasks  # noqa: E402
-from tests.support import ray_tasks  # noqa: E402
-from tests.support.ray_helpers import stop_ray_block  # noqa: E402
-from tests.support.processes import assert_all_gone  # noqa: E402
-
+from tests.support import (
+    cluster_tasks,
+    ray_tasks,
+)
+from tests.support.processes import assert_all_gone
+from tests.support.ray_helpers import stop_ray_block
 from tfdist import ClusterSpec, EngineError, testing
 from tfdist.cluster import address as _address
-from tfdist.launch.config import LaunchConfig  # noqa: E402
-from tfdist.launch.engines.ray import RayEngine  # noqa: E402
-from tfdist.launch.supervisor.runner import run_config  # noqa: E402
-from tfdist.cluster.probe import can_connect  # noqa: E402
+from tfdist.cluster.probe import can_connect
+from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines.ray import RayEngine
+from tfdist.launch.supervisor.runner import run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(400)]
 REPO = Path(__file__).resolve().parents[3]
 PY = sys.executable
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
-ENV_REPORT = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in ['TF_CONFIG', 'TF_USE_LEGACY_KERAS', "
-              "'TF_NUM_INTRAOP_THREADS', 'TF_NUM_INTEROP_THREADS', 'TFDIST_TASK', 'TFDIST_RESTART', "
-              "'TFDIST_DATA_SERVICE', 'FROM_LAUNCHER']}))")
+ENV_REPORT = (
+    "import os, json; print(json.dumps({k: os.environ.get(k) for k in ['TF_CONFIG', 'TF_USE_LEGACY_KERAS', "
+    "'TF_NUM_INTRAOP_THREADS', 'TF_NUM_INTEROP_THREADS', 'TFDIST_TASK', 'TFDIST_RESTART', "
+    "'TFDIST_DATA_SERVICE', 'FROM_LAUNCHER']}))"
+)
 _RAY_DAEMONS = ("raylet", "gcs_server")
 
 
@@ -68,11 +71,24 @@ def _processes(names: tuple[str, ...]) -> set[int]:
 def ray_head() -> Iterator[str]:
     """A one-node Ray cluster on 127.0.0.1 (`ray start --head --block`); yields its address."""
     port, client_port = _address.free_ports(2)
-    proc = subprocess.Popen([RAY_CLI, "start", "--head", "--block", f"--port={port}", "--num-cpus=6",
-                             "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats",
-                             f"--ray-client-server-port={client_port}"],
-                            env=dict(os.environ, **{LOOPBACK_VAR: "0", "RAY_AUTH_MODE": "disabled"}), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            RAY_CLI,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=6",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--ray-client-server-port={client_port}",
+        ],
+        env=dict(os.environ, **{LOOPBACK_VAR: "0", "RAY_AUTH_MODE": "disabled"}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     address = f"127.0.0.1:{port}"
     try:
         assert can_connect(address, timeout=90), "ray start --head did not come up"
@@ -81,18 +97,30 @@ def ray_head() -> Iterator[str]:
         stop_ray_block(proc)
 
 
-def _run(target: Any, address: str, *, args: tuple = (), lines: list | None = None, statuses: list | None = None,
-         engine_options: dict | None = None, **options: Any) -> tuple[Any, dict[str, Any]]:
+def _run(
+    target: Any,
+    address: str,
+    *,
+    args: tuple = (),
+    lines: list | None = None,
+    statuses: list | None = None,
+    engine_options: dict | None = None,
+    **options: Any,
+) -> tuple[Any, dict[str, Any]]:
     """Runs ``target`` on the Ray at ``address``; returns the result and each task's returned value."""
     config = LaunchConfig(command=tuple(testing.command_for(target, args)), **options)
     sink = (lambda task, line: lines.append((task, line))) if lines is not None else None
-    result = run_config(config, engine=RayEngine(address=address, **(engine_options or {})), on_line=sink,
-                        on_status=statuses.append if statuses is not None else None)
+    result = run_config(
+        config,
+        engine=RayEngine(address=address, **(engine_options or {})),
+        on_line=sink,
+        on_status=statuses.append if statuses is not None else None,
+    )
     values = {}
     for task in result.tasks:
         for line in task.output.splitlines():
             if line.startswith(testing.RESULT_PREFIX):
-                values[task.task] = json.loads(line[len(testing.RESULT_PREFIX):])
+                values[task.task] = json.loads(line[len(testing.RESULT_PREFIX) :])
     return result, values
 
 
@@ -108,10 +136,23 @@ def _attempts(log_path: str, task: str) -> dict[int, list[int]]:
 def test_joined_cluster_tasks_get_their_env_output_and_data_service(ray_head: str, tmp_path: Path) -> None:
     lines: list[tuple[str, str]] = []
     statuses: list[str] = []
-    config = LaunchConfig(command=(PY, "-c", ENV_REPORT), workers=2, chief=True, evaluator=True, threads_per_task=1,
-                          data_service_workers=1, log_dir=str(tmp_path), timeout=120, env={"FROM_LAUNCHER": "yes"})
-    result = run_config(config, engine=RayEngine(address=ray_head, placement="spread"),
-                        on_line=lambda t, l: lines.append((t, l)), on_status=statuses.append)
+    config = LaunchConfig(
+        command=(PY, "-c", ENV_REPORT),
+        workers=2,
+        chief=True,
+        evaluator=True,
+        threads_per_task=1,
+        data_service_workers=1,
+        log_dir=str(tmp_path),
+        timeout=120,
+        env={"FROM_LAUNCHER": "yes"},
+    )
+    result = run_config(
+        config,
+        engine=RayEngine(address=ray_head, placement="spread"),
+        on_line=lambda task, line: lines.append((task, line)),
+        on_status=statuses.append,
+    )
     assert (result.exit_code, result.reason) == (0, "ok"), result.summary()
     services, fingerprints = set(), set()
     for task in ("chief:0", "worker:0", "worker:1", "evaluator:0"):
@@ -148,8 +189,14 @@ def test_a_job_the_cluster_cannot_hold_is_an_engine_error(ray_head: str) -> None
 
 def test_mwms_crash_once_restarts_the_group_and_resumes_from_backup(ray_head: str, tmp_path: Path) -> None:
     log, marker = str(tmp_path / "epochs"), str(tmp_path / "crashed")
-    result, values = _run(cluster_tasks.mwms_backup_fit, ray_head, workers=2, timeout=300, max_restarts=1,
-                          args=(str(tmp_path / "backup"), log, 5, marker))
+    result, values = _run(
+        cluster_tasks.mwms_backup_fit,
+        ray_head,
+        workers=2,
+        timeout=300,
+        max_restarts=1,
+        args=(str(tmp_path / "backup"), log, 5, marker),
+    )
     assert result.exit_code == 0, result.summary()
     assert [t.restarts for t in result.tasks] == [1, 1]  # MWMS: the whole group restarts.
     attempts = _attempts(log, "worker:0")
@@ -161,9 +208,18 @@ def test_mwms_crash_once_restarts_the_group_and_resumes_from_backup(ray_head: st
 
 def test_ps_fit_survives_a_worker_killed_mid_fit_and_only_it_restarts(ray_head: str) -> None:
     statuses: list[str] = []
-    result, values = _run(ray_tasks.ps_fit_progress, ray_head, workers=2, ps=1, chief=True, timeout=300,
-                          max_restarts=1, kills=("worker:1@after=progress epoch 1$",), args=(6, 20),
-                          statuses=statuses)
+    result, values = _run(
+        ray_tasks.ps_fit_progress,
+        ray_head,
+        workers=2,
+        ps=1,
+        chief=True,
+        timeout=300,
+        max_restarts=1,
+        kills=("worker:1@after=progress epoch 1$",),
+        args=(6, 20),
+        statuses=statuses,
+    )
     assert result.exit_code == 0, result.summary()
     value = values["chief:0"]
     assert value["is_ps"] and value["workers"] == 2
@@ -176,8 +232,9 @@ def test_ps_fit_survives_a_worker_killed_mid_fit_and_only_it_restarts(ray_head: 
 
 def _cli(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    done = subprocess.run([PY, "-m", "tfdist.cli.launch", "--engine", "ray", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [PY, "-m", "tfdist.cli.launch", "--engine", "ray", *args], capture_output=True, text=True, timeout=timeout
+    )
     return done, time.monotonic() - start
 
 
@@ -187,8 +244,22 @@ def _started_pids(stderr: str) -> list[int]:
 
 def test_cli_local_ray_mwms_identical_weights_and_nothing_left(tmp_path: Path) -> None:
     daemons_before = _processes(_RAY_DAEMONS)
-    done, _ = _cli(["--workers", "2", "--timeout", "300", "--log-dir", str(tmp_path), "--",
-                    PY, str(REPO / "scripts" / "demo_train.py"), "--epochs", "2"], timeout=360)
+    done, _ = _cli(
+        [
+            "--workers",
+            "2",
+            "--timeout",
+            "300",
+            "--log-dir",
+            str(tmp_path),
+            "--",
+            PY,
+            str(REPO / "scripts" / "demo_train.py"),
+            "--epochs",
+            "2",
+        ],
+        timeout=360,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(m) for m in re.findall(r"^\[worker:\d\] RESULT (.*)$", done.stdout, re.M)]
     assert len(results) == 2
@@ -204,8 +275,7 @@ def test_cli_local_ray_mwms_identical_weights_and_nothing_left(tmp_path: Path) -
 def test_cli_failing_task_fails_the_run_fast_and_nothing_is_left() -> None:
     script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(120)"
     daemons_before = _processes(_RAY_DAEMONS)
-    done, seconds = _cli(["--workers", "3", "--grace", "2", "--timeout", "200", "--", PY, "-c", script],
-                         timeout=240)
+    done, seconds = _cli(["--workers", "3", "--grace", "2", "--timeout", "200", "--", PY, "-c", script], timeout=240)
     assert done.returncode == 7, done.stderr[-3000:]
     assert seconds < 90, seconds  # Ray start-up included; without fail-fast it would take 120 s.
     assert "worker:1 ended the run" in done.stderr

@@ -9,27 +9,25 @@ through a node that leaves and joins.
 
 from __future__ import annotations
 
-from tests.support import SUPPORT
-
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import SUPPORT
+
 pytest.importorskip("ray", reason='Ray is not installed; pip install "tfdist[ray]"')
 
-from tests.support.processes import assert_all_gone  # noqa: E402
-
-from tfdist import testing  # noqa: E402
-from tfdist.errors import LaunchFailure  # noqa: E402
+from tests.support.processes import assert_all_gone
+from tfdist import testing
+from tfdist.errors import LaunchFailure
 from tfdist.launch.engines._netns import unshare_argv
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(600)]
-SCENARIOS = (SUPPORT / "ray_two_nodes.py")
+SCENARIOS = SUPPORT / "ray_two_nodes.py"
 EXTRA_HOST = "127.0.0.2"
 
 
@@ -41,11 +39,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     except LaunchFailure as err:
         pytest.skip(f"no private network namespace here: {err}")
     work = tmp_path_factory.mktemp("ray-two-nodes")
-    done = subprocess.run([*unshare, sys.executable, str(SCENARIOS), str(work), "keras"], capture_output=True,
-                          text=True, timeout=560, start_new_session=True)
+    done = subprocess.run(
+        [*unshare, sys.executable, str(SCENARIOS), str(work), "keras"],
+        capture_output=True,
+        text=True,
+        timeout=560,
+        start_new_session=True,
+    )
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT_JSON ")]
     assert done.returncode == 0 and found, done.stdout[-3000:] + done.stderr[-5000:]
-    report = json.loads(found[-1][len("RESULT_JSON "):])
+    report = json.loads(found[-1][len("RESULT_JSON ") :])
     assert report["ray_pids"], "no Ray process was seen"
     assert_all_gone(report["ray_pids"], within=15)  # every raylet, GCS and worker of both nodes
     return report
@@ -62,8 +65,11 @@ def test_lose_and_return_fault_injection_on_ray(runs: dict[str, Any]) -> None:
     changes = [s for s in run["statuses"] if s.startswith("elastic: membership")]
     assert len(changes) == 2, _report(run)
     assert changes[0].startswith("elastic: membership 1: world size 2 (workers worker:0, worker:1); worker:2 lost")
-    assert re.match(r"elastic: membership 2: world size 3 \(workers worker:0, worker:1, worker:2\); worker:2 "
-                    r"joined; epoch \d+ backed up", changes[1]), changes[1]
+    assert re.match(
+        r"elastic: membership 2: world size 3 \(workers worker:0, worker:1, worker:2\); worker:2 "
+        r"joined; epoch \d+ backed up",
+        changes[1],
+    ), changes[1]
     worker2 = run["outputs"]["worker:2"]
     assert "generation 2 world 3 workers 3" in worker2 and "task worker:2 done" in worker2
     ended = [int(m) for m in re.findall(r"^epoch (\d+) end$", run["outputs"]["worker:0"], re.M)]
@@ -84,13 +90,15 @@ def test_a_node_that_leaves_is_a_loss_and_a_node_that_joins_a_return(runs: dict[
     changes = [s for s in run["statuses"] if s.startswith("elastic: membership")]
     assert len(changes) == 2, report
     assert changes[0].startswith("elastic: membership 1: world size 2") and f"{lost} lost" in changes[0], report
-    assert re.search(rf"{lost} is available again \(the engine placed it again, at {re.escape(EXTRA_HOST)}:\d+\)",
-                     report), report
+    assert re.search(
+        rf"{lost} is available again \(the engine placed it again, at {re.escape(EXTRA_HOST)}:\d+\)", report
+    ), report
     assert re.match(rf"elastic: membership 2: world size 3 .*; {lost} joined; epoch \d+ backed up", changes[1])
     results = {}
     for task, output in run["outputs"].items():
-        found = [line[len(testing.RESULT_PREFIX):] for line in output.splitlines()
-                 if line.startswith(testing.RESULT_PREFIX)]
+        found = [
+            line[len(testing.RESULT_PREFIX) :] for line in output.splitlines() if line.startswith(testing.RESULT_PREFIX)
+        ]
         assert found, (task, output[-2000:])
         results[task] = json.loads(found[-1])
     assert {r["generation"] for r in results.values()} == {2}, results  # everyone finished in the grown group
@@ -105,14 +113,20 @@ def test_real_mwms_fit_goes_on_without_the_node_and_grows_back_when_it_joins(run
     report = _report(run)
     assert run["exit_code"] == 0, report + "\n".join(o[-1500:] for o in run["outputs"].values())
     lost = [task for task, address in run["cluster"].items() if address.startswith(EXTRA_HOST + ":")]
-    assert len(lost) == 1 and any(s.startswith(f"elastic: losing {lost[0]} (its node left the cluster)")
-                                  for s in run["statuses"]), report
+    assert len(lost) == 1 and any(
+        s.startswith(f"elastic: losing {lost[0]} (its node left the cluster)") for s in run["statuses"]
+    ), report
     changes = [s.split(";")[0] for s in run["statuses"] if s.startswith("elastic: membership")]
-    assert [c.split(" (")[0] for c in changes] == ["elastic: membership 1: world size 2",
-                                                  "elastic: membership 2: world size 3"], report
+    assert [c.split(" (")[0] for c in changes] == [
+        "elastic: membership 1: world size 2",
+        "elastic: membership 2: world size 3",
+    ], report
     # Every epoch completed once, on its generation's world size: the node left after epoch 0 and the
     # worker joined at the first boundary after its return (epoch 2; membership 1 held after epoch 1).
-    epochs = sorted((int(e), float(w)) for output in run["outputs"].values()
-                    for e, w in re.findall(r"^EPOCH (\d+) world ([\d.]+) generation \d+$", output, re.M))
+    epochs = sorted(
+        (int(e), float(w))
+        for output in run["outputs"].values()
+        for e, w in re.findall(r"^EPOCH (\d+) world ([\d.]+) generation \d+$", output, re.M)
+    )
     assert epochs == [(0, 3), (1, 2), (2, 2), (3, 3), (4, 3), (5, 3)], (epochs, report)
     assert all("DONE generation 2 " in output for output in run["outputs"].values()), report

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from tests.support.processes import assert_all_gone
 
+from tests.support.processes import assert_all_gone
 from tfdist.errors import LaunchError
 from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.engines.ray import RayOptions, is_local_ray
@@ -33,8 +33,10 @@ def test_task_host_streams_reports_exit_and_restarts() -> None:
     host = TaskHost("worker:0")
     address, _ = host.address("127.0.0.1")
     assert address.startswith("127.0.0.1:")
-    pid = host.start([PY, "-c", "import os; print(os.environ['X']); print('two'); raise SystemExit(3)"],
-                     {"X": "one", "PATH": os.environ["PATH"]})
+    pid = host.start(
+        [PY, "-c", "import os; print(os.environ['X']); print('two'); raise SystemExit(3)"],
+        {"X": "one", "PATH": os.environ["PATH"]},
+    )
     assert _drain(host, pid) == (["one", "two"], 3)
     again = host.start([PY, "-c", "print('again')"], {"PATH": os.environ["PATH"]})
     assert host.read(1.0, pid) == ([], None, True)  # A reader of the first attempt gets nothing of the second.
@@ -43,8 +45,10 @@ def test_task_host_streams_reports_exit_and_restarts() -> None:
 
 def test_task_host_signals_the_whole_group_and_stop_reaps() -> None:
     host = TaskHost("worker:1")
-    script = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
-              "time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)")
+    script = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)"
+    )
     pid = host.start([PY, "-c", script], {"PATH": os.environ["PATH"]})
     lines: list[str] = []
     while not lines:
@@ -56,23 +60,37 @@ def test_task_host_signals_the_whole_group_and_stop_reaps() -> None:
 
 
 def test_task_host_child_dies_with_its_host_process() -> None:
-    code = ("import sys, time; from tfdist.launch.engines._ray_actor import TaskHost; h = TaskHost('w'); "
-            "print(h.start([sys.executable, '-c', 'import time; time.sleep(60)'], {}), flush=True); time.sleep(60)")
-    proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    code = (
+        "import sys, time; from tfdist.launch.engines._ray_actor import TaskHost; h = TaskHost('w'); "
+        "print(h.start([sys.executable, '-c', 'import time; time.sleep(60)'], {}), flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [PY, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    )
     child = int(proc.stdout.readline())  # type: ignore[union-attr]
     proc.kill()  # As Ray kills an actor's process.
     proc.wait()
     assert_all_gone([child])  # The parent-death signal took the task with it.
 
 
-@pytest.mark.parametrize("options,field", [
-    ({"cpus_per_task": -1}, "--cpus-per-task"), ({"cpus_per_task": 0}, "--cpus-per-task"),
-    ({"gpus_per_task": "1"}, "--gpus-per-task"), ({"placement": "packed"}, "placement"),
-    ({"ready_timeout": 0}, "ready_timeout"), ({"address": ""}, "--ray-address"),
-    ({"address": "auto", "num_cpus": 4}, "num_cpus"), ({"cpus_per_task": float("nan")}, "--cpus-per-task"),
-    ({"gpus_per_task": float("inf")}, "--gpus-per-task"), ({"ready_timeout": float("nan")}, "ready_timeout"),
-    ({"ready_timeout": True}, "ready_timeout"), ({"num_cpus": "x"}, "num_cpus"), ({"num_cpus": -1}, "num_cpus")])
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"cpus_per_task": -1}, "--cpus-per-task"),
+        ({"cpus_per_task": 0}, "--cpus-per-task"),
+        ({"gpus_per_task": "1"}, "--gpus-per-task"),
+        ({"placement": "packed"}, "placement"),
+        ({"ready_timeout": 0}, "ready_timeout"),
+        ({"address": ""}, "--ray-address"),
+        ({"address": "auto", "num_cpus": 4}, "num_cpus"),
+        ({"cpus_per_task": float("nan")}, "--cpus-per-task"),
+        ({"gpus_per_task": float("inf")}, "--gpus-per-task"),
+        ({"ready_timeout": float("nan")}, "ready_timeout"),
+        ({"ready_timeout": True}, "ready_timeout"),
+        ({"num_cpus": "x"}, "num_cpus"),
+        ({"num_cpus": -1}, "num_cpus"),
+    ],
+)
 def test_bad_options_are_launch_errors(options: dict, field: str) -> None:
     with pytest.raises(LaunchError) as caught:
         RayOptions(**options)
@@ -82,13 +100,16 @@ def test_bad_options_are_launch_errors(options: dict, field: str) -> None:
 def test_options_and_loopback() -> None:
     options = RayOptions(cpus_per_task=2, gpus_per_task=1, placement="strict_spread")
     assert (options.bundle(), options.strategy) == ({"CPU": 2.0, "GPU": 1.0}, "STRICT_SPREAD")
-    assert [is_local_ray(a) for a in (None, "127.0.0.1:6379", "localhost:1", "[::1]:6379", "auto", "10.0.0.2:6379")] \
-        == [True, True, True, True, False, False]
+    assert [
+        is_local_ray(a) for a in (None, "127.0.0.1:6379", "localhost:1", "[::1]:6379", "auto", "10.0.0.2:6379")
+    ] == [True, True, True, True, False, False]
 
 
 def test_cli_without_ray_says_how_to_install_it() -> None:
-    code = ("import sys; sys.modules['ray'] = None; from tfdist.cli.launch import main; "
-            "sys.exit(main(['--engine', 'ray', '--', sys.executable, '-c', 'pass']))")
+    code = (
+        "import sys; sys.modules['ray'] = None; from tfdist.cli.launch import main; "
+        "sys.exit(main(['--engine', 'ray', '--', sys.executable, '-c', 'pass']))"
+    )
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr  # A missing package is a runtime failure (EngineError), not bad input.
     assert 'pip install "tfdist[ray]"' in done.stderr and "Traceback" not in done.stderr

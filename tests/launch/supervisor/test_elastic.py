@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from tests.support import SUPPORT
-
 import re
 import socket
 import sys
 from pathlib import Path
-from typing import Optional
 
 import pytest
-from tests.support.processes import assert_all_gone
 
+from tests.support import SUPPORT
+from tests.support.processes import assert_all_gone
 from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cli import launch as launch_cli
 from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
@@ -20,14 +18,19 @@ from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.local import LocalEngine
 
 PY = sys.executable
-FAKE = str((SUPPORT / "elastic_fake_train.py"))
+FAKE = str(SUPPORT / "elastic_fake_train.py")
 pytestmark = pytest.mark.timeout(180)
 
 
 def _run(tmp_path: Path, epochs: int, **options: object) -> tuple[launch.LaunchResult, list[str]]:
     statuses: list[str] = []
-    result = launch.run([PY, FAKE, str(tmp_path / "backup"), str(epochs)], on_status=statuses.append,
-                        timeout=120, grace_seconds=2, **options)
+    result = launch.run(
+        [PY, FAKE, str(tmp_path / "backup"), str(epochs)],
+        on_status=statuses.append,
+        timeout=120,
+        grace_seconds=2,
+        **options,
+    )
     return result, statuses
 
 
@@ -37,14 +40,23 @@ def _epochs_ended(output: str) -> list[int]:
 
 def test_three_to_two_to_three_workers(tmp_path: Path) -> None:
     """The launcher side of 3 -> 2 -> 3, with a TensorFlow-free trainer (the TF run is in test_elastic_keras)."""
-    result, statuses = _run(tmp_path, 7, workers=3, min_workers=2, loses=["worker:2@after=^epoch 1 end$"],
-                            returns=["worker:2@after=^epoch 3 end$"])
+    result, statuses = _run(
+        tmp_path,
+        7,
+        workers=3,
+        min_workers=2,
+        loses=["worker:2@after=^epoch 1 end$"],
+        returns=["worker:2@after=^epoch 3 end$"],
+    )
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
     changes = [s for s in statuses if s.startswith("elastic: membership")]
     assert len(changes) == 2, statuses
     assert changes[0].startswith("elastic: membership 1: world size 2 (workers worker:0, worker:1); worker:2 lost")
-    grow = re.match(r"elastic: membership 2: world size 3 \(workers worker:0, worker:1, worker:2\); "
-                    r"worker:2 joined; epoch (\d+) backed up", changes[1])
+    grow = re.match(
+        r"elastic: membership 2: world size 3 \(workers worker:0, worker:1, worker:2\); "
+        r"worker:2 joined; epoch (\d+) backed up",
+        changes[1],
+    )
     assert grow, changes[1]
     assert int(grow.group(1)) >= 4, "grew before the first epoch boundary after the return"
     # Each generation's TF_CONFIG is dense, renumbered, and the environment says who is in the group.
@@ -84,9 +96,12 @@ def test_the_first_to_fail_is_lost_not_its_peers(tmp_path: Path) -> None:
     result, statuses = _run(tmp_path, 4, workers=3, min_workers=1, env={"FAKE_CRASH": crash})
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
     assert [s for s in statuses if s.startswith("elastic: losing")] == [
-        "elastic: losing worker:1 (exit code 3, restarts used up)"], statuses
-    assert any(s.startswith("elastic: membership 1: world size 2 (workers worker:0, worker:2); worker:1 lost")
-               for s in statuses), statuses
+        "elastic: losing worker:1 (exit code 3, restarts used up)"
+    ], statuses
+    assert any(
+        s.startswith("elastic: membership 1: world size 2 (workers worker:0, worker:2); worker:1 lost")
+        for s in statuses
+    ), statuses
     assert _epochs_ended(result.task("worker:0").output)[-1] == 3
     assert_all_gone([t.pid for t in result.tasks])
 
@@ -95,8 +110,15 @@ def test_a_group_restart_after_a_loss_leaves_the_lost_worker_away(tmp_path: Path
     # worker:2 is lost, then worker:0 crashes once in the smaller group: the restart is of the group as it is now
     # (worker:0 and worker:1), and worker:2 is not started again with an index the new cluster does not have.
     fail = f"{tmp_path / 'failed'}|worker:0|1|2"
-    result, statuses = _run(tmp_path, 4, workers=3, min_workers=1, max_restarts=1,
-                            loses=["worker:2@after=^epoch 0 end$"], env={"FAKE_FAIL_ONCE": fail})
+    result, statuses = _run(
+        tmp_path,
+        4,
+        workers=3,
+        min_workers=1,
+        max_restarts=1,
+        loses=["worker:2@after=^epoch 0 end$"],
+        env={"FAKE_FAIL_ONCE": fail},
+    )
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
     assert any("restart 1/1 of worker:0, worker:1 in" in s for s in statuses), statuses
     assert result.task("worker:2").restarts == 0 and "generation 1" not in result.task("worker:2").output
@@ -106,8 +128,14 @@ def test_a_group_restart_after_a_loss_leaves_the_lost_worker_away(tmp_path: Path
 
 def test_a_return_after_the_last_boundary_does_not_hold_the_run(tmp_path: Path) -> None:
     # worker:1 returns when no epoch boundary is left to grow at: the run ends with the group it has.
-    result, statuses = _run(tmp_path, 4, workers=2, min_workers=1, loses=["worker:1@after=^epoch 0 end$"],
-                            returns=["worker:1@after=^epoch 3 end$"])
+    result, statuses = _run(
+        tmp_path,
+        4,
+        workers=2,
+        min_workers=1,
+        loses=["worker:1@after=^epoch 0 end$"],
+        returns=["worker:1@after=^epoch 3 end$"],
+    )
     assert (result.exit_code, result.reason) == (0, "ok"), result.summary() + "\n" + "\n".join(statuses)
     assert "task worker:0 done" in result.task("worker:0").output
     assert_all_gone([t.pid for t in result.tasks])
@@ -116,15 +144,21 @@ def test_a_return_after_the_last_boundary_does_not_hold_the_run(tmp_path: Path) 
 def test_a_loss_while_a_returned_worker_waits_keeps_it_waiting(tmp_path: Path) -> None:
     # worker:2 returned and waits for the next boundary when worker:1 is lost: the regroup of the loss does not
     # start worker:2; it joins at the next boundary, in a later generation.
-    result, statuses = _run(tmp_path, 6, workers=3, min_workers=1, loses=["worker:2@after=^epoch 0 end$",
-                                                                          "worker:1@after=^generation 1 epoch 2 step 0$"],
-                            returns=["worker:2@after=^epoch 1 end$"])
+    result, statuses = _run(
+        tmp_path,
+        6,
+        workers=3,
+        min_workers=1,
+        loses=["worker:2@after=^epoch 0 end$", "worker:1@after=^generation 1 epoch 2 step 0$"],
+        returns=["worker:2@after=^epoch 1 end$"],
+    )
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
     changes = [s for s in statuses if s.startswith("elastic: membership")]
     assert [c.split(";")[0] for c in changes] == [
         "elastic: membership 1: world size 2 (workers worker:0, worker:1)",
         "elastic: membership 2: world size 1 (workers worker:0)",
-        "elastic: membership 3: world size 2 (workers worker:0, worker:2)"], changes
+        "elastic: membership 3: world size 2 (workers worker:0, worker:2)",
+    ], changes
     assert "task worker:2 index 1 generation 3 world 2 workers 2" in result.task("worker:2").output
     assert "generation 2" not in result.task("worker:2").output
     assert _epochs_ended(result.task("worker:0").output) == list(range(6))
@@ -153,15 +187,26 @@ def test_a_worker_that_cannot_start_again_is_lost_not_a_crash(tmp_path: Path, ma
     # return), instead of crashing.
     engine = _NoSecondStart()
     statuses: list[str] = []
-    result = launch.run([PY, FAKE, str(tmp_path / "backup"), "5"], workers=3, min_workers=2,
-                        max_restarts=max_restarts, **({"kills": ["worker:1@after=^epoch 0 end$"]} if max_restarts else
-                                                      {"loses": ["worker:1@after=^epoch 0 end$"],
-                                                       "returns": ["worker:1@after=^epoch 1 end$"]}),
-                        on_status=statuses.append, timeout=120, grace_seconds=2, engine=engine)
+    result = launch.run(
+        [PY, FAKE, str(tmp_path / "backup"), "5"],
+        workers=3,
+        min_workers=2,
+        max_restarts=max_restarts,
+        **(
+            {"kills": ["worker:1@after=^epoch 0 end$"]}
+            if max_restarts
+            else {"loses": ["worker:1@after=^epoch 0 end$"], "returns": ["worker:1@after=^epoch 1 end$"]}
+        ),
+        on_status=statuses.append,
+        timeout=120,
+        grace_seconds=2,
+        engine=engine,
+    )
     assert (result.exit_code, result.reason) == (0, "ok"), result.summary() + "\n" + "\n".join(statuses)
     assert engine.starts == 2
-    assert any(s.startswith("elastic: losing worker:1 (it could not start: A Ray actor failed") for s in statuses), \
+    assert any(s.startswith("elastic: losing worker:1 (it could not start: A Ray actor failed") for s in statuses), (
         statuses
+    )
     assert statuses.count("elastic: worker:1 is not in the group or has finished; nothing to lose") == 0
     assert _epochs_ended(result.task("worker:0").output) == list(range(5))
     assert "task worker:2 index 1 generation" in result.task("worker:2").output
@@ -172,7 +217,7 @@ class _SlowVerdict(LocalEngine):
     """Tells whether worker:1's exit was a node loss only after ``passes`` looks (None: never), like a Ray GCS
     that has not marked the node dead yet; then it was one."""
 
-    def __init__(self, passes: Optional[int]) -> None:
+    def __init__(self, passes: int | None) -> None:
         super().__init__()
         self.passes, self.looks = passes, 0
 
@@ -187,14 +232,22 @@ class _SlowVerdict(LocalEngine):
 
 
 @pytest.mark.parametrize("passes", [20, None])
-def test_the_supervisor_waits_for_the_engine_verdict_without_blocking(tmp_path: Path, passes: Optional[int]) -> None:
+def test_the_supervisor_waits_for_the_engine_verdict_without_blocking(tmp_path: Path, passes: int | None) -> None:
     # worker:1 is killed; the engine needs 20 passes of the supervisor to say its node left: it is then lost (no
     # restart spent). An engine that never decides holds the loss, but the supervisor still serves --timeout.
     engine = _SlowVerdict(passes)
     statuses: list[str] = []
-    result = launch.run([PY, FAKE, str(tmp_path / "backup"), "4"], workers=3, min_workers=2, max_restarts=1,
-                        kills=["worker:1@after=^epoch 0 end$"], on_status=statuses.append,
-                        timeout=120 if passes else 8, grace_seconds=2, engine=engine)
+    result = launch.run(
+        [PY, FAKE, str(tmp_path / "backup"), "4"],
+        workers=3,
+        min_workers=2,
+        max_restarts=1,
+        kills=["worker:1@after=^epoch 0 end$"],
+        on_status=statuses.append,
+        timeout=120 if passes else 8,
+        grace_seconds=2,
+        engine=engine,
+    )
     report = result.summary() + "\n" + "\n".join(statuses)
     assert not any("restart 1/1" in s for s in statuses), report
     if passes is None:
@@ -217,8 +270,12 @@ def test_a_regroup_checks_only_local_ports_and_never_fails_on_a_remote_host() ->
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        full = ClusterSpec(jobs={"worker": [f"remote-node.invalid:{port}", f"127.0.0.1:{port}", "10.255.255.1:2222"],
-                                 "ps": [f"other.invalid:{port}"]})
+        full = ClusterSpec(
+            jobs={
+                "worker": [f"remote-node.invalid:{port}", f"127.0.0.1:{port}", "10.255.255.1:2222"],
+                "ps": [f"other.invalid:{port}"],
+            }
+        )
         spec = Membership(generation=1, workers=("worker:0", "worker:1", "worker:2")).spec(full)
     assert spec.jobs["worker"][0] == f"remote-node.invalid:{port}" and spec.jobs["ps"][0] == f"other.invalid:{port}"
     assert spec.jobs["worker"][2] == "10.255.255.1:2222"
@@ -251,28 +308,36 @@ def test_engine_and_isolation_are_checked() -> None:
         launch.run([PY, "-c", "pass"], workers=1, engine=_Elsewhere(), isolate_network=True)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"max_workers": 2}, "`max_workers`.*`min_workers` as well"),
-    ({"loses": ["worker:1@after=Epoch 2/"]}, "`loses`.*`min_workers` as well"),
-    ({"min_workers": 4}, r"`min_workers`. Received: 4. Expected an integer <= `workers` \(3\)"),
-    ({"min_workers": 0}, "`min_workers`. Received: 0"),
-    ({"min_workers": 2, "max_workers": 1}, "`max_workers`. Received: 1"),
-    ({"min_workers": 2, "max_workers": 5}, "grows back only with workers it started"),
-    ({"min_workers": 1, "loses": ["chief:0@after=Epoch 2/"]}, "Only workers leave and return"),
-    ({"min_workers": 1, "loses": ["worker:7@after=Epoch 2/"]}, "`loses`. Received: 'worker:7'"),
-    ({"min_workers": 1, "returns": ["worker:1@after=Epoch 2/"]}, "`returns`.*some `loses` takes away"),
-    ({"min_workers": 1, "loses": ["worker:1@after=("]}, "`loses`.*valid regular expression"),
-    ({"min_workers": 1, "returns": ["worker:1@soon"]}, "`returns`. Received: 'worker:1@soon'"),
-    ({"min_workers": 1, "isolate_network": True}, "`isolate_network`"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_workers": 2}, "`max_workers`.*`min_workers` as well"),
+        ({"loses": ["worker:1@after=Epoch 2/"]}, "`loses`.*`min_workers` as well"),
+        ({"min_workers": 4}, r"`min_workers`. Received: 4. Expected an integer <= `workers` \(3\)"),
+        ({"min_workers": 0}, "`min_workers`. Received: 0"),
+        ({"min_workers": 2, "max_workers": 1}, "`max_workers`. Received: 1"),
+        ({"min_workers": 2, "max_workers": 5}, "grows back only with workers it started"),
+        ({"min_workers": 1, "loses": ["chief:0@after=Epoch 2/"]}, "Only workers leave and return"),
+        ({"min_workers": 1, "loses": ["worker:7@after=Epoch 2/"]}, "`loses`. Received: 'worker:7'"),
+        ({"min_workers": 1, "returns": ["worker:1@after=Epoch 2/"]}, "`returns`.*some `loses` takes away"),
+        ({"min_workers": 1, "loses": ["worker:1@after=("]}, "`loses`.*valid regular expression"),
+        ({"min_workers": 1, "returns": ["worker:1@soon"]}, "`returns`. Received: 'worker:1@soon'"),
+        ({"min_workers": 1, "isolate_network": True}, "`isolate_network`"),
+    ],
+)
 def test_bad_elastic_config(options: dict, message: str) -> None:
     with pytest.raises(LaunchError, match=message):
         LaunchConfig(command=(PY,), workers=3, chief=True, **options)
 
 
 def test_config_parses_and_defaults() -> None:
-    config = LaunchConfig(command=(PY,), workers=3, min_workers=2, loses=["worker:2@after=x"],
-                          returns=[ReturnAt(task="worker:2", seconds=9)])
+    config = LaunchConfig(
+        command=(PY,),
+        workers=3,
+        min_workers=2,
+        loses=["worker:2@after=x"],
+        returns=[ReturnAt(task="worker:2", seconds=9)],
+    )
     assert config.max_workers == 3
     assert config.loses == (LoseAt(task="worker:2", after="x"),) and str(config.returns[0]) == "worker:2@9"
 
@@ -282,8 +347,25 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--min-workers" in err
-    code = launch_cli.main(["--workers", "2", "--min-workers", "1", "--lose", "worker:1@after=^epoch 0 end$",
-                            "--timeout", "60", "--grace", "2", "--", PY, FAKE, str(tmp_path / "b"), "2"])
+    code = launch_cli.main(
+        [
+            "--workers",
+            "2",
+            "--min-workers",
+            "1",
+            "--lose",
+            "worker:1@after=^epoch 0 end$",
+            "--timeout",
+            "60",
+            "--grace",
+            "2",
+            "--",
+            PY,
+            FAKE,
+            str(tmp_path / "b"),
+            "2",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "elastic: membership 1: world size 1 (workers worker:0); worker:2 lost" not in captured.err
@@ -307,13 +389,25 @@ while not os.path.exists(done):
 
 def test_parameter_server_lose_needs_no_group_restart_and_return_restarts_the_worker(tmp_path: Path) -> None:
     statuses: list[str] = []
-    result = launch.run([PY, "-c", PS_TASK, str(tmp_path / "done")], workers=2, ps=1, chief=True, run_on="all",
-                        min_workers=1, loses=["worker:1@after=^tick 3$"], returns=["worker:1@after=^tick 10$"],
-                        on_status=statuses.append, timeout=60, grace_seconds=2)
+    result = launch.run(
+        [PY, "-c", PS_TASK, str(tmp_path / "done")],
+        workers=2,
+        ps=1,
+        chief=True,
+        run_on="all",
+        min_workers=1,
+        loses=["worker:1@after=^tick 3$"],
+        returns=["worker:1@after=^tick 10$"],
+        on_status=statuses.append,
+        timeout=60,
+        grace_seconds=2,
+    )
     assert result.exit_code == 0, result.summary() + "\n".join(statuses)
     changes = [s.split(";")[0] for s in statuses if s.startswith("elastic: membership")]
-    assert changes == ["elastic: membership 1: world size 2 (workers worker:0)",
-                       "elastic: membership 2: world size 3 (workers worker:0, worker:1)"], statuses
+    assert changes == [
+        "elastic: membership 1: world size 2 (workers worker:0)",
+        "elastic: membership 2: world size 3 (workers worker:0, worker:1)",
+    ], statuses
     assert any("worker:1 is available again" in s and "rejoins now" in s for s in statuses), statuses
     # The coordinator, the ps and the other worker ran once, through both changes.
     assert [result.task(t).restarts for t in ("chief:0", "ps:0", "worker:0", "worker:1")] == [0, 0, 0, 1]
@@ -340,7 +434,12 @@ def test_keras_batch_rule_world_size_and_linear_scaling() -> None:
     model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
     model.compile(optimizer=tf_keras.optimizers.SGD(0.5), loss="mse")
     scaling = LinearScaling(0.1, reference_world_size=4)  # 1 replica here: 0.1 * 1 / 4
-    history = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0,
-                        callbacks=[scaling, ElasticEpochs(env={"TFDIST_WORLD_SIZE": "2"})])
+    history = model.fit(
+        np.ones((8, 2)),
+        np.ones((8, 1)),
+        epochs=2,
+        verbose=0,
+        callbacks=[scaling, ElasticEpochs(env={"TFDIST_WORLD_SIZE": "2"})],
+    )
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.025)
     assert history.history["world_size"] == [2.0, 2.0]  # what TensorBoard plots next to the loss

@@ -11,19 +11,21 @@ from pathlib import Path
 
 import pytest
 from absl.testing import absltest, parameterized
-from tests.support.processes import assert_all_gone
 
+from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, LaunchError, launch
-from tfdist.launch.supervisor import runner
 from tfdist.launch.config import KillAt, LaunchConfig
 from tfdist.launch.engines.local import LocalEngine
+from tfdist.launch.supervisor import runner
 
 PY = sys.executable
 pytestmark = pytest.mark.timeout(120)
 
-ENV_REPORT = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in "
-              "['TF_CONFIG', 'TF_USE_LEGACY_KERAS', 'GRPC_FAIL_FAST', 'TF_NUM_INTEROP_THREADS', "
-              "'TF_NUM_INTRAOP_THREADS', 'TFDIST_TASK', 'TFDIST_RESTART']}))")
+ENV_REPORT = (
+    "import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+    "['TF_CONFIG', 'TF_USE_LEGACY_KERAS', 'GRPC_FAIL_FAST', 'TF_NUM_INTEROP_THREADS', "
+    "'TF_NUM_INTRAOP_THREADS', 'TFDIST_TASK', 'TFDIST_RESTART']}))"
+)
 
 
 def _env_of(result: launch.LaunchResult, task: str) -> dict:
@@ -31,14 +33,21 @@ def _env_of(result: launch.LaunchResult, task: str) -> dict:
 
 
 class LaunchTest(parameterized.TestCase):
-
     def test_every_task_gets_its_own_tf_config_and_output_is_prefixed(self) -> None:
         lines: list[tuple[str, str]] = []
         statuses: list[str] = []
         log_dir = self.create_tempdir().full_path
-        result = launch.run([PY, "-c", ENV_REPORT], workers=2, chief=True, evaluator=True, threads_per_task=1,
-                            log_dir=log_dir, timeout=60, on_line=lambda t, l: lines.append((t, l)),
-                            on_status=statuses.append)
+        result = launch.run(
+            [PY, "-c", ENV_REPORT],
+            workers=2,
+            chief=True,
+            evaluator=True,
+            threads_per_task=1,
+            log_dir=log_dir,
+            timeout=60,
+            on_line=lambda task, line: lines.append((task, line)),
+            on_status=statuses.append,
+        )
         self.assertEqual((result.exit_code, result.reason), (0, "ok"))
         fingerprints = set()
         for task in ["chief:0", "worker:0", "worker:1", "evaluator:0"]:
@@ -80,8 +89,10 @@ class LaunchTest(parameterized.TestCase):
         assert_all_gone([t.pid for t in result.tasks])
 
     def test_grandchildren_are_reaped_too(self) -> None:
-        script = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
-                  "'import time; time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)")
+        script = (
+            "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)"
+        )
         result = launch.run([PY, "-c", script], workers=1, timeout=3, grace_seconds=1)
         grandchild = int(result.task("worker:0").output.split()[0])
         time.sleep(0.2)
@@ -89,9 +100,11 @@ class LaunchTest(parameterized.TestCase):
 
     def test_restart_whole_group_after_a_crash(self) -> None:
         marker = Path(self.create_tempdir().full_path, "crashed")
-        script = (f"import os, sys\nif os.environ['TFDIST_TASK'] == 'worker:1' and not os.path.exists({str(marker)!r}):"
-                  f"\n    open({str(marker)!r}, 'w').close(); sys.exit(3)\nimport time; time.sleep(0.5); "
-                  "print('attempt', os.environ['TFDIST_RESTART'])")
+        script = (
+            f"import os, sys\nif os.environ['TFDIST_TASK'] == 'worker:1' and not os.path.exists({str(marker)!r}):"
+            f"\n    open({str(marker)!r}, 'w').close(); sys.exit(3)\nimport time; time.sleep(0.5); "
+            "print('attempt', os.environ['TFDIST_RESTART'])"
+        )
         statuses: list[str] = []
         result = launch.run([PY, "-c", script], workers=2, max_restarts=1, timeout=60, on_status=statuses.append)
         self.assertEqual(result.exit_code, 0)
@@ -104,18 +117,27 @@ class LaunchTest(parameterized.TestCase):
         self.assertEqual((result.exit_code, result.task("worker:0").restarts), (5, 2))
 
     def test_kill_injection(self) -> None:
-        result = launch.run([PY, "-c", "import time; time.sleep(30)"], workers=2, timeout=60,
-                            kills=(KillAt.parse("worker:1@1"),))
+        result = launch.run(
+            [PY, "-c", "import time; time.sleep(30)"], workers=2, timeout=60, kills=(KillAt.parse("worker:1@1"),)
+        )
         self.assertEqual((result.exit_code, result.failed_task), (128 + signal.SIGKILL, "worker:1"))
 
     def test_kill_on_progress_fires_once_when_any_task_prints_the_line(self) -> None:
-        script = ("import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:0':\n"
-                  "    print('epoch 2 saved', flush=True); time.sleep(1); sys.exit(0)\n"
-                  "time.sleep(30 if os.environ['TFDIST_RESTART'] == '0' else 0.5)")
+        script = (
+            "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:0':\n"
+            "    print('epoch 2 saved', flush=True); time.sleep(1); sys.exit(0)\n"
+            "time.sleep(30 if os.environ['TFDIST_RESTART'] == '0' else 0.5)"
+        )
         statuses: list[str] = []
         start = time.monotonic()
-        result = launch.run([PY, "-c", script], workers=2, timeout=60, max_restarts=1, on_status=statuses.append,
-                            kills=("worker:1@after=^epoch 2 saved$",))
+        result = launch.run(
+            [PY, "-c", script],
+            workers=2,
+            timeout=60,
+            max_restarts=1,
+            on_status=statuses.append,
+            kills=("worker:1@after=^epoch 2 saved$",),
+        )
         self.assertEqual((result.exit_code, result.reason), (0, "ok"), result.summary())
         self.assertEqual([t.restarts for t in result.tasks], [1, 1])  # Killed once; the rerun printed it again.
         kills = [s for s in statuses if s.startswith("fault injection")]
@@ -124,8 +146,12 @@ class LaunchTest(parameterized.TestCase):
         self.assertLess(time.monotonic() - start, 25)  # worker:1 did not sleep its 30 s out.
 
     def test_kill_trigger_that_never_matches_kills_nothing(self) -> None:
-        result = launch.run([PY, "-c", "print('epoch 1 saved')"], workers=2, timeout=60,
-                            kills=(KillAt(task="worker:1", after="epoch 2"),))
+        result = launch.run(
+            [PY, "-c", "print('epoch 1 saved')"],
+            workers=2,
+            timeout=60,
+            kills=(KillAt(task="worker:1", after="epoch 2"),),
+        )
         self.assertEqual((result.exit_code, [t.restarts for t in result.tasks]), (0, [0, 0]))
 
     @parameterized.named_parameters(
@@ -186,8 +212,12 @@ class LaunchTest(parameterized.TestCase):
         ("run_on_typo", {"run_on": "al"}, "did you mean 'all'"),
         ("kill_unknown_task", {"kills": (KillAt(task="worker:5", seconds=1.0),)}, "did you mean 'worker:0'"),
         ("negative_restarts", {"max_restarts": -1}, "`max_restarts`"),
-        ("grace_huge", {"grace_seconds": 1e12}, r"`grace_seconds`. Received: 1000000000000.0. Expected a number >= 0 "
-                                                r"and <= 3600"),
+        (
+            "grace_huge",
+            {"grace_seconds": 1e12},
+            r"`grace_seconds`. Received: 1000000000000.0. Expected a number >= 0 "
+            r"and <= 3600",
+        ),
         ("log_dir_blank", {"log_dir": " "}, "`log_dir`.*Leave `log_dir` unset"),
         ("unknown_option", {"max_restart": 1}, "did you mean 'max_restarts'"),
     )
@@ -205,17 +235,19 @@ class LaunchTest(parameterized.TestCase):
 
 
 class CliTest(parameterized.TestCase):
-
     def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([PY, "-m", "tfdist.cli.launch", *args], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run([PY, "-m", "tfdist.cli.launch", *args], capture_output=True, text=True, timeout=timeout)
 
     @parameterized.named_parameters(
         ("no_command", [], "a program to run after '--'"),
         ("zero_workers", ["--workers", "0", "--", "true"], "Expected an integer >= 1"),
         ("ps_without_workers", ["--chief", "--workers", "0", "--ps", "1", "--", "true"], "Expected an integer >= 1"),
-        ("run_on_chief", ["--run-on", "chief", "--", "true"], "`--run-on`. Received: 'chief'. Expected a cluster with "
-                                                             "a chief (`--chief`). Set `--chief`, or `--run-on` 'auto'"),
+        (
+            "run_on_chief",
+            ["--run-on", "chief", "--", "true"],
+            "`--run-on`. Received: 'chief'. Expected a cluster with "
+            "a chief (`--chief`). Set `--chief`, or `--run-on` 'auto'",
+        ),
         ("grace_huge", ["--grace", "1e12", "--", "true"], "`--grace`. Received: 1000000000000.0"),
         ("kill_unknown", ["--kill", "worker:7@1", "--", "true"], "`--kill`. Received: 'worker:7'"),
         ("missing_program", ["--", "no-such-program-xyz"], "Check the spelling"),
@@ -231,25 +263,46 @@ class CliTest(parameterized.TestCase):
         ok = self._cli("--workers", "2", "--", PY, "-c", "print('hello')")
         self.assertEqual(ok.returncode, 0)
         self.assertIn("[worker:1] hello", ok.stdout)
-        failed = self._cli("--workers", "2", "--", PY, "-c",
-                           "import os,sys; print('boom'); sys.exit(4 if os.environ['TFDIST_TASK']=='worker:0' else 0)")
+        failed = self._cli(
+            "--workers",
+            "2",
+            "--",
+            PY,
+            "-c",
+            "import os,sys; print('boom'); sys.exit(4 if os.environ['TFDIST_TASK']=='worker:0' else 0)",
+        )
         self.assertEqual(failed.returncode, 4)
         self.assertIn("worker:0 ended the run", failed.stderr)
         self.assertIn("last lines of worker:0:\n    boom", failed.stderr)
 
     def test_ctrl_c_stops_every_task(self) -> None:
-        proc = subprocess.Popen([PY, "-m", "tfdist.cli.launch", "--workers", "2", "--", PY, "-c",
-                                 "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "tfdist.cli.launch",
+                "--workers",
+                "2",
+                "--",
+                PY,
+                "-c",
+                "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         pids = [int(proc.stdout.readline().split()[1]) for _ in range(2)]  # type: ignore[union-attr]
         proc.send_signal(signal.SIGINT)
         self.assertEqual(proc.wait(30), 130)
         assert_all_gone(pids)
 
 
-SLEEPER = ("import os, subprocess, sys, time\n"
-           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-           "print(os.getpid(), child.pid, flush=True)\ntime.sleep(120)")
+SLEEPER = (
+    "import os, subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "print(os.getpid(), child.pid, flush=True)\ntime.sleep(120)"
+)
 
 
 def _pids(proc: subprocess.Popen, tasks: int) -> list[int]:
@@ -264,18 +317,27 @@ class StopTest(parameterized.TestCase):
     """Issue #17: nothing is left running, whatever ends the launcher, and stopping never drags."""
 
     @parameterized.named_parameters(
-        ("sighup", signal.SIGHUP), ("sigquit", signal.SIGQUIT), ("sigterm", signal.SIGTERM), ("sigint", signal.SIGINT))
+        ("sighup", signal.SIGHUP), ("sigquit", signal.SIGQUIT), ("sigterm", signal.SIGTERM), ("sigint", signal.SIGINT)
+    )
     def test_signal_to_the_launcher_stops_every_task(self, sig: int) -> None:
-        proc = subprocess.Popen([PY, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "2", "--", PY, "-c",
-                                 SLEEPER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [PY, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "2", "--", PY, "-c", SLEEPER],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         pids = _pids(proc, 2)
         proc.send_signal(sig)
         self.assertEqual(proc.wait(30), 128 + sig)
         assert_all_gone(pids)
 
     def test_sigkill_of_the_launcher_still_stops_every_task(self) -> None:
-        proc = subprocess.Popen([PY, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "1", "--", PY, "-c",
-                                 SLEEPER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [PY, "-m", "tfdist.cli.launch", "--workers", "2", "--grace", "1", "--", PY, "-c", SLEEPER],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         pids = _pids(proc, 2)
         proc.kill()
         proc.wait(10)
@@ -283,16 +345,23 @@ class StopTest(parameterized.TestCase):
 
     def test_grace_is_one_deadline_shared_by_every_task(self) -> None:
         ready = self.create_tempdir().full_path
-        script = ("import os, signal, sys, time\ntask = os.environ['TFDIST_TASK']\n"
-                  f"ready = {ready!r}\n"
-                  "if task == 'worker:3':\n"
-                  "    while len(os.listdir(ready)) < 3: time.sleep(0.05)\n"
-                  "    sys.exit(3)\n"
-                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                  "open(os.path.join(ready, task), 'w').close()\ntime.sleep(120)")
+        script = (
+            "import os, signal, sys, time\ntask = os.environ['TFDIST_TASK']\n"
+            f"ready = {ready!r}\n"
+            "if task == 'worker:3':\n"
+            "    while len(os.listdir(ready)) < 3: time.sleep(0.05)\n"
+            "    sys.exit(3)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "open(os.path.join(ready, task), 'w').close()\ntime.sleep(120)"
+        )
         stamps: list[tuple[float, str]] = []
-        result = launch.run([PY, "-c", script], workers=4, timeout=90, grace_seconds=2,
-                            on_status=lambda message: stamps.append((time.monotonic(), message)))
+        result = launch.run(
+            [PY, "-c", script],
+            workers=4,
+            timeout=90,
+            grace_seconds=2,
+            on_status=lambda message: stamps.append((time.monotonic(), message)),
+        )
         self.assertEqual((result.exit_code, result.failed_task), (3, "worker:3"))
         failed_at = next(t for t, message in stamps if "worker:3 failed" in message)
         ended_at = stamps[-1][0]
@@ -301,9 +370,11 @@ class StopTest(parameterized.TestCase):
         self.assertEqual(sorted(t.exit_code for t in result.tasks), [3, 137, 137, 137])
 
     def test_a_background_child_holding_the_output_does_not_delay_the_run(self) -> None:
-        script = ("import subprocess, sys\n"
-                  "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                  "print('child', child.pid, flush=True)")
+        script = (
+            "import subprocess, sys\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "print('child', child.pid, flush=True)"
+        )
         start = time.monotonic()
         result = launch.run([PY, "-c", script], workers=2, timeout=60)
         self.assertEqual(result.exit_code, 0, result.summary())
@@ -347,8 +418,9 @@ class StopTest(parameterized.TestCase):
     )
     def test_cli_refuses_them_in_one_line(self, args: list) -> None:
         start = time.monotonic()
-        done = subprocess.run([PY, "-m", "tfdist.cli.launch", *args, "--", PY, "-c", "pass"], capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            [PY, "-m", "tfdist.cli.launch", *args, "--", PY, "-c", "pass"], capture_output=True, text=True, timeout=60
+        )
         self.assertEqual(done.returncode, 2, done.stderr)
         self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
         self.assertNotIn("started", done.stderr + done.stdout)
@@ -378,15 +450,27 @@ class EngineContractTest(absltest.TestCase):
                 self.calls.append("close")
                 super().close()
 
-        script = ("import os, time\nprint('up', os.environ['TFDIST_TASK'], flush=True)\n"
-                  "time.sleep(30 if os.environ['TFDIST_RESTART'] == '0' else 0)")
+        script = (
+            "import os, time\nprint('up', os.environ['TFDIST_TASK'], flush=True)\n"
+            "time.sleep(30 if os.environ['TFDIST_RESTART'] == '0' else 0)"
+        )
         engine = RecordingEngine()
-        config = LaunchConfig(command=(PY, "-c", script), workers=2, max_restarts=1, timeout=60,
-                              kills=("worker:1@after=^up worker:0$",))
+        config = LaunchConfig(
+            command=(PY, "-c", script), workers=2, max_restarts=1, timeout=60, kills=("worker:1@after=^up worker:0$",)
+        )
         result = launch.run_config(config, engine=engine)
         self.assertEqual(result.exit_code, 0, result.summary())
-        self.assertEqual(engine.calls, ["place", "start worker:0 restart=0", "start worker:1 restart=0",
-                                        "start worker:0 restart=1", "start worker:1 restart=1", "close"])
+        self.assertEqual(
+            engine.calls,
+            [
+                "place",
+                "start worker:0 restart=0",
+                "start worker:1 restart=0",
+                "start worker:0 restart=1",
+                "start worker:1 restart=1",
+                "close",
+            ],
+        )
         from tfdist.launch.engines.registry import engine_for
 
         self.assertEqual(engine_for("local").name, "local")

@@ -5,9 +5,22 @@
 import them from :mod:`tfdist.data`.
 """
 
-from tfdist.data.pipeline.options import (EpochOptions, ParseOptions, SampleOptions, ShardOptions, SourceOptions,
-                                          TuningOptions)
+from tfdist.data.pipeline.options import (
+    EpochOptions,
+    ParseOptions,
+    SampleOptions,
+    ShardOptions,
+    SourceOptions,
+    TuningOptions,
+)
 from tfdist.data.pipeline.tfrecord import TFRecordPipeline
 
-__all__ = ["EpochOptions", "ParseOptions", "SampleOptions", "ShardOptions", "SourceOptions", "TFRecordPipeline",
-           "TuningOptions"]
+__all__ = [
+    "EpochOptions",
+    "ParseOptions",
+    "SampleOptions",
+    "ShardOptions",
+    "SourceOptions",
+    "TFRecordPipeline",
+    "TuningOptions",
+]

@@ -11,20 +11,34 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Optional
+from typing import Any
 
 _log = logging.getLogger("tfdist.data")
 
 
 def _log_dropped(where: str, batch_size: int, size: Any) -> bool:
     """Logs one dropped partial batch (called from the input pipeline); returns False (drop it)."""
-    _log.warning("drop_remainder=True: input pipeline %s drops its last partial batch: %d record(s) not read "
-                 "(batch %d). Pass drop_remainder=False to keep every record.", where, int(size), batch_size)
+    _log.warning(
+        "drop_remainder=True: input pipeline %s drops its last partial batch: %d record(s) not read "
+        "(batch %d). Pass drop_remainder=False to keep every record.",
+        where,
+        int(size),
+        batch_size,
+    )
     return False
 
 
-def batch(dataset: Any, batch_size: int, *, drop_remainder: bool, finite: bool, where: str,
-          logged: bool = True, parallel: bool = False, deterministic: Optional[bool] = None) -> Any:
+def batch(
+    dataset: Any,
+    batch_size: int,
+    *,
+    drop_remainder: bool,
+    finite: bool,
+    where: str,
+    logged: bool = True,
+    parallel: bool = False,
+    deterministic: bool | None = None,
+) -> Any:
     """``dataset.batch(batch_size)``; with ``drop_remainder`` the dropped records are logged with their count.
 
     Args:
@@ -45,24 +59,34 @@ def batch(dataset: Any, batch_size: int, *, drop_remainder: bool, finite: bool, 
     """
     import tensorflow as tf
 
-    kwargs: dict[str, Any] = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic} \
-        if parallel else {}
+    kwargs: dict[str, Any] = (
+        {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic} if parallel else {}
+    )
     if not drop_remainder or not finite:
         # Infinite streams never end in a partial batch: a static batch costs nothing.
         return dataset.batch(batch_size, drop_remainder=drop_remainder and not finite, **kwargs)
     if not logged:
-        _log.warning("drop_remainder=True: input pipeline %s drops its last partial batch (up to %d records per "
-                     "pass). Pass drop_remainder=False to keep every record.", where, batch_size - 1)
+        _log.warning(
+            "drop_remainder=True: input pipeline %s drops its last partial batch (up to %d records per "
+            "pass). Pass drop_remainder=False to keep every record.",
+            where,
+            batch_size - 1,
+        )
         return dataset.batch(batch_size, drop_remainder=True, **kwargs)
     report = functools.partial(_log_dropped, where, batch_size)
 
     def full(element: Any) -> Any:
         size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
-        return tf.cond(tf.equal(size, batch_size), lambda: tf.constant(True),
-                       lambda: tf.reshape(tf.py_function(report, [size], tf.bool), []))
+        return tf.cond(
+            tf.equal(size, batch_size),
+            lambda: tf.constant(True),
+            lambda: tf.reshape(tf.py_function(report, [size], tf.bool), []),
+        )
 
     def static(element: Any) -> Any:
-        return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list())
-                                     if isinstance(t, tf.Tensor) else t, element)
+        return tf.nest.map_structure(
+            lambda t: tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list()) if isinstance(t, tf.Tensor) else t,
+            element,
+        )
 
     return dataset.batch(batch_size, **kwargs).filter(full).map(static)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def hash_bucket(value: Any, buckets: int) -> Any:
@@ -31,8 +31,9 @@ def key_mask(key: str, spec: Any, buckets: int, index: int) -> Callable[[Any], A
     return keep
 
 
-def image_decoder(image_key: str, size: tuple[int, int], augment: bool, seed: Optional[int], *,
-                  scale: bool = True) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+def image_decoder(
+    image_key: str, size: tuple[int, int], augment: bool, seed: int | None, *, scale: bool = True
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     """Decodes ``image_key`` (JPEG or PNG bytes) to float32 of ``size``: in [0, 1], or [0, 255] without ``scale``.
 
     Only the ops each image needs: a scalar string is decoded as it is (no

@@ -20,14 +20,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 from tfdist._names import describe_choices
 from tfdist.data.sampling import Weights
 from tfdist.data.sharding import SHARD_POLICIES
 from tfdist.errors import DataError, invalid, require_bool, require_int
 
-__all__ = ["SourceOptions", "ShardOptions", "ParseOptions", "SampleOptions", "EpochOptions", "TuningOptions"]
+__all__ = ["EpochOptions", "ParseOptions", "SampleOptions", "ShardOptions", "SourceOptions", "TuningOptions"]
 
 CORRUPT_POLICIES = ("raise", "skip")
 VERIFY_MODES = ("local", "all", "none")
@@ -58,14 +58,19 @@ class SourceOptions:
         remote files whole), 'none'.
     """
 
-    files: Union[str, Sequence[str]]
-    compression: Optional[str] = "auto"
+    files: str | Sequence[str]
+    compression: str | None = "auto"
     on_corrupt: str = "raise"
     verify: str = "local"
 
     def __post_init__(self) -> None:
-        files = [self.files] if isinstance(self.files, str) else list(self.files) \
-            if isinstance(self.files, Sequence) else None
+        files = (
+            [self.files]
+            if isinstance(self.files, str)
+            else list(self.files)
+            if isinstance(self.files, Sequence)
+            else None
+        )
         if not files or not all(isinstance(f, str) and f for f in files):
             raise invalid(DataError, "files", self.files, "a glob or a non-empty list of paths")
         object.__setattr__(self, "files", tuple(files))
@@ -85,13 +90,18 @@ class ShardOptions:
     """
 
     policy: str = "auto"
-    key: Optional[str] = None
+    key: str | None = None
 
     def __post_init__(self) -> None:
         _choice("policy", self.policy, SHARD_POLICIES)
         if self.policy == "hash" and not self.key:
-            raise invalid(DataError, "key", self.key, "a feature to hash with the 'hash' policy",
-                          "Name the id feature to hash, e.g. 'user_id'.")
+            raise invalid(
+                DataError,
+                "key",
+                self.key,
+                "a feature to hash with the 'hash' policy",
+                "Name the id feature to hash, e.g. 'user_id'.",
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,11 +118,11 @@ class ParseOptions:
       as_supervised: Yield (features, label) pairs for ``fit``.
     """
 
-    features: Optional[Mapping[str, Any]] = None
-    parse_fn: Optional[Callable[[Any], Any]] = None
-    label_key: Optional[str] = None
-    image_key: Optional[str] = None
-    image_size: Optional[tuple[int, int]] = None
+    features: Mapping[str, Any] | None = None
+    parse_fn: Callable[[Any], Any] | None = None
+    label_key: str | None = None
+    image_key: str | None = None
+    image_size: tuple[int, int] | None = None
     augment: bool = False
     as_supervised: bool = False
 
@@ -120,8 +130,13 @@ class ParseOptions:
         for name in ("augment", "as_supervised"):
             require_bool(DataError, name, getattr(self, name))
         if (self.features is None) == (self.parse_fn is None):
-            raise invalid(DataError, "features", self.features, "exactly one of `features` and `parse_fn`",
-                          "Pass a feature spec dict, or a parse function of one serialized record.")
+            raise invalid(
+                DataError,
+                "features",
+                self.features,
+                "exactly one of `features` and `parse_fn`",
+                "Pass a feature spec dict, or a parse function of one serialized record.",
+            )
         if self.features is not None and not isinstance(self.features, Mapping):
             raise invalid(DataError, "features", self.features, "a dict of feature name -> tf.io feature spec")
         if self.parse_fn is not None and not callable(self.parse_fn):
@@ -136,8 +151,9 @@ class ParseOptions:
             raise invalid(DataError, "image_size", self.image_size, "image_key and image_size together")
         if self.image_size is not None:
             size = tuple(self.image_size) if isinstance(self.image_size, Sequence) else ()
-            if len(size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 15
-                                         for v in size):
+            if len(size) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 15 for v in size
+            ):
                 raise invalid(DataError, "image_size", self.image_size, "(height, width), integers from 1 to 32768")
             object.__setattr__(self, "image_size", size)
 
@@ -163,8 +179,8 @@ class SampleOptions:
         for large images, slower for small ones (BENCHMARKS.md).
     """
 
-    class_weights: Optional[Weights] = None
-    num_classes: Optional[int] = None
+    class_weights: Weights | None = None
+    num_classes: int | None = None
     sample_block: int = 4
 
     def __post_init__(self) -> None:
@@ -190,9 +206,9 @@ class EpochOptions:
     """
 
     batch_size: int
-    num_epochs: Optional[int] = 1
+    num_epochs: int | None = 1
     shuffle_buffer: int = 0
-    seed: Optional[int] = None
+    seed: int | None = None
     drop_remainder: bool = False
 
     def __post_init__(self) -> None:
@@ -237,34 +253,39 @@ class TuningOptions:
         ram_budget_bytes), as above.
     """
 
-    data_service: Optional[str] = None
+    data_service: str | None = None
     deterministic: bool = True
-    prefetch: Union[int, str] = "autotune"
-    num_parallel_reads: Union[int, str] = "autotune"
-    cache: Union[bool, str] = False
+    prefetch: int | str = "autotune"
+    num_parallel_reads: int | str = "autotune"
+    cache: bool | str = False
     private_threadpool_size: int = 0
-    ram_budget_bytes: Optional[int] = None
-    autotune_model: Optional[bool] = None
+    ram_budget_bytes: int | None = None
+    autotune_model: bool | None = None
 
     def __post_init__(self) -> None:
         require_bool(DataError, "deterministic", self.deterministic)
         if self.autotune_model is not None:
             require_bool(DataError, "autotune_model", self.autotune_model)
-        if self.data_service is not None and not (isinstance(self.data_service, str) and re.match(
-                r"^grpc(\+local)?://[^/]+:\d+$", self.data_service)):
+        if self.data_service is not None and not (
+            isinstance(self.data_service, str) and re.match(r"^grpc(\+local)?://[^/]+:\d+$", self.data_service)
+        ):
             raise invalid(DataError, "data_service", self.data_service, "'grpc://host:port' of a dispatcher")
         for name in ("prefetch", "num_parallel_reads"):
             value = getattr(self, name)
             if value != "autotune":
                 require_int(DataError, name, value, minimum=1, maximum=MAX_THREADS)
-        require_int(DataError, "private_threadpool_size", self.private_threadpool_size, minimum=0,
-                    maximum=MAX_THREADS)
+        require_int(DataError, "private_threadpool_size", self.private_threadpool_size, minimum=0, maximum=MAX_THREADS)
         if self.ram_budget_bytes is not None:
             require_int(DataError, "ram_budget_bytes", self.ram_budget_bytes, minimum=1)
             if self.autotune_model is False:
-                raise invalid(DataError, "autotune_model", False, "True or None with ram_budget_bytes",
-                              "TF enforces the RAM budget in its autotuning model: drop ram_budget_bytes, or "
-                              "leave autotune_model unset.")
+                raise invalid(
+                    DataError,
+                    "autotune_model",
+                    False,
+                    "True or None with ram_budget_bytes",
+                    "TF enforces the RAM budget in its autotuning model: drop ram_budget_bytes, or "
+                    "leave autotune_model unset.",
+                )
         if not isinstance(self.cache, (bool, str)) or self.cache == "":
             raise invalid(DataError, "cache", self.cache, "True (memory), False, or a file path")
 
@@ -277,4 +298,3 @@ class TuningOptions:
             (False, True)
         """
         return self.autotune_model if self.autotune_model is not None else self.ram_budget_bytes is not None
-

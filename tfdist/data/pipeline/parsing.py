@@ -13,39 +13,48 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.data.pipeline import _decode
 from tfdist.data.pipeline.options import ParseOptions
 from tfdist.errors import DataError, Error, invalid
 
 
-def parse_elements(records: Any, parse: ParseOptions, *, seed: Optional[int], deterministic: bool) -> Any:
+def parse_elements(records: Any, parse: ParseOptions, *, seed: int | None, deterministic: bool) -> Any:
     """Per record: the user's ``parse_fn``, or parse (and decode) one example at a time."""
     import tensorflow as tf
 
     if parse.parse_fn is not None:
         return records.map(parse.parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     features = parse.features
-    parsed = records.map(lambda r: tf.io.parse_single_example(r, features),
-                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    parsed = records.map(
+        lambda r: tf.io.parse_single_example(r, features),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
+    )
     if parse.image_key is not None:
         decode = _decode.image_decoder(parse.image_key, parse.image_size, parse.augment, seed)  # type: ignore
         parsed = parsed.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     return parsed
 
 
-def parse_batch(records: Any, parse: ParseOptions, *, seed: Optional[int]) -> Any:
+def parse_batch(records: Any, parse: ParseOptions, *, seed: int | None) -> Any:
     """A batch of serialized records -> a batch of features, images decoded."""
     import tensorflow as tf
 
     features = tf.io.parse_example(records, parse.features)
     if parse.image_key is not None:
-        decode = _decode.image_decoder(parse.image_key, parse.image_size, parse.augment, seed,  # type: ignore
-                                       scale=False)
+        decode = _decode.image_decoder(
+            parse.image_key,
+            parse.image_size,
+            parse.augment,
+            seed,  # type: ignore
+            scale=False,
+        )
         key = parse.image_key
-        features[key] = tf.map_fn(lambda image: decode({key: image})[key], features[key],
-                                  fn_output_signature=tf.float32) / 255.0  # One op per batch, not per image.
+        features[key] = (
+            tf.map_fn(lambda image: decode({key: image})[key], features[key], fn_output_signature=tf.float32) / 255.0
+        )  # One op per batch, not per image.
     return features
 
 
@@ -59,8 +68,7 @@ def supervised(dataset: Any, label_key: str) -> Any:
     return dataset.map(lambda f: split_label(f, label_key))
 
 
-def check_features(path: str, compression: str, parse: ParseOptions, *,
-                   num_classes: Optional[int] = None) -> None:
+def check_features(path: str, compression: str, parse: ParseOptions, *, num_classes: int | None = None) -> None:
     """Parses the first record of ``path`` with the feature spec; a mismatch is a DataError naming the feature.
 
     TensorFlow reports a missing key, a wrong dtype or shape deep inside the
@@ -100,12 +108,26 @@ def check_features(path: str, compression: str, parse: ParseOptions, *,
             value = values[key] if values is not None else tf.io.parse_example(records, {key: spec})[key]
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as err:
             reason = getattr(err, "message", str(err)).split("\n")[0]
-            raise invalid(DataError, f"features[{key!r}]", spec, f"a spec that parses the records of {path} "
-                          f"({reason})", "Check the feature's name, dtype and shape against the data, e.g. "
-                          "with tf.train.Example.FromString(record).") from err
-        if key == parse.label_key and num_classes is not None and isinstance(value, tf.Tensor) \
-                and value.dtype.is_integer:
+            raise invalid(
+                DataError,
+                f"features[{key!r}]",
+                spec,
+                f"a spec that parses the records of {path} ({reason})",
+                "Check the feature's name, dtype and shape against the data, e.g. "
+                "with tf.train.Example.FromString(record).",
+            ) from err
+        if (
+            key == parse.label_key
+            and num_classes is not None
+            and isinstance(value, tf.Tensor)
+            and value.dtype.is_integer
+        ):
             labels = [int(v) for v in value.numpy().reshape(-1)]
             if any(not 0 <= v < num_classes for v in labels):
-                raise invalid(DataError, "num_classes", num_classes, f"more than every label of `{key}` "
-                              f"(found {labels} in {path})", "Pass the true number of classes.")
+                raise invalid(
+                    DataError,
+                    "num_classes",
+                    num_classes,
+                    f"more than every label of `{key}` (found {labels} in {path})",
+                    "Pass the true number of classes.",
+                )

@@ -10,13 +10,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.data.pipeline import _decode
-from tfdist.data.storage import remote
-from tfdist.data.records.files import compression_of, on_local_disk
 from tfdist.data.pipeline.options import EpochOptions, ShardOptions, SourceOptions, TuningOptions
+from tfdist.data.records.files import compression_of, on_local_disk
 from tfdist.data.sharding import ShardPlan
+from tfdist.data.storage import remote
 from tfdist.errors import DataError, invalid
 
 _HASH_BLOCK = 512  # Records per vectorized hash-key parse.
@@ -33,13 +33,19 @@ def worker_files(plan: ShardPlan, worker: int) -> tuple[str, ...]:
 def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
     kinds = {compression_of(p, source.compression) or "" for p in paths}
     if len(kinds) > 1:
-        raise invalid(DataError, "compression", sorted(kinds), "one compression for all files",
-                      "Split compressed and uncompressed files into two pipelines.")
+        raise invalid(
+            DataError,
+            "compression",
+            sorted(kinds),
+            "one compression for all files",
+            "Split compressed and uncompressed files into two pipelines.",
+        )
     return next(iter(kinds), "")
 
 
-def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, local: Optional[bool],
-                 policy: str) -> tuple[str, int]:
+def _how_to_read(
+    paths: Sequence[str], streams: int, tuning: TuningOptions, local: bool | None, policy: str
+) -> tuple[str, int]:
     """How one worker's stream reads its files, and how many it reads at once: the one place that decides.
 
     - 'parallel': TF's parallel reader, ``reads`` files at once on reader threads: an int
@@ -66,8 +72,9 @@ def _how_to_read(paths: Sequence[str], streams: int, tuning: TuningOptions, loca
     return "interleave", reads
 
 
-def _whole_files(file_names: Callable[[], Any], paths: Sequence[str], compression: str, how: str, reads: int,
-                 shuffled: bool) -> Any:
+def _whole_files(
+    file_names: Callable[[], Any], paths: Sequence[str], compression: str, how: str, reads: int, shuffled: bool
+) -> Any:
     """Records of whole files TensorFlow opens itself, as :func:`_how_to_read` decided.
 
     An unshuffled sequential read takes the file names as one tensor: no traced function (~7 ms each; a
@@ -82,18 +89,32 @@ def _whole_files(file_names: Callable[[], Any], paths: Sequence[str], compressio
     if how == "sequential" and not shuffled:
         return _compat.tfrecord_reader(tf.constant(list(paths), tf.string), compression, _LOCAL_BUFFER)
     if how == "interleave":
-        return file_names().interleave(lambda path: _compat.tfrecord_reader(path, compression, _LOCAL_BUFFER),
-                                cycle_length=reads, block_length=1)
+        return file_names().interleave(
+            lambda path: _compat.tfrecord_reader(path, compression, _LOCAL_BUFFER), cycle_length=reads, block_length=1
+        )
     sequential = how == "sequential"  # Shuffled file order: a traced reader over the shuffled names.
-    return tf.data.TFRecordDataset(file_names(), compression_type=compression,
-                                   buffer_size=_LOCAL_BUFFER if sequential else _BUFFER,
-                                   num_parallel_reads=None if sequential else reads)
+    return tf.data.TFRecordDataset(
+        file_names(),
+        compression_type=compression,
+        buffer_size=_LOCAL_BUFFER if sequential else _BUFFER,
+        num_parallel_reads=None if sequential else reads,
+    )
 
 
-def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: ShardOptions,
-                 features: Optional[Mapping[str, Any]], epoch: EpochOptions, tuning: TuningOptions,
-                 limits: Mapping[str, int], streams: int = 1, on_server: bool = False,
-                 local: Optional[bool] = None) -> Any:
+def read_records(
+    plan: ShardPlan,
+    worker: int,
+    *,
+    source: SourceOptions,
+    shard: ShardOptions,
+    features: Mapping[str, Any] | None,
+    epoch: EpochOptions,
+    tuning: TuningOptions,
+    limits: Mapping[str, int],
+    streams: int = 1,
+    on_server: bool = False,
+    local: bool | None = None,
+) -> Any:
     """The serialized records input pipeline ``worker`` reads, once (no repeat, no shuffle of records).
 
     Args:
@@ -139,25 +160,45 @@ def read_records(plan: ShardPlan, worker: int, *, source: SourceOptions, shard: 
         if source.on_corrupt == "skip":
             records = records.ignore_errors(log_warning=True)
     else:
-        take = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-            tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)), -1)
+        take = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)
+            ),
+            -1,
+        )
         staged, ready = remote.staged_files(file_names(), paths, ahead=reads, on_server=on_server)
 
         def open_one(path: Any, local: Any) -> Any:
             # `ready` runs here, outside the file's records: a failed staging (timeout, changed object, agent
             # error) stays an error; 'skip' only cuts one file at its last whole record.
-            one = tf.data.TFRecordDataset(ready(path, local), compression_type=compression,
-                                          buffer_size=_BUFFER).take(take.lookup(path))
+            one = tf.data.TFRecordDataset(ready(path, local), compression_type=compression, buffer_size=_BUFFER).take(
+                take.lookup(path)
+            )
             return one.ignore_errors(log_warning=True) if source.on_corrupt == "skip" else one
 
-        records = staged.interleave(open_one, cycle_length=reads, block_length=1,
-                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        records = staged.interleave(
+            open_one,
+            cycle_length=reads,
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
+        )
     if plan.policy == "data":
         records = records.shard(plan.num_workers, worker)
     elif plan.policy == "hash":
-        keep = _decode.key_mask(shard.key, features[shard.key],  # type: ignore[arg-type,index]
-                                plan.num_workers, worker)
-        records = records.batch(_HASH_BLOCK).map(
-            lambda block: tf.boolean_mask(block, keep(block)), num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=tuning.deterministic).unbatch()
+        keep = _decode.key_mask(
+            shard.key,
+            features[shard.key],  # type: ignore[arg-type,index]
+            plan.num_workers,
+            worker,
+        )
+        records = (
+            records.batch(_HASH_BLOCK)
+            .map(
+                lambda block: tf.boolean_mask(block, keep(block)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=tuning.deterministic,
+            )
+            .unbatch()
+        )
     return records

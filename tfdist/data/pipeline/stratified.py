@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
+from tfdist.data.pipeline.options import EpochOptions, ParseOptions, SampleOptions, SourceOptions
 from tfdist.data.records import _framing
 from tfdist.data.records.files import Listing, compression_of
-from tfdist.data.pipeline.options import EpochOptions, ParseOptions, SampleOptions, SourceOptions
+from tfdist.data.records.writer import CLASS_GROUP, label_of_name
 from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.sharding import plan_shards
-from tfdist.data.records.writer import CLASS_GROUP, label_of_name
 from tfdist.errors import DataError, invalid
 
 Group = list[tuple[str, int]]
@@ -34,7 +34,7 @@ def is_variable(value: object) -> bool:
     return _is_variable(value)
 
 
-def class_groups(listing: Listing, label_key: Optional[str]) -> dict[str, Group]:
+def class_groups(listing: Listing, label_key: str | None) -> dict[str, Group]:
     """Class value -> its (path, size) files, from ``PREFIX-LABEL=VALUE-*`` names; {} if unpartitioned.
 
     Integer labels come in numeric order (2 before 10): the order of a
@@ -47,8 +47,9 @@ def class_groups(listing: Listing, label_key: Optional[str]) -> dict[str, Group]
             return {}
         label = info.label if info.label is not None else label_of_name(match.group("value"))
         groups.setdefault(label, []).append((info.path, info.size))
-    return dict(sorted(groups.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].lstrip("-").isdigit()
-                       else (1, 0, kv[0])))
+    return dict(
+        sorted(groups.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].lstrip("-").isdigit() else (1, 0, kv[0]))
+    )
 
 
 def _records_in(files: Sequence[tuple[str, int]], listing: Listing, source: SourceOptions) -> int:
@@ -59,9 +60,18 @@ def _records_in(files: Sequence[tuple[str, int]], listing: Listing, source: Sour
     return sum(_framing.check_file(path, compression_of(path, source.compression)).records for path, _ in files)
 
 
-def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source: SourceOptions,
-                       shard_policy: str, sample: SampleOptions, epoch: EpochOptions, index: int, count: int,
-                       read_share: ReadShare) -> tuple[Any, str]:
+def stratified_records(
+    groups: Mapping[str, Group],
+    *,
+    listing: Listing,
+    source: SourceOptions,
+    shard_policy: str,
+    sample: SampleOptions,
+    epoch: EpochOptions,
+    index: int,
+    count: int,
+    read_share: ReadShare,
+) -> tuple[Any, str]:
     """This worker's records drawn from the class groups in the asked mix, and a sentence for the log."""
     counts = {label: _records_in(files, listing, source) for label, files in groups.items()}
     # Each class group is split on its own: 'data'/'off' as asked, otherwise 'auto' (by file when the
@@ -76,8 +86,13 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
     mix = resolve_weights(weights, counts=counts) if not is_variable(weights) else "a tf.Variable"  # type: ignore
     total = sum(counts.values())
     natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
-    passes = {} if natural else {label: _pass_of(plan, index, counts[label], groups[label], listing, source)
-                                 for label, plan in plans.items()}
+    passes = (
+        {}
+        if natural
+        else {
+            label: _pass_of(plan, index, counts[label], groups[label], listing, source) for label, plan in plans.items()
+        }
+    )
     held = _held_in_memory(passes, mix, share=share, listing=listing, source=source)
     for label in held:
         # One pass of this worker's records of a small class, kept after its first read: the mix re-draws it
@@ -91,22 +106,40 @@ def stratified_records(groups: Mapping[str, Group], *, listing: Listing, source:
         # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
         per_class = {label: data.repeat(epoch.num_epochs) for label, data in per_class.items()}
         mine = _natural_share(plans, index, counts, groups, listing, source)
-        sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
-                                    block=sample.sample_block, on_exhausted="drop",
-                                    draws=None if mine is None else mine * epoch.num_epochs)
+        sampled = stratified_sample(
+            per_class,
+            weights,
+            counts=counts,
+            seed=epoch.seed,  # type: ignore[arg-type]
+            block=sample.sample_block,
+            on_exhausted="drop",
+            draws=None if mine is None else mine * epoch.num_epochs,
+        )
         return sampled, f"stratified over {len(groups)} class shard groups, natural mix, each record once"
     # Any other mix re-draws small classes and leaves part of large ones unread in an epoch (its purpose).
     draws = share * epoch.num_epochs if epoch.num_epochs is not None else None
-    sampled = stratified_sample(per_class, weights, counts=counts, seed=epoch.seed,  # type: ignore[arg-type]
-                                block=sample.sample_block, draws=draws)
+    sampled = stratified_sample(
+        per_class,
+        weights,
+        counts=counts,
+        seed=epoch.seed,  # type: ignore[arg-type]
+        block=sample.sample_block,
+        draws=draws,
+    )
     sampled = sampled.take(draws) if draws is not None else sampled
     shown = {k: round(p, 3) for k, p in mix.items()} if isinstance(mix, dict) else mix  # A log line to read.
     kept = f", {len(held)} held in memory ({', '.join(held)})" if held else ""
     return sampled, f"stratified over {len(groups)} class shard groups, mix {shown}, {share} records per epoch{kept}"
 
 
-def _natural_share(plans: Mapping[str, Any], index: int, counts: Mapping[str, int], groups: Mapping[str, Group],
-                   listing: Listing, source: SourceOptions) -> Optional[int]:
+def _natural_share(
+    plans: Mapping[str, Any],
+    index: int,
+    counts: Mapping[str, int],
+    groups: Mapping[str, Group],
+    listing: Listing,
+    source: SourceOptions,
+) -> int | None:
     """Records worker ``index`` reads in one natural pass over every class group; None when not known cheaply.
 
     Under 'file' sharding only the writer's manifest counts (a framing walk of this worker's files would
@@ -171,8 +204,9 @@ def _memory_of(files: Sequence[tuple[str, int]], listing: Listing, source: Sourc
     return used
 
 
-def _held_in_memory(passes: Mapping[str, _Pass], mix: Any, *, share: int, listing: Listing,
-                    source: SourceOptions) -> list[str]:
+def _held_in_memory(
+    passes: Mapping[str, _Pass], mix: Any, *, share: int, listing: Listing, source: SourceOptions
+) -> list[str]:
     """The class groups kept in memory: those the mix draws twice or more an epoch, smallest first, in a budget.
 
     Each group costs this worker's pass of it, uncompressed: its own files, a
@@ -180,6 +214,7 @@ def _held_in_memory(passes: Mapping[str, _Pass], mix: Any, *, share: int, listin
     ``tf.Variable`` mix (unknown, and changing), the groups smaller than an
     even share of the epoch.
     """
+
     def redrawn(label: str) -> bool:
         expected = mix[label] * share if isinstance(mix, dict) else share / len(passes)
         return expected > 2 * passes[label].records  # At least two passes: the first one completes.
@@ -196,17 +231,27 @@ def _held_in_memory(passes: Mapping[str, _Pass], mix: Any, *, share: int, listin
     return held
 
 
-def resample(dataset: Any, *, sample: SampleOptions, parse: ParseOptions, seed: Optional[int]) -> Any:
+def resample(dataset: Any, *, sample: SampleOptions, parse: ParseOptions, seed: int | None) -> Any:
     """Fallback for unpartitioned files: rejection resampling on the parsed label."""
     import tensorflow as tf
 
     if not sample.num_classes:
-        raise invalid(DataError, "num_classes", sample.num_classes, "the class count for stratifying unpartitioned "
-                      "files", "Pass num_classes=..., or write files with write_tfrecords(partition_by=label_key).")
+        raise invalid(
+            DataError,
+            "num_classes",
+            sample.num_classes,
+            "the class count for stratifying unpartitioned files",
+            "Pass num_classes=..., or write files with write_tfrecords(partition_by=label_key).",
+        )
     classes = list(range(sample.num_classes))
     if is_variable(sample.class_weights):
-        raise invalid(DataError, "class_weights", "tf.Variable", "fixed weights for unpartitioned files",
-                      "Adaptive weights need per-class shard groups (write_tfrecords(partition_by=...)).")
+        raise invalid(
+            DataError,
+            "class_weights",
+            "tf.Variable",
+            "fixed weights for unpartitioned files",
+            "Adaptive weights need per-class shard groups (write_tfrecords(partition_by=...)).",
+        )
     weights = sample.class_weights
     if isinstance(weights, Mapping):
         weights = {int(k): v for k, v in weights.items()}
@@ -214,12 +259,11 @@ def resample(dataset: Any, *, sample: SampleOptions, parse: ParseOptions, seed: 
     label = parse.label_key
     target = tf.constant([probabilities[c] for c in classes], tf.float32)
 
-    resampled = dataset.rejection_resample(lambda f: tf.cast(tf.reshape(f[label], []), tf.int32), target,
-                                           seed=seed)
+    resampled = dataset.rejection_resample(lambda f: tf.cast(tf.reshape(f[label], []), tf.int32), target, seed=seed)
     return resampled.map(lambda _, features: features)
 
 
-def check_labels(records: Any, *, parse: ParseOptions, num_classes: Optional[int], where: str) -> None:
+def check_labels(records: Any, *, parse: ParseOptions, num_classes: int | None, where: str) -> None:
     """One pass over the labels of ``records``: every label must be a class in ``[0, num_classes)``.
 
     Rejection resampling needs it (a label outside would fail deep in the
@@ -234,9 +278,18 @@ def check_labels(records: Any, *, parse: ParseOptions, num_classes: Optional[int
         return
     key = parse.label_key
     labels = records.batch(8192).map(lambda r: tf.reshape(tf.io.parse_example(r, {key: spec})[key], [-1]))
-    low, high = labels.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), lambda bounds, batch: (
-        tf.minimum(bounds[0], tf.reduce_min(tf.concat([tf.cast(batch, tf.int64), [0]], 0))),
-        tf.maximum(bounds[1], tf.reduce_max(tf.concat([tf.cast(batch, tf.int64), [-1]], 0)))))
+    low, high = labels.reduce(
+        (tf.constant(0, tf.int64), tf.constant(-1, tf.int64)),
+        lambda bounds, batch: (
+            tf.minimum(bounds[0], tf.reduce_min(tf.concat([tf.cast(batch, tf.int64), [0]], 0))),
+            tf.maximum(bounds[1], tf.reduce_max(tf.concat([tf.cast(batch, tf.int64), [-1]], 0))),
+        ),
+    )
     if int(low) < 0 or int(high) >= num_classes:
-        raise invalid(DataError, "num_classes", num_classes, f"more than every label of `{key}` (labels run from "
-                      f"{int(low)} to {int(high)} in {where})", f"Pass num_classes={int(high) + 1} (labels 0..n-1).")
+        raise invalid(
+            DataError,
+            "num_classes",
+            num_classes,
+            f"more than every label of `{key}` (labels run from {int(low)} to {int(high)} in {where})",
+            f"Pass num_classes={int(high) + 1} (labels 0..n-1).",
+        )

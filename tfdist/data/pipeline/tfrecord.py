@@ -31,19 +31,22 @@ import dataclasses
 import hashlib
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 from tfdist._options import GroupedOptions, group
-from tfdist.data.pipeline import _batching
-from tfdist.data.pipeline import _context
-from tfdist.data.pipeline import parsing
-from tfdist.data.pipeline import reading
+from tfdist.data.pipeline import _batching, _context, parsing, reading
 from tfdist.data.pipeline import stratified as stratify
+from tfdist.data.pipeline.options import (
+    EpochOptions,
+    ParseOptions,
+    SampleOptions,
+    ShardOptions,
+    SourceOptions,
+    TuningOptions,
+)
 from tfdist.data.records.files import Listing, compression_of, list_files
-from tfdist.data.pipeline.options import (CORRUPT_POLICIES, VERIFY_MODES, EpochOptions, ParseOptions, SampleOptions,
-                                 ShardOptions, SourceOptions, TuningOptions)
-from tfdist.data.sharding import ShardPlan, plan_shards
 from tfdist.data.records.verify import VerifyReport, verify_files
+from tfdist.data.sharding import ShardPlan, plan_shards
 from tfdist.errors import DataError, invalid
 
 __all__ = ["TFRecordPipeline"]
@@ -55,7 +58,7 @@ class _ReportLog:
     """The verification report of the last ``dataset()`` call (a diagnostic, not configuration)."""
 
     def __init__(self) -> None:
-        self.last: Optional[VerifyReport] = None
+        self.last: VerifyReport | None = None
 
 
 class TFRecordPipeline(GroupedOptions, error=DataError):
@@ -101,8 +104,13 @@ among ... (did you mean 'shuffle_buffer'?).
         """Rules across groups (each group has checked its own fields)."""
         object.__setattr__(self, "_reports", _ReportLog())
         if self.shard_policy == "hash" and (self.features is None or self.shard_key not in self.features):
-            raise invalid(DataError, "shard_key", self.shard_key, "a feature of `features` with shard_policy='hash'",
-                          "Name the id feature to hash, e.g. shard_key='user_id'.")
+            raise invalid(
+                DataError,
+                "shard_key",
+                self.shard_key,
+                "a feature of `features` with shard_policy='hash'",
+                "Name the id feature to hash, e.g. shard_key='user_id'.",
+            )
         if self.class_weights is not None and not self.label_key:
             raise invalid(DataError, "label_key", None, "the label feature with as_supervised or class_weights")
 
@@ -111,7 +119,7 @@ among ... (did you mean 'shuffle_buffer'?).
         """Every input file with its size and (from the writer's manifest) record count; read afresh per call."""
         return list_files(self.source.files, on_corrupt=self.on_corrupt)
 
-    def plan(self, num_workers: int, listing: Optional[Listing] = None) -> ShardPlan:
+    def plan(self, num_workers: int, listing: Listing | None = None) -> ShardPlan:
         """How the files split over ``num_workers`` input pipelines (logged by ``dataset``)."""
         listing = listing or self.listing()
         return plan_shards(listing.sizes, num_workers=num_workers, policy=self.shard_policy, shard_key=self.shard_key)
@@ -120,8 +128,9 @@ among ... (did you mean 'shuffle_buffer'?).
         """The files input pipeline ``worker`` of ``num_workers`` opens (all files under 'data'/'hash'/'off')."""
         return reading.worker_files(self.plan(num_workers), worker)
 
-    def worker_records(self, worker: int, num_workers: int, *, plan: Optional[ShardPlan] = None,
-                       listing: Optional[Listing] = None) -> tuple[Any, VerifyReport]:
+    def worker_records(
+        self, worker: int, num_workers: int, *, plan: ShardPlan | None = None, listing: Listing | None = None
+    ) -> tuple[Any, VerifyReport]:
         """The serialized records input pipeline ``worker`` reads in one pass, and its verification report.
 
         The same stream ``dataset()`` parses (before shuffling records, stratifying
@@ -135,12 +144,30 @@ among ... (did you mean 'shuffle_buffer'?).
         """Class value -> its (path, size) files, from ``PREFIX-LABEL=VALUE-*`` names; {} if unpartitioned."""
         return stratify.class_groups(self.listing(), self.label_key)
 
-    def _read(self, plan: ShardPlan, worker: int, listing: Listing, streams: int = 1, *,
-              on_server: bool = False, local: Optional[bool] = None) -> tuple[Any, VerifyReport]:
+    def _read(
+        self,
+        plan: ShardPlan,
+        worker: int,
+        listing: Listing,
+        streams: int = 1,
+        *,
+        on_server: bool = False,
+        local: bool | None = None,
+    ) -> tuple[Any, VerifyReport]:
         report = verify_files(plan.files_for(worker), self.source, listing)
-        records = reading.read_records(plan, worker, source=self.source, shard=self.sharding,
-                                       features=self.features, epoch=self.epochs, tuning=self.tuning,
-                                       limits=report.limits, streams=streams, on_server=on_server, local=local)
+        records = reading.read_records(
+            plan,
+            worker,
+            source=self.source,
+            shard=self.sharding,
+            features=self.features,
+            epoch=self.epochs,
+            tuning=self.tuning,
+            limits=report.limits,
+            streams=streams,
+            on_server=on_server,
+            local=local,
+        )
         return records, report
 
     @property
@@ -154,7 +181,7 @@ among ... (did you mean 'shuffle_buffer'?).
         """For ``strategy.distribute_datasets_from_function`` and ParameterServerStrategy ``fit``."""
         return self.dataset(input_context)
 
-    def dataset(self, input_context: Optional[Any] = None, *, cluster: Optional[Any] = None) -> Any:
+    def dataset(self, input_context: Any | None = None, *, cluster: Any | None = None) -> Any:
         """This worker's ``tf.data.Dataset``.
 
         Args:
@@ -168,8 +195,9 @@ among ... (did you mean 'shuffle_buffer'?).
         self._reports.last = report
         return self._finish(records, where, stratified=stratified)
 
-    def _records_for(self, input_context: Optional[Any],
-                     cluster: Optional[Any]) -> tuple[Any, VerifyReport, _context.PipelineSlot, bool]:
+    def _records_for(
+        self, input_context: Any | None, cluster: Any | None
+    ) -> tuple[Any, VerifyReport, _context.PipelineSlot, bool]:
         import tensorflow as tf
 
         where = _context.slot(input_context, self.batch_size, cluster=cluster)
@@ -180,28 +208,44 @@ among ... (did you mean 'shuffle_buffer'?).
         local = listing.local  # From the listing: the mount table is read once per build.
 
         def read_share(plan: ShardPlan, index: int, streams: int = 1) -> Any:
-            records, report = self._read(plan, index, listing, streams, on_server=self.data_service is not None,
-                                         local=local)
+            records, report = self._read(
+                plan, index, listing, streams, on_server=self.data_service is not None, local=local
+            )
             reports.append(report)
             if len(reports) == 1 and plan.files_for(index) and tf.executing_eagerly():  # One file names a mismatch.
                 path = plan.files_for(index)[0]
-                parsing.check_features(path, compression_of(path, self.compression) or "", self.parsing,
-                                       num_classes=self.num_classes if self.class_weights is not None else None)
+                parsing.check_features(
+                    path,
+                    compression_of(path, self.compression) or "",
+                    self.parsing,
+                    num_classes=self.num_classes if self.class_weights is not None else None,
+                )
             return records
 
         if self.data_service is not None:
             records, plan_text = read_share(self.plan(1, listing), 0), "tf.data service splits the work"
         elif groups:
             records, plan_text = stratify.stratified_records(
-                groups, listing=listing, source=self.source, shard_policy=self.shard_policy, sample=self.sampling,
-                epoch=self.epochs, index=where.index, count=where.count,
-                read_share=lambda plan: read_share(plan, where.index, len(groups)))
+                groups,
+                listing=listing,
+                source=self.source,
+                shard_policy=self.shard_policy,
+                sample=self.sampling,
+                epoch=self.epochs,
+                index=where.index,
+                count=where.count,
+                read_share=lambda plan: read_share(plan, where.index, len(groups)),
+            )
         else:
             plan = self.plan(where.count, listing)
             records, plan_text = read_share(plan, where.index), f"{plan.policy}: {plan.reason}"
             if self.class_weights is not None and tf.executing_eagerly():
-                stratify.check_labels(records, parse=self.parsing, num_classes=self.num_classes,
-                                      where=f"input pipeline {where.index}/{where.count}'s files")
+                stratify.check_labels(
+                    records,
+                    parse=self.parsing,
+                    num_classes=self.num_classes,
+                    where=f"input pipeline {where.index}/{where.count}'s files",
+                )
             self._warn_small_share(listing.records(plan.files_for(where.index)), plan, where)
         _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
         report = sum(reports[1:], reports[0]) if reports else VerifyReport()
@@ -213,23 +257,38 @@ among ... (did you mean 'shuffle_buffer'?).
 
             parent = os.path.dirname(self.cache) or "."
             if "://" not in parent and not tf.io.gfile.isdir(parent):
-                raise invalid(DataError, "cache", self.cache, "a file path in an existing directory",
-                              f"Create {parent} first, or pass cache=True to cache in memory.")
+                raise invalid(
+                    DataError,
+                    "cache",
+                    self.cache,
+                    "a file path in an existing directory",
+                    f"Create {parent} first, or pass cache=True to cache in memory.",
+                )
 
-    def _warn_small_share(self, known: Optional[int], plan: ShardPlan, where: _context.PipelineSlot) -> None:
+    def _warn_small_share(self, known: int | None, plan: ShardPlan, where: _context.PipelineSlot) -> None:
         """Logs when this worker's share is smaller than one batch (with drop_remainder: no batch at all)."""
         if known is None or plan.policy == "hash":
             return
-        share = known // plan.num_workers + (where.index < known % plan.num_workers) if plan.policy == "data" \
-            else known
+        share = known // plan.num_workers + (where.index < known % plan.num_workers) if plan.policy == "data" else known
         if share < where.batch_size and self.num_epochs is not None:
             if self.drop_remainder:
-                _log.warning("Input pipeline %d/%d reads %d record(s), fewer than one batch of %d: with "
-                             "drop_remainder=True it yields no batch at all.", where.index, where.count, share,
-                             where.batch_size)
+                _log.warning(
+                    "Input pipeline %d/%d reads %d record(s), fewer than one batch of %d: with "
+                    "drop_remainder=True it yields no batch at all.",
+                    where.index,
+                    where.count,
+                    share,
+                    where.batch_size,
+                )
             else:
-                _log.warning("Input pipeline %d/%d reads %d record(s), fewer than one batch of %d: each epoch is "
-                             "one partial batch.", where.index, where.count, share, where.batch_size)
+                _log.warning(
+                    "Input pipeline %d/%d reads %d record(s), fewer than one batch of %d: each epoch is "
+                    "one partial batch.",
+                    where.index,
+                    where.count,
+                    share,
+                    where.batch_size,
+                )
 
     def _finish(self, records: Any, where: _context.PipelineSlot, *, stratified: bool) -> Any:
         """Cache, shuffle, repeat, parse, batch, label, service, options, prefetch."""
@@ -237,9 +296,14 @@ among ... (did you mean 'shuffle_buffer'?).
 
         if self.cache:
             if stratified:
-                raise invalid(DataError, "cache", self.cache, "False with stratified reading (class_weights over "
-                              "class groups)", "A cache would replay one epoch's draw of the classes: put the "
-                              "files on fast local disk instead, or read without class_weights.")
+                raise invalid(
+                    DataError,
+                    "cache",
+                    self.cache,
+                    "False with stratified reading (class_weights over class groups)",
+                    "A cache would replay one epoch's draw of the classes: put the "
+                    "files on fast local disk instead, or read without class_weights.",
+                )
             # The serialized records of one pass, before shuffle and repeat: every epoch is shuffled (and
             # augmented) anew, and an endless run (num_epochs=None) does not cache an endless stream.
             records = records.cache("" if self.cache is True else str(self.cache))
@@ -248,16 +312,20 @@ among ... (did you mean 'shuffle_buffer'?).
         if not stratified:
             records = records.repeat(self.num_epochs)
         fallback = self.class_weights is not None and not stratified
-        batching = dict(drop_remainder=self.drop_remainder, finite=self.num_epochs is not None,
-                        where=f"{where.index}/{where.count}",
-                        # The drop count is taken in this process; not where the pipeline runs elsewhere.
-                        logged=self.data_service is None and tf.executing_eagerly())
+        batching = dict(
+            drop_remainder=self.drop_remainder,
+            finite=self.num_epochs is not None,
+            where=f"{where.index}/{where.count}",
+            # The drop count is taken in this process; not where the pipeline runs elsewhere.
+            logged=self.data_service is None and tf.executing_eagerly(),
+        )
         if self.parse_fn is not None or fallback:
             dataset = parsing.parse_elements(records, self.parsing, seed=self.seed, deterministic=self.deterministic)
             if fallback:
                 dataset = stratify.resample(dataset, sample=self.sampling, parse=self.parsing, seed=self.seed)
-            dataset = _batching.batch(dataset, where.batch_size, parallel=True, deterministic=self.deterministic,
-                                      **batching)
+            dataset = _batching.batch(
+                dataset, where.batch_size, parallel=True, deterministic=self.deterministic, **batching
+            )
         else:
             # Batch the serialized records first, then parse (and decode) a whole batch per map call: one
             # tf.data element per batch instead of per record (measured in BENCHMARKS.md).
@@ -267,7 +335,8 @@ among ... (did you mean 'shuffle_buffer'?).
                 return parsing.split_label(features, self.label_key) if self.as_supervised else features  # type: ignore
 
             dataset = _batching.batch(records, where.batch_size, **batching).map(
-                parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
+                parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
+            )
         if self.as_supervised and (self.parse_fn is not None or fallback):
             dataset = parsing.supervised(dataset, self.label_key)  # type: ignore[arg-type]
         options = tf.data.Options()
@@ -279,9 +348,13 @@ among ... (did you mean 'shuffle_buffer'?).
         if self.ram_budget_bytes:
             options.autotune.ram_budget = self.ram_budget_bytes
         if self.data_service is not None:  # The service's workers run the graph as it is here: options first.
-            dataset = dataset.with_options(options).apply(tf.data.experimental.service.distribute(
-                processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=self.data_service,
-                job_name=self._job_name()))
+            dataset = dataset.with_options(options).apply(
+                tf.data.experimental.service.distribute(
+                    processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+                    service=self.data_service,
+                    job_name=self._job_name(),
+                )
+            )
         dataset = dataset.with_options(options)
         return dataset.prefetch(tf.data.AUTOTUNE if self.prefetch == "autotune" else self.prefetch)
 

@@ -18,7 +18,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 from tfdist.errors import StorageError
 
@@ -73,7 +73,7 @@ class FileCheck:
     records: int
     valid_bytes: int
     total_bytes: int
-    problem: Optional[str] = None
+    problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -118,7 +118,7 @@ class _Walked:
     records: int
     end: int
     total: int
-    problem: Optional[str]
+    problem: str | None
 
     def check(self, bad: Any) -> FileCheck:
         """The file's check, given ``bad``: which of its headers have a wrong length CRC.
@@ -132,11 +132,17 @@ class _Walked:
         if len(wrong):
             first = int(wrong[0])
             at = int(self.offsets[first])
-            return FileCheck(path=self.path, records=first, valid_bytes=at, total_bytes=self.total,
-                             problem=f"corrupt record header at byte {at} (is this a TFRecord "
-                                     "file, and is its compression set right?)")
-        return FileCheck(path=self.path, records=self.records, valid_bytes=self.end, total_bytes=self.total,
-                         problem=self.problem)
+            return FileCheck(
+                path=self.path,
+                records=first,
+                valid_bytes=at,
+                total_bytes=self.total,
+                problem=f"corrupt record header at byte {at} (is this a TFRecord "
+                "file, and is its compression set right?)",
+            )
+        return FileCheck(
+            path=self.path, records=self.records, valid_bytes=self.end, total_bytes=self.total, problem=self.problem
+        )
 
 
 _LENGTH = struct.Struct("<Q").unpack_from
@@ -144,7 +150,7 @@ _LENGTH = struct.Struct("<Q").unpack_from
 
 def _walk(data: Any, path: str) -> _Walked:
     """Walks the record headers of ``data`` (a file's bytes, or a memory map of it); CRCs are checked later."""
-    return _walk_headers(lambda at: data[at:at + _HEADER], len(data), path)
+    return _walk_headers(lambda at: data[at : at + _HEADER], len(data), path)
 
 
 def _walk_reads(fd: int, total: int, path: str) -> _Walked:
@@ -181,8 +187,15 @@ def _walk_headers(header_at: Callable[[int], bytes], total: int, path: str) -> _
             break
         records, offset = records + 1, end
     rows = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(-1, _HEADER) if headers else None
-    return _Walked(path=path, offsets=np.asarray(offsets, dtype=np.int64), rows=rows, records=records, end=offset,
-                   total=total, problem=problem)
+    return _Walked(
+        path=path,
+        offsets=np.asarray(offsets, dtype=np.int64),
+        rows=rows,
+        records=records,
+        end=offset,
+        total=total,
+        problem=problem,
+    )
 
 
 def _checked(walks: list[Any]) -> list[FileCheck]:
@@ -196,12 +209,12 @@ def _checked(walks: list[Any]) -> list[FileCheck]:
         if isinstance(walk, FileCheck):
             checks.append(walk)
             continue
-        checks.append(walk.check(bad[start:start + len(walk.offsets)]))
+        checks.append(walk.check(bad[start : start + len(walk.offsets)]))
         start += len(walk.offsets)
     return checks
 
 
-def first_record(path: str, *, check_data: bool = False) -> Optional[bytes]:
+def first_record(path: str, *, check_data: bool = False) -> bytes | None:
     """The first record of a local, uncompressed TFRecord file; None when it has none or its framing is bad.
 
     Two reads, no ``tf.data`` pipeline (building one to read a record costs
@@ -221,7 +234,7 @@ def first_record(path: str, *, check_data: bool = False) -> Optional[bytes]:
     return data[:length]
 
 
-def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
+def check_file(path: str, compression: str | None = None) -> FileCheck:
     """Walks the framing of one TFRecord file (local or any ``tf.io.gfile`` path).
 
     Raises:
@@ -230,7 +243,7 @@ def check_file(path: str, compression: Optional[str] = None) -> FileCheck:
     return check_files([path], [compression])[0]
 
 
-def check_files(paths: Sequence[str], compressions: Sequence[Optional[str]]) -> list[FileCheck]:
+def check_files(paths: Sequence[str], compressions: Sequence[str | None]) -> list[FileCheck]:
     """Walks the framing of many files, one after the other; their length CRCs are checked in one pass.
 
     A CRC pass costs ~70 us of numpy calls whatever its size: with many small
@@ -246,8 +259,11 @@ def check_files(paths: Sequence[str], compressions: Sequence[Optional[str]]) -> 
         try:
             walk = _check_file(path, compression)
         except OSError as err:
-            raise StorageError(f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",
-                               field="files", value=path) from err
+            raise StorageError(
+                f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",
+                field="files",
+                value=path,
+            ) from err
         walks.append(walk)
         pending += len(walk.offsets) if isinstance(walk, _Walked) else 0
         if pending >= _CRC_PASS:  # Bounded memory: ~50 bytes per pending record.
@@ -256,7 +272,7 @@ def check_files(paths: Sequence[str], compressions: Sequence[Optional[str]]) -> 
     return checks + _checked(walks)
 
 
-def _check_file(path: str, compression: Optional[str]) -> Union[FileCheck, _Walked]:
+def _check_file(path: str, compression: str | None) -> FileCheck | _Walked:
     from tfdist.data.storage import remote
 
     compression = (compression or "").upper()
@@ -281,6 +297,11 @@ def _check_file(path: str, compression: Optional[str]) -> Union[FileCheck, _Walk
     try:
         raw = _DECOMPRESS[compression](raw) if compression else raw
     except (OSError, EOFError, zlib.error) as err:
-        return FileCheck(path=path, records=0, valid_bytes=0, total_bytes=len(raw),
-                         problem=f"cannot decompress as {compression}: {err}")
+        return FileCheck(
+            path=path,
+            records=0,
+            valid_bytes=0,
+            total_bytes=len(raw),
+            problem=f"cannot decompress as {compression}: {err}",
+        )
     return _walk(raw, path)

@@ -22,20 +22,21 @@ import os
 import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
-from tfdist.data.storage import remote
 from tfdist.data.records.writer import COMPRESSIONS, prefixes_of, read_manifest
+from tfdist.data.storage import remote
 from tfdist.errors import DataError, Error, StorageError, invalid
 
 __all__ = ["FileInfo", "Listing"]
 
 # File name endings -> compression: the writer's own endings first, then common spellings.
 _COMPRESSION_BY_SUFFIX = tuple((suffix, kind) for kind, suffix in COMPRESSIONS.items() if kind) + (
-    (".gzip", "GZIP"), (".zlib", "ZLIB"))
+    (".gzip", "GZIP"),
+    (".zlib", "ZLIB"),
+)
 
 
-def compression_of(path: str, given: Optional[str]) -> Optional[str]:
+def compression_of(path: str, given: str | None) -> str | None:
     """``given`` when it is 'GZIP' or 'ZLIB'; for None or 'auto', the compression the file name ends in.
 
     Example:
@@ -55,7 +56,7 @@ def compression_of(path: str, given: Optional[str]) -> Optional[str]:
 _LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "ramfs", "overlay"})
 
 
-def on_local_disk(paths: Sequence[str], mountinfo: Optional[str] = None) -> bool:
+def on_local_disk(paths: Sequence[str], mountinfo: str | None = None) -> bool:
     """Whether every path lies on a local file system, by the longest mount point in ``/proc/self/mountinfo``.
 
     Each directory is resolved once (symbolic links included); a file that is
@@ -98,7 +99,7 @@ def _glob(pattern: str) -> list[str]:
         return remote.glob(pattern)
     except Error:
         raise
-    except Exception as err:  # noqa: BLE001 - TF's OpError or the object store's: listing failed.
+    except Exception as err:
         raise StorageError(f"Cannot list {pattern}: {err}. Check the path and your access to it.") from err
 
 
@@ -120,8 +121,13 @@ def _size_of(path: str) -> int:
         return remote.size(path)
     except StorageError:
         if not remote.exists(path):
-            raise invalid(DataError, "files", path, "existing TFRecord files",
-                          "Check that the path exists; globs need quotes in the shell.") from None
+            raise invalid(
+                DataError,
+                "files",
+                path,
+                "existing TFRecord files",
+                "Check that the path exists; globs need quotes in the shell.",
+            ) from None
         raise
 
 
@@ -135,9 +141,9 @@ class FileInfo:
 
     path: str
     size: int
-    records: Optional[int] = None
-    label: Optional[str] = None
-    record_bytes: Optional[int] = None
+    records: int | None = None
+    label: str | None = None
+    record_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -152,7 +158,7 @@ class Listing:
         """(path, size) pairs, as :func:`~tfdist.data.sharding.plan_shards` takes them."""
         return tuple((f.path, f.size) for f in self.files)
 
-    def records(self, paths: Sequence[str]) -> Optional[int]:
+    def records(self, paths: Sequence[str]) -> int | None:
         """Records in ``paths`` per the writer's manifests, or None when any count is unknown."""
         known = {f.path: f.records for f in self.files}
         counts = [known.get(p) for p in paths]
@@ -175,8 +181,13 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
     for pattern in patterns:
         matched = _glob(pattern)
         if not matched:
-            raise invalid(DataError, "files", pattern, "a pattern that matches at least one file",
-                          "Check the path; globs need quotes in the shell.")
+            raise invalid(
+                DataError,
+                "files",
+                pattern,
+                "a pattern that matches at least one file",
+                "Check the path; globs need quotes in the shell.",
+            )
         paths.extend(matched)
     paths = sorted(set(p for p in paths if not p.endswith("-manifest.json")))
     if not paths:
@@ -190,8 +201,13 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
             with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:  # Overlaps round trips.
                 sizes = list(pool.map(_size_of, paths))
     if directories:
-        raise invalid(DataError, "files", directories[0], "TFRecord files, not a directory",
-                      f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.")
+        raise invalid(
+            DataError,
+            "files",
+            directories[0],
+            "TFRecord files, not a directory",
+            f"Pass a glob of the files in it, e.g. '{directories[0].rstrip('/')}/*.tfrecord*'.",
+        )
     written: dict[str, list[dict]] = {}
     for prefix in sorted({prefix for path in paths for prefix in prefixes_of(path)}):
         manifest = read_manifest(prefix, on_corrupt=on_corrupt)
@@ -199,9 +215,19 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
             for path, info in manifest["files"].items():
                 written.setdefault(path, []).append(info)
     infos = [_written_info(written.get(p, []), p, s) for p, s in zip(paths, sizes)]
-    return Listing(files=tuple(FileInfo(path=p, size=s, records=info.get("records"), label=info.get("class"),
-                                        record_bytes=_count_or_none(info.get("bytes")))
-                               for p, s, info in zip(paths, sizes, infos)), local=local)
+    return Listing(
+        files=tuple(
+            FileInfo(
+                path=p,
+                size=s,
+                records=info.get("records"),
+                label=info.get("class"),
+                record_bytes=_count_or_none(info.get("bytes")),
+            )
+            for p, s, info in zip(paths, sizes, infos)
+        ),
+        local=local,
+    )
 
 
 def _local_sizes(paths: Sequence[str]) -> tuple[list[str], list[int]]:
@@ -214,15 +240,18 @@ def _local_sizes(paths: Sequence[str]) -> tuple[list[str], list[int]]:
             sizes.append(_size_of(path))  # Gone since the glob: _size_of names the path in a DataError.
             continue
         except OSError as err:
-            raise StorageError(f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",
-                               field="files", value=path) from err
+            raise StorageError(
+                f"Cannot read {path}: {err.strerror or err}. Check that it exists and is readable.",
+                field="files",
+                value=path,
+            ) from err
         if stat.S_ISDIR(info.st_mode):
             directories.append(path)
         sizes.append(info.st_size)
     return directories, sizes
 
 
-def _count_or_none(value: object) -> Optional[int]:
+def _count_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 

@@ -17,12 +17,12 @@ import logging
 import struct
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any
 
-from tfdist.data.records import _framing
-from tfdist.data.storage import remote
-from tfdist.data.records.files import Listing, compression_of
 from tfdist.data.pipeline.options import SourceOptions
+from tfdist.data.records import _framing
+from tfdist.data.records.files import Listing, compression_of
+from tfdist.data.storage import remote
 from tfdist.errors import DataError, Error, StorageError, invalid
 
 __all__ = ["VerifyReport"]
@@ -50,19 +50,25 @@ class VerifyReport:
     records_lost_exact: bool = True
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
-    def __add__(self, other: "VerifyReport") -> "VerifyReport":
-        return VerifyReport(files_checked=self.files_checked + other.files_checked,
-                            corrupt_files=tuple(sorted(self.corrupt_files + other.corrupt_files)),
-                            records_kept_from_corrupt=self.records_kept_from_corrupt + other.records_kept_from_corrupt,
-                            records_lost=self.records_lost + other.records_lost,
-                            records_lost_exact=self.records_lost_exact and other.records_lost_exact,
-                            limits={**self.limits, **other.limits})
+    def __add__(self, other: VerifyReport) -> VerifyReport:
+        return VerifyReport(
+            files_checked=self.files_checked + other.files_checked,
+            corrupt_files=tuple(sorted(self.corrupt_files + other.corrupt_files)),
+            records_kept_from_corrupt=self.records_kept_from_corrupt + other.records_kept_from_corrupt,
+            records_lost=self.records_lost + other.records_lost,
+            records_lost_exact=self.records_lost_exact and other.records_lost_exact,
+            limits={**self.limits, **other.limits},
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain values (what ``TFRecordPipeline.last_report`` returns)."""
-        return {"files_checked": self.files_checked, "corrupt_files": list(self.corrupt_files),
-                "records_kept_from_corrupt": self.records_kept_from_corrupt, "records_lost": self.records_lost,
-                "records_lost_exact": self.records_lost_exact}
+        return {
+            "files_checked": self.files_checked,
+            "corrupt_files": list(self.corrupt_files),
+            "records_kept_from_corrupt": self.records_kept_from_corrupt,
+            "records_lost": self.records_lost,
+            "records_lost_exact": self.records_lost_exact,
+        }
 
 
 def _wanted(path: str, source: SourceOptions) -> bool:
@@ -70,7 +76,7 @@ def _wanted(path: str, source: SourceOptions) -> bool:
     return source.verify == "all" or (source.verify == "local" and local)
 
 
-def _lost_records(check: _framing.FileCheck, written: Optional[int]) -> tuple[int, bool]:
+def _lost_records(check: _framing.FileCheck, written: int | None) -> tuple[int, bool]:
     """(records lost, exact?): exact when the writer's count is known, else estimated from unreadable bytes."""
     if written is not None:
         return written - check.records, True
@@ -84,11 +90,11 @@ def _head(path: str, size: int) -> bytes:
             return f.read(size)
     except Error:
         raise
-    except Exception as err:  # noqa: BLE001 - OSError or TF's OpError: the file is there but unreadable.
+    except Exception as err:
         raise StorageError(f"Cannot read {path}: {err}. Check that it exists and is readable.") from err
 
 
-def _compression_problem(path: str, compression: Optional[str]) -> Optional[str]:
+def _compression_problem(path: str, compression: str | None) -> str | None:
     """What is wrong when ``path`` does not start the way ``compression`` says it must (None: it does).
 
     Reads the first 12 bytes only: a gzip magic number, a zlib header, or an
@@ -127,9 +133,13 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
         problems = list(pool.map(lambda p: _compression_problem(p, compression_of(p, source.compression)), sniffed))
     for path, problem in zip(sniffed, problems):
         if problem is not None:
-            raise invalid(DataError, "compression", source.compression, f"the compression of {path} ({problem})",
-                          "Pass compression='GZIP', 'ZLIB' or None to match the files, or 'auto' to use their "
-                          "names (.gz, .zz).")
+            raise invalid(
+                DataError,
+                "compression",
+                source.compression,
+                f"the compression of {path} ({problem})",
+                "Pass compression='GZIP', 'ZLIB' or None to match the files, or 'auto' to use their names (.gz, .zz).",
+            )
     todo = [p for p in paths if p in walked]
     if any("://" in p for p in todo):  # Threads overlap remote reads.
         with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
@@ -139,16 +149,28 @@ def verify_files(paths: Sequence[str], source: SourceOptions, listing: Listing) 
     damaged = [c for c in checks if not c.ok]
     if damaged and source.on_corrupt == "raise":
         check = damaged[0]
-        raise DataError(f"Corrupt TFRecord file {check.path}: {check.problem}; {check.records} good records "
-                        f"before it, {check.lost_bytes} bytes unreadable. Re-write the file, or pass "
-                        "on_corrupt='skip' to train on the readable records.", field="files", value=check.path)
+        raise DataError(
+            f"Corrupt TFRecord file {check.path}: {check.problem}; {check.records} good records "
+            f"before it, {check.lost_bytes} bytes unreadable. Re-write the file, or pass "
+            "on_corrupt='skip' to train on the readable records.",
+            field="files",
+            value=check.path,
+        )
     lost = {c.path: _lost_records(c, listing.records([c.path])) for c in damaged}
     for check in damaged:
         count, exact = lost[check.path]
-        _log.warning("Skipping the damaged part of %s: %s; %s%d records lost.", check.path, check.problem,
-                     "" if exact else "about ", count)
-    return VerifyReport(files_checked=len(checks), corrupt_files=tuple(sorted(lost)),
-                        records_kept_from_corrupt=sum(c.records for c in damaged),
-                        records_lost=sum(count for count, _ in lost.values()),
-                        records_lost_exact=all(exact for _, exact in lost.values()),
-                        limits={c.path: c.records for c in damaged})
+        _log.warning(
+            "Skipping the damaged part of %s: %s; %s%d records lost.",
+            check.path,
+            check.problem,
+            "" if exact else "about ",
+            count,
+        )
+    return VerifyReport(
+        files_checked=len(checks),
+        corrupt_files=tuple(sorted(lost)),
+        records_kept_from_corrupt=sum(c.records for c in damaged),
+        records_lost=sum(count for count, _ in lost.values()),
+        records_lost_exact=all(exact for _, exact in lost.values()),
+        limits={c.path: c.records for c in damaged},
+    )

@@ -20,7 +20,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, Optional, Union
+from typing import Any
 
 from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
@@ -31,12 +31,12 @@ COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
 # A per-class group: PREFIX-label=VALUE-00000-of-00004.tfrecord[.gz]
 _SUFFIXES = "|".join(re.escape(suffix) for suffix in COMPRESSIONS.values() if suffix)
 CLASS_GROUP = re.compile(rf"-(?P<key>[A-Za-z0-9_]+)=(?P<value>[^/]+?)-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
-Example = Union[bytes, Any]  # serialized bytes or a tf.train.Example
+Example = bytes | Any  # serialized bytes or a tf.train.Example
 Progress = Callable[[int], None]
 _MAX_LABEL_NAME = 100
 
 
-def _shard_name(prefix: str, index: int, count: int, compression: Optional[str] = None) -> str:
+def _shard_name(prefix: str, index: int, count: int, compression: str | None = None) -> str:
     """``PREFIX-00003-of-00016.tfrecord`` (plus ``.gz``/``.zz`` when compressed)."""
     return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression]}"
 
@@ -72,7 +72,7 @@ def _manifest_path(prefix: str) -> str:
     return f"{prefix}-manifest.json"
 
 
-def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> Optional[dict[str, Any]]:
+def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> dict[str, Any] | None:
     """The manifest next to ``prefix``, or None when there is none.
 
     Args:
@@ -90,20 +90,26 @@ def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> Optional[dict[st
             raw = f.read()
     except Error:
         raise
-    except Exception as err:  # noqa: BLE001 - OSError or TF's OpError: the file is there but unreadable.
+    except Exception as err:
         raise StorageError(f"Cannot read {path}: {err}. Check that it is readable.") from err
     try:
         manifest = json.loads(raw)
-        if not isinstance(manifest, dict) or not all(isinstance(info, dict) and isinstance(info.get("records"), int)
-                                                     for info in manifest["files"].values()):
+        if not isinstance(manifest, dict) or not all(
+            isinstance(info, dict) and isinstance(info.get("records"), int) for info in manifest["files"].values()
+        ):
             raise ValueError("no per-file record counts")
         return manifest
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         if on_corrupt == "skip":
             _log.warning("Ignoring the corrupt manifest %s (%s): record counts are unknown.", path, err)
             return None
-        raise invalid(DataError, "manifest", path, f"the JSON manifest write_tfrecords writes ({err})",
-                      "Delete it (reading works without it), re-write the data, or pass on_corrupt='skip'.") from err
+        raise invalid(
+            DataError,
+            "manifest",
+            path,
+            f"the JSON manifest write_tfrecords writes ({err})",
+            "Delete it (reading works without it), re-write the data, or pass on_corrupt='skip'.",
+        ) from err
 
 
 def label_name(value: str) -> str:
@@ -132,8 +138,13 @@ def _label_of(record: bytes, key: str, index: int) -> str:
     try:
         feature = tf.train.Example.FromString(record).features.feature
     except DecodeError as err:
-        raise invalid(DataError, f"examples[{index}]", record[:40], "a serialized tf.train.Example with "
-                      "partition_by", "Pass tf.train.Example protos or their SerializeToString().") from err
+        raise invalid(
+            DataError,
+            f"examples[{index}]",
+            record[:40],
+            "a serialized tf.train.Example with partition_by",
+            "Pass tf.train.Example protos or their SerializeToString().",
+        ) from err
     if key not in feature:
         raise invalid(DataError, "partition_by", key, f"a feature of every example (found {sorted(feature)})")
     value = feature[key]
@@ -146,8 +157,13 @@ def _label_of(record: bytes, key: str, index: int) -> str:
         try:
             item = item.decode()
         except UnicodeDecodeError as err:
-            raise invalid(DataError, f"examples[{index}].{key}", item[:40], "a UTF-8 label with partition_by",
-                          "Map the labels to integers or text first.") from err
+            raise invalid(
+                DataError,
+                f"examples[{index}].{key}",
+                item[:40],
+                "a UTF-8 label with partition_by",
+                "Map the labels to integers or text first.",
+            ) from err
     label = str(item)
     if not label:
         raise invalid(DataError, f"examples[{index}].{key}", label, "a non-empty label with partition_by")
@@ -159,15 +175,20 @@ def _serialized(example: Any, index: int) -> bytes:
         return example
     serialize = getattr(example, "SerializeToString", None)
     if not callable(serialize):
-        raise invalid(DataError, f"examples[{index}]", example, "a tf.train.Example or serialized bytes",
-                      "Build tf.train.Example protos (or pass bytes you serialized yourself).")
+        raise invalid(
+            DataError,
+            f"examples[{index}]",
+            example,
+            "a tf.train.Example or serialized bytes",
+            "Build tf.train.Example protos (or pass bytes you serialized yourself).",
+        )
     record = serialize()
     if not isinstance(record, bytes):
         raise invalid(DataError, f"examples[{index}]", type(example).__name__, "a protocol buffer message")
     return record
 
 
-def _existing(path_prefix: str, partition_by: Optional[str]) -> list[str]:
+def _existing(path_prefix: str, partition_by: str | None) -> list[str]:
     """The shards and manifest a previous ``write_tfrecords(..., path_prefix)`` left.
 
     The previous manifest names its shards exactly. Without one (lost, or corrupt), a file counts only when its
@@ -183,7 +204,7 @@ def _existing(path_prefix: str, partition_by: Optional[str]) -> list[str]:
         found = remote.glob(f"{path_prefix}-*")
     except Error:
         raise
-    except Exception:  # noqa: BLE001 - nothing listed, nothing to replace.
+    except Exception:
         return []
     manifest = _manifest_path(path_prefix)
     previous = read_manifest(path_prefix, on_corrupt="skip") if manifest in found else None
@@ -216,8 +237,9 @@ class _Staging:
             try:
                 tf.io.gfile.makedirs(self.dir)
             except tf.errors.OpError as err:
-                raise StorageError(f"Cannot write under {parent or '.'}: {err.message}. Check the path and "
-                                   "permissions.") from err
+                raise StorageError(
+                    f"Cannot write under {parent or '.'}: {err.message}. Check the path and permissions."
+                ) from err
 
     def path(self, final: str) -> str:
         """Where the shard ``final`` is written first."""
@@ -257,9 +279,16 @@ class _Staging:
             tf.io.gfile.rmtree(self.dir)
 
 
-def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards: int,
-                    compression: Optional[str] = None, partition_by: Optional[str] = None,
-                    progress: Optional[Progress] = None, log_every: int = 100_000) -> list[str]:
+def write_tfrecords(
+    examples: Iterable[Example],
+    path_prefix: str,
+    *,
+    num_shards: int,
+    compression: str | None = None,
+    partition_by: str | None = None,
+    progress: Progress | None = None,
+    log_every: int = 100_000,
+) -> list[str]:
     """Writes examples round-robin into ``num_shards`` balanced TFRecord files.
 
     Writing is all or nothing: shards are staged in a hidden directory beside
@@ -296,8 +325,9 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
     require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
     if compression not in COMPRESSIONS:
         raise invalid(DataError, "compression", compression, "None, 'GZIP' or 'ZLIB'")
-    if partition_by is not None and not (isinstance(partition_by, str) and re.fullmatch(r"[A-Za-z0-9_]+",
-                                                                                         partition_by)):
+    if partition_by is not None and not (
+        isinstance(partition_by, str) and re.fullmatch(r"[A-Za-z0-9_]+", partition_by)
+    ):
         raise invalid(DataError, "partition_by", partition_by, "a feature name of letters, digits and _")
     if not isinstance(path_prefix, str) or not path_prefix or path_prefix.endswith("/"):
         raise invalid(DataError, "path_prefix", path_prefix, "a path prefix such as '/data/train'")
@@ -308,34 +338,60 @@ def write_tfrecords(examples: Iterable[Example], path_prefix: str, *, num_shards
         try:
             tf.io.gfile.makedirs(parent)
         except tf.errors.OpError as err:
-            raise StorageError(f"Cannot create {parent}: {err.message}. Check the path and permissions.",
-                               field="path_prefix", value=path_prefix) from err
+            raise StorageError(
+                f"Cannot create {parent}: {err.message}. Check the path and permissions.",
+                field="path_prefix",
+                value=path_prefix,
+            ) from err
     staging = _Staging(path_prefix)
     try:
-        files, counters, written, seconds = _write_all(examples, path_prefix, staging, num_shards=num_shards,
-                                                       compression=compression, partition_by=partition_by,
-                                                       progress=progress, log_every=log_every)
+        files, counters, written, seconds = _write_all(
+            examples,
+            path_prefix,
+            staging,
+            num_shards=num_shards,
+            compression=compression,
+            partition_by=partition_by,
+            progress=progress,
+            log_every=log_every,
+        )
         if not written:
             raise invalid(DataError, "examples", [], "at least one example")
-        manifest = {"prefix": path_prefix, "compression": compression, "partition_by": partition_by,
-                    "num_shards": num_shards, "records": written, "files": files,
-                    "classes": dict(counters) if partition_by else None}
+        manifest = {
+            "prefix": path_prefix,
+            "compression": compression,
+            "partition_by": partition_by,
+            "num_shards": num_shards,
+            "records": written,
+            "files": files,
+            "classes": dict(counters) if partition_by else None,
+        }
         old = _existing(path_prefix, partition_by)
         staging.commit(sorted(files), manifest, _manifest_path(path_prefix))
         for stale in sorted(set(old) - set(files) - {_manifest_path(path_prefix)}):
             remote.remove(stale)
     except tf.errors.OpError as err:
-        raise StorageError(f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
-                           "the error came while moving the new ones into place.") from err
+        raise StorageError(
+            f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
+            "the error came while moving the new ones into place."
+        ) from err
     finally:
         staging.discard()
     _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix, seconds)
     return sorted(files)
 
 
-def _write_all(examples: Iterable[Example], path_prefix: str, staging: _Staging, *, num_shards: int,
-               compression: Optional[str], partition_by: Optional[str], progress: Optional[Progress],
-               log_every: int) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, float]:
+def _write_all(
+    examples: Iterable[Example],
+    path_prefix: str,
+    staging: _Staging,
+    *,
+    num_shards: int,
+    compression: str | None,
+    partition_by: str | None,
+    progress: Progress | None,
+    log_every: int,
+) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, float]:
     """Writes every example into ``staging``; returns (final path -> info, class -> records, records, seconds)."""
     import tensorflow as tf
 
@@ -353,8 +409,13 @@ def _write_all(examples: Iterable[Example], path_prefix: str, staging: _Staging,
                 prefix = f"{path_prefix}-{partition_by}={label_name(group)}" if partition_by else path_prefix
                 names[group] = [_shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
                 if len({n for g in names.values() for n in g}) != sum(len(g) for g in names.values()):
-                    raise invalid(DataError, f"examples[{index}].{partition_by}", group,
-                                  "labels whose shortened file names differ", "Shorten the labels.")
+                    raise invalid(
+                        DataError,
+                        f"examples[{index}].{partition_by}",
+                        group,
+                        "labels whose shortened file names differ",
+                        "Shorten the labels.",
+                    )
                 writers[group] = [tf.io.TFRecordWriter(staging.path(n), options) for n in names[group]]
                 for name in names[group]:
                     files[name] = {"records": 0, "bytes": 0, "class": group if partition_by else None}

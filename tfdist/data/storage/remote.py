@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tfdist._compat import tfio_unavailable_reason
 from tfdist.errors import DataError, StorageError, invalid
@@ -48,15 +48,20 @@ def scheme_of(path: str) -> str:
     return path.split("://", 1)[0].lower() if "://" in path else ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reader_for_scheme(scheme: str, forced: str) -> str:
     if scheme in BUILTIN_SCHEMES:
         return "tensorflow"
     import tensorflow as tf
 
     if scheme not in _TFIO_SCHEMES and scheme not in tf.io.gfile.get_registered_schemes():
-        raise invalid(DataError, "path", f"{scheme}://...", f"a local path or one of the schemes "
-                      f"{sorted((BUILTIN_SCHEMES | _TFIO_SCHEMES) - {''})}", "Check the scheme's spelling.")
+        raise invalid(
+            DataError,
+            "path",
+            f"{scheme}://...",
+            f"a local path or one of the schemes {sorted((BUILTIN_SCHEMES | _TFIO_SCHEMES) - {''})}",
+            "Check the scheme's spelling.",
+        )
     if scheme == "s3" and forced == "boto3":
         _log.info("Reading s3:// through boto3 (TFDIST_S3_READER=boto3).")
         return "boto3"
@@ -66,7 +71,7 @@ def _reader_for_scheme(scheme: str, forced: str) -> str:
     if problem is None:
         try:
             import tensorflow_io  # noqa: F401 - registers its file systems on import.
-        except Exception as err:  # noqa: BLE001 - any failure to load means the same to the user.
+        except Exception as err:
             problem = f"tensorflow-io failed to import: {err}"
     if problem is None and scheme in tf.io.gfile.get_registered_schemes():
         _log.info("Reading %s:// through tensorflow-io.", scheme)
@@ -75,10 +80,14 @@ def _reader_for_scheme(scheme: str, forced: str) -> str:
     if scheme == "s3" and forced != "tensorflow":
         _log.info("Reading s3:// through boto3 (%s).", problem)
         return "boto3"
-    raise StorageError(f"No file system for {scheme}:// on TensorFlow {tf.__version__}: {problem}. s3:// works on "
-                       "every TF through boto3 (pip install 'tfdist[s3]'); other schemes need tensorflow-io with "
-                       "tensorflow==2.17.* (pip install 'tfdist[tfio]'), or a mount.",
-                       field="path", value=f"{scheme}://", fix="pip install 'tfdist[tfio]' on TF 2.17, or mount it")
+    raise StorageError(
+        f"No file system for {scheme}:// on TensorFlow {tf.__version__}: {problem}. s3:// works on "
+        "every TF through boto3 (pip install 'tfdist[s3]'); other schemes need tensorflow-io with "
+        "tensorflow==2.17.* (pip install 'tfdist[tfio]'), or a mount.",
+        field="path",
+        value=f"{scheme}://",
+        fix="pip install 'tfdist[tfio]' on TF 2.17, or mount it",
+    )
 
 
 def reader_for(path: str) -> str:
@@ -184,8 +193,9 @@ def writable_path(path: str) -> tuple[str, Callable[[], None]]:
     return local, finish
 
 
-def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD,
-                 on_server: bool = False) -> tuple[Any, Callable[[Any, Any], Any]]:
+def staged_files(
+    files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD, on_server: bool = False
+) -> tuple[Any, Callable[[Any, Any], Any]]:
     """Stages a ``tf.data`` dataset of paths for reading: ((path, readable path) pairs, ``ready``).
 
     Call ``ready(path, readable)`` inside the function that opens the file: it
@@ -210,8 +220,12 @@ def staged_files(files: Any, paths: Sequence[str], *, ahead: int = _STAGE_AHEAD,
         from tfdist.data.storage.staging import StagedReads
 
         reads = StagedReads({path: store.version(path) for path in paths})
-        _log.info("Input pipeline reads %d s3:// object(s) through the staging agents of the TF servers that run "
-                  "it (stage root %s).", len(paths), reads.root)
+        _log.info(
+            "Input pipeline reads %d s3:// object(s) through the staging agents of the TF servers that run "
+            "it (stage root %s).",
+            len(paths),
+            reads.root,
+        )
         return reads.request(files, ahead=ahead), reads.wait
 
     def stage(path: Any) -> Any:

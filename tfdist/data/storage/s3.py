@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.errors import DataError, StorageError, invalid
 
@@ -62,9 +62,9 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
             out.append("[^/]*")
         elif c == "?":
             out.append("[^/]")
-        elif c == "[" and "]" in pattern[i + 1:]:
+        elif c == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
-            body = pattern[i + 1:end]
+            body = pattern[i + 1 : end]
             out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
             i = end
         else:
@@ -73,7 +73,7 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-def endpoint_from_env(env: Optional[dict[str, str]] = None) -> tuple[Optional[str], bool]:
+def endpoint_from_env(env: dict[str, str] | None = None) -> tuple[str | None, bool]:
     """(endpoint URL or None, verify TLS) from AWS_ENDPOINT_URL / S3_ENDPOINT, S3_USE_HTTPS, S3_VERIFY_SSL."""
     env = dict(os.environ) if env is None else env
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or env.get("S3_ENDPOINT") or None
@@ -85,7 +85,7 @@ def endpoint_from_env(env: Optional[dict[str, str]] = None) -> tuple[Optional[st
 class _Upload:
     """A local file that becomes an S3 object on ``close()``."""
 
-    def __init__(self, owner: "S3Store", url: str, text: bool) -> None:
+    def __init__(self, owner: S3Store, url: str, text: bool) -> None:
         self._owner, self._url = owner, url
         fd, self.name = tempfile.mkstemp(prefix="upload-", dir=owner.cache_dir)
         self._file: Any = os.fdopen(fd, "w" if text else "wb")
@@ -102,7 +102,7 @@ class _Upload:
         finally:
             os.unlink(self.name)
 
-    def __enter__(self) -> "_Upload":
+    def __enter__(self) -> _Upload:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -117,25 +117,35 @@ class S3Store:
     was downloaded with: a rewritten object is fetched again.
     """
 
-    def __init__(self, *, cache_dir: Optional[str] = None, cache_bytes: Optional[int] = None,
-                 env: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self, *, cache_dir: str | None = None, cache_bytes: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         env = dict(os.environ) if env is None else env
         try:
             import boto3
             from boto3.s3.transfer import TransferConfig
             from botocore.config import Config
         except ImportError as err:
-            raise StorageError("Reading s3:// without tensorflow-io needs boto3: pip install 'tfdist[s3]'.",
-                               field="s3 reader", value="boto3 missing", fix="pip install 'tfdist[s3]'") from err
+            raise StorageError(
+                "Reading s3:// without tensorflow-io needs boto3: pip install 'tfdist[s3]'.",
+                field="s3 reader",
+                value="boto3 missing",
+                fix="pip install 'tfdist[s3]'",
+            ) from err
         endpoint, verify = endpoint_from_env(env)
         self.endpoint = endpoint
         session = boto3.session.Session(  # None falls back to boto3's chain (profiles, roles, ...).
-            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"), aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
             aws_session_token=env.get("AWS_SESSION_TOKEN"),
-            region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"))
+            region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+        )
         self._client = session.client(
-            "s3", endpoint_url=endpoint, verify=verify,
-            config=Config(max_pool_connections=64, retries={"max_attempts": 8, "mode": "adaptive"}))
+            "s3",
+            endpoint_url=endpoint,
+            verify=verify,
+            config=Config(max_pool_connections=64, retries={"max_attempts": 8, "mode": "adaptive"}),
+        )
         self._transfer = TransferConfig(multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK, max_concurrency=8)
         self._own_dir = cache_dir is None and not env.get("TFDIST_S3_CACHE_DIR")
         self.cache_dir = cache_dir or env.get("TFDIST_S3_CACHE_DIR") or tempfile.mkdtemp(prefix="tfdist-s3-")
@@ -164,7 +174,7 @@ class S3Store:
                         self._sizes[url] = int(item["Size"])
                         self._etags[url] = str(item.get("ETag", ""))
                         found.append(url)
-        except Exception as err:  # noqa: BLE001 - botocore's errors are many classes; all mean the same here.
+        except Exception as err:
             raise self._error("list", pattern, err) from err
         return sorted(found)
 
@@ -175,7 +185,7 @@ class S3Store:
             try:
                 head = self._client.head_object(Bucket=bucket, Key=key)
                 self._sizes[url], self._etags[url] = int(head["ContentLength"]), str(head.get("ETag", ""))
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 raise self._error("stat", url, err) from err
         return self._sizes[url]
 
@@ -185,7 +195,7 @@ class S3Store:
             self._sizes.pop(url, None)
         return self.size(url), self._etags.get(url, "")
 
-    def fetch(self, url: str, local: str, *, expect: Optional[tuple[int, str]] = None) -> int:
+    def fetch(self, url: str, local: str, *, expect: tuple[int, str] | None = None) -> int:
         """Downloads the object into ``local`` (parallel ranged parts), outside the cache; returns its size.
 
         Args:
@@ -199,19 +209,28 @@ class S3Store:
         """
         if expect is not None and self.version(url, fresh=True) != tuple(expect):
             found = self.version(url)
-            raise StorageError(f"{url} changed since it was listed: size and ETag {found}, listed {tuple(expect)}. "
-                               "Build the dataset again to read the new version.", field="path", value=url,
-                               expected=f"size and ETag {tuple(expect)}", fix="Build the dataset again.")
+            raise StorageError(
+                f"{url} changed since it was listed: size and ETag {found}, listed {tuple(expect)}. "
+                "Build the dataset again to read the new version.",
+                field="path",
+                value=url,
+                expected=f"size and ETag {tuple(expect)}",
+                fix="Build the dataset again.",
+            )
         bucket, key = split_url(url)
         try:
             self._client.download_file(bucket, key, local, Config=self._transfer)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise self._error("read", url, err) from err
         size = os.path.getsize(local)
         # Checked again after the download: a rewrite while it ran (parts of two versions) is refused too.
         if expect is not None and (size != expect[0] or self.version(url, fresh=True) != tuple(expect)):
-            raise StorageError(f"{url} changed while it was read: {size} bytes, listed size and ETag "
-                               f"{tuple(expect)}.", field="path", value=url, fix="Build the dataset again.")
+            raise StorageError(
+                f"{url} changed while it was read: {size} bytes, listed size and ETag {tuple(expect)}.",
+                field="path",
+                value=url,
+                fix="Build the dataset again.",
+            )
         return size
 
     def exists(self, url: str) -> bool:
@@ -228,8 +247,11 @@ class S3Store:
         while True:
             with self._lock:
                 hit = self._staged.get(url)
-                if hit is not None and os.path.exists(hit[0]) and hit[1:] == (self._sizes.get(url, hit[1]),
-                                                                                self._etags.get(url, hit[2])):
+                if (
+                    hit is not None
+                    and os.path.exists(hit[0])
+                    and hit[1:] == (self._sizes.get(url, hit[1]), self._etags.get(url, hit[2]))
+                ):
                     self._staged.move_to_end(url)
                     return hit[0]
                 if hit is not None:  # Rewritten since it was staged (or its copy is gone): fetch it again.
@@ -289,7 +311,7 @@ class S3Store:
         bucket, key = split_url(url)
         try:
             self._client.upload_file(local, bucket, key, Config=self._transfer)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise self._error("write", url, err) from err
         self._sizes[url] = os.path.getsize(local)
         self._etags.pop(url, None)
@@ -300,7 +322,7 @@ class S3Store:
         bucket, key = split_url(url)
         try:
             self._client.delete_object(Bucket=bucket, Key=key)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise self._error("remove", url, err) from err
         self._sizes.pop(url, None)
         self._etags.pop(url, None)
@@ -314,12 +336,16 @@ class S3Store:
             os.unlink(old[0])
 
     def _error(self, action: str, url: str, err: Exception) -> StorageError:
-        return StorageError(f"Cannot {action} {url} through boto3 (endpoint {self.endpoint or 'AWS default'}): {err}. "
-                            "Check the bucket, AWS_ENDPOINT_URL or S3_ENDPOINT, and the AWS credential variables.",
-                            field="path", value=url, fix="Check the bucket, endpoint and credentials.")
+        return StorageError(
+            f"Cannot {action} {url} through boto3 (endpoint {self.endpoint or 'AWS default'}): {err}. "
+            "Check the bucket, AWS_ENDPOINT_URL or S3_ENDPOINT, and the AWS credential variables.",
+            field="path",
+            value=url,
+            fix="Check the bucket, endpoint and credentials.",
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def store() -> S3Store:
     """The process's S3 store (configured from the environment when first used)."""
     return S3Store()

@@ -44,8 +44,8 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tfdist.errors import DataError, StorageError, invalid, require_int
 
@@ -63,7 +63,7 @@ _KEEP_RECENT = 32  # Eviction spares the copies requested last (readers' files a
 _KEEP_RECENT_S = 60.0  # ... and those requested this recently: over budget (with a warning) rather than deleted.
 
 
-def stage_root(env: Optional[Mapping[str, str]] = None) -> str:
+def stage_root(env: Mapping[str, str] | None = None) -> str:
     """The host's stage directory: ``TFDIST_S3_STAGE_DIR``, else ``$TMPDIR/tfdist-s3-stage-UID``."""
     env = os.environ if env is None else env
     return env.get(_STAGE_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"tfdist-s3-stage-{os.getuid()}")
@@ -74,7 +74,7 @@ def staged_name(url: str, size: int, etag: str) -> str:
     return hashlib.sha256(f"{url}\n{size}\n{etag}".encode()).hexdigest()[:32]
 
 
-def _timeout(env: Optional[Mapping[str, str]] = None) -> float:
+def _timeout(env: Mapping[str, str] | None = None) -> float:
     raw = (os.environ if env is None else env).get(_STAGE_TIMEOUT_ENV, "600")
     try:
         seconds = float(raw)
@@ -85,14 +85,22 @@ def _timeout(env: Optional[Mapping[str, str]] = None) -> float:
     return seconds
 
 
-def _cache_bytes(env: Optional[Mapping[str, str]] = None) -> int:
+def _cache_bytes(env: Mapping[str, str] | None = None) -> int:
     raw = (os.environ if env is None else env).get(_CACHE_MB_ENV, "4096")
     try:
         value: Any = int(raw)
     except ValueError:
         value = raw
-    return require_int(DataError, _CACHE_MB_ENV, value, minimum=1,
-                       fix="Set a whole number of MiB (e.g. 4096 for 4 GiB), or unset it for 4096.") << 20
+    return (
+        require_int(
+            DataError,
+            _CACHE_MB_ENV,
+            value,
+            minimum=1,
+            fix="Set a whole number of MiB (e.g. 4096 for 4 GiB), or unset it for 4096.",
+        )
+        << 20
+    )
 
 
 # ------------------------------------------------------------------------------------------------ graph side
@@ -107,26 +115,31 @@ class StagedReads:
       timeout: Seconds to wait for one copy (default ``TFDIST_S3_STAGE_TIMEOUT``, 600).
     """
 
-    def __init__(self, versions: Mapping[str, tuple[int, str]], *, root: Optional[str] = None,
-                 timeout: Optional[float] = None) -> None:
+    def __init__(
+        self, versions: Mapping[str, tuple[int, str]], *, root: str | None = None, timeout: float | None = None
+    ) -> None:
         import tensorflow as tf
 
         self.root = root or stage_root()
         self.timeout = timeout if timeout is not None else _timeout()
         urls = sorted(versions)
         names = [staged_name(url, *versions[url]) for url in urls]
-        self._names = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-            tf.constant(urls or [""]), tf.constant(names or [""])), "")
-        self._requests = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-            tf.constant(urls or [""]), tf.constant([f"{u}\n{versions[u][0]}\n{versions[u][1]}\n" for u in urls]
-                                                   or [""])), "")
+        self._names = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(urls or [""]), tf.constant(names or [""])), ""
+        )
+        self._requests = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(urls or [""]),
+                tf.constant([f"{u}\n{versions[u][0]}\n{versions[u][1]}\n" for u in urls] or [""]),
+            ),
+            "",
+        )
 
     def _paths(self, url: Any) -> tuple[Any, Any]:
         import tensorflow as tf
 
         name = self._names.lookup(url)
-        return (tf.strings.join([self.root, "/objects/", name, SUFFIX]),
-                tf.strings.join([self.root, "/want/", name]))
+        return (tf.strings.join([self.root, "/objects/", name, SUFFIX]), tf.strings.join([self.root, "/want/", name]))
 
     def request(self, files: Any, *, ahead: int) -> Any:
         """(URL, staged path) pairs of a dataset of URLs; each is requested ``ahead`` files before it is read."""
@@ -158,19 +171,30 @@ class StagedReads:
                 return tf.logical_not(found)
 
         attempts = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).concatenate(
-            _sleep(tf.data.Dataset.range(1, polls + 1), _POLL_S))
+            _sleep(tf.data.Dataset.range(1, polls + 1), _POLL_S)
+        )
         waited = attempts.map(missing).take_while(lambda m: m).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
         error = tf.strings.join([local, ".error"])
         with tf.control_dependencies([waited]):  # Looked at after the wait, not in parallel with it.
             failed = tf.size(tf.io.matching_files(error)) > 0
         why = tf.cond(failed, lambda: tf.io.read_file(error), lambda: tf.constant(""))
-        checks = [tf.debugging.Assert(tf.logical_not(failed), ["Staging", url, "failed:", why], summarize=1),
-                  tf.debugging.Assert(waited <= polls, [
-                      url, f"was not staged within {self.timeout:g}s into", local, "Is a tfdist staging agent "
-                      "running on this TF server (workers started by tfdist-launch, the tfdist.launch.tasks.server program or "
-                      "tfdist.launch.run_server, `tfdist data-service` or LocalDataService), with "
-                      f"{_STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {_STAGE_TIMEOUT_ENV} "
-                      "for very large objects."], summarize=1)]
+        checks = [
+            tf.debugging.Assert(tf.logical_not(failed), ["Staging", url, "failed:", why], summarize=1),
+            tf.debugging.Assert(
+                waited <= polls,
+                [
+                    url,
+                    f"was not staged within {self.timeout:g}s into",
+                    local,
+                    "Is a tfdist staging agent "
+                    "running on this TF server (workers started by tfdist-launch, the tfdist.launch.tasks.server program or "
+                    "tfdist.launch.run_server, `tfdist data-service` or LocalDataService), with "
+                    f"{_STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {_STAGE_TIMEOUT_ENV} "
+                    "for very large objects.",
+                ],
+                summarize=1,
+            ),
+        ]
         with tf.control_dependencies(checks):
             return tf.identity(local)
 
@@ -179,9 +203,12 @@ def _sleep(dataset: Any, seconds: float) -> Any:
     """``dataset`` with a pause before each element (tf.data's SleepDataset, through public raw ops)."""
     import tensorflow as tf
 
-    variant = tf.raw_ops.SleepDataset(input_dataset=tf.data.experimental.to_variant(dataset),
-                                      sleep_microseconds=int(seconds * 1e6), output_types=[tf.int64],
-                                      output_shapes=[[]])
+    variant = tf.raw_ops.SleepDataset(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        sleep_microseconds=int(seconds * 1e6),
+        output_types=[tf.int64],
+        output_shapes=[[]],
+    )
     return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
@@ -198,9 +225,15 @@ class StagingAgent:
       keep_recent_s: Nor copies requested within this many seconds.
     """
 
-    def __init__(self, *, root: Optional[str] = None, cache_bytes: Optional[int] = None,
-                 store: Optional[Callable[[], Any]] = None, keep_recent: int = _KEEP_RECENT,
-                 keep_recent_s: float = _KEEP_RECENT_S) -> None:
+    def __init__(
+        self,
+        *,
+        root: str | None = None,
+        cache_bytes: int | None = None,
+        store: Callable[[], Any] | None = None,
+        keep_recent: int = _KEEP_RECENT,
+        keep_recent_s: float = _KEEP_RECENT_S,
+    ) -> None:
         self.root = root or stage_root()
         self.cache_bytes = cache_bytes if cache_bytes is not None else _cache_bytes()
         self._store = store
@@ -208,15 +241,15 @@ class StagingAgent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # Daemon download threads: a process that is done never waits at exit for a download no one reads.
-        self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._queue: queue.Queue[str | None] = queue.Queue()
         self._workers: list[threading.Thread] = []
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self.staged = 0  # Objects this agent downloaded.
         self.keep_recent = keep_recent
         self.keep_recent_s = keep_recent_s
         self._over = False  # Over budget at the last eviction (warned once).
 
-    def start(self) -> "StagingAgent":
+    def start(self) -> StagingAgent:
         """Starts serving; a stage root it cannot create is logged (readers then say no agent answered).
 
         Raises:
@@ -230,11 +263,17 @@ class StagingAgent:
                 os.makedirs(os.path.join(self.root, sub), mode=0o700, exist_ok=True)
             _sweep(os.path.join(self.root, "objects"))
         except OSError as err:
-            _log.warning("Staging agent not started: cannot create %s (%s). Set %s to a writable directory, the "
-                         "same for every task.", self.root, err, _STAGE_DIR_ENV)
+            _log.warning(
+                "Staging agent not started: cannot create %s (%s). Set %s to a writable directory, the "
+                "same for every task.",
+                self.root,
+                err,
+                _STAGE_DIR_ENV,
+            )
             return self
-        self._workers = [threading.Thread(target=self._fetch, name=f"tfdist-stage-{i}", daemon=True)
-                         for i in range(_FETCHES)]
+        self._workers = [
+            threading.Thread(target=self._fetch, name=f"tfdist-stage-{i}", daemon=True) for i in range(_FETCHES)
+        ]
         for worker in self._workers:
             worker.start()
         self._thread = threading.Thread(target=self._serve, name="tfdist-staging-agent", daemon=True)
@@ -265,7 +304,7 @@ class StagingAgent:
         while (name := self._queue.get()) is not None:
             self._serve_one(name)
 
-    def __enter__(self) -> "StagingAgent":
+    def __enter__(self) -> StagingAgent:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -313,7 +352,7 @@ class StagingAgent:
             _unlink(want)
         except FileNotFoundError:
             pass  # Served by another agent of this host.
-        except Exception:  # noqa: BLE001 - a thread must not die; the reader waits and reports.
+        except Exception:
             _log.exception("Staging agent failed on %s.", want)
         finally:
             with self._lock:
@@ -372,15 +411,20 @@ class StagingAgent:
                 copies.append((stat.st_mtime, stat.st_size, entry.path))
         copies.sort()
         recent = time.time() - self.keep_recent_s
-        evictable = [c for c in copies[:max(0, len(copies) - self.keep_recent)] if c[0] < recent]
+        evictable = [c for c in copies[: max(0, len(copies) - self.keep_recent)] if c[0] < recent]
         for _, size, path in evictable:
             if total <= self.cache_bytes:
                 break
             _unlink(path)  # A reader that opened it keeps reading it (POSIX unlink).
             total -= size
         if total > self.cache_bytes and not self._over:
-            _log.warning("Stage root %s holds %d MiB, over %s=%d: its copies were requested recently, so none is "
-                         "deleted yet.", objects, total >> 20, _CACHE_MB_ENV, self.cache_bytes >> 20)
+            _log.warning(
+                "Stage root %s holds %d MiB, over %s=%d: its copies were requested recently, so none is deleted yet.",
+                objects,
+                total >> 20,
+                _CACHE_MB_ENV,
+                self.cache_bytes >> 20,
+            )
         self._over = total > self.cache_bytes
 
     def _expire_errors(self) -> None:
@@ -401,8 +445,12 @@ def _check_private(root: str) -> None:
         fix = f"Remove it, or set {_STAGE_DIR_ENV} to a directory of yours (chmod 700), the same for every task."
         raise StorageError(
             f"Stage root {root} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}: another user "
-            f"could plant or replace staged copies there. {fix}", field=_STAGE_DIR_ENV, value=root,
-            expected=f"a directory owned by uid {os.getuid()}, not group/other writable", fix=fix)
+            f"could plant or replace staged copies there. {fix}",
+            field=_STAGE_DIR_ENV,
+            value=root,
+            expected=f"a directory owned by uid {os.getuid()}, not group/other writable",
+            fix=fix,
+        )
 
 
 def _sweep(objects: str) -> None:
@@ -481,7 +529,7 @@ def _unlink(path: str) -> None:
         pass
 
 
-_AGENT: Optional[StagingAgent] = None
+_AGENT: StagingAgent | None = None
 _AGENT_LOCK = threading.Lock()
 
 

@@ -10,25 +10,27 @@ Example:
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.errors import LaunchError, invalid, require_int
+from tfdist.launch.config import LaunchConfig, require_config
 from tfdist.launch.emit.kubernetes import TFJOB_PORT, jobset_manifest, tfjob_manifest, validate_tfjob
 from tfdist.launch.emit.slurm import slurm_script
-from tfdist.launch.config import LaunchConfig, require_config
 
-__all__ = ["tf_configs", "tfjob_manifest", "validate_tfjob", "jobset_manifest", "slurm_script", "to_yaml"]
+__all__ = ["jobset_manifest", "slurm_script", "tf_configs", "tfjob_manifest", "to_yaml", "validate_tfjob"]
 
 EMIT_FORMATS = ("tf-config", "tfjob", "jobset", "slurm")
 
 
-def _emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, port: int = TFJOB_PORT) -> ClusterSpec:
+def _emit_spec(config: LaunchConfig, *, hosts: Sequence[str] | None = None, port: int = TFJOB_PORT) -> ClusterSpec:
     """The cluster on real hosts: ``hosts`` in task order, or ``{job}-{index}`` names."""
     names = require_config(config).task_names()
     require_int(LaunchError, "port", port, minimum=1, maximum=65535)
-    if hosts is not None and (isinstance(hosts, str) or not isinstance(hosts, Sequence)
-                              or not all(isinstance(host, str) for host in hosts)):
+    if hosts is not None and (
+        isinstance(hosts, str) or not isinstance(hosts, Sequence) or not all(isinstance(host, str) for host in hosts)
+    ):
         raise invalid(LaunchError, "hosts", hosts, "a list of host names, one per task")
     hosts = list(hosts) if hosts else [name.replace(":", "-") for name in names]
     if len(hosts) < len(names):
@@ -39,8 +41,9 @@ def _emit_spec(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None, p
     return ClusterSpec(jobs=jobs)
 
 
-def tf_configs(config: LaunchConfig, *, hosts: Optional[Sequence[str]] = None,
-               port: int = TFJOB_PORT) -> dict[str, dict[str, Any]]:
+def tf_configs(
+    config: LaunchConfig, *, hosts: Sequence[str] | None = None, port: int = TFJOB_PORT
+) -> dict[str, dict[str, Any]]:
     """TF_CONFIG for every task, keyed 'type:index'."""
     spec = _emit_spec(config, hosts=hosts, port=port)
     return {t.name: spec.to_tf_config(t.type, t.index) for t in spec.tasks()}

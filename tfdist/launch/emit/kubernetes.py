@@ -9,22 +9,24 @@ nothing a user typed can add YAML keys or lines.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
-from tfdist.runtime import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
-from tfdist.launch.environment import server_argv, task_variables
 from tfdist.launch.config import LaunchConfig, require_config
+from tfdist.launch.environment import server_argv, task_variables
+from tfdist.runtime import exit_codes
 
 TFJOB_PORT = 2222
 _CONTAINER = "tensorflow"  # The training operator requires a container of this name.
 _RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 _CLEAN_POD_POLICIES = ("All", "Running", "None")
 _REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-_JOBSET_LABELS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
-                 "REPLICATED_JOB_NAME": "jobset.sigs.k8s.io/replicatedjob-name",
-                 "JOB_INDEX": "jobset.sigs.k8s.io/job-index",
-                 "JOBSET_RESTART_ATTEMPT": "jobset.sigs.k8s.io/restart-attempt"}
+_JOBSET_LABELS = {
+    "JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
+    "REPLICATED_JOB_NAME": "jobset.sigs.k8s.io/replicatedjob-name",
+    "JOB_INDEX": "jobset.sigs.k8s.io/job-index",
+    "JOBSET_RESTART_ATTEMPT": "jobset.sigs.k8s.io/restart-attempt",
+}
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE]\d+)?$")
@@ -34,16 +36,28 @@ _INT32 = 2**31 - 1
 def _check_dns1035(field: str, name: Any, *, max_length: int = 63) -> str:
     """A DNS-1035 label (what the training operator requires of a TFJob name)."""
     if not isinstance(name, str) or len(name) > max_length or not _DNS1035.match(name):
-        raise invalid(LaunchError, field, name, f"a DNS-1035 label: at most {max_length} lower-case letters, digits "
-                      "or '-', starting with a letter and ending with a letter or digit", "Example: 'resnet-50'.")
+        raise invalid(
+            LaunchError,
+            field,
+            name,
+            f"a DNS-1035 label: at most {max_length} lower-case letters, digits "
+            "or '-', starting with a letter and ending with a letter or digit",
+            "Example: 'resnet-50'.",
+        )
     return name
 
 
 def _check_namespace(namespace: Any) -> str:
     """A Kubernetes namespace (a DNS-1123 label)."""
     if not isinstance(namespace, str) or len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
-        raise invalid(LaunchError, "namespace", namespace, "a DNS-1123 label: at most 63 lower-case letters, "
-                      "digits or '-', starting and ending with a letter or digit", "Example: 'training'.")
+        raise invalid(
+            LaunchError,
+            "namespace",
+            namespace,
+            "a DNS-1123 label: at most 63 lower-case letters, "
+            "digits or '-', starting and ending with a letter or digit",
+            "Example: 'training'.",
+        )
     return namespace
 
 
@@ -57,13 +71,18 @@ def _check_quantity(field: str, value: Any) -> str:
 def _check_image(image: Any) -> str:
     """A container image reference; tfdist must be installed in it."""
     if not isinstance(image, str) or not image or not (image.isascii() and image.isprintable()) or " " in image:
-        raise invalid(LaunchError, "image", image or None, "a container image with tfdist installed",
-                      "TensorFlow's own images do not have tfdist: build one (FROM tensorflow/tensorflow:2.17.1, "
-                      "pip install tfdist) and pass it as `image` (REGISTRY/NAME:TAG).")
+        raise invalid(
+            LaunchError,
+            "image",
+            image or None,
+            "a container image with tfdist installed",
+            "TensorFlow's own images do not have tfdist: build one (FROM tensorflow/tensorflow:2.17.1, "
+            "pip install tfdist) and pass it as `image` (REGISTRY/NAME:TAG).",
+        )
     return image
 
 
-def _limits(cpu: Optional[str], memory: Optional[str], gpus: int) -> dict[str, Any]:
+def _limits(cpu: str | None, memory: str | None, gpus: int) -> dict[str, Any]:
     require_int(LaunchError, "gpus", gpus, minimum=0, maximum=64)
     limits: dict[str, Any] = {}
     if cpu is not None:
@@ -75,25 +94,43 @@ def _limits(cpu: Optional[str], memory: Optional[str], gpus: int) -> dict[str, A
     return limits
 
 
-def _container(config: LaunchConfig, job: str, image: str, limits: dict[str, Any], env: list[dict[str, Any]],
-               wrap: Optional[list[str]] = None) -> dict[str, Any]:
+def _container(
+    config: LaunchConfig,
+    job: str,
+    image: str,
+    limits: dict[str, Any],
+    env: list[dict[str, Any]],
+    wrap: list[str] | None = None,
+) -> dict[str, Any]:
     runs_command = job in config.cmd_task_types()
     command = list(config.command) if runs_command else server_argv("python")
     if wrap is not None:
         command = wrap + list(config.command)
-    container: dict[str, Any] = {"name": _CONTAINER, "image": image, "command": command,
-                                 "env": [{"name": name, "value": value}
-                                         for name, value in task_variables(config).items()] + env,
-                                 "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}]}
+    container: dict[str, Any] = {
+        "name": _CONTAINER,
+        "image": image,
+        "command": command,
+        "env": [{"name": name, "value": value} for name, value in task_variables(config).items()] + env,
+        "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}],
+    }
     if limits:
         container["resources"] = {"limits": dict(limits)}
     return container
 
 
-def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job", namespace: Optional[str] = None,
-                   cpu: Optional[str] = None, memory: Optional[str] = None, gpus: int = 0,
-                   restart_policy: str = "ExitCode", clean_pod_policy: str = "Running",
-                   ttl_seconds_after_finished: Optional[int] = None) -> dict[str, Any]:
+def tfjob_manifest(
+    config: LaunchConfig,
+    *,
+    image: str,
+    name: str = "tfdist-job",
+    namespace: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
+    gpus: int = 0,
+    restart_policy: str = "ExitCode",
+    clean_pod_policy: str = "Running",
+    ttl_seconds_after_finished: int | None = None,
+) -> dict[str, Any]:
     """A Kubeflow training-operator ``TFJob`` (kubeflow.org/v1) that passes the operator's admission rules.
 
     Tasks that run user code get ``config.command``; in a parameter-server
@@ -127,20 +164,31 @@ def tfjob_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job"
         raise invalid(LaunchError, "restart_policy", restart_policy, f"one of {', '.join(_RESTART_POLICIES)}")
     if clean_pod_policy not in _CLEAN_POD_POLICIES:
         raise invalid(LaunchError, "clean_pod_policy", clean_pod_policy, f"one of {', '.join(_CLEAN_POD_POLICIES)}")
-    run_policy: dict[str, Any] = {"cleanPodPolicy": clean_pod_policy,
-                                  "backoffLimit": require_int(LaunchError, "max_restarts", config.max_restarts,
-                                                              minimum=0, maximum=_INT32)}
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": clean_pod_policy,
+        "backoffLimit": require_int(LaunchError, "max_restarts", config.max_restarts, minimum=0, maximum=_INT32),
+    }
     if ttl_seconds_after_finished is not None:
-        run_policy["ttlSecondsAfterFinished"] = require_int(LaunchError, "ttl_seconds_after_finished",
-                                                            ttl_seconds_after_finished, minimum=0, maximum=_INT32)
-    replicas = {_REPLICA_TYPES[job]: {"replicas": count, "restartPolicy": restart_policy,
-                                     "template": {"spec": {"containers": [_container(config, job, image, limits, [])]}}}
-                for job, count in config.task_counts().items()}
+        run_policy["ttlSecondsAfterFinished"] = require_int(
+            LaunchError, "ttl_seconds_after_finished", ttl_seconds_after_finished, minimum=0, maximum=_INT32
+        )
+    replicas = {
+        _REPLICA_TYPES[job]: {
+            "replicas": count,
+            "restartPolicy": restart_policy,
+            "template": {"spec": {"containers": [_container(config, job, image, limits, [])]}},
+        }
+        for job, count in config.task_counts().items()
+    }
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = _check_namespace(namespace)
-    manifest = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
-                "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas}}
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": metadata,
+        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas},
+    }
     problems = validate_tfjob(manifest)
     if problems:  # Not reached for valid arguments; a guard against emitting what the operator rejects.
         raise invalid(LaunchError, "tfjob", name, "a manifest the training operator admits", "; ".join(problems))
@@ -184,8 +232,16 @@ def validate_tfjob(manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job", namespace: Optional[str] = None,
-                    cpu: Optional[str] = None, memory: Optional[str] = None, gpus: int = 0) -> dict[str, Any]:
+def jobset_manifest(
+    config: LaunchConfig,
+    *,
+    image: str,
+    name: str = "tfdist-job",
+    namespace: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
+    gpus: int = 0,
+) -> dict[str, Any]:
     """A ``JobSet`` (jobset.x-k8s.io/v1alpha2) whose pods build their TF_CONFIG with tfdist.
 
     Kubeflow Trainer v2 runs TrainJobs as JobSets but gives TensorFlow no
@@ -211,28 +267,70 @@ def jobset_manifest(config: LaunchConfig, *, image: str, name: str = "tfdist-job
     jobs = ",".join(f"{job}={n}" for job, n in counts.items())
     for job, count in counts.items():  # JobSet's webhook: the longest pod name must be a DNS-1035 label.
         _check_dns1035("name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))
-    env = [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
-           for var, label in _JOBSET_LABELS.items()]
-    wrap = ["python", "-m", "tfdist.launch.tasks.jobset", "--jobs", jobs, "--port", str(TFJOB_PORT),
-            "--run-on", config.run_on, "--"]
+    env = [
+        {"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+        for var, label in _JOBSET_LABELS.items()
+    ]
+    wrap = [
+        "python",
+        "-m",
+        "tfdist.launch.tasks.jobset",
+        "--jobs",
+        jobs,
+        "--port",
+        str(TFJOB_PORT),
+        "--run-on",
+        config.run_on,
+        "--",
+    ]
     permanent = [code for code in range(1, 256) if not exit_codes.is_retryable(code)]
     replicated = []
     for job, count in counts.items():
-        pod = {"restartPolicy": "Never", "subdomain": name,
-               "containers": [_container(config, job, image, limits, env, wrap=wrap)]}
-        replicated.append({"name": job, "replicas": 1, "template": {"spec": {
-            "parallelism": count, "completions": count, "completionMode": "Indexed", "backoffLimit": 0,
-            "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-                "containerName": _CONTAINER, "operator": "In", "values": permanent}}]},
-            "template": {"spec": pod}}}})
+        pod = {
+            "restartPolicy": "Never",
+            "subdomain": name,
+            "containers": [_container(config, job, image, limits, env, wrap=wrap)],
+        }
+        replicated.append(
+            {
+                "name": job,
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        "parallelism": count,
+                        "completions": count,
+                        "completionMode": "Indexed",
+                        "backoffLimit": 0,
+                        "podFailurePolicy": {
+                            "rules": [
+                                {
+                                    "action": "FailJob",
+                                    "onExitCodes": {"containerName": _CONTAINER, "operator": "In", "values": permanent},
+                                }
+                            ]
+                        },
+                        "template": {"spec": pod},
+                    }
+                },
+            }
+        )
     trainers = ["chief"] if config.mode == "parameter_server" else [j for j in ("chief", "worker") if j in counts]
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = _check_namespace(namespace)
-    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": metadata, "spec": {
-        "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
-        "successPolicy": {"operator": "All", "targetReplicatedJobs": trainers},
-        "failurePolicy": {"maxRestarts": config.max_restarts, "rules": [
-            {"name": "permanentExitCode", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]},
-        "replicatedJobs": replicated}}
-
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": trainers},
+            "failurePolicy": {
+                "maxRestarts": config.max_restarts,
+                "rules": [
+                    {"name": "permanentExitCode", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+                ],
+            },
+            "replicatedJobs": replicated,
+        },
+    }

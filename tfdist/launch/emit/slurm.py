@@ -5,17 +5,18 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from typing import Optional
 
-from tfdist.runtime import exit_codes
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
+from tfdist.runtime import exit_codes
 
 # Exit codes a rerun cannot fix: tfdist's bad-configuration code, and a command that cannot be run.
 _PERMANENT_CODES = (exit_codes.BAD_CONFIG, exit_codes.CANNOT_EXECUTE, exit_codes.NOT_FOUND)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
-_TIME = re.compile(r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(?::\d{1,2}){0,2}"
-                   r"|UNLIMITED|INFINITE)$")
+_TIME = re.compile(
+    r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(?::\d{1,2}){0,2}"
+    r"|UNLIMITED|INFINITE)$"
+)
 _PYTHON_NAME = re.compile(r"^python(?:3(?:\.\d+)?)?$")
 _FIRST_FAILURE = r"s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\).*/\1/p"
 
@@ -30,16 +31,26 @@ echo "tfdist job: Slurm restart count ${{SLURM_RESTART_COUNT:-0}}: $TASKS tasks 
 def _check_job_name(name: str) -> str:
     """A Slurm job name that cannot break out of its ``#SBATCH`` line."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise invalid(LaunchError, "name", name, "1-128 letters, digits, '.', '_', '+' or '-', "
-                      "starting with a letter or digit", "Example: 'resnet-50'.")
+        raise invalid(
+            LaunchError,
+            "name",
+            name,
+            "1-128 letters, digits, '.', '_', '+' or '-', starting with a letter or digit",
+            "Example: 'resnet-50'.",
+        )
     return name
 
 
 def _check_time(text: str) -> str:
     """A Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED."""
     if not isinstance(text, str) or not _TIME.match(text):
-        raise invalid(LaunchError, "time_limit", text, "a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS or "
-                      "UNLIMITED)", "Example: '04:00:00'.")
+        raise invalid(
+            LaunchError,
+            "time_limit",
+            text,
+            "a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED)",
+            "Example: '04:00:00'.",
+        )
     return text
 
 
@@ -54,24 +65,45 @@ def _elastic_header(config: LaunchConfig, tasks_per_node: int) -> list[str]:
     """``#SBATCH`` lines of an elastic job: a node range for chief + min..max workers, requeued on node failure."""
     for name in ("ps", "evaluator"):
         if getattr(config, name):
-            raise invalid(LaunchError, name, getattr(config, name), "no parameter servers or evaluator in an "
-                          "elastic Slurm job", "Elastic Slurm jobs are chief/worker (MultiWorkerMirroredStrategy) "
-                          "jobs; drop `min_workers`, or this option.")
+            raise invalid(
+                LaunchError,
+                name,
+                getattr(config, name),
+                "no parameter servers or evaluator in an elastic Slurm job",
+                "Elastic Slurm jobs are chief/worker (MultiWorkerMirroredStrategy) "
+                "jobs; drop `min_workers`, or this option.",
+            )
     if config.loses or config.returns:
-        raise invalid(LaunchError, "loses" if config.loses else "returns", (config.loses or config.returns)[0],
-                      "no fault injection in a Slurm script (the local engine's)",
-                      "On Slurm a failed node (or 'scontrol requeue') plays the loss; drop `loses` and `returns`.")
+        raise invalid(
+            LaunchError,
+            "loses" if config.loses else "returns",
+            (config.loses or config.returns)[0],
+            "no fault injection in a Slurm script (the local engine's)",
+            "On Slurm a failed node (or 'scontrol requeue') plays the loss; drop `loses` and `returns`.",
+        )
     low, high = (-(-(int(config.chief) + n) // tasks_per_node) for n in (config.min_workers, config.max_workers))
-    return [f"#SBATCH --nodes={low}-{high}" if low < high else f"#SBATCH --nodes={low}",
-            f"#SBATCH --ntasks-per-node={tasks_per_node}",
-            "# Elastic: Slurm requeues the job when a node fails, and the next run sizes itself from its allocation;",
-            "# a requeued run appends to the output file.",
-            "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    return [
+        f"#SBATCH --nodes={low}-{high}" if low < high else f"#SBATCH --nodes={low}",
+        f"#SBATCH --ntasks-per-node={tasks_per_node}",
+        "# Elastic: Slurm requeues the job when a node fails, and the next run sizes itself from its allocation;",
+        "# a requeued run appends to the output file.",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+    ]
 
 
-def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: str = "01:00:00",
-                 cpus_per_task: Optional[int] = None, gpus_per_task: int = 0, port_base: Optional[int] = None,
-                 python: Optional[str] = None, tf_log_level: int = 2, tasks_per_node: int = 1) -> str:
+def slurm_script(
+    config: LaunchConfig,
+    *,
+    name: str = "tfdist-job",
+    time_limit: str = "01:00:00",
+    cpus_per_task: int | None = None,
+    gpus_per_task: int = 0,
+    port_base: int | None = None,
+    python: str | None = None,
+    tf_log_level: int = 2,
+    tasks_per_node: int = 1,
+) -> str:
     """An ``sbatch`` script: one Slurm task per TF task, each building TF_CONFIG with tfdist.
 
     Args:
@@ -110,12 +142,26 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
     require_int(LaunchError, "tf_log_level", tf_log_level, minimum=0, maximum=3)
     if cpus_per_task is not None:
         require_int(LaunchError, "cpus_per_task", cpus_per_task, minimum=1, maximum=65536)
-    counts = {job: n for job, n in (("chief", int(config.chief)), ("worker", config.workers), ("ps", config.ps),
-                                    ("evaluator", int(config.evaluator))) if n}
+    counts = {
+        job: n
+        for job, n in (
+            ("chief", int(config.chief)),
+            ("worker", config.workers),
+            ("ps", config.ps),
+            ("evaluator", int(config.evaluator)),
+        )
+        if n
+    }
     total = sum(counts.values())
     if port_base is not None:
-        require_int(LaunchError, "port_base", port_base, minimum=1024, maximum=65536 - total,
-                    fix=f"The {total} tasks on one node use ports `port_base` to `port_base` + {total - 1}.")
+        require_int(
+            LaunchError,
+            "port_base",
+            port_base,
+            minimum=1024,
+            maximum=65536 - total,
+            fix=f"The {total} tasks on one node use ports `port_base` to `port_base` + {total - 1}.",
+        )
     require_int(LaunchError, "tasks_per_node", tasks_per_node, minimum=1, maximum=4096)
     jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
@@ -136,9 +182,12 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
     flags = [f"--jobs {jobs}"] if jobs else []
     flags += ['--port-base "$PORT_BASE"', '--restart "$attempt"', f"--run-on {shlex.quote(config.run_on)}"]
-    ports = (f"PORT_BASE={port_base}" if port_base is not None else
-             "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
-             'PORT_BASE=$("$PYTHON" -m tfdist.launch.tasks.slurm --pick-port-base) || exit 2')
+    ports = (
+        f"PORT_BASE={port_base}"
+        if port_base is not None
+        else "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
+        'PORT_BASE=$("$PYTHON" -m tfdist.launch.tasks.slurm --pick-port-base) || exit 2'
+    )
     srun = "srun --kill-on-bad-exit=1"
     if config.min_workers is not None:
         flags.append(f"--min-workers {config.min_workers}")
@@ -154,7 +203,7 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         f'export TF_CPP_MIN_LOG_LEVEL="${{TF_CPP_MIN_LOG_LEVEL:-{tf_log_level}}}"',
         "export TF_USE_LEGACY_KERAS=1",
         "# Every node must run tfdist with this interpreter: check once per node before the real step.",
-        "if ! srun --ntasks-per-node=1 --ntasks=\"${SLURM_JOB_NUM_NODES:-1}\" \"$PYTHON\" -c 'import tfdist' >&2; then",
+        'if ! srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" "$PYTHON" -c \'import tfdist\' >&2; then',
         '  echo "tfdist job: error: $PYTHON cannot import tfdist on every node of this job (srun names the node'
         ' above). Install tfdist for that interpreter on every node, or emit the script with --python PATH." >&2',
         "  exit 2",
@@ -169,7 +218,7 @@ def slurm_script(config: LaunchConfig, *, name: str = "tfdist-job", time_limit: 
         '  [ "$code" -eq 0 ] && exit 0',
         "  # srun returns 128+signal when it stopped the other tasks: the job's code is the first task's failure.",
         f"  first=$(sed -n '{_FIRST_FAILURE}' \"$SRUN_LOG\" | head -n 1)",
-        '  code=${first:-$code}',
+        "  code=${first:-$code}",
         f'  case "$code" in {"|".join(map(str, _PERMANENT_CODES))}) exit "$code";; esac  # a rerun would fail the same way',
         '  [ "$attempt" -ge "$MAX_RESTARTS" ] && exit "$code"',
         "  attempt=$((attempt + 1))",

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 from tfdist.errors import Error, LaunchError, LaunchFailure
 
@@ -30,12 +30,15 @@ _CLOSE_WAIT = 5.0
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise LaunchFailure(f"`isolate_network` needs the '{name}' command (util-linux); install it, or leave "
-                            "`isolate_network` off.", field="isolate_network", value=True)
+        raise LaunchFailure(
+            f"`isolate_network` needs the '{name}' command (util-linux); install it, or leave `isolate_network` off.",
+            field="isolate_network",
+            value=True,
+        )
     return path
 
 
-def unshare_argv(*, rootless: Optional[bool] = None) -> list[str]:
+def unshare_argv(*, rootless: bool | None = None) -> list[str]:
     """The ``unshare`` prefix that makes a network namespace here: ``-n`` as root, ``-rn`` otherwise.
 
     Raises:
@@ -46,10 +49,13 @@ def unshare_argv(*, rootless: Optional[bool] = None) -> list[str]:
     argv = [_tool("unshare"), "-rn" if rootless else "-n"]
     probe = subprocess.run(argv + ["true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
-        raise LaunchFailure(f"`isolate_network` is unavailable here: `unshare {argv[1]} true` failed with "
-                            f"{probe.stderr.strip() or probe.returncode!r}. Run as root or enable unprivileged user "
-                            "namespaces (sysctl kernel.unprivileged_userns_clone=1), or leave `isolate_network` off.",
-                            field="isolate_network", value=True)
+        raise LaunchFailure(
+            f"`isolate_network` is unavailable here: `unshare {argv[1]} true` failed with "
+            f"{probe.stderr.strip() or probe.returncode!r}. Run as root or enable unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1), or leave `isolate_network` off.",
+            field="isolate_network",
+            value=True,
+        )
     return argv
 
 
@@ -68,19 +74,29 @@ class Namespace:
       rootless: Make it inside a user namespace (``unshare -rn``); default when not running as root.
     """
 
-    def __init__(self, *, rootless: Optional[bool] = None) -> None:
+    def __init__(self, *, rootless: bool | None = None) -> None:
         self.rootless = os.geteuid() != 0 if rootless is None else rootless
         self._nsenter = _tool("nsenter")
         argv = unshare_argv(rootless=self.rootless) + list(_HOLDER)
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True)
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             ready = self._read()
             self.pid = int(ready["pid"])
             if os.stat(f"/proc/{self.pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
-                raise LaunchFailure("`isolate_network`: the namespace holder runs in the launcher's own network "
-                                    "namespace; nothing would be isolated.", field="isolate_network", value=True)
+                raise LaunchFailure(
+                    "`isolate_network`: the namespace holder runs in the launcher's own network "
+                    "namespace; nothing would be isolated.",
+                    field="isolate_network",
+                    value=True,
+                )
         except BaseException:
             self.close()
             raise
@@ -91,16 +107,20 @@ class Namespace:
         if not line:  # the holder ended: nothing more will come
             self._end()
             why = self._proc.stderr.read().strip() if self._proc.stderr is not None else ""
-            raise LaunchFailure(f"The private network namespace (`isolate_network`) ended (exit "
-                                f"{self._proc.returncode}): {why[-2000:] or 'no message'}.", field="isolate_network",
-                                value=True)
+            raise LaunchFailure(
+                f"The private network namespace (`isolate_network`) ended (exit "
+                f"{self._proc.returncode}): {why[-2000:] or 'no message'}.",
+                field="isolate_network",
+                value=True,
+            )
         return json.loads(line)
 
     def _ask(self, op: str, **arguments: Any) -> Any:
         with self._lock:
             if self._proc.poll() is not None or self._proc.stdin is None or self._proc.stdin.closed:
-                raise LaunchFailure("The private network namespace (`isolate_network`) is closed.",
-                                    field="isolate_network", value=True)
+                raise LaunchFailure(
+                    "The private network namespace (`isolate_network`) is closed.", field="isolate_network", value=True
+                )
             try:
                 self._proc.stdin.write(json.dumps({"op": op, **arguments}) + "\n")
                 self._proc.stdin.flush()
@@ -109,8 +129,13 @@ class Namespace:
             answer = self._read()
         if "error" in answer:
             kind = _ERRORS.get(answer["error"], LaunchFailure)
-            raise kind(answer["message"], field=answer.get("field"), value=answer.get("value"),
-                       expected=answer.get("expected"), fix=answer.get("fix"))
+            raise kind(
+                answer["message"],
+                field=answer.get("field"),
+                value=answer.get("value"),
+                expected=answer.get("expected"),
+                fix=answer.get("fix"),
+            )
         return answer["result"]
 
     def pick(self, count: int, host: str) -> list[int]:
@@ -126,8 +151,12 @@ class Namespace:
     def enter(self, argv: Sequence[str]) -> list[str]:
         """``argv`` as a command that runs inside the namespace (``nsenter`` execs it: same pid)."""
         if self._proc.poll() is not None:  # not reaped before: the holder's pid cannot belong to anyone else
-            raise LaunchFailure("The private network namespace (`isolate_network`) is gone: its holder process "
-                                f"ended (exit {self._proc.returncode}).", field="isolate_network", value=True)
+            raise LaunchFailure(
+                "The private network namespace (`isolate_network`) is gone: its holder process "
+                f"ended (exit {self._proc.returncode}).",
+                field="isolate_network",
+                value=True,
+            )
         ns = f"/proc/{self.pid}/ns"
         prefix = [self._nsenter, f"--net={ns}/net"]
         if self.rootless:  # the namespace belongs to the holder's user namespace: enter that first

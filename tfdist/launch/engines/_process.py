@@ -7,7 +7,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Optional
+from typing import IO
 
 from tfdist.errors import LaunchFailure
 from tfdist.runtime import exit_codes
@@ -30,20 +30,33 @@ class LocalProcess:
         [('worker:0', 'hi')]
     """
 
-    def __init__(self, task: str, argv: Sequence[str], *, env: Optional[Mapping[str, str]], on_line: LineSink,
-                 on_exit: Optional[Callable[[int], None]] = None) -> None:
+    def __init__(
+        self,
+        task: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        on_line: LineSink,
+        on_exit: Callable[[int], None] | None = None,
+    ) -> None:
         self.task = task
         self._on_line = on_line
         self._on_exit = on_exit
         self._released = False
         try:
-            self._proc = subprocess.Popen(list(argv), env=None if env is None else dict(env),
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                list(argv),
+                env=None if env is None else dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError as err:
             raise LaunchFailure(f"Could not start {task} ({argv[0]!r}): {err.strerror or err}.") from err
-        self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), name=f"tfdist-{task}",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._pump, args=(self._proc.stdout,), name=f"tfdist-{task}", daemon=True
+        )
         self._reader.start()
 
     def _pump(self, stream: IO[bytes]) -> None:
@@ -54,10 +67,10 @@ class LocalProcess:
             stream.close()
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._proc.pid
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         """The exit code when finished (a death by signal N is 128 + N), else None."""
         code = self._proc.poll()
         return None if code is None else exit_codes.from_returncode(code)
@@ -71,7 +84,7 @@ class LocalProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+    def wait(self, timeout: float | None = None) -> int | None:
         """The exit code, or None if the task still runs after ``timeout`` seconds (output is not awaited)."""
         try:
             self._proc.wait(timeout)

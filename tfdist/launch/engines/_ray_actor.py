@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, Optional
+from typing import IO
 
 from tfdist.cluster.address import free_ports, join_address
 from tfdist.runtime import exit_codes
@@ -56,13 +56,13 @@ class TaskHost:
 
     def __init__(self, task: str) -> None:
         self.task = task
-        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._lines: collections.deque[str] = collections.deque()
         self._cond = threading.Condition()
         self._drained = threading.Event()
         self._code_reported = False
 
-    def address(self, host: Optional[str] = None) -> tuple[str, str]:
+    def address(self, host: str | None = None) -> tuple[str, str]:
         """('host:port', node id) for this task: this node's address (Ray's view unless ``host``), a free port."""
         node_ip, node_id = _node()
         host = host or node_ip
@@ -86,10 +86,18 @@ class TaskHost:
             # The parent-death signal fires when the *thread* that forked exits, so the thread that starts the
             # program is the one that reads its output to the end: it outlives the program.
             try:
-                started.append(subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                start_new_session=True, preexec_fn=_die_with_parent))
-            except BaseException as err:  # noqa: BLE001 - handed to the caller below.
+                started.append(
+                    subprocess.Popen(
+                        list(argv),
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
+            except BaseException as err:
                 failure.append(err)
                 self._drained.set()
                 return
@@ -117,12 +125,12 @@ class TaskHost:
             with self._cond:
                 self._cond.notify_all()
 
-    def _code(self) -> Optional[int]:
+    def _code(self) -> int | None:
         if self._proc is None or self._proc.poll() is None:
             return None
         return exit_codes.from_returncode(self._proc.returncode)
 
-    def read(self, timeout: float, pid: Optional[int] = None) -> tuple[list[str], Optional[int], bool]:
+    def read(self, timeout: float, pid: int | None = None) -> tuple[list[str], int | None, bool]:
         """New output lines, the exit code once the program ended, and whether nothing more will come.
 
         Waits up to ``timeout`` seconds for something new to report (a long poll). The exit code comes as
@@ -146,7 +154,7 @@ class TaskHost:
             finished = code is not None and self._drained.is_set() and not self._lines
         return batch, code, finished
 
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
     def signal(self, sig: int) -> None:
@@ -157,7 +165,7 @@ class TaskHost:
             except ProcessLookupError:
                 pass
 
-    def stop(self, grace: float) -> Optional[int]:
+    def stop(self, grace: float) -> int | None:
         """SIGTERM, then SIGKILL after ``grace`` seconds; reaps the program and its process group."""
         proc = self._proc
         if proc is None:

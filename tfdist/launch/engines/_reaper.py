@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
 
 
 def _alive(pgid: int) -> bool:
@@ -67,9 +66,13 @@ class Reaper:
 
     def __init__(self, grace: float) -> None:
         self._lock = threading.Lock()
-        self._proc: Optional[subprocess.Popen[bytes]] = subprocess.Popen(
-            [sys.executable, "-I", "-S", os.path.abspath(__file__), repr(float(grace))], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), repr(float(grace))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def _send(self, line: str) -> None:
         with self._lock:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Optional, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.launch.config import LaunchConfig
@@ -32,16 +32,16 @@ class TaskProcess(Protocol):
     """One started attempt of one task, as an engine runs it."""
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         """A local process id for reports and leak checks; None when the task is not a local process."""
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         """None while running; else the shell-style exit code (death by signal N is 128 + N)."""
 
     def signal(self, sig: int) -> None:
         """Delivers ``sig`` to the task and everything it started; cheap, never blocks, no-op once gone."""
 
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
+    def wait(self, timeout: float | None) -> int | None:
         """The exit code, or None if still running after ``timeout`` seconds. Does not wait for output."""
 
     def release(self, timeout: float) -> None:

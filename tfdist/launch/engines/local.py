@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Optional
 
 from tfdist.cluster import address as _address
 from tfdist.cluster.spec import ClusterSpec
@@ -52,9 +51,9 @@ class LocalEngine(Engine):
 
     def __init__(self) -> None:
         self._host = "127.0.0.1"
-        self._reaper: Optional[Reaper] = None
+        self._reaper: Reaper | None = None
         self._grace = 5.0
-        self._namespace: Optional[Namespace] = None
+        self._namespace: Namespace | None = None
 
     @property
     def _network(self) -> _ports.Ports:
@@ -70,15 +69,19 @@ class LocalEngine(Engine):
         counts = config.task_counts()
         for _ in range(_PLACE_TRIES):
             ports = iter(self._network.pick(sum(counts.values()), config.host))
-            spec = ClusterSpec(jobs={job: [_address.join_address(config.host, next(ports)) for _ in range(count)]
-                                     for job, count in counts.items()})
-            taken = [t.address for t in spec.tasks()
-                     if not self._network.is_free(*_address.split_address(t.address))]
+            spec = ClusterSpec(
+                jobs={
+                    job: [_address.join_address(config.host, next(ports)) for _ in range(count)]
+                    for job, count in counts.items()
+                }
+            )
+            taken = [t.address for t in spec.tasks() if not self._network.is_free(*_address.split_address(t.address))]
             if not taken:
                 return spec
             _log.info("Ports %s were taken before start; picking again.", taken)
-        raise LaunchFailure(f"Could not find free ports for the cluster after {_PLACE_TRIES} tries; is the machine "
-                            "out of ports?")
+        raise LaunchFailure(
+            f"Could not find free ports for the cluster after {_PLACE_TRIES} tries; is the machine out of ports?"
+        )
 
     def reserve_address(self) -> str:
         return _address.join_address(self._host, self._network.pick(1, self._host)[0])

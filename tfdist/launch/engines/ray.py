@@ -31,14 +31,13 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
-from tfdist.cluster import address as _address
 from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_int, require_number
-from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
 
 __all__ = ["RayEngine", "RayOptions"]
@@ -64,8 +63,12 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError as err:
-        raise EngineError(f"The Ray engine needs Ray, which is not installed ({err}). Install it with: "
-                          f"{INSTALL_HINT}", field="--engine", value="ray", fix=f"Install it: {INSTALL_HINT}") from None
+        raise EngineError(
+            f"The Ray engine needs Ray, which is not installed ({err}). Install it with: {INSTALL_HINT}",
+            field="--engine",
+            value="ray",
+            fix=f"Install it: {INSTALL_HINT}",
+        ) from None
     return ray
 
 
@@ -75,7 +78,7 @@ def _ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def is_local_ray(address: Optional[str]) -> bool:
+def is_local_ray(address: str | None) -> bool:
     """Whether ``address`` names a Ray on this machine's loopback: None (a Ray started for the run) or a
     ``host:port`` on 127.0.0.1, localhost or ::1. Such a Ray can keep every daemon on loopback (``LOOPBACK_VAR``).
 
@@ -110,12 +113,12 @@ class RayOptions:
         this machine's count). Only without ``address``.
     """
 
-    address: Optional[str] = None
+    address: str | None = None
     cpus_per_task: float = 1.0
     gpus_per_task: float = 0.0
     placement: str = "pack"
     ready_timeout: float = 120.0
-    num_cpus: Optional[int] = None
+    num_cpus: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("cpus_per_task", "gpus_per_task"):  # finite: nan and inf would reach Ray's scheduler
@@ -124,8 +127,13 @@ class RayOptions:
                 raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"a number <= {_MAX_PER_TASK}")
             object.__setattr__(self, name, float(value))
         if self.cpus_per_task == 0 and self.gpus_per_task == 0:
-            raise invalid(LaunchError, "--cpus-per-task", 0, "> 0 when --gpus-per-task is 0",
-                          "Every task must reserve something, or Ray may put them all anywhere.")
+            raise invalid(
+                LaunchError,
+                "--cpus-per-task",
+                0,
+                "> 0 when --gpus-per-task is 0",
+                "Every task must reserve something, or Ray may put them all anywhere.",
+            )
         if self.placement not in PLACEMENTS:
             raise invalid(LaunchError, "placement", self.placement, describe_choices(self.placement, PLACEMENTS))
         require_number(LaunchError, "ready_timeout", self.ready_timeout, above=0)
@@ -136,8 +144,13 @@ class RayOptions:
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
             raise invalid(LaunchError, "--ray-address", self.address, "'auto' or 'host:port'")
         if self.num_cpus is not None and self.address is not None:
-            raise invalid(LaunchError, "num_cpus", self.num_cpus, "None when joining a cluster (--ray-address)",
-                          "A running cluster has its own CPUs; drop num_cpus.")
+            raise invalid(
+                LaunchError,
+                "num_cpus",
+                self.num_cpus,
+                "None when joining a cluster (--ray-address)",
+                "A running cluster has its own CPUs; drop num_cpus.",
+            )
 
     @property
     def strategy(self) -> str:
@@ -169,7 +182,7 @@ class RayEngine(Engine):
         self._actors: dict[str, Any] = {}
         self._nodes: dict[str, str] = {}
         self._driver_node = ""
-        self._spare_address: Optional[str] = None
+        self._spare_address: str | None = None
         self._bundles: dict[str, int] = {}
         self._procs: dict[str, RayTaskProcess] = {}
         self._gone: dict[str, tuple[Any, Any]] = {}  # lost task -> (its new actor, that actor's address ref)
@@ -181,8 +194,13 @@ class RayEngine(Engine):
 
     def place(self, config: LaunchConfig) -> ClusterSpec:
         if config.isolate_network:
-            raise invalid(LaunchError, "--isolate-network", True, "the local engine",
-                          "Network namespaces are a local-engine feature; drop --isolate-network with --engine ray.")
+            raise invalid(
+                LaunchError,
+                "--isolate-network",
+                True,
+                "the local engine",
+                "Network namespaces are a local-engine feature; drop --isolate-network with --engine ray.",
+            )
         tasks = config.task_names() + ([DATA_SERVICE_TASK] if config.data_service_workers else [])
         try:
             self._connect(len(tasks))
@@ -196,14 +214,23 @@ class RayEngine(Engine):
         for task in config.task_names():
             jobs.setdefault(task.split(":")[0], []).append(addresses[task])
         spec = ClusterSpec(jobs=jobs)
-        _log.info("Ray placed %d tasks (%s): %s", len(tasks), self.options.strategy,
-                  ", ".join(f"{t}@{a}" for t, a in addresses.items()))
+        _log.info(
+            "Ray placed %d tasks (%s): %s",
+            len(tasks),
+            self.options.strategy,
+            ", ".join(f"{t}@{a}" for t, a in addresses.items()),
+        )
         return spec
 
     def reserve_address(self) -> str:
         if self._spare_address is None:
-            raise invalid(LaunchError, "data service", None, "a data-service task placed by RayEngine.place",
-                          "Set data_service_workers in the LaunchConfig before placing.")
+            raise invalid(
+                LaunchError,
+                "data service",
+                None,
+                "a data-service task placed by RayEngine.place",
+                "Set data_service_workers in the LaunchConfig before placing.",
+            )
         return self._spare_address
 
     def _connect(self, tasks: int) -> None:
@@ -215,21 +242,32 @@ class RayEngine(Engine):
         options = self.options
         if options.address is None:
             if os.environ.get(LOOPBACK_VAR) != "0":
-                _log.warning("%s=0 is not set in this process, so the local Ray binds to the machine's routable "
-                             "address; tfdist-launch sets it for you.", LOOPBACK_VAR)
+                _log.warning(
+                    "%s=0 is not set in this process, so the local Ray binds to the machine's routable "
+                    "address; tfdist-launch sets it for you.",
+                    LOOPBACK_VAR,
+                )
             needed = int(-(-tasks * options.cpus_per_task // 1))
             num_cpus = options.num_cpus or max(needed, os.cpu_count() or 1)
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
         else:
             try:
                 ray.init(address=options.address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as err:
-                raise EngineError(f"Could not join the Ray cluster at {options.address!r}: {err}. Check the address "
-                                  "(`ray status` on the head shows it), or drop --ray-address to start a local Ray. "
-                                  "If the cluster uses token authentication, set RAY_AUTH_MODE=token (Ray enables "
-                                  "it by itself only for --ray-address auto).",
-                                  field="--ray-address", value=options.address) from None
+                raise EngineError(
+                    f"Could not join the Ray cluster at {options.address!r}: {err}. Check the address "
+                    "(`ray status` on the head shows it), or drop --ray-address to start a local Ray. "
+                    "If the cluster uses token authentication, set RAY_AUTH_MODE=token (Ray enables "
+                    "it by itself only for --ray-address auto).",
+                    field="--ray-address",
+                    value=options.address,
+                ) from None
         self._owns_connection = True
         self._driver_node = ray.get_runtime_context().get_node_id()
 
@@ -254,25 +292,37 @@ class RayEngine(Engine):
                 f"The Ray cluster could not hold the job within {options.ready_timeout:g}s: it needs {len(tasks)} "
                 f"bundles of {bundle} placed {options.strategy}, the cluster has {total} ({free} free, "
                 f"{len(ray.nodes())} node(s)). Lower --cpus-per-task/--gpus-per-task, use fewer tasks, add nodes, "
-                "or use --ray-placement pack.", field="placement group", value=[bundle] * len(tasks))
+                "or use --ray-placement pack.",
+                field="placement group",
+                value=[bundle] * len(tasks),
+            )
 
     def _new_actor(self, task: str) -> Any:
         """An actor for ``task`` in its bundle of the placement group (pending until the bundle is placed)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         options = self.options
-        return self._ray.remote(TaskHost).options(
-            num_cpus=options.cpus_per_task, num_gpus=options.gpus_per_task, max_concurrency=8, max_restarts=0,
-            name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, self._bundles[task]),
-        ).remote(task)
+        return (
+            self._ray.remote(TaskHost)
+            .options(
+                num_cpus=options.cpus_per_task,
+                num_gpus=options.gpus_per_task,
+                max_concurrency=8,
+                max_restarts=0,
+                name=None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, self._bundles[task]),
+            )
+            .remote(task)
+        )
 
     def _addresses(self, tasks: list[str]) -> dict[str, str]:
         """Each actor's 'host:port' on its own node; picked again where two tasks on one node drew one port."""
         addresses: dict[str, str] = {}
         pending = list(tasks)
         for _ in range(5):
-            replies = self._get([self._actors[t].address.remote() for t in pending], self.options.ready_timeout,
-                                "report its address")
+            replies = self._get(
+                [self._actors[t].address.remote() for t in pending], self.options.ready_timeout, "report its address"
+            )
             for task, (address, node) in zip(pending, replies):
                 addresses[task], self._nodes[task] = address, node
             seen: set[str] = set()
@@ -300,9 +350,11 @@ class RayEngine(Engine):
         if task not in self._actors:
             raise invalid(LaunchError, "task", task, describe_choices(task, self._actors))
         if task in self._gone:
-            raise LaunchFailure(f"{task} cannot start: its Ray node left the cluster, and Ray has not placed it "
-                                "again yet (no node with room for it). With --min-workers, an elastic run goes on "
-                                "without it and takes it back when a node joins.")
+            raise LaunchFailure(
+                f"{task} cannot start: its Ray node left the cluster, and Ray has not placed it "
+                "again yet (no node with room for it). With --min-workers, an elastic run goes on "
+                "without it and takes it back when a node joins."
+            )
         actor = self._actors[task]
         pid = self._get(actor.start.remote(list(argv), dict(env)), _CALL_TIMEOUT, f"start {task}")
         local = self._nodes.get(task) == self._driver_node
@@ -319,7 +371,7 @@ class RayEngine(Engine):
         """True while ``task``'s actor died on a node Ray still counts alive, for up to 30 s (never blocks)."""
         return self._verdict(task) is None
 
-    def _verdict(self, task: str) -> Optional[bool]:
+    def _verdict(self, task: str) -> bool | None:
         """Whether the last attempt of ``task`` ended by a node loss; None while Ray cannot tell yet."""
         if task in self._gone:
             return True
@@ -378,7 +430,7 @@ class RayEngine(Engine):
         for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)  # Its subprocess gets SIGKILL with it (parent-death signal).
-            except Exception as err:  # noqa: BLE001 - best effort; an actor may be gone already.
+            except Exception as err:
                 _log.debug("ray.kill: %s", err)
         pg, self._pg = self._pg, None
         if pg is not None:
@@ -386,7 +438,7 @@ class RayEngine(Engine):
 
             try:
                 remove_placement_group(pg)
-            except Exception as err:  # noqa: BLE001 - best effort.
+            except Exception as err:
                 _log.debug("remove_placement_group: %s", err)
         if self._owns_connection:
             self._owns_connection = False
@@ -400,7 +452,7 @@ class RayTaskProcess:
     def __init__(self, ray: Any, task: str, actor: Any, on_line: LineSink, pid: int, local: bool) -> None:
         self._ray, self.task, self._actor, self._on_line = ray, task, actor, on_line
         self._remote_pid, self._pid = pid, (pid if local else None)
-        self._code: Optional[int] = None
+        self._code: int | None = None
         self.actor_died = False  # the attempt ended because its actor died (not because the program exited)
         self._exited = threading.Event()
         self._finished = threading.Event()
@@ -409,15 +461,16 @@ class RayTaskProcess:
         self._pump.start()
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._pid
 
     def _run_pump(self) -> None:
         ray = self._ray
         try:
             while not self._stop_pump.is_set():
-                lines, code, finished = ray.get(self._actor.read.remote(_POLL_SECONDS, self._remote_pid),
-                                                timeout=_CALL_TIMEOUT)
+                lines, code, finished = ray.get(
+                    self._actor.read.remote(_POLL_SECONDS, self._remote_pid), timeout=_CALL_TIMEOUT
+                )
                 for line in lines:
                     self._on_line(self.task, line)
                 if code is not None and not self._exited.is_set():
@@ -428,7 +481,7 @@ class RayTaskProcess:
                         self._code = _ACTOR_DIED
                         self._exited.set()
                     break
-        except Exception as err:  # noqa: BLE001 - an actor that died or hangs ends this attempt.
+        except Exception as err:
             self.actor_died = isinstance(err, ray.exceptions.RayActorError)
             if not self._exited.is_set():
                 self._on_line(self.task, f"tfdist: the Ray actor of {self.task} was lost: {err}")
@@ -437,21 +490,21 @@ class RayTaskProcess:
         finally:
             self._finished.set()
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         return self._code if self._exited.is_set() else None
 
     def signal(self, sig: int) -> None:
         if not self._exited.is_set():
             self._actor.signal.remote(sig)  # Fire and forget: the supervisor must not block here.
 
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
+    def wait(self, timeout: float | None) -> int | None:
         self._exited.wait(timeout)
         return self.poll()
 
     def release(self, timeout: float) -> None:
         try:
             self._ray.get(self._actor.stop.remote(0.0), timeout=timeout)
-        except Exception as err:  # noqa: BLE001 - the actor may be gone; nothing more to release then.
+        except Exception as err:
             _log.debug("release %s: %s", self.task, err)
         self._finished.wait(timeout)
         self._stop_pump.set()

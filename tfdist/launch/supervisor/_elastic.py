@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Optional
 
 from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
@@ -92,7 +91,7 @@ class ElasticRules:
         room = max(self._maximum - len(membership.workers), 0)
         return tuple(available[:room])
 
-    def placed_again(self, full: ClusterSpec, task: str, address: str) -> Optional[ClusterSpec]:
+    def placed_again(self, full: ClusterSpec, task: str, address: str) -> ClusterSpec | None:
         """``full`` with ``task`` at ``address`` (its engine placed it again there); None when the run cannot
         follow the move: a parameter-server coordinator only knows the addresses it started with."""
         job, index = split_task_name(task)
@@ -102,8 +101,9 @@ class ElasticRules:
         jobs[job][index] = address
         return ClusterSpec(jobs=jobs)
 
-    def regroup(self, membership: Membership, workers: Sequence[str], full: ClusterSpec, why: str,
-                joined: Sequence[str] = ()) -> Regroup:
+    def regroup(
+        self, membership: Membership, workers: Sequence[str], full: ClusterSpec, why: str, joined: Sequence[str] = ()
+    ) -> Regroup:
         """The change from ``membership`` to a new generation of ``workers``; ``why`` ends its message.
 
         Collectives restart the whole training group with a new TF_CONFIG: every old attempt (but the
@@ -111,14 +111,28 @@ class ElasticRules:
         parameter-server run goes on: only the workers new to the group start.
         """
         new = Membership(generation=membership.generation + 1, workers=tuple(workers))
-        message = (f"elastic: membership {new.generation}: world size {new.world_size(full)} "
-                   f"(workers {', '.join(new.workers)}); {why}")
+        message = (
+            f"elastic: membership {new.generation}: world size {new.world_size(full)} "
+            f"(workers {', '.join(new.workers)}); {why}"
+        )
         if self._parameter_server:
-            return Regroup(membership=new, message=message, stop=(), new_spec=False, joined=tuple(joined),
-                           start=tuple(w for w in new.workers if w not in membership.workers))
+            return Regroup(
+                membership=new,
+                message=message,
+                stop=(),
+                new_spec=False,
+                joined=tuple(joined),
+                start=tuple(w for w in new.workers if w not in membership.workers),
+            )
         # SIGKILL, no grace: the backup of the last epoch is written, and TF's preemption handler would
         # catch a SIGTERM and let the old group train on (even to the end of fit, deleting the backup).
         stop = tuple(t for t in self._tasks if split_task_name(t)[0] != "evaluator")
         group = [t for t in self._tasks if new.trains(t)]
-        return Regroup(membership=new, message=message, stop=stop, new_spec=True, joined=tuple(joined),
-                       start=tuple(sorted(group, key=self._runs_command)))
+        return Regroup(
+            membership=new,
+            message=message,
+            stop=stop,
+            new_spec=True,
+            joined=tuple(joined),
+            start=tuple(sorted(group, key=self._runs_command)),
+        )

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, Optional
+from typing import IO
 
 from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
@@ -29,16 +29,16 @@ KILLED = exit_codes.from_signal(signal.SIGKILL)  # the code of a worker the supe
 class TaskRecord:
     """The supervisor's record of one task across its attempts."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Optional[str]) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: str | None) -> None:
         self.name, self.argv = name, tuple(argv)
-        self.proc: Optional[TaskProcess] = None
+        self.proc: TaskProcess | None = None
         self.restarts = 0
-        self.ended_at: Optional[float] = None  # when the current attempt exited (monotonic), set by its waiter
-        self.waiter: Optional[threading.Thread] = None
+        self.ended_at: float | None = None  # when the current attempt exited (monotonic), set by its waiter
+        self.waiter: threading.Thread | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
-        self.log: Optional[IO[str]] = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self.log: IO[str] | None = open(log_path, "a", encoding="utf-8") if log_path else None
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         return self.proc.poll() if self.proc is not None else None
 
     def watch_exit(self) -> None:
@@ -62,15 +62,15 @@ class TaskRecord:
 class NotStarted:
     """The attempt of a worker whose start failed (its engine could not run it): it has exited at once."""
 
-    pid: Optional[int] = None
+    pid: int | None = None
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         return exit_codes.FAILED
 
     def signal(self, sig: int) -> None:
         pass
 
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
+    def wait(self, timeout: float | None) -> int | None:
         return exit_codes.FAILED
 
     def release(self, timeout: float) -> None:
@@ -97,8 +97,16 @@ class Group:
       stop_signal: The signal that asked the run to stop, once one did.
     """
 
-    def __init__(self, *, config: LaunchConfig, tasks: dict[str, TaskRecord], data_service: Optional[TaskRecord],
-                 spec: ClusterSpec, membership: Membership, elastic_dir: Optional[str]) -> None:
+    def __init__(
+        self,
+        *,
+        config: LaunchConfig,
+        tasks: dict[str, TaskRecord],
+        data_service: TaskRecord | None,
+        spec: ClusterSpec,
+        membership: Membership,
+        elastic_dir: str | None,
+    ) -> None:
         self.config, self.tasks, self.data_service = config, tasks, data_service
         self.full_spec = self.spec = spec
         self.membership = membership
@@ -109,7 +117,7 @@ class Group:
         self.elastic_dir = elastic_dir
         self.boundaries_seen: set[str] = set()
         self.restarts_used = 0
-        self.stop_signal: Optional[int] = None
+        self.stop_signal: int | None = None
 
     def records(self) -> list[TaskRecord]:
         """Every record, the data service's last."""
@@ -146,20 +154,20 @@ class Ending:
 
     outcome: Outcome
     exit_code: int
-    failed_task: Optional[str] = None
+    failed_task: str | None = None
 
     @classmethod
-    def ok(cls) -> "Ending":
+    def ok(cls) -> Ending:
         return cls(outcome=Outcome.OK, exit_code=exit_codes.OK)
 
     @classmethod
-    def failed(cls, code: int, task: str) -> "Ending":
+    def failed(cls, code: int, task: str) -> Ending:
         return cls(outcome=Outcome.FAILED, exit_code=code, failed_task=task)
 
     @classmethod
-    def timeout(cls) -> "Ending":
+    def timeout(cls) -> Ending:
         return cls(outcome=Outcome.TIMEOUT, exit_code=exit_codes.TIMEOUT)
 
     @classmethod
-    def interrupted(cls, signum: int) -> "Ending":
+    def interrupted(cls, signum: int) -> Ending:
         return cls(outcome=Outcome.INTERRUPTED, exit_code=exit_codes.from_signal(signum))

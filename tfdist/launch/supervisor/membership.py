@@ -71,11 +71,13 @@ class Membership:
         private network namespace); by default only the ports of this machine's hosts are checked, and
         another machine's addresses are kept as they are.
         """
-        jobs: dict[str, list[str]] = {job: [full.jobs[job][i] for i in sorted(full.jobs[job])]
-                                      for job in full.jobs if job != "worker"}
+        jobs: dict[str, list[str]] = {
+            job: [full.jobs[job][i] for i in sorted(full.jobs[job])] for job in full.jobs if job != "worker"
+        }
         jobs["worker"] = [full.jobs["worker"][_index(task)] for task in self.workers]
-        return ClusterSpec(jobs={job: [readdress(address) for address in addresses]
-                                 for job, addresses in jobs.items() if addresses})
+        return ClusterSpec(
+            jobs={job: [readdress(address) for address in addresses] for job, addresses in jobs.items() if addresses}
+        )
 
     def world_size(self, full: ClusterSpec) -> int:
         """Training tasks in this generation: the present workers plus the chief."""

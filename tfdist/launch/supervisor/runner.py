@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, Optional, Union
+from typing import Any
 
 from tfdist.cluster import elastic as _boundaries
 from tfdist.cluster.spec import ClusterSpec, split_task_name
@@ -48,9 +48,11 @@ __all__ = ["run", "run_config"]
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
 DATA_SERVICE_TASK = "data-service:0"
-EXPOSURE_WARNING = ("TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
-                    "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
-                    "cluster unreachable from outside.")
+EXPOSURE_WARNING = (
+    "TensorFlow's gRPC servers listen on every interface (*:PORT) whatever host the cluster "
+    "names, without authentication (tensorflow#11689); use --isolate-network to keep a local "
+    "cluster unreachable from outside."
+)
 ISOLATED = "network namespace: private, loopback only; task ports are unreachable from outside"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _KILL_WAIT, _DRAIN_SECONDS, _PASS_SECONDS = 10.0, 2.0, 0.05
@@ -67,16 +69,28 @@ def _make_log_dir(path: str) -> None:
         os.remove(probe)
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path.
         reason = getattr(err, "strerror", None) or str(err)
-        raise invalid(LaunchError, "log_dir", path, "a directory tfdist-launch can create and write",
-                      f"It cannot be used: {reason}. Pick another path.") from None
+        raise invalid(
+            LaunchError,
+            "log_dir",
+            path,
+            "a directory tfdist-launch can create and write",
+            f"It cannot be used: {reason}. Pick another path.",
+        ) from None
 
 
 class _Supervisor:
     """The rules every engine shares: start order, fail-fast, restart groups, fault injection, elastic
     membership, stopping. It owns the run's :class:`Group` and is the only one to change it."""
 
-    def __init__(self, config: LaunchConfig, engine: Engine, spec: ClusterSpec, sink: Optional[LineSink],
-                 status: StatusSink, base_env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        engine: Engine,
+        spec: ClusterSpec,
+        sink: LineSink | None,
+        status: StatusSink,
+        base_env: Mapping[str, str],
+    ) -> None:
         self.config, self.engine, self.status = config, engine, status
         self.base_env = dict(base_env)
         # TensorFlow's INFO records and start-up noise stay in the log files, out of the console: every task
@@ -85,26 +99,44 @@ class _Supervisor:
         self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
         self.faults = Faults(config.kills + config.loses + config.returns)
         self.rules = ElasticRules(config)
-        self._on_event: dict[type[KillAt], Callable[[str, str], Optional[Ending]]] = {
-            KillAt: self._kill, LoseAt: self._lose, ReturnAt: self._return}
+        self._on_event: dict[type[KillAt], Callable[[str, str], Ending | None]] = {
+            KillAt: self._kill,
+            LoseAt: self._lose,
+            ReturnAt: self._return,
+        }
 
-        def _log_path(name: str) -> Optional[str]:
+        def _log_path(name: str) -> str | None:
             return os.path.join(config.log_dir, name.replace(":", "-") + ".log") if config.log_dir else None
 
-        tasks = {name: TaskRecord(name, config.command if config.runs_command(name) else environment.server_argv(),
-                                  _log_path(name)) for name in config.task_names()}
+        tasks = {
+            name: TaskRecord(
+                name, config.command if config.runs_command(name) else environment.server_argv(), _log_path(name)
+            )
+            for name in config.task_names()
+        }
         data_service = None
         if config.data_service_workers:
             address = engine.reserve_address()
             self.base_env["TFDIST_DATA_SERVICE"] = f"grpc://{address}"
-            argv = (sys.executable, "-m", "tfdist.launch.tasks.data_service", "--workers",
-                    str(config.data_service_workers), "--port", address.rsplit(":", 1)[1])
+            argv = (
+                sys.executable,
+                "-m",
+                "tfdist.launch.tasks.data_service",
+                "--workers",
+                str(config.data_service_workers),
+                "--port",
+                address.rsplit(":", 1)[1],
+            )
             data_service = TaskRecord(DATA_SERVICE_TASK, argv, _log_path("data-service"))
         workers = tuple(name for name in config.task_names() if name.startswith("worker:"))
-        self.group = Group(config=config, tasks=tasks, data_service=data_service, spec=spec,
-                           membership=elastic.Membership(generation=0, workers=workers),
-                           elastic_dir=tempfile.mkdtemp(prefix="tfdist-elastic-")
-                           if config.min_workers is not None else None)
+        self.group = Group(
+            config=config,
+            tasks=tasks,
+            data_service=data_service,
+            spec=spec,
+            membership=elastic.Membership(generation=0, workers=workers),
+            elastic_dir=tempfile.mkdtemp(prefix="tfdist-elastic-") if config.min_workers is not None else None,
+        )
 
     def request_stop(self, signum: int) -> None:
         """A stop signal arrived (from a signal handler): the run ends at its next pass."""
@@ -122,7 +154,7 @@ class _Supervisor:
         if self._console is not None:
             try:
                 self._console(task, line)
-            except Exception:  # noqa: BLE001 - a broken sink (closed terminal) must not stall the task's pipe.
+            except Exception:
                 _log.exception("The output callback failed; task output is no longer passed on.")
                 self._console = None
 
@@ -152,8 +184,10 @@ class _Supervisor:
             return
         role = "command" if self.config.runs_command(task) else "TF server"
         task_type, index = split_task_name(tf_task)
-        self.status(f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
-                    f"{group.spec.jobs[task_type][index]})")
+        self.status(
+            f"{task} started ({role}, pid {record.proc.pid if record.proc else None}, "
+            f"{group.spec.jobs[task_type][index]})"
+        )
 
     def _start_failed(self, record: TaskRecord, reason: str) -> None:
         """An elastic worker the engine could not start (its Ray node left): it counts as exited, then lost."""
@@ -168,15 +202,17 @@ class _Supervisor:
         group.restarts_used += 1
         names = group.restart_group(task)
         delay = min(2.0 ** (group.restarts_used - 1), 10.0)
-        self.status(f"{task} exited with {code}; restart {group.restarts_used}/{self.config.max_restarts} "
-                    f"of {', '.join(names)} in {delay:.0f}s")
+        self.status(
+            f"{task} exited with {code}; restart {group.restarts_used}/{self.config.max_restarts} "
+            f"of {', '.join(names)} in {delay:.0f}s"
+        )
         self.stop([group.tasks[name] for name in names])
         time.sleep(delay)
         for name in group.servers_first(names):
             group.tasks[name].restarts += 1
             self._start(name)
 
-    def stop(self, records: Sequence[TaskRecord], grace: Optional[float] = None) -> None:
+    def stop(self, records: Sequence[TaskRecord], grace: float | None = None) -> None:
         """SIGTERM to all, one shared grace deadline, SIGKILL to the rest, then reap and read the last output."""
         procs = [r.proc for r in records if r.proc is not None]
         for proc in procs:
@@ -205,7 +241,7 @@ class _Supervisor:
 
     # ---- fault injection --------------------------------------------------------------------------------------
 
-    def _inject_faults(self, elapsed: float) -> Optional[Ending]:
+    def _inject_faults(self, elapsed: float) -> Ending | None:
         """Fires due fault injections (--kill, --lose, --return); the ending when the run must end."""
         for event, when in self.faults.due(elapsed):
             ending = self._on_event[type(event)](event.task, when)
@@ -221,7 +257,7 @@ class _Supervisor:
 
     # ---- elastic membership: the rules decide, the supervisor applies -------------------------------------------
 
-    def _lose(self, task: str, why: str, also: Sequence[str] = ()) -> Optional[Ending]:
+    def _lose(self, task: str, why: str, also: Sequence[str] = ()) -> Ending | None:
         """``task`` (a worker) leaves, with the workers in ``also`` (the same node): killed, kept away; the
         group goes on without them or the run fails."""
         group = self.group
@@ -239,8 +275,10 @@ class _Supervisor:
             group.away.append(name)
         left = self.rules.remaining(group.membership, leaving)
         if not self.rules.enough(left):
-            self.status(f"elastic: lost {', '.join(group.away)}; {len(left)} worker(s) left, below --min-workers "
-                        f"{self.rules.minimum}; stopping the run")
+            self.status(
+                f"elastic: lost {', '.join(group.away)}; {len(left)} worker(s) left, below --min-workers "
+                f"{self.rules.minimum}; stopping the run"
+            )
             return Ending.failed(group.finished.get(task, 1) or 1, task)  # the lost worker's code, as it ended
         self._apply(self.rules.regroup(group.membership, left, group.full_spec, f"{', '.join(leaving)} lost"))
         return None
@@ -264,8 +302,11 @@ class _Supervisor:
         joining = self.rules.joining(group.membership, group.available)
         if joining:
             workers = group.membership.workers + joining
-            self._apply(self.rules.regroup(group.membership, workers, group.full_spec,
-                                           f"{', '.join(joining)} joined; {why}", joined=joining))
+            self._apply(
+                self.rules.regroup(
+                    group.membership, workers, group.full_spec, f"{', '.join(joining)} joined; {why}", joined=joining
+                )
+            )
 
     def _apply(self, change: Regroup) -> None:
         """Makes ``change`` the current generation: stops what it stops, draws the cluster again, starts."""
@@ -290,8 +331,10 @@ class _Supervisor:
             full = self.rules.placed_again(group.full_spec, task, address)
             if full is None:
                 job, index = split_task_name(task)
-                self.status(f"elastic: {task} was placed again at {address}, but the coordinator only knows "
-                            f"{group.full_spec.jobs[job][index]}; it stays away")
+                self.status(
+                    f"elastic: {task} was placed again at {address}, but the coordinator only knows "
+                    f"{group.full_spec.jobs[job][index]}; it stays away"
+                )
                 continue
             group.full_spec = full
             self._return(task, f"(the engine placed it again, at {address})")
@@ -304,20 +347,24 @@ class _Supervisor:
         for record in _boundaries.read_boundaries(group.elastic_dir, group.boundaries_seen):
             if record.get("generation") != group.membership.generation:
                 continue
-            self.status(f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
-                        f"world size {record.get('world_size')})")
+            self.status(
+                f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
+                f"world size {record.get('world_size')})"
+            )
             if group.available:
                 self._grow(f"epoch {record.get('epoch')} backed up")
                 return
 
     # ---- the run ------------------------------------------------------------------------------------------------
 
-    def run(self, deadline: Optional[float], t0: float) -> Ending:
+    def run(self, deadline: float | None, t0: float) -> Ending:
         group = self.group
         if group.data_service is not None:
             self._launch(group.data_service, dict(self.base_env))
-            self.status(f"tf.data service started ({self.base_env['TFDIST_DATA_SERVICE']}, "
-                        f"{self.config.data_service_workers} worker(s))")
+            self.status(
+                f"tf.data service started ({self.base_env['TFDIST_DATA_SERVICE']}, "
+                f"{self.config.data_service_workers} worker(s))"
+            )
         for task in group.servers_first(list(group.tasks)):
             self._start(task)
         cmd_tasks = [t for t in group.tasks if self.config.runs_command(t)]
@@ -335,9 +382,11 @@ class _Supervisor:
             self._check_returns()
             # In exit order, not task order: when a collective member crashes, its peers fail of the collective
             # error just after it, and one pass may see them all; the first to fail is the one restarted or lost.
-            exited = [(task, record, code) for task, record in group.tasks.items()
-                      if (code := record.poll()) is not None and task not in group.finished
-                      and task not in group.away]
+            exited = [
+                (task, record, code)
+                for task, record in group.tasks.items()
+                if (code := record.poll()) is not None and task not in group.finished and task not in group.away
+            ]
             if any(code != 0 and self.engine.deciding(task) for task, _, code in exited):
                 time.sleep(_PASS_SECONDS)  # the engine cannot tell yet whether a node left: keep the order
                 continue
@@ -348,7 +397,7 @@ class _Supervisor:
                 return Ending.ok()
             time.sleep(_PASS_SECONDS)
 
-    def _handle_exits(self, exited: Sequence[tuple[str, TaskRecord, int]]) -> Optional[Ending]:
+    def _handle_exits(self, exited: Sequence[tuple[str, TaskRecord, int]]) -> Ending | None:
         """Handles the exits of one pass, first to end first, until one restarts or regroups the others."""
         group = self.group
         for task, _, code in exited:
@@ -366,12 +415,18 @@ class _Supervisor:
                 return None  # the rest of this pass were attempts the restart replaced
             if code != 0 and group.elastic_worker(task):
                 also = [w for w in group.membership.workers if w != task and self.engine.lost(w)] if node_left else []
-                why = (f"(it could not start: {unstartable})" if unstartable is not None else
-                       "(its node left the cluster)" if node_left else f"(exit code {code}, restarts used up)")
+                why = (
+                    f"(it could not start: {unstartable})"
+                    if unstartable is not None
+                    else "(its node left the cluster)"
+                    if node_left
+                    else f"(exit code {code}, restarts used up)"
+                )
                 return self._lose(task, why, also)
             if code != 0 and (runs_cmd or task.startswith("ps")):
-                self.status(f"{task} failed with exit code {code}"
-                            + ("; its node left the cluster" if node_left else ""))
+                self.status(
+                    f"{task} failed with exit code {code}" + ("; its node left the cluster" if node_left else "")
+                )
                 return Ending.failed(code, task)
             self.status(f"{task} (TF server) exited with {code}; the coordinator works on without it")
         return None
@@ -381,16 +436,16 @@ class _StopSignals:
     """While active (main thread only): SIGINT, SIGTERM, SIGHUP and SIGQUIT ask the run to stop."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self.listeners: list[Callable[[int], None]] = []
         self._previous: dict[int, Any] = {}
 
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
         for listener in self.listeners:
             listener(signum)
 
-    def __enter__(self) -> "_StopSignals":
+    def __enter__(self) -> _StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -401,9 +456,14 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
-               on_status: Optional[StatusSink] = None, base_env: Optional[Mapping[str, str]] = None,
-               engine: Optional[Engine] = None) -> LaunchResult:
+def run_config(
+    config: LaunchConfig,
+    *,
+    on_line: LineSink | None = None,
+    on_status: StatusSink | None = None,
+    base_env: Mapping[str, str] | None = None,
+    engine: Engine | None = None,
+) -> LaunchResult:
     """Runs ``config`` to the end; nothing is left running when it returns.
 
     SIGINT, SIGTERM, SIGHUP and SIGQUIT (when called from the main thread)
@@ -430,8 +490,13 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
     base_env = dict(os.environ if base_env is None else base_env)
     engine = engine or LocalEngine()
     if config.isolate_network and not engine.isolates_network:
-        raise invalid(LaunchError, "isolate_network", True, f"the local engine (not {type(engine).__name__})",
-                      "A private network namespace exists on this machine only; leave `isolate_network` off.")
+        raise invalid(
+            LaunchError,
+            "isolate_network",
+            True,
+            f"the local engine (not {type(engine).__name__})",
+            "A private network namespace exists on this machine only; leave `isolate_network` off.",
+        )
     with _StopSignals() as signals:
         try:
             return _supervise(config, engine, on_line, status, base_env, signals)
@@ -439,8 +504,14 @@ def run_config(config: LaunchConfig, *, on_line: Optional[LineSink] = None,
             engine.close()
 
 
-def _supervise(config: LaunchConfig, engine: Engine, on_line: Optional[LineSink], status: StatusSink,
-               base_env: Mapping[str, str], signals: _StopSignals) -> LaunchResult:
+def _supervise(
+    config: LaunchConfig,
+    engine: Engine,
+    on_line: LineSink | None,
+    status: StatusSink,
+    base_env: Mapping[str, str],
+    signals: _StopSignals,
+) -> LaunchResult:
     spec = engine.place(config)  # with isolate_network, the local engine makes the private namespace here
     status(EXPOSURE_WARNING)
     if config.isolate_network:
@@ -455,20 +526,37 @@ def _supervise(config: LaunchConfig, engine: Engine, on_line: Optional[LineSink]
         ending = supervisor.run(deadline, t0)
     finally:
         supervisor.stop_all()
-    tasks = tuple(TaskResult(task=name, exit_code=record.poll(), restarts=record.restarts,
-                             runs_command=config.runs_command(name), output="\n".join(record.lines),
-                             pid=record.proc.pid if record.proc else None)
-                  for name, record in supervisor.group.tasks.items())
-    result = LaunchResult(exit_code=ending.exit_code, reason=ending.outcome, failed_task=ending.failed_task,
-                          tasks=tasks, cluster=spec)
+    tasks = tuple(
+        TaskResult(
+            task=name,
+            exit_code=record.poll(),
+            restarts=record.restarts,
+            runs_command=config.runs_command(name),
+            output="\n".join(record.lines),
+            pid=record.proc.pid if record.proc else None,
+        )
+        for name, record in supervisor.group.tasks.items()
+    )
+    result = LaunchResult(
+        exit_code=ending.exit_code, reason=ending.outcome, failed_task=ending.failed_task, tasks=tasks, cluster=spec
+    )
     status(result.summary().splitlines()[0] + f" in {time.monotonic() - t0:.1f}s")
     return result
 
 
-def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
-        on_line: Optional[LineSink] = None, on_status: Optional[StatusSink] = None,
-        base_env: Optional[Mapping[str, str]] = None, engine: Union[str, Engine, None] = None,
-        **options: Any) -> LaunchResult:
+def run(
+    command: Sequence[str],
+    *,
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    on_line: LineSink | None = None,
+    on_status: StatusSink | None = None,
+    base_env: Mapping[str, str] | None = None,
+    engine: str | Engine | None = None,
+    **options: Any,
+) -> LaunchResult:
     """Runs ``command`` on a cluster; see :class:`LaunchConfig` for ``options``.
 
     ``engine`` is where the tasks run: an :class:`~tfdist.launch.engines.base.Engine`, a registered name
@@ -481,8 +569,13 @@ def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = Fals
       LaunchError: The configuration is invalid; nothing was started.
       LaunchFailure: The cluster could not be started here (no free ports, no network namespace).
     """
-    check_keywords(LaunchError, "options", options, _OPTION_NAMES - {"command", "workers", "ps", "chief", "evaluator"},
-                   "See tfdist.launch.LaunchConfig for the options.")
+    check_keywords(
+        LaunchError,
+        "options",
+        options,
+        _OPTION_NAMES - {"command", "workers", "ps", "chief", "evaluator"},
+        "See tfdist.launch.LaunchConfig for the options.",
+    )
     config = LaunchConfig(command=command, workers=workers, ps=ps, chief=chief, evaluator=evaluator, **options)
     if not (engine is None or isinstance(engine, (str, Engine))):
         raise invalid(LaunchError, "engine", engine, "None, an engine name such as 'local' or 'ray', or an Engine")

@@ -6,11 +6,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from tfdist.runtime import exit_codes
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid
 from tfdist.launch import environment
 from tfdist.launch.config import LaunchConfig
+from tfdist.runtime import exit_codes
 
 # Servers (ps, and workers of a parameter-server job) end this long after the chief is gone, so the job ends.
 SERVER_EXIT_WITH_CHIEF = 3.0
@@ -27,8 +27,15 @@ def parse_jobs(text: str) -> dict[str, int]:
     return jobs
 
 
-def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on: str, restart: int,
-              variables: Mapping[str, str] | None = None) -> int:
+def exec_task(
+    prefix: str,
+    spec: ClusterSpec,
+    command: Sequence[str],
+    *,
+    run_on: str,
+    restart: int,
+    variables: Mapping[str, str] | None = None,
+) -> int:
     """Execs this task's program (the command, or tfdist's TF server) with TF_CONFIG; returns only on failure.
 
     ``variables`` are set in the program's environment too (e.g. TFDIST_WORLD_SIZE of an elastic Slurm job).
@@ -36,11 +43,20 @@ def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on:
     Raises:
       LaunchError: The command and topology do not make a valid launch.
     """
-    config = LaunchConfig(command=tuple(command), workers=len(spec.jobs.get("worker", ())), ps=spec.num_ps,
-                          chief=spec.has_chief, evaluator="evaluator" in spec.jobs, run_on=run_on)
+    config = LaunchConfig(
+        command=tuple(command),
+        workers=len(spec.jobs.get("worker", ())),
+        ps=spec.num_ps,
+        chief=spec.has_chief,
+        evaluator="evaluator" in spec.jobs,
+        run_on=run_on,
+    )
     task = spec.task.name  # type: ignore[union-attr]
-    program = list(config.command) if config.runs_command(task) else [
-        *environment.server_argv(), "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
+    program = (
+        list(config.command)
+        if config.runs_command(task)
+        else [*environment.server_argv(), "--exit-with-chief", str(SERVER_EXIT_WITH_CHIEF)]
+    )
     env = environment.child_env(os.environ, config, spec, task, restart=restart)
     env.update(variables or {})
     sys.stderr.write(f"{prefix}{spec.describe()}\n")
@@ -49,7 +65,9 @@ def exec_task(prefix: str, spec: ClusterSpec, command: Sequence[str], *, run_on:
         os.execvpe(program[0], program, env)
     except OSError as err:  # Not found (127) or not executable (126), as a shell reports them.
         code = exit_codes.NOT_FOUND if isinstance(err, FileNotFoundError) else exit_codes.CANNOT_EXECUTE
-        sys.stderr.write(f"{prefix}error: cannot run {program[0]!r} on {os.uname().nodename}: {err.strerror}. "
-                         "Check the command after '--' and PATH there.\n")
+        sys.stderr.write(
+            f"{prefix}error: cannot run {program[0]!r} on {os.uname().nodename}: {err.strerror}. "
+            "Check the command after '--' and PATH there.\n"
+        )
         return code
     return exit_codes.FAILED  # Not reached.

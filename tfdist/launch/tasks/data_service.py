@@ -9,24 +9,30 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from tfdist.runtime import program as _common
 from tfdist.errors import DataError, require_int
+from tfdist.runtime import program as _common
 
 PROG = "python -m tfdist.launch.tasks.data_service"
 MAX_WORKERS = 256
 
 
 @_common.cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; serves until SIGTERM or Ctrl-C and returns the exit status."""
     parser = _common.ArgumentParser(prog=PROG)
     parser.add_argument("--workers", type=int, default=1, help=f"service workers, 1 to {MAX_WORKERS}")
     parser.add_argument("--port", type=_common.port_number, default=0, help="dispatcher port (0: pick a free one)")
     args = parser.parse_args(argv)
-    require_int(DataError, "--workers", args.workers, minimum=1, maximum=MAX_WORKERS,
-                fix="Each service worker is a thread pool in this process; a few per machine are enough.")
+    require_int(
+        DataError,
+        "--workers",
+        args.workers,
+        minimum=1,
+        maximum=MAX_WORKERS,
+        fix="Each service worker is a thread pool in this process; a few per machine are enough.",
+    )
     from tfdist.data.service import LocalDataService  # Imports TensorFlow only once the flags are valid.
 
     stop = threading.Event()

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from tfdist.runtime import program as _common
-from tfdist.launch.tasks._common import exec_task, parse_jobs
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, require_int
 from tfdist.launch.config import RUN_ON_CHOICES
+from tfdist.launch.tasks._common import exec_task, parse_jobs
+from tfdist.runtime import program as _common
 
 _PROG = "python -m tfdist.launch.tasks.jobset"
 
 
 @_common.cli_main(_PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Execs the pod's program; a tfdist error is one line on stderr (exit 2 for bad input, 1 for a failure)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -37,7 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # JobSet's restart count (a label, passed in by the manifest) becomes TFDIST_RESTART.
     attempt = os.environ.get("JOBSET_RESTART_ATTEMPT") or "0"
     restart = int(attempt) if attempt.isascii() and attempt.isdigit() else 0
-    return exec_task(f"{_PROG}: ", spec, argv[cut + 1:], run_on=args.run_on, restart=restart)
+    return exec_task(f"{_PROG}: ", spec, argv[cut + 1 :], run_on=args.run_on, restart=restart)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,14 @@ def _answer(line: str) -> dict[str, Any]:
     try:
         return {"result": _OPS[request["op"]](request)}
     except Error as err:  # a bad host or no free port: the engine raises it again, as if asked here
-        return {"error": type(err).__name__, "message": err.message, "field": err.field, "value": err.value,
-                "expected": err.expected, "fix": err.fix}
+        return {
+            "error": type(err).__name__,
+            "message": err.message,
+            "field": err.field,
+            "value": err.value,
+            "expected": err.expected,
+            "fix": err.fix,
+        }
 
 
 def serve(requests: TextIO, answers: TextIO) -> None:

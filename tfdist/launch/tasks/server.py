@@ -15,21 +15,26 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from tfdist.runtime import program as _common
 from tfdist.errors import LaunchError, invalid
+from tfdist.runtime import program as _common
 
 PROG = "python -m tfdist.launch.tasks.server"
 MAX_EXIT_WITH_CHIEF = 86400.0
 
 
 @_common.cli_main(PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status after the server stops."""
     parser = _common.ArgumentParser(prog=PROG, description="Serve this task of the TF_CONFIG cluster.")
-    parser.add_argument("--exit-with-chief", type=_common.finite_float, default=None, metavar="SECONDS",
-                        help="end (exit 0) once the chief has been unreachable this long after it was up")
+    parser.add_argument(
+        "--exit-with-chief",
+        type=_common.finite_float,
+        default=None,
+        metavar="SECONDS",
+        help="end (exit 0) once the chief has been unreachable this long after it was up",
+    )
     args = parser.parse_args(argv)
     grace = args.exit_with_chief
     if grace is not None and not 0 < grace < MAX_EXIT_WITH_CHIEF:

@@ -18,16 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from tfdist.cluster import address as _address
 from tfdist.cluster import slurm as _slurm
-from tfdist.runtime import program as _common
-from tfdist.launch.tasks._common import exec_task, parse_jobs
+from tfdist.cluster.elastic import MEMBERSHIP_VAR, WORLD_SIZE_VAR
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import RUN_ON_CHOICES
-from tfdist.cluster.elastic import MEMBERSHIP_VAR, WORLD_SIZE_VAR
+from tfdist.launch.tasks._common import exec_task, parse_jobs
+from tfdist.runtime import program as _common
 
 _PROG = "python -m tfdist.launch.tasks.slurm"
 
@@ -35,22 +35,30 @@ _PROG = "python -m tfdist.launch.tasks.slurm"
 def _pick_port_base(env: dict[str, str]) -> int:
     job_id = env.get("SLURM_JOB_ID", "")
     if not (job_id.isascii() and job_id.isdigit()):
-        raise invalid(LaunchError, "SLURM_JOB_ID", job_id or None, "the job id Slurm sets",
-                      "Run --pick-port-base inside an sbatch script.")
+        raise invalid(
+            LaunchError,
+            "SLURM_JOB_ID",
+            job_id or None,
+            "the job id Slurm sets",
+            "Run --pick-port-base inside an sbatch script.",
+        )
     per_node = _slurm.expand_tasks_per_node("SLURM_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1"))
     return _slurm.job_port_base(int(job_id), max(per_node), lambda port: _address.port_is_free("0.0.0.0", port))
 
 
-def _elastic(jobs: Optional[dict[str, int]], min_workers: int,
-             env: dict[str, str]) -> tuple[dict[str, int], dict[str, str]]:
+def _elastic(
+    jobs: dict[str, int] | None, min_workers: int, env: dict[str, str]
+) -> tuple[dict[str, int], dict[str, str]]:
     """The jobs of an elastic step (the tasks --jobs does not name are workers) and the membership variables."""
     require_int(LaunchError, "--min-workers", min_workers, minimum=1)
     jobs = _slurm.elastic_jobs(jobs or {}, _slurm.step_tasks(env), min_workers=min_workers)
     generation = _slurm.restart_count(env)
     world_size = jobs["worker"] + jobs.get("chief", 0)
     if env.get("SLURM_PROCID") == "0":
-        sys.stderr.write(f"{_PROG}: elastic membership {generation} (Slurm restart count): world size {world_size}"
-                         f" ({jobs['worker']} workers, at least {min_workers})\n")
+        sys.stderr.write(
+            f"{_PROG}: elastic membership {generation} (Slurm restart count): world size {world_size}"
+            f" ({jobs['worker']} workers, at least {min_workers})\n"
+        )
     return jobs, {WORLD_SIZE_VAR: str(world_size), MEMBERSHIP_VAR: str(generation)}
 
 
@@ -58,25 +66,38 @@ def _parser() -> argparse.ArgumentParser:
     parser = _common.ArgumentParser(prog=_PROG)
     parser.add_argument("--jobs", default=None, help="JOB=COUNT pairs; default every task a worker")
     parser.add_argument("--port-base", type=int, default=8888, help="port of the first task on each node")
-    parser.add_argument("--pick-port-base", action="store_true",
-                        help="print this job's port base (from SLURM_JOB_ID and free ports) and exit")
-    parser.add_argument("--allocated-tasks", type=int, default=None, metavar="MAX",
-                        help="print the tasks of this allocation (SLURM_TASKS_PER_NODE), at most MAX, and exit")
-    parser.add_argument("--min-workers", type=int, default=None, metavar="M",
-                        help="elastic: the tasks --jobs does not name are workers (at least M); sets "
-                             "TFDIST_WORLD_SIZE and TFDIST_MEMBERSHIP (= SLURM_RESTART_COUNT)")
+    parser.add_argument(
+        "--pick-port-base",
+        action="store_true",
+        help="print this job's port base (from SLURM_JOB_ID and free ports) and exit",
+    )
+    parser.add_argument(
+        "--allocated-tasks",
+        type=int,
+        default=None,
+        metavar="MAX",
+        help="print the tasks of this allocation (SLURM_TASKS_PER_NODE), at most MAX, and exit",
+    )
+    parser.add_argument(
+        "--min-workers",
+        type=int,
+        default=None,
+        metavar="M",
+        help="elastic: the tasks --jobs does not name are workers (at least M); sets "
+        "TFDIST_WORLD_SIZE and TFDIST_MEMBERSHIP (= SLURM_RESTART_COUNT)",
+    )
     parser.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto")
     parser.add_argument("--restart", type=int, default=0, help="attempt number (TFDIST_RESTART)")
     return parser
 
 
 @_common.cli_main(_PROG)
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Execs the task's program; a tfdist error is one line on stderr (exit 2 for bad input, 1 for a failure)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = _parser().parse_args(argv[:cut])
-    command = argv[cut + 1:]
+    command = argv[cut + 1 :]
     if args.pick_port_base:
         sys.stdout.write(f"{_pick_port_base(dict(os.environ))}\n")
         return 0
