@@ -18,6 +18,7 @@ With --workers 3 or 4 it measures only TF's default all-reduce and fits the cost
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -108,7 +109,7 @@ def _gloo_child(rank: int, port: int, repeats: int) -> None:
     out: dict[str, float] = {}
     for size in SIZES:
         tensor = torch.ones(size // 4)
-        out[str(size)] = _median_time(lambda t=tensor: dist.all_reduce(t), repeats, before=dist.barrier)
+        out[str(size)] = _median_time(functools.partial(dist.all_reduce, tensor), repeats, before=dist.barrier)
     total = sum(math.prod(s) for s in resnet50_shapes())
     buckets = [torch.ones(min(DDP_BUCKET_BYTES // 4, total - i)) for i in range(0, total, DDP_BUCKET_BYTES // 4)]
     out["resnet50"] = _median_time(lambda: [dist.all_reduce(b) for b in buckets], repeats, before=dist.barrier)
@@ -186,7 +187,10 @@ def loopback(repeats: int, sizes: list[int]) -> dict[str, float]:
         try:
             conn, _ = server.accept()
             with conn:
-                return {str(size): _median_time(lambda s=size: _exchange(conn, s, buffers), repeats) for size in sizes}
+                return {
+                    str(size): _median_time(functools.partial(_exchange, conn, size, buffers), repeats)
+                    for size in sizes
+                }
         finally:
             child.wait(timeout=120)
 
@@ -200,7 +204,7 @@ def cost_model(default: dict[str, float], workers: int) -> dict[str, Any]:
     """Fits the ring model to TF's default all-reduce times and compares prediction with measurement."""
     from tfdist.plan import Plan, fit_ring
 
-    samples = sorted((int(k), v) for k, v in default.items() if k.isdigit())
+    samples: list[tuple[float, ...]] = sorted((float(k), v) for k, v in default.items() if k.isdigit())
     latency, bandwidth = fit_ring(samples, workers=workers)
     rows = []
     for size, seconds in samples:
@@ -268,7 +272,8 @@ def main() -> int:
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gloo_child:
-        _gloo_child(*args.gloo_child, args.repeats)
+        rank, port = args.gloo_child
+        _gloo_child(rank, port, args.repeats)
         return 0
     if args.loopback_child:
         _loopback_child(args.loopback_child, [int(s) for s in args.sizes.split(",")], args.repeats)

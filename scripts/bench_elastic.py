@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tfdist import launch
 
@@ -59,7 +60,7 @@ def _run(kind: str) -> dict[str, float]:
         if " started (command" in message:
             starts.append(now)
 
-    options = (
+    options: dict[str, Any] = (
         dict(min_workers=2, loses=["worker:2@after=^EPOCH 1 "], returns=["worker:2@after=^EPOCH 2 "]) if elastic else {}
     )
     with tempfile.TemporaryDirectory() as work:

@@ -300,7 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work = args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-")
     sizes = [int(s) for s in args.sizes.split(",")]
-    variants, runs, cpu, build, deletes = {}, {}, {}, {}, {}
+    variants: dict[int, Any] = {}
+    runs: dict[int, Any] = {}
+    cpu: dict[int, Any] = {}
+    build: dict[int, Any] = {}
+    deletes: dict[int, Any] = {}
     for size in sizes:
         files, part = _write(work, args.num, size)
         made = _variants(files, part, round(size * args.scale), args.batch)

@@ -41,7 +41,7 @@ def child(peer_wait: bool) -> int:
     with strategy.scope():
         model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    marked = []
+    marked: list[float] = []
 
     def _mark(batch: int, logs: object) -> None:
         if not marked:

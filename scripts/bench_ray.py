@@ -165,7 +165,8 @@ def main() -> int:
         train({}, strategy)
         return 0
     if args.ray_train:
-        return ray_train_driver(*args.ray_train, args.num_cpus)
+        address, marks = args.ray_train
+        return ray_train_driver(address, marks, args.num_cpus)
     from tfdist.cluster import free_ports
 
     tmp = os.path.join("/tmp", f"tfdist-bench-ray-{os.getpid()}")

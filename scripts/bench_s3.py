@@ -80,7 +80,7 @@ def main() -> int:
     if args.child:
         import tfdist
 
-        tfdist.exit_cleanly(lambda: child(args.child, args.files, args.mb_per_file) or 0)  # tensorflow-io#2039
+        tfdist.exit_cleanly(child, args.child, args.files, args.mb_per_file)  # tensorflow-io#2039
 
     from tfdist.cluster import can_connect, free_ports
 

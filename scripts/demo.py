@@ -16,11 +16,12 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import tfdist
 
 
-def _build(keras, classes: int, size: int, image_key: str):  # type: ignore[no-untyped-def]
+def _build(keras: Any, classes: int, size: int, image_key: str) -> Any:
     model = keras.Sequential(
         [
             keras.Input((size, size, 3), name=image_key),  # Matches the feature name in the input dict.

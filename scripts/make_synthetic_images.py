@@ -14,6 +14,8 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +33,7 @@ def class_counts(num: int, classes: int, skew: str) -> list[int]:
     return counts.tolist()
 
 
-def examples(num: int, classes: int, size: int, skew: str, seed: int):  # type: ignore[no-untyped-def]
+def examples(num: int, classes: int, size: int, skew: str, seed: int) -> Iterator[Any]:
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)

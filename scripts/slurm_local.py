@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 PACKAGES = ("slurm-wlm", "munge")
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "srun", "scontrol", "scancel", "squeue")
@@ -231,7 +232,7 @@ def start(directory: str, *, cpus: int = 8, timeout: float = 90.0) -> LocalSlurm
     return cluster
 
 
-def _wait_for(ready, timeout: float, what: str, cluster: LocalSlurm) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(ready: Callable[[], bool], timeout: float, what: str, cluster: LocalSlurm) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         dead = [name for name, proc in cluster.processes.items() if proc.poll() is not None]

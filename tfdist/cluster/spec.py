@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdist.cluster import _parse as _cluster_parse
@@ -222,7 +222,7 @@ class ClusterSpec:
             )
         counts = task_counts(workers=workers, ps=ps, chief=chief, evaluator=evaluator)
         ports = iter(_address.free_ports(sum(counts.values()), host))
-        jobs = {job: [_address.join_address(host, next(ports)) for _ in range(n)] for job, n in counts.items()}
+        jobs = {job: {i: _address.join_address(host, next(ports)) for i in range(n)} for job, n in counts.items()}
         return cls(jobs=jobs)
 
     @classmethod
@@ -244,7 +244,7 @@ class ClusterSpec:
         cluster, task_type, task_id = _slurm.slurm_layout(
             os.environ if env is None else env, jobs=jobs, port_base=port_base
         )
-        return cls(jobs=cluster, task_type=task_type, task_id=task_id)
+        return cls(jobs=_indexed(cluster), task_type=task_type, task_id=task_id)
 
     @classmethod
     def from_jobset(
@@ -280,7 +280,7 @@ class ClusterSpec:
         cluster, task_type, task_id = _jobset.jobset_layout(
             os.environ if env is None else env, jobs=jobs, port=port, subdomain=subdomain
         )
-        return cls(jobs=cluster, task_type=task_type, task_id=task_id)
+        return cls(jobs=_indexed(cluster), task_type=task_type, task_id=task_id)
 
     def with_task(self, task_type: str, task_id: int = 0) -> ClusterSpec:
         """The same cluster seen from another task."""
@@ -407,6 +407,11 @@ class ClusterSpec:
         role = self.task.name if self.task else "no task"
         chief = " (chief)" if self.is_chief else ""
         return f"{role}{chief}; cluster {jobs}; fingerprint {self.fingerprint}"
+
+
+def _indexed(jobs: Mapping[str, Sequence[str]]) -> dict[str, dict[int, str]]:
+    """Job -> task addresses in index order, as ``{index: address}`` (what a ClusterSpec holds)."""
+    return {job: dict(enumerate(addresses)) for job, addresses in jobs.items()}
 
 
 # What functions taking a cluster accept: a spec, TF_CONFIG text or mapping, or None for the environment's.

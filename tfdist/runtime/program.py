@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from tfdist.errors import Error
 from tfdist.runtime import exit_codes
@@ -23,7 +23,11 @@ from tfdist.runtime import exit_codes
 EXIT_FAILURE, EXIT_USAGE = exit_codes.FAILED, exit_codes.BAD_CONFIG
 EXIT_PIPE = exit_codes.from_signal(signal.SIGPIPE)  # What a shell reports for a filter killed by SIGPIPE.
 
-Main = Callable[[Sequence[str] | None], int]
+
+class Main(Protocol):
+    """A program's ``main(argv=None) -> exit code``."""
+
+    def __call__(self, argv: Sequence[str] | None = None, /) -> int: ...
 
 
 def one_line(text: str) -> str:

@@ -38,7 +38,7 @@ def _emit_spec(config: LaunchConfig, *, hosts: Sequence[str] | None = None, port
     jobs: dict[str, list[str]] = {}
     for name, host in zip(names, hosts):
         jobs.setdefault(split_task_name(name)[0], []).append(host if ":" in host else f"{host}:{port}")
-    return ClusterSpec(jobs=jobs)
+    return ClusterSpec(jobs={job: dict(enumerate(addresses)) for job, addresses in jobs.items()})
 
 
 def tf_configs(

@@ -71,7 +71,7 @@ class LocalEngine(Engine):
             ports = iter(self._network.pick(sum(counts.values()), config.host))
             spec = ClusterSpec(
                 jobs={
-                    job: [_address.join_address(config.host, next(ports)) for _ in range(count)]
+                    job: {i: _address.join_address(config.host, next(ports)) for i in range(count)}
                     for job, count in counts.items()
                 }
             )

@@ -213,7 +213,7 @@ class RayEngine(Engine):
         jobs: dict[str, list[str]] = {}
         for task in config.task_names():
             jobs.setdefault(task.split(":")[0], []).append(addresses[task])
-        spec = ClusterSpec(jobs=jobs)
+        spec = ClusterSpec(jobs={job: dict(enumerate(addresses)) for job, addresses in jobs.items()})
         _log.info(
             "Ray placed %d tasks (%s): %s",
             len(tasks),

@@ -76,7 +76,7 @@ class Membership:
         }
         jobs["worker"] = [full.jobs["worker"][_index(task)] for task in self.workers]
         return ClusterSpec(
-            jobs={job: [readdress(address) for address in addresses] for job, addresses in jobs.items() if addresses}
+            jobs={job: dict(enumerate(map(readdress, addresses))) for job, addresses in jobs.items() if addresses}
         )
 
     def world_size(self, full: ClusterSpec) -> int:

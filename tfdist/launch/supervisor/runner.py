@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -56,7 +55,7 @@ EXPOSURE_WARNING = (
 ISOLATED = "network namespace: private, loopback only; task ports are unreachable from outside"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _KILL_WAIT, _DRAIN_SECONDS, _PASS_SECONDS = 10.0, 2.0, 0.05
-_OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(LaunchConfig))
+_OPTION_NAMES = frozenset(LaunchConfig.option_names())
 
 
 def _make_log_dir(path: str) -> None:

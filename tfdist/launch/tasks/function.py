@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+from typing import Any
 
 from tfdist.runtime.clean_exit import exit_cleanly
 
@@ -29,7 +30,7 @@ def main() -> int:
         spec = importlib.util.spec_from_file_location("_tfdist_task_module", args.file)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-    target = module
+    target: Any = module
     for part in args.function.split("."):
         target = getattr(target, part)
     value = target(*json.loads(args.args))
