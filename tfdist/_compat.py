@@ -349,11 +349,11 @@ def _check_data_readers() -> None:
             raise _missing("_UnbatchDataset splitting batches", "stratified sampling")
 
 
-_CHECKS: dict[str, Callable[[], None]] = {
-    "Callback._implements_train_batch_hooks": lambda: callback_base() and None,
+_CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
+    "Callback._implements_train_batch_hooks": callback_base,
     "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
     "PreemptionCheckpointHandler._read_checkpoint_manager": _check_preemption_wiring,
-    "ShardedVariable": lambda: _sharded_variable_class() and None,
+    "ShardedVariable": _sharded_variable_class,
     "tf.data service servers' _stop": _check_data_service,
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
     "tf.data's _TFRecordDataset and _UnbatchDataset": _check_data_readers,

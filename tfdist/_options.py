@@ -92,8 +92,8 @@ class OptionGroup(Generic[G]):
         try:
             return self.kind(**{name: values[flat] for flat, name in fields.items()})
         except Error as err:
-            flat = {name: flat for flat, name in fields.items()}.get(err.field or "", err.field)
-            raise err if flat == err.field else _renamed(err, flat) from None
+            flat = {name: flat for flat, name in fields.items()}.get(err.field or "")
+            raise err if flat is None or flat == err.field else _renamed(err, flat) from None
 
 
 def group(kind: type[G], *, prefix: str = "") -> OptionGroup[G]:
@@ -131,7 +131,7 @@ class GroupedOptions:
         taken = {*annotations, *cls._option_groups, *getattr(cls, "__dataclass_fields__", {})}
         for grp in groups.values():
             hints = _hints(grp.kind)
-            own = {f.name: f for f in dataclasses.fields(grp.kind)}  # type: ignore[arg-type]
+            own = {f.name: f for f in dataclasses.fields(grp.kind)}
             for flat, name in grp.fields().items():
                 if flat in taken or flat in groups:
                     raise TypeError(f"{cls.__name__}: option {flat!r} is declared twice")

@@ -294,8 +294,9 @@ def fit_ring(samples: list[tuple[float, ...]], *, workers: int | None = None) ->
         >>> [round(v, 6) for v in fit_ring(samples, workers=2)]
         [0.0001, 1000000000.0]
     """
-    counts = [int(s[2]) if len(s) > 2 else workers for s in samples]
-    if any(n is None or n < 2 for n in counts) or len(samples) < 2:
+    given = [int(s[2]) if len(s) > 2 else workers for s in samples]
+    counts = [n for n in given if n is not None]
+    if len(counts) < len(given) or any(n < 2 for n in counts) or len(samples) < 2:
         raise invalid(PlanError, "samples", len(samples), "two or more sizes measured on >= 2 workers each")
     rows = [
         (2 * (n - 1) / s[1], 2 * (n - 1) / n * s[0] / s[1], 1.0)  # Each row divided by t: relative error.

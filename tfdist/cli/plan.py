@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TypeVar
 
 from tfdist.comm.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
 from tfdist.errors import PlanError, invalid
 from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
 from tfdist.runtime.program import one_line
+
+_Default = TypeVar("_Default", float, None)  # optional()'s default: a float gives a float.
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                 "Pass both, e.g. --embedding-values 320M --embedding-touched 20k.",
             )
 
-        def optional(text: str | None, kind: str, default: float | None) -> float | None:
+        def optional(text: str | None, kind: str, default: _Default) -> float | _Default:
             return default if text is None else parse_quantity(text, kind)  # An empty flag is an error, not unset.
 
         plan = Plan(

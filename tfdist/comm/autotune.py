@@ -114,7 +114,7 @@ class CollectiveTuning(CollectiveConfig):
     @classmethod
     def of(cls, tuning: CollectiveTuning | str | os.PathLike) -> CollectiveTuning:
         """``tuning`` itself, or the tuning saved at that path."""
-        return tuning if isinstance(tuning, cls) else cls.load(tuning)
+        return tuning if isinstance(tuning, CollectiveTuning) else cls.load(tuning)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CollectiveTuning:
@@ -184,10 +184,10 @@ def all_reduce_timer(
 
     def replica_fn(*tensors: Any) -> Any:
         with tf.device(device):  # An unplaced tensor has no destination for the all-reduce.
-            tensors = [tf.identity(t) for t in tensors]
+            placed = [tf.identity(t) for t in tensors]
         if config is None:
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
-        return all_reduce_sum(tensors, config)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, placed)
+        return all_reduce_sum(placed, config)
 
     @tf.function
     def step(*tensors: Any) -> Any:

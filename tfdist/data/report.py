@@ -67,8 +67,9 @@ class SkewReport:
     @property
     def class_imbalance(self) -> float:
         """Largest over smallest class count globally (inf when a class is empty)."""
-        counts = [v for v in self.global_classes.values()]
-        return max(counts) / min(counts) if counts and min(counts) else math.inf
+        counts = list(self.global_classes.values())
+        smallest = min(counts, default=0)
+        return max(counts) / smallest if smallest else math.inf
 
     def advice(self) -> list[str]:
         """What to change, in words."""

@@ -59,14 +59,11 @@ def resolve_weights(
             )
         if not keys:
             raise invalid(DataError, "classes", keys, "at least one class")
-        raw = {
-            k: 1.0
-            if weights == "balanced"
-            else float(counts[k])
-            if weights == "natural"  # type: ignore[index]
-            else math.sqrt(counts[k])
-            for k in keys
-        }  # type: ignore[index]
+        if weights == "balanced":
+            raw = {k: 1.0 for k in keys}
+        else:
+            assert counts is not None  # Checked above: 'natural' and 'sqrt' need counts.
+            raw = {k: float(counts[k]) if weights == "natural" else math.sqrt(counts[k]) for k in keys}
     else:
         try:
             raw = {k: float(v) for k, v in weights.items()}
@@ -181,7 +178,7 @@ def _sample(
             .map(lambda _: tf.cast(variable.read_value(), tf.float32) / tf.reduce_sum(variable))
         )
         return tf.data.Dataset.sample_from_datasets(members, weights=live, seed=seed, stop_on_empty_dataset=stop)
-    probabilities = resolve_weights(weights, counts=counts, classes=keys)  # type: ignore[arg-type]
+    probabilities = resolve_weights(weights, counts=counts, classes=keys)
     mix = [probabilities[k] for k in keys]
     if choices is not None and seed is not None and choices <= _PLANNED_CHOICES:
         picks = _planned_choices(mix, choices, seed=seed)

@@ -105,5 +105,6 @@ def _accumulating_train_step(self: Any, data: Any) -> dict[str, Any]:
             grads if total is None else [a if g is None else (g if a is None else a + g) for a, g in zip(total, grads)]
         )
         self.compute_metrics(x, y, y_pred, sample_weight)
+    assert total is not None  # _micro_batches yields accumulation_steps >= 1 pieces.
     self.optimizer.apply_gradients(zip(total, variables))
     return self.get_metrics_result()

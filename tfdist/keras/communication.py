@@ -88,18 +88,21 @@ def with_communication(
             "an optimizer not wrapped yet",
             "Call with_communication on the original optimizer once.",
         )
-    new = _subclass(base).from_config(optimizer.get_config())
+    # arg-type: mypy does not see a class as Hashable (it checks the unbound object.__hash__); classes hash.
+    new = _subclass(base).from_config(optimizer.get_config())  # type: ignore[arg-type]
     new._tfdist_setup(config)
     return new
 
 
 @functools.cache
-def _subclass(base: type) -> type:
+def _subclass(base: type) -> type[Any]:
     return type(f"Communicating{base.__name__}", (_CommunicationMixin, base), {"__module__": __name__})
 
 
 class _CommunicationMixin:
     """Overrides the tf-keras ``Optimizer`` hooks for aggregation and application."""
+
+    _tfdist: dict[str, Any]  # Set by _tfdist_setup; an annotation only, no class attribute.
 
     def _tfdist_setup(self, config: CollectiveConfig) -> None:
         # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).

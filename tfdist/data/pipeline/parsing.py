@@ -44,11 +44,12 @@ def parse_batch(records: Any, parse: ParseOptions, *, seed: int | None) -> Any:
 
     features = tf.io.parse_example(records, parse.features)
     if parse.image_key is not None:
+        assert parse.image_size is not None  # ParseOptions requires image_key and image_size together.
         decode = _decode.image_decoder(
             parse.image_key,
             parse.image_size,
             parse.augment,
-            seed,  # type: ignore
+            seed,
             scale=False,
         )
         key = parse.image_key

@@ -60,8 +60,8 @@ def _how_to_read(
     - 'sequential': local files of one of several streams (stratified class groups, which the sampler
       pulls a few records at a time; not under 'data'), or a single file: one file after the other.
     """
-    if tuning.num_parallel_reads != "autotune":
-        return "parallel", max(1, min(len(paths), tuning.num_parallel_reads))  # type: ignore[type-var]
+    if isinstance(tuning.num_parallel_reads, int):  # Else 'autotune' (TuningOptions checks).
+        return "parallel", max(1, min(len(paths), tuning.num_parallel_reads))
     reads = max(1, min(len(paths), _AUTOTUNE_READS // streams))
     if local is None:
         local = on_local_disk(paths)
@@ -186,9 +186,11 @@ def read_records(
     if plan.policy == "data":
         records = records.shard(plan.num_workers, worker)
     elif plan.policy == "hash":
+        # TFRecordPipeline requires a key that names a feature of ``features`` with the 'hash' policy.
+        assert shard.key is not None and features is not None
         keep = _decode.key_mask(
             shard.key,
-            features[shard.key],  # type: ignore[arg-type,index]
+            features[shard.key],
             plan.num_workers,
             worker,
         )

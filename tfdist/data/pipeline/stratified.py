@@ -110,7 +110,7 @@ def stratified_records(
             per_class,
             weights,
             counts=counts,
-            seed=epoch.seed,  # type: ignore[arg-type]
+            seed=epoch.seed,
             block=sample.sample_block,
             on_exhausted="drop",
             draws=None if mine is None else mine * epoch.num_epochs,
@@ -122,7 +122,7 @@ def stratified_records(
         per_class,
         weights,
         counts=counts,
-        seed=epoch.seed,  # type: ignore[arg-type]
+        seed=epoch.seed,
         block=sample.sample_block,
         draws=draws,
     )

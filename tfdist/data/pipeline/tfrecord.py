@@ -332,13 +332,13 @@ among ... (did you mean 'shuffle_buffer'?).
             # (features, label) pairs are split in the same map: one traced function and one stage less.
             def parse(batch: Any) -> Any:
                 features = parsing.parse_batch(batch, self.parsing, seed=self.seed)
-                return parsing.split_label(features, self.label_key) if self.as_supervised else features  # type: ignore
+                return parsing.split_label(features, self.label_key) if self.as_supervised else features
 
             dataset = _batching.batch(records, where.batch_size, **batching).map(
                 parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
             )
         if self.as_supervised and (self.parse_fn is not None or fallback):
-            dataset = parsing.supervised(dataset, self.label_key)  # type: ignore[arg-type]
+            dataset = parsing.supervised(dataset, self.label_key)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = self.deterministic

@@ -28,7 +28,7 @@ _READ_WHOLE = 1 << 20  # Smaller local files are read whole: cheaper than mappin
 _SPARSE = 16 << 10  # A first record this long: headers read one pread each, not through a map (a page fault each).
 _FOOTER = 4
 # How to undo each compression tfdist.data.records.writer.COMPRESSIONS names (a test checks the two agree).
-_DECOMPRESS = {"GZIP": gzip.decompress, "ZLIB": zlib.decompress}
+_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {"GZIP": gzip.decompress, "ZLIB": zlib.decompress}
 
 
 def _crc32c_table() -> list[int]:

@@ -162,7 +162,8 @@ class Listing:
         """Records in ``paths`` per the writer's manifests, or None when any count is unknown."""
         known = {f.path: f.records for f in self.files}
         counts = [known.get(p) for p in paths]
-        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+        found = [c for c in counts if c is not None]
+        return None if len(found) < len(counts) else sum(found)
 
 
 def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing:
