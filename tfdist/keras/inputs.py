@@ -66,7 +66,7 @@ def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per
     if dataset_fn is None:
         return source
     if hasattr(source, "dataset_fn"):
-        return cast(Any, source).dataset()  # A TFRecordPipeline (duck-typed: keras does not import data).
+        return cast(Any, source).dataset()  # A TFRecordPipeline, or anything shaped like one.
     if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():  # TF's default strategy.
         return dataset_fn(tf.distribute.InputContext())
     if steps_per_epoch is None:
