@@ -63,12 +63,8 @@ def to_yaml(value: Any, indent: int = 0) -> str:
     """A small YAML writer for manifests (mappings, lists, scalars).
 
     Example:
-        >>> print(to_yaml({"kind": "TFJob", "spec": {"replicas": 2, "args": ["train.py"]}}))
-        kind: "TFJob"
-        spec:
-          replicas: 2
-          args:
-            - "train.py"
+        >>> to_yaml({"kind": "TFJob", "spec": {"replicas": 2, "args": ["train.py"]}}).splitlines()
+        ['kind: "TFJob"', 'spec:', '  replicas: 2', '  args:', '    - "train.py"']
     """
     pad = "  " * indent
     if isinstance(value, dict):
