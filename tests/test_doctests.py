@@ -16,6 +16,7 @@ MODULES = [
     "tfdist.cluster.probe",
     "tfdist.testing",
     "tfdist.launch.config",
+    "tfdist.launch.events",
     "tfdist.launch.emit.formats",
     "tfdist.launch.supervisor.runner",
     "tfdist.launch.results",

@@ -24,8 +24,9 @@ from tfdist.cluster.spec import split_task_name
 from tfdist.comm.autotune import CollectiveTuning
 from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
-from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
+from tfdist.launch.events import KillAt
 from tfdist.strategy.builders import StrategyOptions, resolve_options
 
 HOSTILE: tuple[Any, ...] = (

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch.config import KillAt
+from tfdist.launch.events import KillAt
 from tfdist.launch.results import LaunchResult
 from tfdist.launch.supervisor.runner import run
 from tfdist.launch.tasks.function import RESULT_PREFIX

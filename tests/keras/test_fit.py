@@ -14,7 +14,7 @@ from absl.testing import absltest
 
 from tests.support import SUPPORT, cluster_tasks
 from tfdist import testing
-from tfdist.launch.config import KillAt
+from tfdist.launch.events import KillAt
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 

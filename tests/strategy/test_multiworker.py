@@ -17,7 +17,7 @@ from tests.support import cluster_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import launch, testing
 from tfdist.cluster.probe import can_connect
-from tfdist.launch.config import KillAt
+from tfdist.launch.events import KillAt
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]

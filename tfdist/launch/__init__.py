@@ -7,9 +7,10 @@ Example:
     ['worker:0', 'worker:1']
 """
 
-from tfdist.launch.config import Elastic, Faults, KillAt, LaunchConfig, LoseAt, Network, ReturnAt, Supervision, Topology
+from tfdist.launch.config import Elastic, Faults, LaunchConfig, Network, Supervision, Topology
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest, to_yaml, validate_tfjob
 from tfdist.launch.engines import Engine, LocalEngine, RayEngine, RayOptions, TaskProcess, register_engine
+from tfdist.launch.events import KillAt, LoseAt, ReturnAt
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
 from tfdist.launch.supervisor import run, run_config

@@ -13,9 +13,10 @@ from tests.support import SUPPORT
 from tests.support.processes import assert_all_gone
 from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cli import launch as launch_cli
-from tfdist.launch.config import LaunchConfig, LoseAt, ReturnAt
+from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.local import LocalEngine
+from tfdist.launch.events import LoseAt, ReturnAt
 
 PY = sys.executable
 FAKE = str(SUPPORT / "elastic_fake_train.py")

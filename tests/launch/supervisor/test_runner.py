@@ -14,8 +14,9 @@ from absl.testing import absltest, parameterized
 
 from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, LaunchError, launch
-from tfdist.launch.config import KillAt, LaunchConfig
+from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.local import LocalEngine
+from tfdist.launch.events import KillAt
 from tfdist.launch.supervisor import runner
 
 PY = sys.executable

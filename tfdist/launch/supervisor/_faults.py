@@ -2,7 +2,7 @@
 
 Example:
     >>> from tfdist.launch import KillAt, LoseAt
-    >>> faults = Faults([KillAt(task="worker:1", seconds=5), LoseAt(task="worker:2", after="^epoch 1 end$")])
+    >>> faults = FaultInjector([KillAt(task="worker:1", seconds=5), LoseAt(task="worker:2", after="^epoch 1 end$")])
     >>> faults.due(1.0)
     []
     >>> faults.on_line("worker:0", "epoch 1 end")
@@ -18,15 +18,15 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from tfdist.launch.config import KillAt
+from tfdist.launch.events import KillAt
 
 
-class Faults:
+class FaultInjector:
     """Each event fires once: a timed one when the run is that old, a triggered one after the first line
     (of any task) that its regular expression matches.
 
     Args:
-      events: The run's :class:`~tfdist.launch.config.KillAt` values (``LoseAt`` and ``ReturnAt`` included).
+      events: The run's :class:`~tfdist.launch.events.KillAt` values (``LoseAt`` and ``ReturnAt`` included).
     """
 
     def __init__(self, events: Sequence[KillAt]) -> None:

@@ -21,11 +21,12 @@ from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.errors import LaunchFailure
 from tfdist.launch import environment
 from tfdist.launch import output as _tf_logs
-from tfdist.launch.config import KillAt, LaunchConfig, LoseAt, ReturnAt
+from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine, LineSink
+from tfdist.launch.events import KillAt, LoseAt, ReturnAt
 from tfdist.launch.supervisor import membership as elastic
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
-from tfdist.launch.supervisor._faults import Faults
+from tfdist.launch.supervisor._faults import FaultInjector
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
 
 _log = logging.getLogger("tfdist.launch")
@@ -53,7 +54,7 @@ class Supervisor:
         # (servers, the user's command, the data service) imports TF. TF_CPP_MIN_LOG_LEVEL=0 shows them.
         tf_info = _tf_logs.wants_tf_info({**base_env, **config.env})
         self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
-        self.faults = Faults(config.kills + config.loses + config.returns)
+        self.faults = FaultInjector(config.kills + config.loses + config.returns)
         self.rules = ElasticRules(config)
         self._on_event: dict[type[KillAt], Callable[[str, str], Ending | None]] = {
             KillAt: self._kill,
