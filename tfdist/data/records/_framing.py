@@ -305,3 +305,16 @@ def _check_file(path: str, compression: str | None) -> FileCheck | _Walked:
             problem=f"cannot decompress as {compression}: {err}",
         )
     return _walk(raw, path)
+
+
+def block_offsets(path: str, block: int) -> tuple[int, tuple[int, ...]]:
+    """(records, byte offset of records 0, block, 2*block, ...) of a local, uncompressed TFRecord file.
+
+    The headers are walked as :func:`check_file` walks them (CRCs are the verifier's job); a damaged
+    tail ends the walk at the last whole record.
+    """
+    walk = _check_file(path, None)
+    if isinstance(walk, FileCheck):  # Empty (or unreadable as framed records).
+        return walk.records, ()
+    offsets = walk.offsets[: walk.records : block]
+    return walk.records, tuple(int(o) for o in offsets)

@@ -1,0 +1,86 @@
+"""The epoch order: a function of (seed, epoch, listing), each record once, enterable at any position."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from tfdist.data.order.plan import EpochOrder, permutation
+from tfdist.errors import DataError
+
+
+def test_permutations_are_fixed_numbers() -> None:
+    # Pinned: a backup must resume in the same order after an upgrade of NumPy or on another machine.
+    assert permutation(8, 3, 0).tolist() == PINNED
+    assert sorted(permutation(1000, 1, 2).tolist()) == list(range(1000))
+    assert permutation(50, 1, 2).tolist() != permutation(50, 1, 3).tolist()
+    assert permutation(0, 1).tolist() == []
+
+
+PINNED = [1, 2, 0, 6, 3, 4, 7, 5]
+
+
+@pytest.mark.parametrize(
+    ("counts", "block", "streams", "window", "shuffle"),
+    [
+        ((5, 3), 2, 2, 0, False),
+        ((100, 1, 37, 0, 64), 16, 6, 10, True),
+        ((601,), 256, 7, 50, True),
+        ((10,) * 12, 3, 12, 4, True),
+        ((7, 7, 7), 100, 3, 1000, True),
+    ],
+)
+def test_every_record_once_per_epoch_in_near_equal_streams(counts, block, streams, window, shuffle) -> None:
+    order = EpochOrder(counts=counts, block=block, streams=streams, window=window, seed=5, shuffle=shuffle)
+    lengths = order.stream_lengths
+    assert sum(lengths) == sum(counts) and max(lengths) - min(lengths) <= 1
+    everything = {(f, i) for f, n in enumerate(counts) for i in range(n)}
+    epochs = []
+    for epoch in range(3):
+        records = [r for s in range(streams) for r in order.stream_records(epoch=epoch, stream=s)]
+        assert collections.Counter(records) == collections.Counter(everything)
+        epochs.append(records)
+    assert (epochs[0] != epochs[1]) == (shuffle and len(everything) > 1)
+
+
+@pytest.mark.parametrize("offsets", [False, True])
+def test_a_stream_entered_at_any_position_goes_on_as_read_from_the_start(offsets: bool) -> None:
+    counts = (40, 13, 27)
+    known = tuple(tuple(range(0, n, 8)) for n in counts) if offsets else None  # Fake byte offsets: one per block.
+    order = EpochOrder(counts=counts, block=8, streams=4, window=6, seed=1, offsets=known)
+    for stream in range(4):
+        whole = list(order.stream_records(epoch=2, stream=stream))
+        for start in range(len(whole) + 1):
+            assert list(order.stream_records(epoch=2, stream=stream, start=start)) == whole[start:]
+    window = next(order.windows(epoch=0, stream=1, start=9))
+    assert window.skip == 3 and sum(p.take for p in window.pieces) == 6  # One window re-read, 3 dropped.
+    if offsets:
+        assert all(p.offset % 8 == 0 and p.skip < 8 for p in window.pieces)  # Opened at the block, not the file.
+
+
+def test_the_order_does_not_depend_on_anything_but_seed_epoch_and_listing() -> None:
+    one = EpochOrder(counts=(30, 30), block=4, streams=6, window=8, seed=9)
+    two = EpochOrder(counts=(30, 30), block=4, streams=6, window=8, seed=9)
+    assert list(one.stream_records(epoch=4, stream=2)) == list(two.stream_records(epoch=4, stream=2))
+    other = EpochOrder(counts=(30, 30), block=4, streams=6, window=8, seed=10)
+    assert list(one.stream_records(epoch=4, stream=2)) != list(other.stream_records(epoch=4, stream=2))
+    assert one.fingerprint() == two.fingerprint() != other.fingerprint()
+
+
+def test_bad_orders_name_the_field() -> None:
+    with pytest.raises(DataError, match="`streams`. Received: 9. Expected at most the 8 records"):
+        EpochOrder(counts=(8,), block=2, streams=9, window=0, seed=0)
+    with pytest.raises(DataError, match="`block`"):
+        EpochOrder(counts=(8,), block=0, streams=1, window=0, seed=0)
+    with pytest.raises(DataError, match="`stream`. Received: 3"):
+        next(EpochOrder(counts=(8,), block=2, streams=2, window=0, seed=0).windows(epoch=0, stream=3))
+
+
+def test_block_permutation_mixes_files() -> None:
+    # 12 files of 40 records, sorted by file: after the permutation a step's 24 records span many files.
+    order = EpochOrder(counts=(40,) * 12, block=4, streams=12, window=16, seed=3)
+    step0 = [next(iter(order.stream_records(epoch=0, stream=s))) for s in range(12)]
+    assert len({f for f, _ in step0}) >= 6
+    assert np.std([f for s in range(12) for f, _ in order.stream_records(epoch=0, stream=s)][:48]) > 2

@@ -1,0 +1,189 @@
+"""Reading the epoch order with tf.data: what the plan says, on any worker count, from any step, any file kind."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+
+import pytest
+import tensorflow as tf
+
+from tests.support.records import ID_ONLY, example
+from tfdist.data import DataPosition, TFRecordPipeline, write_tfrecords
+from tfdist.data.order.index import epoch_order
+from tfdist.data.order.position import InputCursor
+from tfdist.data.order.reader import StreamLayout, default_streams, ordered_records
+from tfdist.data.records.files import list_files
+from tfdist.errors import DataError
+
+RECORDS = 480
+
+
+@pytest.fixture(scope="module")
+def prefixes(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, str]:
+    root = tmp_path_factory.mktemp("order")
+    out = {}
+    for compression in (None, "GZIP"):
+        prefix = str(root / f"{compression}".lower() / "part")
+        write_tfrecords((example(i) for i in range(RECORDS)), prefix, num_shards=12, compression=compression)
+        out[compression] = prefix
+    return out
+
+
+def _ids(dataset: tf.data.Dataset) -> list[int]:
+    return [int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for r in dataset]
+
+
+def _steps(per_worker: list[list[int]], share: int) -> list[set[int]]:
+    steps: dict[int, set[int]] = collections.defaultdict(set)
+    for ids in per_worker:
+        for at in range(0, len(ids), share):
+            steps[at // share] |= set(ids[at : at + share])
+    return [steps[s] for s in sorted(steps)]
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+@pytest.mark.parametrize("policy", ["file", "data"])
+def test_each_step_trains_the_same_records_on_1_2_and_3_workers(prefixes, compression, policy) -> None:
+    listing = list_files([prefixes[compression] + "-*"])
+    paths = [f.path for f in listing.files]
+    order = epoch_order(listing, block=16, streams=12, window=64, seed=3, shuffle=True, compression=compression)
+    assert (order.offsets[0] is None) == (compression is not None)  # Byte offsets only where a file can seek.
+    expected = None
+    for workers in (1, 2, 3):
+        per_worker = []
+        for worker in range(workers):
+            layout = StreamLayout(global_batch=24, streams=12, num_workers=workers, worker=worker, policy=policy)
+            per_worker.append(
+                _ids(
+                    ordered_records(
+                        order, layout, InputCursor(epochs_per_iteration=1), paths, compression=compression or ""
+                    )
+                )
+            )
+        every = [i for ids in per_worker for i in ids]
+        assert sorted(every) == list(range(RECORDS))
+        steps = _steps(per_worker, 24 // workers)
+        assert len(steps) == RECORDS // 24
+        expected = expected or steps
+        assert steps == expected, workers
+    # And what the plan says, record by record (one worker reads every stream b at a time).
+    one = _ids(
+        ordered_records(
+            order,
+            StreamLayout(global_batch=24, streams=12, num_workers=1, worker=0, policy="file"),
+            InputCursor(epochs_per_iteration=1),
+            paths,
+            compression=compression or "",
+        )
+    )
+    planned = [list(order.stream_records(epoch=0, stream=s)) for s in range(12)]
+    by_file = {}
+    for path_index, path in enumerate(paths):
+        by_file[path_index] = [
+            int(tf.io.parse_single_example(r, ID_ONLY)["id"])
+            for r in tf.data.TFRecordDataset(path, compression_type=compression or "")
+        ]
+    interleaved = [
+        by_file[f][i] for step in range(20) for s in range(12) for f, i in planned[s][step * 2 : step * 2 + 2]
+    ]
+    assert one == interleaved
+
+
+@pytest.mark.parametrize("num_epochs", [1, None])
+def test_a_resume_reads_what_the_uninterrupted_run_reads_from_there(prefixes, num_epochs) -> None:
+    kwargs = dict(
+        files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, shuffle_buffer=64, seed=3, num_epochs=num_epochs
+    )
+    whole = TFRecordPipeline(**kwargs)
+    dataset = whole.dataset()
+    taken = 45 if num_epochs is None else 20
+    batches = [b["id"].numpy().tolist() for b in dataset.take(taken)]
+    if num_epochs == 1:
+        batches += [b["id"].numpy().tolist() for b in dataset]  # The next iteration is the next epoch.
+        assert len(batches) == 40 and batches[:20] != batches[20:]
+    for step in (0, 7, 19, 20, 33):
+        resumed = TFRecordPipeline(**kwargs)
+        position = (
+            DataPosition(epoch=0, step=step)
+            if num_epochs is None or step < 20
+            else DataPosition(epoch=1, step=step - 20)
+        )
+        resumed.start_at(position)
+        got = [b["id"].numpy().tolist() for b in resumed.dataset().take(taken - step if num_epochs is None else 40)]
+        assert got[: len(batches) - step] == batches[step:][: len(got)], step
+
+
+def test_two_datasets_of_one_pipeline_count_their_own_epochs(prefixes) -> None:
+    pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, shuffle_buffer=64, seed=3)
+    first, second = pipeline.dataset(), pipeline.dataset()
+    assert [b["id"].numpy().tolist() for b in first] == [b["id"].numpy().tolist() for b in second]
+    assert pipeline.cursor.steps_per_epoch() == 20
+
+
+def test_default_streams_and_layout_rules() -> None:
+    assert [default_streams(24, n, "file") for n in (1, 2, 3, 4, 6)] == [12, 12, 12, 12, 12]
+    assert default_streams(256, 4, "file") == 8 and default_streams(7, 3, "data") == 7
+    with pytest.raises(DataError, match="`batch_size`. Received: 8. Expected a global batch divisible by the 3"):
+        default_streams(8, 3, "file")
+    with pytest.raises(DataError, match="`order_streams`. Received: 12. Expected a multiple of the 5 workers"):
+        StreamLayout(global_batch=60, streams=12, num_workers=5, worker=0, policy="file")
+    with pytest.raises(DataError, match="`order_streams`. Received: 5. Expected a divisor of the global batch 24"):
+        StreamLayout(global_batch=24, streams=5, num_workers=1, worker=0, policy="data")
+    with pytest.raises(DataError, match="`shard_policy`. Received: 'hash'"):
+        StreamLayout(global_batch=24, streams=12, num_workers=1, worker=0, policy="hash")
+
+
+def test_auto_falls_back_to_the_buffer_order_and_says_why(prefixes, caplog) -> None:
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
+    with caplog.at_level(logging.INFO, logger="tfdist.data"):
+        hashed = TFRecordPipeline(
+            files=prefixes[None] + "-*", features=spec, batch_size=24, shard_policy="hash", shard_key="id"
+        )
+        assert sorted(i for b in hashed.dataset() for i in b["id"].numpy().tolist()) == list(range(RECORDS))
+    assert hashed.cursor.order is None
+    assert "Input order 'buffer' (no exact resume): shard_policy 'hash'" in caplog.text
+    strict = TFRecordPipeline(
+        files=prefixes[None] + "-*",
+        features=spec,
+        batch_size=24,
+        shard_policy="hash",
+        shard_key="id",
+        order="resumable",
+    )
+    with pytest.raises(DataError, match="`shard_policy`. Received: 'hash'. Expected a setting order='resumable'"):
+        strict.dataset()
+    with pytest.raises(DataError, match="`order`. Received: 'random'"):
+        TFRecordPipeline(files="x", features=spec, batch_size=4, order="random")
+    with pytest.raises(DataError, match="`step`. Received: -1"):
+        DataPosition(step=-1)
+
+
+def test_a_restarted_task_without_a_position_warns_once(prefixes, caplog, monkeypatch) -> None:
+    monkeypatch.setenv("TFDIST_RESTART", "1")
+    pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, shuffle_buffer=8, seed=1)
+    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
+        for _ in range(2):
+            assert sum(len(b["id"]) for b in pipeline.dataset()) == RECORDS
+    assert caplog.text.count("A plain BackupAndRestore restores the model, not the input position") == 1
+    caplog.clear()
+    pipeline.start_at(DataPosition())
+    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
+        next(iter(pipeline.dataset()))
+    assert "restores the model" not in caplog.text
+
+
+def test_offsets_are_walked_once_per_process(prefixes, monkeypatch) -> None:
+    from tfdist.data.order import index
+    from tfdist.data.records import _framing
+
+    calls = []
+    monkeypatch.setattr(index, "_CACHE", {})
+    real = _framing.block_offsets
+    monkeypatch.setattr(_framing, "block_offsets", lambda path, block: calls.append(path) or real(path, block))
+    listing = list_files([prefixes[None] + "-*"])
+    for _ in range(2):
+        epoch_order(listing, block=16, streams=12, window=0, seed=0, shuffle=False, compression=None)
+    assert len(calls) == 12
+    assert os.path.getsize(listing.files[0].path) > 0
