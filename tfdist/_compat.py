@@ -267,6 +267,106 @@ def tfrecord_reader(filenames: Any, compression: str, buffer_size: int) -> Any:
     return _TFRecordDataset(filenames, compression_type=compression, buffer_size=buffer_size)
 
 
+def tfrecord_reader_at(filename: Any, offset: Any, compression: str, buffer_size: int) -> Any:
+    """The records of one file from byte ``offset`` on (a record boundary; 0 for compressed files).
+
+    TF's ``TFRecordDatasetV2`` op takes byte offsets since 2.13; the public
+    ``tf.data.TFRecordDataset`` does not pass them (2.17 to 2.21).
+    """
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.data.ops import dataset_ops
+        from tensorflow.python.ops import gen_dataset_ops
+    except ImportError:
+        raise _missing("tensorflow.python.data.ops.dataset_ops.DatasetSource", "resumable input") from None
+
+    class _At(dataset_ops.DatasetSource):
+        def __init__(self) -> None:
+            variant = gen_dataset_ops.tf_record_dataset_v2(
+                tf.reshape(tf.convert_to_tensor(filename, tf.string), [1]),
+                tf.convert_to_tensor(compression, tf.string),
+                tf.convert_to_tensor(buffer_size, tf.int64),
+                tf.reshape(tf.convert_to_tensor(offset, tf.int64), [1]),
+            )
+            super().__init__(variant)
+
+        @property
+        def element_spec(self) -> Any:
+            return tf.TensorSpec([], tf.string)
+
+    return _At()
+
+
+def restored_counters(model: Any) -> tuple[int, int] | None:
+    """(epoch, batch) a ``BackupAndRestore`` restored into ``model``; None without a backup callback.
+
+    -1 means none saved: tf-keras saves the last finished epoch and, with
+    batch-level saving, the last finished batch of the epoch after it.
+    """
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return None
+    epoch = _attr(state, "_ckpt_saved_epoch", "ResumeInput")
+    batch = _attr(state, "_ckpt_saved_batch", "ResumeInput")
+    return int(epoch.numpy()), int(batch.numpy())
+
+
+def resume_counters(model: Any, steps_per_epoch: int | None) -> tuple[int, int]:
+    """(epoch, step) fit goes on at after the restore, as tf-keras computes it (0, 0 without a backup)."""
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return 0, 0
+    method = _attr(state, "maybe_load_initial_counters_from_ckpt", "ResumeInput")
+    epoch, step = method(steps_per_epoch, 0, "train")  # tf-keras' ModeKeys.TRAIN.
+    return int(epoch), int(step)
+
+
+def before_initial_counters(model: Any, hook: Callable[[Any], None]) -> None:
+    """Runs ``hook(steps_per_epoch)`` when ``fit`` loads its initial counters, once, then lets it load them.
+
+    tf-keras 2.17 to 2.21 calls ``Model._maybe_load_initial_counters_from_ckpt``
+    right after every callback's ``on_train_begin`` (so after any
+    ``BackupAndRestore`` restored) and before the first iterator is made.
+    """
+    original = _attr(model, "_maybe_load_initial_counters_from_ckpt", "ResumeInput")
+
+    def hooked(steps_per_epoch: Any, initial_epoch: Any, *args: Any, **kwargs: Any) -> Any:
+        model.__dict__.pop("_maybe_load_initial_counters_from_ckpt", None)
+        hook(steps_per_epoch)
+        return model._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch, *args, **kwargs)
+
+    model.__dict__.pop("_maybe_load_initial_counters_from_ckpt", None)
+    del original
+    model.__dict__["_maybe_load_initial_counters_from_ckpt"] = hooked
+
+
+def guard_initial_counters(model: Any, steps_per_epoch: int | None) -> None:
+    """Lets tf-keras resume a finite dataset of unknown length from a batch-level backup.
+
+    tf-keras 2.17 to 2.21 compares the saved batch with ``steps_per_epoch - 1``
+    and fails with a TypeError when fit knows no step count (a finite dataset
+    whose length TensorFlow cannot tell). Given the epoch's step count, the
+    comparison gets it; without one, a saved batch resumes at the batch after it.
+    """
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return
+    original = _attr(state, "maybe_load_initial_counters_from_ckpt", "ResumeInput")
+    if getattr(original, "_tfdist_guarded", False):
+        original = original._tfdist_original
+
+    def guarded(steps: Any, initial_epoch: Any, mode: Any) -> Any:
+        known = steps if steps is not None else steps_per_epoch
+        if known is not None:
+            return original(known, initial_epoch, mode)
+        return original(-1, initial_epoch, mode)  # batch == -2 never holds: resume at the next batch.
+
+    guarded._tfdist_guarded = True  # type: ignore[attr-defined]
+    guarded._tfdist_original = original  # type: ignore[attr-defined]
+    state.maybe_load_initial_counters_from_ckpt = guarded
+
+
 def unbatch_dense(dataset: Any) -> Any:
     """``dataset.unbatch()`` for elements of dense tensors only, without its normalizing ``map``.
 

@@ -335,6 +335,7 @@ class SequentialClassReadTest(parameterized.TestCase):
     """Under 'autotune', each local class group is read file by file, without reader threads."""
 
     def _ids(self, files: str, **kwargs: object) -> list[int]:
+        kwargs.setdefault("order", "buffer")  # These tests are about the readers of each worker's own files.
         pipeline = TFRecordPipeline(files=files, features=FEATURES, batch_size=16, label_key="label", **kwargs)  # type: ignore[arg-type]
         return [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
 

@@ -13,6 +13,7 @@ Example:
     (64, True)
 """
 
+from tfdist.data.order import DataPosition, EpochOrder, InputCursor
 from tfdist.data.pipeline import (
     EpochOptions,
     ParseOptions,
@@ -29,8 +30,11 @@ from tfdist.data.service import LocalDataService
 from tfdist.data.sharding import ShardPlan, plan_shards
 
 __all__ = [
+    "DataPosition",
     "EpochOptions",
+    "EpochOrder",
     "FileInfo",
+    "InputCursor",
     "Listing",
     "LocalDataService",
     "ParseOptions",

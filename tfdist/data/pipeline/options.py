@@ -30,6 +30,7 @@ from tfdist.errors import DataError, invalid, require_bool, require_int
 __all__ = ["EpochOptions", "ParseOptions", "SampleOptions", "ShardOptions", "SourceOptions", "TuningOptions"]
 
 CORRUPT_POLICIES = ("raise", "skip")
+ORDERS = ("auto", "resumable", "buffer")
 VERIFY_MODES = ("local", "all", "none")
 COMPRESSION_CHOICES = ("auto", "GZIP", "ZLIB", None)
 # Bounds that keep TensorFlow from aborting the process (std::bad_alloc, a segfault) on absurd values.
@@ -203,6 +204,19 @@ class EpochOptions:
         Off by default: a finite epoch keeps every record (tf.distribute
         handles partial and uneven batches). When on, what is dropped is
         logged with its count.
+      order: 'resumable': each epoch's order is a function of (seed, epoch,
+        files) alone, the same on any number of workers, and a restored
+        backup resumes at the next record (:mod:`tfdist.data.order`):
+        ``shuffle_buffer`` is then the shuffle window of each stream.
+        'buffer': TF's shuffle buffer over each worker's own files (no
+        resume position). 'auto' (default): 'resumable' where it applies
+        (shard_policy 'file', 'data' or 'auto'; no class_weights groups,
+        tf.data service or parameter-server workers), else 'buffer'.
+      order_streams: Streams each epoch is cut into under 'resumable' (None:
+        up to 12, dividing the global batch, a multiple of the workers under
+        'file'). Fixed for a job: an elastic job names one every world size
+        divides.
+      order_block: Records per block, the unit the epoch order permutes.
     """
 
     batch_size: int
@@ -210,6 +224,9 @@ class EpochOptions:
     shuffle_buffer: int = 0
     seed: int | None = None
     drop_remainder: bool = False
+    order: str = "auto"
+    order_streams: int | None = None
+    order_block: int = 256
 
     def __post_init__(self) -> None:
         require_bool(DataError, "drop_remainder", self.drop_remainder)
@@ -217,6 +234,10 @@ class EpochOptions:
         if self.num_epochs is not None:
             require_int(DataError, "num_epochs", self.num_epochs, minimum=1)
         require_int(DataError, "shuffle_buffer", self.shuffle_buffer, minimum=0, maximum=MAX_BATCH)
+        _choice("order", self.order, ORDERS)
+        if self.order_streams is not None:
+            require_int(DataError, "order_streams", self.order_streams, minimum=1, maximum=MAX_BATCH)
+        require_int(DataError, "order_block", self.order_block, minimum=1, maximum=MAX_BATCH)
         if self.seed is not None:
             require_int(DataError, "seed", self.seed, minimum=-(1 << 63), maximum=(1 << 63) - 1)
 

@@ -34,7 +34,8 @@ import os
 from typing import Any
 
 from tfdist._options import GroupedOptions, group
-from tfdist.data.pipeline import _batching, _context, parsing, reading
+from tfdist.data.order.position import DataPosition, InputCursor
+from tfdist.data.pipeline import _batching, _context, _resumable, parsing, reading
 from tfdist.data.pipeline import stratified as stratify
 from tfdist.data.pipeline.options import (
     EpochOptions,
@@ -52,6 +53,21 @@ from tfdist.errors import DataError, invalid
 __all__ = ["TFRecordPipeline"]
 
 _log = logging.getLogger("tfdist.data")
+
+
+def _static_batches(dataset: Any, batch_size: int) -> Any:
+    """Ends the pipeline in a plain ``batch``, so tf.distribute splits its batches at a fixed size.
+
+    ``fit(dataset)`` under MultiWorkerMirroredStrategy asks ``compute_batch_size`` how to split each
+    worker's global batches. Behind a ``map`` it cannot tell and splits every batch into one piece per
+    replica, a partial batch into smaller pieces: a worker whose share of an epoch is not a multiple of
+    the global batch then takes more, smaller steps at the end of the epoch, and the steps no longer
+    match the resumable order's (a resume there would skip or repeat records). With a final ``batch``
+    each step takes ``batch_size / replicas`` records of the worker's stream, as the order plans.
+    """
+    from tfdist import _compat
+
+    return _compat.unbatch_dense(dataset).batch(batch_size)
 
 
 class _ReportLog:
@@ -93,6 +109,7 @@ among ... (did you mean 'shuffle_buffer'?).
     """
 
     _reports: _ReportLog = dataclasses.field(init=False, repr=False, compare=False)
+    _cursor: InputCursor = dataclasses.field(init=False, repr=False, compare=False)
     source = group(SourceOptions)
     epochs = group(EpochOptions)
     parsing = group(ParseOptions)
@@ -103,6 +120,7 @@ among ... (did you mean 'shuffle_buffer'?).
     def __post_init__(self) -> None:
         """Rules across groups (each group has checked its own fields)."""
         object.__setattr__(self, "_reports", _ReportLog())
+        object.__setattr__(self, "_cursor", InputCursor(epochs_per_iteration=self.num_epochs))
         if self.shard_policy == "hash" and (self.features is None or self.shard_key not in self.features):
             raise invalid(
                 DataError,
@@ -134,9 +152,16 @@ among ... (did you mean 'shuffle_buffer'?).
         """The serialized records input pipeline ``worker`` reads in one pass, and its verification report.
 
         The same stream ``dataset()`` parses (before shuffling records, stratifying
-        and batching): :func:`~tfdist.data.report.skew_report` counts it.
+        and batching; in the resumable order, epoch 0 as ``dataset()`` reads it):
+        :func:`~tfdist.data.report.skew_report` counts it.
         """
         listing = listing or self.listing()
+        slot = _context.PipelineSlot(index=worker, count=num_workers, batch_size=self.batch_size, per_replica=True)
+        if plan is None and _resumable.applies(self, groups=False, listing=listing, where=slot):
+            own = self.plan(num_workers, listing)
+            report = verify_files(own.files_for(worker), self.source, listing)
+            records, _ = _resumable.records(self, listing, slot, InputCursor(epochs_per_iteration=1))
+            return records, report
         plan = plan or self.plan(num_workers, listing)
         return self._read(plan, worker, listing)
 
@@ -176,6 +201,22 @@ among ... (did you mean 'shuffle_buffer'?).
         last = self._reports.last
         return last.to_dict() if last is not None else {}
 
+    @property
+    def cursor(self) -> InputCursor:
+        """Where this pipeline's datasets start reading (``order='resumable'``); tfdist's Keras callbacks set it."""
+        return self._cursor
+
+    def start_at(self, position: DataPosition) -> None:
+        """Starts the next iteration of this pipeline's datasets at ``position`` (``order='resumable'``).
+
+        Example:
+            >>> from tfdist.data.order import DataPosition
+            >>> pipeline = TFRecordPipeline(files="/data/train-*", batch_size=8, parse_fn=len)
+            >>> pipeline.start_at(DataPosition(epoch=1, step=3)); pipeline.cursor.position
+            DataPosition(epoch=1, step=3)
+        """
+        self._cursor.start(position)
+
     # ---------------------------------------------------------------- dataset
     def dataset_fn(self, input_context: Any) -> Any:
         """For ``strategy.distribute_datasets_from_function`` and ParameterServerStrategy ``fit``."""
@@ -193,7 +234,7 @@ among ... (did you mean 'shuffle_buffer'?).
         """
         records, report, where, stratified = self._records_for(input_context, cluster)
         self._reports.last = report
-        return self._finish(records, where, stratified=stratified)
+        return self._finish(records, where, stratified=stratified, resumable=self._cursor.layout is not None)
 
     def _records_for(
         self, input_context: Any | None, cluster: Any | None
@@ -212,17 +253,20 @@ among ... (did you mean 'shuffle_buffer'?).
                 plan, index, listing, streams, on_server=self.data_service is not None, local=local
             )
             reports.append(report)
-            if len(reports) == 1 and plan.files_for(index) and tf.executing_eagerly():  # One file names a mismatch.
-                path = plan.files_for(index)[0]
-                parsing.check_features(
-                    path,
-                    compression_of(path, self.compression) or "",
-                    self.parsing,
-                    num_classes=self.num_classes if self.class_weights is not None else None,
-                )
+            if len(reports) == 1 and plan.files_for(index):  # One file names a mismatch.
+                self._check_features(plan.files_for(index)[0])
             return records
 
-        if self.data_service is not None:
+        self._cursor.layout = None
+        resumable = _resumable.applies(self, groups=bool(groups), listing=listing, where=where)
+        if resumable:
+            own = self.plan(where.count, listing)  # Each file verified (and its features checked) by one worker.
+            reports.append(verify_files(own.files_for(where.index), self.source, listing))
+            self._check_features(listing.files[0].path if listing.files else None)
+            records, plan_text = _resumable.records(self, listing, where, self._cursor)
+            known = listing.records([f.path for f in listing.files])
+            self._warn_small_share(None if known is None else known // where.count, where)
+        elif self.data_service is not None:
             records, plan_text = read_share(self.plan(1, listing), 0), "tf.data service splits the work"
         elif groups:
             records, plan_text = stratify.stratified_records(
@@ -246,10 +290,23 @@ among ... (did you mean 'shuffle_buffer'?).
                     num_classes=self.num_classes,
                     where=f"input pipeline {where.index}/{where.count}'s files",
                 )
-            self._warn_small_share(listing.records(plan.files_for(where.index)), plan, where)
+            self._warn_small_share(self._share_of(listing.records(plan.files_for(where.index)), plan, where), where)
         _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
         report = sum(reports[1:], reports[0]) if reports else VerifyReport()
         return records, report, where, bool(groups)
+
+    def _check_features(self, path: str | None) -> None:
+        """Names a feature spec that does not match the records, from one record of ``path`` (eager builds)."""
+        import tensorflow as tf
+
+        if path is None or not tf.executing_eagerly():
+            return
+        parsing.check_features(
+            path,
+            compression_of(path, self.compression) or "",
+            self.parsing,
+            num_classes=self.num_classes if self.class_weights is not None else None,
+        )
 
     def _check_cache_path(self) -> None:
         if isinstance(self.cache, str):
@@ -265,11 +322,19 @@ among ... (did you mean 'shuffle_buffer'?).
                     f"Create {parent} first, or pass cache=True to cache in memory.",
                 )
 
-    def _warn_small_share(self, known: int | None, plan: ShardPlan, where: _context.PipelineSlot) -> None:
-        """Logs when this worker's share is smaller than one batch (with drop_remainder: no batch at all)."""
+    @staticmethod
+    def _share_of(known: int | None, plan: ShardPlan, where: _context.PipelineSlot) -> int | None:
+        """Records this worker reads of the ``known`` records of its files (None: unknown, or hashed)."""
         if known is None or plan.policy == "hash":
+            return None
+        if plan.policy == "data":
+            return known // plan.num_workers + (where.index < known % plan.num_workers)
+        return known
+
+    def _warn_small_share(self, share: int | None, where: _context.PipelineSlot) -> None:
+        """Logs when this worker's share is smaller than one batch (with drop_remainder: no batch at all)."""
+        if share is None:
             return
-        share = known // plan.num_workers + (where.index < known % plan.num_workers) if plan.policy == "data" else known
         if share < where.batch_size and self.num_epochs is not None:
             if self.drop_remainder:
                 _log.warning(
@@ -290,11 +355,13 @@ among ... (did you mean 'shuffle_buffer'?).
                     where.batch_size,
                 )
 
-    def _finish(self, records: Any, where: _context.PipelineSlot, *, stratified: bool) -> Any:
+    def _finish(self, records: Any, where: _context.PipelineSlot, *, stratified: bool, resumable: bool) -> Any:
         """Cache, shuffle, repeat, parse, batch, label, service, options, prefetch."""
         import tensorflow as tf
 
-        if self.cache:
+        if resumable:  # Ordered, shuffled and repeated by the epoch order already.
+            pass
+        elif self.cache:
             if stratified:
                 raise invalid(
                     DataError,
@@ -307,9 +374,9 @@ among ... (did you mean 'shuffle_buffer'?).
             # The serialized records of one pass, before shuffle and repeat: every epoch is shuffled (and
             # augmented) anew, and an endless run (num_epochs=None) does not cache an endless stream.
             records = records.cache("" if self.cache is True else str(self.cache))
-        if self.shuffle_buffer:
+        if self.shuffle_buffer and not resumable:
             records = records.shuffle(self.shuffle_buffer, seed=self.seed)
-        if not stratified:
+        if not stratified and not resumable:
             records = records.repeat(self.num_epochs)
         fallback = self.class_weights is not None and not stratified
         batching = dict(
@@ -337,6 +404,8 @@ among ... (did you mean 'shuffle_buffer'?).
             dataset = _batching.batch(records, where.batch_size, **batching).map(
                 parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
             )
+            if resumable and not where.per_replica and where.count > 1:
+                dataset = _static_batches(dataset, where.batch_size)
         if self.as_supervised and (self.parse_fn is not None or fallback):
             dataset = parsing.supervised(dataset, self.label_key)
         options = tf.data.Options()
