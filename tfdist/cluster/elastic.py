@@ -42,8 +42,11 @@ def read_boundaries(directory: str, seen: set[str]) -> list[Mapping[str, object]
     return records
 
 
-def write_boundary(directory: str, *, generation: int, epoch: int, world_size: int) -> str:
+def write_boundary(directory: str, *, generation: int, epoch: int, world_size: int, last: bool = False) -> str:
     """Records that ``epoch`` (0-based) ended and was backed up; atomic (write, then rename). Returns the path.
+
+    ``last`` marks the final epoch of the fit: nobody joins there (the backup is deleted as fit ends, so a
+    group restarted to grow would train from the start).
 
     Example:
         >>> import tempfile
@@ -56,7 +59,8 @@ def write_boundary(directory: str, *, generation: int, epoch: int, world_size: i
     path = os.path.join(directory, f"{_BOUNDARY_PREFIX}g{generation:04d}-e{epoch:06d}.json")
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"generation": generation, "epoch": epoch, "world_size": world_size}, f)
+        record = {"generation": generation, "epoch": epoch, "world_size": world_size}
+        json.dump({**record, "last": True} if last else record, f)
     os.replace(tmp, path)
     return path
 

@@ -33,6 +33,8 @@ TFDIST_NAMES = {
     "cluster_callbacks": "tfdist.keras.cluster_aware",
     "ThroughputLogger": "tfdist.keras.cluster_aware",
     "PreemptionSafeBackup": "tfdist.keras.cluster_aware",
+    "ResumeInput": "tfdist.keras.resume",
+    "input_position": "tfdist.keras.resume",
     "sidecar_evaluate": "tfdist.keras.sidecar",
     "with_communication": "tfdist.keras.communication",
     "accumulate_gradients": "tfdist.keras.accumulation",

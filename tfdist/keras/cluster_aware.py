@@ -21,10 +21,12 @@ from tfdist._compat import (
     attach_preemption_handler,
     backup_base,
     callback_base,
+    guard_initial_counters,
     saving_before_preemption,
     training_state,
 )
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
+from tfdist.keras.resume import ResumeInput
 from tfdist.runtime import exit_codes
 
 __all__ = ["PreemptionSafeBackup", "ThroughputLogger", "cluster_callbacks"]
@@ -173,17 +175,32 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     would not); the rerun resumes from it.
     Relies on tf-keras internals, reached through ``tfdist._compat``.
 
+    With ``data`` (a :class:`~tfdist.data.TFRecordPipeline`), the input
+    position is part of the backup: after a restore the pipeline resumes at
+    the next record of the same order (:class:`~tfdist.keras.resume.ResumeInput`).
+
     Args:
       backup_dir: Where the backup lives (shared storage).
       save_freq: Regular backups as in ``BackupAndRestore`` ('epoch', a number
         of batches, or False for preemption saves only).
+      data: The pipeline ``fit`` reads, to resume it exactly; None: the
+        input restarts at the start of the interrupted epoch.
     """
 
-    def __init__(self, backup_dir: str, *, save_freq: Any = "epoch") -> None:
+    def __init__(self, backup_dir: str, *, save_freq: Any = "epoch", data: Any = None) -> None:
         super().__init__(backup_dir, save_freq=save_freq, save_before_preemption=True)
+        self._resume = ResumeInput(data, backup_dir=backup_dir) if data is not None else None
 
     def on_train_begin(self, logs: Any = None) -> None:
         super().on_train_begin(logs)
+        self._wire_preemption()
+        guard_initial_counters(self.model, None)  # A finite dataset of unknown length resumes, not crashes.
+        if self._resume is not None:
+            self._resume.set_model(self.model)
+            self._resume.set_params(self.params)
+            self._resume.on_train_begin(logs)  # Links when fit loads the counters this backup restored.
+
+    def _wire_preemption(self) -> None:
         import tensorflow as tf
 
         state = training_state(self)
@@ -216,6 +233,7 @@ def cluster_callbacks(
     global_batch_size: int | None = None,
     save_before_preemption: bool = False,
     report_dir: str | None = None,
+    data: Any = None,
     cluster: ClusterLike = None,
 ) -> list[Any]:
     """The callbacks a cluster job wants, each on the tasks that should run it.
@@ -230,6 +248,8 @@ def cluster_callbacks(
       temporary directories that are removed): what the evaluator side-car reads.
     - ``TensorBoard(tensorboard_dir)`` on the chief only.
     - :class:`ThroughputLogger` when ``global_batch_size`` is given.
+    - With ``data`` (the pipeline fit reads) and a ``backup_dir``, the input
+      position is part of the backup (:class:`~tfdist.keras.resume.ResumeInput`).
 
     ``cluster`` is this task's cluster (a spec or TF_CONFIG); by default ``TF_CONFIG`` from the environment.
     """
@@ -239,11 +259,12 @@ def cluster_callbacks(
     is_chief = spec is None or spec.is_chief
     callbacks: list[Any] = []
     if backup_dir:
-        callbacks.append(
-            PreemptionSafeBackup(backup_dir)
-            if save_before_preemption
-            else tf_keras.callbacks.BackupAndRestore(backup_dir)
-        )
+        if save_before_preemption:
+            callbacks.append(PreemptionSafeBackup(backup_dir, data=data))
+        else:
+            callbacks.append(tf_keras.callbacks.BackupAndRestore(backup_dir))
+            if data is not None:
+                callbacks.append(ResumeInput(data, backup_dir=backup_dir, cluster=spec))
     if checkpoint_dir:
         callbacks.append(
             tf_keras.callbacks.ModelCheckpoint(

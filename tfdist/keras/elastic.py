@@ -105,8 +105,13 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
         if logs is not None:
             logs["world_size"] = float(self._world_size)
         if self._is_leader and self._directory:
+            epochs = (getattr(self, "params", None) or {}).get("epochs")
             _membership.write_boundary(
-                self._directory, generation=self._generation, epoch=epoch, world_size=self._world_size
+                self._directory,
+                generation=self._generation,
+                epoch=epoch,
+                world_size=self._world_size,
+                last=epochs is not None and epoch >= epochs - 1,
             )
 
 

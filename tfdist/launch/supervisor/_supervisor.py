@@ -308,7 +308,9 @@ class Supervisor:
                 f"elastic: epoch {record.get('epoch')} backed up (membership {record.get('generation')}, "
                 f"world size {record.get('world_size')})"
             )
-            if group.available:
+            if group.available and record.get("last"):
+                self.status("elastic: that was the last epoch of the fit; nobody joins after it")
+            elif group.available:
                 self._grow(f"epoch {record.get('epoch')} backed up")
                 return
 

@@ -1,0 +1,129 @@
+"""Exactly once across faults, counted: crash, preemption and 3 -> 2 -> 3 workers mid-epoch, real MWMS fits.
+
+Every run trains 3 epochs of 480 records (global batch 24) and counts each record in a weight the backup
+restores with the model (tests/support/exact_tasks.py): every count must be 3. The resumed runs' weights
+equal an uninterrupted one-process run's to float summation order, since a step trains on the same
+records on any number of workers. Faults trigger on progress (the leader's ``STEP epoch batch`` lines).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support import exact_tasks
+from tfdist import testing
+from tfdist.launch.events import KillAt, LoseAt, ReturnAt
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    prefix = str(tmp_path_factory.mktemp("exact") / "part")
+    exact_tasks.write_data(prefix)
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def reference(data: str, tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """The weights of an uninterrupted fit in one process (one replica, the whole global batch)."""
+    run = testing.run_cluster(
+        exact_tasks.counted_fit, workers=1, timeout=240, args=[str(tmp_path_factory.mktemp("ref")), data, {}]
+    )
+    assert run.ok, run.result.summary()
+    value = run.values["worker:0"]
+    assert collections.Counter(value["counts"]) == {EPOCHS: exact_tasks.RECORDS}
+    return np.array(value["weights"])
+
+
+def _check(run: testing.ClusterRun, reference: np.ndarray, *, tasks: tuple[str, ...]) -> None:
+    assert run.ok, run.result.summary() + run.output("worker:0")[-3000:]
+    for task in tasks:
+        value = run.values[task]
+        assert collections.Counter(value["counts"]) == {EPOCHS: exact_tasks.RECORDS}, (task, value["counts"])
+        np.testing.assert_allclose(value["weights"], reference, rtol=0, atol=2e-5)
+
+
+def test_a_crash_mid_epoch_resumes_at_the_next_record(data: str, reference: np.ndarray, tmp_path: Path) -> None:
+    # Finite epochs (no steps_per_epoch: tf-keras alone fails the resume with a TypeError), 'data' sharding,
+    # a plain BackupAndRestore every 4 batches with ResumeInput after it; worker 1 killed at batch 10 of epoch 1.
+    options = {"shard_policy": "data", "backup": "plain"}
+    run = testing.run_cluster(
+        exact_tasks.counted_fit,
+        workers=2,
+        timeout=300,
+        max_restarts=1,
+        kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
+        args=[str(tmp_path), data, options],
+    )
+    _check(run, reference, tasks=("worker:0", "worker:1"))
+    assert run.values["worker:0"]["restart"] == 1
+    # Backups after batches 3, 7, 11, ...: the kill lands at batch 10 or a little later.
+    resumed = re.findall(
+        r"Input resumes at epoch 1, step (\d+) \(DataPosition\(epoch=1, step=(\d+)\)\)", run.output("worker:0")
+    )
+    assert len(resumed) == 1 and resumed[0][0] == resumed[0][1] and int(resumed[0][0]) % 4 == 0, resumed
+
+
+def test_a_preemption_with_endless_input(data: str, reference: np.ndarray, tmp_path: Path) -> None:
+    # num_epochs=None with steps_per_epoch; worker 1 sends itself SIGTERM at batch 9 of epoch 1: every worker
+    # saves there (PreemptionSafeBackup) and the rerun goes on at batch 10.
+    options = {"num_epochs": None, "steps_per_epoch": 20, "save_freq": False, "preempt": [1, 9]}
+    run = testing.run_cluster(
+        exact_tasks.counted_fit, workers=2, timeout=300, max_restarts=1, args=[str(tmp_path), data, options]
+    )
+    _check(run, reference, tasks=("worker:0", "worker:1"))
+    assert run.values["worker:0"]["restart"] == 1
+    # The workers agree on a step at or after the signal; one iteration holds every epoch: step 20 + batch.
+    resumed = re.findall(
+        r"Input resumes at epoch 1, step (\d+) \(DataPosition\(epoch=0, step=(\d+)\)\)", run.output("worker:0")
+    )
+    assert len(resumed) == 1 and int(resumed[0][0]) >= 10 and int(resumed[0][1]) == 20 + int(resumed[0][0]), resumed
+
+
+def test_three_to_two_to_three_workers_mid_epoch(data: str, reference: np.ndarray, tmp_path: Path) -> None:
+    # 12 streams (the default for a global batch of 24) serve 3 and 2 workers with the same order.
+    statuses: list[str] = []
+    run = testing.run_cluster(
+        exact_tasks.counted_fit,
+        workers=3,
+        timeout=360,
+        min_workers=2,
+        loses=(LoseAt(task="worker:2", after="^STEP 1 10$"),),
+        returns=(ReturnAt(task="worker:2", after="^STEP 1 15$"),),  # Printed by the group of 2; joins after epoch 1.
+        grace_seconds=2,
+        on_status=statuses.append,
+        args=[str(tmp_path), data, {"save_freq": 4}],
+    )
+    _check(run, reference, tasks=("worker:0", "worker:1", "worker:2"))
+    changes = [s.split(";")[0] for s in statuses if s.startswith("elastic: membership")]
+    assert [c.split(":")[2].split("(")[0].strip() for c in changes] == ["world size 2", "world size 3"], statuses
+    assert run.values["worker:0"]["world"] == 3
+    joined = [s for s in statuses if s.startswith("elastic: membership 2")]
+    assert len(joined) == 1 and joined[0].endswith("worker:2 joined; epoch 1 backed up"), statuses
+
+
+def test_a_plain_backup_alone_replays_records_and_says_so(data: str, tmp_path: Path) -> None:
+    # The control: without ResumeInput the counts are wrong (the fault really cut the epoch), and the
+    # restarted task says why once, and what to use. (Endless input: with finite epochs of unknown length a
+    # plain BackupAndRestore fails the resume inside tf-keras, with a TypeError.)
+    options = {"backup": "unlinked", "shuffle_buffer": 0, "num_epochs": None, "steps_per_epoch": 20}
+    run = testing.run_cluster(
+        exact_tasks.counted_fit,
+        workers=2,
+        timeout=300,
+        max_restarts=1,
+        kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
+        args=[str(tmp_path), data, options],
+    )
+    assert run.ok, run.result.summary()
+    counts = collections.Counter(run.values["worker:0"]["counts"])
+    assert counts != {EPOCHS: exact_tasks.RECORDS} and sum(k * v for k, v in counts.items()) == EPOCHS * 480
+    output = run.output("worker:0")
+    assert output.count("A plain BackupAndRestore restores the model, not the input position") == 1, output[-3000:]

@@ -1,0 +1,164 @@
+"""ResumeInput in one process: a crash between two fits, the callback order, a changed order, finite epochs."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+from tests.support import exact_tasks
+from tfdist import keras
+from tfdist.data import TFRecordPipeline
+from tfdist.errors import DataError
+
+FEATURES = {
+    "id": tf.io.FixedLenFeature([], tf.int64),
+    "x": tf.io.FixedLenFeature([exact_tasks.FEATURES_DIM], tf.float32),
+    "y": tf.io.FixedLenFeature([], tf.float32),
+}
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    prefix = str(tmp_path_factory.mktemp("local") / "part")
+    exact_tasks.write_data(prefix)
+    return prefix
+
+
+def _model() -> Any:
+    class Counted(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(1, kernel_initializer="zeros")
+            self.counts = self.add_weight(
+                name="counts", shape=(exact_tasks.RECORDS,), initializer="zeros", trainable=False
+            )
+
+        def call(self, inputs: Any) -> Any:
+            return self.dense(inputs)
+
+        def train_step(self, data: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
+            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+            ids = tf.cast(data["id"], tf.int32)
+            self.counts.assign_add(
+                tf.math.bincount(ids, minlength=exact_tasks.RECORDS, maxlength=exact_tasks.RECORDS, dtype=tf.float32)
+            )
+            return {"loss": loss}
+
+    model = Counted()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+class _CrashAt(keras.callbacks.Callback):
+    def __init__(self, epoch: int, batch: int) -> None:
+        super().__init__()
+        self.at, self.epoch = (epoch, batch), 0
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if (self.epoch, batch) == self.at:
+            raise _Crash
+
+
+def _fit(data: str, backup: str, callbacks: list[Any], *, pipeline: TFRecordPipeline, **fit: Any) -> Any:
+    model = _model()
+    model.fit(pipeline.dataset(), epochs=3, verbose=0, callbacks=callbacks, **fit)
+    return model
+
+
+def _pipeline(data: str, **options: Any) -> TFRecordPipeline:
+    return TFRecordPipeline(files=data + "-*", features=FEATURES, batch_size=24, shuffle_buffer=64, seed=3, **options)
+
+
+@pytest.mark.parametrize(("num_epochs", "steps"), [(1, None), (None, 20)])
+def test_a_crash_between_two_fits_trains_each_record_once_per_epoch(data, tmp_path: Path, num_epochs, steps) -> None:
+    backup = str(tmp_path / "backup")
+    first = _pipeline(data, num_epochs=num_epochs)
+    with pytest.raises(_Crash):
+        _fit(
+            data,
+            backup,
+            [
+                keras.callbacks.BackupAndRestore(backup, save_freq=4),
+                keras.ResumeInput(first, backup_dir=backup),
+                _CrashAt(1, 10),
+            ],
+            pipeline=first,
+            steps_per_epoch=steps,
+        )
+    again = _pipeline(data, num_epochs=num_epochs)
+    model = _fit(
+        data,
+        backup,
+        [keras.callbacks.BackupAndRestore(backup, save_freq=4), keras.ResumeInput(again, backup_dir=backup)],
+        pipeline=again,
+        steps_per_epoch=steps,
+    )
+    assert collections.Counter(model.counts.numpy().tolist()) == {3.0: exact_tasks.RECORDS}
+    assert again.cursor.position == keras.input_position(1, 8, epochs_per_iteration=num_epochs, steps_per_epoch=steps)
+
+
+def test_preemption_safe_backup_takes_the_pipeline_and_a_finite_epoch_resumes(data, tmp_path: Path) -> None:
+    backup = str(tmp_path / "backup")
+    first = _pipeline(data)
+    with pytest.raises(_Crash):
+        _fit(
+            data, backup, [keras.PreemptionSafeBackup(backup, save_freq=4, data=first), _CrashAt(2, 3)], pipeline=first
+        )
+    again = _pipeline(data)
+    model = _fit(data, backup, [keras.PreemptionSafeBackup(backup, save_freq=4, data=again)], pipeline=again)
+    assert collections.Counter(model.counts.numpy().tolist()) == {3.0: exact_tasks.RECORDS}
+    # Without data= the backup still resumes a finite epoch (tf-keras alone fails with a TypeError there).
+    plain = _pipeline(data)
+    with pytest.raises(_Crash):
+        _fit(data, backup, [keras.PreemptionSafeBackup(backup, save_freq=4), _CrashAt(1, 5)], pipeline=plain)
+    _fit(data, backup, [keras.PreemptionSafeBackup(backup, save_freq=4)], pipeline=_pipeline(data))
+
+
+def test_resume_input_before_the_backup_works_and_a_changed_order_stops_clearly(data, tmp_path: Path) -> None:
+    backup = str(tmp_path / "backup")
+    first = _pipeline(data)
+    with pytest.raises(_Crash):
+        _fit(
+            data,
+            backup,
+            [
+                keras.callbacks.BackupAndRestore(backup, save_freq=4),
+                keras.ResumeInput(first, backup_dir=backup),
+                _CrashAt(1, 2),
+            ],
+            pipeline=first,
+        )
+    changed = _pipeline(data, order_block=64)
+    with pytest.raises(DataError, match="order_block 256 then, 64 now") as caught:
+        _fit(
+            data,
+            backup,
+            [keras.callbacks.BackupAndRestore(backup, save_freq=4), keras.ResumeInput(changed, backup_dir=backup)],
+            pipeline=changed,
+        )
+    assert (caught.value.field, caught.value.value) == ("order_block", 64)
+    # Before the backup callback in the list: linked all the same, when fit loads the restored counters.
+    before = _pipeline(data)
+    model = _fit(
+        data,
+        backup,
+        [keras.ResumeInput(before), keras.callbacks.BackupAndRestore(backup, save_freq=4)],
+        pipeline=before,
+    )
+    assert collections.Counter(model.counts.numpy().tolist()) == {3.0: exact_tasks.RECORDS}
+    assert before.cursor.position == keras.input_position(1, 0, epochs_per_iteration=1, steps_per_epoch=None)
+    with pytest.raises(DataError, match="`pipeline`. Received: 'list'"):
+        keras.ResumeInput([])

@@ -1,0 +1,153 @@
+"""Training tasks that count every record they train on, in a weight the backup restores with the model.
+
+``counted_fit`` runs ``model.fit`` over a real ``TFRecordPipeline`` under MultiWorkerMirroredStrategy. The
+model's ``counts`` weight (aggregation SUM) adds a bincount of the record ids of every step over all
+replicas, so after a restore it holds exactly what the restored model was trained on: after E epochs of
+exactly-once delivery every count is E. The leader prints ``STEP epoch batch`` after each step (the
+progress fault triggers wait for).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+RECORDS = 480
+FILES = 12
+GLOBAL_BATCH = 24
+FEATURES_DIM = 4
+
+
+def write_data(prefix: str, *, compression: str | None = None) -> None:
+    """480 records ``id``, ``x`` (4 floats) and ``y`` in 12 files."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.data import write_tfrecords
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(RECORDS, FEATURES_DIM)).astype("float32")
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], "float32") + 0.25
+
+    def example(i: int) -> tf.train.Example:
+        return tf.train.Example(
+            features=tf.train.Features(
+                feature={
+                    "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].tolist())),
+                    "y": tf.train.Feature(float_list=tf.train.FloatList(value=[float(y[i])])),
+                }
+            )
+        )
+
+    write_tfrecords((example(i) for i in range(RECORDS)), prefix, num_shards=FILES, compression=compression)
+
+
+def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One fit; ``options``: epochs, num_epochs, steps_per_epoch, shuffle_buffer, shard_policy, order_streams,
+    save_freq, backup ('safe': PreemptionSafeBackup(data=), 'plain': BackupAndRestore + ResumeInput,
+    'unlinked': BackupAndRestore alone), preempt ([epoch, batch]: worker:1 sends itself SIGTERM there, first
+    attempt only)."""
+    import logging
+
+    import tensorflow as tf
+
+    from tfdist import keras
+    from tfdist.data import TFRecordPipeline
+    from tfdist.keras.inputs import enable_determinism
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("tfdist").setLevel(logging.INFO)  # "Input resumes at ..." is what the tests look for.
+    enable_determinism(1)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    task = os.environ.get("TFDIST_TASK", "worker:0")
+    leader = task == "worker:0"
+    restart = int(os.environ.get("TFDIST_RESTART", "0"))
+    features = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "x": tf.io.FixedLenFeature([FEATURES_DIM], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.float32),
+    }
+    pipeline = TFRecordPipeline(
+        files=prefix + "-*",
+        features=features,
+        batch_size=GLOBAL_BATCH,
+        num_epochs=options.get("num_epochs", 1),
+        shuffle_buffer=options.get("shuffle_buffer", 64),
+        seed=3,
+        shard_policy=options.get("shard_policy", "auto"),
+        order_streams=options.get("order_streams"),
+    )
+
+    class Counted(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(1, kernel_initializer="zeros")
+            self.counts = self.add_weight(
+                name="counts",
+                shape=(RECORDS,),
+                initializer="zeros",
+                trainable=False,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+
+        def call(self, inputs: Any) -> Any:
+            return self.dense(inputs)
+
+        def train_step(self, data: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
+            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+            ids = tf.cast(data["id"], tf.int32)
+            if options.get("log_ids"):
+                tf.print(
+                    "IDS", tf.strings.reduce_join(tf.strings.as_string(ids), separator=","), output_stream=sys.stdout
+                )
+            self.counts.assign_add(tf.math.bincount(ids, minlength=RECORDS, maxlength=RECORDS, dtype=tf.float32))
+            return {"loss": loss}
+
+    with strategy.scope():
+        model = Counted()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+
+    preempt = options.get("preempt")
+
+    class Progress(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if leader:
+                print(f"STEP {self.epoch} {batch}", flush=True)
+            if preempt and restart == 0 and task == "worker:1" and [self.epoch, batch] == list(preempt):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    backup_dir = os.path.join(workdir, "backup")
+    save_freq = options.get("save_freq", 4)
+    kind = options.get("backup", "safe")
+    if kind == "safe":
+        callbacks = [keras.PreemptionSafeBackup(backup_dir, save_freq=save_freq, data=pipeline)]
+    elif kind == "plain":
+        callbacks = [
+            keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq),
+            keras.ResumeInput(pipeline, backup_dir=backup_dir),
+        ]
+    else:
+        callbacks = [keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq)]
+    callbacks += [keras.ElasticEpochs(), Progress()]
+    model.fit(
+        pipeline.dataset(),
+        epochs=options.get("epochs", 3),
+        steps_per_epoch=options.get("steps_per_epoch"),
+        verbose=0,
+        callbacks=callbacks,
+    )
+    weights = [float(v) for w in model.dense.weights for v in w.numpy().ravel()]
+    return {
+        "counts": [int(c) for c in model.counts.numpy()],
+        "weights": weights,
+        "restart": restart,
+        "world": strategy.num_replicas_in_sync,
+    }
