@@ -20,7 +20,9 @@ drift and slow spells hit both sides of a ratio alike; see ``_order``):
                       run with tf.data's autotuning model off: with it, deleting the iterator at the end of
                       the epoch waits out the model's optimization period in about half the runs (up to
                       2.5 s here), which is not decoding;
-  tfdist              TFRecordPipeline(image_key=..., image_size=...) with its defaults, on the 16 files;
+  tfdist              TFRecordPipeline(image_key=..., image_size=...) with its defaults, on the 16 files
+                      (the resumable epoch order, issue #24); tfdist_buffer: the same in order='buffer'
+                      (TF's readers over each worker's own files, the order before issue #24);
   partitioned_plain   the same, on the partitioned files;
   balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
 
@@ -54,13 +56,14 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
     "tfdist_vs_seed_style_no_model": ("tfdist", "seed_style_no_model", None),  # How much is the stall.
     "balanced_vs_plain": ("balanced", "partitioned_plain", 0.9),
     "sqrt_vs_plain": ("sqrt", "partitioned_plain", 0.9),
+    "resumable_vs_buffer_order": ("tfdist", "tfdist_buffer", 0.97),  # Issue #24: the resumable order's price.
 }
 
 
 # Each goal's two variants run back to back: in each group, the variant a goal is about sits next to both
-# of its partners (seed_style_no_model, shown without a goal, runs one place from tfdist).
+# of its partners (seed_style_no_model, shown without a goal, and seed_style run one and two places from tfdist).
 _GROUPS = (
-    ("seed_style_no_model", "seed_style", "tfdist", "decode_limit"),
+    ("seed_style_no_model", "seed_style", "tfdist_buffer", "tfdist", "decode_limit"),
     ("balanced", "partitioned_plain", "sqrt"),
     ("decode_limit_per_element", "decode_only", "decode_resize"),
 )
@@ -182,6 +185,7 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
         "decode_only": in_memory(lambda jpeg: tf.io.decode_jpeg(jpeg, channels=3), tf.uint8),
         "decode_resize": in_memory(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), size), tf.float32),
         "tfdist": pipeline(files),
+        "tfdist_buffer": pipeline(files, order="buffer"),
         "partitioned_plain": pipeline(part),
         "balanced": pipeline(part, class_weights="balanced", seed=0),
         "sqrt": pipeline(part, class_weights="sqrt", seed=0),
