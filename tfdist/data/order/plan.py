@@ -40,6 +40,7 @@ from tfdist.errors import DataError, invalid
 
 __all__ = ["EpochOrder"]
 
+CHUNK = 4096  # Records per window of an unshuffled stream (one tf.data element each).
 _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 
@@ -211,16 +212,17 @@ class EpochOrder:
     def windows(self, *, epoch: int, stream: int, start: int = 0) -> Iterator[Window]:
         """Stream ``stream`` of ``epoch`` from its record ``start``, window by window.
 
-        Without shuffling a window is the rest of the stream, read from ``start``; with shuffling the
-        window holding ``start`` is read whole, ordered, and its first records skipped.
+        With shuffling the window holding ``start`` is read whole, ordered, and its first records skipped.
+        Without, the stream is read from ``start`` in chunks of :data:`CHUNK` records.
         """
         if not 0 <= stream < self.streams:
             raise invalid(DataError, "stream", stream, f"a stream index in [0, {self.streams})")
         length = self.stream_lengths[stream]
         base = stream * self.num_records // self.streams
         if not (self.shuffle and self.window):
-            if start < length:
-                yield Window(pieces=self._pieces(epoch, base + start, base + length), order=None, skip=0)
+            for begin in range(start, length, CHUNK):
+                end = min(begin + CHUNK, length)
+                yield Window(pieces=self._pieces(epoch, base + begin, base + end), order=None, skip=0)
             return
         first = start // self.window
         for w in range(first, (length + self.window - 1) // self.window):

@@ -18,10 +18,12 @@ workers under shard_policy='file'. ...
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.data.order.plan import EpochOrder, stream_position
+from tfdist.data.order.plan import CHUNK, EpochOrder, stream_position
 from tfdist.data.order.position import InputCursor, StreamStarts
 from tfdist.errors import DataError, invalid
 
@@ -136,6 +138,45 @@ def _windows(order: EpochOrder, layout: StreamLayout, starts: StreamStarts, path
         epoch, at = epoch + 1, 0
 
 
+class _WindowSource:
+    """The Python side of the streams: one generator of windows per live stream iteration, by token.
+
+    Pulled through ``tf.numpy_function`` calls (no ``from_generator``, whose iterators log a C++ warning
+    each when the process exits with them alive, as an endless input's does).
+    """
+
+    _LIVE = 256  # Iterations kept at most; the oldest (abandoned: never read to the end) go first.
+
+    def __init__(self, order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str]) -> None:
+        self._order, self._layout, self._starts, self._paths = order, layout, starts, paths
+        self._live: dict[int, Any] = {}
+        self._tokens = itertools.count()
+        self._lock = threading.Lock()
+
+    def begin(self, stream: Any) -> Any:
+        import numpy as np
+
+        with self._lock:
+            token = next(self._tokens)
+            self._live[token] = _windows(self._order, self._layout, self._starts, self._paths, int(stream))
+            while len(self._live) > self._LIVE:
+                self._live.pop(next(iter(self._live)))
+        return np.int64(token)
+
+    def next(self, token: Any) -> tuple[Any, ...]:
+        import numpy as np
+
+        with self._lock:
+            windows = self._live.get(int(token))
+        window = next(windows, None) if windows is not None else None
+        if window is None:
+            with self._lock:
+                self._live.pop(int(token), None)
+            empty = np.zeros(0, np.int64)
+            return (np.zeros(0, dtype=object), empty, empty, empty, empty, np.int64(0), np.bool_(False))
+        return (*window, np.bool_(True))
+
+
 def ordered_records(
     order: EpochOrder,
     layout: StreamLayout,
@@ -152,45 +193,50 @@ def ordered_records(
 
     from tfdist import _compat
 
-    signature = (
-        tf.TensorSpec([None], tf.string),
-        tf.TensorSpec([None], tf.int64),
-        tf.TensorSpec([None], tf.int64),
-        tf.TensorSpec([None], tf.int64),
-        tf.TensorSpec([None], tf.int64),
-        tf.TensorSpec([], tf.int64),
-    )
     shuffled = bool(order.shuffle and order.window)
-    starts = cursor.reads()
+    source = _WindowSource(order, layout, cursor.reads(), paths)
+    whole = max(order.window, CHUNK) if shuffled else CHUNK  # Records of one window at most.
+    per = layout.per_stream
 
+    plain = tf.autograph.experimental.do_not_convert  # No control flow: autograph would only cost ~1 s per build.
+
+    @plain
     def read_piece(path: Any, offset: Any, skip: Any, take: Any) -> Any:
         return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(take)
 
+    @plain
     def read_window(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, skip: Any) -> Any:
         records = tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece)
-        if shuffled:  # One window is one batch: reorder it, then hand out its records.
-            records = records.batch(order.window).map(lambda block: tf.gather(block, ordering))
-            records = _compat.unbatch_dense(records)
-        return records.skip(skip)
+        if not shuffled:  # Read from the position on: nothing to reorder, nothing to drop.
+            return records
+        # A shuffled window: its records as one tensor, in the window's order, the trained ones cut off.
+        return records.batch(whole).map(plain(lambda block: tf.gather(block, ordering[skip:])))
 
+    @plain
+    def next_window(token: Any) -> Any:
+        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64, tf.bool]
+        parts = tf.numpy_function(source.next, [token], types, stateful=True)
+        return tuple(tf.reshape(p, [-1]) for p in parts[:5]) + tuple(tf.reshape(p, []) for p in parts[5:])
+
+    @plain
     def stream(index: Any) -> Any:
-        windows = tf.data.Dataset.from_generator(
-            lambda j: _windows(order, layout, starts, paths, int(j)), args=(index,), output_signature=signature
+        token = tf.reshape(tf.numpy_function(source.begin, [index], tf.int64, stateful=True), [])
+        windows = (
+            tf.data.Dataset.from_tensors(token)
+            .repeat()
+            .map(next_window)
+            .take_while(plain(lambda *window: window[-1]))
+            .map(plain(lambda *window: window[:-1]))
         )
-        return windows.flat_map(read_window)
+        records = windows.flat_map(read_window)  # Shuffled: window tensors; else single records.
+        return records.rebatch(per) if shuffled else records.batch(per)  # b records: a step of this stream.
 
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
-    records = streams.interleave(
-        stream,
-        cycle_length=len(layout.own),
-        block_length=layout.per_stream,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
+    # Streams interleaved b records at a time, as tensors of b: one tf.data element per stream and step.
+    chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1)
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
-        records = _compat.unbatch_dense(
-            records.batch(layout.global_batch).map(lambda step: step[begin : begin + share])
-        )
-    return records
+        steps = _compat.unbatch_dense(chunks).batch(layout.global_batch)
+        return _compat.unbatch_dense(steps.map(plain(lambda step: step[begin : begin + share])))
+    return _compat.unbatch_dense(chunks)

@@ -272,6 +272,15 @@ def check_files(paths: Sequence[str], compressions: Sequence[str | None]) -> lis
     return checks + _checked(walks)
 
 
+_WALKED: dict[tuple[str, int, int], Any] = {}  # (path, size, mtime_ns) -> record offsets of the last walk.
+_WALKED_KEEP = 1 << 22  # Offsets kept for block_offsets (32 MB): a walk is not done twice per build.
+
+
+def _stamp(fd: int, path: str) -> tuple[str, int, int]:
+    stat = os.fstat(fd)
+    return path, stat.st_size, stat.st_mtime_ns
+
+
 def _check_file(path: str, compression: str | None) -> FileCheck | _Walked:
     from tfdist.data.storage import remote
 
@@ -283,11 +292,15 @@ def _check_file(path: str, compression: str | None) -> FileCheck | _Walked:
             if not size:
                 return FileCheck(path=path, records=0, valid_bytes=0, total_bytes=0)
             if size <= _READ_WHOLE:
-                return _walk(f.read(), path)
-            if _LENGTH(os.pread(f.fileno(), 8, 0))[0] >= _SPARSE:
-                return _walk_reads(f.fileno(), size, path)
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:  # Only the headers' pages are read.
-                return _walk(data, path)
+                walk = _walk(f.read(), path)
+            elif _LENGTH(os.pread(f.fileno(), 8, 0))[0] >= _SPARSE:
+                walk = _walk_reads(f.fileno(), size, path)
+            else:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:  # Only the headers' pages are read.
+                    walk = _walk(data, path)
+            if sum(len(v) for v in _WALKED.values()) + len(walk.offsets) <= _WALKED_KEEP:
+                _WALKED[_stamp(f.fileno(), path)] = (walk.offsets, walk.records)
+            return walk
     if "://" in local:
         with remote.open_file(local, "rb") as f:
             raw = f.read()
@@ -310,11 +323,17 @@ def _check_file(path: str, compression: str | None) -> FileCheck | _Walked:
 def block_offsets(path: str, block: int) -> tuple[int, tuple[int, ...]]:
     """(records, byte offset of records 0, block, 2*block, ...) of a local, uncompressed TFRecord file.
 
-    The headers are walked as :func:`check_file` walks them (CRCs are the verifier's job); a damaged
-    tail ends the walk at the last whole record.
+    The headers are walked as :func:`check_file` walks them (CRCs are the verifier's job), or taken from
+    the verifier's walk of the same file in this process; a damaged tail ends at the last whole record.
     """
-    walk = _check_file(path, None)
-    if isinstance(walk, FileCheck):  # Empty (or unreadable as framed records).
-        return walk.records, ()
-    offsets = walk.offsets[: walk.records : block]
-    return walk.records, tuple(int(o) for o in offsets)
+    with open(path, "rb") as f:
+        stamp = _stamp(f.fileno(), path)
+    known = _WALKED.pop(stamp, None)
+    if known is None:
+        walk = _check_file(path, None)
+        _WALKED.pop(stamp, None)
+        if isinstance(walk, FileCheck):  # Empty (or unreadable as framed records).
+            return walk.records, ()
+        known = (walk.offsets, walk.records)
+    offsets, records = known
+    return records, tuple(int(o) for o in offsets[:records:block])
