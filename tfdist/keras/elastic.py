@@ -1,8 +1,10 @@
 """Elastic training semantics for Keras: batch rules across world-size changes, epoch boundaries, LR scaling.
 
 Under ``tfdist-launch --min-workers`` the group restarts with a new world size when a worker leaves or
-returns, and ``BackupAndRestore`` resumes at the last finished epoch; the interrupted epoch is redone from
-its start with the new sharding, so every record is seen once per completed epoch. Two batch rules:
+returns, and ``BackupAndRestore`` resumes at its last backup. With :class:`~tfdist.keras.resume.ResumeInput`
+(the resumable input order) the new group goes on at the next step of the same global order, whatever
+its size; with epoch backups alone the interrupted epoch is redone from its start with the new sharding.
+Either way every record is seen once per completed epoch. Two batch rules:
 
 - **Keep the global batch** (the default): batch the dataset with the global batch ``B``; each of the ``N``
   replicas gets ``B / N`` (:func:`per_replica_batch` checks that ``N`` divides ``B``), so every step

@@ -229,14 +229,14 @@ def ordered_records(
             .map(plain(lambda *window: window[:-1]))
         )
         records = windows.flat_map(read_window)  # Shuffled: window tensors; else single records.
-        return records.rebatch(per) if shuffled else records.batch(per)  # b records: a step of this stream.
+        return _compat.unbatch_dense(records) if shuffled else records
 
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
     # Streams interleaved b records at a time, as tensors of b: one tf.data element per stream and step.
-    chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1)
+    chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=per)
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
-        steps = _compat.unbatch_dense(chunks).batch(layout.global_batch)
+        steps = chunks.batch(layout.global_batch)
         return _compat.unbatch_dense(steps.map(plain(lambda step: step[begin : begin + share])))
-    return _compat.unbatch_dense(chunks)
+    return chunks
