@@ -45,6 +45,36 @@ def write_data(prefix: str, *, compression: str | None = None) -> None:
     write_tfrecords((example(i) for i in range(RECORDS)), prefix, num_shards=FILES, compression=compression)
 
 
+def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> list[float]:
+    """The weights ``counted_fit`` should end with: SGD in float64 over the steps of the epoch order.
+
+    One process reads the pipeline's global batches (the order a step trains on does not depend on the
+    number of workers), and numpy takes each mean-squared-error step: no TensorFlow training, so a fit
+    on any world size can be compared with it to float32 rounding.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.data import DataPosition, TFRecordPipeline
+
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(RECORDS, FEATURES_DIM)).astype("float32").astype("float64")
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.25
+    w, b = np.zeros(FEATURES_DIM), 0.0
+    for epoch in range(epochs):
+        pipeline = TFRecordPipeline(
+            files=prefix + "-*", features=spec, batch_size=GLOBAL_BATCH, shuffle_buffer=64, seed=3
+        )
+        pipeline.start_at(DataPosition(epoch=epoch, step=0))
+        for batch in pipeline.dataset(cluster=None):
+            ids = batch["id"].numpy()
+            residual = x[ids] @ w + b - y[ids]
+            w = w - learning_rate * 2 * x[ids].T @ residual / len(ids)
+            b -= learning_rate * 2 * residual.mean()
+    return [*w.tolist(), float(b)]
+
+
 def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
     """One fit; ``options``: epochs, num_epochs, steps_per_epoch, shuffle_buffer, shard_policy, order_streams,
     save_freq, backup ('safe': PreemptionSafeBackup(data=), 'plain': BackupAndRestore + ResumeInput,
