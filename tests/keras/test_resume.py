@@ -45,11 +45,9 @@ def _check(run: testing.ClusterRun, reference: np.ndarray, *, tasks: tuple[str, 
         np.testing.assert_allclose(value["weights"], reference, rtol=0, atol=2e-5)
 
 
-def test_a_crash_mid_epoch_resumes_at_the_next_record(data: str, reference: np.ndarray, tmp_path: Path) -> None:
-    # Finite epochs (no steps_per_epoch: tf-keras alone fails the resume with a TypeError), 'data' sharding,
-    # a plain BackupAndRestore every 4 batches with ResumeInput after it; worker 1 killed at batch 10 of epoch 1.
-    options = {"shard_policy": "data", "backup": "plain"}
-    run = testing.run_cluster(
+def _killed_once(data: str, tmp_path: Path, options: dict) -> testing.ClusterRun:
+    """2 workers; worker 1 SIGKILLed once the leader printed batch 10 of epoch 1; one group restart."""
+    return testing.run_cluster(
         exact_tasks.counted_fit,
         workers=2,
         timeout=300,
@@ -57,6 +55,13 @@ def test_a_crash_mid_epoch_resumes_at_the_next_record(data: str, reference: np.n
         kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
         args=[str(tmp_path), data, options],
     )
+
+
+def test_a_crash_mid_epoch_resumes_at_the_next_record(data: str, reference: np.ndarray, tmp_path: Path) -> None:
+    # Finite epochs (no steps_per_epoch: tf-keras alone fails the resume with a TypeError), 'data' sharding,
+    # a plain BackupAndRestore every 4 batches with ResumeInput after it; worker 1 killed at batch 10 of epoch 1.
+    options = {"shard_policy": "data", "backup": "plain"}
+    run = _killed_once(data, tmp_path, options)
     _check(run, reference, tasks=("worker:0", "worker:1"))
     assert run.values["worker:0"]["restart"] == 1
     # Backups after batches 3, 7, 11, ...: the kill lands at batch 10 or a little later.
@@ -109,14 +114,7 @@ def test_a_plain_backup_alone_replays_records_and_says_so(data: str, tmp_path: P
     # restarted task says why once, and what to use. (Endless input: with finite epochs of unknown length a
     # plain BackupAndRestore fails the resume inside tf-keras, with a TypeError.)
     options = {"backup": "unlinked", "shuffle_buffer": 0, "num_epochs": None, "steps_per_epoch": 20}
-    run = testing.run_cluster(
-        exact_tasks.counted_fit,
-        workers=2,
-        timeout=300,
-        max_restarts=1,
-        kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
-        args=[str(tmp_path), data, options],
-    )
+    run = _killed_once(data, tmp_path, options)
     assert run.ok, run.result.summary()
     counts = collections.Counter(run.values["worker:0"]["counts"])
     assert counts != {EPOCHS: exact_tasks.RECORDS} and sum(k * v for k, v in counts.items()) == EPOCHS * 480

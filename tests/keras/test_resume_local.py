@@ -33,30 +33,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _model() -> Any:
-    class Counted(keras.Model):
-        def __init__(self) -> None:
-            super().__init__()
-            self.dense = keras.layers.Dense(1, kernel_initializer="zeros")
-            self.counts = self.add_weight(
-                name="counts", shape=(exact_tasks.RECORDS,), initializer="zeros", trainable=False
-            )
-
-        def call(self, inputs: Any) -> Any:
-            return self.dense(inputs)
-
-        def train_step(self, data: Any) -> Any:
-            with tf.GradientTape() as tape:
-                loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
-            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-            ids = tf.cast(data["id"], tf.int32)
-            self.counts.assign_add(
-                tf.math.bincount(ids, minlength=exact_tasks.RECORDS, maxlength=exact_tasks.RECORDS, dtype=tf.float32)
-            )
-            return {"loss": loss}
-
-    model = Counted()
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    return model
+    return exact_tasks.counted_model()
 
 
 class _CrashAt(keras.callbacks.Callback):
@@ -78,6 +55,17 @@ def _fit(data: str, backup: str, callbacks: list[Any], *, pipeline: TFRecordPipe
     return model
 
 
+def _crash(data: str, backup: str, pipeline: TFRecordPipeline, at: tuple[int, int], **fit: Any) -> None:
+    """A fit with BackupAndRestore (every 4 batches) and ResumeInput that crashes at (epoch, batch)."""
+    callbacks = [
+        keras.callbacks.BackupAndRestore(backup, save_freq=4),
+        keras.ResumeInput(pipeline, backup_dir=backup),
+        _CrashAt(*at),
+    ]
+    with pytest.raises(_Crash):
+        _fit(data, backup, callbacks, pipeline=pipeline, **fit)
+
+
 def _pipeline(data: str, **options: Any) -> TFRecordPipeline:
     return TFRecordPipeline(files=data + "-*", features=FEATURES, batch_size=24, shuffle_buffer=64, seed=3, **options)
 
@@ -85,19 +73,7 @@ def _pipeline(data: str, **options: Any) -> TFRecordPipeline:
 @pytest.mark.parametrize(("num_epochs", "steps"), [(1, None), (None, 20)])
 def test_a_crash_between_two_fits_trains_each_record_once_per_epoch(data, tmp_path: Path, num_epochs, steps) -> None:
     backup = str(tmp_path / "backup")
-    first = _pipeline(data, num_epochs=num_epochs)
-    with pytest.raises(_Crash):
-        _fit(
-            data,
-            backup,
-            [
-                keras.callbacks.BackupAndRestore(backup, save_freq=4),
-                keras.ResumeInput(first, backup_dir=backup),
-                _CrashAt(1, 10),
-            ],
-            pipeline=first,
-            steps_per_epoch=steps,
-        )
+    _crash(data, backup, _pipeline(data, num_epochs=num_epochs), (1, 10), steps_per_epoch=steps)
     again = _pipeline(data, num_epochs=num_epochs)
     model = _fit(
         data,
@@ -129,18 +105,7 @@ def test_preemption_safe_backup_takes_the_pipeline_and_a_finite_epoch_resumes(da
 
 def test_resume_input_before_the_backup_works_and_a_changed_order_stops_clearly(data, tmp_path: Path) -> None:
     backup = str(tmp_path / "backup")
-    first = _pipeline(data)
-    with pytest.raises(_Crash):
-        _fit(
-            data,
-            backup,
-            [
-                keras.callbacks.BackupAndRestore(backup, save_freq=4),
-                keras.ResumeInput(first, backup_dir=backup),
-                _CrashAt(1, 2),
-            ],
-            pipeline=first,
-        )
+    _crash(data, backup, _pipeline(data), (1, 2))
     changed = _pipeline(data, order_block=64)
     with pytest.raises(DataError, match="order_block 256 then, 64 now") as caught:
         _fit(

@@ -75,6 +75,44 @@ def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> l
     return [*w.tolist(), float(b)]
 
 
+def counted_model(*, log_ids: bool = False) -> Any:
+    """A compiled linear model on ``x`` whose ``counts`` weight (aggregation SUM) counts the ids it trained on."""
+    import tensorflow as tf
+
+    from tfdist import keras
+
+    class Counted(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(1, kernel_initializer="zeros")
+            self.counts = self.add_weight(
+                name="counts",
+                shape=(RECORDS,),
+                initializer="zeros",
+                trainable=False,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+
+        def call(self, inputs: Any) -> Any:
+            return self.dense(inputs)
+
+        def train_step(self, data: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
+            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+            ids = tf.cast(data["id"], tf.int32)
+            if log_ids:
+                tf.print(
+                    "IDS", tf.strings.reduce_join(tf.strings.as_string(ids), separator=","), output_stream=sys.stdout
+                )
+            self.counts.assign_add(tf.math.bincount(ids, minlength=RECORDS, maxlength=RECORDS, dtype=tf.float32))
+            return {"loss": loss}
+
+    model = Counted()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
 def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
     """One fit; ``options``: epochs, num_epochs, steps_per_epoch, shuffle_buffer, shard_policy, order_streams,
     save_freq, backup ('safe': PreemptionSafeBackup(data=), 'plain': BackupAndRestore + ResumeInput,
@@ -111,36 +149,8 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
         order_streams=options.get("order_streams"),
     )
 
-    class Counted(keras.Model):
-        def __init__(self) -> None:
-            super().__init__()
-            self.dense = keras.layers.Dense(1, kernel_initializer="zeros")
-            self.counts = self.add_weight(
-                name="counts",
-                shape=(RECORDS,),
-                initializer="zeros",
-                trainable=False,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-
-        def call(self, inputs: Any) -> Any:
-            return self.dense(inputs)
-
-        def train_step(self, data: Any) -> Any:
-            with tf.GradientTape() as tape:
-                loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
-            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-            ids = tf.cast(data["id"], tf.int32)
-            if options.get("log_ids"):
-                tf.print(
-                    "IDS", tf.strings.reduce_join(tf.strings.as_string(ids), separator=","), output_stream=sys.stdout
-                )
-            self.counts.assign_add(tf.math.bincount(ids, minlength=RECORDS, maxlength=RECORDS, dtype=tf.float32))
-            return {"loss": loss}
-
     with strategy.scope():
-        model = Counted()
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        model = counted_model(log_ids=bool(options.get("log_ids")))
 
     preempt = options.get("preempt")
 

@@ -8,8 +8,9 @@ from typing import Any
 from tfdist.data.order.index import epoch_order
 from tfdist.data.order.position import InputCursor
 from tfdist.data.order.reader import StreamLayout, default_streams, ordered_records
+from tfdist.data.pipeline import reading
 from tfdist.data.pipeline._context import PipelineSlot
-from tfdist.data.records.files import Listing, compression_of
+from tfdist.data.records.files import Listing
 from tfdist.data.storage import remote
 from tfdist.errors import DataError, invalid
 
@@ -113,18 +114,10 @@ def records(pipeline: Any, listing: Listing, where: PipelineSlot, cursor: InputC
         shuffle=shuffle,
         compression=pipeline.compression,
     )
-    kinds = {compression_of(f.path, pipeline.compression) or "" for f in listing.files}
-    if len(kinds) > 1:
-        raise invalid(
-            DataError,
-            "compression",
-            sorted(kinds),
-            "one compression for all files",
-            "Split compressed and uncompressed files into two pipelines.",
-        )
-    cursor.order, cursor.layout = order, layout
     paths = [f.path for f in listing.files]
-    dataset = ordered_records(order, layout, cursor, paths, compression=next(iter(kinds)))
+    compression = reading.one_compression(paths, pipeline.source)
+    cursor.order, cursor.layout = order, layout
+    dataset = ordered_records(order, layout, cursor, paths, compression=compression)
     text = (
         f"resumable order: {order.num_records} records in {streams} streams ({policy}: "
         f"{len(layout.own)} read here, {layout.per_stream} records each per step)"

@@ -30,7 +30,8 @@ def worker_files(plan: ShardPlan, worker: int) -> tuple[str, ...]:
     return plan.files_for(worker)
 
 
-def _one_compression(paths: Sequence[str], source: SourceOptions) -> str:
+def one_compression(paths: Sequence[str], source: SourceOptions) -> str:
+    """The one compression of ``paths`` ('' for none); a DataError when they mix compressions."""
     kinds = {compression_of(p, source.compression) or "" for p in paths}
     if len(kinds) > 1:
         raise invalid(
@@ -144,7 +145,7 @@ def read_records(
     import tensorflow as tf
 
     paths = list(worker_files(plan, worker))
-    compression = _one_compression(paths, source)
+    compression = one_compression(paths, source)
     if on_server or not tf.executing_eagerly():
         local = False  # Built here, read on other hosts (tf.data service, parameter-server workers): keep threads.
     how, reads = _how_to_read(paths, streams, tuning, local, plan.policy)
