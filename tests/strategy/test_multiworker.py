@@ -178,7 +178,9 @@ class MultiWorkerMirroredTest(absltest.TestCase):
         self.assertTrue(run.ok, run.result.summary())
         a, b = run.values["worker:0"], run.values["worker:1"]
         self.assertEqual(sorted(a["ids"] + b["ids"]), list(range(643)))  # Each record once per epoch.
-        self.assertEqual((len(a["ids"]), len(b["ids"]), a["plan"]), (322, 321, "file"))  # Uneven shares.
+        # Uneven shares (643 records over the resumable order's streams); which worker holds the extra
+        # record depends on the order's cut, not on the worker.
+        self.assertEqual((sorted([len(a["ids"]), len(b["ids"])]), a["plan"]), ([321, 322], "file"))
         self.assertAlmostEqual(a["loss"], b["loss"], places=5)
         # Partial and uneven last batches: fit and evaluate still see every record once.
         self.assertEqual((a["fit_examples"], b["fit_examples"]), (643, 643))
