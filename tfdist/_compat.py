@@ -329,15 +329,13 @@ def before_initial_counters(model: Any, hook: Callable[[Any], None]) -> None:
     right after every callback's ``on_train_begin`` (so after any
     ``BackupAndRestore`` restored) and before the first iterator is made.
     """
-    original = _attr(model, "_maybe_load_initial_counters_from_ckpt", "ResumeInput")
+    _attr(model, "_maybe_load_initial_counters_from_ckpt", "ResumeInput")  # Fails clearly if tf-keras renamed it.
 
     def hooked(steps_per_epoch: Any, initial_epoch: Any, *args: Any, **kwargs: Any) -> Any:
         model.__dict__.pop("_maybe_load_initial_counters_from_ckpt", None)
         hook(steps_per_epoch)
         return model._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch, *args, **kwargs)
 
-    model.__dict__.pop("_maybe_load_initial_counters_from_ckpt", None)
-    del original
     model.__dict__["_maybe_load_initial_counters_from_ckpt"] = hooked
 
 

@@ -269,7 +269,7 @@ class StratifiedPipelineTest(parameterized.TestCase):
             num_epochs=1,
             seed=3,
         )
-        records, _, _, stratified = pipeline._records_for(None, None)
+        records, _, _, stratified, _ = pipeline._records_for(None, None)
         self.assertTrue(stratified)
         ids = [int(tf.io.parse_single_example(r, FEATURES)["id"]) for r in records]
         small = sorted(i for i in range(1600) if i % 15 == 14)

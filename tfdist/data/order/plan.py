@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from tfdist.errors import DataError, invalid
@@ -264,9 +264,3 @@ def stream_position(order: EpochOrder, stream: int, records: int, *, epochs_per_
     if epochs_per_pass is not None and epoch >= epochs_per_pass:
         return epochs_per_pass, 0
     return epoch, at
-
-
-def split_sizes(total: int, parts: int) -> Sequence[int]:
-    """``total`` split in ``parts`` contiguous sizes that differ by at most one, larger first."""
-    base, extra = divmod(total, parts)
-    return [base + (i < extra) for i in range(parts)]

@@ -47,9 +47,10 @@ class DataPosition:
 class InputCursor:
     """The start of each iteration of a pipeline's dataset, per stream (thread-safe).
 
-    Every stream's reader asks :meth:`iteration` once when an iteration of the dataset begins: the
-    first iteration starts at the position set by :meth:`start` (default the start of epoch 0), each
-    later one at the next ``epochs_per_iteration`` epochs (Keras iterates a finite dataset once per epoch).
+    Each dataset counts its own iterations (:meth:`reads`); every stream's reader asks once when an
+    iteration begins: the first starts at the position set by :meth:`start` (default the start of epoch
+    0), each later one at the next ``epochs_per_iteration`` epochs (Keras iterates a finite dataset once
+    per epoch).
     """
 
     def __init__(self, *, epochs_per_iteration: int | None) -> None:
@@ -57,7 +58,6 @@ class InputCursor:
         self._lock = threading.Lock()
         self._position = DataPosition()
         self._generation = 0
-        self._default: StreamStarts | None = None
         self.linked = False
         self._warned = False
         self.order: Any = None  # The EpochOrder and StreamLayout of the last dataset built (None: not resumable).
@@ -86,12 +86,6 @@ class InputCursor:
     def reads(self) -> StreamStarts:
         """A new dataset's own count of iterations per stream (two datasets of one pipeline do not share one)."""
         return StreamStarts(self)
-
-    def iteration(self, *, stream: int) -> DataPosition:
-        """Where a new iteration of ``stream`` starts, for a pipeline with a single dataset (see :meth:`reads`)."""
-        if self._default is None:
-            self._default = StreamStarts(self)
-        return self._default.iteration(stream=stream)
 
     def _start_of(self, k: int) -> DataPosition:
         per = self.epochs_per_iteration

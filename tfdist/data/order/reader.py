@@ -1,9 +1,10 @@
 """One worker's records in the epoch order of :mod:`tfdist.data.order.plan`, from the cursor's position.
 
-Each stream is a Python generator of windows (a few per epoch, computed by :class:`EpochOrder`) feeding a
-``tf.data`` graph that opens each piece at its byte offset, orders a window and drops what was trained
-already. A worker interleaves its streams ``b`` records at a time (``b = global_batch // streams``), so each
-global step takes ``b`` records of every stream whatever the number of workers.
+Each stream's windows (a few per epoch, computed by :class:`EpochOrder` in Python) reach a ``tf.data`` graph
+through ``numpy_function`` calls; the graph opens each piece at its byte offset, orders a window and drops
+what was trained already. A worker interleaves its streams ``b`` records at a time
+(``b = global_batch // streams``), so each global step takes ``b`` records of every stream whatever the
+number of workers.
 
 Example:
     >>> StreamLayout(global_batch=24, streams=12, num_workers=2, worker=1, policy="file").own
@@ -33,11 +34,12 @@ _BUFFER = 1 << 18
 _POLICIES = ("file", "data")
 
 
-def default_streams(global_batch: int, num_workers: int, policy: str) -> int:
+def default_streams(global_batch: int, num_workers: int, policy: str, *, records: int | None = None) -> int:
     """Streams when ``order_streams`` is not given: the most, up to 12 (or the worker count), dividing the batch.
 
-    Under 'file' a multiple of the worker count. 12 streams serve 1, 2, 3, 4, 6 and 12 workers with
-    the same order; an elastic job between other sizes names its own (``order_streams``).
+    Under 'file' a multiple of the worker count; never more than ``records`` (tiny data). 12 streams
+    serve 1, 2, 3, 4, 6 and 12 workers with the same order; an elastic job between other sizes names its
+    own (``order_streams``).
 
     Example:
         >>> default_streams(24, 2, "file"), default_streams(24, 3, "file"), default_streams(256, 4, "file")
@@ -45,6 +47,8 @@ def default_streams(global_batch: int, num_workers: int, policy: str) -> int:
     """
     step = num_workers if policy == "file" else 1
     fits = [k for k in range(step, max(12, num_workers) + 1, step) if global_batch % k == 0]
+    if fits and records is not None and records < max(fits):
+        fits = [k for k in fits if k <= records] or [min(fits)]  # The order then names what is too few.
     if not fits:
         raise invalid(
             DataError,
@@ -232,7 +236,7 @@ def ordered_records(
         return _compat.unbatch_dense(records) if shuffled else records
 
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
-    # Streams interleaved b records at a time, as tensors of b: one tf.data element per stream and step.
+    # Streams interleaved b records at a time: each global step takes b records of every stream read here.
     chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=per)
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers

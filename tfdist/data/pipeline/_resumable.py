@@ -41,47 +41,37 @@ def _obstacle(pipeline: Any, *, groups: bool, listing: Listing) -> tuple[str, An
     return None
 
 
-def _streams(pipeline: Any, where: PipelineSlot, policy: str, records: int) -> int | str:
-    """The stream count, or why none fits (under order='auto' the pipeline then reads in the 'buffer' order)."""
-    if pipeline.order_streams is not None:
-        return int(pipeline.order_streams)
-    try:
-        streams = default_streams(pipeline.batch_size, where.count, policy)
-    except DataError as err:
-        return err.message
-    while streams > records and streams > where.count:  # Tiny data: fewer streams, still a multiple of the workers.
-        streams -= where.count if policy == "file" else 1
-        while pipeline.batch_size % streams:
-            streams -= where.count if policy == "file" else 1
-    return streams if streams <= records else f"{records} record(s) are fewer than the {where.count} workers"
+def layout_for(pipeline: Any, *, groups: bool, listing: Listing, where: PipelineSlot) -> StreamLayout | None:
+    """How this worker reads the resumable order; None for the 'buffer' order.
 
-
-def applies(pipeline: Any, *, groups: bool, listing: Listing, where: PipelineSlot) -> bool:
-    """Whether ``pipeline`` reads in the resumable order ('auto': where it can; 'resumable': or a DataError)."""
+    'auto' reads resumably where it can and logs why not; 'resumable' raises a DataError instead.
+    """
     if pipeline.order == "buffer":
-        return False
+        return None
     obstacle = _obstacle(pipeline, groups=groups, listing=listing)
-    if obstacle is None and pipeline.order == "auto":
+    layout = None
+    if obstacle is None:
         policy = "file" if pipeline.shard_policy == "auto" else pipeline.shard_policy
         known = listing.records([f.path for f in listing.files])
-        streams = _streams(pipeline, where, policy, known if known is not None else pipeline.batch_size)
-        if isinstance(streams, str):
-            obstacle = ("batch_size", pipeline.batch_size, streams)
-        else:
-            try:
-                StreamLayout(
-                    global_batch=pipeline.batch_size,
-                    streams=streams,
-                    num_workers=where.count,
-                    worker=where.index,
-                    policy=policy,
-                )
-            except DataError as err:
-                obstacle = (err.field or "order_streams", err.value, err.message)
+        try:
+            streams = pipeline.order_streams or default_streams(pipeline.batch_size, where.count, policy, records=known)
+            if known is not None and streams > known:
+                raise invalid(DataError, "order_streams", streams, f"at most the {known} records of the data")
+            layout = StreamLayout(
+                global_batch=pipeline.batch_size,
+                streams=streams,
+                num_workers=where.count,
+                worker=where.index,
+                policy=policy,
+            )
+        except DataError as err:
+            if pipeline.order == "resumable":
+                raise
+            obstacle = (err.field or "order_streams", err.value, err.message)
     if obstacle is None:
-        return True
+        return layout
+    field, value, why = obstacle
     if pipeline.order == "resumable":
-        field, value, why = obstacle
         raise invalid(
             DataError,
             field,
@@ -89,29 +79,19 @@ def applies(pipeline: Any, *, groups: bool, listing: Listing, where: PipelineSlo
             f"a setting order='resumable' supports ({why})",
             "Drop that option, or pass order='buffer' (no exact resume).",
         )
-    _log.info("Input order 'buffer' (no exact resume): %s %r: %s.", obstacle[0], obstacle[1], obstacle[2])
-    return False
+    _log.info("Input order 'buffer' (no exact resume): %s %r: %s.", field, value, why)
+    return None
 
 
-def records(pipeline: Any, listing: Listing, where: PipelineSlot, cursor: InputCursor) -> tuple[Any, str]:
+def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: InputCursor) -> tuple[Any, str]:
     """This worker's serialized records in the resumable order, and the plan text to log."""
-    count = where.count
-    policy = "file" if pipeline.shard_policy == "auto" else pipeline.shard_policy
-    global_batch = pipeline.batch_size
-    known = listing.records([f.path for f in listing.files])
-    chosen = _streams(pipeline, where, policy, known if known is not None else global_batch)
-    streams = chosen if isinstance(chosen, int) else default_streams(global_batch, count, policy)
-    layout = StreamLayout(
-        global_batch=global_batch, streams=streams, num_workers=count, worker=where.index, policy=policy
-    )
-    shuffle = bool(pipeline.shuffle_buffer)
     order = epoch_order(
         listing,
         block=pipeline.order_block,
-        streams=streams,
+        streams=layout.streams,
         window=pipeline.shuffle_buffer,
         seed=pipeline.seed or 0,
-        shuffle=shuffle,
+        shuffle=bool(pipeline.shuffle_buffer),
         compression=pipeline.compression,
     )
     paths = [f.path for f in listing.files]
@@ -119,7 +99,7 @@ def records(pipeline: Any, listing: Listing, where: PipelineSlot, cursor: InputC
     cursor.order, cursor.layout = order, layout
     dataset = ordered_records(order, layout, cursor, paths, compression=compression)
     text = (
-        f"resumable order: {order.num_records} records in {streams} streams ({policy}: "
+        f"resumable order: {order.num_records} records in {layout.streams} streams ({layout.policy}: "
         f"{len(layout.own)} read here, {layout.per_stream} records each per step)"
     )
     return dataset, text

@@ -157,11 +157,10 @@ among ... (did you mean 'shuffle_buffer'?).
         """
         listing = listing or self.listing()
         slot = _context.PipelineSlot(index=worker, count=num_workers, batch_size=self.batch_size, per_replica=True)
-        if plan is None and _resumable.applies(self, groups=False, listing=listing, where=slot):
-            own = self.plan(num_workers, listing)
-            report = verify_files(own.files_for(worker), self.source, listing)
-            records, _ = _resumable.records(self, listing, slot, InputCursor(epochs_per_iteration=1))
-            return records, report
+        layout = None if plan is not None else _resumable.layout_for(self, groups=False, listing=listing, where=slot)
+        if layout is not None:
+            records, _ = _resumable.records(self, listing, layout, InputCursor(epochs_per_iteration=1))
+            return records, self._verify_share(listing, slot)
         plan = plan or self.plan(num_workers, listing)
         return self._read(plan, worker, listing)
 
@@ -232,13 +231,17 @@ among ... (did you mean 'shuffle_buffer'?).
           cluster: The :class:`~tfdist.cluster.spec.ClusterSpec` this process runs in
             (default: from TF_CONFIG).
         """
-        records, report, where, stratified = self._records_for(input_context, cluster)
+        records, report, where, stratified, resumable = self._records_for(input_context, cluster)
         self._reports.last = report
-        return self._finish(records, where, stratified=stratified, resumable=self._cursor.layout is not None)
+        return self._finish(records, where, stratified=stratified, resumable=resumable)
+
+    def _verify_share(self, listing: Listing, where: _context.PipelineSlot) -> VerifyReport:
+        """Verifies this worker's share of the files under the 'file' plan: each file is checked by one worker."""
+        return verify_files(self.plan(where.count, listing).files_for(where.index), self.source, listing)
 
     def _records_for(
         self, input_context: Any | None, cluster: Any | None
-    ) -> tuple[Any, VerifyReport, _context.PipelineSlot, bool]:
+    ) -> tuple[Any, VerifyReport, _context.PipelineSlot, bool, bool]:
         import tensorflow as tf
 
         where = _context.slot(input_context, self.batch_size, cluster=cluster)
@@ -257,13 +260,13 @@ among ... (did you mean 'shuffle_buffer'?).
                 self._check_features(plan.files_for(index)[0])
             return records
 
-        self._cursor.layout = None
-        resumable = _resumable.applies(self, groups=bool(groups), listing=listing, where=where)
-        if resumable:
-            own = self.plan(where.count, listing)  # Each file verified (and its features checked) by one worker.
-            reports.append(verify_files(own.files_for(where.index), self.source, listing))
+        layout = _resumable.layout_for(self, groups=bool(groups), listing=listing, where=where)
+        if layout is None:
+            self._cursor.order = self._cursor.layout = None  # ResumeInput then says the input cannot resume.
+        if layout is not None:
+            reports.append(self._verify_share(listing, where))
             self._check_features(listing.files[0].path if listing.files else None)
-            records, plan_text = _resumable.records(self, listing, where, self._cursor)
+            records, plan_text = _resumable.records(self, listing, layout, self._cursor)
             known = listing.records([f.path for f in listing.files])
             self._warn_small_share(None if known is None else known // where.count, where)
         elif self.data_service is not None:
@@ -293,7 +296,7 @@ among ... (did you mean 'shuffle_buffer'?).
             self._warn_small_share(self._share_of(listing.records(plan.files_for(where.index)), plan, where), where)
         _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
         report = sum(reports[1:], reports[0]) if reports else VerifyReport()
-        return records, report, where, bool(groups)
+        return records, report, where, bool(groups), layout is not None
 
     def _check_features(self, path: str | None) -> None:
         """Names a feature spec that does not match the records, from one record of ``path`` (eager builds)."""
