@@ -17,7 +17,10 @@ GBPS10 = 1.25e9
 class UnitsTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("count_m", "25.6M", "count", 25.6e6),
-        ("count_b", "7G", "count", 7e9),
+        ("count_g", "7G", "count", 7e9),
+        ("count_b", "7B", "count", 7e9),
+        ("count_b_fraction", "1.5B", "count", 1.5e9),
+        ("count_b_70", "70b", "count", 70e9),
         ("count_plain", "1000", "count", 1e3),
         ("gbps", "10Gbps", "bandwidth", 1.25e9),
         ("mbit", "100Mbit/s", "bandwidth", 12.5e6),
@@ -142,6 +145,36 @@ class ModelTest(parameterized.TestCase):
         )
         self.assertEqual(bad.returncode, 2)
         self.assertIn("a bandwidth such as '10Gbps'", bad.stderr)
+
+    def test_cli_errors_name_flags_and_devices_count(self) -> None:
+        """The CLI speaks in flags (never Plan's fields or Python), and --gpus-per-worker shows in the answer."""
+
+        def plan(*extra: str) -> subprocess.CompletedProcess[str]:
+            base = ["--workers", "4", "--bandwidth", "10Gbps", "--latency", "50us"]
+            argv = [sys.executable, "-m", "tfdist.cli.main", "plan", *base, *extra]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+        for extra, flag, fix in (
+            (("--params", "0"), "`--params`", "Pass e.g. --params 7B."),
+            (("--params", "lots"), "`--params`", "a count such as '25.6M' or '7B'"),
+            (("--params", "7B", "--compute", "0s"), "`--compute`", "Pass e.g. --compute 120ms."),
+            (("--params", "7B", "--device-memory", "lots"), "`--device-memory`", "a size such as '16GiB'"),
+            (("--params", "7B", "--embedding-values", "1", "--embedding-touched", "x"), "`--embedding-touched`", ""),
+        ):
+            done = plan(*extra)
+            self.assertEqual(done.returncode, 2, done.stderr)
+            self.assertIn(f"Invalid value for {flag}", done.stderr)
+            self.assertIn(fix, done.stderr)
+            for python in ("parse_quantity", "or None", "`count`", "`time`", "`bytes`", "compute_s"):
+                self.assertNotIn(python, done.stderr)
+        one, eight = (json.loads(plan("--params", "7B", "--gpus-per-worker", g, "--json").stdout) for g in "18")
+        self.assertEqual((one["replicas"], eight["replicas"]), (4, 32))
+        self.assertEqual(one["gradient_bytes"], 28e9)  # 7B parameters in fp32
+        self.assertTrue(any("4 machines x 8 devices = 32 replicas" in r for r in eight["reasons"]), eight["reasons"])
+        self.assertIn(
+            "replicas:                  32 (4 machines x 8 devices)",
+            plan("--params", "7B", "--gpus-per-worker", "8").stdout,
+        )
 
     def test_cli_embedding_traffic(self) -> None:
         base = [

@@ -32,7 +32,7 @@ __all__ = [
 
 # Extra per-parameter state each optimizer keeps (in copies of the weights).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2}
-_SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}  # "b": a billion, for counts ('7B').
 _IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _MAX_MACHINES = 1_000_000
@@ -48,24 +48,28 @@ _KINDS = {
 }
 
 
-def parse_quantity(text: Any, kind: str = "count") -> float:
-    """Parses counts ('25.6M'), bandwidths ('10Gbps', '1.25GB/s') -> bytes/s, sizes ('16GiB') -> bytes,
-    and times ('50us', '2ms') -> seconds.
+def parse_quantity(text: Any, kind: str = "count", *, field: str | None = None) -> float:
+    """Parses counts ('25.6M', '7B' or '7G': a billion), bandwidths ('10Gbps', '1.25GB/s') -> bytes/s,
+    sizes ('16GiB') -> bytes, and times ('50us', '2ms') -> seconds.
+
+    ``field`` names the argument in an error (default: ``kind``).
 
     Example:
         >>> parse_quantity("10Gbps", "bandwidth"), parse_quantity("16GiB", "bytes"), round(parse_quantity("50us", "time"), 9)
         (1250000000.0, 17179869184.0, 5e-05)
+        >>> parse_quantity("1.5B"), parse_quantity("70B") == parse_quantity("70G")
+        (1500000000.0, True)
     """
     if not isinstance(kind, str) or kind not in _KINDS:
         raise invalid(PlanError, "kind", kind, describe_choices(kind, _KINDS))
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(require_number(PlanError, kind, text))
+        return float(require_number(PlanError, field or kind, text))
     if not isinstance(text, str):
-        raise invalid(PlanError, kind, text, f"a number, or {_KINDS[kind]}")
+        raise invalid(PlanError, field or kind, text, f"a number, or {_KINDS[kind]}")
     raw = text.strip()
     low = raw.lower()
     patterns = {
-        "count": (rf"^{_NUMBER}(?P<unit>[kmgt]?)$", lambda v, u: v * _SI[u]),
+        "count": (rf"^{_NUMBER}(?P<unit>[kmgbt]?)$", lambda v, u: v * _SI[u]),
         "bytes": (rf"^{_NUMBER}(?P<unit>(?:[kmgt]i?)?)b?$", lambda v, u: v * (_IEC.get(u) or _SI[u])),
         "time": (rf"^{_NUMBER}(?P<unit>ns|us|µs|ms|s)$", lambda v, u: v * _TIME[u]),
     }
@@ -80,7 +84,7 @@ def parse_quantity(text: Any, kind: str = "count") -> float:
         match = re.match(pattern, low)
         if match:
             return convert(float(match.group("value")), match.group("unit"))
-    raise invalid(PlanError, kind, raw, _KINDS[kind])
+    raise invalid(PlanError, field or kind, raw, _KINDS[kind])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -221,9 +225,20 @@ class Plan:
     def reasons(self) -> list[str]:
         return self._decide()[1]
 
+    @property
+    def replicas(self) -> int:
+        """Model replicas in sync: ``workers * gpus_per_worker``."""
+        return self.workers * self.gpus_per_worker
+
     def _decide(self) -> tuple[str, list[str]]:
         gib = 2**30
         reasons = []
+        if self.gpus_per_worker > 1:
+            reasons.append(
+                f"{self.workers} machines x {self.gpus_per_worker} devices = {self.replicas} replicas; each "
+                f"machine sums its devices' gradients first (NVLink/PCIe, not modelled), so the network "
+                f"estimates span the {self.workers} machines and the global batch is {self.replicas} per-device batches"
+            )
         if self.device_memory is not None and self.memory_per_replica_bytes > self.device_memory:
             reasons.append(
                 f"one replica needs {self.memory_per_replica_bytes / gib:.1f} GiB for weights, gradients "
@@ -272,6 +287,7 @@ class Plan:
             "ps_s": self.ps_s,
             "memory_per_replica_bytes": self.memory_per_replica_bytes,
             "gradient_bytes": self.gradient_bytes,
+            "replicas": self.replicas,
             "compute_communication_ratio": (
                 self.compute_s / allreduce if self.compute_s is not None and allreduce else None
             ),

@@ -15,6 +15,48 @@ from tfdist.runtime.program import one_line
 _Default = TypeVar("_Default", float, None)  # optional()'s default: a float gives a float.
 
 
+# Plan's fields as this command's flags, and the quantities' examples, for its errors.
+_FLAGS = {
+    "params": "--params",
+    "workers": "--workers",
+    "gpus_per_worker": "--gpus-per-worker",
+    "bandwidth": "--bandwidth",
+    "latency": "--latency",
+    "device_memory": "--device-memory",
+    "optimizer": "--optimizer",
+    "bytes_per_value": "--compression",
+    "ps_shards": "--ps-shards",
+    "compute_s": "--compute",
+    "embedding_values": "--embedding-values",
+    "embedding_touched": "--embedding-touched",
+}
+_EXAMPLES = {
+    "params": "7B",
+    "bandwidth": "10Gbps",
+    "latency": "50us",
+    "device_memory": "16GiB",
+    "compute_s": "120ms",
+    "embedding_values": "320M",
+    "embedding_touched": "20k",
+}
+
+
+def _in_flags(err: PlanError) -> PlanError:
+    """``err`` restated for the command line: the flag instead of the field, a flag's example as the fix.
+
+    Example:
+        >>> print(_in_flags(invalid(PlanError, "compute_s", 0.0, "a number > 0", "Pass a number; ...")))
+        Invalid value for `--compute`. Received: 0.0. Expected a number > 0. Pass e.g. --compute 120ms.
+    """
+    field = str(err.field or "")
+    if field not in _FLAGS:
+        return err  # Already a flag (parse_quantity was given one), or not one of Plan's fields.
+    flag = _FLAGS[field]
+    fix = f"Pass e.g. {flag} {_EXAMPLES[field]}." if field in _EXAMPLES else str(err.fix or "")
+    expected = str(err.expected or "").removesuffix(" or None")  # Unset is leaving the flag out.
+    return invalid(PlanError, flag, err.value, expected, fix)
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "plan",
@@ -22,9 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Alpha-beta cost model for ring and tree all-reduce and parameter "
         "servers, plus weights+gradients+optimizer memory per replica.",
     )
-    parser.add_argument("--params", required=True, help="trainable parameters, e.g. 25.6M")
+    parser.add_argument("--params", required=True, help="trainable parameters, e.g. 25.6M or 7B")
     parser.add_argument("--workers", type=int, required=True, help="machines")
-    parser.add_argument("--gpus-per-worker", type=int, default=1)
+    parser.add_argument(
+        "--gpus-per-worker", type=int, default=1, help="devices per machine (replicas = workers x this)"
+    )
     parser.add_argument("--bandwidth", required=True, help="per-machine link, e.g. 10Gbps or 1.25GB/s")
     parser.add_argument("--latency", required=True, help="message latency, e.g. 50us")
     parser.add_argument("--device-memory", default=None, help="memory per device, e.g. 16GiB")
@@ -58,25 +102,25 @@ def run(args: argparse.Namespace) -> int:
                 "Pass both, e.g. --embedding-values 320M --embedding-touched 20k.",
             )
 
-        def optional(text: str | None, kind: str, default: _Default) -> float | _Default:
-            return default if text is None else parse_quantity(text, kind)  # An empty flag is an error, not unset.
+        def optional(text: str | None, kind: str, default: _Default, flag: str) -> float | _Default:
+            return default if text is None else parse_quantity(text, kind, field=flag)  # "" is an error, not unset.
 
         plan = Plan(
-            params=parse_quantity(args.params),
+            params=parse_quantity(args.params, field="--params"),
             workers=args.workers,
             gpus_per_worker=args.gpus_per_worker,
-            bandwidth=parse_quantity(args.bandwidth, "bandwidth"),
-            latency=parse_quantity(args.latency, "time"),
-            device_memory=optional(args.device_memory, "bytes", None),
+            bandwidth=parse_quantity(args.bandwidth, "bandwidth", field="--bandwidth"),
+            latency=parse_quantity(args.latency, "time", field="--latency"),
+            device_memory=optional(args.device_memory, "bytes", None, "--device-memory"),
             optimizer=args.optimizer,
             bytes_per_value=gradient_value_bytes(args.compression),
             ps_shards=args.ps_shards,
-            compute_s=optional(args.compute, "time", None),
-            embedding_values=optional(args.embedding_values, "count", 0.0),
-            embedding_touched=optional(args.embedding_touched, "count", 0.0),
+            compute_s=optional(args.compute, "time", None, "--compute"),
+            embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
+            embedding_touched=optional(args.embedding_touched, "count", 0.0, "--embedding-touched"),
         )
     except PlanError as err:
-        sys.stderr.write(f"tfdist plan: error: {one_line(str(err))}\n")
+        sys.stderr.write(f"tfdist plan: error: {one_line(str(_in_flags(err)))}\n")
         return 2
     data = plan.to_dict()
     if args.json:
@@ -93,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         f"ring all-reduce:   {data['ring_allreduce_s'] * 1e3:10.2f} ms/step\n"
         f"tree all-reduce:   {data['tree_allreduce_s'] * 1e3:10.2f} ms/step\n"
         f"parameter servers: {data['ps_s'] * 1e3:10.2f} ms/step\n"
+        f"replicas:          {data['replicas']:10d} ({args.workers} machines x {args.gpus_per_worker} device{'s' * (args.gpus_per_worker != 1)})\n"
         f"memory/replica:    {data['memory_per_replica_bytes'] / 2**30:10.2f} GiB (no activations)\n"
         f"{embedding}recommendation:    {data['recommendation']}\n"
         + "".join(f"  - {reason}\n" for reason in data["reasons"])
