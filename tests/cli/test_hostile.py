@@ -298,6 +298,45 @@ class LaunchFlagsTest(parameterized.TestCase):
         self.assertNotRegex(result[2], r"`[a-z]+_[a-z_]+`")  # No Python argument left in the line.
 
 
+class UsageHintsTest(parameterized.TestCase):
+    """Issue 26 item 11 and 4: a typo gets the nearest name, an argument the subcommand it went to, --version."""
+
+    @parameterized.named_parameters(
+        ("subcommand", tfdist_cli.main, ["doctr"], "tfdist: error:", "(did you mean doctor?)"),
+        ("plan_flag", tfdist_cli.main, [*PLAN, "--workrs", "3"], "tfdist plan: error:", "(did you mean --workers?)"),
+        (
+            "data_report_flag",
+            tfdist_cli.main,
+            ["data-report", "/nonexistent/*", "--label-key", "y", "--workers", "2", "--shard-polcy", "file"],
+            "tfdist data-report: error:",
+            "(did you mean --shard-policy?)",
+        ),
+        ("launch_flag", launch_cli.main, ["--workrs", "2", "--", "true"], "tfdist-launch: error:", "--workers?)"),
+        (
+            "forgotten_dashes",
+            launch_cli.main,
+            ["--workers", "2", "python", "train.py"],
+            "tfdist-launch: error: unrecognized arguments: python train.py",
+            "(put -- before the program: tfdist-launch [options] -- python train.py)",
+        ),
+    )
+    def test_hint(self, main: Main, argv: list[str], prefix: str, hint: str) -> None:
+        result = run_cli(main, argv)
+        assert_refused(self, result, argv)
+        self.assertTrue(result[2].startswith(prefix), result[2])
+        self.assertIn(hint, result[2])
+
+    def test_no_hint_for_a_stranger(self) -> None:
+        result = run_cli(tfdist_cli.main, [*PLAN, "--zzzzzz"])
+        assert_refused(self, result, PLAN)
+        self.assertNotIn("did you mean", result[2])
+
+    def test_version(self) -> None:
+        for main, prog in ((tfdist_cli.main, "tfdist"), (launch_cli.main, "tfdist-launch")):
+            code, out, err = run_cli(main, ["--version"])
+            self.assertEqual((code, out, err), (0, f"{prog} {tfdist.__version__}\n", ""))
+
+
 class NamedRegressionsTest(absltest.TestCase):
     """Issue 17's cases, one by one (each failed before the fix)."""
 
@@ -351,11 +390,11 @@ class NamedRegressionsTest(absltest.TestCase):
 
     def test_plan_refuses_infinite_and_zero_inputs(self) -> None:
         for flag, value, message in (
-            ("--params", "1e400", "`params`. Received: inf"),
+            ("--params", "1e400", "`--params`. Received: inf"),
             ("--params", "1e300", "at most 1e+15"),
-            ("--ps-shards", "0", "`ps_shards`. Received: 0"),
-            ("--ps-shards", "-2", "`ps_shards`. Received: -2"),
-            ("--device-memory", "0", "`device_memory`. Received: 0.0"),
+            ("--ps-shards", "0", "`--ps-shards`. Received: 0"),
+            ("--ps-shards", "-2", "`--ps-shards`. Received: -2"),
+            ("--device-memory", "0", "`--device-memory`. Received: 0.0"),
         ):
             argv = [*PLAN, flag, value, "--json"]
             result = run_cli(tfdist_cli.main, argv)

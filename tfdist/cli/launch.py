@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
         "or emit the same topology for Kubernetes (TFJob, JobSet) or Slurm.",
         usage="tfdist-launch [options] -- CMD [ARGS...]",
+        command_after="--",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_common.version()}")
     topo = parser.add_argument_group("topology")
     topo.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     topo.add_argument("--ps", type=int, default=0, help="parameter-server tasks (needs --chief)")

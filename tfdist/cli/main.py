@@ -16,6 +16,7 @@ _SUBCOMMANDS = (doctor, data_report, plan, quiet)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     parser = _common.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_common.version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in _SUBCOMMANDS:
         module.add_parser(subparsers)

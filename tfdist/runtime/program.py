@@ -9,13 +9,16 @@ ends it with exit 1 and one line. A reader that closes the pipe early
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
+import importlib.metadata
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from tfdist.errors import Error
 from tfdist.runtime import exit_codes
@@ -30,6 +33,14 @@ class Main(Protocol):
     def __call__(self, argv: Sequence[str] | None = None, /) -> int: ...
 
 
+def version() -> str:
+    """The installed tfdist's version, for ``--version`` (the distribution's metadata: setup.cfg's ``version``)."""
+    try:
+        return importlib.metadata.version("tfdist")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run from a source tree)"
+
+
 def one_line(text: str) -> str:
     """``text`` with line breaks and other unprintable characters escaped, so it prints as one line.
 
@@ -41,10 +52,64 @@ def one_line(text: str) -> str:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (``PROG: error: MESSAGE``) and exit 2."""
+    """argparse, but a usage error is one line on stderr (``PROG: error: MESSAGE``) and exit 2.
+
+    A mistyped flag or subcommand gets a "did you mean", an unknown argument
+    is reported by the subcommand it was given to (``tfdist plan: error:``),
+    and ``command_after="--"`` adds the hint a forgotten ``--`` needs.
+
+    Example:
+        >>> parser = ArgumentParser(prog="demo")
+        >>> _ = parser.add_argument("--workers")
+        >>> parser.suggest("unrecognized arguments: --workrs 3")
+        'unrecognized arguments: --workrs 3 (did you mean --workers?)'
+    """
+
+    def __init__(self, *args: Any, command_after: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.command_after = command_after
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        chosen = self._chosen_subparser(parsed)
+        if extras and chosen is not None:
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}")  # Named by the subcommand it went to.
+        return parsed, extras
+
+    def _chosen_subparser(self, parsed: argparse.Namespace) -> ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.dest != argparse.SUPPRESS:
+                sub = action.choices.get(str(getattr(parsed, action.dest, "") or ""))
+                return sub if isinstance(sub, ArgumentParser) else None
+        return None
+
+    def suggest(self, message: str) -> str:
+        """``message`` with the nearest flag or choice for each one mistyped, and a hint for a missing ``--``."""
+        hints = []
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+            tokens = unknown.group(1).split()
+            for token in tokens:
+                near = difflib.get_close_matches(token.split("=", 1)[0], options, n=1, cutoff=0.6)
+                if token.startswith("--") and near:
+                    hints.append(f"did you mean {near[0]}?")
+            if self.command_after and tokens and not tokens[0].startswith("-"):
+                hints.append(
+                    f"put {self.command_after} before the program: {self.prog} [options] -- {' '.join(tokens)}"
+                )
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            choices = re.findall(r"'([^']*)'", choice.group(2)) or [c.strip() for c in choice.group(2).split(",")]
+            near = difflib.get_close_matches(choice.group(1), choices, n=1, cutoff=0.6)
+            if near:
+                hints.append(f"did you mean {near[0]}?")
+        return message + "".join(f" ({hint})" for hint in hints)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(self.suggest(message))} (see {self.prog} --help)\n")
 
 
 def finite_float(text: str) -> float:
