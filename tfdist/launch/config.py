@@ -393,6 +393,18 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
         """True when ``task`` ('type:index') runs the user's command."""
         return split_task_name(task)[0] in self.cmd_task_types()
 
+    def ends_run(self, task: str) -> bool:
+        """True when the run is done once ``task`` and the others like it have finished with exit 0.
+
+        With parameter servers the coordinator (and an evaluator) decide, as a TFJob's success policy
+        does: the workers and ps serve until they are stopped, also when they run the command
+        (``run_on='all'``, a script that calls ``server.join()``). Otherwise every task that runs the
+        command must finish.
+        """
+        if self.mode == "parameter_server":
+            return split_task_name(task)[0] in ("chief", "evaluator") and self.runs_command(task)
+        return self.runs_command(task)
+
 
 def require_config(config: Any, field: str = "config") -> LaunchConfig:
     """Returns ``config`` if it is a :class:`LaunchConfig`; LaunchError otherwise (for the emitters' inputs)."""

@@ -75,6 +75,26 @@ class LaunchTest(parameterized.TestCase):
         self.assertEqual((env["GRPC_FAIL_FAST"], env["TF_NUM_INTEROP_THREADS"]), ("use_caller", "5"))
         self.assertTrue(all(t.runs_command for t in result.tasks))
 
+    def test_parameter_servers_that_join_forever_stop_when_the_chief_succeeds(self) -> None:
+        """Issue 26 item 1: --run-on all with the PS tutorial's server.join() on workers and ps ends with the chief."""
+        script = (
+            "import os, sys, time\n"
+            "if os.environ['TFDIST_TASK'] != 'chief:0':\n    print('serving', flush=True); time.sleep(3600)\n"
+            "print('fit done', flush=True)"
+        )
+        start, statuses = time.monotonic(), []
+        result = launch.run(
+            [PY, "-c", script], workers=2, ps=1, chief=True, run_on="all", timeout=120, on_status=statuses.append
+        )
+        self.assertLess(time.monotonic() - start, 60)  # Before the fix: the 120 s timeout, exit 124.
+        self.assertEqual((result.exit_code, result.reason), (0, "ok"), result.summary())
+        stopping = [s for s in statuses if s.startswith("the coordinator is done; stopping")]
+        self.assertEqual(len(stopping), 1, statuses)
+        self.assertIn("serving", result.task("worker:1").output)
+        for task in ("worker:0", "worker:1", "ps:0"):
+            self.assertIn(task, stopping[0])
+        assert_all_gone([t.pid for t in result.tasks])
+
     def test_a_failing_worker_ends_the_run_fast_and_nothing_is_left(self) -> None:
         script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(60)"
         start = time.monotonic()

@@ -326,7 +326,7 @@ class Supervisor:
             )
         for task in group.servers_first(list(group.tasks)):
             self._start(task)
-        cmd_tasks = [t for t in group.tasks if self.config.runs_command(t)]
+        cmd_tasks = [t for t in group.tasks if self.config.ends_run(t)]
         while True:
             if group.stop_signal is not None:
                 return Ending.interrupted(group.stop_signal)
@@ -353,6 +353,9 @@ class Supervisor:
             if ending is not None:
                 return ending
             if all(group.finished.get(t) == 0 for t in cmd_tasks if t not in group.away and t not in group.available):
+                serving = [t for t in group.tasks if self.config.runs_command(t) and t not in group.finished]
+                if serving:
+                    self.status(f"the coordinator is done; stopping {', '.join(serving)}, which serve until stopped")
                 return Ending.ok()
             time.sleep(_PASS_SECONDS)
 
