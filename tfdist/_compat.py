@@ -159,6 +159,10 @@ def callback_base() -> type:
     hook = _attr(base, "_implements_train_batch_hooks", "ThroughputLogger's per-batch timing")
 
     class Callback(base):  # type: ignore[misc, valid-type]
+        def set_model(self, model: Any) -> None:
+            require_tf_keras_model(model, type(self).__name__)
+            super().set_model(model)
+
         def wants_train_batch_hooks(self) -> bool:
             """Whether tf-keras should call ``on_train_batch_begin/end`` (default: if they are overridden)."""
             return bool(hook(self))
@@ -169,11 +173,43 @@ def callback_base() -> type:
     return Callback
 
 
-def backup_base() -> type:
-    """``tf_keras.callbacks.BackupAndRestore``."""
+def require_tf_keras_model(model: Any, callback: str) -> None:
+    """Raises StrategyError when a tfdist callback is given a model that is not tf-keras' (Keras 3's ``tf.keras``).
+
+    Keras 3 hands its model to every callback's ``set_model``; a tf-keras
+    callback then fails deep inside with ``AttributeError: 'Sequential' object
+    has no attribute '_distribution_strategy'``.
+    """
     import tf_keras
 
-    return tf_keras.callbacks.BackupAndRestore
+    if model is None or isinstance(model, tf_keras.Model):
+        return
+    from tfdist.errors import StrategyError
+
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    keras3 = keras3_loaded()
+    raise StrategyError(
+        f"tfdist's {callback} is a tf-keras callback, and the model is a {kind}"
+        + (f" (Keras 3, keras {keras3})" if keras3 and type(model).__module__.startswith("keras") else "")
+        + ", not a tf_keras.Model. Build the model with tf-keras: `from tfdist import keras` (or "
+        "`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
+        field="model",
+        value=kind,
+        expected="a tf_keras.Model",
+        fix="from tfdist import keras",
+    )
+
+
+def backup_base() -> type:
+    """``tf_keras.callbacks.BackupAndRestore``, refusing a model that is not tf-keras' (Keras 3's)."""
+    import tf_keras
+
+    class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):  # type: ignore[misc]
+        def set_model(self, model: Any) -> None:
+            require_tf_keras_model(model, type(self).__name__)
+            super().set_model(model)
+
+    return BackupAndRestore
 
 
 def training_state(backup: Any) -> Any:
