@@ -204,7 +204,7 @@ def backup_base() -> type:
     """``tf_keras.callbacks.BackupAndRestore``, refusing a model that is not tf-keras' (Keras 3's)."""
     import tf_keras
 
-    class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):  # type: ignore[misc]
+    class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
         def set_model(self, model: Any) -> None:
             require_tf_keras_model(model, type(self).__name__)
             super().set_model(model)
