@@ -325,8 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Error as err:
         sys.stderr.write(f"tfdist-launch: error: {_common.one_line(in_flags(err))}\n")
         return _common.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)
-    if result.exit_code != 0:
-        sys.stderr.write(result.summary() + "\n")
+    details = result.summary().splitlines()[1:]  # The first line was the runner's last status line.
+    if result.exit_code != 0 and details:
+        sys.stderr.write("\n".join(details) + "\n")
     return result.exit_code
 
 

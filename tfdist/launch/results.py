@@ -87,10 +87,28 @@ class LaunchResult:
         raise invalid(LaunchError, "task", name, describe_choices(name, [t.task for t in self.tasks]))
 
     def summary(self) -> str:
-        """A few lines for people: the outcome and, on failure, the failing task's last lines (not TF's noise)."""
+        """A few lines for people: the outcome, restarts and lost workers, and on failure the failing task's last
+        lines (not TF's noise).
+
+        Example:
+            >>> from tfdist import ClusterSpec
+            >>> tasks = tuple(TaskResult(task=f"worker:{i}", exit_code=c, restarts=1, runs_command=True, output="")
+            ...               for i, c in enumerate((0, 137)))
+            >>> LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=tasks,
+            ...              cluster=ClusterSpec(jobs={"worker": ["h:1", "h:2"]})).summary()
+            'run ok (exit 0); restarted 1 time; lost worker:1 (exit 137)'
+        """
+        restarts = max((task.restarts for task in self.tasks), default=0)
+        lost = [
+            f"{task.task} (exit {task.exit_code})"
+            for task in self.tasks
+            if task.runs_command and task.exit_code not in (0, None) and task.task != self.failed_task
+        ]
         lines = [
             f"run {self.reason} (exit {self.exit_code})"
             + (f"; {self.failed_task} ended the run" if self.failed_task else "")
+            + (f"; restarted {restarts} time{'s' * (restarts != 1)}" if restarts else "")
+            + (f"; lost {', '.join(lost)}" if lost and self.reason == Outcome.OK else "")
         ]
         if self.failed_task:
             keep = NoiseFilter()  # TF's start-up noise is not what a failure's last lines should show.

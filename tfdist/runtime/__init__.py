@@ -20,6 +20,7 @@ from tfdist.runtime.exit_codes import (
     OK,
     PREEMPTED,
     TIMEOUT,
+    TOO_FEW_WORKERS,
     is_retryable,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "OK",
     "PREEMPTED",
     "TIMEOUT",
+    "TOO_FEW_WORKERS",
     "exit_cleanly",
     "exit_code_for_exception",
     "exit_code_of",

@@ -18,6 +18,7 @@ Killed (SIGKILL, OOM)    137  yes        the kernel / kubelet (128 + 9)
 Terminated (SIGTERM)     143  yes        the kubelet on eviction (128 + 15)
 Preempted, backup saved  200  yes        ``PreemptionSafeBackup`` after its SIGTERM save
 Lost a peer              201  yes        ``exit_cleanly`` on TensorFlow's Unavailable/Aborted/DeadlineExceeded
+Too few workers          202  yes        ``tfdist-launch`` when losses leave fewer than ``--min-workers``
 ======================  ====  =========  ==========================================
 
 This module is the one place for these rules: :func:`from_exit_value` (what ``sys.exit(value)`` gives),
@@ -51,6 +52,7 @@ __all__ = [
     "OK",
     "PREEMPTED",
     "TIMEOUT",
+    "TOO_FEW_WORKERS",
     "is_retryable",
 ]
 
@@ -62,6 +64,7 @@ CANNOT_EXECUTE = 126
 NOT_FOUND = 127
 PREEMPTED = 200
 LOST_PEER = 201
+TOO_FEW_WORKERS = 202  # An elastic run's losses left fewer workers than min_workers: a rerun with more may do.
 # TensorFlow errors that mean another task of the cluster went away (names of tf.errors classes).
 PEER_LOST_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError")
 _SIGNALLED = 128  # a death by signal N is 128 + N, as a shell reports it

@@ -95,6 +95,7 @@ def test_task_ports_are_unreachable_from_the_host_but_reach_each_other(tmp_path:
     assert probed == {"worker:0": False, "worker:1": False}  # refused outside the namespace...
     assert all("PEER REACHED" in result.task(t).output for t in probed)  # ...while they reach each other inside
     assert "network namespace: private, loopback only; task ports are unreachable from outside" in statuses
+    assert not any("listen on every interface" in s for s in statuses), statuses  # Not said when untrue.
     assert_all_gone([t.pid for t in result.tasks])
     assert_all_gone(list(set(_holders()) - before))  # the namespace's holder is gone with the run
 

@@ -17,6 +17,7 @@ from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.local import LocalEngine
 from tfdist.launch.events import LoseAt, ReturnAt
+from tfdist.runtime import TOO_FEW_WORKERS
 
 PY = sys.executable
 FAKE = str(SUPPORT / "elastic_fake_train.py")
@@ -75,7 +76,7 @@ def test_three_to_two_to_three_workers(tmp_path: Path) -> None:
 def test_below_min_workers_fails_fast_naming_the_lost(tmp_path: Path) -> None:
     result, statuses = _run(tmp_path, 50, workers=2, min_workers=2, loses=["worker:1@after=^epoch 0 end$"])
     assert (result.reason, result.failed_task) == ("failed", "worker:1")
-    assert result.exit_code != 0
+    assert result.exit_code == TOO_FEW_WORKERS == 202  # Its own code, not the lost worker's 137 (issue 26 item 4).
     assert any("lost worker:1; 1 worker(s) left, below --min-workers 2" in s for s in statuses), statuses
     assert _epochs_ended(result.task("worker:0").output)[-1] < 3, "the run did not stop promptly"
     assert_all_gone([t.pid for t in result.tasks])

@@ -133,6 +133,25 @@ class LaunchTest(parameterized.TestCase):
         self.assertIn("attempt 1", result.task("worker:0").output)
         self.assertTrue(any("restart 1/1 of worker:0, worker:1" in s for s in statuses))
 
+    def test_summary_says_restarts_and_the_cli_prints_it_once(self) -> None:
+        """Issue 26 item 4: 'run ok' says the run was restarted; a failure's summary line is not printed twice."""
+        marker = Path(self.create_tempdir().full_path) / "crashed"
+        script = (
+            f"import os, sys\nif os.environ['TFDIST_TASK'] == 'worker:1' and not os.path.exists({str(marker)!r}):"
+            f"\n    open({str(marker)!r}, 'w').close(); sys.exit(3)"
+        )
+        result = launch.run([PY, "-c", script], workers=2, max_restarts=1, timeout=60)
+        self.assertEqual(result.summary(), "run ok (exit 0); restarted 1 time")
+        done = subprocess.run(
+            [PY, "-m", "tfdist.cli.launch", "--workers", "1", "--", PY, "-c", "print('boom'); raise SystemExit(4)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        self.assertEqual(done.returncode, 4, done.stderr)
+        self.assertEqual(done.stderr.count("run failed (exit 4)"), 1, done.stderr)
+        self.assertIn("last lines of worker:0:", done.stderr)
+
     def test_restarts_run_out(self) -> None:
         result = launch.run([PY, "-c", "import sys; sys.exit(5)"], workers=1, max_restarts=2, timeout=60)
         self.assertEqual((result.exit_code, result.task("worker:0").restarts), (5, 2))

@@ -28,6 +28,7 @@ from tfdist.launch.supervisor import membership as elastic
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
 from tfdist.launch.supervisor._faults import FaultInjector
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
+from tfdist.runtime import exit_codes
 
 _log = logging.getLogger("tfdist.launch")
 StatusSink = Callable[[str], None]
@@ -236,7 +237,7 @@ class Supervisor:
                 f"elastic: lost {', '.join(group.away)}; {len(left)} worker(s) left, below --min-workers "
                 f"{self.rules.minimum}; stopping the run"
             )
-            return Ending.failed(group.finished.get(task, 1) or 1, task)  # the lost worker's code, as it ended
+            return Ending.failed(exit_codes.TOO_FEW_WORKERS, task)  # its own code: the lost worker's may be 0 or 137
         self._apply(self.rules.regroup(group.membership, left, group.full_spec, f"{', '.join(leaving)} lost"))
         return None
 

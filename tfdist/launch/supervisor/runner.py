@@ -145,9 +145,7 @@ def _supervise(
     signals: _StopSignals,
 ) -> LaunchResult:
     spec = engine.place(config)  # with isolate_network, the local engine makes the private namespace here
-    status(EXPOSURE_WARNING)
-    if config.isolate_network:
-        status(ISOLATED)
+    status(ISOLATED if config.isolate_network else EXPOSURE_WARNING)
     supervisor = Supervisor(config, engine, spec, on_line, status, base_env)
     signals.listeners.append(supervisor.request_stop)
     if signals.signum is not None:
