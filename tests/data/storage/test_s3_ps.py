@@ -45,7 +45,12 @@ def test_ps_fit_reads_every_s3_record_through_the_workers_staging_agents(
     # (the coordinator) ran no agent.
     staged = sorted(os.listdir(os.path.join(stage, "objects")))
     assert len([name for name in staged if name.endswith(".staged")]) == 15, staged
-    for task in ("worker:0", "worker:1"):
-        assert "Staging agent serving s3:// requests in " + stage in run.output(task), run.output(task)[-2000:]
+    # The agent speaks at its first request; the two agents share the host's requests, so one may serve them all.
+    said = [
+        task
+        for task in ("worker:0", "worker:1")
+        if "Staging agent serving s3:// requests in " + stage in run.output(task)
+    ]
+    assert said, run.output("worker:0")[-2000:]
     assert "Staging agent serving" not in run.output("chief:0")
     assert "Staging agent serving" not in run.output("ps:0")

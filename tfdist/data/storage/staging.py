@@ -240,6 +240,7 @@ class StagingAgent:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._announced = False  # Said once, at the first request: a server that never reads s3:// says nothing.
         # Daemon download threads: a process that is done never waits at exit for a download no one reads.
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._workers: list[threading.Thread] = []
@@ -278,7 +279,7 @@ class StagingAgent:
             worker.start()
         self._thread = threading.Thread(target=self._serve, name="tfdist-staging-agent", daemon=True)
         self._thread.start()
-        _log.info("Staging agent serving s3:// requests in %s.", self.root)
+        _log.debug("Staging agent watching %s for s3:// requests.", self.root)
         return self
 
     def stop(self) -> None:
@@ -342,6 +343,9 @@ class StagingAgent:
                 self._expire_errors()
 
     def _serve_one(self, name: str) -> None:
+        if not self._announced:
+            self._announced = True
+            _log.info("Staging agent serving s3:// requests in %s.", self.root)
         want = os.path.join(self.root, "want", name)
         try:
             with open(want) as f:
