@@ -326,6 +326,60 @@ class UsageHintsTest(parameterized.TestCase):
         self.assertTrue(result[2].startswith(prefix), result[2])
         self.assertIn(hint, result[2])
 
+    @parameterized.named_parameters(
+        (
+            "ray_flags_on_local",
+            ["--ray-address", "auto", "--ray-placement", "spread"],
+            "--ray-address, --ray-placement",
+            "a run on the local engine",
+        ),
+        (
+            "run_flags_on_slurm",
+            [
+                "--emit",
+                "slurm",
+                "--timeout",
+                "5",
+                "--log-dir",
+                "/tmp/x",
+                "--isolate-network",
+                "--engine",
+                "ray",
+                "--kill",
+                "worker:1@3",
+            ],
+            "--timeout, --log-dir, --kill, --engine, --isolate-network",
+            "--emit slurm",
+        ),
+        (
+            "elastic_and_time_on_tfjob",
+            ["--emit", "tfjob", "--image", "x", "--min-workers", "1", "--time", "02:00:00"],
+            "--min-workers, --time",
+            "--emit tfjob",
+        ),
+        (
+            "slurm_flags_on_a_run",
+            ["--tasks-per-node", "2", "--python", "/usr/bin/python3"],
+            "--python, --tasks-per-node",
+            "a run on the local engine",
+        ),
+    )
+    def test_flags_that_would_be_ignored_are_refused(self, argv: list[str], flags: str, where: str) -> None:
+        """Issue 26 item 2: a flag that does not act where it was given is refused (exit 2), each one named."""
+        result = run_cli(launch_cli.main, [*argv, "--", "true"])
+        assert_refused(self, result, argv)
+        self.assertIn(f"error: {flags} would be ignored by {where}", result[2])
+
+    def test_flags_that_act_are_accepted(self) -> None:
+        for argv in (
+            ["--emit", "slurm", "--min-workers", "1", "--time", "02:00:00", "--max-restarts", "2", "--gpus", "1"],
+            ["--emit", "tf-config", "--hosts", "a,b", "--port", "2222"],
+            ["--emit", "tfjob", "--image", "x", "--cpu", "2", "--max-restarts", "1"],
+        ):
+            code, out, err = run_cli(launch_cli.main, [*argv, "--", "true"])
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out)
+
     def test_no_hint_for_a_stranger(self) -> None:
         result = run_cli(tfdist_cli.main, [*PLAN, "--zzzzzz"])
         assert_refused(self, result, PLAN)

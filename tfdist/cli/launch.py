@@ -81,6 +81,53 @@ def in_flags(err: Error) -> str:
     return re.sub(r"`([a-z_]+)`", lambda match: f"`{FLAGS.get(match.group(1), match.group(1))}`", str(err))
 
 
+# Where each flag acts: a run on an engine ("local", "ray", or another registered one, which runs like
+# "local") or an --emit format. A flag given where it does not act is refused, naming it.
+_RUN = frozenset({"local", "ray"})
+_EMITTED = frozenset(emit.EMIT_FORMATS)
+_JOBS = frozenset({"tfjob", "jobset", "slurm"})
+_K8S = frozenset({"tfjob", "jobset"})
+_ACTS: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("workers", "ps", "chief", "evaluator", "run_on"), _RUN | _EMITTED),
+    "max_restarts": _RUN | _JOBS,
+    **dict.fromkeys(
+        ("threads_per_task", "timeout", "log_dir", "kill", "grace", "data_service_workers", "engine"), _RUN
+    ),
+    "isolate_network": frozenset({"local"}),
+    **dict.fromkeys(("ray_address", "ray_placement", "ray_num_cpus", "ray_ready_timeout"), frozenset({"ray"})),
+    **dict.fromkeys(("min_workers", "max_workers", "lose", "returns"), _RUN | {"slurm"}),
+    "name": _JOBS,
+    **dict.fromkeys(("namespace", "image", "cpu", "memory"), _K8S),
+    "gpus": _JOBS | {"ray"},
+    **dict.fromkeys(("hosts", "port"), frozenset({"tf-config"})),
+    **dict.fromkeys(("port_base", "python", "tf_log_level", "time", "tasks_per_node"), frozenset({"slurm"})),
+    "cpus_per_task": frozenset({"slurm", "ray"}),
+}
+
+
+def _refuse_idle_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming every flag given (not at its default) that this run or --emit format would ignore."""
+    mode = args.emit or ("ray" if args.engine == "ray" else "local")
+    where = f"--emit {args.emit}" if args.emit else f"a run on the {args.engine} engine"
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    idle = [
+        flags[dest]
+        for dest, modes in _ACTS.items()
+        if mode not in modes and getattr(args, dest) != parser.get_default(dest)
+    ]
+    if idle:
+        by_place: dict[str, list[str]] = {}
+        for dest, modes in _ACTS.items():
+            if flags[dest] in idle:
+                by_place.setdefault(", ".join(sorted(modes)), []).append(flags[dest])
+        acts = "; ".join(f"{', '.join(names)}: {place}" for place, names in by_place.items())
+        parser.error(
+            f"{', '.join(idle)} would be ignored by {where} (where they act: {acts}); remove "
+            f"{'it' if len(idle) == 1 else 'them'}"
+            + (" or add --engine ray" if mode == "local" and any(f.startswith("--ray-") for f in idle) else "")
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _common.ArgumentParser(
         prog="tfdist-launch",
@@ -282,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own, command = _split(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(own)
+    _refuse_idle_flags(parser, args)
     logging.basicConfig(level=logging.WARNING, format="tfdist-launch: %(message)s")
     if args.emit == "tf-config" and not command:
         command = ["CMD"]
