@@ -115,6 +115,27 @@ def test_emitted_tfjobs_pass_and_load_into_the_sdk(config: LaunchConfig) -> None
     assert client.sanitize_for_serialization(job) == manifest
 
 
+@pytest.mark.parametrize("build", [emit.tfjob_manifest, emit.jobset_manifest], ids=["tfjob", "jobset"])
+def test_gpus_go_where_the_model_trains(build: Any) -> None:
+    """Issue 26 item 10: --gpus puts nvidia.com/gpu on workers (and an MWMS chief), not on ps or a PS coordinator."""
+
+    def gpus_by_job(config: LaunchConfig) -> dict[str, str | None]:
+        manifest = build(config, image=IMAGE, gpus=2)
+        if "tfReplicaSpecs" in manifest["spec"]:
+            pods = {k.lower(): v["template"]["spec"] for k, v in manifest["spec"]["tfReplicaSpecs"].items()}
+        else:
+            pods = {j["name"]: j["template"]["spec"]["template"]["spec"] for j in manifest["spec"]["replicatedJobs"]}
+        return {
+            job: pod["containers"][0].get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+            for job, pod in pods.items()
+        }
+
+    ps = LaunchConfig(command=("t",), workers=2, ps=1, chief=True, evaluator=True)
+    assert gpus_by_job(ps) == {"chief": None, "worker": "2", "ps": None, "evaluator": "2"}
+    mwms = LaunchConfig(command=("t",), workers=2, chief=True)
+    assert gpus_by_job(mwms) == {"chief": "2", "worker": "2"}
+
+
 def test_the_exit_code_table_matches_the_operators_rule() -> None:
     """restartPolicy ExitCode: 1-127 permanent, 128-255 retried (train_util.IsRetryableExitCode)."""
     retried = {exit_codes.PREEMPTED, exit_codes.LOST_PEER, 137, 143}

@@ -82,6 +82,9 @@ def _check_image(image: Any) -> str:
     return image
 
 
+_GPU = "nvidia.com/gpu"
+
+
 def _limits(cpu: str | None, memory: str | None, gpus: int) -> dict[str, Any]:
     require_int(LaunchError, "gpus", gpus, minimum=0, maximum=64)
     limits: dict[str, Any] = {}
@@ -90,7 +93,7 @@ def _limits(cpu: str | None, memory: str | None, gpus: int) -> dict[str, Any]:
     if memory is not None:
         limits["memory"] = _check_quantity("memory", memory)
     if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)  # A quantity, as the API serializes it.
+        limits[_GPU] = str(gpus)  # A quantity, as the API serializes it.
     return limits
 
 
@@ -113,9 +116,16 @@ def _container(
         "env": [{"name": name, "value": value} for name, value in task_variables(config).items()] + env,
         "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}],
     }
+    if not _trains(config, job):  # GPUs go where the model trains: not to ps pods, nor a PS coordinator.
+        limits = {key: value for key, value in limits.items() if key != _GPU}
     if limits:
         container["resources"] = {"limits": dict(limits)}
     return container
+
+
+def _trains(config: LaunchConfig, job: str) -> bool:
+    """Whether tasks of ``job`` run the model: workers and the evaluator; the chief too without ps."""
+    return job in ("worker", "evaluator") or (job == "chief" and config.mode != "parameter_server")
 
 
 def tfjob_manifest(
