@@ -43,14 +43,19 @@ def test_tensorflow_io_availability_matches_the_stack() -> None:
         assert reason is None
 
 
-KERAS3_FIT = """
-import sys
+KERAS3 = """
 import tempfile
 import keras, numpy as np
 from tfdist import _compat
+from tfdist import keras as tfdist_keras
 from tfdist.errors import StrategyError
 model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 model.compile("sgd", "mse")
+for callback in (tfdist_keras.ThroughputLogger(global_batch_size=4), tfdist_keras.PreemptionSafeBackup(tempfile.mkdtemp())):
+    try:
+        model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0, callbacks=[callback])
+    except StrategyError as err:
+        print("CALLBACK", type(callback).__name__, err.field, "|", err)
 model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)  # No guard yet: Keras 3 fits on one process.
 assert _compat.forbid_keras3_fit("MultiWorkerMirroredStrategy")
 try:
@@ -60,13 +65,14 @@ except StrategyError as err:
 """
 
 
-def test_keras3_fit_under_a_multi_worker_strategy_names_the_fix() -> None:
+def test_keras3_fit_under_a_multi_worker_strategy_and_with_tfdist_callbacks_names_the_fix() -> None:
+    """The fit guard; and (issue 26 item 13) tfdist's callbacks given a Keras 3 model: a tfdist error."""
     import os
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", KERAS3_FIT],
+        [sys.executable, "-c", KERAS3],
         capture_output=True,
         text=True,
         timeout=120,
@@ -75,41 +81,10 @@ def test_keras3_fit_under_a_multi_worker_strategy_names_the_fix() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ERROR from tfdist import keras | Keras 3 (keras 3." in done.stdout
     assert "cannot fit under MultiWorkerMirroredStrategy" in done.stdout and "PerReplica" in done.stdout
-
-
-KERAS3_CALLBACKS = """
-import tempfile
-import keras, numpy as np
-from tfdist import keras as tfdist_keras
-from tfdist.errors import StrategyError
-model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-model.compile("sgd", "mse")
-for callback in (tfdist_keras.ThroughputLogger(global_batch_size=4), tfdist_keras.PreemptionSafeBackup(tempfile.mkdtemp())):
-    try:
-        model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0, callbacks=[callback])
-    except StrategyError as err:
-        print("ERROR", type(callback).__name__, err.field, "|", err)
-"""
-
-
-def test_tfdist_callbacks_refuse_a_keras3_model_naming_the_fix() -> None:
-    """Issue 26 item 13: a Keras 3 model with tfdist's callbacks, one process: a tfdist error, no AttributeError."""
-    import os
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", KERAS3_CALLBACKS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("ERROR ")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CALLBACK ")]
     assert [line.split(" |")[0] for line in lines] == [
-        "ERROR ThroughputLogger model",
-        "ERROR PreemptionSafeBackup model",
+        "CALLBACK ThroughputLogger model",
+        "CALLBACK PreemptionSafeBackup model",
     ]
     for line in lines:
         assert "(Keras 3, keras 3." in line and "not a tf_keras.Model" in line and "from tfdist import keras" in line
