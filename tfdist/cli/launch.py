@@ -262,7 +262,12 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--python", default=None, help="interpreter the tasks run (slurm); default this one")
     out.add_argument("--tf-log-level", type=int, default=2, help="default TF_CPP_MIN_LOG_LEVEL (slurm)")
     out.add_argument("--time", default="01:00:00", help="time limit (slurm; default 01:00:00)")
-    out.add_argument("--tasks-per-node", type=int, default=1, help="TF tasks per node (slurm)")
+    out.add_argument(
+        "--tasks-per-node",
+        type=int,
+        default=None,
+        help="TF tasks per node (slurm): 1 for one per node; default: Slurm places them (elastic: 1)",
+    )
     out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm, ray; ray default 1)")
     return parser
 

@@ -76,6 +76,16 @@ def test_elastic_script_refuses_what_slurm_cannot_do(kwargs: dict, field: str) -
         emit.slurm_script(_config(**kwargs), python="/opt/py")
 
 
+def test_one_task_per_node_is_said_to_slurm() -> None:
+    """Issue 26 item 10: --tasks-per-node 1 writes the line (Slurm would pack tasks); unset, none is written."""
+    one = _header(emit.slurm_script(_config(workers=3), python="/opt/py", tasks_per_node=1))
+    assert "#SBATCH --ntasks=3" in one and "#SBATCH --ntasks-per-node=1" in one, one
+    unset = _header(emit.slurm_script(_config(workers=3), python="/opt/py"))
+    assert "#SBATCH --ntasks=3" in unset and not any("ntasks-per-node" in line for line in unset), unset
+    elastic = _header(emit.slurm_script(_config(workers=3, min_workers=2), python="/opt/py"))
+    assert "#SBATCH --nodes=2-3" in elastic and "#SBATCH --ntasks-per-node=1" in elastic, elastic
+
+
 def test_cli_tasks_per_node_is_checked() -> None:
     done = subprocess.run(
         [

@@ -102,7 +102,7 @@ def slurm_script(
     port_base: int | None = None,
     python: str | None = None,
     tf_log_level: int = 2,
-    tasks_per_node: int = 1,
+    tasks_per_node: int | None = None,
 ) -> str:
     """An ``sbatch`` script: one Slurm task per TF task, each building TF_CONFIG with tfdist.
 
@@ -118,7 +118,8 @@ def slurm_script(
       python: The interpreter the tasks run (and the command, when it starts
         with ``python``/``python3``); default the one running this.
       tf_log_level: Default ``TF_CPP_MIN_LOG_LEVEL`` (the submit environment's value wins).
-      tasks_per_node: ``#SBATCH --ntasks-per-node``: TF tasks per node.
+      tasks_per_node: ``#SBATCH --ntasks-per-node``: TF tasks per node (1: one per node, so Slurm
+        never packs two on a machine); None: no line, Slurm places the tasks (an elastic job counts 1).
 
     With ``config.min_workers`` the job is elastic (docs/slurm.md): it asks for a node range
     (``--nodes=MIN-MAX`` for chief + min..max workers, ``tasks_per_node`` each), is requeued by Slurm when
@@ -162,16 +163,17 @@ def slurm_script(
             maximum=65536 - total,
             fix=f"The {total} tasks on one node use ports `port_base` to `port_base` + {total - 1}.",
         )
-    require_int(LaunchError, "tasks_per_node", tasks_per_node, minimum=1, maximum=4096)
+    if tasks_per_node is not None:
+        require_int(LaunchError, "tasks_per_node", tasks_per_node, minimum=1, maximum=4096)
     jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
     if config.min_workers is not None:
-        lines += [*_elastic_header(config, tasks_per_node), f"#SBATCH --time={time_limit}"]
+        lines += [*_elastic_header(config, tasks_per_node or 1), f"#SBATCH --time={time_limit}"]
         jobs = "chief=1" if config.chief else ""
         described = f"{jobs + ',' if jobs else ''}worker={config.min_workers}..{config.max_workers} (elastic)"
     else:
         lines += [f"#SBATCH --ntasks={total}", f"#SBATCH --time={time_limit}"]
-        if tasks_per_node > 1:
+        if tasks_per_node is not None:
             lines.append(f"#SBATCH --ntasks-per-node={tasks_per_node}")
     if cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
