@@ -274,6 +274,7 @@ class LaunchFlagsTest(parameterized.TestCase):
             "python",
             "tf_log_level",
             "tasks_per_node",
+            "sbatch",
         }
         for emitter in (tf_configs, tfjob_manifest, jobset_manifest, slurm_script):
             arguments = set(inspect.signature(emitter).parameters) & set_by_the_cli

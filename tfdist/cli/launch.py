@@ -61,6 +61,7 @@ FLAGS: dict[str, str] = {
     "tf_log_level": "--tf-log-level",
     "time_limit": "--time",
     "tasks_per_node": "--tasks-per-node",
+    "sbatch": "--sbatch",
     "cpus_per_task": "--cpus-per-task",
     "engine": "--engine",
     "address": "--ray-address",
@@ -100,7 +101,7 @@ _ACTS: dict[str, frozenset[str]] = {
     **dict.fromkeys(("namespace", "image", "cpu", "memory"), _K8S),
     "gpus": _JOBS | {"ray"},
     **dict.fromkeys(("hosts", "port"), frozenset({"tf-config"})),
-    **dict.fromkeys(("port_base", "python", "tf_log_level", "time", "tasks_per_node"), frozenset({"slurm"})),
+    **dict.fromkeys(("port_base", "python", "tf_log_level", "time", "tasks_per_node", "sbatch"), frozenset({"slurm"})),
     "cpus_per_task": frozenset({"slurm", "ray"}),
 }
 
@@ -263,6 +264,13 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--tf-log-level", type=int, default=2, help="default TF_CPP_MIN_LOG_LEVEL (slurm)")
     out.add_argument("--time", default="01:00:00", help="time limit (slurm; default 01:00:00)")
     out.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="another #SBATCH option (slurm), repeatable: --sbatch partition=gpu --sbatch account=ml",
+    )
+    out.add_argument(
         "--tasks-per-node",
         type=int,
         default=None,
@@ -308,6 +316,7 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
         python=args.python,
         tf_log_level=args.tf_log_level,
         tasks_per_node=args.tasks_per_node,
+        sbatch=tuple(args.sbatch),
     )
 
 

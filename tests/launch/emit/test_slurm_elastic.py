@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -84,6 +85,43 @@ def test_one_task_per_node_is_said_to_slurm() -> None:
     assert "#SBATCH --ntasks=3" in unset and not any("ntasks-per-node" in line for line in unset), unset
     elastic = _header(emit.slurm_script(_config(workers=3, min_workers=2), python="/opt/py"))
     assert "#SBATCH --nodes=2-3" in elastic and "#SBATCH --ntasks-per-node=1" in elastic, elastic
+
+
+def test_more_sbatch_options_are_written_and_checked() -> None:
+    """Issue 26 item 10: --partition, --account, --qos and the like reach the script; tfdist's own are refused."""
+    header = _header(
+        emit.slurm_script(_config(workers=2), python="/opt/py", sbatch=("partition=gpu", "--account=ml", "exclusive"))
+    )
+    assert header[-3:] == ["#SBATCH --partition=gpu", "#SBATCH --account=ml", "#SBATCH --exclusive"], header
+    for option, message in (
+        ("time=5", "it writes --time). Set it with `time_limit`"),
+        ("ntasks-per-node=2", "Set it with `tasks_per_node`"),
+        ("partition=a;rm -rf /", "without spaces, quotes or shell characters"),
+        ("partition=$(id)", "without spaces, quotes or shell characters"),
+        ("", "one sbatch option"),
+    ):
+        with pytest.raises(LaunchError, match=re.escape(message)):
+            emit.slurm_script(_config(workers=2), python="/opt/py", sbatch=(option,))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfdist.cli.launch",
+            "--emit",
+            "slurm",
+            "--sbatch",
+            "qos=high",
+            "--sbatch=--time=9",
+            "--",
+            "t",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        done.returncode == 2 and "Invalid value for `--sbatch`" in done.stderr and "Set it with `--time`" in done.stderr
+    )
 
 
 def test_cli_tasks_per_node_is_checked() -> None:

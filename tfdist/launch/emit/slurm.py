@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
@@ -61,6 +62,48 @@ def _check_python(python: str) -> str:
     return python
 
 
+# The #SBATCH options the script writes itself, with the argument that sets each.
+_OWN_OPTIONS = {
+    "job-name": "name",
+    "time": "time_limit",
+    "ntasks": "workers",
+    "nodes": "min_workers",
+    "ntasks-per-node": "tasks_per_node",
+    "cpus-per-task": "cpus_per_task",
+    "gpus-per-task": "gpus_per_task",
+    "requeue": "min_workers",
+    "open-mode": "min_workers",
+}
+_SBATCH_OPTION = re.compile(r"^(?:--)?([a-z][a-z0-9-]*)(?:=([^\s'\"`$\\;]+))?$")
+
+
+def _sbatch_options(options: Sequence[str]) -> list[str]:
+    """``options`` as ``--name[=value]``, each checked: one option of plain characters, not one tfdist writes."""
+    if isinstance(options, str) or not isinstance(options, (list, tuple)):
+        raise invalid(LaunchError, "sbatch", options, "a list of options such as ['partition=gpu']")
+    out = []
+    for option in options:
+        match = _SBATCH_OPTION.match(option) if isinstance(option, str) else None
+        if match is None:
+            raise invalid(
+                LaunchError,
+                "sbatch",
+                option,
+                "one sbatch option, 'name=value' or '--name=value', without spaces, quotes or shell characters",
+                "For example 'partition=gpu', 'account=ml' or 'qos=high'.",
+            )
+        if match.group(1) in _OWN_OPTIONS:
+            raise invalid(
+                LaunchError,
+                "sbatch",
+                option,
+                f"an option tfdist does not write itself (it writes --{match.group(1)})",
+                f"Set it with `{_OWN_OPTIONS[match.group(1)]}`.",
+            )
+        out.append(f"--{match.group(1)}" + (f"={match.group(2)}" if match.group(2) is not None else ""))
+    return out
+
+
 def _elastic_header(config: LaunchConfig, tasks_per_node: int) -> list[str]:
     """``#SBATCH`` lines of an elastic job: a node range for chief + min..max workers, requeued on node failure."""
     for name in ("ps", "evaluator"):
@@ -103,6 +146,7 @@ def slurm_script(
     python: str | None = None,
     tf_log_level: int = 2,
     tasks_per_node: int | None = None,
+    sbatch: Sequence[str] = (),
 ) -> str:
     """An ``sbatch`` script: one Slurm task per TF task, each building TF_CONFIG with tfdist.
 
@@ -120,6 +164,9 @@ def slurm_script(
       tf_log_level: Default ``TF_CPP_MIN_LOG_LEVEL`` (the submit environment's value wins).
       tasks_per_node: ``#SBATCH --ntasks-per-node``: TF tasks per node (1: one per node, so Slurm
         never packs two on a machine); None: no line, Slurm places the tasks (an elastic job counts 1).
+      sbatch: More ``#SBATCH`` options, e.g. ``("partition=gpu", "--account=ml", "qos=high")`` (the
+        leading ``--`` is optional); the options tfdist writes itself are refused, naming the argument
+        that sets them.
 
     With ``config.min_workers`` the job is elastic (docs/slurm.md): it asks for a node range
     (``--nodes=MIN-MAX`` for chief + min..max workers, ``tasks_per_node`` each), is requeued by Slurm when
@@ -179,6 +226,7 @@ def slurm_script(
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if gpus_per_task:
         lines.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
+    lines += [f"#SBATCH {option}" for option in _sbatch_options(sbatch)]
     command = shlex.join(config.command)
     if _PYTHON_NAME.match(config.command[0]):  # 'python train.py' runs on the pinned interpreter too.
         command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
