@@ -528,6 +528,18 @@ class PipelineTest(parameterized.TestCase):
 
 
 class ReportTest(parameterized.TestCase):
+    def test_classes_sort_by_number(self) -> None:
+        """Issue 26 item 9: classes 0 1 2 ... 10 11, not 0 1 10 11 2; other labels after, as text."""
+        from tfdist.data import SkewReport
+
+        counts = {"10": 3, "2": 5, "0": 7, "11": 1, "1": 2, "other": 4}
+        report = SkewReport(
+            policy="file", reason="", label_key="y", worker_records=(22,), worker_bytes=(1,), worker_classes=(counts,)
+        )
+        self.assertEqual(list(report.global_classes), ["0", "1", "2", "10", "11", "other"])
+        header = next(line for line in report.to_text().splitlines() if "10" in line and "other" in line)
+        self.assertLess(header.index(" 2 "), header.index(" 10 "), header)
+
     def test_report_numbers_and_cli(self) -> None:
         prefix = os.path.join(self.create_tempdir().full_path, "r")
         write_tfrecords(_skewed(), prefix, num_shards=4)

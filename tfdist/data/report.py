@@ -31,6 +31,20 @@ def _normalize(counts: Mapping[str, int]) -> dict[str, float]:
     return {k: v / total for k, v in counts.items()} if total else {}
 
 
+def class_order(label: str) -> tuple[int, float, str]:
+    """Sort key for class labels: numbers by value (2 before 10), then the other labels as text.
+
+    Example:
+        >>> sorted(["10", "2", "b", "0", "a", "1.5"], key=class_order)
+        ['0', '1.5', '2', '10', 'a', 'b']
+    """
+    try:
+        value = float(label)
+    except ValueError:
+        return (1, 0.0, label)
+    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SkewReport:
     """Per-worker record, byte and class counts for one sharding policy.
@@ -51,7 +65,7 @@ class SkewReport:
         total: Counter[str] = Counter()
         for classes in self.worker_classes:
             total.update(classes)
-        return dict(sorted(total.items()))
+        return dict(sorted(total.items(), key=lambda item: class_order(item[0])))
 
     @property
     def record_imbalance(self) -> float:
@@ -209,7 +223,7 @@ def skew_report(
             counts.update(v.decode() if isinstance(v, bytes) else str(v) for v in batch[label_key].numpy().reshape(-1))
         records.append(sum(counts.values()))
         nbytes.append(sum(sizes[p] for p in plan.files_for(worker)))
-        classes.append(dict(sorted(counts.items())))
+        classes.append(dict(sorted(counts.items(), key=lambda item: class_order(item[0]))))
     return SkewReport(
         policy=plan.policy,
         reason=plan.reason,
