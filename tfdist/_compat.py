@@ -158,11 +158,7 @@ def callback_base() -> type:
     base = tf_keras.callbacks.Callback
     hook = _attr(base, "_implements_train_batch_hooks", "ThroughputLogger's per-batch timing")
 
-    class Callback(base):  # type: ignore[misc, valid-type]
-        def set_model(self, model: Any) -> None:
-            require_tf_keras_model(model, type(self).__name__)
-            super().set_model(model)
-
+    class Callback(_TfKerasModelsOnly, base):  # type: ignore[misc, valid-type]
         def wants_train_batch_hooks(self) -> bool:
             """Whether tf-keras should call ``on_train_batch_begin/end`` (default: if they are overridden)."""
             return bool(hook(self))
@@ -200,14 +196,20 @@ def require_tf_keras_model(model: Any, callback: str) -> None:
     )
 
 
+class _TfKerasModelsOnly:
+    """Mixin for tfdist's tf-keras callbacks: ``set_model`` refuses a Keras 3 model (require_tf_keras_model)."""
+
+    def set_model(self, model: Any) -> None:
+        require_tf_keras_model(model, type(self).__name__)
+        super().set_model(model)  # type: ignore[misc]
+
+
 def backup_base() -> type:
     """``tf_keras.callbacks.BackupAndRestore``, refusing a model that is not tf-keras' (Keras 3's)."""
     import tf_keras
 
-    class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
-        def set_model(self, model: Any) -> None:
-            require_tf_keras_model(model, type(self).__name__)
-            super().set_model(model)
+    class BackupAndRestore(_TfKerasModelsOnly, tf_keras.callbacks.BackupAndRestore):
+        pass
 
     return BackupAndRestore
 

@@ -31,6 +31,12 @@ def _config(**kwargs: object) -> LaunchConfig:
     return LaunchConfig(command=("python", "train.py"), **kwargs)  # type: ignore[arg-type]
 
 
+def _emit_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tfdist-launch --emit slurm ARGS`` in a subprocess."""
+    argv = [sys.executable, "-m", "tfdist.cli.launch", "--emit", "slurm", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
 def _header(script: str) -> list[str]:
     return [line for line in script.splitlines() if line.startswith("#SBATCH")]
 
@@ -102,49 +108,14 @@ def test_more_sbatch_options_are_written_and_checked() -> None:
     ):
         with pytest.raises(LaunchError, match=re.escape(message)):
             emit.slurm_script(_config(workers=2), python="/opt/py", sbatch=(option,))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfdist.cli.launch",
-            "--emit",
-            "slurm",
-            "--sbatch",
-            "qos=high",
-            "--sbatch=--time=9",
-            "--",
-            "t",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _emit_cli("--sbatch", "qos=high", "--sbatch=--time=9", "--", "t")
     assert (
         done.returncode == 2 and "Invalid value for `--sbatch`" in done.stderr and "Set it with `--time`" in done.stderr
     )
 
 
 def test_cli_tasks_per_node_is_checked() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfdist.cli.launch",
-            "--emit",
-            "slurm",
-            "--workers",
-            "3",
-            "--min-workers",
-            "2",
-            "--tasks-per-node",
-            "0",
-            "--",
-            "true",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _emit_cli("--workers", "3", "--min-workers", "2", "--tasks-per-node", "0", "--", "true")
     assert done.returncode == 2 and "--tasks-per-node" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
