@@ -111,16 +111,13 @@ def _refuse_idle_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
     mode = args.emit or ("ray" if args.engine == "ray" else "local")
     where = f"--emit {args.emit}" if args.emit else f"a run on the {args.engine} engine"
     flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
-    idle = [
-        flags[dest]
-        for dest, modes in _ACTS.items()
-        if mode not in modes and getattr(args, dest) != parser.get_default(dest)
-    ]
+    idle: list[str] = []
+    by_place: dict[str, list[str]] = {}  # Where they act -> the idle flags that act there.
+    for dest, modes in _ACTS.items():
+        if mode not in modes and getattr(args, dest) != parser.get_default(dest):
+            idle.append(flags[dest])
+            by_place.setdefault(", ".join(sorted(modes)), []).append(flags[dest])
     if idle:
-        by_place: dict[str, list[str]] = {}
-        for dest, modes in _ACTS.items():
-            if flags[dest] in idle:
-                by_place.setdefault(", ".join(sorted(modes)), []).append(flags[dest])
         acts = "; ".join(f"{', '.join(names)}: {place}" for place, names in by_place.items())
         parser.error(
             f"{', '.join(idle)} would be ignored by {where} (where they act: {acts}); remove "
@@ -135,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
         "or emit the same topology for Kubernetes (TFJob, JobSet) or Slurm.",
         usage="tfdist-launch [options] -- CMD [ARGS...]",
-        command_after="--",
+        takes_command=True,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_common.version()}")
     topo = parser.add_argument_group("topology")

@@ -56,7 +56,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     A mistyped flag or subcommand gets a "did you mean", an unknown argument
     is reported by the subcommand it was given to (``tfdist plan: error:``),
-    and ``command_after="--"`` adds the hint a forgotten ``--`` needs.
+    and ``takes_command=True`` (``PROG [options] -- CMD``) adds the hint a forgotten ``--`` needs.
 
     Example:
         >>> parser = ArgumentParser(prog="demo")
@@ -65,9 +65,9 @@ class ArgumentParser(argparse.ArgumentParser):
         'unrecognized arguments: --workrs 3 (did you mean --workers?)'
     """
 
-    def __init__(self, *args: Any, command_after: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, takes_command: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.command_after = command_after
+        self.takes_command = takes_command
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -96,10 +96,8 @@ class ArgumentParser(argparse.ArgumentParser):
                 near = difflib.get_close_matches(token.split("=", 1)[0], options, n=1, cutoff=0.6)
                 if token.startswith("--") and near:
                     hints.append(f"did you mean {near[0]}?")
-            if self.command_after and tokens and not tokens[0].startswith("-"):
-                hints.append(
-                    f"put {self.command_after} before the program: {self.prog} [options] -- {' '.join(tokens)}"
-                )
+            if self.takes_command and tokens and not tokens[0].startswith("-"):
+                hints.append(f"put -- before the program: {self.prog} [options] -- {' '.join(tokens)}")
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             choices = re.findall(r"'([^']*)'", choice.group(2)) or [c.strip() for c in choice.group(2).split(",")]
