@@ -50,6 +50,7 @@ class TaskResult:
     runs_command: bool
     output: str
     pid: int | None = None
+    lost: bool = False  # An elastic worker the run went on without (and that did not return).
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,18 +93,14 @@ class LaunchResult:
 
         Example:
             >>> from tfdist import ClusterSpec
-            >>> tasks = tuple(TaskResult(task=f"worker:{i}", exit_code=c, restarts=1, runs_command=True, output="")
-            ...               for i, c in enumerate((0, 137)))
+            >>> tasks = tuple(TaskResult(task=f"worker:{i}", exit_code=c, restarts=1, runs_command=True, output="",
+            ...                          lost=c != 0) for i, c in enumerate((0, 137)))
             >>> LaunchResult(exit_code=0, reason="ok", failed_task=None, tasks=tasks,
             ...              cluster=ClusterSpec(jobs={"worker": ["h:1", "h:2"]})).summary()
             'run ok (exit 0); restarted 1 time; lost worker:1 (exit 137)'
         """
         restarts = max((task.restarts for task in self.tasks), default=0)
-        lost = [
-            f"{task.task} (exit {task.exit_code})"
-            for task in self.tasks
-            if task.runs_command and task.exit_code not in (0, None) and task.task != self.failed_task
-        ]
+        lost = [f"{task.task} (exit {task.exit_code})" for task in self.tasks if task.lost]
         lines = [
             f"run {self.reason} (exit {self.exit_code})"
             + (f"; {self.failed_task} ended the run" if self.failed_task else "")

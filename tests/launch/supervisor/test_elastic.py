@@ -86,6 +86,7 @@ def test_a_worker_whose_restarts_are_used_up_is_lost(tmp_path: Path) -> None:
     result, statuses = _run(tmp_path, 4, workers=2, min_workers=1, env={"FAKE_FAIL": "worker:1"})
     assert result.exit_code == 0, "\n".join(statuses)
     assert any("elastic: losing worker:1 (exit code 3, restarts used up)" in s for s in statuses), statuses
+    assert "; lost worker:1 (exit " in result.summary().splitlines()[0], result.summary()
     assert "task worker:0 index 0 generation 1 world 1 workers 1" in result.task("worker:0").output
     assert _epochs_ended(result.task("worker:0").output) == [0, 1, 2, 3]
 

@@ -87,7 +87,7 @@ class LaunchTest(parameterized.TestCase):
             [PY, "-c", script], workers=2, ps=1, chief=True, run_on="all", timeout=120, on_status=statuses.append
         )
         self.assertLess(time.monotonic() - start, 60)  # Before the fix: the 120 s timeout, exit 124.
-        self.assertEqual((result.exit_code, result.reason), (0, "ok"), result.summary())
+        self.assertEqual(result.summary(), "run ok (exit 0)")  # Servers stopped at the end are not "lost".
         stopping = [s for s in statuses if s.startswith("the coordinator is done; stopping")]
         self.assertEqual(len(stopping), 1, statuses)
         self.assertIn("serving", result.task("worker:1").output)

@@ -164,6 +164,7 @@ def _supervise(
             runs_command=config.runs_command(name),
             output="\n".join(record.lines),
             pid=record.proc.pid if record.proc else None,
+            lost=name in supervisor.group.away,
         )
         for name, record in supervisor.group.tasks.items()
     )
