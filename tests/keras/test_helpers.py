@@ -82,3 +82,48 @@ def test_linear_scaling_needs_a_finite_rate() -> None:
         with pytest.raises(StrategyError, match="`base_learning_rate`"):
             LinearScaling(bad, reference_world_size=2)
     assert LinearScaling(0.1, reference_world_size=2).base_learning_rate == 0.1
+
+
+def test_elastic_epochs_records_each_boundary_after_every_callback_of_its_epoch(tmp_path: object) -> None:
+    # A real one-process fit: the boundary of epoch e appears only once the callbacks after ElasticEpochs have
+    # run (the launcher restarts the group as soon as it reads one), the last one is marked last, an early stop
+    # is marked last too, and the leader announces itself as fit begins.
+    import numpy as np
+
+    from tfdist import keras
+    from tfdist.cluster import elastic
+    from tfdist.keras import ElasticEpochs
+
+    directory = str(tmp_path)
+    seen_at_epoch_end: list[list[str]] = []
+
+    def _boundaries() -> list[str]:
+        return sorted(n for n in os.listdir(directory) if n.startswith("epoch-"))
+
+    env = {elastic.ELASTIC_DIR_VAR: directory, elastic.MEMBERSHIP_VAR: "3", elastic.WORLD_SIZE_VAR: "2"}
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
+    later = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen_at_epoch_end.append(_boundaries()))
+    history = model.fit(x, y, epochs=3, verbose=0, callbacks=[ElasticEpochs(env=env), later])
+    assert seen_at_epoch_end == [
+        [],
+        ["epoch-g0003-e000000.json"],
+        ["epoch-g0003-e000000.json", "epoch-g0003-e000001.json"],
+    ]
+    records = elastic.read_boundaries(directory, set())
+    assert [(r["generation"], r["epoch"], r["world_size"], r.get("last", False)) for r in records] == [
+        (3, 0, 2, False),
+        (3, 1, 2, False),
+        (3, 2, 2, True),
+    ]
+    assert elastic.announced(directory) and os.path.exists(os.path.join(directory, "leader-g0003.json"))
+    assert history.history["world_size"] == [2.0, 2.0, 2.0]
+
+    stopped = str(tmp_path / "early")
+    os.makedirs(stopped)
+    stop = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", epoch == 1))
+    env[elastic.ELASTIC_DIR_VAR] = stopped
+    model.fit(x, y, epochs=5, verbose=0, callbacks=[ElasticEpochs(env=env), stop])
+    records = elastic.read_boundaries(stopped, set())
+    assert [(r["epoch"], r.get("last", False)) for r in records] == [(0, False), (1, True)]

@@ -3,6 +3,8 @@
 Every task prints its identity, then runs EPOCHS epochs of STEPS steps; the leader (TF_CONFIG worker 0) keeps
 the last finished epoch in BACKUP (like BackupAndRestore) and records the epoch boundary for the launcher.
 A restarted group resumes after the last backed-up epoch. Usage: _elastic_fake_train.py BACKUP EPOCHS
+FAKE_BOUNDARIES_FROM=G: the leader records boundaries only from generation G (before it, like a script with
+BackupAndRestore alone, or one whose fit has not begun).
 """
 
 import json
@@ -63,7 +65,10 @@ for epoch in range(start, epochs):
         with open(backup + ".tmp", "w") as f:
             f.write(str(epoch))
         os.replace(backup + ".tmp", backup)
-        elastic.write_boundary(os.environ["TFDIST_ELASTIC_DIR"], generation=generation, epoch=epoch, world_size=size)
+        if generation >= int(os.environ.get("FAKE_BOUNDARIES_FROM", "0")):
+            elastic.write_boundary(
+                os.environ["TFDIST_ELASTIC_DIR"], generation=generation, epoch=epoch, world_size=size
+            )
         print(f"epoch {epoch} end", flush=True)
     else:
         pause(0.1)  # the leader's backup lands before any peer finishes the epoch

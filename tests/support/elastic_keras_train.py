@@ -2,7 +2,9 @@
 
 Usage: _elastic_keras_train.py WORKDIR EPOCHS. Every completed epoch, the leader prints
 ``EPOCH e world W seen C id_sum S id_sq Q kernel K`` (C, S, Q summed over every replica by Keras's metrics,
-from the records the real input pipeline delivered), then ``FINAL k1 k2 ...`` at the end. Without TF_CONFIG
+from the records the real input pipeline delivered), then ``FINAL k1 k2 ...`` at the end; ``BEGIN e generation
+G`` as each epoch begins. Its callback runs after ElasticEpochs, so the launcher's restart at a boundary comes
+only after its EPOCH line, as it must for every callback of the epoch. Without TF_CONFIG
 it trains in one process: the uninterrupted reference.
 """
 
@@ -69,6 +71,10 @@ class Report(keras.callbacks.Callback):
         if self.leader and not self.stepped:  # wall-clock time of this group's first step, for the benchmark
             self.stepped = True
             print(f"FIRST_STEP generation {os.environ.get('TFDIST_MEMBERSHIP', '0')} at {time.time():.3f}", flush=True)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.leader:  # after ElasticEpochs recorded the previous epoch's boundary (it runs first)
+            print(f"BEGIN {epoch} generation {os.environ.get('TFDIST_MEMBERSHIP', '0')}", flush=True)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.leader:

@@ -2,9 +2,10 @@
 
 ``tfdist-launch --min-workers`` gives every task ``TFDIST_WORLD_SIZE`` (training tasks in the group),
 ``TFDIST_MEMBERSHIP`` (the generation: 0 at launch, +1 at every change) and ``TFDIST_ELASTIC_DIR``. The
-training leader records each backed-up epoch there (:func:`write_boundary`, called by
-:class:`tfdist.keras.elastic.ElasticEpochs`); the launcher reads them (:func:`read_boundaries`) and grows the
-group at the first boundary after a worker returns.
+training leader says there that it records epoch boundaries (:func:`announce`, as its fit begins), then records
+each backed-up epoch (:func:`write_boundary`), both called by :class:`tfdist.keras.elastic.ElasticEpochs`; the
+launcher reads them (:func:`announced`, :func:`read_boundaries`) and grows the group at the first boundary after
+a worker returns.
 """
 
 from __future__ import annotations
@@ -17,6 +18,48 @@ WORLD_SIZE_VAR = "TFDIST_WORLD_SIZE"
 MEMBERSHIP_VAR = "TFDIST_MEMBERSHIP"
 ELASTIC_DIR_VAR = "TFDIST_ELASTIC_DIR"
 _BOUNDARY_PREFIX = "epoch-"
+_LEADER_PREFIX = "leader-"
+
+
+def _write_atomically(path: str, record: Mapping[str, object]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def _leader_path(directory: str, generation: int) -> str:
+    return os.path.join(directory, f"{_LEADER_PREFIX}g{generation:04d}.json")
+
+
+def announce(directory: str, *, generation: int, world_size: int) -> str:
+    """Records that the training leader of ``generation`` records epoch boundaries; atomic. Returns the path.
+
+    Without it the launcher cannot tell a script that marks no boundaries (a returned worker would wait in
+    vain) from one that has not reached them yet, and says so once at the return.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> announced(d)
+        False
+        >>> _ = announce(d, generation=2, world_size=3)
+        >>> announced(d)
+        True
+    """
+    path = _leader_path(directory, generation)
+    _write_atomically(path, {"generation": generation, "world_size": world_size})
+    return path
+
+
+def announced(directory: str) -> bool:
+    """Whether a training leader of this run said it records epoch boundaries (:func:`announce`) or recorded
+    one: the leaders of every generation run the same script, so one that did tells for all."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return any(name.startswith((_LEADER_PREFIX, _BOUNDARY_PREFIX)) and name.endswith(".json") for name in names)
 
 
 def read_boundaries(directory: str, seen: set[str]) -> list[Mapping[str, object]]:
@@ -57,11 +100,8 @@ def write_boundary(directory: str, *, generation: int, epoch: int, world_size: i
         ([{'generation': 1, 'epoch': 3, 'world_size': 2}], [])
     """
     path = os.path.join(directory, f"{_BOUNDARY_PREFIX}g{generation:04d}-e{epoch:06d}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        record = {"generation": generation, "epoch": epoch, "world_size": world_size}
-        json.dump({**record, "last": True} if last else record, f)
-    os.replace(tmp, path)
+    record = {"generation": generation, "epoch": epoch, "world_size": world_size}
+    _write_atomically(path, {**record, "last": True} if last else record)
     return path
 
 

@@ -82,10 +82,13 @@ of the 3 replicas. Pick a global batch every world size between `min_workers` an
 class ElasticEpochs(callback_base()):  # type: ignore[misc]
     """Tells the launcher where epochs end, and puts the world size into the epoch logs.
 
-    Place it after ``BackupAndRestore`` (the boundary must follow the backup) and before ``TensorBoard``
-    (which then plots ``world_size`` next to the loss, so a membership change shows on the curves).
-    The leader (chief, else worker 0) writes the boundary into ``TFDIST_ELASTIC_DIR``; a returned worker
-    joins the group there. Without tfdist-launch's elastic mode it only adds ``world_size`` to the logs.
+    The leader (chief, else worker 0) says as its fit begins that it records epoch boundaries, and records
+    each one in ``TFDIST_ELASTIC_DIR`` once *every* callback of the epoch has run: at the next epoch's start
+    (the last epoch's as fit ends). A returned worker joins the group there, and the launcher's restart cuts
+    nothing of the epoch: ``BackupAndRestore`` has written its backup, ``TensorBoard``, ``ModelCheckpoint``
+    and your own ``on_epoch_end`` have run, wherever they are in the list. Place it before ``TensorBoard``
+    (which then plots ``world_size`` next to the loss, so a membership change shows on the curves). Without
+    tfdist-launch's elastic mode it only adds ``world_size`` to the logs.
 
     Args:
       cluster: This task's cluster (a spec or TF_CONFIG); default TF_CONFIG from the environment.
@@ -97,24 +100,39 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
         env = os.environ if env is None else env
         spec = resolve_cluster(cluster)
         self._is_leader = spec is None or spec.is_chief
-        self._directory = env.get(_membership.ELASTIC_DIR_VAR)
+        self._directory = env.get(_membership.ELASTIC_DIR_VAR) if self._is_leader else None
         self._world_size, self._generation = world_size(env=env), membership(env=env)
+        self._ended: int | None = None  # the epoch that ended and whose boundary is not recorded yet
 
     def on_train_begin(self, logs: Any = None) -> None:
         _log.info("Elastic membership %d: world size %d.", self._generation, self._world_size)
+        self._ended = None
+        if self._directory:
+            _membership.announce(self._directory, generation=self._generation, world_size=self._world_size)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if logs is not None:
             logs["world_size"] = float(self._world_size)
-        if self._is_leader and self._directory:
-            epochs = (getattr(self, "params", None) or {}).get("epochs")
+        self._ended = epoch  # recorded once the callbacks after this one have run too
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._record(last=False)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        # The last epoch, or the one an early stop ended with: nobody joins there (BackupAndRestore deletes its
+        # backup as fit ends, so a group restarted to grow would train from the start).
+        self._record(last=True)
+
+    def _record(self, *, last: bool) -> None:
+        if self._ended is not None and self._directory:
             _membership.write_boundary(
                 self._directory,
                 generation=self._generation,
-                epoch=epoch,
+                epoch=self._ended,
                 world_size=self._world_size,
-                last=epochs is not None and epoch >= epochs - 1,
+                last=last,
             )
+        self._ended = None
 
 
 class LinearScaling(callback_base()):  # type: ignore[misc]

@@ -144,6 +144,48 @@ def test_a_return_after_the_last_boundary_does_not_hold_the_run(tmp_path: Path) 
     assert_all_gone([t.pid for t in result.tasks])
 
 
+def test_a_return_says_once_why_a_script_without_boundaries_cannot_take_it_in(tmp_path: Path) -> None:
+    # BackupAndRestore alone (no ElasticEpochs): no leader records a boundary, so worker:1 can never join. The
+    # return says so once, names the callback that would, and the run ends with the group it has.
+    result, statuses = _run(
+        tmp_path,
+        5,
+        workers=2,
+        min_workers=1,
+        loses=["worker:1@after=^epoch 0 end$"],
+        returns=["worker:1@after=^epoch 1 end$"],
+        env={"FAKE_BOUNDARIES_FROM": "99"},
+    )
+    assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
+    back = [s for s in statuses if "worker:1 is available again" in s]
+    assert len(back) == 1, statuses
+    assert "no leader has said it records them" in back[0] and "tfdist.keras.ElasticEpochs()" in back[0], back
+    assert "until it does, worker:1 waits" in back[0]
+    assert not [s for s in statuses if "records epoch boundaries now" in s or "joined" in s], statuses
+    assert _epochs_ended(result.task("worker:0").output) == list(range(5))
+    assert_all_gone([t.pid for t in result.tasks])
+
+
+def test_a_return_before_the_first_announcement_is_told_when_the_leader_announces(tmp_path: Path) -> None:
+    # The return comes before any leader said it records boundaries; the first boundary recorded later tells
+    # the launcher it does (once), and worker:1 joins there.
+    result, statuses = _run(
+        tmp_path,
+        6,
+        workers=2,
+        min_workers=1,
+        loses=["worker:1@after=^epoch 0 end$"],
+        returns=["worker:1@after=^task worker:0 index 0 generation 1 "],
+        env={"FAKE_BOUNDARIES_FROM": "1"},  # generation 1's leader is the first to record them
+    )
+    assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses)
+    assert len([s for s in statuses if "no leader has said it records them" in s]) == 1, statuses
+    assert len([s for s in statuses if "records epoch boundaries now; worker:1 joins at the next" in s]) == 1
+    changes = [s for s in statuses if s.startswith("elastic: membership")]
+    assert changes[-1].startswith("elastic: membership 2: world size 2 (workers worker:0, worker:1); worker:1 joined")
+    assert_all_gone([t.pid for t in result.tasks])
+
+
 def test_a_loss_while_a_returned_worker_waits_keeps_it_waiting(tmp_path: Path) -> None:
     # worker:2 returned and waits for the next boundary when worker:1 is lost: the regroup of the loss does not
     # start worker:2; it joins at the next boundary, in a later generation.

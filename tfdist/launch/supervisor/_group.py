@@ -93,6 +93,8 @@ class Group:
       unstartable: Workers whose last start failed, with why; counted as lost when handled.
       elastic_dir: Where the training leader records epoch boundaries (elastic runs only).
       boundaries_seen: The boundary files already read.
+      unannounced: Whether a worker returned while the group's leader had not said it records epoch
+        boundaries (the supervisor says once when it does).
       restarts_used: Restarts spent so far (of ``config.max_restarts``).
       stop_signal: The signal that asked the run to stop, once one did.
     """
@@ -116,6 +118,7 @@ class Group:
         self.unstartable: dict[str, str] = {}
         self.elastic_dir = elastic_dir
         self.boundaries_seen: set[str] = set()
+        self.unannounced = False
         self.restarts_used = 0
         self.stop_signal: int | None = None
 

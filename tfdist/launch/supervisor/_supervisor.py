@@ -252,8 +252,19 @@ class Supervisor:
         if self.rules.rejoins_at_once:
             self.status(f"elastic: {task} is available again {why}; it rejoins now")
             self._grow("the coordinator reconnects")
-        else:
+        elif self._leader_records_boundaries():
             self.status(f"elastic: {task} is available again {why}; it joins at the next epoch boundary")
+        else:
+            group.unannounced = True
+            self.status(
+                f"elastic: {task} is available again {why}; it joins at the next epoch boundary the training "
+                f"leader records, but no leader has said it records them (tfdist.keras."
+                f"ElasticEpochs() in fit's callbacks does, as fit begins): until it does, {task} waits"
+            )
+
+    def _leader_records_boundaries(self) -> bool:
+        group = self.group
+        return group.elastic_dir is not None and _boundaries.announced(group.elastic_dir)
 
     def _grow(self, why: str) -> None:
         group = self.group
@@ -302,6 +313,12 @@ class Supervisor:
         group = self.group
         if group.elastic_dir is None:
             return
+        if group.unannounced and group.available and self._leader_records_boundaries():
+            group.unannounced = False
+            self.status(
+                f"elastic: the training leader records epoch boundaries now; {', '.join(group.available)} "
+                "joins at the next"
+            )
         for record in _boundaries.read_boundaries(group.elastic_dir, group.boundaries_seen):
             if record.get("generation") != group.membership.generation:
                 continue
