@@ -331,18 +331,18 @@ def test_a_successful_stage_removes_an_earlier_error(s3_server: dict[str, str], 
 
 
 def test_a_lock_being_claimed_is_not_taken_over(tmp_path: str) -> None:
-    from tfdist.data.storage import staging
+    from tfdist.data.storage import _stage_files
 
     lock = os.path.join(str(tmp_path), ".lock-x")
     open(lock, "w").close()  # Another agent created it and has not written its pid yet.
-    assert not staging._claim(lock)
+    assert not _stage_files.claim(lock)
     assert os.path.exists(lock)
     old = time.time() - 60
     os.utime(lock, (old, old))  # Empty for a minute: its claimer died between the two steps.
-    assert staging._claim(lock)
+    assert _stage_files.claim(lock)
     with open(lock) as f:
         assert f.read() == str(os.getpid())
     with open(lock, "w") as f:
         f.write("999999999")  # A pid that cannot be alive.
-    assert staging._claim(lock)
-    assert not staging._claim(lock)  # Ours now, and we are alive.
+    assert _stage_files.claim(lock)
+    assert not _stage_files.claim(lock)  # Ours now, and we are alive.

@@ -47,6 +47,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tfdist.data.storage._stage_files import claim as _claim
+from tfdist.data.storage._stage_files import sweep as _sweep
+from tfdist.data.storage._stage_files import unlink as _unlink
+from tfdist.data.storage._stage_files import write_error as _write_error
 from tfdist.errors import DataError, StorageError, invalid, require_int
 
 _log = logging.getLogger("tfdist.data")
@@ -56,7 +60,6 @@ SUFFIX = ".staged"
 _POLL_S = 0.05  # Reader's poll interval, and the agent's scan interval.
 _ERROR_TTL_S = 10.0  # An error file lives this long (readers poll far more often); a later request retries.
 _FETCHES = 4  # Objects one agent downloads at once (each in parallel ranged parts).
-_CLAIMING_S = 5.0  # An empty lock this young is being claimed (created, its pid not written yet): not dead.
 _STALE_WANT_S = 3600.0  # A request this old (readers renew theirs while they wait) was left by a reader gone.
 _CACHE_MB_ENV = "TFDIST_S3_CACHE_MB"
 _KEEP_RECENT = 32  # Eviction spares the copies requested last (readers' files ahead, one about to be opened) ...
@@ -457,80 +460,10 @@ def _check_private(root: str) -> None:
         )
 
 
-def _sweep(objects: str) -> None:
-    """Deletes partial downloads, error drafts and locks of processes gone (a server killed mid-download)."""
-    for entry in os.scandir(objects):
-        if entry.name.startswith(".lock-"):
-            try:
-                with open(entry.path) as f:
-                    pid = int(f.read() or "0")
-            except (OSError, ValueError):
-                continue  # Being written: its owner is alive.
-        elif entry.name.startswith(".part-error-"):
-            pid = int(entry.name.split("-")[2]) if entry.name.split("-")[2].isdigit() else 0
-        elif entry.name.startswith(".part-"):
-            pid = int(entry.name.rsplit("-", 1)[1]) if entry.name.rsplit("-", 1)[1].isdigit() else 0
-        else:
-            continue
-        if pid and not _alive(pid):
-            _unlink(entry.path)
-            _log.info("Removed %s, left by process %d (gone).", entry.path, pid)
-
-
 def _default_store() -> Any:
     from tfdist.data.storage import s3
 
     return s3.store()
-
-
-def _claim(lock: str) -> bool:
-    """Takes ``lock`` (a file holding our pid); a lock whose process is gone is taken over."""
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            try:
-                with open(lock) as f:
-                    text = f.read()
-                if not text and time.time() - os.stat(lock).st_mtime < _CLAIMING_S:
-                    return False  # Created a moment ago, its pid not written yet: another agent is claiming it.
-                owner = int(text or "0")
-            except FileNotFoundError:
-                continue  # Released between our two looks: try again.
-            except ValueError:
-                owner = 0
-            if owner and _alive(owner):
-                return False
-            _unlink(lock)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return True
-    return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _write_error(path: str, message: str) -> None:
-    partial = os.path.join(os.path.dirname(path), f".part-error-{os.getpid()}-{threading.get_ident()}")
-    with open(partial, "w") as f:
-        f.write(message)
-    os.replace(partial, path)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 _AGENT: StagingAgent | None = None
