@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-from absl.testing import parameterized
 
 from tfdist._compat import tfio_unavailable_reason
 from tfdist.runtime.clean_exit import exit_code_of
@@ -38,40 +37,47 @@ S3_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.s3
-@pytest.mark.skipif(
+needs_tfio = pytest.mark.skipif(
     tfio_unavailable_reason() is not None, reason=f"the abort comes from tensorflow-io, and {tfio_unavailable_reason()}"
 )
-class CleanExitTest(parameterized.TestCase):
-    @pytest.fixture(autouse=True)
-    def _server(self, s3_server: dict[str, str]) -> None:
-        self.env = dict(os.environ, **s3_server)
 
-    def _run(self, mode: str, bucket: str, outcome: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-c", S3_SCRIPT, mode, bucket, self.env["S3_ENDPOINT"], outcome],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
 
-    def test_without_the_guard_the_process_aborts(self) -> None:
-        done = self._run("plain", "tfdist-plain", "0")
-        self.assertIn("read back: hello", done.stdout)
-        # Upstream bug still present: a successful job exits 134. If this changes, the guard may be dropped.
-        self.assertEqual(done.returncode, -6, done.stderr[-2000:])  # SIGABRT: the shell reports 134.
-        self.assertIn("pure virtual method called", done.stderr)
+@pytest.fixture
+def env(s3_server: dict[str, str]) -> dict[str, str]:
+    return dict(os.environ, **s3_server)
 
-    @parameterized.named_parameters(("success", "0", 0), ("exit_code", "3", 3), ("exception", "raise", 1))
-    def test_the_guard_keeps_the_exit_code_and_the_output(self, outcome: str, code: int) -> None:
-        done = self._run("guard", f"tfdist-guard-{outcome}", outcome)
-        self.assertEqual(done.returncode, code, done.stderr[-2000:])
-        self.assertIn("read back: hello", done.stdout)
-        self.assertIn("last log line", done.stderr)
-        self.assertNotIn("pure virtual method called", done.stderr)
-        if outcome == "raise":
-            self.assertIn("RuntimeError: training failed", done.stderr)
+
+def _run(env: dict[str, str], mode: str, bucket: str, outcome: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", S3_SCRIPT, mode, bucket, env["S3_ENDPOINT"], outcome],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.s3
+@needs_tfio
+def test_without_the_guard_the_process_aborts(env: dict[str, str]) -> None:
+    done = _run(env, "plain", "tfdist-plain", "0")
+    assert "read back: hello" in done.stdout
+    # Upstream bug still present: a successful job exits 134. If this changes, the guard may be dropped.
+    assert done.returncode == -6, done.stderr[-2000:]  # SIGABRT: the shell reports 134.
+    assert "pure virtual method called" in done.stderr
+
+
+@pytest.mark.s3
+@needs_tfio
+@pytest.mark.parametrize("outcome,code", [("0", 0), ("3", 3), ("raise", 1)], ids=["success", "exit_code", "exception"])
+def test_the_guard_keeps_the_exit_code_and_the_output(env: dict[str, str], outcome: str, code: int) -> None:
+    done = _run(env, "guard", f"tfdist-guard-{outcome}", outcome)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "read back: hello" in done.stdout
+    assert "last log line" in done.stderr
+    assert "pure virtual method called" not in done.stderr
+    if outcome == "raise":
+        assert "RuntimeError: training failed" in done.stderr
 
 
 @pytest.mark.parametrize("value,code", [(None, 0), (0, 0), (3, 3), (256 + 7, 7), (True, 1), ("message", 1)])
