@@ -12,9 +12,17 @@ from absl.testing import parameterized
 
 import tfdist
 from tfdist import ClusterSpec, StrategyError
+from tfdist.cluster.trainable import check_trainable
 from tfdist.strategy.builders import StrategyOptions, choose_kind, communication_options, variable_partitioner
 
 PS_CLUSTER = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]})
+
+
+def _rule_error(cluster: object, kind: str) -> tfdist.ClusterSpecError:
+    """The error the shared rule (what `tfdist doctor` applies) gives for ``cluster``."""
+    with pytest.raises(tfdist.ClusterSpecError) as caught:
+        check_trainable(tfdist.resolve_cluster(cluster), kind)
+    return caught.value
 
 
 class OptionsTest(parameterized.TestCase):
@@ -123,6 +131,20 @@ class TensorFlowMappingTest(parameterized.TestCase):
             tfdist.build_strategy("multi_worker_mirrored", cluster=PS_CLUSTER.with_task("chief"))
         with pytest.raises(StrategyError, match="Only parameter-server training uses a coordinator"):
             tfdist.cluster_coordinator(tfdist.build_strategy("default"))
+
+    def test_untrainable_clusters_fail_before_tensorflow_builds_anything(self) -> None:
+        workers_ps = {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}
+        for kind, cluster, field in (
+            ("auto", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}', "task"),
+            ("multi_worker_mirrored", '{"cluster": {"worker": ["127.0.0.1:1"]}}', "task"),
+            ("parameter_server", PS_CLUSTER, "task"),
+            ("parameter_server", {"cluster": workers_ps, "task": {"type": "worker", "index": 0}}, "cluster.chief"),
+            ("auto", {"cluster": workers_ps}, "cluster.chief"),
+        ):
+            with pytest.raises(tfdist.ClusterSpecError) as caught:  # Not TF's raw ValueError.
+                tfdist.build_strategy(kind, cluster=cluster, peer_wait_seconds=0)
+            self.assertEqual(caught.value.field, field, (kind, cluster))
+            self.assertEqual(str(caught.value), str(_rule_error(cluster, kind)))
 
     def test_cluster_accepts_tf_config_text(self) -> None:
         with pytest.raises(tfdist.ClusterSpecError, match="did you mean 'worker'"):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
+from tfdist.cluster.trainable import check_trainable, cluster_kind
 from tfdist.errors import StrategyError, check_keywords, invalid, require_int, require_number, require_type
 
 if TYPE_CHECKING:
@@ -242,15 +243,12 @@ def choose_kind(cluster: ClusterSpec | None, num_gpus: int) -> tuple[str, str]:
         >>> choose_kind(None, num_gpus=0)
         ('default', 'no cluster and at most one GPU')
     """
-    if cluster is not None and cluster.task_type == "evaluator":
-        return "default", "the evaluator does not join the training cluster"
-    if cluster is not None and cluster.num_ps:
-        return "parameter_server", f"the cluster has {cluster.num_ps} ps task(s)"
-    if cluster is not None and cluster.num_workers > 1:
-        return "multi_worker_mirrored", f"the cluster has {cluster.num_workers} workers and no ps"
+    kind, reason = cluster_kind(cluster)  # The cluster's half of the choice: tfdist.cluster.trainable.
+    if kind is not None:
+        return kind, reason
     if num_gpus > 1:
         return "mirrored", f"{num_gpus} local GPUs"
-    return "default", "no cluster and at most one GPU" if cluster is None else "a single-worker cluster"
+    return "default", "no cluster and at most one GPU" if cluster is None else reason
 
 
 def communication_options(
@@ -393,6 +391,7 @@ def _multi_worker_mirrored(options: StrategyOptions, cluster: ClusterSpec | None
             "a cluster without ps tasks",
             "Use kind='parameter_server' (or 'auto') for a cluster with ps tasks.",
         )
+    check_trainable(cluster, "multi_worker_mirrored")  # Before TF: its own error for these is a raw ValueError.
     comm = communication_options(options, num_gpus=_num_gpus())
     resolver = cluster_resolver(cluster) if cluster is not None else None
     if cluster is not None and cluster.num_workers > 1 and options.peer_wait_seconds:
@@ -407,7 +406,7 @@ def _parameter_server(options: StrategyOptions, cluster: ClusterSpec | None) -> 
 
     from tfdist.strategy.resolver import cluster_resolver
 
-    if cluster is None or not cluster.num_ps or not cluster.has_chief:
+    if cluster is None or not cluster.num_ps:
         raise invalid(
             StrategyError,
             "cluster",
@@ -415,7 +414,7 @@ def _parameter_server(options: StrategyOptions, cluster: ClusterSpec | None) -> 
             "a cluster with a chief, workers and ps tasks",
             "Launch with `tfdist-launch --chief --workers N --ps M` or set TF_CONFIG accordingly.",
         )
-    if cluster.task_type in ("worker", "ps"):
+    if check_trainable(cluster, "parameter_server").role == "server":
         raise invalid(
             StrategyError,
             "task_type",
