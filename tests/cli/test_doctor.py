@@ -37,28 +37,132 @@ class DoctorTest(absltest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertIn("port in 1..65535", done.stderr)
         self.assertEqual(done.stdout, "")
-        self.assertEqual(_doctor().returncode, 2)  # No TF_CONFIG at all.
 
-    def test_probe_reports_reachable_and_unreachable_tasks(self) -> None:
+    def test_probe_under_multi_worker_mirrored_expects_closed_ports(self) -> None:
         with socket.socket() as listener:
             listener.bind(("127.0.0.1", 0))
             listener.listen()
             up = f"127.0.0.1:{listener.getsockname()[1]}"
-            down = ClusterSpec.local(workers=1).tasks()[0].address
-            config = {"cluster": {"chief": [up], "worker": [down]}, "task": {"type": "worker", "index": 0}}
+            closed = ClusterSpec.local(workers=1).tasks()[0].address
+            config = {"cluster": {"chief": [up], "worker": [closed]}, "task": {"type": "worker", "index": 0}}
             path = self.create_tempfile(content=json.dumps(config)).full_path
             done = _doctor("--tf-config", f"@{path}", "--probe", "1")
             self.assertEqual(done.returncode, 0, done.stdout)  # The worker sees the chief; its own port is skipped.
-            self.assertIn("probe chief:0      reachable", done.stdout)
+            self.assertIn("probe chief:0      listening\n", done.stdout)
             self.assertNotIn("probe worker:0", done.stdout)
             config["task"] = {"type": "chief", "index": 0}
-            done = _doctor("--tf-config", json.dumps(config), "--probe", "0.5")
-            self.assertEqual(done.returncode, 3, done.stdout)
-            self.assertIn("probe worker:0     NOT reachable within 0.5s", done.stdout)
-            self.assertIn("unreachable: worker:0", done.stdout)
+            done = _doctor("--tf-config", json.dumps(config), "--probe", "5")
+            self.assertEqual(done.returncode, 0, done.stdout)  # Refused: the host is up, the worker not started yet.
+            port = closed.rpartition(":")[2]
+            self.assertIn(
+                f"probe worker:0     host up, port {port} not open (connection refused): expected before it builds "
+                "its strategy\n",
+                done.stdout,
+            )
+            self.assertIn("not listening yet: worker:0 - under multi_worker_mirrored", done.stdout)
+            self.assertNotIn("unreachable", done.stdout)
             spec = ClusterSpec.from_tf_config(config)
             self.assertEqual(probe_tasks(spec, timeout=0.3), {"worker:0": False})
             self.assertEqual(probe_tasks(spec, timeout=0.3, include_self=True), {"chief:0": True, "worker:0": False})
+
+    def test_probe_under_parameter_servers_needs_the_servers_up_and_names_dns(self) -> None:
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            up = f"127.0.0.1:{listener.getsockname()[1]}"
+            chief, closed = (t.address for t in ClusterSpec.local(workers=2).tasks())
+            config = {
+                "cluster": {"chief": [chief], "worker": [closed, "no-such-host.invalid:2222"], "ps": [up]},
+                "task": {"type": "chief", "index": 0},
+            }
+            done = _doctor("--tf-config", json.dumps(config), "--probe", "0.5")
+            self.assertEqual(done.returncode, 3, done.stdout)
+            self.assertIn("probe ps:0         listening\n", done.stdout)
+            self.assertIn(
+                f"probe worker:0     NOT listening: host up, port {closed.rpartition(':')[2]} not open", done.stdout
+            )
+            self.assertIn(
+                "probe worker:1     NOT reachable: cannot resolve host 'no-such-host.invalid': DNS (", done.stdout
+            )
+            self.assertIn("unreachable: worker:0, worker:1 - is the task running", done.stdout)
+            config["task"] = {"type": "worker", "index": 0}  # The chief listens only once its strategy is built.
+            del config["cluster"]["worker"][1]
+            done = _doctor("--tf-config", json.dumps(config), "--probe", "5")
+            self.assertEqual(done.returncode, 0, done.stdout)
+            self.assertIn("probe chief:0      host up", done.stdout)
+            self.assertIn("not listening yet: chief:0 - under parameter_server the chief", done.stdout)
+            self.assertIn("this task:   runs a TensorFlow server, not the training program", done.stdout)
+
+
+# TF_CONFIGs doctor and build_strategy("auto") must judge alike; None: the variable unset.
+VERDICT_CASES = {
+    "unset": None,
+    "empty": "",
+    "one_worker_without_task": {"cluster": {"worker": ["127.0.0.1:1"]}},
+    "workers_without_task": {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}},
+    "chief_and_worker_without_task": {"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}},
+    "ps_cluster_without_task": {
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    },
+    "ps_without_chief": {
+        "cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0},
+    },
+    "ps_without_chief_or_task": {"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}},
+}
+_BUILD_EACH = """
+import json, os, sys, tfdist
+out = {}
+for name, text in json.loads(sys.argv[1]).items():
+    os.environ.pop("TF_CONFIG", None)
+    if text is not None:
+        os.environ["TF_CONFIG"] = text
+    try:
+        out[name] = ["built", type(tfdist.build_strategy("auto")).__name__]
+    except tfdist.ClusterSpecError as err:
+        out[name] = ["ClusterSpecError", str(err), err.field]
+    except Exception as err:
+        out[name] = ["raw", f"{type(err).__name__}: {err}"]
+print("RESULT " + json.dumps(out))
+"""
+
+
+class SameVerdictTest(absltest.TestCase):
+    def test_doctor_and_build_strategy_judge_each_tf_config_alike(self) -> None:
+        texts = {name: c if c is None or isinstance(c, str) else json.dumps(c) for name, c in VERDICT_CASES.items()}
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        done = subprocess.run(
+            [sys.executable, "-c", _BUILD_EACH, json.dumps(texts)], env=env, capture_output=True, text=True, timeout=180
+        )
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        self.assertIsNotNone(line, done.stderr[-3000:])
+        built = json.loads(line.removeprefix("RESULT "))
+        fields = {}
+        for name, text in texts.items():
+            doctor = _doctor(tf_config=text)
+            if built[name][0] == "built":
+                self.assertEqual(doctor.returncode, 0, (name, doctor.stderr))
+                self.assertEqual(built[name][1], "_DefaultDistributionStrategy", name)
+                self.assertIn("build_strategy('auto') picks 'default'", doctor.stdout, name)
+            else:
+                self.assertEqual(built[name][0], "ClusterSpecError", (name, built[name]))  # Never TF's raw error.
+                self.assertEqual(doctor.returncode, 2, (name, doctor.stdout))
+                self.assertEqual(doctor.stderr, f"tfdist doctor: error: TF_CONFIG is invalid: {built[name][1]}\n")
+                fields[name] = built[name][2]
+        self.assertEqual(
+            fields,
+            {
+                "workers_without_task": "task",
+                "chief_and_worker_without_task": "task",
+                "ps_cluster_without_task": "task",
+                "ps_without_chief": "cluster.chief",
+                "ps_without_chief_or_task": "cluster.chief",
+            },
+        )
+        done = _doctor("--probe", "1")  # No TF_CONFIG: one process, nothing to probe.
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("role:        single process (no TF_CONFIG: no cluster)", done.stdout)
+        self.assertIn("probe:       nothing to probe, no other task", done.stdout)
 
 
 class ResolverAndKerasTest(absltest.TestCase):

@@ -176,7 +176,7 @@ class HostileFlagsTest(parameterized.TestCase):
         self.assertEqual(_children() - before, set(), "a refused command started a process")
 
     @parameterized.named_parameters(
-        ("doctor_no_tf_config", tfdist_cli.main, ["doctor"]),
+        ("doctor_no_task", tfdist_cli.main, ["doctor", "--tf-config", '{"cluster": {"worker": ["a:1", "b:1"]}}']),
         ("server_no_tf_config", server.main, []),
         ("slurm_task_outside_slurm", slurm_task.main, ["--", "true"]),
         ("jobset_task_outside_jobset", jobset_task.main, ["--", "true"]),

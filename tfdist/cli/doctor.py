@@ -5,23 +5,31 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tfdist.cluster.probe import probe_tasks
-from tfdist.cluster.spec import ClusterSpec
+from tfdist.cluster.probe import REFUSED, probe_reachability
+from tfdist.cluster.spec import ClusterSpec, current_cluster
+from tfdist.cluster.trainable import check_trainable, listening_late
 from tfdist.errors import ClusterSpecError, invalid
 from tfdist.runtime.program import finite_float, one_line
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE = 0, 2, 3
 MAX_PROBE_SECONDS = 3600.0
+# Why a task of each kind of cluster refuses connections before training, and that this is fine.
+_LATE_WHY = {
+    "mwms": "under multi_worker_mirrored a task opens its port only when it builds its strategy.",
+    "ps": "under parameter_server the chief opens its port only when it builds its strategy "
+    "(the worker and ps servers listen before).",
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "doctor",
         help="validate TF_CONFIG and probe the cluster",
-        description="Validate TF_CONFIG (from the environment or --tf-config), print "
-        "this task's role, the cluster and its fingerprint. Exit 0 valid, 2 invalid, "
-        "3 unreachable (with --probe). --stack reports the installed TensorFlow stack "
-        "instead (exit 0 supported, 2 not).",
+        description="Validate TF_CONFIG (from the environment or --tf-config) by the rule "
+        "build_strategy applies, print this task's role, the cluster, its fingerprint and the "
+        "strategy build_strategy('auto') picks. No TF_CONFIG is a valid single-process run. Exit 0 "
+        "valid, 2 invalid, 3 unreachable (with --probe). --stack reports the installed TensorFlow "
+        "stack instead (exit 0 supported, 2 not).",
     )
     parser.add_argument(
         "--tf-config",
@@ -34,8 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=finite_float,
         default=None,
         metavar="SECONDS",
-        help="check that the other tasks' ports accept connections within SECONDS "
-        f"(0 < SECONDS <= {MAX_PROBE_SECONDS:g})",
+        help="check the other tasks' ports within SECONDS (0 < SECONDS <= "
+        f"{MAX_PROBE_SECONDS:g}): names DNS failures, no answer, and refused ports, which are "
+        "expected before a task builds its strategy (every task under multi_worker_mirrored, "
+        "the chief under parameter_server)",
     )
     parser.add_argument(
         "--stack",
@@ -80,18 +90,16 @@ def run(args: argparse.Namespace) -> int:
         report = stack_report(probe=True)
         sys.stdout.write(report.to_text() + "\n")
         return EXIT_OK if report.ok else EXIT_INVALID
-    try:
-        spec = ClusterSpec.from_tf_config(_load(args.tf_config))
+    try:  # What build_strategy reads: --tf-config like its cluster=, else $TF_CONFIG (unset or empty: no cluster).
+        spec = current_cluster() if args.tf_config is None else ClusterSpec.from_tf_config(_load(args.tf_config))
+        verdict = check_trainable(spec)  # The rule build_strategy applies, before TensorFlow builds anything.
     except ClusterSpecError as err:
         sys.stderr.write(f"tfdist doctor: error: TF_CONFIG is invalid: {one_line(str(err))}\n")
         return EXIT_INVALID
-    task = spec.task
-    sys.stdout.write(f"role:        {task.name if task else '(no task)'}{' (chief)' if spec.is_chief else ''}\n")
-    sys.stdout.write(f"fingerprint: {spec.fingerprint}  (must be equal on every task)\n")
-    sys.stdout.write(f"workers:     {spec.num_workers} training task(s), {spec.num_ps} ps\n")
-    for t in spec.tasks():
-        mark = "  <- this task" if task and (t.type, t.index) == (task.type, task.index) else ""
-        sys.stdout.write(f"  {t.name:<12} {t.address}{mark}\n")
+    _write_cluster(spec)
+    kind = f"'{verdict.kind}'" if verdict.kind else "'default' (or 'mirrored' with 2+ local GPUs)"
+    sys.stdout.write(f"strategy:    build_strategy('auto') picks {kind}: {verdict.reason}\n")
+    sys.stdout.write(f"this task:   {verdict.role_text}\n")
     stack = stack_report()
     sys.stdout.write(
         f"stack:       TF {stack.tensorflow}, tf-keras {stack.tf_keras}: "
@@ -99,13 +107,49 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in stack.problems + stack.warnings:
         sys.stdout.write(f"  {'PROBLEM' if line in stack.problems else 'warning'}: {line}\n")
-    if args.probe is None:
+    return EXIT_OK if args.probe is None else _probe(spec, args.probe)
+
+
+def _write_cluster(spec: ClusterSpec | None) -> None:
+    """The role, fingerprint and task lines."""
+    if spec is None:
+        sys.stdout.write("role:        single process (no TF_CONFIG: no cluster)\n")
+        return
+    task = spec.task
+    sys.stdout.write(f"role:        {task.name if task else '(no task)'}{' (chief)' if spec.is_chief else ''}\n")
+    sys.stdout.write(f"fingerprint: {spec.fingerprint}  (must be equal on every task)\n")
+    sys.stdout.write(f"workers:     {spec.num_workers} training task(s), {spec.num_ps} ps\n")
+    for t in spec.tasks():
+        mark = "  <- this task" if task and (t.type, t.index) == (task.type, task.index) else ""
+        sys.stdout.write(f"  {t.name:<12} {t.address}{mark}\n")
+
+
+def _probe(spec: ClusterSpec | None, seconds: float) -> int:
+    """Probes the other tasks; a closed port is a problem only where the task should listen already."""
+    late = listening_late(spec) if spec else ()
+    results = probe_reachability(spec, timeout=seconds, not_yet_listening=late) if spec else {}
+    if not results:
+        sys.stdout.write("probe:       nothing to probe, no other task\n")
         return EXIT_OK
-    results = probe_tasks(spec, timeout=args.probe)
-    down = [name for name, ok in results.items() if not ok]
-    for name, ok in results.items():
-        sys.stdout.write(f"probe {name:<12} {'reachable' if ok else f'NOT reachable within {args.probe:g}s'}\n")
+    down, waiting = [], []
+    for name, result in results.items():
+        text = result.describe(seconds)
+        if result.status == REFUSED and name in late:
+            waiting.append(name)
+            text += ": expected before it builds its strategy"
+        elif not result.open:
+            down.append(name)
+            text = f"NOT {'listening' if result.host_up else 'reachable'}: {text}"
+        sys.stdout.write(f"probe {name:<12} {text}\n")
+    if waiting:
+        sys.stdout.write(
+            f"not listening yet: {', '.join(waiting)} - {_LATE_WHY['ps' if spec and spec.num_ps else 'mwms']} "
+            "Before training a probe can only tell that their hosts are up.\n"
+        )
     if down:
-        sys.stdout.write(f"unreachable: {', '.join(down)} - is the task running, and its port open to this host?\n")
+        sys.stdout.write(
+            f"unreachable: {', '.join(down)} - is the task running, its port open to this host, its name right "
+            "(on Kubernetes a pod's name resolves only once the pod exists)?\n"
+        )
         return EXIT_UNREACHABLE
     return EXIT_OK

@@ -2,7 +2,9 @@
 
 Modules: ``spec`` (:class:`ClusterSpec`, TF_CONFIG), ``_parse`` (reading every form), ``address`` (host:port
 rules, free ports), ``slurm`` and ``jobset`` (what those managers put in the environment), ``probe`` (TCP
-reachability), ``elastic`` (what a task of an elastic group is told, and the epoch boundaries it reports).
+reachability, and why a task does not answer), ``trainable`` (whether a cluster can train: the one rule of
+``build_strategy`` and ``tfdist doctor``), ``elastic`` (what a task of an elastic group is told, and the epoch
+boundaries it reports).
 
 Example:
     >>> from tfdist.cluster import ClusterSpec
@@ -11,7 +13,14 @@ Example:
 """
 
 from tfdist.cluster.address import free_ports
-from tfdist.cluster.probe import can_connect, probe_tasks, wait_until_reachable
+from tfdist.cluster.probe import (
+    Reachability,
+    can_connect,
+    probe_address,
+    probe_reachability,
+    probe_tasks,
+    wait_until_reachable,
+)
 from tfdist.cluster.spec import (
     JOB_NAMES,
     ClusterLike,
@@ -22,15 +31,22 @@ from tfdist.cluster.spec import (
     split_task_name,
     task_counts,
 )
+from tfdist.cluster.trainable import Trainability, check_trainable, cluster_kind
 
 __all__ = [
     "JOB_NAMES",
     "ClusterLike",
     "ClusterSpec",
+    "Reachability",
     "Task",
+    "Trainability",
     "can_connect",
+    "check_trainable",
+    "cluster_kind",
     "current_cluster",
     "free_ports",
+    "probe_address",
+    "probe_reachability",
     "probe_tasks",
     "resolve_cluster",
     "split_task_name",
