@@ -7,210 +7,227 @@ import subprocess
 import sys
 
 import pytest
-from absl.testing import parameterized
 
 from tfdist.plan import Plan, PlanError, parse_quantity
 
 GBPS10 = 1.25e9
 
 
-class UnitsTest(parameterized.TestCase):
-    @parameterized.named_parameters(
-        ("count_m", "25.6M", "count", 25.6e6),
-        ("count_g", "7G", "count", 7e9),
-        ("count_b", "7B", "count", 7e9),
-        ("count_b_fraction", "1.5B", "count", 1.5e9),
-        ("count_b_70", "70b", "count", 70e9),
-        ("count_plain", "1000", "count", 1e3),
-        ("gbps", "10Gbps", "bandwidth", 1.25e9),
-        ("mbit", "100Mbit/s", "bandwidth", 12.5e6),
-        ("gbyte_s", "1.25GB/s", "bandwidth", 1.25e9),
-        ("gib", "16GiB", "bytes", 16 * 2**30),
-        ("gb", "80GB", "bytes", 80e9),
-        ("us", "50us", "time", 50e-6),
-        ("ms", "2ms", "time", 2e-3),
-        ("s", "0.1s", "time", 0.1),
-    )
-    def test_parse(self, text: str, kind: str, expected: float) -> None:
-        self.assertAlmostEqual(parse_quantity(text, kind), expected, delta=expected * 1e-9)
-
-    @parameterized.named_parameters(
-        ("bandwidth", "10 gigabits", "bandwidth", "a bandwidth such as '10Gbps'"),
-        ("time", "50", "time", "a time such as '50us'"),
-        ("count", "lots", "count", "a count such as '25.6M'"),
-    )
-    def test_bad_units(self, text: str, kind: str, message: str) -> None:
-        with pytest.raises(PlanError, match=message):
-            parse_quantity(text, kind)
+@pytest.mark.parametrize(
+    "text,kind,expected",
+    [
+        pytest.param("25.6M", "count", 25.6e6, id="count_m"),
+        pytest.param("7G", "count", 7e9, id="count_g"),
+        pytest.param("7B", "count", 7e9, id="count_b"),
+        pytest.param("1.5B", "count", 1.5e9, id="count_b_fraction"),
+        pytest.param("70b", "count", 70e9, id="count_b_70"),
+        pytest.param("1000", "count", 1e3, id="count_plain"),
+        pytest.param("10Gbps", "bandwidth", 1.25e9, id="gbps"),
+        pytest.param("100Mbit/s", "bandwidth", 12.5e6, id="mbit"),
+        pytest.param("1.25GB/s", "bandwidth", 1.25e9, id="gbyte_s"),
+        pytest.param("16GiB", "bytes", 16 * 2**30, id="gib"),
+        pytest.param("80GB", "bytes", 80e9, id="gb"),
+        pytest.param("50us", "time", 50e-6, id="us"),
+        pytest.param("2ms", "time", 2e-3, id="ms"),
+        pytest.param("0.1s", "time", 0.1, id="s"),
+    ],
+)
+def test_units_parse(text: str, kind: str, expected: float) -> None:
+    assert parse_quantity(text, kind) == pytest.approx(expected, abs=expected * 1e-9)
 
 
-class ModelTest(parameterized.TestCase):
-    def test_formulas(self) -> None:
-        plan = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, ps_shards=2)
-        self.assertAlmostEqual(plan.ring_allreduce_s, 6 * 50e-6 + 1.5 * 102.4e6 / GBPS10)
-        self.assertAlmostEqual(plan.tree_allreduce_s, 4 * 50e-6 + 2 * 102.4e6 / GBPS10)
-        self.assertAlmostEqual(plan.ps_s, 2 * 50e-6 + 2 * 4 * 102.4e6 / (2 * GBPS10))
-        self.assertEqual(plan.memory_per_replica_bytes, 25.6e6 * 4 * 4)  # weights, gradients, two Adam slots
-        self.assertEqual(Plan(params=1e6, workers=1, bandwidth=1e9, latency=1e-5).ring_allreduce_s, 0.0)
-        half = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, bytes_per_value=2)
-        self.assertAlmostEqual(half.gradient_bytes, plan.gradient_bytes / 2)
+@pytest.mark.parametrize(
+    "text,kind,message",
+    [
+        pytest.param("10 gigabits", "bandwidth", "a bandwidth such as '10Gbps'", id="bandwidth"),
+        pytest.param("50", "time", "a time such as '50us'", id="time"),
+        pytest.param("lots", "count", "a count such as '25.6M'", id="count"),
+    ],
+)
+def test_bad_units(text: str, kind: str, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        parse_quantity(text, kind)
 
-    @parameterized.named_parameters(
-        ("fits_and_allreduce_wins", dict(params=25.6e6, workers=4, device_memory=16 * 2**30), "data_parallel"),
-        ("too_big", dict(params=7e9, workers=8, device_memory=16 * 2**30), "model_parallel"),
+
+def test_formulas() -> None:
+    plan = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, ps_shards=2)
+    assert plan.ring_allreduce_s == pytest.approx(6 * 50e-6 + 1.5 * 102.4e6 / GBPS10, abs=0.5e-7)
+    assert plan.tree_allreduce_s == pytest.approx(4 * 50e-6 + 2 * 102.4e6 / GBPS10, abs=0.5e-7)
+    assert plan.ps_s == pytest.approx(2 * 50e-6 + 2 * 4 * 102.4e6 / (2 * GBPS10), abs=0.5e-7)
+    assert plan.memory_per_replica_bytes == 25.6e6 * 4 * 4  # weights, gradients, two Adam slots
+    assert Plan(params=1e6, workers=1, bandwidth=1e9, latency=1e-5).ring_allreduce_s == 0.0
+    half = Plan(params=25.6e6, workers=4, bandwidth=GBPS10, latency=50e-6, bytes_per_value=2)
+    assert half.gradient_bytes == pytest.approx(plan.gradient_bytes / 2, abs=0.5e-7)
+
+
+@pytest.mark.parametrize(
+    "fields,expected",
+    [
+        pytest.param(
+            dict(params=25.6e6, workers=4, device_memory=16 * 2**30), "data_parallel", id="fits_and_allreduce_wins"
+        ),
+        pytest.param(dict(params=7e9, workers=8, device_memory=16 * 2**30), "model_parallel", id="too_big"),
         # Dense gradients: each worker pushes and pulls all of them (2S/B), more than ring's 2(N-1)/N S/B,
         # however many ps shards there are. PS wins on sparse updates (embeddings), not modelled here yet.
-        ("dense_many_ps_shards", dict(params=25.6e6, workers=2, ps_shards=16, compute_s=0.001), "data_parallel"),
+        pytest.param(
+            dict(params=25.6e6, workers=2, ps_shards=16, compute_s=0.001), "data_parallel", id="dense_many_ps_shards"
+        ),
+    ],
+)
+def test_recommendation(fields: dict, expected: str) -> None:
+    plan = Plan(bandwidth=GBPS10, latency=50e-6, **fields)
+    assert plan.recommendation == expected
+    assert plan.reasons
+
+
+def test_embeddings_make_parameter_servers_win() -> None:
+    dense = Plan(params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6)
+    sparse = Plan(
+        params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6, embedding_values=320e6, embedding_touched=16e3
     )
-    def test_recommendation(self, fields: dict, expected: str) -> None:
-        plan = Plan(bandwidth=GBPS10, latency=50e-6, **fields)
-        self.assertEqual(plan.recommendation, expected)
-        self.assertTrue(plan.reasons)
+    assert dense.recommendation == "data_parallel"
+    assert sparse.recommendation == "parameter_server"
+    assert sparse.ps_s == pytest.approx(2 * 50e-6 + 2 * (1e6 + 16e3) * 4 / GBPS10, abs=0.5e-7)
+    assert sparse.ring_allreduce_s == dense.ring_allreduce_s
+    with pytest.raises(PlanError, match=r"`embedding_touched`.*Received: 0"):
+        Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, embedding_values=1e5)
+    with pytest.raises(PlanError, match=r"`embedding_values`.*Received: 2000000.0"):
+        Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, embedding_values=2e6, embedding_touched=1)
 
-    def test_embeddings_make_parameter_servers_win(self) -> None:
-        dense = Plan(params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6)
-        sparse = Plan(
-            params=321e6, workers=4, bandwidth=GBPS10, latency=50e-6, embedding_values=320e6, embedding_touched=16e3
-        )
-        self.assertEqual(dense.recommendation, "data_parallel")
-        self.assertEqual(sparse.recommendation, "parameter_server")
-        self.assertAlmostEqual(sparse.ps_s, 2 * 50e-6 + 2 * (1e6 + 16e3) * 4 / GBPS10)
-        self.assertEqual(sparse.ring_allreduce_s, dense.ring_allreduce_s)
-        with pytest.raises(PlanError, match=r"`embedding_touched`.*Received: 0"):
-            Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, embedding_values=1e5)
-        with pytest.raises(PlanError, match=r"`embedding_values`.*Received: 2000000.0"):
-            Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, embedding_values=2e6, embedding_touched=1)
 
-    def test_invalid(self) -> None:
-        with pytest.raises(PlanError, match="did you mean 'adam'"):
-            Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, optimizer="adan")
-        with pytest.raises(PlanError, match="`workers`. Received: 0"):
-            Plan(params=1e6, workers=0, bandwidth=1e9, latency=1e-5)
+def test_invalid() -> None:
+    with pytest.raises(PlanError, match="did you mean 'adam'"):
+        Plan(params=1e6, workers=2, bandwidth=1e9, latency=1e-5, optimizer="adan")
+    with pytest.raises(PlanError, match="`workers`. Received: 0"):
+        Plan(params=1e6, workers=0, bandwidth=1e9, latency=1e-5)
 
-    def test_cli_json_and_errors(self) -> None:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tfdist.cli.main",
-                "plan",
-                "--params",
-                "25.6M",
-                "--workers",
-                "4",
-                "--bandwidth",
-                "10Gbps",
-                "--latency",
-                "50us",
-                "--device-memory",
-                "16GiB",
-                "--optimizer",
-                "adam",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertEqual(done.returncode, 0, done.stderr)
-        data = json.loads(done.stdout)
-        for key in (
-            "ring_allreduce_s",
-            "tree_allreduce_s",
-            "ps_s",
-            "memory_per_replica_bytes",
-            "recommendation",
-            "reasons",
-        ):
-            self.assertIn(key, data)
-        self.assertEqual(data["recommendation"], "data_parallel")
-        bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tfdist.cli.main",
-                "plan",
-                "--params",
-                "25.6M",
-                "--workers",
-                "4",
-                "--bandwidth",
-                "fast",
-                "--latency",
-                "50us",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertEqual(bad.returncode, 2)
-        self.assertIn("a bandwidth such as '10Gbps'", bad.stderr)
 
-    def test_cli_errors_name_flags_and_devices_count(self) -> None:
-        """The CLI speaks in flags (never Plan's fields or Python), and --gpus-per-worker shows in the answer."""
-
-        def plan(*extra: str) -> subprocess.CompletedProcess[str]:
-            base = ["--workers", "4", "--bandwidth", "10Gbps", "--latency", "50us"]
-            argv = [sys.executable, "-m", "tfdist.cli.main", "plan", *base, *extra]
-            return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-        for extra, flag, fix in (
-            (("--params", "0"), "`--params`", "Pass e.g. --params 7B."),
-            (("--params", "lots"), "`--params`", "a count such as '25.6M' or '7B'"),
-            (("--params", "7B", "--compute", "0s"), "`--compute`", "Pass e.g. --compute 120ms."),
-            (("--params", "7B", "--device-memory", "lots"), "`--device-memory`", "a size such as '16GiB'"),
-            (("--params", "7B", "--embedding-values", "1", "--embedding-touched", "x"), "`--embedding-touched`", ""),
-        ):
-            done = plan(*extra)
-            self.assertEqual(done.returncode, 2, done.stderr)
-            self.assertIn(f"Invalid value for {flag}", done.stderr)
-            self.assertIn(fix, done.stderr)
-            for python in ("parse_quantity", "or None", "`count`", "`time`", "`bytes`", "compute_s"):
-                self.assertNotIn(python, done.stderr)
-        one, eight = (json.loads(plan("--params", "7B", "--gpus-per-worker", g, "--json").stdout) for g in "18")
-        self.assertEqual((one["replicas"], eight["replicas"]), (4, 32))
-        self.assertEqual(one["gradient_bytes"], 28e9)  # 7B parameters in fp32
-        self.assertTrue(any("4 machines x 8 devices = 32 replicas" in r for r in eight["reasons"]), eight["reasons"])
-        self.assertIn(
-            "replicas:                  32 (4 machines x 8 devices)",
-            plan("--params", "7B", "--gpus-per-worker", "8").stdout,
-        )
-
-    def test_cli_embedding_traffic(self) -> None:
-        base = [
+def test_cli_json_and_errors() -> None:
+    done = subprocess.run(
+        [
             sys.executable,
             "-m",
             "tfdist.cli.main",
             "plan",
             "--params",
-            "321M",
+            "25.6M",
             "--workers",
-            "2",
+            "4",
             "--bandwidth",
             "10Gbps",
             "--latency",
             "50us",
-        ]
-        done = subprocess.run(
-            base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertEqual(done.returncode, 0, done.stderr)
-        data = json.loads(done.stdout)
-        self.assertEqual(data["embedding_ps_bytes"], 2 * 16e3 * 4)
-        self.assertEqual(data["embedding_allreduce_bytes"], 320e6 * 4)
-        self.assertEqual(data["embedding_ratio"], 10000.0)
-        self.assertEqual(data["recommendation"], "parameter_server")  # Dense all-reduce of 320M values loses.
-        self.assertIn("embedding rows a batch touches", " ".join(data["reasons"]))
-        text = subprocess.run(
-            base + ["--embedding-values", "320M", "--embedding-touched", "16k"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertIn("as ps rows", text.stdout)
-        half = subprocess.run(base + ["--embedding-values", "320M"], capture_output=True, text=True, timeout=60)
-        self.assertEqual(half.returncode, 2)
-        self.assertIn("Expected both", half.stderr)
+            "--device-memory",
+            "16GiB",
+            "--optimizer",
+            "adam",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    for key in (
+        "ring_allreduce_s",
+        "tree_allreduce_s",
+        "ps_s",
+        "memory_per_replica_bytes",
+        "recommendation",
+        "reasons",
+    ):
+        assert key in data
+    assert data["recommendation"] == "data_parallel"
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfdist.cli.main",
+            "plan",
+            "--params",
+            "25.6M",
+            "--workers",
+            "4",
+            "--bandwidth",
+            "fast",
+            "--latency",
+            "50us",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert "a bandwidth such as '10Gbps'" in bad.stderr
+
+
+def test_cli_errors_name_flags_and_devices_count() -> None:
+    """The CLI speaks in flags (never Plan's fields or Python), and --gpus-per-worker shows in the answer."""
+
+    def plan(*extra: str) -> subprocess.CompletedProcess[str]:
+        base = ["--workers", "4", "--bandwidth", "10Gbps", "--latency", "50us"]
+        argv = [sys.executable, "-m", "tfdist.cli.main", "plan", *base, *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    for extra, flag, fix in (
+        (("--params", "0"), "`--params`", "Pass e.g. --params 7B."),
+        (("--params", "lots"), "`--params`", "a count such as '25.6M' or '7B'"),
+        (("--params", "7B", "--compute", "0s"), "`--compute`", "Pass e.g. --compute 120ms."),
+        (("--params", "7B", "--device-memory", "lots"), "`--device-memory`", "a size such as '16GiB'"),
+        (("--params", "7B", "--embedding-values", "1", "--embedding-touched", "x"), "`--embedding-touched`", ""),
+    ):
+        done = plan(*extra)
+        assert done.returncode == 2, done.stderr
+        assert f"Invalid value for {flag}" in done.stderr
+        assert fix in done.stderr
+        for python in ("parse_quantity", "or None", "`count`", "`time`", "`bytes`", "compute_s"):
+            assert python not in done.stderr
+    one, eight = (json.loads(plan("--params", "7B", "--gpus-per-worker", g, "--json").stdout) for g in "18")
+    assert (one["replicas"], eight["replicas"]) == (4, 32)
+    assert one["gradient_bytes"] == 28e9  # 7B parameters in fp32
+    assert any("4 machines x 8 devices = 32 replicas" in r for r in eight["reasons"]), eight["reasons"]
+    assert (
+        "replicas:                  32 (4 machines x 8 devices)"
+        in plan("--params", "7B", "--gpus-per-worker", "8").stdout
+    )
+
+
+def test_cli_embedding_traffic() -> None:
+    base = [
+        sys.executable,
+        "-m",
+        "tfdist.cli.main",
+        "plan",
+        "--params",
+        "321M",
+        "--workers",
+        "2",
+        "--bandwidth",
+        "10Gbps",
+        "--latency",
+        "50us",
+    ]
+    done = subprocess.run(
+        base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["embedding_ps_bytes"] == 2 * 16e3 * 4
+    assert data["embedding_allreduce_bytes"] == 320e6 * 4
+    assert data["embedding_ratio"] == 10000.0
+    assert data["recommendation"] == "parameter_server"  # Dense all-reduce of 320M values loses.
+    assert "embedding rows a batch touches" in " ".join(data["reasons"])
+    text = subprocess.run(
+        base + ["--embedding-values", "320M", "--embedding-touched", "16k"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "as ps rows" in text.stdout
+    half = subprocess.run(base + ["--embedding-values", "320M"], capture_output=True, text=True, timeout=60)
+    assert half.returncode == 2
+    assert "Expected both" in half.stderr

@@ -3,53 +3,56 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+from pathlib import Path
 
 import pytest
-from absl.testing import absltest
 
 from tfdist import ClusterSpec, StrategyError
 from tfdist.data.pipeline import _context
 
 
-class StragglerTest(absltest.TestCase):
-    def test_chief_names_the_slow_worker(self) -> None:
-        from tfdist.keras.cluster_aware import ThroughputLogger
+def test_chief_names_the_slow_worker(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from tfdist.keras.cluster_aware import ThroughputLogger
 
-        spec = ClusterSpec.local(workers=3).with_task("worker", 0)
-        report_dir = self.create_tempdir().full_path
-        for worker, step_s in ((1, 0.010), (2, 0.031)):
-            with open(os.path.join(report_dir, f"throughput-worker-{worker}-epoch0.json"), "w") as f:
-                json.dump({"task": f"worker:{worker}", "epoch": 0, "step_s": step_s}, f)
+    spec = ClusterSpec.local(workers=3).with_task("worker", 0)
+    report_dir = str(tmp_path)
+    for worker, step_s in ((1, 0.010), (2, 0.031)):
+        with open(os.path.join(report_dir, f"throughput-worker-{worker}-epoch0.json"), "w") as f:
+            json.dump({"task": f"worker:{worker}", "epoch": 0, "step_s": step_s}, f)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TF_CONFIG", json.dumps(spec.to_tf_config()))
+        logger = ThroughputLogger(64, report_dir=report_dir)
+    logger._steps = [0.011] * 5
+    with caplog.at_level(logging.WARNING, logger="tfdist.keras"):
+        logger.on_epoch_end(0)
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name.startswith("tfdist.keras") and r.levelno >= logging.WARNING
+    ]
+    assert logger.stragglers == [["worker:2"]]
+    assert warnings, "ThroughputLogger logged no warning"
+    assert "stragglers" in warnings[0]
+    assert logger.history[0]["examples_per_s"] == pytest.approx(64 / 0.011, abs=0.5e-3)
+
+
+def test_collective_clusters_split_by_tf_config_and_ps_clusters_do_not() -> None:
+    mwms = ClusterSpec.local(workers=2, chief=True)
+    ps = ClusterSpec.local(workers=2, ps=1, chief=True)
+    cases = [
+        (mwms.to_tf_config("chief", 0), (0, 3)),
+        (mwms.to_tf_config("worker", 1), (2, 3)),
+        (ps.to_tf_config("chief", 0), (0, 1)),
+        (None, (0, 1)),
+    ]
+    for config, expected in cases:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("TF_CONFIG", json.dumps(spec.to_tf_config()))
-            logger = ThroughputLogger(64, report_dir=report_dir)
-        logger._steps = [0.011] * 5
-        with self.assertLogs("tfdist.keras", "WARNING") as logs:
-            logger.on_epoch_end(0)
-        self.assertEqual(logger.stragglers, [["worker:2"]])
-        self.assertIn("stragglers", logs.output[0])
-        self.assertAlmostEqual(logger.history[0]["examples_per_s"], 64 / 0.011, places=3)
-
-
-class SlotTest(absltest.TestCase):
-    def test_collective_clusters_split_by_tf_config_and_ps_clusters_do_not(self) -> None:
-        mwms = ClusterSpec.local(workers=2, chief=True)
-        ps = ClusterSpec.local(workers=2, ps=1, chief=True)
-        cases = [
-            (mwms.to_tf_config("chief", 0), (0, 3)),
-            (mwms.to_tf_config("worker", 1), (2, 3)),
-            (ps.to_tf_config("chief", 0), (0, 1)),
-            (None, (0, 1)),
-        ]
-        for config, expected in cases:
-            with pytest.MonkeyPatch.context() as patch:
-                if config is None:
-                    patch.delenv("TF_CONFIG", raising=False)
-                else:
-                    patch.setenv("TF_CONFIG", json.dumps(config))
-                where = _context.slot(None, 64)
-            self.assertEqual((where.index, where.count, where.batch_size, where.per_replica), (*expected, 64, False))
+            if config is None:
+                patch.delenv("TF_CONFIG", raising=False)
+            else:
+                patch.setenv("TF_CONFIG", json.dumps(config))
+            where = _context.slot(None, 64)
+        assert (where.index, where.count, where.batch_size, where.per_replica) == (*expected, 64, False)
 
 
 def test_dataset_function_under_mirrored_needs_steps() -> None:
@@ -84,7 +87,7 @@ def test_linear_scaling_needs_a_finite_rate() -> None:
     assert LinearScaling(0.1, reference_world_size=2).base_learning_rate == 0.1
 
 
-def test_elastic_epochs_records_each_boundary_after_every_callback_of_its_epoch(tmp_path: object) -> None:
+def test_elastic_epochs_records_each_boundary_after_every_callback_of_its_epoch(tmp_path: Path) -> None:
     # A real one-process fit: the boundary of epoch e appears only once the callbacks after ElasticEpochs have
     # run (the launcher restarts the group as soon as it reads one), the last one is marked last, an early stop
     # is marked last too, and the leader announces itself as fit begins.
