@@ -12,7 +12,6 @@ import time
 
 import pytest
 import yaml
-from absl.testing import parameterized
 
 from tfdist import ClusterSpec
 from tfdist.launch.config import LaunchConfig
@@ -38,139 +37,140 @@ def operator_tf_config(manifest: dict, replica_type: str, index: int, namespace:
     )
 
 
-class EmitTest(parameterized.TestCase):
-    def test_tf_config_per_task(self) -> None:
-        configs = emit.tf_configs(PS_TOPOLOGY, hosts=["h0", "h1", "h2:3000", "h3", "h4", "h5"], port=2222)
-        self.assertEqual(sorted(configs), ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"])
-        fingerprints = {ClusterSpec.from_tf_config(c).fingerprint for c in configs.values()}
-        self.assertLen(fingerprints, 1)
-        self.assertEqual(configs["worker:1"]["cluster"]["worker"], ["h1:2222", "h2:3000"])
+def test_tf_config_per_task() -> None:
+    configs = emit.tf_configs(PS_TOPOLOGY, hosts=["h0", "h1", "h2:3000", "h3", "h4", "h5"], port=2222)
+    assert sorted(configs) == ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    fingerprints = {ClusterSpec.from_tf_config(c).fingerprint for c in configs.values()}
+    assert len(fingerprints) == 1
+    assert configs["worker:1"]["cluster"]["worker"] == ["h1:2222", "h2:3000"]
 
-    def test_tfjob_manifest_parses_and_operator_config_is_accepted(self) -> None:
-        manifest = yaml.safe_load(
-            emit.to_yaml(emit.tfjob_manifest(PS_TOPOLOGY, name="rec", image="me/img:1", cpu="4", memory="8Gi"))
-        )
-        self.assertEqual((manifest["apiVersion"], manifest["kind"]), ("kubeflow.org/v1", "TFJob"))
-        replicas = manifest["spec"]["tfReplicaSpecs"]
-        self.assertEqual(
-            {k: v["replicas"] for k, v in replicas.items()}, {"Chief": 1, "Worker": 2, "PS": 2, "Evaluator": 1}
-        )
-        chief = replicas["Chief"]["template"]["spec"]["containers"][0]
-        worker = replicas["Worker"]["template"]["spec"]["containers"][0]
-        self.assertEqual((chief["name"], chief["image"]), ("tensorflow", "me/img:1"))
-        self.assertEqual(chief["command"], ["python", "train.py", "--epochs", "3"])
-        self.assertEqual(worker["command"], ["python", "-m", "tfdist.launch.tasks.server"])
-        self.assertEqual(chief["resources"]["limits"], {"cpu": "4", "memory": "8Gi"})
-        self.assertIn({"name": "TF_USE_LEGACY_KERAS", "value": "1"}, chief["env"])
-        self.assertEqual(manifest["spec"]["runPolicy"]["backoffLimit"], 3)
-        for rtype, count in (("Chief", 1), ("Worker", 2), ("PS", 2), ("Evaluator", 1)):
-            for index in range(count):
-                spec = ClusterSpec.from_tf_config(operator_tf_config(manifest, rtype, index))
-                self.assertEqual((spec.num_workers, spec.num_ps, spec.environment), (3, 2, "cloud"))
-                self.assertEqual(spec.task_type, rtype.lower())
 
-    def test_collective_tfjob_runs_the_command_everywhere(self) -> None:
-        config = LaunchConfig(command=("python", "train.py"), workers=4)
-        manifest = yaml.safe_load(emit.to_yaml(emit.tfjob_manifest(config, image="me/train:1")))
-        worker = manifest["spec"]["tfReplicaSpecs"]["Worker"]
-        self.assertEqual(worker["template"]["spec"]["containers"][0]["command"], ["python", "train.py"])
-        self.assertEqual(list(manifest["spec"]["tfReplicaSpecs"]), ["Worker"])
+def test_tfjob_manifest_parses_and_operator_config_is_accepted() -> None:
+    manifest = yaml.safe_load(
+        emit.to_yaml(emit.tfjob_manifest(PS_TOPOLOGY, name="rec", image="me/img:1", cpu="4", memory="8Gi"))
+    )
+    assert (manifest["apiVersion"], manifest["kind"]) == ("kubeflow.org/v1", "TFJob")
+    replicas = manifest["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in replicas.items()} == {"Chief": 1, "Worker": 2, "PS": 2, "Evaluator": 1}
+    chief = replicas["Chief"]["template"]["spec"]["containers"][0]
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert (chief["name"], chief["image"]) == ("tensorflow", "me/img:1")
+    assert chief["command"] == ["python", "train.py", "--epochs", "3"]
+    assert worker["command"] == ["python", "-m", "tfdist.launch.tasks.server"]
+    assert chief["resources"]["limits"] == {"cpu": "4", "memory": "8Gi"}
+    assert {"name": "TF_USE_LEGACY_KERAS", "value": "1"} in chief["env"]
+    assert manifest["spec"]["runPolicy"]["backoffLimit"] == 3
+    for rtype, count in (("Chief", 1), ("Worker", 2), ("PS", 2), ("Evaluator", 1)):
+        for index in range(count):
+            spec = ClusterSpec.from_tf_config(operator_tf_config(manifest, rtype, index))
+            assert (spec.num_workers, spec.num_ps, spec.environment) == (3, 2, "cloud")
+            assert spec.task_type == rtype.lower()
 
-    def test_slurm_script_and_its_tasks(self) -> None:
-        script = emit.slurm_script(PS_TOPOLOGY, name="rec", cpus_per_task=4, port_base=9000)
-        self.assertTrue(script.startswith("#!/bin/bash\n#SBATCH --job-name=rec\n#SBATCH --ntasks=6"))
-        self.assertIn("#SBATCH --cpus-per-task=4", script)
-        self.assertIn("\nPORT_BASE=9000\n", script)
-        srun = next(line for line in script.splitlines() if " srun --kill-on-bad-exit" in line)
-        self.assertIn('--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base "$PORT_BASE"', srun)
-        # Run what srun would run on each of 6 Slurm tasks over 2 nodes, with a program that shows its env.
-        show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]
-        args = srun.split('"$PYTHON" ', 1)[1].split(" -- ")[0]
-        tail = shlex.split(args.replace('"$PORT_BASE"', "9000").replace('"$attempt"', "0"))
-        seen = {}
-        for procid in range(6):
-            env = dict(
-                os.environ, SLURM_PROCID=str(procid), SLURM_STEP_NODELIST="n[1-2]", SLURM_STEP_TASKS_PER_NODE="3(x2)"
-            )
-            argv = [sys.executable] + tail[:-1] + ["all", "--"] + show  # --run-on all: every task shows its env.
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
-            self.assertEqual(done.returncode, 0, done.stderr)
-            spec = ClusterSpec.from_tf_config(done.stdout.strip().splitlines()[-1])
-            seen[spec.task.name] = spec.fingerprint  # type: ignore[union-attr]
-        self.assertEqual(sorted(seen), ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"])
-        self.assertLen(set(seen.values()), 1)
 
-    def test_slurm_ps_task_serves_tensorflow(self) -> None:
+def test_collective_tfjob_runs_the_command_everywhere() -> None:
+    config = LaunchConfig(command=("python", "train.py"), workers=4)
+    manifest = yaml.safe_load(emit.to_yaml(emit.tfjob_manifest(config, image="me/train:1")))
+    worker = manifest["spec"]["tfReplicaSpecs"]["Worker"]
+    assert worker["template"]["spec"]["containers"][0]["command"] == ["python", "train.py"]
+    assert list(manifest["spec"]["tfReplicaSpecs"]) == ["Worker"]
+
+
+def test_slurm_script_and_its_tasks() -> None:
+    script = emit.slurm_script(PS_TOPOLOGY, name="rec", cpus_per_task=4, port_base=9000)
+    assert script.startswith("#!/bin/bash\n#SBATCH --job-name=rec\n#SBATCH --ntasks=6")
+    assert "#SBATCH --cpus-per-task=4" in script
+    assert "\nPORT_BASE=9000\n" in script
+    srun = next(line for line in script.splitlines() if " srun --kill-on-bad-exit" in line)
+    assert '--jobs chief=1,worker=2,ps=2,evaluator=1 --port-base "$PORT_BASE"' in srun
+    # Run what srun would run on each of 6 Slurm tasks over 2 nodes, with a program that shows its env.
+    show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]
+    args = srun.split('"$PYTHON" ', 1)[1].split(" -- ")[0]
+    tail = shlex.split(args.replace('"$PORT_BASE"', "9000").replace('"$attempt"', "0"))
+    seen = {}
+    for procid in range(6):
         env = dict(
-            os.environ,
-            SLURM_PROCID="1",
-            SLURM_STEP_NODELIST="n1",
-            SLURM_STEP_TASKS_PER_NODE="4",
-            TF_CPP_MIN_LOG_LEVEL="2",
+            os.environ, SLURM_PROCID=str(procid), SLURM_STEP_NODELIST="n[1-2]", SLURM_STEP_TASKS_PER_NODE="3(x2)"
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "tfdist.launch.tasks.slurm",
-            "--jobs",
-            "chief=1,ps=1,worker=2",
-            "--port-base",
-            "0",
-            "--",
-            "never-run-on-ps",
-        ]
-        env["SLURM_STEP_NODELIST"] = "127.0.0.1"
-        from tfdist.cluster import address as _address
+        argv = [sys.executable] + tail[:-1] + ["all", "--"] + show  # --run-on all: every task shows its env.
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        spec = ClusterSpec.from_tf_config(done.stdout.strip().splitlines()[-1])
+        seen[spec.task.name] = spec.fingerprint  # type: ignore[union-attr]
+    assert sorted(seen) == ["chief:0", "evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    assert len(set(seen.values())) == 1
 
-        base = next(
-            p for p in range(20000, 60000, 7) if all(_address.port_is_free("127.0.0.1", p + i) for i in range(4))
-        )
-        argv[argv.index("0")] = str(base)  # The 4 tasks on this "node" use base..base+3.
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-        reader.start()
-        try:
-            deadline = time.monotonic() + 60
-            while (
-                not any("TensorFlow server ps:0 up" in line for line in lines)
-                and proc.poll() is None
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.2)
-            self.assertTrue(any("TensorFlow server ps:0 up" in line for line in lines), "".join(lines))
-        finally:
-            proc.terminate()
-            self.assertEqual(proc.wait(30), 0)  # SIGTERM stops the server cleanly.
 
-    def test_slurm_task_reports_bad_environment(self) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "true"],
-            env={"PATH": os.environ["PATH"]},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertEqual(done.returncode, 2)
-        self.assertIn("SLURM_PROCID", done.stderr)
+def test_slurm_ps_task_serves_tensorflow() -> None:
+    env = dict(
+        os.environ,
+        SLURM_PROCID="1",
+        SLURM_STEP_NODELIST="n1",
+        SLURM_STEP_TASKS_PER_NODE="4",
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "tfdist.launch.tasks.slurm",
+        "--jobs",
+        "chief=1,ps=1,worker=2",
+        "--port-base",
+        "0",
+        "--",
+        "never-run-on-ps",
+    ]
+    env["SLURM_STEP_NODELIST"] = "127.0.0.1"
+    from tfdist.cluster import address as _address
 
-    def test_cli_emit(self) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "2", "--hosts", "a,b"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(json.loads(done.stdout)["worker:0"]["cluster"], {"worker": ["a:2222", "b:2222"]})
-        done = subprocess.run(
-            [sys.executable, "-m", "tfdist.cli.launch", "--emit", "tfjob", "--workers", "2"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        self.assertEqual(done.returncode, 2)
-        self.assertIn("a program to run after '--'", done.stderr)
+    base = next(p for p in range(20000, 60000, 7) if all(_address.port_is_free("127.0.0.1", p + i) for i in range(4)))
+    argv[argv.index("0")] = str(base)  # The 4 tasks on this "node" use base..base+3.
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            not any("TensorFlow server ps:0 up" in line for line in lines)
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert any("TensorFlow server ps:0 up" in line for line in lines), "".join(lines)
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0  # SIGTERM stops the server cleanly.
+
+
+def test_slurm_task_reports_bad_environment() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch.tasks.slurm", "--", "true"],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "SLURM_PROCID" in done.stderr
+
+
+def test_cli_emit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.launch", "--emit", "tf-config", "--workers", "2", "--hosts", "a,b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["worker:0"]["cluster"] == {"worker": ["a:2222", "b:2222"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.launch", "--emit", "tfjob", "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "a program to run after '--'" in done.stderr
 
 
 def test_server_watch_ends_after_the_chief_goes() -> None:
