@@ -324,8 +324,11 @@ class SampleAndCliTest(parameterized.TestCase):
         prefix = os.path.join(root, "r")
         write_tfrecords((_example(i) for i in range(30)), prefix, num_shards=2)
         cases = [
-            (["--label-key", "nope"], r"features\['nope'\]"),
-            (["--label-key", "label", "--shard-policy", "hash", "--shard-key", "nope"], r"features\['nope'\]"),
+            (["--label-key", "nope"], r"`--label-key`. Received: 'nope'.*has: id \(int64\), label \(int64\)"),
+            (
+                ["--label-key", "label", "--shard-policy", "hash", "--shard-key", "nope"],
+                r"`--shard-key`. Received: 'nope'",
+            ),
             (["--label-key", "label", "--plot", "/missing-tfdist/dir/x.png"], "--plot"),
         ]
         script = (
