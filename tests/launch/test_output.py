@@ -1,4 +1,5 @@
-"""What the console filter of tfdist-launch and `tfdist quiet` drops and keeps, on lines TF really printed.
+"""What the console filter of tfdist-launch and `tfdist quiet` drops and keeps, on lines TF really printed; how
+a task's output bytes become lines (progress bars included) and console lines.
 
 The lines below were copied from TF 2.17.1 and 2.21.0 processes on a CPU-only machine (issue #11); the
 multi-process tests in test_multiworker.py check the same filter on live tasks.
@@ -9,16 +10,29 @@ from __future__ import annotations
 import os
 import pathlib
 import pty
+import random
 import re
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from tfdist.launch.output import NoiseFilter, quiet_sink, wants_tf_info
+from tfdist.launch.engines._process import LocalProcess
+from tfdist.launch.engines._ray_actor import TaskHost
+from tfdist.launch.output import (
+    NoiseFilter,
+    OutputSplitter,
+    console_sink,
+    console_task,
+    is_progress,
+    quiet_sink,
+    read_lines,
+    wants_tf_info,
+)
 
 TF217_STARTUP = [
     "2026-11-30 05:19:19.659386: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. You may see "
@@ -256,3 +270,140 @@ def test_tfdist_quiet_does_not_repeat_a_ctrl_c_the_terminal_already_sent(tmp_pat
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+# ---- lines: splitting at '\n' and '\r', collapsing progress updates --------------------------------------------
+
+# What tf_keras' Progbar (verbose=1, dynamic display) writes for a 3-step epoch, then a warning, then a full line.
+KERAS_EPOCH = (
+    b"Epoch 1/1\n"
+    b"\r1/3 [=========>....................] - ETA: 2s - loss: 38.4045"
+    + b"\b" * 33
+    + b"\r2/3 [===================>..........] - ETA: 1s - loss: 20.1000"
+    + b"\b" * 33
+    + b"\r3/3 [==============================] - 3s 1s/step - loss: 9.5000\n"
+    + b"WARNING:tensorflow:a warning\n"
+)
+
+
+def _split(chunks: list[bytes]) -> list[str]:
+    splitter = OutputSplitter()
+    return [line for chunk in chunks for line in splitter.feed(chunk)] + splitter.finish()
+
+
+def test_each_progress_update_is_a_line_of_its_own_wherever_the_reads_cut_the_bytes() -> None:
+    expected = [
+        "Epoch 1/1",
+        "1/3 [=========>....................] - ETA: 2s - loss: 38.4045\r",
+        "2/3 [===================>..........] - ETA: 1s - loss: 20.1000\r",
+        "3/3 [==============================] - 3s 1s/step - loss: 9.5000",
+        "WARNING:tensorflow:a warning",
+    ]
+    assert _split([KERAS_EPOCH]) == expected
+    assert _split([KERAS_EPOCH[i : i + 1] for i in range(len(KERAS_EPOCH))]) == expected  # One byte per read.
+    for cut in range(len(KERAS_EPOCH)):
+        assert _split([KERAS_EPOCH[:cut], KERAS_EPOCH[cut:]]) == expected, cut
+
+
+def test_crlf_partial_lines_and_utf8_split_between_reads() -> None:
+    bar = "50%|█████     |".encode()
+    assert _split([b"a\r", b"\nb\r\n"]) == ["a", "b"]  # '\r\n' split between reads is one line break.
+    assert _split([b"\r" + bar[:5], bar[5:] + b"\r", b"done"]) == ["50%|█████     |\r", "done"]
+    assert _split([b"no newline at the end"]) == ["no newline at the end"]
+    assert _split([b"last update\r"]) == ["last update\r"]  # The output ended on a progress update.
+    assert _split([b"\r\r   \r\b\b\r"]) == []  # Updates with nothing in them are no lines.
+    assert _split([b"\n\n"]) == ["", ""]  # Empty lines stay.
+
+
+def test_read_lines_yields_progress_updates_before_the_line_ends() -> None:
+    """On a real pipe: each update arrives while the writer still waits to end the line."""
+    read_end, write_end = os.pipe()
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(read_lines(os.fdopen(read_end, "rb"))))
+    reader.start()
+    try:
+        for i in range(1, 4):
+            os.write(write_end, f"\r{i}/3".encode())
+            deadline = time.monotonic() + 10
+            while len(seen) < i - 1 and time.monotonic() < deadline:  # The update before this one is out.
+                time.sleep(0.01)
+            assert seen == [f"{n}/3\r" for n in range(1, i)]
+        os.write(write_end, b" - done\npartial")
+    finally:
+        os.close(write_end)
+        reader.join(10)
+    assert seen == ["1/3\r", "2/3\r", "3/3 - done", "partial"]
+
+
+def test_the_console_shows_the_line_that_ends_a_bar_and_throttled_updates() -> None:
+    now = [0.0]
+    out: list[str] = []
+    sink = console_sink(out.append, progress_seconds=10.0, clock=lambda: now[0])
+    for step in range(1, 31):
+        now[0] = step * 1.0
+        sink("worker:0", f"{step}/30 [...]\r")
+    sink("worker:0", "30/30 [===] - loss: 0.5")
+    assert out == [f"[worker:0] {step}/30 [...]\n" for step in (1, 11, 21)] + ["[worker:0] 30/30 [===] - loss: 0.5\n"]
+    assert not any(is_progress(text.rstrip("\n")) for text in out)
+
+
+def test_two_tasks_interleaved_never_share_a_console_line() -> None:
+    """Two tasks' output bytes, cut at random places and read by two threads: every write is one whole line."""
+    streams = {
+        task: KERAS_EPOCH.replace(b"warning", task.encode()) * 20 + b"tail of " + task.encode()
+        for task in ("worker:0", "worker:1")
+    }
+    writes: list[str] = []
+    sink = console_sink(writes.append, progress_seconds=0.0)
+
+    def _pump(task: str) -> None:
+        data, rng, splitter = streams[task], random.Random(task), OutputSplitter()
+        at = 0
+        while at < len(data):
+            step = rng.randint(1, 40)
+            for line in splitter.feed(data[at : at + step]):
+                sink(task, line)
+            at += step
+        for line in splitter.finish():
+            sink(task, line)
+
+    threads = [threading.Thread(target=_pump, args=(task,)) for task in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(writes) == 2 * (20 * 5 + 1)
+    for task in streams:
+        mine = [text for text in writes if text.startswith(f"[{task}] ")]
+        assert len(mine) == 20 * 5 + 1 and mine[-1] == f"[{task}] tail of {task}\n"
+        epoch = _split([KERAS_EPOCH.replace(b"warning", task.encode())])
+        assert mine[:5] == [f"[{task}] {line.rstrip(chr(13))}\n" for line in epoch]
+    assert all(text.count("\n") == 1 and text.endswith("\n") and "\r" not in text for text in writes)
+
+
+def test_console_chief_shows_one_task() -> None:
+    out: list[str] = []
+    sink = console_sink(out.append, tasks={console_task(chief=False)})
+    for task in ("worker:0", "worker:1", "data-service:0"):
+        sink(task, "hi")
+    assert out == ["[worker:0] hi\n"] and console_task(chief=True) == "chief:0"
+
+
+@pytest.mark.parametrize("engine", ["local", "ray actor"])
+def test_both_engines_readers_split_a_real_progress_bar(engine: str) -> None:
+    """The local engine's reader and the Ray actor's (without Ray) give the same lines."""
+    code = "import sys, time\nfor i in (1, 2): sys.stdout.write(f'\\r{i}/2'); sys.stdout.flush(); time.sleep(0.05)\nprint(' ok')"
+    argv = [sys.executable, "-c", code]
+    if engine == "local":
+        lines: list[str] = []
+        proc = LocalProcess("worker:0", argv, env=None, on_line=lambda task, line: lines.append(line))
+        assert proc.wait(30) == 0
+        proc.release(10)
+    else:
+        host, lines, finished = TaskHost("worker:0"), [], False
+        host.start(argv, dict(os.environ))
+        deadline = time.monotonic() + 30
+        while not finished and time.monotonic() < deadline:
+            batch, _code, finished = host.read(5.0)
+            lines += batch
+    assert lines == ["1/2\r", "2/2 ok"]

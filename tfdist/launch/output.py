@@ -1,4 +1,15 @@
-"""TensorFlow's start-up chatter in a task's output, recognised so the console can leave it out.
+"""What a task's output looks like on the console: its lines split, TensorFlow's chatter left out, progress bars
+collapsed, each line whole with its task's prefix.
+
+**Lines.** :func:`read_lines` (every engine's reader of a task's output) splits the bytes at ``\\n`` and
+``\\r\\n`` and also at a lone ``\\r``. A segment a lone ``\\r`` ends is a *progress update*: the program went
+back to the start of the line to draw over it (Keras' ``verbose=1`` bar, tqdm). It keeps its ``\\r``
+(:func:`is_progress`), so each update is a line of its own: the log files and ``LaunchResult`` keep every
+update, and the console (:func:`console_sink`) shows the line that ends a bar and at most one update every
+:data:`PROGRESS_SECONDS` per task. A line is always written whole with its prefix, so two tasks' text never
+shares a console line.
+
+**Noise.** TensorFlow's start-up chatter in a task's output is recognised so the console can leave it out.
 
 Every process that imports TensorFlow prints lines that say nothing to a user
 of a CPU cluster: INFO records, and a few start-up warnings and errors that
@@ -50,10 +61,20 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import re
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import IO, TYPE_CHECKING
 
-from tfdist.launch.engines._process import LineSink
+if TYPE_CHECKING:  # The engines' readers import this module: no import of them at run time.
+    from tfdist.launch.engines._process import LineSink
+
+PROGRESS_SECONDS = 10.0  # The console shows at most one progress update per task this often.
+_CHUNK = 65536
+_MAX_LINE = 1 << 20  # Characters: a longer run without a line break is passed on in pieces of this size.
+_BREAKS = re.compile(r"\r\n|\n|\r")
 
 _CPP_SOURCE = r"[\w./-]+\.(?:cc|h|cpp)"
 _HEADER = re.compile(  # absl (any TF) or TSL (TF <= 2.17) header of a C++ log record; group 1 is the level.
@@ -194,5 +215,118 @@ def quiet_sink(sink: LineSink | None) -> LineSink | None:
     def _sink(task: str, line: str) -> None:
         if filters.setdefault(task, NoiseFilter())(line):
             sink(task, line)
+
+    return _sink
+
+
+def is_progress(line: str) -> bool:
+    """True for a progress update: a segment of a task's output that a lone ``\\r`` ended (it keeps the ``\\r``)."""
+    return line.endswith("\r")
+
+
+class OutputSplitter:
+    """Splits a task's output bytes into lines as they arrive: at ``\\n``, ``\\r\\n`` and a lone ``\\r``.
+
+    A line ended by a lone ``\\r`` is a progress update and keeps its ``\\r``; other lines have no line break.
+    The backspaces right before a break (Keras erases its bar with them before the ``\\r``) are dropped, and
+    so is a progress update with nothing left in it. A ``\\r`` at the end of a chunk waits for the next one:
+    it may be the first half of ``\\r\\n``. UTF-8 characters split between chunks are decoded whole.
+
+    Example:
+        >>> split = OutputSplitter()
+        >>> split.feed(b"Epoch 1/2\\n\\r1/3 [=>..]\\x08\\x08\\r2/3 [==>.]"), split.feed(b"\\r3/3 [===]\\n")
+        (['Epoch 1/2', '1/3 [=>..]\\r'], ['2/3 [==>.]\\r', '3/3 [===]'])
+        >>> split.feed(b"half a line"), split.finish()
+        ([], ['half a line'])
+    """
+
+    def __init__(self) -> None:
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._pending = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        """The lines ``data`` completes, in order."""
+        text = self._pending + self._decode(data)
+        lines: list[str] = []
+        start = 0
+        for brk in _BREAKS.finditer(text):
+            if brk.group() == "\r" and brk.end() == len(text):
+                break  # Perhaps '\r\n' split between two reads: decided by the next byte.
+            _append(lines, text[start : brk.start()], progress=brk.group() == "\r")
+            start = brk.end()
+        while len(text) - start > _MAX_LINE:
+            _append(lines, text[start : start + _MAX_LINE], progress=False)
+            start += _MAX_LINE
+        self._pending = text[start:]
+        return lines
+
+    def finish(self) -> list[str]:
+        """At the end of the output: the last line, if it had no line break."""
+        text, self._pending = self._pending + self._decode(b"", True), ""
+        lines: list[str] = []
+        if text:
+            progress = text.endswith("\r")
+            _append(lines, text[:-1] if progress else text, progress=progress)
+        return lines
+
+
+def _append(lines: list[str], segment: str, *, progress: bool) -> None:
+    segment = segment.rstrip("\b")
+    if not progress:
+        lines.append(segment)
+    elif segment.strip():
+        lines.append(segment + "\r")
+
+
+def read_lines(stream: IO[bytes]) -> Iterator[str]:
+    """Every line of ``stream`` (:class:`OutputSplitter`'s), each as soon as it ends, until end of file."""
+    read = getattr(stream, "read1", stream.read)  # read1: what the pipe holds, without waiting for more.
+    splitter = OutputSplitter()
+    while data := read(_CHUNK):
+        yield from splitter.feed(data)
+    yield from splitter.finish()
+
+
+def console_task(*, chief: bool) -> str:
+    """The task ``--console chief`` shows: the chief when the cluster has one, else worker:0."""
+    return "chief:0" if chief else "worker:0"
+
+
+def console_sink(
+    write: Callable[[str], None],
+    *,
+    tasks: Collection[str] | None = None,
+    progress_seconds: float = PROGRESS_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> LineSink:
+    """The sink tfdist-launch prints task output with: ``write`` gets ``"[task] line\\n"``, one call per line.
+
+    Calls of ``write`` never overlap (the tasks' readers are threads). Of a task's progress updates
+    (:func:`is_progress`), one is written when ``progress_seconds`` have passed since the last one written
+    (the first at once), without its ``\\r``; the others are left out. Every other line is written.
+    ``tasks``: only these tasks' lines (None: every task's).
+
+    Example:
+        >>> out = []
+        >>> sink = console_sink(out.append, clock=iter([0.0, 1.0, 12.0]).__next__)
+        >>> for line in ("Epoch 1/1", "1/3 [>..]\\r", "2/3 [=>.]\\r", "3/3 [==>]\\r", "3/3 [===] - loss: 0.5"):
+        ...     sink("worker:0", line)
+        >>> out
+        ['[worker:0] Epoch 1/1\\n', '[worker:0] 1/3 [>..]\\n', '[worker:0] 3/3 [==>]\\n', '[worker:0] 3/3 [===] - loss: 0.5\\n']
+    """
+    lock = threading.Lock()
+    shown: dict[str, float] = {}  # task -> when its last progress update was written
+
+    def _sink(task: str, line: str) -> None:
+        if tasks is not None and task not in tasks:
+            return
+        if is_progress(line):
+            now = clock()
+            if task in shown and now - shown[task] < progress_seconds:
+                return
+            shown[task] = now
+            line = line[:-1]
+        with lock:
+            write(f"[{task}] {line}\n")
 
     return _sink

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from tfdist.errors import LaunchFailure
+from tfdist.launch.output import read_lines
 from tfdist.runtime import exit_codes
 
 LineSink = Callable[[str, str], None]  # (task, line) -> None
@@ -61,8 +62,8 @@ class LocalProcess:
 
     def _pump(self, stream: IO[bytes]) -> None:
         try:
-            for raw in iter(stream.readline, b""):
-                self._on_line(self.task, raw.decode("utf-8", "replace").rstrip("\r\n"))
+            for line in read_lines(stream):  # Also split at a lone '\r': a progress bar's updates are lines too.
+                self._on_line(self.task, line)
         finally:
             stream.close()
 

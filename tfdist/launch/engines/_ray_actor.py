@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from tfdist.cluster.address import free_ports, join_address
+from tfdist.launch.output import read_lines
 from tfdist.runtime import exit_codes
 
 _PR_SET_PDEATHSIG = 1
@@ -115,9 +116,9 @@ class TaskHost:
 
     def _pump(self, stream: IO[bytes]) -> None:
         try:
-            for raw in iter(stream.readline, b""):
+            for line in read_lines(stream):  # Split as the local engine does, a lone '\r' included.
                 with self._cond:
-                    self._lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                    self._lines.append(line)
                     self._cond.notify_all()
         finally:
             stream.close()
