@@ -67,6 +67,7 @@ MODULES = [
     "tfdist.strategy.resolver",
     "tfdist.launch.output",
     "tfdist.runtime.program",
+    "tfdist.runtime.logs",
     "tfdist.cluster",
     "tfdist.cluster.address",
     "tfdist.data",

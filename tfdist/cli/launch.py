@@ -6,16 +6,17 @@ tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- pyth
 tfdist-launch --emit jobset --workers 4 --image my/image:1 -- python train.py
 tfdist-launch --emit slurm --workers 4 --time 04:00:00 -- python train.py
 tfdist-launch --engine ray --ray-address auto --chief --workers 4 --ps 2 -- python train.py
+tfdist-launch --workers 4 --console chief --log-dir logs -- python train.py
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from tfdist.errors import Error
@@ -23,7 +24,9 @@ from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
 from tfdist.launch.emit import formats as emit
 from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.registry import ENGINES, engine_for
+from tfdist.launch.output import console_sink, console_task
 from tfdist.launch.supervisor.runner import run_config
+from tfdist.runtime import logs
 from tfdist.runtime import program as _common
 
 # The flag that sets each Python argument: the library's errors name the argument (`grace_seconds`), and
@@ -41,6 +44,7 @@ FLAGS: dict[str, str] = {
     "timeout": "--timeout",
     "grace_seconds": "--grace",
     "log_dir": "--log-dir",
+    "log_level": "--log-level",
     "kills": "--kill",
     "min_workers": "--min-workers",
     "max_workers": "--max-workers",
@@ -71,6 +75,9 @@ FLAGS: dict[str, str] = {
 }
 
 
+CONSOLE_CHOICES = ("all", "chief")
+
+
 def in_flags(err: Error) -> str:
     """``err``'s message with each argument it names in backticks as its flag: `grace_seconds` -> `--grace`.
 
@@ -94,6 +101,8 @@ _ACTS: dict[str, frozenset[str]] = {
     **dict.fromkeys(
         ("threads_per_task", "timeout", "log_dir", "kill", "grace", "data_service_workers", "engine"), _RUN
     ),
+    # The console is the supervisor's, whichever engine reads the output; TFDIST_LOG_LEVEL is a run's child env.
+    **dict.fromkeys(("console", "log_level"), _RUN),
     "isolate_network": frozenset({"local"}),
     **dict.fromkeys(("ray_address", "ray_placement", "ray_num_cpus", "ray_ready_timeout"), frozenset({"ray"})),
     **dict.fromkeys(("min_workers", "max_workers", "lose", "returns"), _RUN | {"slurm"}),
@@ -151,6 +160,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--threads-per-task", type=int, default=None, help="intra-op threads per task")
     run.add_argument("--timeout", type=_common.finite_float, default=None, help="seconds before every task is killed")
     run.add_argument("--log-dir", default=None, help="write one log file per task here")
+    run.add_argument(
+        "--console",
+        choices=CONSOLE_CHOICES,
+        default="all",
+        help="all: every task's output, each line prefixed [task]; chief: only the chief's (worker:0 "
+        "without a chief), every task's in --log-dir (default: a new directory under the temp dir, printed)",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=logs.LOG_LEVELS,
+        default=None,
+        help="level of the tfdist logger, in the launcher and (TFDIST_LOG_LEVEL) in every task; default "
+        "$TFDIST_LOG_LEVEL, else info",
+    )
     run.add_argument(
         "--kill",
         action="append",
@@ -341,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(own)
     _refuse_idle_flags(parser, args)
-    logging.basicConfig(level=logging.WARNING, format="tfdist-launch: %(message)s")
+    logs.configure_cli(logs.cli_level(args.log_level), "tfdist-launch: %(message)s")
     if args.emit == "tf-config" and not command:
         command = ["CMD"]
     if not command:
@@ -358,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             threads_per_task=args.threads_per_task,
             timeout=args.timeout,
             log_dir=args.log_dir,
+            log_level=args.log_level,
             kills=tuple(args.kill),
             isolate_network=args.isolate_network,
             grace_seconds=args.grace,
@@ -371,16 +395,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(_emit(args, config) + "\n")
             return 0
 
-        def _line(task: str, line: str) -> None:
-            sys.stdout.write(f"[{task}] {line}\n")
+        def _write(text: str) -> None:
+            sys.stdout.write(text)
             sys.stdout.flush()
 
         def _status(message: str) -> None:
             sys.stderr.write(f"tfdist-launch: {message}\n")
             sys.stderr.flush()
 
+        shown = None
+        if args.console == "chief":
+            shown = console_task(chief=config.chief)
+            if config.log_dir is None:
+                config.check_command()  # No directory for a run that cannot start.
+                config = LaunchConfig(**{**config.option_values(), "log_dir": tempfile.mkdtemp(prefix="tfdist-logs-")})
+            _status(f"--console chief: the console shows {shown}; every task's output is in {config.log_dir}")
         engine = _ray_engine(args) if args.engine == "ray" else engine_for(args.engine)
-        result = run_config(config, on_line=_line, on_status=_status, engine=engine)
+        on_line = console_sink(_write, tasks=None if shown is None else {shown})
+        result = run_config(config, on_line=on_line, on_status=_status, engine=engine)
     except Error as err:
         sys.stderr.write(f"tfdist-launch: error: {_common.one_line(in_flags(err))}\n")
         return _common.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)

@@ -9,6 +9,9 @@ The command's stdout is untouched; its stderr passes line by line, except Tensor
 known start-up messages (``tfdist.launch.output``). The exit status is the command's (128 + N when a
 signal N ends it). ``TF_CPP_MIN_LOG_LEVEL=0`` turns the filter off.
 
+tfdist's own commands that import TensorFlow in their own process (``tfdist doctor --stack``, ``tfdist
+data-report``) run with the same filter on that process's stderr: :func:`filtered_stderr`.
+
 SIGTERM, SIGHUP and SIGINT sent to ``tfdist quiet`` (``kill -INT``, ``timeout -s INT``, a scheduler) are
 passed on to the command, which decides how it ends. A Ctrl-C typed at the terminal already reaches the
 command when it runs in the terminal's foreground process group; that SIGINT is not sent a second time (a
@@ -18,12 +21,16 @@ second SIGINT would interrupt the command's own clean-up, e.g. a Python ``finall
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -32,6 +39,8 @@ from tfdist.launch.output import NoiseFilter, wants_tf_info
 from tfdist.runtime import exit_codes
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_DRAIN_SECONDS = 5.0  # At the end of filtered_stderr: how long the last lines may take to pass.
+_PIECES = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -119,3 +128,117 @@ def _terminal_reached(pid: int) -> bool:
         return False
     finally:
         os.close(tty)
+
+
+@contextlib.contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """Within: TensorFlow's INFO records and start-up messages are left out of this process's stderr.
+
+    For a tfdist command that imports TensorFlow in its own process. TensorFlow's C++ code writes to file
+    descriptor 2 itself, so fd 2 is pointed at a pipe. A forked filter process reads it, drops TF's noise
+    line by line (:class:`~tfdist.launch.output.NoiseFilter`) and writes the rest, in order, to the real
+    stderr; it ignores Ctrl-C and ends when every writer is gone, so the last lines of a process that
+    crashes (a TF ``F`` record and ``abort()``) still pass. At the end fd 2 is put back. Python's
+    ``sys.stderr`` writes into the same pipe (one order for every line) and ``isatty()`` still tells a
+    terminal. Only when the command runs as its own process (``sys.stderr`` is the process's, not a test's
+    replacement). ``TF_CPP_MIN_LOG_LEVEL=0`` turns the filter off.
+    """
+    python_stderr = sys.stderr
+    if wants_tf_info(os.environ) or not _is_process_stderr(python_stderr) or not hasattr(os, "fork"):
+        yield
+        return
+    try:
+        python_stderr.flush()
+        real = os.dup(2)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+    except OSError:  # No fd 2 (a daemon), no fds or processes left: nothing is filtered.
+        yield
+        return
+    if pid == 0:  # pragma: no cover - the filter process
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED + (signal.SIGQUIT,))
+            _close_all_but(read_end, 2)
+            _forward(read_end, 2)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    sys.stderr = _TerminalAware(python_stderr, real)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        sys.stderr = python_stderr
+        os.dup2(real, 2)  # Closes the pipe's last write end (unless a child still holds it): the filter ends.
+        os.close(real)
+        _reap(pid, _DRAIN_SECONDS)
+
+
+class _TerminalAware(io.TextIOWrapper):
+    """``sys.stderr`` while fd 2 is the filter's pipe: writes there, and says whether the real stderr is a tty."""
+
+    def __init__(self, like: Any, real: int) -> None:
+        super().__init__(
+            io.FileIO(2, "w", closefd=False), encoding=like.encoding, errors=like.errors, line_buffering=True
+        )
+        self._real = real
+
+    def isatty(self) -> bool:
+        return os.isatty(self._real)
+
+
+def _is_process_stderr(stream: object) -> bool:
+    """True when ``stream`` is Python's own stderr on fd 2 (not a test's or an embedding's replacement)."""
+    try:
+        return stream is sys.__stderr__ and stream.fileno() == 2  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _close_all_but(*keep: int) -> None:
+    """In the filter process: no other descriptor (a pipe someone waits on) stays open because of it."""
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _reap(pid: int, timeout: float) -> None:
+    """Waits up to ``timeout`` s for the filter process (a child of the command may still hold the pipe)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)
+                continue
+        return
+
+
+def _forward(read_end: int, out: int) -> None:
+    """Reads the pipe and writes every piece (a line, or an update ended by ``\\r``) the filter keeps to ``out``."""
+    keep = NoiseFilter()
+    pending = b""
+    broken = False  # The real stderr went away: the pipe is still read to its end, so no writer blocks.
+
+    def _pass(piece: bytes) -> None:
+        nonlocal broken
+        if broken or not keep(piece.decode("utf-8", "replace").rstrip("\r\n")):
+            return
+        view = memoryview(piece)
+        try:
+            while view:
+                view = view[os.write(out, view) :]
+        except OSError:
+            broken = True
+
+    while chunk := os.read(read_end, 65536):
+        pending += chunk
+        end = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+        for piece in _PIECES.findall(pending[:end]):
+            _pass(piece)
+        pending = pending[end:]
+    if pending:
+        _pass(pending)

@@ -29,6 +29,7 @@ from tfdist._options import GroupedOptions, group
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt, as_tuple
+from tfdist.runtime.logs import LOG_LEVELS
 
 _MAX_THREADS = 4096
 _MAX_TIMEOUT = 366 * 86400.0  # A year.
@@ -100,6 +101,10 @@ class Supervision:
         (one deadline shared by every task being stopped); 0 to 3600.
       log_dir: Directory for one log file per task.
       env: Extra variables for every task.
+      log_level: The ``tfdist`` logger's level in every task ('debug',
+        'info', 'warning', 'error' or 'off'), written to its
+        ``TFDIST_LOG_LEVEL`` (see :mod:`tfdist.runtime.logs`). None: the
+        launcher's own ``TFDIST_LOG_LEVEL`` (or ``env``'s), else 'info'.
     """
 
     max_restarts: int = 0
@@ -108,8 +113,11 @@ class Supervision:
     grace_seconds: float = 5.0
     log_dir: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    log_level: str | None = None
 
     def __post_init__(self) -> None:
+        if self.log_level is not None and self.log_level not in LOG_LEVELS:  # Compared, never hashed.
+            raise invalid(LaunchError, "log_level", self.log_level, describe_choices(self.log_level, LOG_LEVELS))
         require_int(LaunchError, "max_restarts", self.max_restarts, minimum=0, maximum=MAX_TASKS_PER_JOB)
         if self.threads_per_task is not None:
             require_int(LaunchError, "threads_per_task", self.threads_per_task, minimum=1, maximum=_MAX_THREADS)
@@ -249,7 +257,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
       topology: :class:`Topology`: workers, ps, chief, evaluator, run_on,
         data_service_workers.
       supervision: :class:`Supervision`: max_restarts, threads_per_task,
-        timeout, grace_seconds, log_dir, env.
+        timeout, grace_seconds, log_dir, env, log_level.
       faults: :class:`Faults`: kills.
       elastic: :class:`Elastic`: min_workers, max_workers (default
         ``workers``), loses, returns.

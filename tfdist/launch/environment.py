@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from tfdist.cluster.spec import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
+from tfdist.runtime.logs import DEFAULT_LEVEL, LEVEL_VAR
 
 TASK_VAR = "TFDIST_TASK"
 _RESTART_VAR = "TFDIST_RESTART"
@@ -59,6 +60,11 @@ def child_env(
     env[TF_CONFIG_VAR] = json.dumps(spec.to_tf_config(task_type, index))
     env.update(task_variables(config))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    # The tfdist logger's default in the task (tfdist/runtime/logs.py): `log_level`, else what the launcher got.
+    if config.log_level is not None:
+        env[LEVEL_VAR] = config.log_level
+    else:
+        env.setdefault(LEVEL_VAR, DEFAULT_LEVEL)
     env[TASK_VAR] = task
     env[_RESTART_VAR] = str(restart)
     return env
