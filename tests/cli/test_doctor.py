@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
-
-from absl.testing import absltest
+from pathlib import Path
 
 from tfdist import ClusterSpec
 from tfdist.cluster.probe import probe_tasks
@@ -23,75 +23,74 @@ def _doctor(*args: str, tf_config: str | None = None) -> subprocess.CompletedPro
     )
 
 
-class DoctorTest(absltest.TestCase):
-    def test_valid_config_prints_role_and_fingerprint(self) -> None:
-        spec = ClusterSpec.local(workers=2, chief=True)
-        done = _doctor(tf_config=json.dumps(spec.to_tf_config("worker", 1)))
-        self.assertEqual(done.returncode, 0, done.stdout)
-        self.assertIn("role:        worker:1\n", done.stdout)
-        self.assertIn(f"fingerprint: {spec.fingerprint}", done.stdout)
-        self.assertIn("<- this task", done.stdout)
+def test_valid_config_prints_role_and_fingerprint() -> None:
+    spec = ClusterSpec.local(workers=2, chief=True)
+    done = _doctor(tf_config=json.dumps(spec.to_tf_config("worker", 1)))
+    assert done.returncode == 0, done.stdout
+    assert "role:        worker:1\n" in done.stdout
+    assert f"fingerprint: {spec.fingerprint}" in done.stdout
+    assert "<- this task" in done.stdout
 
-    def test_invalid_config_exits_2_with_the_reason(self) -> None:
-        done = _doctor("--tf-config", '{"cluster": {"worker": ["a:99999"]}}')
-        self.assertEqual(done.returncode, 2)
-        self.assertIn("port in 1..65535", done.stderr)
-        self.assertEqual(done.stdout, "")
 
-    def test_probe_under_multi_worker_mirrored_expects_closed_ports(self) -> None:
-        with socket.socket() as listener:
-            listener.bind(("127.0.0.1", 0))
-            listener.listen()
-            up = f"127.0.0.1:{listener.getsockname()[1]}"
-            closed = ClusterSpec.local(workers=1).tasks()[0].address
-            config = {"cluster": {"chief": [up], "worker": [closed]}, "task": {"type": "worker", "index": 0}}
-            path = self.create_tempfile(content=json.dumps(config)).full_path
-            done = _doctor("--tf-config", f"@{path}", "--probe", "1")
-            self.assertEqual(done.returncode, 0, done.stdout)  # The worker sees the chief; its own port is skipped.
-            self.assertIn("probe chief:0      listening\n", done.stdout)
-            self.assertNotIn("probe worker:0", done.stdout)
-            config["task"] = {"type": "chief", "index": 0}
-            done = _doctor("--tf-config", json.dumps(config), "--probe", "5")
-            self.assertEqual(done.returncode, 0, done.stdout)  # Refused: the host is up, the worker not started yet.
-            port = closed.rpartition(":")[2]
-            self.assertIn(
-                f"probe worker:0     host up, port {port} not open (connection refused): expected before it builds "
-                "its strategy\n",
-                done.stdout,
-            )
-            self.assertIn("not listening yet: worker:0 - under multi_worker_mirrored", done.stdout)
-            self.assertNotIn("unreachable", done.stdout)
-            spec = ClusterSpec.from_tf_config(config)
-            self.assertEqual(probe_tasks(spec, timeout=0.3), {"worker:0": False})
-            self.assertEqual(probe_tasks(spec, timeout=0.3, include_self=True), {"chief:0": True, "worker:0": False})
+def test_invalid_config_exits_2_with_the_reason() -> None:
+    done = _doctor("--tf-config", '{"cluster": {"worker": ["a:99999"]}}')
+    assert done.returncode == 2
+    assert "port in 1..65535" in done.stderr
+    assert done.stdout == ""
 
-    def test_probe_under_parameter_servers_needs_the_servers_up_and_names_dns(self) -> None:
-        with socket.socket() as listener:
-            listener.bind(("127.0.0.1", 0))
-            listener.listen()
-            up = f"127.0.0.1:{listener.getsockname()[1]}"
-            chief, closed = (t.address for t in ClusterSpec.local(workers=2).tasks())
-            config = {
-                "cluster": {"chief": [chief], "worker": [closed, "no-such-host.invalid:2222"], "ps": [up]},
-                "task": {"type": "chief", "index": 0},
-            }
-            done = _doctor("--tf-config", json.dumps(config), "--probe", "0.5")
-            self.assertEqual(done.returncode, 3, done.stdout)
-            self.assertIn("probe ps:0         listening\n", done.stdout)
-            self.assertIn(
-                f"probe worker:0     NOT listening: host up, port {closed.rpartition(':')[2]} not open", done.stdout
-            )
-            self.assertIn(
-                "probe worker:1     NOT reachable: cannot resolve host 'no-such-host.invalid': DNS (", done.stdout
-            )
-            self.assertIn("unreachable: worker:0, worker:1 - is the task running", done.stdout)
-            config["task"] = {"type": "worker", "index": 0}  # The chief listens only once its strategy is built.
-            del config["cluster"]["worker"][1]
-            done = _doctor("--tf-config", json.dumps(config), "--probe", "5")
-            self.assertEqual(done.returncode, 0, done.stdout)
-            self.assertIn("probe chief:0      host up", done.stdout)
-            self.assertIn("not listening yet: chief:0 - under parameter_server the chief", done.stdout)
-            self.assertIn("this task:   runs a TensorFlow server, not the training program", done.stdout)
+
+def test_probe_under_multi_worker_mirrored_expects_closed_ports(tmp_path: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        up = f"127.0.0.1:{listener.getsockname()[1]}"
+        closed = ClusterSpec.local(workers=1).tasks()[0].address
+        config = {"cluster": {"chief": [up], "worker": [closed]}, "task": {"type": "worker", "index": 0}}
+        path = tmp_path / "tf_config.json"
+        path.write_text(json.dumps(config))
+        done = _doctor("--tf-config", f"@{path}", "--probe", "1")
+        assert done.returncode == 0, done.stdout  # The worker sees the chief; its own port is skipped.
+        assert "probe chief:0      listening\n" in done.stdout
+        assert "probe worker:0" not in done.stdout
+        config["task"] = {"type": "chief", "index": 0}
+        done = _doctor("--tf-config", json.dumps(config), "--probe", "5")
+        assert done.returncode == 0, done.stdout  # Refused: the host is up, the worker not started yet.
+        port = closed.rpartition(":")[2]
+        refused = (
+            f"probe worker:0     host up, port {port} not open (connection refused): expected before it builds "
+            "its strategy\n"
+        )
+        assert refused in done.stdout
+        assert "not listening yet: worker:0 - under multi_worker_mirrored" in done.stdout
+        assert "unreachable" not in done.stdout
+        spec = ClusterSpec.from_tf_config(config)
+        assert probe_tasks(spec, timeout=0.3) == {"worker:0": False}
+        assert probe_tasks(spec, timeout=0.3, include_self=True) == {"chief:0": True, "worker:0": False}
+
+
+def test_probe_under_parameter_servers_needs_the_servers_up_and_names_dns() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        up = f"127.0.0.1:{listener.getsockname()[1]}"
+        chief, closed = (t.address for t in ClusterSpec.local(workers=2).tasks())
+        config = {
+            "cluster": {"chief": [chief], "worker": [closed, "no-such-host.invalid:2222"], "ps": [up]},
+            "task": {"type": "chief", "index": 0},
+        }
+        done = _doctor("--tf-config", json.dumps(config), "--probe", "0.5")
+        assert done.returncode == 3, done.stdout
+        assert "probe ps:0         listening\n" in done.stdout
+        assert f"probe worker:0     NOT listening: host up, port {closed.rpartition(':')[2]} not open" in done.stdout
+        assert "probe worker:1     NOT reachable: cannot resolve host 'no-such-host.invalid': DNS (" in done.stdout
+        assert "unreachable: worker:0, worker:1 - is the task running" in done.stdout
+        config["task"] = {"type": "worker", "index": 0}  # The chief listens only once its strategy is built.
+        del config["cluster"]["worker"][1]
+        done = _doctor("--tf-config", json.dumps(config), "--probe", "5")
+        assert done.returncode == 0, done.stdout
+        assert "probe chief:0      host up" in done.stdout
+        assert "not listening yet: chief:0 - under parameter_server the chief" in done.stdout
+        assert "this task:   runs a TensorFlow server, not the training program" in done.stdout
 
 
 # TF_CONFIGs doctor and build_strategy("auto") must judge alike; None: the variable unset.
@@ -127,93 +126,87 @@ print("RESULT " + json.dumps(out))
 """
 
 
-class SameVerdictTest(absltest.TestCase):
-    def test_doctor_and_build_strategy_judge_each_tf_config_alike(self) -> None:
-        texts = {name: c if c is None or isinstance(c, str) else json.dumps(c) for name, c in VERDICT_CASES.items()}
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        done = subprocess.run(
-            [sys.executable, "-c", _BUILD_EACH, json.dumps(texts)], env=env, capture_output=True, text=True, timeout=180
-        )
-        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        self.assertIsNotNone(line, done.stderr[-3000:])
-        built = json.loads(line.removeprefix("RESULT "))
-        fields = {}
-        for name, text in texts.items():
-            doctor = _doctor(tf_config=text)
-            if built[name][0] == "built":
-                self.assertEqual(doctor.returncode, 0, (name, doctor.stderr))
-                self.assertEqual(built[name][1], "_DefaultDistributionStrategy", name)
-                self.assertIn("build_strategy('auto') picks 'default'", doctor.stdout, name)
-            else:
-                self.assertEqual(built[name][0], "ClusterSpecError", (name, built[name]))  # Never TF's raw error.
-                self.assertEqual(doctor.returncode, 2, (name, doctor.stdout))
-                self.assertEqual(doctor.stderr, f"tfdist doctor: error: TF_CONFIG is invalid: {built[name][1]}\n")
-                fields[name] = built[name][2]
-        self.assertEqual(
-            fields,
-            {
-                "workers_without_task": "task",
-                "chief_and_worker_without_task": "task",
-                "ps_cluster_without_task": "task",
-                "ps_without_chief": "cluster.chief",
-                "ps_without_chief_or_task": "cluster.chief",
-            },
-        )
-        done = _doctor("--probe", "1")  # No TF_CONFIG: one process, nothing to probe.
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertIn("role:        single process (no TF_CONFIG: no cluster)", done.stdout)
-        self.assertIn("probe:       nothing to probe, no other task", done.stdout)
+def test_doctor_and_build_strategy_judge_each_tf_config_alike() -> None:
+    texts = {name: c if c is None or isinstance(c, str) else json.dumps(c) for name, c in VERDICT_CASES.items()}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_EACH, json.dumps(texts)], env=env, capture_output=True, text=True, timeout=180
+    )
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, done.stderr[-3000:]
+    built = json.loads(line.removeprefix("RESULT "))
+    fields = {}
+    for name, text in texts.items():
+        doctor = _doctor(tf_config=text)
+        if built[name][0] == "built":
+            assert doctor.returncode == 0, (name, doctor.stderr)
+            assert built[name][1] == "_DefaultDistributionStrategy", name
+            assert "build_strategy('auto') picks 'default'" in doctor.stdout, name
+        else:
+            assert built[name][0] == "ClusterSpecError", (name, built[name])  # Never TF's raw error.
+            assert doctor.returncode == 2, (name, doctor.stdout)
+            assert doctor.stderr == f"tfdist doctor: error: TF_CONFIG is invalid: {built[name][1]}\n"
+            fields[name] = built[name][2]
+    assert fields == {
+        "workers_without_task": "task",
+        "chief_and_worker_without_task": "task",
+        "ps_cluster_without_task": "task",
+        "ps_without_chief": "cluster.chief",
+        "ps_without_chief_or_task": "cluster.chief",
+    }
+    done = _doctor("--probe", "1")  # No TF_CONFIG: one process, nothing to probe.
+    assert done.returncode == 0, done.stderr
+    assert "role:        single process (no TF_CONFIG: no cluster)" in done.stdout
+    assert "probe:       nothing to probe, no other task" in done.stdout
 
 
-class ResolverAndKerasTest(absltest.TestCase):
-    def test_resolver_keeps_evaluator_out_and_defaults_to_grpc(self) -> None:
-        from tfdist.strategy.resolver import cluster_resolver
+def test_resolver_keeps_evaluator_out_and_defaults_to_grpc() -> None:
+    from tfdist.strategy.resolver import cluster_resolver
 
-        spec = ClusterSpec(
-            jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
-            task_type="worker",
-            task_id=1,
-            environment="cloud",
-        )
-        resolver = cluster_resolver(spec)
-        self.assertEqual(resolver.cluster_spec().as_dict(), {"chief": ["c:1"], "worker": ["w:1", "w:2"]})
-        self.assertEqual(
-            (resolver.task_type, resolver.task_id, resolver.rpc_layer, resolver.environment),
-            ("worker", 1, "grpc", "cloud"),
-        )
-        sparse = cluster_resolver(ClusterSpec(jobs={"worker": {"2": "w:2", "5": "w:5"}}, task_type="worker", task_id=5))
-        self.assertEqual(sparse.cluster_spec().task_indices("worker"), [2, 5])
-
-    def test_tfdist_keras_is_tf_keras_of_tf_minor(self) -> None:
-        import tensorflow as tf
-        import tf_keras
-
-        from tfdist import keras
-
-        self.assertEqual(keras.__version__.split(".")[:2], tf.__version__.split(".")[:2])
-        self.assertIs(keras.layers, tf_keras.layers)
-        self.assertIs(keras.Sequential, tf_keras.Sequential)
+    spec = ClusterSpec(
+        jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
+        task_type="worker",
+        task_id=1,
+        environment="cloud",
+    )
+    resolver = cluster_resolver(spec)
+    assert resolver.cluster_spec().as_dict() == {"chief": ["c:1"], "worker": ["w:1", "w:2"]}
+    task = (resolver.task_type, resolver.task_id, resolver.rpc_layer, resolver.environment)
+    assert task == ("worker", 1, "grpc", "cloud")
+    sparse = cluster_resolver(ClusterSpec(jobs={"worker": {"2": "w:2", "5": "w:5"}}, task_type="worker", task_id=5))
+    assert sparse.cluster_spec().task_indices("worker") == [2, 5]
 
 
-class DoctorStackTest(absltest.TestCase):
-    def test_stack_report_exits_0_on_a_supported_stack(self) -> None:
-        done = _doctor("--stack")
-        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
-        for line in (
-            "tensorflow:",
-            "tf-keras:",
-            "keras (Keras 3):",
-            "TF_USE_LEGACY_KERAS:",
-            "tensorboard:",
-            "tensorflow-io:",
-            "  s3://",
-            "internals:          ok: all",
-            "stack: supported",
-        ):
-            self.assertIn(line, done.stdout)
+def test_tfdist_keras_is_tf_keras_of_tf_minor() -> None:
+    import tensorflow as tf
+    import tf_keras
 
-    def test_the_task_report_ends_with_a_stack_line(self) -> None:
-        spec = ClusterSpec.local(workers=1)
-        done = _doctor(tf_config=json.dumps(spec.to_tf_config("worker", 0)))
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertRegex(done.stdout, r"stack:       TF 2\.\d+\.\d+, tf-keras 2\.\d+\.\d+: supported")
+    from tfdist import keras
+
+    assert keras.__version__.split(".")[:2] == tf.__version__.split(".")[:2]
+    assert keras.layers is tf_keras.layers
+    assert keras.Sequential is tf_keras.Sequential
+
+
+def test_stack_report_exits_0_on_a_supported_stack() -> None:
+    done = _doctor("--stack")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for line in (
+        "tensorflow:",
+        "tf-keras:",
+        "keras (Keras 3):",
+        "TF_USE_LEGACY_KERAS:",
+        "tensorboard:",
+        "tensorflow-io:",
+        "  s3://",
+        "internals:          ok: all",
+        "stack: supported",
+    ):
+        assert line in done.stdout
+
+
+def test_the_task_report_ends_with_a_stack_line() -> None:
+    spec = ClusterSpec.local(workers=1)
+    done = _doctor(tf_config=json.dumps(spec.to_tf_config("worker", 0)))
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"stack:       TF 2\.\d+\.\d+, tf-keras 2\.\d+\.\d+: supported", done.stdout)
