@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import tensorflow as tf
-from absl.testing import parameterized
 
 from tests.support.records import FEATURES, example
 from tfdist import DataError, StorageError
@@ -41,312 +42,359 @@ def _tree(root: str) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
 
-class AtomicWriteTest(parameterized.TestCase):
-    def test_a_failed_rewrite_leaves_the_previous_dataset(self) -> None:
-        root = self.create_tempdir().full_path
-        prefix = os.path.join(root, "part")
-        write_tfrecords((_example(i) for i in range(40)), prefix, num_shards=2)
-        before = _contents(root)
+def test_a_failed_rewrite_leaves_the_previous_dataset(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    prefix = os.path.join(root, "part")
+    write_tfrecords((_example(i) for i in range(40)), prefix, num_shards=2)
+    before = _contents(root)
 
-        def failing() -> Any:
-            for i in range(10):
-                yield _example(100 + i)
-            raise OSError("source went away")
+    def failing() -> Any:
+        for i in range(10):
+            yield _example(100 + i)
+        raise OSError("source went away")
 
-        with pytest.raises(OSError, match="source went away"):
-            write_tfrecords(failing(), prefix, num_shards=2)
-        self.assertEqual(_contents(root), before)
-        self.assertEqual(sorted(_ids(f"{prefix}-*")), list(range(40)))
-        self.assertEqual(read_manifest(prefix)["records"], 40)
+    with pytest.raises(OSError, match="source went away"):
+        write_tfrecords(failing(), prefix, num_shards=2)
+    assert _contents(root) == before
+    assert sorted(_ids(f"{prefix}-*")) == list(range(40))
+    assert read_manifest(prefix)["records"] == 40
 
-    def test_a_rewrite_with_fewer_shards_replaces_the_old_ones(self) -> None:
-        root = self.create_tempdir().full_path
-        prefix = os.path.join(root, "part")
-        write_tfrecords((_example(i) for i in range(40)), prefix, num_shards=4)
-        write_tfrecords((_example(i) for i in range(40)), os.path.join(root, "part-other"), num_shards=1)
-        paths = write_tfrecords((_example(i) for i in range(40, 80)), prefix, num_shards=2)
-        self.assertEqual(
-            _tree(root),
-            sorted(
-                [
-                    "part-00000-of-00002.tfrecord",
-                    "part-00001-of-00002.tfrecord",
-                    "part-manifest.json",
-                    "part-other-00000-of-00001.tfrecord",
-                    "part-other-manifest.json",
-                ]
-            ),
+
+def test_a_rewrite_with_fewer_shards_replaces_the_old_ones(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    prefix = os.path.join(root, "part")
+    write_tfrecords((_example(i) for i in range(40)), prefix, num_shards=4)
+    write_tfrecords((_example(i) for i in range(40)), os.path.join(root, "part-other"), num_shards=1)
+    paths = write_tfrecords((_example(i) for i in range(40, 80)), prefix, num_shards=2)
+    assert _tree(root) == (
+        sorted(
+            [
+                "part-00000-of-00002.tfrecord",
+                "part-00001-of-00002.tfrecord",
+                "part-manifest.json",
+                "part-other-00000-of-00001.tfrecord",
+                "part-other-manifest.json",
+            ]
         )
-        self.assertEqual(sorted(_ids(paths)), list(range(40, 80)))
-
-    def test_prefixes_that_look_like_class_groups_keep_their_own_shards(self) -> None:
-        # 'part-v=2' has the shape of a class group of 'part' (PREFIX-KEY=VALUE-...): a rewrite of either must
-        # neither keep its own old shards nor delete the other dataset's.
-        root = self.create_tempdir().full_path
-        versioned, plain = os.path.join(root, "part-v=2"), os.path.join(root, "part")
-        write_tfrecords((_example(i) for i in range(40)), versioned, num_shards=4)
-        write_tfrecords((_example(i) for i in range(40, 60)), plain, num_shards=1)
-        write_tfrecords((_example(i) for i in range(60, 80)), versioned, num_shards=2)
-        write_tfrecords((_example(i) for i in range(80, 90)), plain, num_shards=1)
-        self.assertEqual(
-            _tree(root),
-            sorted(
-                [
-                    "part-v=2-00000-of-00002.tfrecord",
-                    "part-v=2-00001-of-00002.tfrecord",
-                    "part-v=2-manifest.json",
-                    "part-00000-of-00001.tfrecord",
-                    "part-manifest.json",
-                ]
-            ),
-        )
-        self.assertEqual(sorted(_ids(f"{versioned}-0*")), list(range(60, 80)))
-        self.assertEqual(sorted(_ids(f"{plain}-0*")), list(range(80, 90)))
-        # Without a manifest, only this prefix's own shard names count as old (and this write's class groups).
-        os.remove(f"{plain}-manifest.json")
-        write_tfrecords((_example(i) for i in range(90, 99)), plain, num_shards=1, partition_by="label")
-        self.assertEqual(
-            [p for p in _tree(root) if p.startswith("part-v=2")],
-            ["part-v=2-00000-of-00002.tfrecord", "part-v=2-00001-of-00002.tfrecord", "part-v=2-manifest.json"],
-        )
-        self.assertNotIn("part-00000-of-00001.tfrecord", _tree(root))
-
-    def test_a_prefix_that_looks_like_a_class_group_finds_its_own_manifest(self) -> None:
-        # 'part-label=2-00000-of-00002.tfrecord' is a shard of the prefix 'part-label=2', or of class 2 of 'part'
-        # partitioned by label. The listing looked only for 'part-manifest.json', so the counts were unknown.
-        root = self.create_tempdir().full_path
-        versioned = os.path.join(root, "part-label=2")
-        write_tfrecords((_example(i) for i in range(10)), versioned, num_shards=2)
-        listing = list_files([f"{versioned}-0*"])
-        self.assertEqual([(f.records, f.label) for f in listing.files], [(5, None), (5, None)])
-        # Both at once: 'part' by label writes the same names for class 2 and replaces those files, so two
-        # manifests name them; the one that matches the files wins (the other says 5 records of no class).
-        labels = {i: 2 if i < 16 else 1 for i in range(10, 20)}
-        write_tfrecords(
-            (_example(i, labels[i]) for i in labels), os.path.join(root, "part"), num_shards=2, partition_by="label"
-        )
-        self.assertTrue(os.path.exists(f"{versioned}-manifest.json"))
-        listing = list_files([f"{versioned}-0*"])
-        self.assertEqual([(f.records, f.label) for f in listing.files], [(3, "2"), (3, "2")])
-        self.assertEqual(sorted(_ids(f"{versioned}-0*", verify="all")), list(range(10, 16)))
-
-    def test_a_prefix_under_a_file_is_a_storage_error(self) -> None:
-        root = self.create_tempdir().full_path
-        blocker = os.path.join(root, "file")
-        with open(blocker, "w") as f:
-            f.write("x")
-        with pytest.raises(StorageError, match="Cannot create"):
-            write_tfrecords([_example(0)], os.path.join(blocker, "sub", "part"), num_shards=1)
-
-    @parameterized.named_parameters(("text", "abc"), ("int", 123), ("none", None), ("dict", {"id": 1}))
-    def test_items_that_are_not_examples_are_rejected_and_nothing_is_written(self, item: Any) -> None:
-        root = self.create_tempdir().full_path
-        with pytest.raises(DataError, match=r"`examples\[2\]`.*Expected a tf.train.Example or serialized bytes"):
-            write_tfrecords([_example(0), _example(1), item], os.path.join(root, "x"), num_shards=2)
-        self.assertEqual(_tree(root), [])
-
-
-class LabelNamesTest(parameterized.TestCase):
-    @parameterized.named_parameters(
-        ("traversal", "/../../ESCAPED"),
-        ("slash", "a/b"),
-        ("newline", "a\nb"),
-        ("long", "x" * 300),
-        ("dots", ".."),
-        ("percent", "50%"),
-        ("tilde", "a~b"),
-        ("unicode", "chat-ü"),
     )
-    def test_labels_stay_inside_and_read_back(self, label: str) -> None:
-        root = self.create_tempdir().full_path
-        target = os.path.join(root, "data")
-        paths = write_tfrecords(
-            [_example(i, label if i % 2 else "plain") for i in range(10)],
-            os.path.join(target, "part"),
-            num_shards=1,
-            partition_by="label",
+    assert sorted(_ids(paths)) == list(range(40, 80))
+
+
+def test_prefixes_that_look_like_class_groups_keep_their_own_shards(tmp_path: Path) -> None:
+    # 'part-v=2' has the shape of a class group of 'part' (PREFIX-KEY=VALUE-...): a rewrite of either must
+    # neither keep its own old shards nor delete the other dataset's.
+    root = str(tmp_path)
+    versioned, plain = os.path.join(root, "part-v=2"), os.path.join(root, "part")
+    write_tfrecords((_example(i) for i in range(40)), versioned, num_shards=4)
+    write_tfrecords((_example(i) for i in range(40, 60)), plain, num_shards=1)
+    write_tfrecords((_example(i) for i in range(60, 80)), versioned, num_shards=2)
+    write_tfrecords((_example(i) for i in range(80, 90)), plain, num_shards=1)
+    assert _tree(root) == (
+        sorted(
+            [
+                "part-v=2-00000-of-00002.tfrecord",
+                "part-v=2-00001-of-00002.tfrecord",
+                "part-v=2-manifest.json",
+                "part-00000-of-00001.tfrecord",
+                "part-manifest.json",
+            ]
         )
-        self.assertTrue(all(os.path.dirname(p) == target for p in paths))
-        self.assertTrue(all(f.startswith("data/") for f in _tree(root)))
-        self.assertTrue(all("\n" not in p and len(os.path.basename(p)) < 200 for p in paths))
-        manifest = read_manifest(os.path.join(target, "part"))
-        self.assertEqual(manifest["classes"], {"plain": 5, label: 5})
-        features = {"id": FEATURES["id"], "label": tf.io.FixedLenFeature([], tf.string)}
-        pipeline = TFRecordPipeline(
-            files=os.path.join(target, "part-*"),
-            features=features,
-            batch_size=4,
-            label_key="label",
-            class_weights="natural",
-        )
-        self.assertEqual(sorted(pipeline.class_groups()), sorted(["plain", label]))
-        self.assertEqual(sorted(int(v) for b in pipeline.dataset() for v in b["id"].numpy()), list(range(10)))
-
-    @parameterized.named_parameters(("not_utf8", b"\xff\xfe", "a UTF-8 label"), ("empty", "", "a non-empty label"))
-    def test_labels_that_cannot_be_classes_are_rejected(self, label: Any, message: str) -> None:
-        root = self.create_tempdir().full_path
-        with pytest.raises(DataError, match=message):
-            write_tfrecords(
-                [_example(0), _example(1, label)], os.path.join(root, "p"), num_shards=1, partition_by="label"
-            )
-        self.assertEqual(_tree(root), [])
-
-    def test_label_names_are_safe(self) -> None:
-        self.assertEqual(label_name("/../x"), "%2F..%2Fx")
-        self.assertLessEqual(len(label_name("é" * 300)), 100)
-        self.assertNotEqual(label_name("x" * 300), label_name("x" * 299 + "y"))
+    )
+    assert sorted(_ids(f"{versioned}-0*")) == list(range(60, 80))
+    assert sorted(_ids(f"{plain}-0*")) == list(range(80, 90))
+    # Without a manifest, only this prefix's own shard names count as old (and this write's class groups).
+    os.remove(f"{plain}-manifest.json")
+    write_tfrecords((_example(i) for i in range(90, 99)), plain, num_shards=1, partition_by="label")
+    assert [p for p in _tree(root) if p.startswith("part-v=2")] == [
+        "part-v=2-00000-of-00002.tfrecord",
+        "part-v=2-00001-of-00002.tfrecord",
+        "part-v=2-manifest.json",
+    ]
+    assert "part-00000-of-00001.tfrecord" not in _tree(root)
 
 
-class PipelineErrorsTest(parameterized.TestCase):
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        cls.root = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tfdist-hostile-{os.getpid()}")
-        cls.plain = os.path.join(cls.root, "plain")
-        cls.gz = os.path.join(cls.root, "gz")
-        write_tfrecords((_example(i) for i in range(50)), cls.plain, num_shards=2)
-        write_tfrecords((_example(i) for i in range(50)), cls.gz, num_shards=2, compression="GZIP")
+def test_a_prefix_that_looks_like_a_class_group_finds_its_own_manifest(tmp_path: Path) -> None:
+    # 'part-label=2-00000-of-00002.tfrecord' is a shard of the prefix 'part-label=2', or of class 2 of 'part'
+    # partitioned by label. The listing looked only for 'part-manifest.json', so the counts were unknown.
+    root = str(tmp_path)
+    versioned = os.path.join(root, "part-label=2")
+    write_tfrecords((_example(i) for i in range(10)), versioned, num_shards=2)
+    listing = list_files([f"{versioned}-0*"])
+    assert [(f.records, f.label) for f in listing.files] == [(5, None), (5, None)]
+    # Both at once: 'part' by label writes the same names for class 2 and replaces those files, so two
+    # manifests name them; the one that matches the files wins (the other says 5 records of no class).
+    labels = {i: 2 if i < 16 else 1 for i in range(10, 20)}
+    write_tfrecords(
+        (_example(i, labels[i]) for i in labels), os.path.join(root, "part"), num_shards=2, partition_by="label"
+    )
+    assert os.path.exists(f"{versioned}-manifest.json")
+    listing = list_files([f"{versioned}-0*"])
+    assert [(f.records, f.label) for f in listing.files] == [(3, "2"), (3, "2")]
+    assert sorted(_ids(f"{versioned}-0*", verify="all")) == list(range(10, 16))
 
-    @classmethod
-    def tearDownClass(cls) -> None:
-        import shutil
 
-        shutil.rmtree(cls.root, ignore_errors=True)
-        super().tearDownClass()
+def test_a_prefix_under_a_file_is_a_storage_error(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    blocker = os.path.join(root, "file")
+    with open(blocker, "w") as f:
+        f.write("x")
+    with pytest.raises(StorageError, match="Cannot create"):
+        write_tfrecords([_example(0)], os.path.join(blocker, "sub", "part"), num_shards=1)
 
-    @parameterized.named_parameters(
-        ("missing_key", {"features": {"nope": tf.io.FixedLenFeature([], tf.int64)}}, r"features\['nope'\]"),
-        ("wrong_dtype", {"features": {"id": tf.io.FixedLenFeature([], tf.float32)}}, r"features\['id'\]"),
-        ("wrong_shape", {"features": {"id": tf.io.FixedLenFeature([3], tf.int64)}}, r"features\['id'\]"),
-        ("gzip_as_zlib", {"files": "GZ", "compression": "ZLIB"}, r"`compression`.*starts like GZIP"),
-        ("plain_as_gzip", {"compression": "GZIP"}, r"`compression`.*starts like uncompressed TFRecords"),
-        ("cache_dir", {"cache": "/nonexistent-tfdist/cache"}, r"`cache`.*an existing directory"),
-        (
-            "num_classes",
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        pytest.param("abc", id="text"),
+        pytest.param(123, id="int"),
+        pytest.param(None, id="none"),
+        pytest.param({"id": 1}, id="dict"),
+    ],
+)
+def test_items_that_are_not_examples_are_rejected_and_nothing_is_written(tmp_path: Path, item: Any) -> None:
+    root = str(tmp_path)
+    with pytest.raises(DataError, match=r"`examples\[2\]`.*Expected a tf.train.Example or serialized bytes"):
+        write_tfrecords([_example(0), _example(1), item], os.path.join(root, "x"), num_shards=2)
+    assert _tree(root) == []
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param("/../../ESCAPED", id="traversal"),
+        pytest.param("a/b", id="slash"),
+        pytest.param("a\nb", id="newline"),
+        pytest.param("x" * 300, id="long"),
+        pytest.param("..", id="dots"),
+        pytest.param("50%", id="percent"),
+        pytest.param("a~b", id="tilde"),
+        pytest.param("chat-ü", id="unicode"),
+    ],
+)
+def test_labels_stay_inside_and_read_back(tmp_path: Path, label: str) -> None:
+    root = str(tmp_path)
+    target = os.path.join(root, "data")
+    paths = write_tfrecords(
+        [_example(i, label if i % 2 else "plain") for i in range(10)],
+        os.path.join(target, "part"),
+        num_shards=1,
+        partition_by="label",
+    )
+    assert all(os.path.dirname(p) == target for p in paths)
+    assert all(f.startswith("data/") for f in _tree(root))
+    assert all("\n" not in p and len(os.path.basename(p)) < 200 for p in paths)
+    manifest = read_manifest(os.path.join(target, "part"))
+    assert manifest["classes"] == {"plain": 5, label: 5}
+    features = {"id": FEATURES["id"], "label": tf.io.FixedLenFeature([], tf.string)}
+    pipeline = TFRecordPipeline(
+        files=os.path.join(target, "part-*"),
+        features=features,
+        batch_size=4,
+        label_key="label",
+        class_weights="natural",
+    )
+    assert sorted(pipeline.class_groups()) == sorted(["plain", label])
+    assert sorted(int(v) for b in pipeline.dataset() for v in b["id"].numpy()) == list(range(10))
+
+
+@pytest.mark.parametrize(
+    "label,message",
+    [
+        pytest.param(b"\xff\xfe", "a UTF-8 label", id="not_utf8"),
+        pytest.param("", "a non-empty label", id="empty"),
+    ],
+)
+def test_labels_that_cannot_be_classes_are_rejected(tmp_path: Path, label: Any, message: str) -> None:
+    root = str(tmp_path)
+    with pytest.raises(DataError, match=message):
+        write_tfrecords([_example(0), _example(1, label)], os.path.join(root, "p"), num_shards=1, partition_by="label")
+    assert _tree(root) == []
+
+
+def test_label_names_are_safe() -> None:
+    assert label_name("/../x") == "%2F..%2Fx"
+    assert len(label_name("é" * 300)) <= 100
+    assert label_name("x" * 300) != label_name("x" * 299 + "y")
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The messages logged at WARNING or above under ``tfdist.data`` (what assertLogs("tfdist.data") saw)."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("tfdist.data") and r.levelno >= logging.WARNING]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """50 records written twice, plain and GZIP, shared by the pipeline-error tests."""
+    root = str(tmp_path_factory.mktemp("hostile"))
+    write_tfrecords((_example(i) for i in range(50)), os.path.join(root, "plain"), num_shards=2)
+    write_tfrecords((_example(i) for i in range(50)), os.path.join(root, "gz"), num_shards=2, compression="GZIP")
+    return root
+
+
+@pytest.fixture
+def plain(data_root: str) -> str:
+    return os.path.join(data_root, "plain")
+
+
+@pytest.fixture
+def gz(data_root: str) -> str:
+    return os.path.join(data_root, "gz")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        pytest.param(
+            {"features": {"nope": tf.io.FixedLenFeature([], tf.int64)}}, r"features\['nope'\]", id="missing_key"
+        ),
+        pytest.param(
+            {"features": {"id": tf.io.FixedLenFeature([], tf.float32)}}, r"features\['id'\]", id="wrong_dtype"
+        ),
+        pytest.param({"features": {"id": tf.io.FixedLenFeature([3], tf.int64)}}, r"features\['id'\]", id="wrong_shape"),
+        pytest.param({"files": "GZ", "compression": "ZLIB"}, r"`compression`.*starts like GZIP", id="gzip_as_zlib"),
+        pytest.param({"compression": "GZIP"}, r"`compression`.*starts like uncompressed TFRecords", id="plain_as_gzip"),
+        pytest.param({"cache": "/nonexistent-tfdist/cache"}, r"`cache`.*an existing directory", id="cache_dir"),
+        pytest.param(
             {"class_weights": "balanced", "label_key": "label", "num_classes": 2},
             r"`num_classes`. Received: 2.*labels run from 0 to 2",
+            id="num_classes",
         ),
-        ("directory", {"files": "ROOT"}, r"`files`.*not a directory"),
-    )
-    def test_bad_input_is_a_data_error_naming_the_field(self, overrides: dict, message: str) -> None:
-        kwargs = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
-        kwargs.update(overrides)
-        kwargs["files"] = {"GZ": f"{self.gz}-*", "ROOT": self.root}.get(kwargs["files"], kwargs["files"])
-        with pytest.raises(DataError, match=message) as caught:
-            TFRecordPipeline(**kwargs).dataset()
-        self.assertTrue(caught.value.field)
-        if "features" in overrides:
-            self.assertIn(self.plain, str(caught.value))  # Names the file too.
+        pytest.param({"files": "ROOT"}, r"`files`.*not a directory", id="directory"),
+    ],
+)
+def test_bad_input_is_a_data_error_naming_the_field(
+    data_root: str, plain: str, gz: str, overrides: dict, message: str
+) -> None:
+    kwargs = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
+    kwargs.update(overrides)
+    kwargs["files"] = {"GZ": f"{gz}-*", "ROOT": data_root}.get(kwargs["files"], kwargs["files"])
+    with pytest.raises(DataError, match=message) as caught:
+        TFRecordPipeline(**kwargs).dataset()
+    assert caught.value.field
+    if "features" in overrides:
+        assert plain in str(caught.value)  # Names the file too.
 
-    @parameterized.named_parameters(
-        ("batch", {"batch_size": 10**12}, "`batch_size`. Received: 1000000000000"),
-        ("threads", {"private_threadpool_size": 10**6}, "`private_threadpool_size`. Received: 1000000"),
-        ("shuffle", {"shuffle_buffer": 10**12}, "`shuffle_buffer`"),
-        ("num_classes_zero", {"num_classes": 0}, "`num_classes`. Received: 0."),
-        ("reads", {"num_parallel_reads": 10**9}, "`num_parallel_reads`"),
-        ("cache_type", {"cache": 3}, "`cache`"),
-        ("image_size", {"image_key": "id", "image_size": (10**9, 2)}, "`image_size`"),
-        ("features_type", {"features": ["id"]}, "`features`"),
-        ("deterministic", {"deterministic": "no"}, "`deterministic`. Received: 'no'. Expected True or False"),
-        ("drop_remainder", {"drop_remainder": 1}, "`drop_remainder`. Received: 1"),
-        ("as_supervised", {"as_supervised": None}, "`as_supervised`. Received: None"),
-        ("autotune_model", {"autotune_model": "on"}, "`autotune_model`. Received: 'on'.*autotune_model=True or"),
-        ("augment", {"augment": "yes"}, "`augment`. Received: 'yes'"),
-        (
-            "budget_without_model",
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        pytest.param({"batch_size": 10**12}, "`batch_size`. Received: 1000000000000", id="batch"),
+        pytest.param({"private_threadpool_size": 10**6}, "`private_threadpool_size`. Received: 1000000", id="threads"),
+        pytest.param({"shuffle_buffer": 10**12}, "`shuffle_buffer`", id="shuffle"),
+        pytest.param({"num_classes": 0}, "`num_classes`. Received: 0.", id="num_classes_zero"),
+        pytest.param({"num_parallel_reads": 10**9}, "`num_parallel_reads`", id="reads"),
+        pytest.param({"cache": 3}, "`cache`", id="cache_type"),
+        pytest.param({"image_key": "id", "image_size": (10**9, 2)}, "`image_size`", id="image_size"),
+        pytest.param({"features": ["id"]}, "`features`", id="features_type"),
+        pytest.param(
+            {"deterministic": "no"}, "`deterministic`. Received: 'no'. Expected True or False", id="deterministic"
+        ),
+        pytest.param({"drop_remainder": 1}, "`drop_remainder`. Received: 1", id="drop_remainder"),
+        pytest.param({"as_supervised": None}, "`as_supervised`. Received: None", id="as_supervised"),
+        pytest.param(
+            {"autotune_model": "on"}, "`autotune_model`. Received: 'on'.*autotune_model=True or", id="autotune_model"
+        ),
+        pytest.param({"augment": "yes"}, "`augment`. Received: 'yes'", id="augment"),
+        pytest.param(
             {"autotune_model": False, "ram_budget_bytes": 1 << 30},
             "`autotune_model`. Received: False. Expected True or None with ram_budget_bytes",
+            id="budget_without_model",
         ),
+    ],
+)
+def test_absurd_values_are_bounded(plain: str, overrides: dict, message: str) -> None:
+    kwargs = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
+    kwargs.update(overrides)
+    with pytest.raises(DataError, match=message):
+        TFRecordPipeline(**kwargs)
+
+
+def test_autotuning_model_off_unless_asked(plain: str) -> None:
+    """TF's autotuning model stalls iterator deletion (TuningOptions): off by default, on when asked or
+    when a RAM budget needs it; the pipeline still reads everything either way."""
+    base = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
+    cases = {
+        "default": ({}, False, None),
+        "asked": ({"autotune_model": True}, True, None),
+        "budget": ({"ram_budget_bytes": 1 << 30}, True, 1 << 30),
+        "asked_with_budget": ({"autotune_model": True, "ram_budget_bytes": 1 << 30}, True, 1 << 30),
+        "refused": ({"autotune_model": False}, False, None),
+    }
+    for name, (extra, enabled, budget) in cases.items():
+        dataset = TFRecordPipeline(**base, **extra).dataset()
+        options = dataset.options()
+        assert options.autotune.enabled is enabled, name
+        if budget is not None:
+            assert options.autotune.ram_budget == budget, name
+        ids = [int(i) for batch in dataset for i in batch["id"]]
+        assert sorted(ids) == list(range(50)), name
+
+
+def test_compression_given_right_reads_everything(gz: str) -> None:
+    assert sorted(_ids(f"{gz}-*", compression="GZIP")) == list(range(50))
+
+
+def test_batch_larger_than_the_data_warns(plain: str, caplog: pytest.LogCaptureFixture) -> None:
+    pipeline = TFRecordPipeline(files=f"{plain}-*", features=FEATURES, batch_size=64, drop_remainder=True)
+    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
+        dataset = pipeline.dataset()
+        assert list(dataset) == []
+    text = "\n".join(_warnings(caplog))
+    assert "reads 50 record(s), fewer than one batch of 64" in text
+    assert "50 record(s) not read" in text
+
+
+def test_corrupt_manifest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = str(tmp_path)
+    prefix = os.path.join(root, "m")
+    write_tfrecords((_example(i) for i in range(30)), prefix, num_shards=2)
+    with open(f"{prefix}-manifest.json", "w") as f:
+        f.write('{"files": [1, 2')
+    with pytest.raises(DataError, match=r"`manifest`.*on_corrupt='skip'"):
+        _ids(f"{prefix}-*")
+    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
+        assert sorted(_ids(f"{prefix}-*", on_corrupt="skip")) == list(range(30))
+    assert _warnings(caplog), "on_corrupt='skip' logged no warning about the manifest"
+
+
+def test_stratified_sample_takes_a_list_of_weights() -> None:
+    datasets = [tf.data.Dataset.from_tensors(0).repeat(), tf.data.Dataset.from_tensors(1).repeat()]
+    values = list(stratified_sample(datasets, [0.0, 1.0], seed=0).take(20).as_numpy_iterator())
+    assert set(values) == {1}
+    with pytest.raises(DataError, match="a list of 2 weights"):
+        stratified_sample(datasets, [0.5, 0.3, 0.2])
+    with pytest.raises(DataError, match="`class_weights`"):
+        stratified_sample(datasets, {0: "x", 1: 1.0})
+
+
+def test_data_report_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    prefix = os.path.join(root, "r")
+    write_tfrecords((_example(i) for i in range(30)), prefix, num_shards=2)
+    cases = [
+        (["--label-key", "nope"], r"`--label-key`. Received: 'nope'.*has: id \(int64\), label \(int64\)"),
+        (
+            ["--label-key", "label", "--shard-policy", "hash", "--shard-key", "nope"],
+            r"`--shard-key`. Received: 'nope'",
+        ),
+        (["--label-key", "label", "--plot", "/missing-tfdist/dir/x.png"], "--plot"),
+    ]
+    script = (
+        "import sys; from tfdist.cli.main import main; cases = %r; codes = []\n"
+        "for args in cases:\n"
+        "    codes.append(main(['data-report', *args]))\n"
+        "    sys.stderr.write('<END>\\n')\n"
+        "print(codes)"
+    ) % (
+        [[f"{prefix}-*", "--workers", "2", *args] for args, _ in cases]
+        + [[root, "--label-key", "label", "--workers", "2"]]
     )
-    def test_absurd_values_are_bounded(self, overrides: dict, message: str) -> None:
-        kwargs = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
-        kwargs.update(overrides)
-        with pytest.raises(DataError, match=message):
-            TFRecordPipeline(**kwargs)
-
-    def test_autotuning_model_off_unless_asked(self) -> None:
-        """TF's autotuning model stalls iterator deletion (TuningOptions): off by default, on when asked or
-        when a RAM budget needs it; the pipeline still reads everything either way."""
-        base = dict(files=f"{self.plain}-*", features=FEATURES, batch_size=10)
-        cases = {
-            "default": ({}, False, None),
-            "asked": ({"autotune_model": True}, True, None),
-            "budget": ({"ram_budget_bytes": 1 << 30}, True, 1 << 30),
-            "asked_with_budget": ({"autotune_model": True, "ram_budget_bytes": 1 << 30}, True, 1 << 30),
-            "refused": ({"autotune_model": False}, False, None),
-        }
-        for name, (extra, enabled, budget) in cases.items():
-            with self.subTest(name):
-                dataset = TFRecordPipeline(**base, **extra).dataset()
-                options = dataset.options()
-                self.assertIs(options.autotune.enabled, enabled)
-                if budget is not None:
-                    self.assertEqual(options.autotune.ram_budget, budget)
-                ids = [int(i) for batch in dataset for i in batch["id"]]
-                self.assertEqual(sorted(ids), list(range(50)))
-
-    def test_compression_given_right_reads_everything(self) -> None:
-        self.assertEqual(sorted(_ids(f"{self.gz}-*", compression="GZIP")), list(range(50)))
-
-    def test_batch_larger_than_the_data_warns(self) -> None:
-        pipeline = TFRecordPipeline(files=f"{self.plain}-*", features=FEATURES, batch_size=64, drop_remainder=True)
-        with self.assertLogs("tfdist.data", logging.WARNING) as logs:
-            dataset = pipeline.dataset()
-            self.assertEqual(list(dataset), [])
-        text = "\n".join(logs.output)
-        self.assertIn("reads 50 record(s), fewer than one batch of 64", text)
-        self.assertIn("50 record(s) not read", text)
-
-    def test_corrupt_manifest(self) -> None:
-        root = self.create_tempdir().full_path
-        prefix = os.path.join(root, "m")
-        write_tfrecords((_example(i) for i in range(30)), prefix, num_shards=2)
-        with open(f"{prefix}-manifest.json", "w") as f:
-            f.write('{"files": [1, 2')
-        with pytest.raises(DataError, match=r"`manifest`.*on_corrupt='skip'"):
-            _ids(f"{prefix}-*")
-        with self.assertLogs("tfdist.data", logging.WARNING):
-            self.assertEqual(sorted(_ids(f"{prefix}-*", on_corrupt="skip")), list(range(30)))
-
-
-class SampleAndCliTest(parameterized.TestCase):
-    def test_stratified_sample_takes_a_list_of_weights(self) -> None:
-        datasets = [tf.data.Dataset.from_tensors(0).repeat(), tf.data.Dataset.from_tensors(1).repeat()]
-        values = list(stratified_sample(datasets, [0.0, 1.0], seed=0).take(20).as_numpy_iterator())
-        self.assertEqual(set(values), {1})
-        with pytest.raises(DataError, match="a list of 2 weights"):
-            stratified_sample(datasets, [0.5, 0.3, 0.2])
-        with pytest.raises(DataError, match="`class_weights`"):
-            stratified_sample(datasets, {0: "x", 1: 1.0})
-
-    def test_data_report_rejects_bad_input_in_one_line(self) -> None:
-        root = self.create_tempdir().full_path
-        prefix = os.path.join(root, "r")
-        write_tfrecords((_example(i) for i in range(30)), prefix, num_shards=2)
-        cases = [
-            (["--label-key", "nope"], r"`--label-key`. Received: 'nope'.*has: id \(int64\), label \(int64\)"),
-            (
-                ["--label-key", "label", "--shard-policy", "hash", "--shard-key", "nope"],
-                r"`--shard-key`. Received: 'nope'",
-            ),
-            (["--label-key", "label", "--plot", "/missing-tfdist/dir/x.png"], "--plot"),
-        ]
-        script = (
-            "import sys; from tfdist.cli.main import main; cases = %r; codes = []\n"
-            "for args in cases:\n"
-            "    codes.append(main(['data-report', *args]))\n"
-            "    sys.stderr.write('<END>\\n')\n"
-            "print(codes)"
-        ) % (
-            [[f"{prefix}-*", "--workers", "2", *args] for args, _ in cases]
-            + [[root, "--label-key", "label", "--workers", "2"]]
-        )
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-        self.assertEqual(json.loads(done.stdout.strip().splitlines()[-1]), [2, 2, 2, 2], done.stderr[-2000:])
-        self.assertEqual(done.stdout.strip().splitlines(), ["[2, 2, 2, 2]"])  # No report printed before the error.
-        outputs = done.stderr.split("<END>\n")
-        for (_, message), err in zip(cases + [(None, "not a directory")], outputs):
-            lines = [line for line in err.splitlines() if line.startswith("tfdist data-report")]
-            self.assertLen(lines, 1, err)
-            self.assertRegex(lines[0], message)
-            self.assertNotIn("Traceback", err)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2, 2, 2, 2], done.stderr[-2000:]
+    assert done.stdout.strip().splitlines() == ["[2, 2, 2, 2]"]  # No report printed before the error.
+    outputs = done.stderr.split("<END>\n")
+    for (_, message), err in zip(cases + [(None, "not a directory")], outputs):
+        lines = [line for line in err.splitlines() if line.startswith("tfdist data-report")]
+        assert len(lines) == 1, err
+        assert re.search(message, lines[0])
+        assert "Traceback" not in err
