@@ -1,11 +1,15 @@
-"""The tfdist demo's training job: a small CNN on sharded, stratified JPEG TFRecords (run under tfdist-launch).
+"""The tfdist demo's training job: a small CNN on sharded, stratified image TFRecords (run under tfdist-launch).
 
     tfdist-launch --chief --workers 2 --ps 1 -- python scripts/demo.py --data demo-out/data --out demo-out/stratified
     tfdist-launch --workers 2 -- python scripts/demo.py --data demo-out/data --out demo-out/natural --sampling natural
 
-Every task builds its strategy from TF_CONFIG. The chief (or the first worker) trains with a progress line per
-epoch, TensorBoard logs and backups, evaluates per-class accuracy on the validation set, and writes
-OUT/summary.json.
+Every task builds its strategy from TF_CONFIG and trains one fresh model per seed (``--seeds 3``: seeds 0, 1
+and 2 each set the weight initialisation and the input's shuffle and class draws). The chief (or the first
+worker) prints a progress line per epoch, keeps TensorBoard logs and backups under OUT/seed-N/, evaluates
+per-class accuracy on the validation set after each seed, and writes OUT/summary.json: each seed's
+results, their mean and spread, and what ran - among it the records each worker trained on in each epoch,
+counted in the train step (``records_w0``, ``records_w1`` in the progress line), and the input pipeline
+that the chief's dataset function built (tfdist's own log line).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -21,24 +26,111 @@ from typing import Any
 import tfdist
 
 
-def _build(keras: Any, classes: int, size: int, image_key: str) -> Any:
+class _InputLog(logging.Handler):
+    """Keeps tfdist.data's "Input pipeline i/n: ..." lines: which share of the data a pipeline was built for."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Input pipeline "):
+            self.lines.append(message)
+
+
+def _records_metrics(keras: Any, tf: Any, workers: int, on_ps: bool) -> list[Any]:
+    """One metric per worker: the records that worker trained on this epoch (Keras resets metrics per epoch).
+
+    The count is taken where the records are used, in the train step: under ParameterServerStrategy the
+    step runs on whichever worker the coordinator gives it to (its index from
+    ``experimental_get_current_worker_index``); under MultiWorkerMirroredStrategy every worker runs every
+    step on its own replica's batch.
+    """
+
+    class WorkerRecords(keras.metrics.Metric):
+        def __init__(self, worker: int) -> None:
+            super().__init__(name=f"records_w{worker}")
+            self.worker = worker
+            self.total = self.add_weight(name="total", initializer="zeros")
+
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            if on_ps:
+                index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            else:
+                index = tf.distribute.get_replica_context().replica_id_in_sync_group
+            mine = tf.cast(tf.equal(tf.cast(index, tf.int64), self.worker), self.dtype)
+            self.total.assign_add(mine * tf.cast(tf.shape(y_true)[0], self.dtype))
+
+        def result(self) -> Any:
+            return tf.identity(self.total)
+
+        def reset_state(self) -> None:
+            self.total.assign(0.0)
+
+    return [WorkerRecords(w) for w in range(workers)]
+
+
+def _same_streams(strategy: Any, tf: Any, pipeline: Any, workers: int) -> str:
+    """Under ParameterServerStrategy: do the workers' inputs yield the same records in the same order?
+
+    Runs ``pipeline`` (the train input's files, seed and sampling; labels only) through the coordinator as
+    ``fit`` does, takes a few batches from the workers and compares each worker's first batches by their
+    labels: 'identical', 'different', or 'unknown' (a worker got no batch).
+    """
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # The one Keras' fit uses too.
+
+    @tf.function
+    def per_worker() -> Any:
+        return strategy.distribute_datasets_from_function(pipeline.dataset_fn)
+
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker))
+
+    @tf.function
+    def take(iterator: Any) -> Any:
+        return tf.distribute.coordinator.experimental_get_current_worker_index(), next(iterator)[1]
+
+    fetched = [coordinator.schedule(take, args=(iterator,)) for _ in range(4 * workers)]
+    coordinator.join()
+    batches: dict[int, list[list[int]]] = {}
+    for value in fetched:
+        index, labels = value.fetch()
+        batches.setdefault(int(index), []).append(labels.tolist())
+    if len(batches) < 2:
+        return "unknown"
+    first = min(len(b) for b in batches.values())
+    return "identical" if len({repr(b[:first]) for b in batches.values()}) == 1 else "different"
+
+
+def _build(keras: Any, classes: int, size: int, image_key: str, metrics: list[Any]) -> Any:
     model = keras.Sequential(
         [
             keras.Input((size, size, 3), name=image_key),  # Matches the feature name in the input dict.
-            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
             keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
             keras.layers.MaxPooling2D(),
-            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Flatten(),
             keras.layers.Dense(classes),
         ]
     )
     model.compile(
         optimizer=keras.optimizers.Adam(3e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        metrics=["accuracy", *metrics],
     )
     return model
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """Mean, standard deviation (0 for one value), min and max, rounded."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {
+        "mean": round(statistics.fmean(values), 3),
+        "std": round(std, 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
 
 
 def main() -> int:
@@ -46,15 +138,21 @@ def main() -> int:
     parser.add_argument("--data", required=True, help="directory with train-* (per-class shards) and val-*")
     parser.add_argument("--out", required=True, help="where logs, backups and summary.json go")
     parser.add_argument("--sampling", choices=("stratified", "natural"), default="stratified")
+    parser.add_argument(
+        "--class-weights", choices=("sqrt", "balanced"), default="sqrt", help="the stratified class mix"
+    )
     parser.add_argument("--label-key", default="label")
     parser.add_argument("--image-key", default="image")
-    parser.add_argument("--image-size", type=int, default=48, help="images are resized to this square size")
-    parser.add_argument("--classes", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=64, help="global batch size")
+    parser.add_argument("--image-size", type=int, default=8, help="images are resized to this square size")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=32, help="global batch size")
+    parser.add_argument("--seeds", type=int, default=1, help="train this many models, with seeds 0, 1, ...")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tfdist").setLevel(logging.INFO)
+    inputs = _InputLog()
+    logging.getLogger("tfdist.data").addHandler(inputs)
     spec = tfdist.current_cluster()
     strategy = tfdist.build_strategy("auto", communication="ring")  # Before any other TF op.
     import numpy as np
@@ -63,7 +161,13 @@ def main() -> int:
     from tfdist import keras
     from tfdist.data import TFRecordPipeline, read_manifest
 
-    keras.utils.set_random_seed(1)
+    on_ps = isinstance(strategy, tf.distribute.ParameterServerStrategy)
+    # The workers that run train steps: PS workers (not the chief, which coordinates), else every replica.
+    workers = len(spec.jobs.get("worker", ())) if on_ps and spec is not None else strategy.num_replicas_in_sync
+    chief = spec is None or spec.is_chief
+    manifest = read_manifest(os.path.join(args.data, "train")) or {}
+    records = manifest.get("records") or 0
+    steps = max(1, records // args.batch)
     size = (args.image_size, args.image_size)
     features = {
         args.image_key: tf.io.FixedLenFeature([], tf.string),
@@ -76,73 +180,129 @@ def main() -> int:
         image_size=size,
         label_key=args.label_key,
         as_supervised=True,
-        seed=1,
     )
-    train = TFRecordPipeline(
-        files=os.path.join(args.data, "train-*"),
-        shuffle_buffer=2048,
-        num_epochs=None,
-        class_weights="sqrt" if args.sampling == "stratified" else "natural",
-        **common,
-    )
-    manifest = read_manifest(os.path.join(args.data, "train")) or {}
-    records = manifest.get("records") or 8000
-    steps = records // args.batch
-    is_ps = isinstance(strategy, tf.distribute.ParameterServerStrategy)
-    with strategy.scope():
-        model = _build(keras, args.classes, args.image_size, args.image_key)
-    callbacks = keras.cluster_callbacks(
-        backup_dir=os.path.join(args.out, "backup"),
-        tensorboard_dir=os.path.join(args.out, "tensorboard"),
-        global_batch_size=args.batch,
-    )
-    chief = spec is None or spec.is_chief
-    start = time.perf_counter()
-    history = model.fit(
-        keras.fit_input(train, strategy=strategy, steps_per_epoch=steps),
-        epochs=args.epochs,
-        steps_per_epoch=steps,
-        callbacks=callbacks,
-        verbose=2 if chief else 0,
-    )
-    seconds = time.perf_counter() - start
+    runs = []
+    streams = None  # Checked under ParameterServerStrategy only (MWMS workers read their own share of the files).
+    for seed in range(args.seeds):
+        keras.utils.set_random_seed(seed)  # The weights' initialisation.
+        inputs.lines.clear()
+        train = TFRecordPipeline(
+            files=os.path.join(args.data, "train-*"),
+            shuffle_buffer=2048,
+            num_epochs=None,
+            class_weights=args.class_weights if args.sampling == "stratified" else "natural",
+            seed=seed,  # The shuffle and the stratified draws.
+            **common,
+        )
+        if on_ps and seed == 0 and workers > 1:
+            streams = _same_streams(
+                strategy,
+                tf,
+                TFRecordPipeline(
+                    files=os.path.join(args.data, "train-*"),
+                    batch_size=args.batch,
+                    shuffle_buffer=2048,
+                    num_epochs=None,
+                    class_weights=train.class_weights,
+                    seed=seed,
+                    features={args.label_key: features[args.label_key]},
+                    label_key=args.label_key,
+                    as_supervised=True,
+                ),
+                workers,
+            )
+            inputs.lines.clear()
+        with strategy.scope():
+            model = _build(
+                keras, args.classes, args.image_size, args.image_key, _records_metrics(keras, tf, workers, on_ps)
+            )
+        where = os.path.join(args.out, f"seed-{seed}")
+        callbacks = keras.cluster_callbacks(
+            backup_dir=os.path.join(where, "backup"),
+            tensorboard_dir=os.path.join(where, "tensorboard"),
+            global_batch_size=args.batch,
+        )
+        if chief:
+            sys.stdout.write(f"-- seed {seed}\n")
+            sys.stdout.flush()
+        start = time.perf_counter()
+        history = model.fit(
+            keras.fit_input(train, strategy=strategy, steps_per_epoch=steps),
+            epochs=args.epochs,
+            steps_per_epoch=steps,
+            callbacks=callbacks,
+            verbose=2 if chief else 0,
+        )
+        seconds = time.perf_counter() - start
+        built = list(inputs.lines)  # The train input's pipelines (the validation set's line comes next).
+        if not chief:
+            continue
+        # Per-class accuracy on the (balanced) validation set, with a local copy of the trained weights.
+        local = _build(keras, args.classes, args.image_size, args.image_key, [])
+        local.set_weights(model.get_weights())
+        val = TFRecordPipeline(files=os.path.join(args.data, "val-*"), drop_remainder=False, seed=seed, **common)
+        labels, predictions = [], []
+        # A default InputContext: one pipeline over every file (TF_CONFIG would give MWMS's chief its share only).
+        for x, y in val.dataset(tf.distribute.InputContext()):
+            labels.append(y.numpy())
+            predictions.append(local.predict_on_batch(x).argmax(axis=1))
+        labels, predictions = np.concatenate(labels), np.concatenate(predictions)
+        per_class = {
+            str(c): round(float((predictions[labels == c] == c).mean()), 3)
+            for c in range(args.classes)
+            if (labels == c).any()
+        }
+        counted = [history.history[f"records_w{w}"] for w in range(workers)]
+        runs.append(
+            {
+                "seed": seed,
+                "seconds": round(seconds, 1),
+                "examples_per_s": round(args.epochs * steps * args.batch / seconds),
+                "final_loss": round(float(history.history["loss"][-1]), 4),
+                "val_records": len(labels),
+                "val_accuracy": round(float((predictions == labels).mean()), 3),
+                "per_class_accuracy": per_class,
+                # records_per_worker[epoch][worker], as counted in the train steps.
+                "records_per_worker": [[int(counted[w][e]) for w in range(workers)] for e in range(args.epochs)],
+                "input_pipelines": built,
+            }
+        )
     if not chief:
         return 0
-    # Per-class accuracy on the (uniform) validation set, with a local copy of the trained weights.
-    local = _build(keras, args.classes, args.image_size, args.image_key)
-    local.set_weights(model.get_weights())
-    val = TFRecordPipeline(files=os.path.join(args.data, "val-*"), drop_remainder=False, **common)
-    labels, predictions = [], []
-    for x, y in val.dataset():
-        labels.append(y.numpy())
-        predictions.append(local.predict_on_batch(x).argmax(axis=1))
-    labels, predictions = np.concatenate(labels), np.concatenate(predictions)
-    per_class = {
-        str(c): round(float((predictions[labels == c] == c).mean()), 3)
-        for c in range(args.classes)
-        if (labels == c).any()
-    }
-    input_workers = 1 if spec is None else len(spec.jobs.get("worker", ())) if is_ps else spec.num_workers
-    plan = train.plan(input_workers)
-    files = manifest.get("files", {})
-    shares = [sum(files.get(p, {}).get("records", 0) for p in plan.files_for(w)) for w in range(plan.num_workers)]
+    classes = runs[0]["per_class_accuracy"]
+    per_epoch = [epoch for run in runs for epoch in run["records_per_worker"]]
     summary = {
         "sampling": args.sampling,
+        "class_weights": args.class_weights if args.sampling == "stratified" else "natural",
         "strategy": type(strategy).__name__,
+        "workers": workers,
         "replicas": strategy.num_replicas_in_sync,
+        "seeds": [run["seed"] for run in runs],
         "epochs": args.epochs,
         "steps_per_epoch": steps,
-        "examples_per_s": round(args.epochs * steps * args.batch / seconds),
-        "final_loss": round(float(history.history["loss"][-1]), 4),
-        "val_accuracy": round(float((predictions == labels).mean()), 3),
-        "per_class_accuracy": per_class,
-        "worker_records": shares,
-        "sharding": f"{plan.policy}: {plan.reason}",
+        "global_batch": args.batch,
+        "train_records": records,
+        "train_class_counts": manifest.get("classes") or {},
+        "val_records": runs[0]["val_records"],
+        "examples_per_s": round(statistics.fmean(run["examples_per_s"] for run in runs)),
+        "val_accuracy": _spread([run["val_accuracy"] for run in runs]),
+        "per_class_accuracy": {c: _spread([run["per_class_accuracy"][c] for run in runs]) for c in classes},
+        "worst_class_accuracy": _spread([min(run["per_class_accuracy"].values()) for run in runs]),
+        # Per worker, over every epoch of every seed: the fewest and most records it trained on in an epoch.
+        "records_per_worker_epoch": {
+            "min": [min(epoch[w] for epoch in per_epoch) for w in range(workers)],
+            "max": [max(epoch[w] for epoch in per_epoch) for w in range(workers)],
+            "mean": [round(statistics.fmean(epoch[w] for epoch in per_epoch)) for w in range(workers)],
+        },
+        "input_pipelines": runs[0]["input_pipelines"],
+        # Under ParameterServerStrategy: the workers' first batches compared, fetched before seed 0's fit.
+        "worker_streams": streams,
+        "runs": runs,
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    sys.stdout.write("SUMMARY " + json.dumps(summary) + "\n")
+    sys.stdout.write("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "runs"}) + "\n")
     return 0
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
-import pathlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from absl.testing import absltest
 
-from tests.support import SUPPORT, cluster_tasks
+from tests.support import REPO, SUPPORT, cluster_tasks
 from tfdist import testing
 from tfdist.launch.events import KillAt
 
@@ -96,31 +97,34 @@ class ParameterServerKerasTest(absltest.TestCase):
         self.assertEqual(resumed["epochs_seen"][-1], 5)
 
 
+def _demo_report() -> Any:
+    spec = importlib.util.spec_from_file_location("demo_report", REPO / "scripts" / "demo_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class DemoTest(absltest.TestCase):
-    def test_demo_script_trains_and_summarizes_under_mwms(self) -> None:
+    """scripts/demo.py over seeds under both strategies, and scripts/demo_report.py on what it wrote."""
+
+    def _data(self, root: str) -> None:
         import subprocess
         import sys
 
-        root = self.create_tempdir().full_path
-        repo = str(pathlib.Path(__file__).resolve().parents[2])
-        make = [
-            sys.executable,
-            os.path.join(repo, "scripts", "make_synthetic_images.py"),
-            "--classes",
-            "4",
-            "--size",
-            "32",
-            "--shards",
-            "2",
-        ]
+        make = [sys.executable, str(REPO / "scripts" / "make_synthetic_images.py"), "--classes", "4", "--size", "32"]
         for args in (
-            ["--out", f"{root}/data/train", "--num", "800", "--partition"],
-            ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1"],
+            ["--out", f"{root}/data/train", "--num", "800", "--partition", "--shards", "2"],
+            ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1", "--shards", "2"],
         ):
             subprocess.run(make + args, check=True, capture_output=True, timeout=120)
-        command = [
+
+    def _demo(self, root: str, *args: str) -> list[str]:
+        import sys
+
+        return [
             sys.executable,
-            os.path.join(repo, "scripts", "demo.py"),
+            str(REPO / "scripts" / "demo.py"),
             "--data",
             f"{root}/data",
             "--out",
@@ -129,19 +133,67 @@ class DemoTest(absltest.TestCase):
             "4",
             "--image-size",
             "32",
-            "--epochs",
-            "2",
             "--batch",
             "32",
+            *args,
         ]
-        run = testing.run_cluster(command, workers=2, timeout=240)
+
+    def test_demo_trains_each_seed_and_counts_records_under_mwms(self) -> None:
+        root = self.create_tempdir().full_path
+        self._data(root)
+        run = testing.run_cluster(self._demo(root, "--epochs", "2", "--seeds", "2"), workers=2, timeout=240)
         self.assertTrue(run.ok, run.result.summary())
         summary = json.loads(Path(f"{root}/out/summary.json").read_text())
         self.assertEqual(
-            (summary["replicas"], summary["sampling"], summary["worker_records"]), (2, "stratified", [400, 400])
+            (summary["replicas"], summary["workers"], summary["sampling"], summary["seeds"]),
+            (2, 2, "stratified", [0, 1]),
         )
-        self.assertEqual(sorted(summary["per_class_accuracy"]), ["0", "1", "2", "3"])
-        self.assertTrue(glob.glob(f"{root}/out/tensorboard/train/events.out.tfevents.*"))
+        self.assertEqual(summary["steps_per_epoch"], 800 // 32)
+        # Each MWMS worker trains on half of every global batch, counted in its own train steps.
+        half = summary["steps_per_epoch"] * 32 // 2
+        for seed_run in summary["runs"]:
+            self.assertEqual(seed_run["records_per_worker"], [[half, half], [half, half]])
+            self.assertEqual(sorted(seed_run["per_class_accuracy"]), ["0", "1", "2", "3"])
+        self.assertEqual(
+            summary["records_per_worker_epoch"], {"min": [half, half], "max": [half, half], "mean": [half, half]}
+        )
+        self.assertIn("Input pipeline 0/2", summary["input_pipelines"][0])  # The chief's share of two pipelines.
+        self.assertIsNone(summary["worker_streams"])
+        first, second = summary["runs"]
+        self.assertNotEqual(first["final_loss"], second["final_loss"])  # The seed changes initialisation and order.
+        accuracy = summary["per_class_accuracy"]["0"]
+        values = [r["per_class_accuracy"]["0"] for r in summary["runs"]]
+        self.assertEqual((accuracy["min"], accuracy["max"]), (min(values), max(values)))
+        for seed in (0, 1):
+            self.assertTrue(glob.glob(f"{root}/out/seed-{seed}/tensorboard/train/events.out.tfevents.*"))
+        # The report: one column per run, and a PNG picture.
+        report = _demo_report()
+        picture = f"{root}/demo.png"
+        report.draw([summary, summary], picture)
+        self.assertEqual(Path(picture).read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+        text = report.table([summary], picture)
+        self.assertIn(
+            f"records each worker trained on per epoch (counted in the train step): worker 0 {half}, worker 1 {half}",
+            text,
+        )
+        self.assertIn(f"class 3 ({summary['train_class_counts']['3']} train)", text)
+        self.assertIn(f"picture: {picture}", text)
+
+    def test_demo_counts_what_each_ps_worker_trains_on(self) -> None:
+        root = self.create_tempdir().full_path
+        self._data(root)
+        command = self._demo(root, "--epochs", "2", "--seeds", "1", "--sampling", "natural")
+        run = testing.run_cluster(command, workers=2, ps=1, chief=True, timeout=240)
+        self.assertTrue(run.ok, run.result.summary())
+        summary = json.loads(Path(f"{root}/out/summary.json").read_text())
+        self.assertEqual((summary["strategy"], summary["workers"]), ("ParameterServerStrategyV2", 2))
+        # The coordinator hands each step (one global batch) to a free worker: the split varies, the sum does not.
+        for epoch in summary["runs"][0]["records_per_worker"]:
+            self.assertEqual(sum(epoch), summary["steps_per_epoch"] * 32, epoch)
+        self.assertIn("Input pipeline 0/1", summary["input_pipelines"][0])  # One pipeline over all the files.
+        # tfdist today: one dataset function with one seed for every PS worker, so both read the same records in
+        # the same order. A change that gives PS workers their own order must update this and the README.
+        self.assertEqual(summary["worker_streams"], "identical")
 
 
 class PreemptionTest(absltest.TestCase):
