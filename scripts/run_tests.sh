@@ -7,6 +7,6 @@
 # scripts/_venv.sh and scripts/stacks/ say what each installs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
-tfdist_venv test,ray   # ray: the Ray engine's tests (tests/launch/engines/test_ray.py); installs on both stacks
+tfdist_venv test,ray,demo   # ray: the Ray engine's tests; demo: scikit-learn, whose bundled digits tests/data/test_digits.py writes
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
