@@ -266,7 +266,10 @@ def test_requests_build_without_warnings(tmp_path: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # A `deterministic` without parallel calls warns on every build.
         reads.request(tf.data.Dataset.from_tensor_slices(["s3://b/k"]), ahead=2)
-    assert not caught, [str(warning.message) for warning in caught]
+    # On Python 3.13, TF's autograph passes its own keyword to ast nodes, which Python deprecates
+    # ("... got an unexpected keyword argument '___pyct_anno'"): TensorFlow's warning, not the build's.
+    ours = [w for w in caught if "___pyct_anno" not in str(w.message)]
+    assert not ours, [str(warning.message) for warning in ours]
 
 
 def test_stage_root_must_be_private_and_other_users_requests_are_ignored(tmp_path: str) -> None:
