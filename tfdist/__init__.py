@@ -33,8 +33,8 @@ from tfdist.errors import (
     StorageError,
     StrategyError,
 )
+from tfdist.runtime import logs as _logs  # noqa: F401  (importing it installs the TFDIST_LOG_LEVEL default)
 from tfdist.runtime.clean_exit import exit_cleanly
-from tfdist.runtime.logs import install_default as _install_log_default
 from tfdist.strategy.builders import (
     StrategyOptions,
     build_strategy,
@@ -44,8 +44,6 @@ from tfdist.strategy.builders import (
 )
 
 __version__ = "0.1.0"
-
-_install_log_default()  # Only when TFDIST_LOG_LEVEL is set, as tfdist-launch does: tfdist/runtime/logs.py.
 
 # Subpackages loaded on first attribute access (each may import TensorFlow when used).
 _LAZY_MODULES = ("cluster", "comm", "data", "keras", "launch", "plan", "runtime", "strategy", "testing")

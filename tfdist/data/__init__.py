@@ -24,7 +24,7 @@ from tfdist.data.pipeline import (
     TuningOptions,
 )
 from tfdist.data.records import FileInfo, Listing, VerifyReport, read_manifest, write_tfrecords
-from tfdist.data.report import SkewReport, skew_report
+from tfdist.data.report import ScanProgress, SkewReport, skew_report
 from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.service import LocalDataService
 from tfdist.data.sharding import ShardPlan, plan_shards
@@ -39,6 +39,7 @@ __all__ = [
     "LocalDataService",
     "ParseOptions",
     "SampleOptions",
+    "ScanProgress",
     "ShardOptions",
     "ShardPlan",
     "SkewReport",

@@ -6,19 +6,18 @@ Built on ``matplotlib.figure.Figure`` alone: no pyplot, so no global backend or 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tfdist.errors import RuntimeFailure
-
-if TYPE_CHECKING:
-    from tfdist.data.report import SkewReport
 
 INSTALL = "pip install 'tfdist[plot]' (in a clone: pip install \".[plot]\")"
 _MANY_CLASSES = 12  # Above this, class labels are drawn rotated.
 
 
-def figure(report: SkewReport, *, threshold: float) -> Any:
+def figure(report: Any, *, threshold: float) -> Any:
     """Records per class and worker (log axis), records per worker, and class-mix divergence per worker.
+
+    ``report`` is a :class:`tfdist.data.report.SkewReport` (typed loosely: that module imports this one).
 
     Raises:
       RuntimeFailure: matplotlib is not installed (the message says how to install it).

@@ -66,10 +66,10 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
-if TYPE_CHECKING:  # The engines' readers import this module: no import of them at run time.
-    from tfdist.launch.engines._process import LineSink
+LineSink = Callable[[str, str], None]  # (task, line) -> None: where the engines send each line of output
+
 
 PROGRESS_SECONDS = 10.0  # The console shows at most one progress update per task this often.
 _CHUNK = 65536

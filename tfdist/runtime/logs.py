@@ -83,7 +83,7 @@ def _another_handler(name: str, mine: logging.Handler) -> bool:
 def install_default(environ: Mapping[str, str] | None = None) -> bool:
     """The ``tfdist`` logger's default when ``TFDIST_LOG_LEVEL`` is set; True when it was installed.
 
-    Called once by ``import tfdist``. Does nothing when the variable is unset or empty, or when logging is
+    Called once as ``import tfdist`` imports this module (the last line below). Does nothing when the variable is unset or empty, or when logging is
     configured already (a root handler, a handler or level on the ``tfdist`` logger). An unknown value is
     reported as a warning and ignored.
     """
@@ -116,3 +116,7 @@ def configure_cli(level: str, fmt: str = FORMAT) -> None:
         if isinstance(handler, _DefaultHandler):
             handler.retired = True
     logger.setLevel(_LEVELS[level])
+
+
+# Once per process, as tfdist/__init__.py imports this module: a no-op unless TFDIST_LOG_LEVEL is set.
+install_default()

@@ -10,10 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from tfdist.errors import LaunchFailure
-from tfdist.launch.output import read_lines
+from tfdist.launch.output import LineSink, read_lines
 from tfdist.runtime import exit_codes
-
-LineSink = Callable[[str, str], None]  # (task, line) -> None
 
 
 class LocalProcess:

@@ -22,7 +22,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
-from tfdist.launch.engines._process import LineSink
+from tfdist.launch.output import LineSink
 
 __all__ = ["Engine", "TaskProcess"]
 

@@ -25,9 +25,10 @@ from tfdist.errors import LaunchFailure
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
 from tfdist.launch.engines._netns import Namespace
-from tfdist.launch.engines._process import LineSink, LocalProcess
+from tfdist.launch.engines._process import LocalProcess
 from tfdist.launch.engines._reaper import Reaper
 from tfdist.launch.engines.base import Engine, TaskProcess
+from tfdist.launch.output import LineSink
 
 __all__ = ["LocalEngine"]
 
