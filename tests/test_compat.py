@@ -6,12 +6,13 @@ import pytest
 
 from tfdist import _compat
 from tfdist.errors import StackError
+from tfdist.runtime import versions
 
 
 def test_every_internal_resolves_on_this_stack() -> None:
     import tensorflow as tf
 
-    assert _compat.stack_problem() is None, _compat.stack_problem()
+    assert versions.stack_problem() is None, versions.stack_problem()
     checked = _compat.check_internals()
     assert set(checked) == set(_compat._CHECKS) and set(checked.values()) == {"ok"}, tf.__version__
 
@@ -31,16 +32,6 @@ def test_helpers_behave() -> None:
     assert not _compat.is_sharded_variable(tf.Variable(1.0))
     assert _compat.is_tf_error(tf.errors.UnavailableError(None, None, "gone"), ("UnavailableError",))
     assert not _compat.is_tf_error(RuntimeError("x"), ("UnavailableError", "NoSuchError"))
-    assert _compat.parse_version("2.17.1") == (2, 17) and _compat.parse_version("2.21.0rc2") == (2, 21)
-
-
-def test_tensorflow_io_availability_matches_the_stack() -> None:
-    tf_minor = _compat.parse_version(_compat.installed_version("tensorflow") or "0.0")
-    reason = _compat.tfio_unavailable_reason()
-    if tf_minor > _compat.TFIO_LAST_TF:
-        assert reason is not None and ("not installed" in reason or "cannot load" in reason)
-    elif _compat.installed_version("tensorflow-io") is not None:
-        assert reason is None
 
 
 KERAS3 = """
@@ -97,6 +88,6 @@ def test_stack_report_names_the_stack_and_its_s3_reader() -> None:
     report = stack_report(probe=True)
     assert report.ok, report.problems
     assert report.internals.startswith("ok: all ")
-    assert report.schemes["s3"] == ("tensorflow-io" if _compat.tfio_unavailable_reason() is None else "boto3 (tfdist)")
+    assert report.schemes["s3"] == ("tensorflow-io" if versions.tfio_unavailable_reason() is None else "boto3 (tfdist)")
     text = report.to_text()
     assert f"tensorflow:         {report.tensorflow}" in text and text.endswith("stack: supported")

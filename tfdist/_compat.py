@@ -8,94 +8,32 @@ Each accessor either resolves or raises :class:`tfdist.errors.StackError`
 naming the installed versions; :func:`check_internals` resolves all of them
 (``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
 
-Version facts are read from package metadata, without importing TensorFlow.
+Which versions are installed, and whether tfdist supports them, is :mod:`tfdist.runtime.versions`.
 
 Example:
     >>> from tfdist import _compat
-    >>> _compat.parse_version("2.21.0rc1")
-    (2, 21)
-    >>> _compat.SUPPORTED_TF
-    ((2, 17), (2, 21))
+    >>> _compat.is_tf_error(RuntimeError("gone"), ("UnavailableError",))
+    False
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from tfdist.errors import StackError
-
-SUPPORTED_TF = ((2, 17), (2, 21))  # Inclusive minor range; 2.16 stalls MWMS start-up (BUILD_NOTES.md).
-TFIO_LAST_TF = (2, 17)  # tensorflow-io 0.37.1's file systems have undefined symbols on TF >= 2.18.
-
-
-def parse_version(text: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as '2.17.1' or '2.21.0rc1'."""
-    major, minor = text.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-def installed_version(distribution: str) -> str | None:
-    """The installed version of a distribution ('tensorflow', 'tf-keras', ...), or None."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _stack_text() -> str:
-    return f"TensorFlow {installed_version('tensorflow')} with tf-keras {installed_version('tf-keras')}"
-
-
-def stack_problem() -> str | None:
-    """Why the installed TF / tf-keras pair is unsupported, or None if it is supported."""
-    tf_version, keras_version = installed_version("tensorflow"), installed_version("tf-keras")
-    if tf_version is None:
-        return "TensorFlow is not installed: pip install 'tensorflow>=2.17,<2.22'."
-    tf_minor = parse_version(tf_version)
-    if not SUPPORTED_TF[0] <= tf_minor <= SUPPORTED_TF[1]:
-        return (
-            f"TensorFlow {tf_version} is outside tfdist's range 2.17-2.21 (2.16 stalls at the start of a "
-            "multi-worker fit). Install e.g. tensorflow==2.21.0 tf-keras==2.21.0."
-        )
-    if keras_version is None:
-        return f"tf-keras is not installed: pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
-    if parse_version(keras_version) != tf_minor:
-        return (
-            f"tf-keras {keras_version} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
-            f"minor version. pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
-        )
-    return None
-
-
-def tfio_unavailable_reason() -> str | None:
-    """Why tensorflow-io's file systems cannot load here, or None when they can (no TF import)."""
-    tf_version = installed_version("tensorflow")
-    if importlib.util.find_spec("tensorflow_io") is None:
-        return "tensorflow-io is not installed (it loads on TF 2.17 only: pip install 'tfdist[tfio]')"
-    if tf_version is not None and parse_version(tf_version) > TFIO_LAST_TF:
-        return f"tensorflow-io's file systems cannot load on TF {tf_version} (undefined symbols on TF >= 2.18)"
-    return None
-
-
-def keras3_loaded() -> str | None:
-    """The version of Keras 3 if a script has imported it (``import keras``), else None."""
-    module = sys.modules.get("keras")
-    version = str(getattr(module, "__version__", "")) if module is not None else ""
-    return version if version[:1].isdigit() and int(version.split(".")[0]) >= 3 else None
+from tfdist.runtime.versions import keras3_loaded, stack_problem, stack_text
 
 
 def _missing(what: str, needed_by: str) -> StackError:
     return StackError(
-        f"tfdist needs {what} for {needed_by}, which {_stack_text()} does not have. tfdist supports "
+        f"tfdist needs {what} for {needed_by}, which {stack_text()} does not have. tfdist supports "
         "TensorFlow 2.17-2.21 with the tf-keras of the same minor version; install one of those, or "
         "report the version at tfdist's issue tracker.",
         field="stack",
-        value=_stack_text(),
+        value=stack_text(),
         expected=what,
         fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras",
     )
@@ -503,7 +441,7 @@ def check_internals() -> dict[str, str]:
         raise StackError(
             problem,
             field="stack",
-            value=_stack_text(),
+            value=stack_text(),
             expected="TF 2.17-2.21 with matching tf-keras",
             fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras",
         )

@@ -20,6 +20,7 @@ import os
 import sys
 
 from tfdist import _compat
+from tfdist.runtime import versions
 
 _TFIO_ONLY = ("hdfs", "az", "oss", "http")
 
@@ -94,7 +95,7 @@ def _warnings(
     keras3_imported: str | None,
 ) -> list[str]:
     out = []
-    if keras is not None and _compat.parse_version(keras) >= (3, 0) and legacy != "1":
+    if keras is not None and versions.parse_version(keras) >= (3, 0) and legacy != "1":
         out.append(
             "tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1). Keras 3 fails model.fit under "
             "MultiWorkerMirroredStrategy (ValueError: Attempt to convert a value (PerReplica...)) and has no "
@@ -111,7 +112,7 @@ def _warnings(
             "tensorboard is not installed (TF >= 2.21 no longer installs it): tf-keras' TensorBoard callback "
             "fails inside fit. pip install tensorboard."
         )
-    if tf is not None and tfio is not None and _compat.parse_version(tf) > _compat.TFIO_LAST_TF:
+    if tf is not None and tfio is not None and versions.parse_version(tf) > versions.TFIO_LAST_TF:
         out.append(
             f"tensorflow-io {tfio} is installed, but its file systems cannot load on TF {tf} (undefined "
             "symbols on TF >= 2.18): s3:// goes through boto3; hdfs/az need TF 2.17 or a mount."
@@ -120,7 +121,7 @@ def _warnings(
 
 
 def _schemes(probe: bool) -> dict[str, str]:
-    tfio_problem = _compat.tfio_unavailable_reason()
+    tfio_problem = versions.tfio_unavailable_reason()
     boto3 = importlib.util.find_spec("boto3") is not None
     if not probe:
         s3 = (
@@ -150,13 +151,13 @@ def _schemes(probe: bool) -> dict[str, str]:
 
 def stack_report(*, probe: bool = False) -> StackReport:
     """The installed stack; ``probe`` also imports TensorFlow, checks file systems and internals."""
-    version = _compat.installed_version
+    version = versions.installed_version
     tf, keras, legacy = version("tensorflow"), version("keras"), os.environ.get("TF_USE_LEGACY_KERAS")
     tensorboard, tfio = version("tensorboard"), version("tensorflow-io")
-    keras3_imported = _compat.keras3_loaded()  # Before probing, which may import Keras 3 itself.
-    problem = _compat.stack_problem()
+    keras3_imported = versions.keras3_loaded()  # Before probing, which may import Keras 3 itself.
+    problem = versions.stack_problem()
     problems = [problem] if problem else []
-    if tf is not None and _compat.parse_version(tf) == (2, 16):
+    if tf is not None and versions.parse_version(tf) == (2, 16):
         problems.append("TF 2.16 stalls ~7.5 s at the start of every 2-worker MWMS fit (BUILD_NOTES.md).")
     internals = "not probed (tfdist doctor --stack probes)"
     if probe and not problems:

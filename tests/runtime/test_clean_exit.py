@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from tfdist._compat import tfio_unavailable_reason
 from tfdist.runtime.clean_exit import exit_code_of
+from tfdist.runtime.versions import tfio_unavailable_reason
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tfdist._compat import tfio_unavailable_reason
+from tfdist.runtime.versions import tfio_unavailable_reason
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
 READERS = [

@@ -33,8 +33,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tfdist._compat import tfio_unavailable_reason
 from tfdist.errors import DataError, StorageError, invalid
+from tfdist.runtime.versions import tfio_unavailable_reason
 
 _log = logging.getLogger("tfdist.data")
 BUILTIN_SCHEMES = frozenset({"", "file", "gs", "ram"})
