@@ -28,7 +28,6 @@ import importlib.util
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +37,7 @@ from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_int, require_number
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines._ray_actor import TaskHost
+from tfdist.launch.engines._ray_task import CALL_TIMEOUT, RayTaskProcess
 from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
 
 __all__ = ["RayEngine", "RayOptions"]
@@ -48,9 +48,6 @@ INSTALL_HINT = 'pip install "tfdist[ray]"  (Ray 2.60 with the pins this stack ne
 LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict_pack": "STRICT_PACK", "strict_spread": "STRICT_SPREAD"}
 DATA_SERVICE_TASK = "data-service:0"
-_ACTOR_DIED = 1
-_POLL_SECONDS = 0.5
-_CALL_TIMEOUT = 60.0
 # After an actor died: seconds for the GCS to mark its node dead. Ray's defaults take about 20 s for a hard-killed
 # raylet (health checks: 5 s initial delay, then 5 failures 3 s apart); later, the actor died on a live node.
 _NODE_DEATH_WAIT = 30.0
@@ -356,7 +353,7 @@ class RayEngine(Engine):
                 "without it and takes it back when a node joins."
             )
         actor = self._actors[task]
-        pid = self._get(actor.start.remote(list(argv), dict(env)), _CALL_TIMEOUT, f"start {task}")
+        pid = self._get(actor.start.remote(list(argv), dict(env)), CALL_TIMEOUT, f"start {task}")
         local = self._nodes.get(task) == self._driver_node
         proc = self._procs[task] = RayTaskProcess(self._ray, task, actor, on_line, pid, local)
         return proc
@@ -409,7 +406,7 @@ class RayEngine(Engine):
             if not ray.wait([ref], timeout=0)[0]:
                 continue
             try:
-                address, node = ray.get(ref, timeout=_CALL_TIMEOUT)
+                address, node = ray.get(ref, timeout=CALL_TIMEOUT)
             except ray.exceptions.RayError as err:  # Died again before it started: ask once more.
                 _log.info("The new actor of %s failed (%s); asking again.", task, err)
                 actor = self._new_actor(task)
@@ -444,67 +441,3 @@ class RayEngine(Engine):
             self._owns_connection = False
             # A local Ray started here stops with it; a joined cluster only loses this driver.
             ray.shutdown()
-
-
-class RayTaskProcess:
-    """One attempt of a task inside its actor; output is long-polled to the driver by a thread."""
-
-    def __init__(self, ray: Any, task: str, actor: Any, on_line: LineSink, pid: int, local: bool) -> None:
-        self._ray, self.task, self._actor, self._on_line = ray, task, actor, on_line
-        self._remote_pid, self._pid = pid, (pid if local else None)
-        self._code: int | None = None
-        self.actor_died = False  # the attempt ended because its actor died (not because the program exited)
-        self._exited = threading.Event()
-        self._finished = threading.Event()
-        self._stop_pump = threading.Event()
-        self._pump = threading.Thread(target=self._run_pump, name=f"tfdist-ray-{task}", daemon=True)
-        self._pump.start()
-
-    @property
-    def pid(self) -> int | None:
-        return self._pid
-
-    def _run_pump(self) -> None:
-        ray = self._ray
-        try:
-            while not self._stop_pump.is_set():
-                lines, code, finished = ray.get(
-                    self._actor.read.remote(_POLL_SECONDS, self._remote_pid), timeout=_CALL_TIMEOUT
-                )
-                for line in lines:
-                    self._on_line(self.task, line)
-                if code is not None and not self._exited.is_set():
-                    self._code = code
-                    self._exited.set()
-                if finished:
-                    if not self._exited.is_set():  # Only when the actor no longer knows this attempt.
-                        self._code = _ACTOR_DIED
-                        self._exited.set()
-                    break
-        except Exception as err:
-            self.actor_died = isinstance(err, ray.exceptions.RayActorError)
-            if not self._exited.is_set():
-                self._on_line(self.task, f"tfdist: the Ray actor of {self.task} was lost: {err}")
-                self._code = _ACTOR_DIED
-                self._exited.set()
-        finally:
-            self._finished.set()
-
-    def poll(self) -> int | None:
-        return self._code if self._exited.is_set() else None
-
-    def signal(self, sig: int) -> None:
-        if not self._exited.is_set():
-            self._actor.signal.remote(sig)  # Fire and forget: the supervisor must not block here.
-
-    def wait(self, timeout: float | None) -> int | None:
-        self._exited.wait(timeout)
-        return self.poll()
-
-    def release(self, timeout: float) -> None:
-        try:
-            self._ray.get(self._actor.stop.remote(0.0), timeout=timeout)
-        except Exception as err:
-            _log.debug("release %s: %s", self.task, err)
-        self._finished.wait(timeout)
-        self._stop_pump.set()
