@@ -196,6 +196,15 @@ def test_tfdist_quiet_keeps_a_real_tensorflow_error_and_stdout(tmp_path: pathlib
     assert loud.returncode == 1 and dropped, loud.stderr
 
 
+def test_tfdist_quiet_keeps_progress_updates_as_updates() -> None:
+    """Split like a task's output (OutputSplitter): a bar's updates pass with their \\r, noise between them goes."""
+    script = f"printf 'Epoch 1\\n1/3 [=>]\\b\\b\\r2/3 [==>]\\r\\n{TF217_STARTUP[8]}\\n3/3 [===]\\rdone' >&2"
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "quiet", "--", "sh", "-c", script], capture_output=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (0, b"Epoch 1\n1/3 [=>]\r2/3 [==>]\n3/3 [===]\rdone\n"), done
+
+
 def test_tfdist_quiet_passes_stdout_and_the_exit_status_and_forwards_sigterm_and_sigint(tmp_path: pathlib.Path) -> None:
     preamble = TF217_STARTUP[8]
     script = f"echo out; echo '{preamble}' >&2; echo 'a real problem' >&2; exit 7"

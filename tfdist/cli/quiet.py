@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -35,12 +34,11 @@ from types import FrameType
 from typing import Any
 
 from tfdist.errors import LaunchError, invalid
-from tfdist.launch.output import NoiseFilter, wants_tf_info
+from tfdist.launch.output import NoiseFilter, read_lines, wants_tf_info
 from tfdist.runtime import exit_codes
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 _DRAIN_SECONDS = 5.0  # At the end of filtered_stderr: how long the last lines may take to pass.
-_PIECES = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,14 +80,13 @@ def run(args: argparse.Namespace) -> int:
             proc.send_signal(signum)
         assert proc.stderr is not None
         with proc.stderr:
-            for raw in iter(proc.stderr.readline, b""):
-                line = raw.decode("utf-8", "replace")
-                if not keep(line.rstrip("\r\n")):
+            for line in read_lines(proc.stderr):
+                if not keep(line.rstrip("\r")):
                     continue
                 if binary is not None:
-                    binary.write(raw)
+                    binary.write(_as_written(line))
                 else:  # stderr replaced by a text stream (tests, embedding)
-                    sys.stderr.write(line)
+                    sys.stderr.write(line if line.endswith("\r") else line + "\n")
                 sys.stderr.flush()
         return exit_codes.from_returncode(proc.wait())
     finally:
@@ -217,28 +214,22 @@ def _reap(pid: int, timeout: float) -> None:
         return
 
 
+def _as_written(line: str) -> bytes:
+    """A line of :func:`read_lines` as bytes for a terminal: a progress update keeps its ``\\r``, others get ``\\n``."""
+    return (line if line.endswith("\r") else line + "\n").encode("utf-8", "replace")
+
+
 def _forward(read_end: int, out: int) -> None:
-    """Reads the pipe and writes every piece (a line, or an update ended by ``\\r``) the filter keeps to ``out``."""
+    """Reads the pipe and writes every line (or update ended by ``\\r``) the filter keeps to ``out``."""
     keep = NoiseFilter()
-    pending = b""
     broken = False  # The real stderr went away: the pipe is still read to its end, so no writer blocks.
-
-    def _pass(piece: bytes) -> None:
-        nonlocal broken
-        if broken or not keep(piece.decode("utf-8", "replace").rstrip("\r\n")):
-            return
-        view = memoryview(piece)
-        try:
-            while view:
-                view = view[os.write(out, view) :]
-        except OSError:
-            broken = True
-
-    while chunk := os.read(read_end, 65536):
-        pending += chunk
-        end = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
-        for piece in _PIECES.findall(pending[:end]):
-            _pass(piece)
-        pending = pending[end:]
-    if pending:
-        _pass(pending)
+    with open(read_end, "rb", buffering=0, closefd=False) as pipe:
+        for line in read_lines(pipe):
+            if broken or not keep(line.rstrip("\r")):
+                continue
+            view = memoryview(_as_written(line))
+            try:
+                while view:
+                    view = view[os.write(out, view) :]
+            except OSError:
+                broken = True
