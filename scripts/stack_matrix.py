@@ -34,8 +34,8 @@ TESTS = {
     "MWMS fit": [
         "tests/strategy/test_multiworker.py::MultiWorkerMirroredTest::test_auto_strategy_two_workers_identical_weights"
     ],
-    "PS fit": ["tests/keras/test_fit.py::ParameterServerKerasTest::test_fit_input_callbacks_and_evaluator_sidecar"],
-    "preemption save": ["tests/keras/test_fit.py::PreemptionTest"],
+    "PS fit": ["tests/keras/test_fit.py::TestParameterServerKeras::test_fit_input_callbacks_and_evaluator_sidecar"],
+    "preemption save": ["tests/keras/test_fit.py::TestPreemption"],
     "compression": [
         "tests/comm/test_communication.py::TwoWorkerCommunicationTest::"
         "test_compressed_fit_reaches_the_uncompressed_loss"

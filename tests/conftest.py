@@ -11,13 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from absl import flags
 
 from tfdist.cluster import address as _address
 from tfdist.cluster.probe import can_connect
-
-# absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
-flags.FLAGS.mark_as_parsed()
 
 S3_KEYS = {
     "AWS_ACCESS_KEY_ID": "tfdist",

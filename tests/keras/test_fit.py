@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from absl.testing import absltest
 
 from tests.support import REPO, SUPPORT, cluster_tasks
 from tfdist import testing
@@ -20,59 +19,57 @@ from tfdist.launch.events import KillAt
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 
-class DataParallelTest(absltest.TestCase):
+class TestDataParallel:
     def test_two_workers_equal_one_process_with_two_replicas(self) -> None:
         mwms = testing.run_cluster(cluster_tasks.equivalence_mwms, workers=2, timeout=180, args=[64, 3])
         mirrored = testing.run_cluster(cluster_tasks.equivalence_mirrored, workers=1, timeout=180, args=[64, 3])
-        self.assertTrue(mwms.ok, mwms.result.summary())
-        self.assertTrue(mirrored.ok, mirrored.result.summary())
+        assert mwms.ok, mwms.result.summary()
+        assert mirrored.ok, mirrored.result.summary()
         reference = mirrored.values["worker:0"]
-        self.assertEqual((reference["replicas"], mwms.values["worker:0"]["replicas"]), (2, 2))
+        assert (reference["replicas"], mwms.values["worker:0"]["replicas"]) == (2, 2)
         for task in ("worker:0", "worker:1"):
             np.testing.assert_allclose(mwms.values[task]["weights"], reference["weights"], rtol=0, atol=1e-5)
         np.testing.assert_array_equal(mwms.values["worker:0"]["weights"], mwms.values["worker:1"]["weights"])
 
-    def test_cluster_callbacks_under_mwms(self) -> None:
-        root = self.create_tempdir().full_path
+    def test_cluster_callbacks_under_mwms(self, tmp_path: Path) -> None:
+        root = str(tmp_path)
         run = testing.run_cluster(cluster_tasks.mwms_with_cluster_callbacks, workers=2, timeout=180, args=[root, 3])
-        self.assertTrue(run.ok, run.result.summary())
+        assert run.ok, run.result.summary()
         chief, other = run.values["worker:0"], run.values["worker:1"]
-        self.assertIn("TensorBoard", chief["callbacks"])
-        self.assertNotIn("TensorBoard", other["callbacks"])  # TensorBoard on the chief only.
-        self.assertEqual(
-            sorted(os.listdir(os.path.join(root, "ckpt")))[:2], ["checkpoint", "ckpt-1.data-00000-of-00001"]
-        )
-        self.assertTrue(os.path.exists(os.path.join(root, "ckpt", "ckpt-3.index")))
+        assert "TensorBoard" in chief["callbacks"]
+        assert "TensorBoard" not in other["callbacks"]  # TensorBoard on the chief only.
+        assert sorted(os.listdir(os.path.join(root, "ckpt")))[:2] == ["checkpoint", "ckpt-1.data-00000-of-00001"]
+        assert os.path.exists(os.path.join(root, "ckpt", "ckpt-3.index"))
         leftovers = glob.glob(os.path.join(root, "**", "workertemp_*"), recursive=True)
-        self.assertEqual(leftovers, [])  # Non-chief copies went to temporary directories, now removed.
-        self.assertFalse(os.path.exists(os.path.join(root, "backup", "chief")))  # Backup deleted after success.
-        self.assertTrue(glob.glob(os.path.join(root, "tb", "train", "events.out.tfevents.*")))
+        assert leftovers == []  # Non-chief copies went to temporary directories, now removed.
+        assert not os.path.exists(os.path.join(root, "backup", "chief"))  # Backup deleted after success.
+        assert glob.glob(os.path.join(root, "tb", "train", "events.out.tfevents.*"))
         for value in (chief, other):
-            self.assertLen(value["throughput"], 3)
-            self.assertGreater(value["throughput"][-1]["examples_per_s"], 0)
+            assert len(value["throughput"]) == 3
+            assert value["throughput"][-1]["examples_per_s"] > 0
         reports = sorted(os.listdir(os.path.join(root, "throughput")))
-        self.assertEqual(reports, [f"throughput-worker-{w}-epoch{e}.json" for w in (0, 1) for e in range(3)])
-        self.assertLen(chief["stragglers"], 3)  # The chief compared both workers every epoch.
+        assert reports == [f"throughput-worker-{w}-epoch{e}.json" for w in (0, 1) for e in range(3)]
+        assert len(chief["stragglers"]) == 3  # The chief compared both workers every epoch.
 
 
-class ParameterServerKerasTest(absltest.TestCase):
-    def test_fit_input_callbacks_and_evaluator_sidecar(self) -> None:
-        root = self.create_tempdir().full_path
+class TestParameterServerKeras:
+    def test_fit_input_callbacks_and_evaluator_sidecar(self, tmp_path: Path) -> None:
+        root = str(tmp_path)
         run = testing.run_cluster(
             cluster_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240, args=[root, 4, 20]
         )
-        self.assertTrue(run.ok, run.result.summary())
+        assert run.ok, run.result.summary()
         chief = run.values["chief:0"]
-        self.assertLess(chief["loss"][-1], chief["loss"][0])
-        self.assertIn("PS fit cannot detect the end of an epoch", chief["missing_steps_error"])
-        self.assertIn("Each worker builds its own input", chief["dataset_not_function_error"])
-        self.assertEqual(run.values["evaluator:0"], {"evaluated": True})  # Stopped by itself after ckpt-4.
+        assert chief["loss"][-1] < chief["loss"][0]
+        assert "PS fit cannot detect the end of an epoch" in chief["missing_steps_error"]
+        assert "Each worker builds its own input" in chief["dataset_not_function_error"]
+        assert run.values["evaluator:0"] == {"evaluated": True}  # Stopped by itself after ckpt-4.
         evaluations = [line for line in run.output("evaluator:0").splitlines() if "- loss:" in line]
-        self.assertGreaterEqual(len(evaluations), 1)  # It may skip checkpoints saved while it evaluated.
-        self.assertTrue(glob.glob(os.path.join(root, "tb", "eval", "**", "events.out.tfevents.*"), recursive=True))
+        assert len(evaluations) >= 1  # It may skip checkpoints saved while it evaluated.
+        assert glob.glob(os.path.join(root, "tb", "eval", "**", "events.out.tfevents.*"), recursive=True)
 
-    def test_killed_ps_is_recovered_from_the_backup(self) -> None:
-        root = self.create_tempdir().full_path
+    def test_killed_ps_is_recovered_from_the_backup(self, tmp_path: Path) -> None:
+        root = str(tmp_path)
         statuses: list[str] = []
         # Kill the ps once the chief has backed up epoch 2 (a log line, not a clock: issue #11).
         run = testing.run_cluster(
@@ -86,15 +83,15 @@ class ParameterServerKerasTest(absltest.TestCase):
             on_status=statuses.append,
             args=[root, 6, 20],
         )
-        self.assertTrue(run.ok, run.result.summary())
-        self.assertLen([s for s in statuses if "fault injection: SIGKILL ps:0 after chief:0" in s], 1)
+        assert run.ok, run.result.summary()
+        assert len([s for s in statuses if "fault injection: SIGKILL ps:0 after chief:0" in s]) == 1
         restarts = {t.task: t.restarts for t in run.result.tasks}
-        self.assertEqual(restarts["ps:0"], 1)
-        self.assertEqual(restarts["chief:0"], 1)  # A lost ps restarts the group from the backup.
+        assert restarts["ps:0"] == 1
+        assert restarts["chief:0"] == 1  # A lost ps restarts the group from the backup.
         resumed = run.values["chief:0"]
-        self.assertEqual(resumed["restart"], 1)
-        self.assertGreaterEqual(resumed["epochs_seen"][0], 3, resumed)  # Resumed after the backed-up epoch 2.
-        self.assertEqual(resumed["epochs_seen"][-1], 5)
+        assert resumed["restart"] == 1
+        assert resumed["epochs_seen"][0] >= 3, resumed  # Resumed after the backed-up epoch 2.
+        assert resumed["epochs_seen"][-1] == 5
 
 
 def _demo_report() -> Any:
@@ -105,7 +102,7 @@ def _demo_report() -> Any:
     return module
 
 
-class DemoTest(absltest.TestCase):
+class TestDemo:
     """scripts/demo.py over seeds under both strategies, and scripts/demo_report.py on what it wrote."""
 
     def _data(self, root: str) -> None:
@@ -138,72 +135,76 @@ class DemoTest(absltest.TestCase):
             *args,
         ]
 
-    def test_demo_trains_each_seed_and_counts_records_under_mwms(self) -> None:
-        root = self.create_tempdir().full_path
+    def test_demo_trains_each_seed_and_counts_records_under_mwms(self, tmp_path: Path) -> None:
+        root = str(tmp_path)
         self._data(root)
         run = testing.run_cluster(self._demo(root, "--epochs", "2", "--seeds", "2"), workers=2, timeout=240)
-        self.assertTrue(run.ok, run.result.summary())
+        assert run.ok, run.result.summary()
         summary = json.loads(Path(f"{root}/out/summary.json").read_text())
-        self.assertEqual(
-            (summary["replicas"], summary["workers"], summary["sampling"], summary["seeds"]),
-            (2, 2, "stratified", [0, 1]),
+        assert (summary["replicas"], summary["workers"], summary["sampling"], summary["seeds"]) == (
+            2,
+            2,
+            "stratified",
+            [0, 1],
         )
-        self.assertEqual(summary["steps_per_epoch"], 800 // 32)
+        assert summary["steps_per_epoch"] == 800 // 32
         # Each MWMS worker trains on half of every global batch, counted in its own train steps.
         half = summary["steps_per_epoch"] * 32 // 2
         for seed_run in summary["runs"]:
-            self.assertEqual(seed_run["records_per_worker"], [[half, half], [half, half]])
-            self.assertEqual(sorted(seed_run["per_class_accuracy"]), ["0", "1", "2", "3"])
-        self.assertEqual(
-            summary["records_per_worker_epoch"], {"min": [half, half], "max": [half, half], "mean": [half, half]}
-        )
-        self.assertIn("Input pipeline 0/2", summary["input_pipelines"][0])  # The chief's share of two pipelines.
-        self.assertIsNone(summary["worker_streams"])
+            assert seed_run["records_per_worker"] == [[half, half], [half, half]]
+            assert sorted(seed_run["per_class_accuracy"]) == ["0", "1", "2", "3"]
+        assert summary["records_per_worker_epoch"] == {
+            "min": [half, half],
+            "max": [half, half],
+            "mean": [half, half],
+        }
+        assert "Input pipeline 0/2" in summary["input_pipelines"][0]  # The chief's share of two pipelines.
+        assert summary["worker_streams"] is None
         first, second = summary["runs"]
-        self.assertNotEqual(first["final_loss"], second["final_loss"])  # The seed changes initialisation and order.
+        assert first["final_loss"] != second["final_loss"]  # The seed changes initialisation and order.
         accuracy = summary["per_class_accuracy"]["0"]
         values = [r["per_class_accuracy"]["0"] for r in summary["runs"]]
-        self.assertEqual((accuracy["min"], accuracy["max"]), (min(values), max(values)))
+        assert (accuracy["min"], accuracy["max"]) == (min(values), max(values))
         for seed in (0, 1):
-            self.assertTrue(glob.glob(f"{root}/out/seed-{seed}/tensorboard/train/events.out.tfevents.*"))
+            assert glob.glob(f"{root}/out/seed-{seed}/tensorboard/train/events.out.tfevents.*")
         # The report: one column per run, and a PNG picture.
         report = _demo_report()
         picture = f"{root}/demo.png"
         report.draw([summary, summary], picture)
-        self.assertEqual(Path(picture).read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+        assert Path(picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         text = report.table([summary], picture)
-        self.assertIn(
-            f"records each worker trained on per epoch (counted in the train step): worker 0 {half}, worker 1 {half}",
-            text,
+        assert (
+            f"records each worker trained on per epoch (counted in the train step): worker 0 {half}, worker 1 {half}"
+            in text
         )
-        self.assertIn(f"class 3 ({summary['train_class_counts']['3']} train)", text)
-        self.assertIn(f"picture: {picture}", text)
+        assert f"class 3 ({summary['train_class_counts']['3']} train)" in text
+        assert f"picture: {picture}" in text
 
-    def test_demo_counts_what_each_ps_worker_trains_on(self) -> None:
-        root = self.create_tempdir().full_path
+    def test_demo_counts_what_each_ps_worker_trains_on(self, tmp_path: Path) -> None:
+        root = str(tmp_path)
         self._data(root)
         command = self._demo(root, "--epochs", "2", "--seeds", "1", "--sampling", "natural")
         run = testing.run_cluster(command, workers=2, ps=1, chief=True, timeout=240)
-        self.assertTrue(run.ok, run.result.summary())
+        assert run.ok, run.result.summary()
         summary = json.loads(Path(f"{root}/out/summary.json").read_text())
-        self.assertEqual((summary["strategy"], summary["workers"]), ("ParameterServerStrategyV2", 2))
+        assert (summary["strategy"], summary["workers"]) == ("ParameterServerStrategyV2", 2)
         # The coordinator hands each step (one global batch) to a free worker: the split varies, the sum does not.
         for epoch in summary["runs"][0]["records_per_worker"]:
-            self.assertEqual(sum(epoch), summary["steps_per_epoch"] * 32, epoch)
-        self.assertIn("Input pipeline 0/1", summary["input_pipelines"][0])  # One pipeline over all the files.
+            assert sum(epoch) == summary["steps_per_epoch"] * 32, epoch
+        assert "Input pipeline 0/1" in summary["input_pipelines"][0]  # One pipeline over all the files.
         # tfdist today: one dataset function with one seed for every PS worker, so both read the same records in
         # the same order. A change that gives PS workers their own order must update this and the README.
-        self.assertEqual(summary["worker_streams"], "identical")
+        assert summary["worker_streams"] == "identical"
 
 
-class PreemptionTest(absltest.TestCase):
-    def test_sigterm_saves_and_the_rerun_resumes_there(self) -> None:
+class TestPreemption:
+    def test_sigterm_saves_and_the_rerun_resumes_there(self, tmp_path: Path) -> None:
         import signal
         import subprocess
         import sys
         import time
 
-        root = self.create_tempdir().full_path
+        root = str(tmp_path)
         log = os.path.join(root, "epochs")
         tasks = str(SUPPORT / "cluster_tasks.py")
         command = [
@@ -234,14 +235,14 @@ class PreemptionTest(absltest.TestCase):
         signal_sent = time.monotonic()
         first.send_signal(signal.SIGTERM)
         output = first.communicate(timeout=120)[0]
-        self.assertEqual(first.returncode, 143, output[-3000:])
-        self.assertLess(time.monotonic() - signal_sent, 25, "workers should save and exit, not wait for SIGKILL")
+        assert first.returncode == 143, output[-3000:]
+        assert time.monotonic() - signal_sent < 25, "workers should save and exit, not wait for SIGKILL"
         before = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()]
         second = subprocess.run(command, capture_output=True, text=True, timeout=240)
-        self.assertEqual(second.returncode, 0, second.stdout[-3000:])
+        assert second.returncode == 0, second.stdout[-3000:]
         after = [line.split() for line in Path(log + ".worker-0").read_text().splitlines()][len(before) :]
         last_epoch_before = int(before[-1][1])
         resumed_epoch, resumed_step = int(after[0][1]), int(after[0][2])
-        self.assertGreaterEqual(resumed_epoch, last_epoch_before)  # Where SIGTERM stopped it, not from zero.
-        self.assertGreater(resumed_step, int(before[-1][2]) - 1)
-        self.assertEqual(after[-1], ["done", "40", str(40 * 8)])
+        assert resumed_epoch >= last_epoch_before  # Where SIGTERM stopped it, not from zero.
+        assert resumed_step > int(before[-1][2]) - 1
+        assert after[-1] == ["done", "40", str(40 * 8)]
