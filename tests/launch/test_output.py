@@ -402,17 +402,41 @@ def test_console_chief_shows_one_task() -> None:
 def test_both_engines_readers_split_a_real_progress_bar(engine: str) -> None:
     """The local engine's reader and the Ray actor's (without Ray) give the same lines."""
     code = "import sys, time\nfor i in (1, 2): sys.stdout.write(f'\\r{i}/2'); sys.stdout.flush(); time.sleep(0.05)\nprint(' ok')"
-    argv = [sys.executable, "-c", code]
+    lines = _engine_lines(engine, [sys.executable, "-c", code])
+    assert lines == ["1/2\r", "2/2 ok"]
+
+
+def _engine_lines(engine: str, argv: list[str]) -> list[str]:
+    """Every line the local engine's reader or the Ray actor's (without Ray) gets from ``argv``."""
     if engine == "local":
         lines: list[str] = []
         proc = LocalProcess("worker:0", argv, env=None, on_line=lambda task, line: lines.append(line))
         assert proc.wait(30) == 0
         proc.release(10)
-    else:
-        host, lines, finished = TaskHost("worker:0"), [], False
-        host.start(argv, dict(os.environ))
-        deadline = time.monotonic() + 30
-        while not finished and time.monotonic() < deadline:
-            batch, _code, finished = host.read(5.0)
-            lines += batch
-    assert lines == ["1/2\r", "2/2 ok"]
+        return lines
+    host, lines, finished = TaskHost("worker:0"), [], False
+    host.start(argv, dict(os.environ))
+    deadline = time.monotonic() + 30
+    while not finished and time.monotonic() < deadline:
+        batch, _code, finished = host.read(5.0)
+        lines += batch
+    assert finished
+    return lines
+
+
+@pytest.mark.parametrize("engine", ["local", "ray actor"])
+def test_a_line_written_in_two_pieces_is_not_cut_by_a_log_line_on_stderr(engine: str) -> None:
+    """An unbuffered print writes its text and its newline apart; a C++ log line on stderr may come between.
+
+    With one pipe for both streams the task's line became ``EPOCH_END 5W0000 ...``, and a trigger
+    ``^EPOCH_END 5$`` never fired (seen in CI under load). Each stream has its own pipe now.
+    """
+    code = (
+        "import sys, time\n"
+        "sys.stdout.write('EPOCH_END 5'); sys.stdout.flush()\n"
+        "sys.stderr.write('W0000 a log line\\n'); sys.stderr.flush(); time.sleep(0.1)\n"
+        "sys.stdout.write('\\n'); sys.stdout.write('after'); sys.stdout.flush()\n"
+    )
+    lines = _engine_lines(engine, [sys.executable, "-c", code])
+    assert sorted(lines) == ["EPOCH_END 5", "W0000 a log line", "after"], lines
+    assert lines.index("EPOCH_END 5") < lines.index("after"), lines  # Each stream keeps its own order.

@@ -65,7 +65,7 @@ import codecs
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import IO
 
 LineSink = Callable[[str, str], None]  # (task, line) -> None: where the engines send each line of output
@@ -285,6 +285,44 @@ def read_lines(stream: IO[bytes]) -> Iterator[str]:
     while data := read(_CHUNK):
         yield from splitter.feed(data)
     yield from splitter.finish()
+
+
+def pump_lines(streams: Sequence[IO[bytes]], emit: Callable[[str], None]) -> None:
+    """Reads each of a program's ``streams`` line by line until all end; ``emit`` gets one line at a time.
+
+    A task's stdout and stderr are separate pipes, so a line is never cut by the other stream's output:
+    an unbuffered Python ``print`` writes its text and its newline in two calls, and a TensorFlow log line
+    written by a C++ thread in between would otherwise land in the middle (``EPOCH_END 5W0000 ...``), where
+    a ``--kill ...@after=^...$`` trigger no longer matches. The first stream is read in the calling thread,
+    the others in threads of their own; it returns when every stream has ended (each is closed).
+
+    Example:
+        >>> import subprocess, sys
+        >>> code = "import sys; print('out', flush=True); print('err', file=sys.stderr)"
+        >>> proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        >>> lines = []
+        >>> pump_lines([proc.stdout, proc.stderr], lines.append); proc.wait(); sorted(lines)
+        0
+        ['err', 'out']
+    """
+    lock = threading.Lock()
+
+    def _read(stream: IO[bytes]) -> None:
+        try:
+            for line in read_lines(stream):
+                with lock:
+                    emit(line)
+        finally:
+            stream.close()
+
+    others = [threading.Thread(target=_read, args=(s,), name="tfdist-output", daemon=True) for s in streams[1:]]
+    for thread in others:
+        thread.start()
+    try:
+        _read(streams[0])
+    finally:
+        for thread in others:
+            thread.join()
 
 
 def console_task(*, chief: bool) -> str:

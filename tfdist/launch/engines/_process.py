@@ -7,10 +7,9 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO
 
 from tfdist.errors import LaunchFailure
-from tfdist.launch.output import LineSink, read_lines
+from tfdist.launch.output import LineSink, pump_lines
 from tfdist.runtime import exit_codes
 
 
@@ -48,22 +47,18 @@ class LocalProcess:
                 env=None if env is None else dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE,  # A pipe of its own: a line is never cut by the other stream.
                 start_new_session=True,
             )
         except OSError as err:
             raise LaunchFailure(f"Could not start {task} ({argv[0]!r}): {err.strerror or err}.") from err
-        self._reader = threading.Thread(
-            target=self._pump, args=(self._proc.stdout,), name=f"tfdist-{task}", daemon=True
-        )
+        self._reader = threading.Thread(target=self._pump, name=f"tfdist-{task}", daemon=True)
         self._reader.start()
 
-    def _pump(self, stream: IO[bytes]) -> None:
-        try:
-            for line in read_lines(stream):  # Also split at a lone '\r': a progress bar's updates are lines too.
-                self._on_line(self.task, line)
-        finally:
-            stream.close()
+    def _pump(self) -> None:
+        # Lines also end at a lone '\r': a progress bar's updates are lines too.
+        streams = [self._proc.stdout, self._proc.stderr]
+        pump_lines([s for s in streams if s is not None], lambda line: self._on_line(self.task, line))
 
     @property
     def pid(self) -> int | None:

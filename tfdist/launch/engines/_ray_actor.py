@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from tfdist.cluster.address import free_ports, join_address
-from tfdist.launch.output import read_lines
+from tfdist.launch.output import pump_lines
 from tfdist.runtime import exit_codes
 
 _PR_SET_PDEATHSIG = 1
@@ -93,7 +93,7 @@ class TaskHost:
                         env=env,
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
+                        stderr=subprocess.PIPE,  # Its own pipe: a line is never cut by the other stream.
                         start_new_session=True,
                         preexec_fn=_die_with_parent,
                     )
@@ -104,7 +104,7 @@ class TaskHost:
                 return
             finally:
                 spawned.set()
-            self._pump(started[0].stdout)  # type: ignore[arg-type]
+            self._pump([s for s in (started[0].stdout, started[0].stderr) if s is not None])
             started[0].wait()
 
         threading.Thread(target=_spawn_and_pump, name=f"tfdist-{self.task}", daemon=True).start()
@@ -114,14 +114,15 @@ class TaskHost:
         self._proc = started[0]
         return self._proc.pid
 
-    def _pump(self, stream: IO[bytes]) -> None:
+    def _pump(self, streams: list[IO[bytes]]) -> None:
+        def _add(line: str) -> None:
+            with self._cond:
+                self._lines.append(line)
+                self._cond.notify_all()
+
         try:
-            for line in read_lines(stream):  # Split as the local engine does, a lone '\r' included.
-                with self._cond:
-                    self._lines.append(line)
-                    self._cond.notify_all()
+            pump_lines(streams, _add)  # Split as the local engine does, a lone '\r' included.
         finally:
-            stream.close()
             self._drained.set()
             with self._cond:
                 self._cond.notify_all()
