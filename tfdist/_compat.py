@@ -416,7 +416,11 @@ def _check_data_readers() -> None:
             with tf.io.TFRecordWriter(path) as writer:
                 for record in records:
                     writer.write(record)
-        read = tfrecord_reader(tf.constant(paths), "", 1 << 16)
+        # Without autotuning: its optimization thread, cancelled as the iterator goes, may log
+        # "Optimization loop failed: CANCELLED" on a busy machine, noise in `tfdist doctor --stack`.
+        quiet = tf.data.Options()
+        quiet.autotune.enabled = False
+        read = tfrecord_reader(tf.constant(paths), "", 1 << 16).with_options(quiet)
         if [r.numpy() for r in read] != [b"1", b"2", b"3"]:
             raise _missing("_TFRecordDataset reading files one after the other", "reading local files")
         if [r.numpy() for r in unbatch_dense(read.batch(2))] != [b"1", b"2", b"3"]:
