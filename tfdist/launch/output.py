@@ -294,7 +294,8 @@ def pump_lines(streams: Sequence[IO[bytes]], emit: Callable[[str], None]) -> Non
     an unbuffered Python ``print`` writes its text and its newline in two calls, and a TensorFlow log line
     written by a C++ thread in between would otherwise land in the middle (``EPOCH_END 5W0000 ...``), where
     a ``--kill ...@after=^...$`` trigger no longer matches. The first stream is read in the calling thread,
-    the others in threads of their own; it returns when every stream has ended (each is closed).
+    the others in threads of their own; it returns when every stream has ended (each is closed). Each
+    stream's lines keep their order; lines of two streams come in the order they are read.
 
     Example:
         >>> import subprocess, sys
