@@ -287,26 +287,27 @@ def read_lines(stream: IO[bytes]) -> Iterator[str]:
     yield from splitter.finish()
 
 
-def pump_lines(streams: Sequence[IO[bytes]], emit: Callable[[str], None]) -> None:
+def pump_lines(streams: Sequence[IO[bytes] | None], emit: Callable[[str], None]) -> None:
     """Reads each of a program's ``streams`` line by line until all end; ``emit`` gets one line at a time.
 
     A task's stdout and stderr are separate pipes, so a line is never cut by the other stream's output:
     an unbuffered Python ``print`` writes its text and its newline in two calls, and a TensorFlow log line
     written by a C++ thread in between would otherwise land in the middle (``EPOCH_END 5W0000 ...``), where
     a ``--kill ...@after=^...$`` trigger no longer matches. The first stream is read in the calling thread,
-    the others in threads of their own; it returns when every stream has ended (each is closed). Each
-    stream's lines keep their order; lines of two streams come in the order they are read.
+    the others in threads of their own (a None, a stream not piped, is left out); it returns when every
+    stream has ended (each is closed). Each stream's lines keep their order; lines of two streams come
+    in the order they are read.
 
     Example:
         >>> import subprocess, sys
-        >>> code = "import sys; print('out', flush=True); print('err', file=sys.stderr)"
+        >>> code = "import sys; sys.stdout.write('out' + chr(10)); sys.stderr.write('err' + chr(10))"
         >>> proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         >>> lines = []
         >>> pump_lines([proc.stdout, proc.stderr], lines.append); proc.wait(); sorted(lines)
         0
         ['err', 'out']
     """
-    lock = threading.Lock()
+    lock, piped = threading.Lock(), [s for s in streams if s is not None]
 
     def _read(stream: IO[bytes]) -> None:
         try:
@@ -316,11 +317,12 @@ def pump_lines(streams: Sequence[IO[bytes]], emit: Callable[[str], None]) -> Non
         finally:
             stream.close()
 
-    others = [threading.Thread(target=_read, args=(s,), name="tfdist-output", daemon=True) for s in streams[1:]]
+    others = [threading.Thread(target=_read, args=(s,), name="tfdist-output", daemon=True) for s in piped[1:]]
     for thread in others:
         thread.start()
     try:
-        _read(streams[0])
+        if piped:
+            _read(piped[0])
     finally:
         for thread in others:
             thread.join()

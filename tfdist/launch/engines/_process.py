@@ -57,8 +57,7 @@ class LocalProcess:
 
     def _pump(self) -> None:
         # Lines also end at a lone '\r': a progress bar's updates are lines too.
-        streams = [self._proc.stdout, self._proc.stderr]
-        pump_lines([s for s in streams if s is not None], lambda line: self._on_line(self.task, line))
+        pump_lines([self._proc.stdout, self._proc.stderr], lambda line: self._on_line(self.task, line))
 
     @property
     def pid(self) -> int | None:

@@ -104,7 +104,7 @@ class TaskHost:
                 return
             finally:
                 spawned.set()
-            self._pump([s for s in (started[0].stdout, started[0].stderr) if s is not None])
+            self._pump([started[0].stdout, started[0].stderr])
             started[0].wait()
 
         threading.Thread(target=_spawn_and_pump, name=f"tfdist-{self.task}", daemon=True).start()
@@ -114,7 +114,7 @@ class TaskHost:
         self._proc = started[0]
         return self._proc.pid
 
-    def _pump(self, streams: list[IO[bytes]]) -> None:
+    def _pump(self, streams: list[IO[bytes] | None]) -> None:
         def _add(line: str) -> None:
             with self._cond:
                 self._lines.append(line)
