@@ -37,8 +37,11 @@ def reference(data: str) -> np.ndarray:
     return np.array(exact_tasks.ideal_weights(data, epochs=EPOCHS))
 
 
-def _check(run: testing.ClusterRun, reference: np.ndarray, *, tasks: tuple[str, ...]) -> None:
+def _check(
+    run: testing.ClusterRun, reference: np.ndarray, *, tasks: tuple[str, ...], statuses: tuple[str, ...] = ()
+) -> None:
     assert run.ok, run.result.summary() + run.output("worker:0")[-3000:]
+    assert set(tasks) <= set(run.values), (sorted(run.values), statuses, run.output("worker:0")[-3000:])
     for task in tasks:
         value = run.values[task]
         assert collections.Counter(value["counts"]) == {EPOCHS: exact_tasks.RECORDS}, (task, value["counts"])
@@ -101,7 +104,7 @@ def test_three_to_two_to_three_workers_mid_epoch(data: str, reference: np.ndarra
         on_status=statuses.append,
         args=[str(tmp_path), data, {"save_freq": 4}],
     )
-    _check(run, reference, tasks=("worker:0", "worker:1", "worker:2"))
+    _check(run, reference, tasks=("worker:0", "worker:1", "worker:2"), statuses=tuple(statuses))
     changes = [s.split(";")[0] for s in statuses if s.startswith("elastic: membership")]
     assert [c.split(":")[2].split("(")[0].strip() for c in changes] == ["world size 2", "world size 3"], statuses
     assert run.values["worker:0"]["world"] == 3

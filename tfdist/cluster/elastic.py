@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 WORLD_SIZE_VAR = "TFDIST_WORLD_SIZE"
 MEMBERSHIP_VAR = "TFDIST_MEMBERSHIP"
@@ -62,15 +62,34 @@ def announced(directory: str) -> bool:
     return any(name.startswith((_LEADER_PREFIX, _BOUNDARY_PREFIX)) and name.endswith(".json") for name in names)
 
 
-def read_boundaries(directory: str, seen: set[str]) -> list[Mapping[str, object]]:
+def recorded(directory: str) -> frozenset[str]:
+    """The names of the epoch-boundary records in ``directory`` now (a launcher's snapshot, for
+    :func:`read_boundaries`' ``only``)."""
+    try:
+        return frozenset(n for n in os.listdir(directory) if n.startswith(_BOUNDARY_PREFIX) and n.endswith(".json"))
+    except OSError:
+        return frozenset()
+
+
+def read_boundaries(
+    directory: str, seen: set[str], *, only: Collection[str] | None = None
+) -> list[Mapping[str, object]]:
     """New epoch-boundary records in ``directory`` (written by the training leader), oldest first.
 
-    ``seen`` holds the file names already returned; it is updated.
+    ``seen`` holds the file names already returned; it is updated. ``only`` (names from :func:`recorded`)
+    limits them to those that existed then.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = write_boundary(d, generation=0, epoch=0, world_size=2)
+        >>> before = recorded(d)
+        >>> _ = write_boundary(d, generation=0, epoch=1, world_size=2)
+        >>> seen = set()
+        >>> [r["epoch"] for r in read_boundaries(d, seen, only=before)], [r["epoch"] for r in read_boundaries(d, seen)]
+        ([0], [1])
     """
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(_BOUNDARY_PREFIX) and n.endswith(".json"))
-    except OSError:
-        return []
+    names = sorted(recorded(directory) if only is None else recorded(directory) & set(only))
     records = []
     for name in names:
         if name in seen:

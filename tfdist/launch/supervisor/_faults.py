@@ -6,7 +6,7 @@ Example:
     >>> faults.due(1.0)
     []
     >>> faults.on_line("worker:0", "epoch 1 end")
-    >>> [(str(event), when) for event, when in faults.due(6.0)]
+    >>> [(str(f.event), f.when) for f in faults.due(6.0)]
     [('worker:1@5', 'at 6.0s'), ('worker:2@after=^epoch 1 end$', 'after worker:0 printed /^epoch 1 end$/ (6.0s)')]
     >>> faults.due(7.0)
     []
@@ -14,11 +14,29 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tfdist.launch.events import KillAt
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fired:
+    """An injection that is due.
+
+    Attributes:
+      event: The injection.
+      when: When it fired, in words.
+      seen: What ``FaultInjector``'s ``snapshot`` returned the moment it fired (the supervisor's: the epoch
+        boundaries recorded by then). For a progress trigger that is as the matching line was read, not a
+        supervisor pass later, so a return does not miss a boundary the training recorded in between.
+    """
+
+    event: KillAt
+    when: str
+    seen: frozenset[str] = frozenset()
 
 
 class FaultInjector:
@@ -27,29 +45,36 @@ class FaultInjector:
 
     Args:
       events: The run's :class:`~tfdist.launch.events.KillAt` values (``LoseAt`` and ``ReturnAt`` included).
+      snapshot: Called the moment an event fires (from a reader thread, for a progress trigger); its value
+        comes back as :attr:`Fired.seen`.
     """
 
-    def __init__(self, events: Sequence[KillAt]) -> None:
+    def __init__(self, events: Sequence[KillAt], *, snapshot: Callable[[], frozenset[str]] = frozenset) -> None:
         self._timed = sorted((e for e in events if e.seconds is not None), key=lambda e: e.seconds or 0.0)
         self._by_line = [e for e in events if e.after is not None]
-        self._fired: queue.SimpleQueue[tuple[KillAt, str]] = queue.SimpleQueue()
+        self._fired: queue.SimpleQueue[tuple[KillAt, str, frozenset[str]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._snapshot = snapshot
 
     def on_line(self, task: str, line: str) -> None:
         """Checks one output line of ``task`` (from any task's reader thread) against the triggers left."""
         if not self._by_line:
             return
         with self._lock:
-            for event in [e for e in self._by_line if e.matches(task, line)]:
+            matched = [e for e in self._by_line if e.matches(task, line)]
+            if not matched:
+                return
+            seen = self._snapshot()
+            for event in matched:
                 self._by_line.remove(event)
-                self._fired.put((event, task))
+                self._fired.put((event, task, seen))
 
-    def due(self, elapsed: float) -> list[tuple[KillAt, str]]:
-        """The events due ``elapsed`` seconds into the run, each with when it fired (in words), timed first."""
+    def due(self, elapsed: float) -> list[Fired]:
+        """The events due ``elapsed`` seconds into the run, timed first, then those fired by lines in order."""
         fired = []
         while self._timed and elapsed >= (self._timed[0].seconds or 0.0):
-            fired.append((self._timed.pop(0), f"at {elapsed:.1f}s"))
+            fired.append(Fired(event=self._timed.pop(0), when=f"at {elapsed:.1f}s", seen=self._snapshot()))
         while not self._fired.empty():
-            event, source = self._fired.get()
-            fired.append((event, f"after {source} printed /{event.after}/ ({elapsed:.1f}s)"))
+            event, source, seen = self._fired.get()
+            fired.append(Fired(event=event, when=f"after {source} printed /{event.after}/ ({elapsed:.1f}s)", seen=seen))
         return fired

@@ -26,7 +26,7 @@ from tfdist.launch.engines.base import Engine, LineSink
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt
 from tfdist.launch.supervisor import membership as elastic
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
-from tfdist.launch.supervisor._faults import FaultInjector
+from tfdist.launch.supervisor._faults import FaultInjector, Fired
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
 from tfdist.runtime import exit_codes
 
@@ -55,12 +55,12 @@ class Supervisor:
         # (servers, the user's command, the data service) imports TF. TF_CPP_MIN_LOG_LEVEL=0 shows them.
         tf_info = _tf_logs.wants_tf_info({**base_env, **config.env})
         self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
-        self.faults = FaultInjector(config.kills + config.loses + config.returns)
+        self.faults = FaultInjector(config.kills + config.loses + config.returns, snapshot=self._boundaries_on_disk)
         self.rules = ElasticRules(config)
-        self._on_event: dict[type[KillAt], Callable[[str, str], Ending | None]] = {
-            KillAt: self._kill,
-            LoseAt: self._lose,
-            ReturnAt: self._return,
+        self._on_event: dict[type[KillAt], Callable[[Fired], Ending | None]] = {
+            KillAt: lambda fired: self._kill(fired.event.task, fired.when),
+            LoseAt: lambda fired: self._lose(fired.event.task, fired.when),
+            ReturnAt: lambda fired: self._return(fired.event.task, fired.when, recorded=fired.seen),
         }
 
         def _log_path(name: str) -> str | None:
@@ -201,8 +201,8 @@ class Supervisor:
 
     def _inject_faults(self, elapsed: float) -> Ending | None:
         """Fires due fault injections (--kill, --lose, --return); the ending when the run must end."""
-        for event, when in self.faults.due(elapsed):
-            ending = self._on_event[type(event)](event.task, when)
+        for fired in self.faults.due(elapsed):
+            ending = self._on_event[type(fired.event)](fired)
             if ending is not None:
                 return ending
         return None
@@ -241,12 +241,19 @@ class Supervisor:
         self._apply(self.rules.regroup(group.membership, left, group.full_spec, f"{', '.join(leaving)} lost"))
         return None
 
-    def _return(self, task: str, why: str) -> None:
+    def _boundaries_on_disk(self) -> frozenset[str]:
+        """The epoch boundaries recorded so far (called from a reader thread when a trigger line fires)."""
+        directory = self.group.elastic_dir
+        return _boundaries.recorded(directory) if directory is not None else frozenset()
+
+    def _return(self, task: str, why: str, recorded: frozenset[str] | None = None) -> None:
+        """``task`` is back; it joins at the first boundary recorded after ``recorded`` (the boundaries on disk
+        when its trigger fired; None: those on disk now)."""
         group = self.group
         if task not in group.away:
             self.status(f"elastic: {task} returned {why}, but it was not away; ignored")
             return
-        self._check_boundaries()  # boundaries recorded before the return do not count for it
+        self._check_boundaries(only=recorded)  # boundaries recorded before the return do not count for it
         group.away.remove(task)
         group.available.append(task)
         if self.rules.rejoins_at_once:
@@ -308,8 +315,9 @@ class Supervisor:
             group.full_spec = full
             self._return(task, f"(the engine placed it again, at {address})")
 
-    def _check_boundaries(self) -> None:
-        """Epoch boundaries the training leader recorded; a returned worker joins at the first new one."""
+    def _check_boundaries(self, only: frozenset[str] | None = None) -> None:
+        """Epoch boundaries the training leader recorded (``only`` those of these names); a returned worker joins
+        at the first new one."""
         group = self.group
         if group.elastic_dir is None:
             return
@@ -319,7 +327,7 @@ class Supervisor:
                 f"elastic: the training leader records epoch boundaries now; {', '.join(group.available)} "
                 "joins at the next"
             )
-        for record in _boundaries.read_boundaries(group.elastic_dir, group.boundaries_seen):
+        for record in _boundaries.read_boundaries(group.elastic_dir, group.boundaries_seen, only=only):
             if record.get("generation") != group.membership.generation:
                 continue
             self.status(
