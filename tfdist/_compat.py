@@ -222,6 +222,27 @@ def is_tf_error(exc: BaseException, names: tuple[str, ...]) -> bool:
     return bool(classes) and isinstance(exc, classes)
 
 
+def wait_for_coordinated_peers(barrier_id: str, timeout_seconds: float) -> str | None:
+    """Blocks until every task of this process's TF coordination service reached ``barrier_id``.
+
+    Returns None once they all did, else why not (TensorFlow not loaded, no coordination service, a timeout,
+    or the leader gone: it hosts the service and may exit as soon as the barrier passes, before its answer
+    reaches the others). Never raises. The barrier itself is ``context.wait_at_barrier`` (no public API).
+    """
+    tf_context = sys.modules.get("tensorflow.python.eager.context")
+    if tf_context is None:
+        return "TensorFlow is not loaded"
+    ctx = tf_context.context()
+    if getattr(ctx, "coordination_service", None) is None:
+        return "this process configured no coordination service"
+    try:
+        ctx.wait_at_barrier(barrier_id, int(timeout_seconds * 1000))
+    except Exception as exc:  # TF's errors, or a stack without the method: the caller goes on either way
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    return None
+
+
 def is_variable(value: Any) -> bool:
     """A ``tf.Variable`` (mirrored and PS variables included) or a ``ShardedVariable``."""
     import tensorflow as tf
@@ -388,6 +409,13 @@ def _check_backup_state() -> None:
         _attr(model, "_validate_target_and_loss", "accumulate_gradients")
 
 
+def _check_coordination_barrier() -> None:
+    from tensorflow.python.eager import context
+
+    for name in ("coordination_service", "wait_at_barrier"):
+        _attr(context.Context, name, "exit_cleanly's wait for collective peers")
+
+
 def _check_data_service() -> None:
     import tensorflow as tf
 
@@ -433,6 +461,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "PreemptionCheckpointHandler._read_checkpoint_manager": _check_preemption_wiring,
     "ShardedVariable": _sharded_variable_class,
     "tf.data service servers' _stop": _check_data_service,
+    "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
     "tf.data's _TFRecordDataset and _UnbatchDataset": _check_data_readers,
 }

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,41 @@ def test_the_guard_keeps_the_exit_code_and_the_output(env: dict[str, str], outco
 @pytest.mark.parametrize("value,code", [(None, 0), (0, 0), (3, 3), (256 + 7, 7), (True, 1), ("message", 1)])
 def test_exit_code_of(value: object, code: int) -> None:
     assert exit_code_of(value) == code
+
+
+def leave_after_a_collective(marker: str) -> dict[str, bool]:
+    """A 2-worker MWMS task: one all-reduce, then worker 1 takes 3 s more before it returns, worker 0 none.
+
+    Worker 0 (the coordination service's host) checks as it exits (an atexit handler, which exit_cleanly runs
+    after its wait) whether worker 1 had finished: it must have, since exit_cleanly waits for its peers.
+    """
+    import atexit
+    import json
+    import os
+    import time
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    if index == 1:
+        time.sleep(3)
+        with open(marker, "w") as f:
+            f.write("done")
+    else:
+        atexit.register(lambda: print(f"PEER DONE AS I LEAVE: {os.path.exists(marker)}", flush=True))
+    return {"sum": float(total.numpy())}
+
+
+@pytest.mark.multiprocess
+def test_collective_workers_leave_together(tmp_path: Path) -> None:
+    from tfdist import testing
+
+    marker = str(tmp_path / "worker1-done")
+    run = testing.run_cluster(leave_after_a_collective, workers=2, timeout=180, log_level="debug", args=[marker])
+    assert run.ok, run.result.summary() + run.output("worker:0")[-2000:] + run.output("worker:1")[-2000:]
+    assert run.values == {"worker:0": {"sum": 2.0}, "worker:1": {"sum": 2.0}}
+    leader = run.output("worker:0")
+    assert "Leaving: every collective peer is done." in leader, leader[-2000:]
+    assert "PEER DONE AS I LEAVE: True" in leader, leader[-2000:]

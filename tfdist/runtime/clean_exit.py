@@ -8,6 +8,13 @@ the exit code the way Python would, runs the ``atexit`` handlers, flushes
 logging and the standard streams, then leaves with ``os._exit(code)`` before
 native destructors can run.
 
+It also makes the workers of a MultiWorkerMirroredStrategy cluster leave
+together: TF's ring all-reduce pulls each chunk from its sender, so a worker
+that exits right after its last collective can fail a slower peer still
+pulling from it ("RecvBuf ... Socket closed", seen at the end of fit). A worker
+whose ``main`` succeeded waits (up to 60 s) until every chief and worker task
+got there too.
+
 Example:
     >>> from tfdist.runtime import exit_code_of
     >>> exit_code_of(None), exit_code_of(3), exit_code_of("failed")  # The code Python gives sys.exit(value).
@@ -22,6 +29,7 @@ At the end of a script (not run here: it ends the process)::
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import signal
@@ -33,6 +41,9 @@ from typing import Any, NoReturn
 from tfdist.runtime import exit_codes
 
 __all__ = ["exit_cleanly", "exit_code_for_exception", "exit_code_of"]
+
+_log = logging.getLogger("tfdist.runtime")
+_LEAVE_TOGETHER_SECONDS = 60.0
 
 # The rules live in tfdist.runtime.exit_codes; these are their names in tfdist.runtime since the first release.
 exit_code_of = exit_codes.from_exit_value
@@ -51,6 +62,41 @@ def _flush_everything() -> None:
                 pass
 
 
+def _collective_peer(tf_config: str | None) -> bool:
+    """Whether ``tf_config`` (TF_CONFIG's text) makes this process one of several chief/worker tasks of a
+    cluster without parameter servers: the tasks a MultiWorkerMirroredStrategy coordinates.
+
+    Example:
+        >>> _collective_peer('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}')
+        True
+        >>> _collective_peer('{"cluster": {"worker": ["a:1"], "ps": ["c:1"], "chief": ["d:1"]},'
+        ...                  ' "task": {"type": "chief", "index": 0}}')
+        False
+        >>> _collective_peer(None), _collective_peer("not json"), _collective_peer('{"cluster": {"worker": ["a:1"]}}')
+        (False, False, False)
+    """
+    try:
+        config = json.loads(tf_config or "{}")
+    except ValueError:
+        return False
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(task, dict) or "ps" in cluster:
+        return False
+    sizes = [len(cluster.get(job) or ()) for job in ("chief", "worker")]
+    return task.get("type") in ("chief", "worker") and sum(sizes) > 1
+
+
+def _leave_together() -> None:
+    """Waits for the other collective tasks before a successful exit (see the module docstring)."""
+    if not _collective_peer(os.environ.get("TF_CONFIG")):
+        return
+    from tfdist import _compat
+
+    why = _compat.wait_for_coordinated_peers("tfdist-exit", _LEAVE_TOGETHER_SECONDS)
+    _log.debug("Leaving: %s.", "every collective peer is done" if why is None else f"not waiting for peers ({why})")
+
+
 def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
     """Runs ``main(*args, **kwargs)`` and ends the process without native teardown.
 
@@ -58,7 +104,8 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
     abort: ``main``'s integer result or ``sys.exit`` code, 1 for an uncaught
     exception (its traceback printed to stderr as Python would; 201 when
     TensorFlow lost a peer, 2 for a tfdist input error: see
-    :func:`tfdist.runtime.exit_codes.from_exception`), 130 for Ctrl-C.
+    :func:`tfdist.runtime.exit_codes.from_exception`), 130 for Ctrl-C. On
+    success, a MultiWorkerMirroredStrategy worker first waits for its peers.
 
     Args:
       main: The program's entry point.
@@ -78,6 +125,8 @@ def exit_cleanly(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoRetur
         sys.excepthook(*sys.exc_info())
         code = exit_codes.from_exception(exc)
     try:
+        if code == 0:
+            _leave_together()
         _flush_everything()
     finally:
         os._exit(code)
