@@ -166,7 +166,8 @@ def attach_preemption_handler(state: Any, model: Any, handler: Any) -> None:
     """Wires TF's ``PreemptionCheckpointHandler`` into tf-keras as tf-keras does on GCP.
 
     The same four assignments as ``WorkerTrainingState.__init__`` when
-    ``save_before_preemption`` holds (identical in tf-keras 2.17 to 2.21).
+    ``save_before_preemption`` holds (identical in tf-keras 2.17 to 2.21), then,
+    on a non-chief worker, the chief's backup restored again (see below).
     """
     for obj, name in (
         (state, "_enable_save_before_preemption"),
@@ -178,6 +179,12 @@ def attach_preemption_handler(state: Any, model: Any, handler: Any) -> None:
     state.preemption_handler = handler
     state._enable_save_before_preemption = True
     model._preemption_handler = handler
+    if state.write_checkpoint_manager is not state.read_checkpoint_manager:
+        # The handler restored, as it was made, from the manager it was given: on a non-chief worker that is
+        # its temporary write directory, which holds a stale backup when the worker was killed between a save
+        # and that directory's removal. It overwrote what BackupAndRestore had restored from the chief's
+        # backup (the worker then resumed at another step than its peers). Restore the chief's again.
+        state.read_checkpoint_manager.restore_or_initialize()
 
 
 def validate_target_and_loss(model: Any, y: Any, loss: Any) -> None:

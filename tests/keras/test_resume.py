@@ -74,6 +74,21 @@ def test_a_crash_mid_epoch_resumes_at_the_next_record(data: str, reference: np.n
     assert len(resumed) == 1 and resumed[0][0] == resumed[0][1] and int(resumed[0][0]) % 4 == 0, resumed
 
 
+def test_a_stale_backup_in_a_workers_temporary_directory_is_not_restored(
+    data: str, reference: np.ndarray, tmp_path: Path
+) -> None:
+    # A non-chief killed between a save and the removal of its temporary write directory leaves a stale backup
+    # there, and TF's PreemptionCheckpointHandler restores from that directory as it is made. Planted here:
+    # worker 1 copies the chief's backup of batch 3 of epoch 0 and, restarted after the kill at batch 10 of
+    # epoch 1, puts it in its own temporary directory. Both workers must resume at the same step of epoch 1.
+    run = _killed_once(data, tmp_path, {"stale_temp": [0, 5]})
+    assert run.output("worker:1").count("STALE PLANTED") == 1, run.output("worker:1")[-3000:]
+    _check(run, reference, tasks=("worker:0", "worker:1"))
+    resumed = {task: re.findall(r"Input resumes at epoch (\d+), step (\d+)", run.output(task)) for task in run.values}
+    assert len(resumed["worker:0"]) == 1 and resumed["worker:0"][0][0] == "1", resumed
+    assert resumed["worker:1"] == resumed["worker:0"], resumed
+
+
 def test_a_preemption_with_endless_input(data: str, reference: np.ndarray, tmp_path: Path) -> None:
     # num_epochs=None with steps_per_epoch; worker 1 sends itself SIGTERM at batch 9 of epoch 1: every worker
     # saves there (PreemptionSafeBackup) and the rerun goes on at batch 10.

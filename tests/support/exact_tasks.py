@@ -117,8 +117,11 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     """One fit; ``options``: epochs, num_epochs, steps_per_epoch, shuffle_buffer, shard_policy, order_streams,
     save_freq, backup ('safe': PreemptionSafeBackup(data=), 'plain': BackupAndRestore + ResumeInput,
     'unlinked': BackupAndRestore alone), preempt ([epoch, batch]: worker:1 sends itself SIGTERM there, first
-    attempt only)."""
+    attempt only), stale_temp ([epoch, batch]: worker:1 copies the chief's backup there in its first attempt
+    and, restarted, puts the copy in its own temporary write directory, as a kill between a save and that
+    directory's removal leaves it)."""
     import logging
+    import shutil
 
     import tensorflow as tf
 
@@ -163,8 +166,15 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
                 print(f"STEP {self.epoch} {batch}", flush=True)
             if preempt and restart == 0 and task == "worker:1" and [self.epoch, batch] == list(preempt):
                 os.kill(os.getpid(), signal.SIGTERM)
+            if stale and restart == 0 and task == "worker:1" and [self.epoch, batch] == list(stale):
+                shutil.copytree(os.path.join(backup_dir, "chief"), stale_copy)
 
     backup_dir = os.path.join(workdir, "backup")
+    stale = options.get("stale_temp")
+    stale_copy = os.path.join(workdir, "stale-chief-backup")
+    if stale and task == "worker:1" and restart > 0 and os.path.isdir(stale_copy):
+        shutil.copytree(stale_copy, os.path.join(backup_dir, "workertemp_1"))  # tf-keras' name for worker 1's
+        print("STALE PLANTED", flush=True)
     save_freq = options.get("save_freq", 4)
     kind = options.get("backup", "safe")
     if kind == "safe":
