@@ -66,3 +66,20 @@ def test_command_line_parses(argv: list[str]) -> None:
                 tfdist_cli.parser().parse_args(argv[1:])
         except SystemExit as exit:
             assert exit.code == 0, f"{shlex.join(argv)}: {err.getvalue()}"
+
+
+_INDEX_INSTALL = re.compile(r"""pip install ['"]?tfdist\b(?!-)|['"]tfdist\[[a-z,]+\]['"]""")
+
+
+def test_no_page_or_message_installs_tfdist_from_a_package_index() -> None:
+    # tfdist installs from a clone or a wheel built in one (docs/install.md); `pip install tfdist` or
+    # 'tfdist[s3]' would ask an index that does not have it. Library messages use versions.install_hint.
+    sources = PAGES + sorted((ROOT / "tfdist").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sources
+        if path.name != "test_docs_commands.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _INDEX_INSTALL.search(line)
+    ]
+    assert not found, "\n".join(found)

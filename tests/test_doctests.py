@@ -68,6 +68,7 @@ MODULES = [
     "tfdist.launch.output",
     "tfdist.runtime.program",
     "tfdist.runtime.logs",
+    "tfdist.runtime.versions",
     "tfdist.cluster",
     "tfdist.cluster.address",
     "tfdist.data",

@@ -127,7 +127,7 @@ def _schemes(probe: bool) -> dict[str, str]:
         s3 = (
             "tensorflow-io"
             if tfio_problem is None
-            else ("boto3 (tfdist)" if boto3 else "unavailable: pip install 'tfdist[s3]'")
+            else ("boto3 (tfdist)" if boto3 else f"unavailable: {versions.install_hint('s3')}")
         )
         out = {"gs": "TensorFlow", "s3": s3}
         out.update({s: "tensorflow-io" if tfio_problem is None else f"unavailable: {tfio_problem}" for s in _TFIO_ONLY})

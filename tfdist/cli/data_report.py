@@ -63,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="a damaged file: 'raise' an error naming it (default), or 'skip' its damaged part and report it",
     )
     parser.add_argument(
-        "--plot", default=None, metavar="PNG", help="also draw the report (needs matplotlib: tfdist[plot])"
+        "--plot", default=None, metavar="PNG", help="also draw the report (needs matplotlib: the plot extra)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The skew report's figure (matplotlib, an optional dependency: ``pip install 'tfdist[plot]'``).
+"""The skew report's figure (matplotlib, an optional dependency: the ``plot`` extra).
 
 Built on ``matplotlib.figure.Figure`` alone: no pyplot, so no global backend or figure registry is touched
 (``Figure.savefig`` renders a PNG with Agg).
@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from tfdist.errors import RuntimeFailure
+from tfdist.runtime.versions import install_hint
 
-INSTALL = "pip install 'tfdist[plot]' (in a clone: pip install \".[plot]\")"
+INSTALL = install_hint("plot")
 _MANY_CLASSES = 12  # Above this, class labels are drawn rotated.
 
 

@@ -241,7 +241,7 @@ class SkewReport:
         }
 
     def figure(self) -> Any:
-        """A matplotlib ``Figure`` of the report (needs matplotlib: ``pip install 'tfdist[plot]'``).
+        """A matplotlib ``Figure`` of the report (needs matplotlib: the ``plot`` extra).
 
         Three panels: records per class and worker on a log axis (tail classes stay visible), records per
         worker, and each worker's class-mix divergence (total variation) against the advice threshold.
@@ -251,7 +251,7 @@ class SkewReport:
         return _report_plot.figure(self, threshold=_DIVERGENCE_TIP)
 
     def plot(self, path: str) -> None:
-        """Draws :meth:`figure` to the PNG ``path`` (needs matplotlib: ``pip install 'tfdist[plot]'``)."""
+        """Draws :meth:`figure` to the PNG ``path`` (needs matplotlib: the ``plot`` extra)."""
         self.figure().savefig(path, dpi=100)
 
 

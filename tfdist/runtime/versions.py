@@ -62,11 +62,22 @@ def stack_problem() -> str | None:
     return None
 
 
+def install_hint(extra: str) -> str:
+    """How to install one of tfdist's extras. tfdist is not on a package index: it installs from a clone
+    (or from a wheel built in one), so the hint names the clone, never a package index.
+
+    Example:
+        >>> install_hint("s3")
+        'pip install ".[s3]" in a tfdist clone (or the wheel built from one, with [s3])'
+    """
+    return f'pip install ".[{extra}]" in a tfdist clone (or the wheel built from one, with [{extra}])'
+
+
 def tfio_unavailable_reason() -> str | None:
     """Why tensorflow-io's file systems cannot load here, or None when they can (no TF import)."""
     tf_version = installed_version("tensorflow")
     if importlib.util.find_spec("tensorflow_io") is None:
-        return "tensorflow-io is not installed (it loads on TF 2.17 only: pip install 'tfdist[tfio]')"
+        return f"tensorflow-io is not installed (it loads on TF 2.17 only: {install_hint('tfio')})"
     if tf_version is not None and parse_version(tf_version) > TFIO_LAST_TF:
         return f"tensorflow-io's file systems cannot load on TF {tf_version} (undefined symbols on TF >= 2.18)"
     return None

@@ -26,7 +26,7 @@ from tfdist.launch.engines.ray import LOOPBACK_VAR
 # would otherwise need RAY_AUTH_MODE=token in the driver; see docs/ray.md).
 os.environ.setdefault(LOOPBACK_VAR, "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-ray = pytest.importorskip("ray", reason='Ray is not installed; pip install "tfdist[ray]"')
+ray = pytest.importorskip("ray", reason='Ray is not installed; pip install ".[ray]"')
 
 from tests.support import (
     cluster_tasks,

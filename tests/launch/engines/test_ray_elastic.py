@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import SUPPORT
 
-pytest.importorskip("ray", reason='Ray is not installed; pip install "tfdist[ray]"')
+pytest.importorskip("ray", reason='Ray is not installed; pip install ".[ray]"')
 
 from tests.support.processes import assert_all_gone
 from tfdist import testing

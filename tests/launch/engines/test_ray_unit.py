@@ -112,4 +112,4 @@ def test_cli_without_ray_says_how_to_install_it() -> None:
     )
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr  # A missing package is a runtime failure (EngineError), not bad input.
-    assert 'pip install "tfdist[ray]"' in done.stderr and "Traceback" not in done.stderr
+    assert 'pip install ".[ray]" in a tfdist clone' in done.stderr and "Traceback" not in done.stderr

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.errors import DataError, StorageError, invalid
-from tfdist.runtime.versions import tfio_unavailable_reason
+from tfdist.runtime.versions import install_hint, tfio_unavailable_reason
 
 _log = logging.getLogger("tfdist.data")
 BUILTIN_SCHEMES = frozenset({"", "file", "gs", "ram"})
@@ -82,11 +82,11 @@ def _reader_for_scheme(scheme: str, forced: str) -> str:
         return "boto3"
     raise StorageError(
         f"No file system for {scheme}:// on TensorFlow {tf.__version__}: {problem}. s3:// works on "
-        "every TF through boto3 (pip install 'tfdist[s3]'); other schemes need tensorflow-io with "
-        "tensorflow==2.17.* (pip install 'tfdist[tfio]'), or a mount.",
+        f"every TF through boto3 ({install_hint('s3')}); other schemes need tensorflow-io with "
+        f"tensorflow==2.17.* ({install_hint('tfio')}), or a mount.",
         field="path",
         value=f"{scheme}://",
-        fix="pip install 'tfdist[tfio]' on TF 2.17, or mount it",
+        fix=f"{install_hint('tfio')} on TF 2.17, or mount it",
     )
 
 

@@ -40,6 +40,7 @@ import weakref
 from typing import Any
 
 from tfdist.errors import DataError, StorageError, invalid
+from tfdist.runtime.versions import install_hint
 
 _log = logging.getLogger("tfdist.data")
 _CHUNK = 8 << 20
@@ -127,10 +128,10 @@ class S3Store:
             from botocore.config import Config
         except ImportError as err:
             raise StorageError(
-                "Reading s3:// without tensorflow-io needs boto3: pip install 'tfdist[s3]'.",
+                f"Reading s3:// without tensorflow-io needs boto3: {install_hint('s3')}.",
                 field="s3 reader",
                 value="boto3 missing",
-                fix="pip install 'tfdist[s3]'",
+                fix=install_hint("s3"),
             ) from err
         endpoint, verify = endpoint_from_env(env)
         self.endpoint = endpoint

@@ -77,7 +77,7 @@ def _check_image(image: Any) -> str:
             image or None,
             "a container image with tfdist installed",
             "TensorFlow's own images do not have tfdist: build one (FROM tensorflow/tensorflow:2.17.1, "
-            "pip install tfdist) and pass it as `image` (REGISTRY/NAME:TAG).",
+            "COPY a tfdist clone and pip install it) and pass it as `image` (REGISTRY/NAME:TAG).",
         )
     return image
 

@@ -39,11 +39,12 @@ from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.engines._ray_task import CALL_TIMEOUT, RayTaskProcess
 from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
+from tfdist.runtime.versions import install_hint
 
 __all__ = ["RayEngine", "RayOptions"]
 
 _log = logging.getLogger("tfdist.launch.ray")
-INSTALL_HINT = 'pip install "tfdist[ray]"  (Ray 2.60 with the pins this stack needs)'
+INSTALL_HINT = f"{install_hint('ray')}: Ray 2.60 with the pins this stack needs"
 # Read by Ray when it is imported: "0" keeps every Ray daemon and worker on the loopback address.
 LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict_pack": "STRICT_PACK", "strict_spread": "STRICT_SPREAD"}
