@@ -26,6 +26,7 @@ from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
+from tfdist.launch.engines.ray import RayOptions
 from tfdist.launch.events import KillAt
 from tfdist.strategy.builders import StrategyOptions, resolve_options
 
@@ -233,6 +234,19 @@ _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
     (emit.slurm_script, {"config": _CONFIG, "port_base": 65535}),
     (emit.tf_configs, {"config": _CONFIG, "hosts": ["h0"]}),
     (emit.jobset_manifest, {"config": _CONFIG, "image": "me/train:1", "name": "a" * 60}),
+    *[
+        (RayOptions, bad)
+        for bad in (
+            {"cpus_per_task": -1},
+            {"cpus_per_task": 0},
+            {"gpus_per_task": 1e9},
+            {"gpus_per_task": float("nan")},
+            {"address": ""},
+            {"address": "auto", "num_cpus": 2},
+            {"placement": "spreaded"},
+            {"ready_timeout": 0},
+        )
+    ],
 ]
 
 

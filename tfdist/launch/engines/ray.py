@@ -63,7 +63,7 @@ def import_ray() -> Any:
     except ImportError as err:
         raise EngineError(
             f"The Ray engine needs Ray, which is not installed ({err}). Install it with: {INSTALL_HINT}",
-            field="--engine",
+            field="engine",
             value="ray",
             fix=f"Install it: {INSTALL_HINT}",
         ) from None
@@ -120,16 +120,16 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         for name in ("cpus_per_task", "gpus_per_task"):  # finite: nan and inf would reach Ray's scheduler
-            value = require_number(LaunchError, f"--{name.replace('_', '-')}", getattr(self, name), minimum=0)
+            value = require_number(LaunchError, name, getattr(self, name), minimum=0)
             if value > _MAX_PER_TASK:
-                raise invalid(LaunchError, f"--{name.replace('_', '-')}", value, f"a number <= {_MAX_PER_TASK}")
+                raise invalid(LaunchError, name, value, f"a number <= {_MAX_PER_TASK}")
             object.__setattr__(self, name, float(value))
         if self.cpus_per_task == 0 and self.gpus_per_task == 0:
             raise invalid(
                 LaunchError,
-                "--cpus-per-task",
+                "cpus_per_task",
                 0,
-                "> 0 when --gpus-per-task is 0",
+                "> 0 when `gpus_per_task` is 0",
                 "Every task must reserve something, or Ray may put them all anywhere.",
             )
         if self.placement not in PLACEMENTS:
@@ -140,13 +140,13 @@ class RayOptions:
         if self.num_cpus is not None:
             require_int(LaunchError, "num_cpus", self.num_cpus, minimum=1, maximum=_MAX_PER_TASK * 10000)
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
-            raise invalid(LaunchError, "--ray-address", self.address, "'auto' or 'host:port'")
+            raise invalid(LaunchError, "address", self.address, "'auto' or 'host:port'")
         if self.num_cpus is not None and self.address is not None:
             raise invalid(
                 LaunchError,
                 "num_cpus",
                 self.num_cpus,
-                "None when joining a cluster (--ray-address)",
+                "None when joining a cluster (`address`)",
                 "A running cluster has its own CPUs; drop num_cpus.",
             )
 
@@ -194,10 +194,10 @@ class RayEngine(Engine):
         if config.isolate_network:
             raise invalid(
                 LaunchError,
-                "--isolate-network",
+                "isolate_network",
                 True,
                 "the local engine",
-                "Network namespaces are a local-engine feature; drop --isolate-network with --engine ray.",
+                "Network namespaces are a local-engine feature; drop `isolate_network` with the Ray engine.",
             )
         tasks = config.task_names() + ([DATA_SERVICE_TASK] if config.data_service_workers else [])
         try:
@@ -260,10 +260,10 @@ class RayEngine(Engine):
             except (ConnectionError, ValueError, RuntimeError) as err:
                 raise EngineError(
                     f"Could not join the Ray cluster at {options.address!r}: {err}. Check the address "
-                    "(`ray status` on the head shows it), or drop --ray-address to start a local Ray. "
+                    "(`ray status` on the head shows it), or drop `address` to start a local Ray. "
                     "If the cluster uses token authentication, set RAY_AUTH_MODE=token (Ray enables "
-                    "it by itself only for --ray-address auto).",
-                    field="--ray-address",
+                    "it by itself only for the address 'auto').",
+                    field="address",
                     value=options.address,
                 ) from None
         self._owns_connection = True
