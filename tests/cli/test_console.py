@@ -225,6 +225,21 @@ def test_filtered_stderr_passes_the_last_lines_of_a_crash_and_survives_ctrl_c() 
         assert done.stderr.splitlines()[-1] == last and NOISE not in done.stderr, (how, done.stderr)
 
 
+def test_the_filter_process_is_born_with_ctrl_c_blocked() -> None:
+    """A SIGINT to the group right after the fork must not reach the filter before it blocks it (it would die
+    with the crash's last lines): the mask is set before the fork; the command itself keeps taking Ctrl-C."""
+    script = (
+        "import os, signal\nfrom tfdist.cli.quiet import filtered_stderr\n"
+        "def mask():\n    return int(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
+        "os.register_at_fork(after_in_child=lambda: os.write(1, b'CHILD %d\\n' % mask()))\n"
+        "with filtered_stderr():\n    os.write(1, b'PARENT %d\\n' % mask())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split()) == sorted(["CHILD", "1", "PARENT", "0"]), done.stdout
+    assert "CHILD 1" in done.stdout and "PARENT 0" in done.stdout, done.stdout
+
+
 def test_filtered_stderr_keeps_a_terminal_a_terminal() -> None:
     """Python's sys.stderr still says it is a terminal (data-report shows progress then)."""
     leader, follower = pty.openpty()

@@ -144,17 +144,23 @@ def filtered_stderr() -> Iterator[None]:
     if wants_tf_info(os.environ) or not _is_process_stderr(python_stderr) or not hasattr(os, "fork"):
         yield
         return
+    # The filter must never take Ctrl-C (or the group's SIGTERM) meant for the command: blocked before the
+    # fork, so that a signal sent to the process group right after it cannot reach the filter before it
+    # blocks them itself (it would die and take the last lines with it). The parent unblocks at once.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED + (signal.SIGQUIT,))
     try:
         python_stderr.flush()
         real = os.dup(2)
         read_end, write_end = os.pipe()
         pid = os.fork()
     except OSError:  # No fd 2 (a daemon), no fds or processes left: nothing is filtered.
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         yield
         return
-    if pid == 0:  # pragma: no cover - the filter process
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    else:  # pragma: no cover - the filter process, signals still blocked
         try:
-            signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED + (signal.SIGQUIT,))
             _close_all_but(read_end, 2)
             _forward(read_end, 2)
         finally:
