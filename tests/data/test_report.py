@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -238,3 +239,17 @@ def test_python_on_corrupt(corrupt_data: tuple[str, str]) -> None:
     report = skew_report(pattern, label_key="label", num_workers=2, on_corrupt="skip")
     assert report.corrupt_files == (bad,)
     assert sum(report.worker_records) + report.records_lost == 400
+
+
+def test_plot_without_matplotlib_says_how_to_install_it_before_any_scan(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Checked before the scan: a pattern that matches nothing would fail the scan, so exit 2 with the plot
+    # message (not the scan's) proves the order.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    args = [str(tmp_path / "none-*"), "--label-key", "label", "--workers", "2", "--plot", str(tmp_path / "r.png")]
+    code, out, err = _cli(args)
+    assert (code, out) == (2, "")
+    assert "--plot needs matplotlib, which is not installed" in err, err
+    assert 'pip install ".[plot]" in a tfdist clone' in err and "No files" not in err, err
