@@ -208,7 +208,9 @@ def test_filtered_stderr_drops_tf_noise_of_the_process_and_its_children() -> Non
 def test_filtered_stderr_passes_the_last_lines_of_a_crash_and_survives_ctrl_c() -> None:
     """The filter is a process of its own: an abort() (a TF 'F' record) or a SIGINT to the group loses nothing."""
     script = (
-        "import os, signal, sys\nfrom tfdist.cli.quiet import filtered_stderr\ntry:\n    with filtered_stderr():\n"
+        # A run started in the background inherits SIGINT ignored: the command must take Ctrl-C here.
+        "import os, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from tfdist.cli.quiet import filtered_stderr\ntry:\n    with filtered_stderr():\n"
         "        os.write(2, (sys.argv[1] + '\\n' + sys.argv[2] + '\\n').encode())\n"
         "        os.kill(0, signal.SIGINT) if sys.argv[3] == 'int' else os.abort()\n"
         "except KeyboardInterrupt:\n    sys.stderr.write('interrupted\\n')\n"
