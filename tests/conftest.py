@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -61,7 +62,7 @@ def s3_client(s3_server: dict[str, str]) -> Any:
     )
 
 
-def _slurm_local():  # type: ignore[no-untyped-def]
+def _slurm_local() -> ModuleType:
     """scripts/slurm_local.py, the single-node Slurm cluster users can start too."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "slurm_local.py")
     spec = importlib.util.spec_from_file_location("_tfdist_slurm_local", path)

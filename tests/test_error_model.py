@@ -14,7 +14,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -205,9 +205,9 @@ def test_errors_carry_what_they_report() -> None:
         plan.parse_quantity("10", "size")
     assert caught_plan.value.field == "kind" and "did you mean" in caught_plan.value.expected
     with pytest.raises(errors.PlanError, match="`params`. Received: '1M'.*parse_quantity"):
-        plan.Plan(params="1M", workers=2, bandwidth=1e9, latency=1e-5)
+        plan.Plan(params=cast(Any, "1M"), workers=2, bandwidth=1e9, latency=1e-5)
     result = launch.LaunchResult(
-        exit_code=0, reason="ok", failed_task=None, tasks=(), cluster=tfdist.ClusterSpec.local(workers=1)
+        exit_code=0, reason=cast(Any, "ok"), failed_task=None, tasks=(), cluster=tfdist.ClusterSpec.local(workers=1)
     )
     with pytest.raises(errors.LaunchError, match="`task`. Received: 'worker:9'"):
         result.task("worker:9")
@@ -281,12 +281,12 @@ def test_launch_config_options_come_in_groups() -> None:
     assert list(groups) == ["topology", "supervision", "faults", "elastic", "network"]
     flat = [f.name for kind in groups.values() for f in dataclasses.fields(kind)]
     assert LaunchConfig.option_names() == ("command", *flat)  # Each option declared once, in its group.
-    assert [f.name for f in dataclasses.fields(LaunchConfig)] == list(LaunchConfig.option_names())
+    assert [f.name for f in dataclasses.fields(cast(Any, LaunchConfig))] == list(LaunchConfig.option_names())
     config = LaunchConfig(command=("x",), workers=3, min_workers=2, kills=["worker:1@5"], env={"A": "1"})
     assert (config.topology, config.elastic) == (Topology(workers=3), Elastic(min_workers=2, max_workers=3))
     assert (config.workers, config.max_workers, config.kills[0].seconds, config.env["A"]) == (3, 3, 5.0, "1")
     assert LaunchConfig(**config.option_values()) == config  # What serialization needs.
-    assert dataclasses.replace(config, workers=4).topology.workers == 4
+    assert dataclasses.replace(cast(Any, config), workers=4).topology.workers == 4
     assert LaunchConfig(command=("x",), topology=Topology(workers=2, chief=True)).chief
     with pytest.raises(errors.LaunchError, match="did you mean 'grace_seconds'"):
         LaunchConfig(command=("x",), grace_second=1)

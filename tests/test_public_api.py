@@ -10,6 +10,7 @@ import pkgutil
 import subprocess
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -236,7 +237,7 @@ def _spec_classes() -> list[type]:
 
 
 @pytest.mark.parametrize("cls", _spec_classes(), ids=lambda cls: cls.__name__)
-def test_specs_are_frozen_and_hold_no_mutable_mappings(cls: type) -> None:
+def test_specs_are_frozen_and_hold_no_mutable_mappings(cls: Any) -> None:
     params = dataclasses.fields(cls)
     assert cls.__dataclass_params__.frozen, cls
     for field in params:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from tfdist import ClusterSpec
 from tfdist.cluster.probe import probe_tasks
@@ -74,7 +75,7 @@ def test_probe_under_parameter_servers_needs_the_servers_up_and_names_dns() -> N
         listener.listen()
         up = f"127.0.0.1:{listener.getsockname()[1]}"
         chief, closed = (t.address for t in ClusterSpec.local(workers=2).tasks())
-        config = {
+        config: dict[str, Any] = {
             "cluster": {"chief": [chief], "worker": [closed, "no-such-host.invalid:2222"], "ps": [up]},
             "task": {"type": "chief", "index": 0},
         }
@@ -164,7 +165,7 @@ def test_resolver_keeps_evaluator_out_and_defaults_to_grpc() -> None:
     from tfdist.strategy.resolver import cluster_resolver
 
     spec = ClusterSpec(
-        jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
+        jobs=cast(Any, {"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]}),
         task_type="worker",
         task_id=1,
         environment="cloud",
@@ -173,7 +174,9 @@ def test_resolver_keeps_evaluator_out_and_defaults_to_grpc() -> None:
     assert resolver.cluster_spec().as_dict() == {"chief": ["c:1"], "worker": ["w:1", "w:2"]}
     task = (resolver.task_type, resolver.task_id, resolver.rpc_layer, resolver.environment)
     assert task == ("worker", 1, "grpc", "cloud")
-    sparse = cluster_resolver(ClusterSpec(jobs={"worker": {"2": "w:2", "5": "w:5"}}, task_type="worker", task_id=5))
+    sparse = cluster_resolver(
+        ClusterSpec(jobs=cast(Any, {"worker": {"2": "w:2", "5": "w:5"}}), task_type="worker", task_id=5)
+    )
     assert sparse.cluster_spec().task_indices("worker") == [2, 5]
 
 

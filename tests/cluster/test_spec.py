@@ -7,6 +7,7 @@ import logging
 import re
 import socket
 import sys
+from typing import Any, cast
 
 import pytest
 
@@ -128,7 +129,7 @@ def test_unset_variable_says_how_to_run() -> None:
 
 def test_constructor_validates_too() -> None:
     with pytest.raises(ClusterSpecError, match="indices of job 'worker'"):
-        ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker", task_id=3)
+        ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]}), task_type="worker", task_id=3)
     with pytest.raises(ClusterSpecError, match="mapping of job name"):
         ClusterSpec(jobs=["a:1"])  # type: ignore[arg-type]
 
@@ -138,7 +139,7 @@ def test_deeply_nested_python_values_are_clusterspec_errors() -> None:
     for _ in range(100_000):
         deep = [deep]
     with pytest.raises(ClusterSpecError, match="`cluster.worker\\[0\\]`"):
-        ClusterSpec(jobs={"worker": [deep]})
+        ClusterSpec(jobs=cast(Any, {"worker": [deep]}))
 
 
 def test_loopback_aliases_of_one_port_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
@@ -150,26 +151,29 @@ def test_loopback_aliases_of_one_port_are_warned_about(caplog: pytest.LogCapture
         ]
 
     with caplog.at_level(logging.WARNING, logger="tfdist.cluster.spec"):
-        ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:5"]})
+        ClusterSpec(jobs=cast(Any, {"worker": ["localhost:5", "127.0.0.1:5"]}))
     assert warnings(), "no warning logged"
     assert "both name this machine's port 5" in warnings()[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tfdist.cluster.spec"):
-        ClusterSpec(jobs={"worker": ["localhost:5", "127.0.0.1:6", "otherhost:5"]})
+        ClusterSpec(jobs=cast(Any, {"worker": ["localhost:5", "127.0.0.1:6", "otherhost:5"]}))
     assert warnings() == []
 
 
 def test_valid_addresses_stay_valid() -> None:
     spec = ClusterSpec(
-        jobs={
-            "worker": [
-                "10.0.0.1:2222",
-                "[::1]:2222",
-                "w-1.ns.svc.cluster.local:2222",
-                "my_host:1",
-                "h" * 63 + ".x:65535",
-            ]
-        }
+        jobs=cast(
+            Any,
+            {
+                "worker": [
+                    "10.0.0.1:2222",
+                    "[::1]:2222",
+                    "w-1.ns.svc.cluster.local:2222",
+                    "my_host:1",
+                    "h" * 63 + ".x:65535",
+                ]
+            },
+        )
     )
     assert spec.num_workers == 5
 
@@ -242,8 +246,8 @@ def test_to_tf_config_round_trips_for_every_task() -> None:
 
 
 def test_fingerprint_differs_between_clusters() -> None:
-    a = ClusterSpec(jobs={"worker": ["a:1", "b:1"]})
-    b = ClusterSpec(jobs={"worker": ["a:1", "b:2"]})
+    a = ClusterSpec(jobs=cast(Any, {"worker": ["a:1", "b:1"]}))
+    b = ClusterSpec(jobs=cast(Any, {"worker": ["a:1", "b:2"]}))
     assert a.fingerprint != b.fingerprint
     assert re.search(r"^[0-9a-f]{12}$", a.fingerprint)
     assert a.fingerprint == a.with_task("worker", 1).fingerprint
@@ -273,17 +277,17 @@ def test_local_gives_distinct_free_ports() -> None:
 
 
 def test_frozen_hashable_and_readable() -> None:
-    spec = ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker")
+    spec = ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]}), task_type="worker")
     with pytest.raises(AttributeError):
         spec.task_id = 3  # type: ignore[misc]
-    assert len({spec, ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker")}) == 1
+    assert len({spec, ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]}), task_type="worker")}) == 1
     assert repr(spec) == "ClusterSpec(jobs={'worker': {'0': 'a:1'}}, task_type='worker', task_id=0)"
     assert "worker:0 (chief)" in spec.describe()
 
 
 def test_missing_task_for_to_tf_config() -> None:
     with pytest.raises(ClusterSpecError, match="Pass task_type=..., task_id=..."):
-        ClusterSpec(jobs={"worker": ["a:1"]}).to_tf_config()
+        ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]})).to_tf_config()
 
 
 def test_cluster_layer_never_imports_tensorflow() -> None:

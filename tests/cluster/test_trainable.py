@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any, cast
 
 import pytest
 
@@ -105,7 +106,7 @@ def test_open_refused_and_dns_are_told_apart() -> None:
         dns = probe_address("no-such-host.invalid:2222", 0.3)
         assert (dns.status, dns.host_up) == ("dns", False)
         assert "cannot resolve host 'no-such-host.invalid': DNS (" in dns.describe(0.3)
-        spec = ClusterSpec(jobs={"chief": [up], "worker": [closed, "no-such-host.invalid:2222"]})
+        spec = ClusterSpec(jobs=cast(Any, {"chief": [up], "worker": [closed, "no-such-host.invalid:2222"]}))
         found = probe_reachability(spec.with_task("worker", 1), timeout=0.3, not_yet_listening=("worker:0",))
         assert {name: r.status for name, r in found.items()} == {"chief:0": "open", "worker:0": "refused"}
 

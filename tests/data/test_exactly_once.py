@@ -130,7 +130,7 @@ def test_nothing_logged_when_the_batch_divides(tmp_path: Path) -> None:
     logger = logging.getLogger("tfdist.data")
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler.emit = records.append  # type: ignore[method-assign, assignment]
     logger.addHandler(handler)
     try:
         assert sum(len(b["id"]) for b in pipeline.dataset()) == 40

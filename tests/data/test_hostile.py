@@ -8,8 +8,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import tensorflow as tf
@@ -25,7 +26,7 @@ def _example(i: int, label: Any = None) -> tf.train.Example:
     return example(i, i % 3 if label is None else label)
 
 
-def _ids(pattern: str, **kwargs: Any) -> list[int]:
+def _ids(pattern: str | Sequence[str], **kwargs: Any) -> list[int]:
     pipeline = TFRecordPipeline(files=pattern, features=FEATURES, batch_size=16, **kwargs)
     return [int(v) for b in pipeline.dataset() for v in b["id"].numpy()]
 
@@ -57,7 +58,7 @@ def test_a_failed_rewrite_leaves_the_previous_dataset(tmp_path: Path) -> None:
         write_tfrecords(failing(), prefix, num_shards=2)
     assert _contents(root) == before
     assert sorted(_ids(f"{prefix}-*")) == list(range(40))
-    assert read_manifest(prefix)["records"] == 40
+    assert cast("dict[str, Any]", read_manifest(prefix))["records"] == 40
 
 
 def test_a_rewrite_with_fewer_shards_replaces_the_old_ones(tmp_path: Path) -> None:
@@ -184,6 +185,7 @@ def test_labels_stay_inside_and_read_back(tmp_path: Path, label: str) -> None:
     assert all(f.startswith("data/") for f in _tree(root))
     assert all("\n" not in p and len(os.path.basename(p)) < 200 for p in paths)
     manifest = read_manifest(os.path.join(target, "part"))
+    assert manifest is not None
     assert manifest["classes"] == {"plain": 5, label: 5}
     features = {"id": FEATURES["id"], "label": tf.io.FixedLenFeature([], tf.string)}
     pipeline = TFRecordPipeline(
@@ -263,9 +265,9 @@ def gz(data_root: str) -> str:
     ],
 )
 def test_bad_input_is_a_data_error_naming_the_field(
-    data_root: str, plain: str, gz: str, overrides: dict, message: str
+    data_root: str, plain: str, gz: str, overrides: dict[str, Any], message: str
 ) -> None:
-    kwargs = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
+    kwargs: dict[str, Any] = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
     kwargs.update(overrides)
     kwargs["files"] = {"GZ": f"{gz}-*", "ROOT": data_root}.get(kwargs["files"], kwargs["files"])
     with pytest.raises(DataError, match=message) as caught:
@@ -302,8 +304,8 @@ def test_bad_input_is_a_data_error_naming_the_field(
         ),
     ],
 )
-def test_absurd_values_are_bounded(plain: str, overrides: dict, message: str) -> None:
-    kwargs = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
+def test_absurd_values_are_bounded(plain: str, overrides: dict[str, Any], message: str) -> None:
+    kwargs: dict[str, Any] = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
     kwargs.update(overrides)
     with pytest.raises(DataError, match=message):
         TFRecordPipeline(**kwargs)
@@ -312,8 +314,8 @@ def test_absurd_values_are_bounded(plain: str, overrides: dict, message: str) ->
 def test_autotuning_model_off_unless_asked(plain: str) -> None:
     """TF's autotuning model stalls iterator deletion (TuningOptions): off by default, on when asked or
     when a RAM budget needs it; the pipeline still reads everything either way."""
-    base = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
-    cases = {
+    base: dict[str, Any] = dict(files=f"{plain}-*", features=FEATURES, batch_size=10)
+    cases: dict[str, tuple[dict[str, Any], bool, int | None]] = {
         "default": ({}, False, None),
         "asked": ({"autotune_model": True}, True, None),
         "budget": ({"ram_budget_bytes": 1 << 30}, True, 1 << 30),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import tensorflow as tf
@@ -42,11 +43,11 @@ def test_options_come_in_groups(prefix: str, pipeline: TFRecordPipeline) -> None
         "autotune",
     )
     assert p.sampling.class_weights is None
-    assert dataclasses.replace(p, batch_size=4).epochs.batch_size == 4  # Groups follow replace().
+    assert dataclasses.replace(cast(Any, p), batch_size=4).epochs.batch_size == 4  # Groups follow replace().
     with pytest.raises(DataError, match="`policy`"):
         ShardOptions(policy="bogus")
     with pytest.raises(DataError, match="`shard_policy`") as caught:  # The flat name, through the pipeline.
-        dataclasses.replace(p, shard_policy="bogus")
+        dataclasses.replace(cast(Any, p), shard_policy="bogus")
     assert caught.value.field == "shard_policy"
     with pytest.raises(DataError, match="`files`"):
         SourceOptions(files=[])
@@ -60,7 +61,7 @@ def test_each_option_is_declared_once_in_its_group(pipeline: TFRecordPipeline) -
         prefix = "shard_" if name == "sharding" else ""
         flat.update({prefix + f.name: f for f in dataclasses.fields(kind)})
     assert set(TFRecordPipeline.option_names()) == set(flat)
-    for field in dataclasses.fields(TFRecordPipeline):
+    for field in dataclasses.fields(cast(Any, TFRecordPipeline)):
         if field.init:  # Same default as the group's (nothing copied by hand that could drift).
             assert (field.default, field.default_factory) == (
                 flat[field.name].default,
@@ -87,9 +88,9 @@ def test_flat_and_grouped_arguments(prefix: str) -> None:
     with pytest.raises(DataError, match="`tuning`. Received: 2. Expected a TuningOptions"):
         TFRecordPipeline(files="x", features=FEATURES, batch_size=8, tuning=2)
     with pytest.raises(DataError, match="keyword arguments"):
-        TFRecordPipeline("x")  # type: ignore[misc]
+        TFRecordPipeline("x")  # type: ignore[call-arg]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        p.batch_size = 2  # type: ignore[misc]
+        p.batch_size = 2  # type: ignore[attr-defined]
 
 
 def test_listing_is_read_afresh(prefix: str, pipeline: TFRecordPipeline) -> None:
@@ -113,7 +114,7 @@ def test_worker_files_and_records_match_the_dataset(pipeline: TFRecordPipeline) 
 
 
 def test_an_explicit_cluster_wins_over_tf_config(pipeline: TFRecordPipeline) -> None:
-    spec = ClusterSpec(jobs={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_id=1)
+    spec = ClusterSpec(jobs=cast(Any, {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}), task_type="worker", task_id=1)
     mine = [int(v) for b in pipeline.dataset(cluster=spec) for v in b["id"].numpy()]
     everything = [int(v) for b in pipeline.dataset() for v in b["id"].numpy()]  # No TF_CONFIG: all.
     assert len(everything) == 90

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 from unittest import mock
 
 import numpy as np
@@ -47,6 +48,7 @@ def test_names_balance_and_manifest(tmp_path: Path) -> None:
     paths = write_tfrecords((e.SerializeToString() for e in _skewed(103)), prefix, num_shards=4)
     assert [os.path.basename(p) for p in paths] == [f"train-0000{i}-of-00004.tfrecord" for i in range(4)]
     manifest = read_manifest(prefix)
+    assert manifest is not None
     counts = [manifest["files"][p]["records"] for p in paths]
     assert (sum(counts), max(counts) - min(counts)) == (103, 1)
     assert all(check_file(p).records == manifest["files"][p]["records"] for p in paths)
@@ -54,7 +56,7 @@ def test_names_balance_and_manifest(tmp_path: Path) -> None:
 
 def test_partition_by_label_and_gzip(tmp_path: Path) -> None:
     prefix = os.path.join(tmp_path, "part")
-    seen = []
+    seen: list[int] = []
     paths = write_tfrecords(
         _skewed(),
         prefix,
@@ -70,7 +72,7 @@ def test_partition_by_label_and_gzip(tmp_path: Path) -> None:
     ]
     assert len(paths) == 6
     assert seen[-1] == 1000
-    assert read_manifest(prefix)["classes"] == {"0": 900, "1": 90, "2": 10}
+    assert cast("dict[str, Any]", read_manifest(prefix))["classes"] == {"0": 900, "1": 90, "2": 10}
     for path in paths:  # Really gzip: the magic bytes, and a stream gzip can read to its end.
         with open(path, "rb") as f:
             assert f.read(2) == b"\x1f\x8b"
@@ -260,7 +262,7 @@ def test_exhausted_policies() -> None:
 def test_bad_weights(weights: object, message: str) -> None:
     datasets = {"a": tf.data.Dataset.from_tensors(0), "b": tf.data.Dataset.from_tensors(1)}
     with pytest.raises(DataError, match=message):
-        stratified_sample(datasets, weights)  # type: ignore[arg-type]
+        stratified_sample(datasets, weights)
 
 
 def _files(directory: Path) -> tuple[str, str]:
@@ -373,6 +375,7 @@ def test_one_crc_pass_over_many_files_names_each_files_own_problem(tmp_path: Pat
         for index, check in enumerate(checks):
             if index == damaged:
                 assert (check.records, check.valid_bytes, check.ok) == (0, 0, False)
+                assert check.problem is not None
                 assert "corrupt record header at byte 0" in check.problem
             else:
                 assert check == expected[index]
@@ -381,6 +384,7 @@ def test_one_crc_pass_over_many_files_names_each_files_own_problem(tmp_path: Pat
     checks = check_files(paths, [None] * 3)
     assert [c.ok for c in checks] == [True, False, True]
     assert checks[1].records == expected[1].records - 1
+    assert checks[1].problem is not None
     assert "truncated record at byte" in checks[1].problem
 
 
@@ -431,7 +435,7 @@ def test_a_cache_replays_the_records_not_one_shuffled_order(tmp_path: Path) -> N
     passes = [[int(v) for b in dataset for v in b["id"].numpy()] for _ in range(3)]
     assert all(sorted(p) == list(range(64)) for p in passes), passes
     assert len({tuple(p) for p in passes}) > 1, "every pass replayed the first shuffled order"
-    endless = dataclasses.replace(pipeline, num_epochs=None).dataset()
+    endless = dataclasses.replace(cast(Any, pipeline), num_epochs=None).dataset()
     assert sum(int(b["id"].shape[0]) for b in endless.take(24)) == 192  # 3 passes, still bounded
     grouped = os.path.join(tmp_path, "g")
     write_tfrecords([_example(i, i % 2) for i in range(16)], grouped, num_shards=1, partition_by="label")
@@ -542,7 +546,7 @@ def test_data_service_gives_each_record_once(tmp_path: Path) -> None:
 
     def distribute(*args, **kwargs):
         apply = real(*args, **kwargs)
-        return lambda dataset: handed.append(dataset.options()) or apply(dataset)
+        return lambda dataset: handed.append(dataset.options()) or apply(dataset)  # type: ignore[func-returns-value]
 
     with (
         LocalDataService(num_workers=2) as service,

@@ -23,6 +23,7 @@ SMALL = ["--users", "3000", "--items", "400", "--events", "60000", "--shards", "
 
 def _script(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -139,7 +139,7 @@ def prefix(tmp_path: Path) -> str:
 
 
 def _labels(prefix: str, **kwargs: object) -> list[int]:
-    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=64, label_key="label", **kwargs)  # type: ignore[arg-type]
+    pipeline = TFRecordPipeline(files=f"{prefix}-*", features=FEATURES, batch_size=64, label_key="label", **kwargs)
     return [int(v) for batch in pipeline.dataset() for v in batch["label"].numpy()]
 
 
@@ -351,7 +351,7 @@ def test_every_record_once_on_the_fast_reader(tmp_path: Path, deterministic: boo
     prefix = os.path.join(tmp_path, "f")
     write_tfrecords([_example(i, i % 3) for i in range(301)], prefix, num_shards=5)
     for policy in ("file", "data"):
-        seen = collections.Counter()
+        seen: collections.Counter[int] = collections.Counter()
         for worker in range(2):
             context = tf.distribute.InputContext(2, worker, 2)
             pipeline = TFRecordPipeline(
@@ -372,7 +372,7 @@ def test_every_record_once_on_the_fast_reader(tmp_path: Path, deterministic: boo
 
 def _ids(files: str, **kwargs: object) -> list[int]:
     kwargs.setdefault("order", "buffer")  # These tests are about the readers of each worker's own files.
-    pipeline = TFRecordPipeline(files=files, features=FEATURES, batch_size=16, label_key="label", **kwargs)  # type: ignore[arg-type]
+    pipeline = TFRecordPipeline(files=files, features=FEATURES, batch_size=16, label_key="label", **kwargs)
     return [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
 
 

@@ -6,6 +6,7 @@ import re
 import sys
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_lose_needs_no_group_restart_and_return_adds_the_worker_back(tmp_path: P
         "elastic: membership 1: world size 2 (workers worker:0)",
         "elastic: membership 2: world size 3 (workers worker:0, worker:1)",
     ], statuses
-    starts = [STARTED.match(s).groups() for s in statuses if STARTED.match(s)]
+    starts = [cast("re.Match[str]", STARTED.match(s)).groups() for s in statuses if STARTED.match(s)]
     assert [task for task, _ in starts].count("worker:1") == 2
     for task in ("chief:0", "ps:0", "worker:0"):
         assert [int(pid) for name, pid in starts if name == task] == [result.task(task).pid], starts

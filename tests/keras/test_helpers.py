@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,7 @@ def test_linear_scaling_needs_a_finite_rate() -> None:
 
     from tfdist.keras.elastic import LinearScaling
 
+    bad: Any  # Hostile values of several types.
     for bad in (math.nan, math.inf, 0, -0.1, True, "0.1"):
         with pytest.raises(StrategyError, match="`base_learning_rate`"):
             LinearScaling(bad, reference_world_size=2)

@@ -86,7 +86,7 @@ def test_exit_code_of(value: object, code: int) -> None:
     assert exit_code_of(value) == code
 
 
-def leave_after_a_collective(marker: str) -> dict[str, bool]:
+def leave_after_a_collective(marker: str) -> dict[str, float]:
     """A 2-worker MWMS task: one all-reduce, then worker 1 takes 3 s more before it returns, worker 0 none.
 
     Worker 0 (the coordination service's host) checks as it exits (an atexit handler, which exit_cleanly runs

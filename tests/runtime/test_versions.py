@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from tfdist.runtime import versions
 
 
@@ -31,7 +33,7 @@ def test_tensorflow_io_availability_matches_the_stack() -> None:
         assert reason is None
 
 
-def test_keras3_is_seen_only_once_imported(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_keras3_is_seen_only_once_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = type(sys)("keras")
     monkeypatch.setitem(sys.modules, "keras", fake)
     assert versions.keras3_loaded() is None  # No __version__: not Keras 3.

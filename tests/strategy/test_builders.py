@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from typing import Any, cast
 
 import pytest
 
@@ -15,10 +16,10 @@ from tfdist import ClusterSpec, StrategyError
 from tfdist.cluster.trainable import check_trainable
 from tfdist.strategy.builders import StrategyOptions, choose_kind, communication_options, variable_partitioner
 
-PS_CLUSTER = ClusterSpec(jobs={"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]})
+PS_CLUSTER = ClusterSpec(jobs=cast(Any, {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}))
 
 
-def _rule_error(cluster: object, kind: str) -> tfdist.ClusterSpecError:
+def _rule_error(cluster: Any, kind: str) -> tfdist.ClusterSpecError:
     """The error the shared rule (what `tfdist doctor` applies) gives for ``cluster``."""
     with pytest.raises(tfdist.ClusterSpecError) as caught:
         check_trainable(tfdist.resolve_cluster(cluster), kind)
@@ -67,10 +68,14 @@ def test_registry_rejects_duplicates() -> None:
         (None, 0, "default"),
         (None, 1, "default"),
         (None, 2, "mirrored"),
-        (ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker"), 0, "default"),
-        (ClusterSpec(jobs={"worker": ["a:1"]}, task_type="worker"), 2, "mirrored"),
-        (ClusterSpec(jobs={"worker": ["a:1", "b:1"]}, task_type="worker"), 0, "multi_worker_mirrored"),
-        (ClusterSpec(jobs={"chief": ["a:1"], "worker": ["b:1"]}, task_type="chief"), 0, "multi_worker_mirrored"),
+        (ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]}), task_type="worker"), 0, "default"),
+        (ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]}), task_type="worker"), 2, "mirrored"),
+        (ClusterSpec(jobs=cast(Any, {"worker": ["a:1", "b:1"]}), task_type="worker"), 0, "multi_worker_mirrored"),
+        (
+            ClusterSpec(jobs=cast(Any, {"chief": ["a:1"], "worker": ["b:1"]}), task_type="chief"),
+            0,
+            "multi_worker_mirrored",
+        ),
         (PS_CLUSTER.with_task("chief"), 0, "parameter_server"),
         (PS_CLUSTER.with_task("evaluator"), 0, "default"),
     ],
@@ -149,7 +154,7 @@ def test_single_process_builders_never_return_none() -> None:
 
 def test_parameter_server_needs_a_ps_cluster_and_the_chief() -> None:
     with pytest.raises(StrategyError, match="a cluster with a chief, workers and ps tasks"):
-        tfdist.build_strategy("parameter_server", cluster=ClusterSpec(jobs={"worker": ["a:1"]}))
+        tfdist.build_strategy("parameter_server", cluster=ClusterSpec(jobs=cast(Any, {"worker": ["a:1"]})))
     with pytest.raises(StrategyError, match="run a TensorFlow server, not user code"):
         tfdist.build_strategy("parameter_server", cluster=PS_CLUSTER.with_task("worker", 1))
     with pytest.raises(StrategyError, match="Use kind='parameter_server'"):
@@ -203,6 +208,7 @@ def test_building_after_other_ops_says_to_build_first() -> None:
 )
 def test_leader(jobs: dict, expected: tuple) -> None:
     leader = ClusterSpec(jobs=jobs).leader  # The one rule strategy.py and is_chief share.
+    assert leader is not None
     assert (leader.name, leader.address) == expected
 
 
@@ -234,6 +240,7 @@ def test_wait_returns_when_the_port_opens_and_warns_when_it_does_not(caplog: pyt
 def test_option_validation() -> None:
     with pytest.raises(StrategyError, match="`peer_wait_seconds`. Received: -1"):
         StrategyOptions(peer_wait_seconds=-1)
+    value: Any  # Hostile values of every type, passed as keywords.
     for name, value in (
         ("timeout_seconds", math.nan),
         ("timeout_seconds", math.inf),
@@ -250,4 +257,4 @@ def test_option_validation() -> None:
     for name, value in (("devices", "/gpu:0"), ("devices", [1]), ("device", 0)):
         with pytest.raises(StrategyError, match=f"`{name}`"):
             StrategyOptions(**{name: value})
-    assert StrategyOptions(devices=["/cpu:0"]).devices == ("/cpu:0",)
+    assert StrategyOptions(devices=cast(Any, ["/cpu:0"])).devices == ("/cpu:0",)

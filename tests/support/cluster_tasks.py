@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 
 def _regression_data(n: int = 512, seed: int = 0) -> tuple[Any, Any]:
@@ -216,7 +216,7 @@ def mwms_pipeline(prefix: str) -> dict[str, Any]:
     ids = [int(v) for batch in pipeline.dataset() for v in batch["id"].numpy()]
     import dataclasses
 
-    supervised = dataclasses.replace(pipeline, as_supervised=True)
+    supervised = dataclasses.replace(cast(Any, pipeline), as_supervised=True)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Lambda(lambda f: f["x"]), keras.layers.Dense(3)])
         model.compile(
@@ -480,7 +480,9 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     from tfdist._compat import communication_options
     from tfdist.comm.autotune import CollectiveTuning, autotune_collectives
 
-    out = {name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name) for name in ("none", "fp16", "bf16")}
+    out: dict[str, Any] = {
+        name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name) for name in ("none", "fp16", "bf16")
+    }
     out["plain"] = _comm_fit(keras, strategy, batch=64, epochs=4)
     out["batch128"] = _comm_fit(keras, strategy, batch=128, epochs=3)
     out["accumulate4"] = _comm_fit(keras, strategy, batch=128, epochs=3, accumulate=4)

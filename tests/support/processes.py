@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 
 def alive(pid: int) -> bool:
@@ -14,7 +15,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def assert_all_gone(pids: list[int | None], within: float = 5.0) -> None:
+def assert_all_gone(pids: Sequence[int | None], within: float = 5.0) -> None:
     """Every pid has died (SIGKILL delivery and reaping by init are asynchronous: allow ``within`` s)."""
     deadline = time.monotonic() + within
     running = [pid for pid in pids if pid is not None]

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 import pytest
 
@@ -106,7 +107,7 @@ def _bucket_of_objects(
     return store, os.path.join(str(tmp_path), "stage")
 
 
-def _serve_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+def _serve_until(condition: Callable[..., bool], timeout: float = 30.0) -> None:
     import time
 
     deadline = time.monotonic() + timeout
@@ -133,6 +134,7 @@ def test_agents_of_one_host_share_copies_keep_the_budget_and_report_errors(
 
     # Two agents on one stage root, a budget of 3 copies: each object is downloaded once, the oldest evicted
     # (but the last one requested, which a reader may be about to open).
+    f: IO[Any]  # Opened in binary mode, then in text mode.
     with (
         staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1, keep_recent_s=0) as one,
         staging.StagingAgent(root=root, cache_bytes=3000, store=lambda: store, keep_recent=1, keep_recent_s=0) as two,

@@ -14,8 +14,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -41,7 +42,7 @@ def jobset(config: LaunchConfig = PS, **options: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ TFJob: the operator's admission rules
-def _set(path: str, value: Any):  # type: ignore[no-untyped-def]
+def _set(path: str, value: Any) -> Callable[[dict], None]:
     def change(manifest: dict) -> None:
         *parents, last = path.split(".")
         node = manifest
@@ -249,7 +250,9 @@ def _pod_env(manifest: dict[str, Any], rjob: dict[str, Any], index: int) -> dict
     env = {"JOB_COMPLETION_INDEX": str(index)}
     for var in rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"]:
         if "valueFrom" in var:
-            label = re.fullmatch(r"metadata\.labels\['(.+)'\]", var["valueFrom"]["fieldRef"]["fieldPath"]).group(1)
+            label = cast(
+                "re.Match[str]", re.fullmatch(r"metadata\.labels\['(.+)'\]", var["valueFrom"]["fieldRef"]["fieldPath"])
+            ).group(1)
             env[var["name"]] = labels[label]
         else:
             env[var["name"]] = var["value"]
@@ -278,6 +281,7 @@ def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None
             task, restart = line.split()
             assert restart == "2"  # JobSet's restart attempt reaches the task as TFDIST_RESTART.
             spec = ClusterSpec.from_tf_config(tf_config)
+            assert spec.task is not None
             assert spec.task.name == task == f"{rjob['name']}:{index}"
             # JobSet's documented host name: <jobSet.name>-<replicatedJob.name>-<job-index>-<pod-index>.<subdomain>
             # (TF_CONFIG leaves the evaluator out of the cluster, as TFJob does.)

@@ -28,7 +28,7 @@ SHOW = [
 
 
 def _config(**kwargs: object) -> LaunchConfig:
-    return LaunchConfig(command=("python", "train.py"), **kwargs)  # type: ignore[arg-type]
+    return LaunchConfig(command=("python", "train.py"), **kwargs)
 
 
 def _emit_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -67,6 +67,7 @@ def _holders() -> list[int]:
 
 
 def _probe_run(tmp_path: Path, isolate: bool) -> tuple[launch.LaunchResult, dict[str, bool], list[str]]:
+    statuses: list[str]
     probed, reached, statuses = {}, set(), []
     done = tmp_path / f"probed-{isolate}"
 

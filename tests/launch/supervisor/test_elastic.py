@@ -6,6 +6,7 @@ import re
 import socket
 import sys
 from pathlib import Path
+from typing import Any, NoReturn, cast
 
 import pytest
 
@@ -14,7 +15,7 @@ from tests.support.processes import assert_all_gone
 from tfdist import LaunchError, LaunchFailure, launch
 from tfdist.cli import launch as launch_cli
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines.base import Engine
+from tfdist.launch.engines.base import Engine, TaskProcess
 from tfdist.launch.engines.local import LocalEngine
 from tfdist.launch.events import LoseAt, ReturnAt
 from tfdist.runtime import TOO_FEW_WORKERS
@@ -24,7 +25,7 @@ FAKE = str(SUPPORT / "elastic_fake_train.py")
 pytestmark = pytest.mark.timeout(180)
 
 
-def _run(tmp_path: Path, epochs: int, **options: object) -> tuple[launch.LaunchResult, list[str]]:
+def _run(tmp_path: Path, epochs: int, **options: Any) -> tuple[launch.LaunchResult, list[str]]:
     statuses: list[str] = []
     result = launch.run(
         [PY, FAKE, str(tmp_path / "backup"), str(epochs)],
@@ -217,7 +218,7 @@ class _NoSecondStart(LocalEngine):
         super().__init__()
         self.starts = 0
 
-    def start(self, task: str, *args: object, **kwargs: object) -> object:
+    def start(self, task: str, *args: Any, **kwargs: Any) -> TaskProcess:
         if task == "worker:1":
             self.starts += 1
             if self.starts > 1:
@@ -237,10 +238,11 @@ def test_a_worker_that_cannot_start_again_is_lost_not_a_crash(tmp_path: Path, ma
         workers=3,
         min_workers=2,
         max_restarts=max_restarts,
-        **(
+        **cast(
+            "dict[str, Any]",
             {"kills": ["worker:1@after=^epoch 0 end$"]}
             if max_restarts
-            else {"loses": ["worker:1@after=^epoch 0 end$"], "returns": ["worker:1@after=^epoch 1 end$"]}
+            else {"loses": ["worker:1@after=^epoch 0 end$"], "returns": ["worker:1@after=^epoch 1 end$"]},
         ),
         on_status=statuses.append,
         timeout=120,
@@ -316,10 +318,13 @@ def test_a_regroup_checks_only_local_ports_and_never_fails_on_a_remote_host() ->
         taken.listen()
         port = taken.getsockname()[1]
         full = ClusterSpec(
-            jobs={
-                "worker": [f"remote-node.invalid:{port}", f"127.0.0.1:{port}", "10.255.255.1:2222"],
-                "ps": [f"other.invalid:{port}"],
-            }
+            jobs=cast(
+                Any,
+                {
+                    "worker": [f"remote-node.invalid:{port}", f"127.0.0.1:{port}", "10.255.255.1:2222"],
+                    "ps": [f"other.invalid:{port}"],
+                },
+            )
         )
         spec = Membership(generation=1, workers=("worker:0", "worker:1", "worker:2")).spec(full)
     assert spec.jobs["worker"][0] == f"remote-node.invalid:{port}" and spec.jobs["ps"][0] == f"other.invalid:{port}"
@@ -333,13 +338,13 @@ class _Elsewhere(Engine):
 
     name = "elsewhere"
 
-    def place(self, config: LaunchConfig) -> object:
+    def place(self, config: LaunchConfig) -> NoReturn:
         raise AssertionError("placed")
 
     def reserve_address(self) -> str:
         raise AssertionError("reserved")
 
-    def start(self, *args: object, **kwargs: object) -> object:
+    def start(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise AssertionError("started")
 
     def close(self) -> None:
@@ -348,7 +353,7 @@ class _Elsewhere(Engine):
 
 def test_engine_and_isolation_are_checked() -> None:
     with pytest.raises(LaunchError, match="`engine`. Received: 5"):
-        launch.run([PY, "-c", "pass"], workers=1, engine=5)
+        launch.run([PY, "-c", "pass"], workers=1, engine=cast(Any, 5))
     with pytest.raises(LaunchError, match="`isolate_network`. Received: True. Expected the local engine"):
         launch.run([PY, "-c", "pass"], workers=1, engine=_Elsewhere(), isolate_network=True)
 
@@ -473,6 +478,7 @@ def test_keras_batch_rule_world_size_and_linear_scaling() -> None:
             per_replica_batch(*bad)
     assert (world_size(env={"TFDIST_WORLD_SIZE": "3"}), membership(env={"TFDIST_MEMBERSHIP": "2"})) == (3, 2)
     assert (world_size(env={"TFDIST_WORLD_SIZE": "x"}), membership(env={})) == (1, 0)
+    bad_lr: Any  # Hostile values of several types.
     for bad_lr in (0, -1.0, True, "0.1"):
         with pytest.raises(StrategyError):
             LinearScaling(bad_lr, reference_world_size=2)

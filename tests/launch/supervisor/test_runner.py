@@ -7,15 +7,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, LaunchError, launch
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines.base import TaskProcess
 from tfdist.launch.engines.local import LocalEngine
 from tfdist.launch.events import KillAt
+from tfdist.launch.output import LineSink
 from tfdist.launch.supervisor import runner
 
 PY = sys.executable
@@ -82,6 +86,7 @@ def test_parameter_servers_that_join_forever_stop_when_the_chief_succeeds() -> N
         "if os.environ['TFDIST_TASK'] != 'chief:0':\n    print('serving', flush=True); time.sleep(3600)\n"
         "print('fit done', flush=True)"
     )
+    statuses: list[str]
     start, statuses = time.monotonic(), []
     result = launch.run(
         [PY, "-c", script], workers=2, ps=1, chief=True, run_on="all", timeout=120, on_status=statuses.append
@@ -450,7 +455,7 @@ def test_grace_is_one_deadline_shared_by_every_task(tmp_path: Path) -> None:
     ended_at = stamps[-1][0]
     assert ended_at - failed_at < 2 + 2.5  # Three SIGTERM-ignoring workers, one 2 s grace (not 6 s).
     assert ended_at - failed_at >= 1.9  # They did get their grace.
-    assert sorted(t.exit_code for t in result.tasks) == [3, 137, 137, 137]
+    assert sorted(cast(int, t.exit_code) for t in result.tasks) == [3, 137, 137, 137]
 
 
 def test_a_background_child_holding_the_output_does_not_delay_the_run() -> None:
@@ -535,7 +540,7 @@ def test_supervision_drives_a_custom_engine() -> None:
             self.calls.append("place")
             return super().place(config)
 
-        def start(self, task, argv, env, on_line):  # type: ignore[no-untyped-def]
+        def start(self, task: str, argv: Sequence[str], env: Mapping[str, str], on_line: LineSink) -> TaskProcess:
             self.calls.append(f"start {task} restart={env['TFDIST_RESTART']}")
             return super().start(task, argv, env, on_line)
 
