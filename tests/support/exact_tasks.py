@@ -173,7 +173,9 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     stale = options.get("stale_temp")
     stale_copy = os.path.join(workdir, "stale-chief-backup")
     if stale and task == "worker:1" and restart > 0 and os.path.isdir(stale_copy):
-        shutil.copytree(stale_copy, os.path.join(backup_dir, "workertemp_1"))  # tf-keras' name for worker 1's
+        temporary = os.path.join(backup_dir, "workertemp_1")  # tf-keras' name for worker 1's
+        shutil.rmtree(temporary, ignore_errors=True)  # TF 2.21's kill may have left its own there already
+        shutil.copytree(stale_copy, temporary)
         print("STALE PLANTED", flush=True)
     save_freq = options.get("save_freq", 4)
     kind = options.get("backup", "safe")
