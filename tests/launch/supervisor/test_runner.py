@@ -79,11 +79,16 @@ def test_parameter_server_env_and_run_on_all() -> None:
     assert all(t.runs_command for t in result.tasks)
 
 
-def test_parameter_servers_that_join_forever_stop_when_the_chief_succeeds() -> None:
+def test_parameter_servers_that_join_forever_stop_when_the_chief_succeeds(tmp_path: Path) -> None:
     """Issue 26 item 1: --run-on all with the PS tutorial's server.join() on workers and ps ends with the chief."""
+    # The chief finishes once every server said it serves (a marker each; on progress, not on time).
     script = (
         "import os, sys, time\n"
-        "if os.environ['TFDIST_TASK'] != 'chief:0':\n    print('serving', flush=True); time.sleep(3600)\n"
+        f"up = {str(tmp_path)!r}\n"
+        "if os.environ['TFDIST_TASK'] != 'chief:0':\n"
+        "    print('serving', flush=True); open(os.path.join(up, os.environ['TFDIST_TASK']), 'w').close()\n"
+        "    time.sleep(3600)\n"
+        "while len(os.listdir(up)) < 3 and time.sleep(0.05) is None: pass\n"
         "print('fit done', flush=True)"
     )
     statuses: list[str]
