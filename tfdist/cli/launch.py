@@ -26,8 +26,7 @@ from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.registry import ENGINES, engine_for
 from tfdist.launch.output import console_sink, console_task
 from tfdist.launch.supervisor.runner import run_config
-from tfdist.runtime import logs
-from tfdist.runtime import program as _common
+from tfdist.runtime import logs, program
 
 # The flag that sets each Python argument: the library's errors name the argument (`grace_seconds`), and
 # tfdist-launch prints them with the flag the user typed (`--grace`). LaunchConfig's options (all but
@@ -136,14 +135,14 @@ def _refuse_idle_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _common.ArgumentParser(
+    parser = program.ArgumentParser(
         prog="tfdist-launch",
         description="Run a TensorFlow cluster as local processes (TF_CONFIG per task), "
         "or emit the same topology for Kubernetes (TFJob, JobSet) or Slurm.",
         usage="tfdist-launch [options] -- CMD [ARGS...]",
         takes_command=True,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_common.version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {program.version()}")
     topo = parser.add_argument_group("topology")
     topo.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     topo.add_argument("--ps", type=int, default=0, help="parameter-server tasks (needs --chief)")
@@ -158,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("local run")
     run.add_argument("--max-restarts", type=int, default=0, help="restarts after task failures")
     run.add_argument("--threads-per-task", type=int, default=None, help="intra-op threads per task")
-    run.add_argument("--timeout", type=_common.finite_float, default=None, help="seconds before every task is killed")
+    run.add_argument("--timeout", type=program.finite_float, default=None, help="seconds before every task is killed")
     run.add_argument("--log-dir", default=None, help="write one log file per task here")
     run.add_argument(
         "--console",
@@ -195,7 +194,7 @@ def _parser() -> argparse.ArgumentParser:
         help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE",
     )
     run.add_argument(
-        "--grace", type=_common.finite_float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping"
+        "--grace", type=program.finite_float, default=5.0, help="seconds from SIGTERM to SIGKILL when stopping"
     )
     eng = parser.add_argument_group("engine (where the tasks run)")
     eng.add_argument(
@@ -227,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     eng.add_argument(
         "--ray-ready-timeout",
-        type=_common.finite_float,
+        type=program.finite_float,
         default=120.0,
         metavar="SECONDS",
         help="seconds to wait until the Ray cluster holds every task",
@@ -357,7 +356,7 @@ def _ray_engine(args: argparse.Namespace) -> Engine:
     )
 
 
-@_common.cli_main("tfdist-launch")
+@program.cli_main("tfdist-launch")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     own, command = _split(sys.argv[1:] if argv is None else argv)
@@ -414,8 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_line = console_sink(_write, tasks=None if shown is None else {shown})
         result = run_config(config, on_line=on_line, on_status=_status, engine=engine)
     except Error as err:
-        sys.stderr.write(f"tfdist-launch: error: {_common.one_line(in_flags(err))}\n")
-        return _common.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)
+        sys.stderr.write(f"tfdist-launch: error: {program.one_line(in_flags(err))}\n")
+        return program.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)
     details = result.summary().splitlines()[1:]  # The first line was the runner's last status line.
     if result.exit_code != 0 and details:
         sys.stderr.write("\n".join(details) + "\n")

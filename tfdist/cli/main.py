@@ -8,20 +8,19 @@ import sys
 from collections.abc import Sequence
 
 from tfdist.cli import data_report, doctor, plan, quiet
-from tfdist.runtime import logs
-from tfdist.runtime import program as _common
+from tfdist.runtime import logs, program
 
 _SUBCOMMANDS = (doctor, data_report, plan, quiet)
 _LOG_LEVEL_HELP = "level of the tfdist logger's lines on stderr (default $TFDIST_LOG_LEVEL, else info)"
 
 
-def parser() -> _common.ArgumentParser:
+def parser() -> program.ArgumentParser:
     """The ``tfdist`` command line, every subcommand registered (the docs' command lines are parsed with it).
 
     ``--log-level`` is taken before the subcommand and after it (``tfdist doctor --log-level debug``).
     """
-    root = _common.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
-    root.add_argument("--version", action="version", version=f"%(prog)s {_common.version()}")
+    root = program.ArgumentParser(prog="tfdist", description="TensorFlow distributed training tools.")
+    root.add_argument("--version", action="version", version=f"%(prog)s {program.version()}")
     root.add_argument("--log-level", choices=logs.LOG_LEVELS, default=None, help=_LOG_LEVEL_HELP)
     subparsers = root.add_subparsers(dest="command", required=True)
     for module in _SUBCOMMANDS:
@@ -31,7 +30,7 @@ def parser() -> _common.ArgumentParser:
     return root
 
 
-@_common.cli_main("tfdist")
+@program.cli_main("tfdist")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status.
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfdist._compat import callback_base
-from tfdist.cluster import elastic as _membership
+from tfdist.cluster import elastic as cluster_elastic
 from tfdist.cluster.spec import ClusterLike, resolve_cluster
 from tfdist.errors import StrategyError, invalid, require_int, require_number
 
@@ -39,13 +39,13 @@ _log = logging.getLogger("tfdist.keras")
 
 def world_size(*, env: Mapping[str, str] | None = None) -> int:
     """Training tasks in the current group (``TFDIST_WORLD_SIZE`` from tfdist-launch); 1 when unset."""
-    value = _membership.optional_int(os.environ if env is None else env, _membership.WORLD_SIZE_VAR)
+    value = cluster_elastic.optional_int(os.environ if env is None else env, cluster_elastic.WORLD_SIZE_VAR)
     return value if value is not None and value > 0 else 1
 
 
 def membership(*, env: Mapping[str, str] | None = None) -> int:
     """The membership generation (``TFDIST_MEMBERSHIP``): 0 at launch, +1 at every change; 0 when unset."""
-    value = _membership.optional_int(os.environ if env is None else env, _membership.MEMBERSHIP_VAR)
+    value = cluster_elastic.optional_int(os.environ if env is None else env, cluster_elastic.MEMBERSHIP_VAR)
     return value if value is not None and value >= 0 else 0
 
 
@@ -100,7 +100,7 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
         env = os.environ if env is None else env
         spec = resolve_cluster(cluster)
         self._is_leader = spec is None or spec.is_chief
-        self._directory = env.get(_membership.ELASTIC_DIR_VAR) if self._is_leader else None
+        self._directory = env.get(cluster_elastic.ELASTIC_DIR_VAR) if self._is_leader else None
         self._world_size, self._generation = world_size(env=env), membership(env=env)
         self._ended: int | None = None  # the epoch that ended and whose boundary is not recorded yet
 
@@ -108,7 +108,7 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
         _log.info("Elastic membership %d: world size %d.", self._generation, self._world_size)
         self._ended = None
         if self._directory:
-            _membership.announce(self._directory, generation=self._generation, world_size=self._world_size)
+            cluster_elastic.announce(self._directory, generation=self._generation, world_size=self._world_size)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if logs is not None:
@@ -125,7 +125,7 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
 
     def _record(self, *, last: bool) -> None:
         if self._ended is not None and self._directory:
-            _membership.write_boundary(
+            cluster_elastic.write_boundary(
                 self._directory,
                 generation=self._generation,
                 epoch=self._ended,

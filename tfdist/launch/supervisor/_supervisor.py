@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from tfdist.cluster import elastic as _boundaries
+from tfdist.cluster import elastic as cluster_elastic
 from tfdist.cluster.spec import ClusterSpec, split_task_name
 from tfdist.errors import LaunchFailure
 from tfdist.launch import environment
@@ -24,7 +24,7 @@ from tfdist.launch import output as _tf_logs
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine, LineSink
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt
-from tfdist.launch.supervisor import membership as elastic
+from tfdist.launch.supervisor import membership
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
 from tfdist.launch.supervisor._faults import FaultInjector, Fired
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
@@ -92,7 +92,7 @@ class Supervisor:
             tasks=tasks,
             data_service=data_service,
             spec=spec,
-            membership=elastic.Membership(generation=0, workers=workers),
+            membership=membership.Membership(generation=0, workers=workers),
             elastic_dir=tempfile.mkdtemp(prefix="tfdist-elastic-") if config.min_workers is not None else None,
         )
 
@@ -130,9 +130,9 @@ class Supervisor:
         tf_task = group.membership.tf_task(task) if self.config.mode == "collective" else task
         env = environment.child_env(self.base_env, self.config, group.spec, tf_task, record.restarts)
         env[environment.TASK_VAR] = task  # the launcher's stable name; TF_CONFIG holds this generation's index
-        env.update(elastic.membership_variables(group.membership, group.full_spec))
+        env.update(membership.membership_variables(group.membership, group.full_spec))
         if group.elastic_dir is not None:
-            env[_boundaries.ELASTIC_DIR_VAR] = group.elastic_dir
+            env[cluster_elastic.ELASTIC_DIR_VAR] = group.elastic_dir
         try:
             self._launch(record, env)
         except LaunchFailure as err:
@@ -244,7 +244,7 @@ class Supervisor:
     def _boundaries_on_disk(self) -> frozenset[str]:
         """The epoch boundaries recorded so far (called from a reader thread when a trigger line fires)."""
         directory = self.group.elastic_dir
-        return _boundaries.recorded(directory) if directory is not None else frozenset()
+        return cluster_elastic.recorded(directory) if directory is not None else frozenset()
 
     def _return(self, task: str, why: str, recorded: frozenset[str] | None = None) -> None:
         """``task`` is back; it joins at the first boundary recorded after ``recorded`` (the boundaries on disk
@@ -271,7 +271,7 @@ class Supervisor:
 
     def _leader_records_boundaries(self) -> bool:
         group = self.group
-        return group.elastic_dir is not None and _boundaries.announced(group.elastic_dir)
+        return group.elastic_dir is not None and cluster_elastic.announced(group.elastic_dir)
 
     def _grow(self, why: str) -> None:
         group = self.group
@@ -327,7 +327,7 @@ class Supervisor:
                 f"elastic: the training leader records epoch boundaries now; {', '.join(group.available)} "
                 "joins at the next"
             )
-        for record in _boundaries.read_boundaries(group.elastic_dir, group.boundaries_seen, only=only):
+        for record in cluster_elastic.read_boundaries(group.elastic_dir, group.boundaries_seen, only=only):
             if record.get("generation") != group.membership.generation:
                 continue
             self.status(

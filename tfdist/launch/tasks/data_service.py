@@ -12,18 +12,18 @@ import threading
 from collections.abc import Sequence
 
 from tfdist.errors import DataError, require_int
-from tfdist.runtime import program as _common
+from tfdist.runtime import program
 
 PROG = "python -m tfdist.launch.tasks.data_service"
 MAX_WORKERS = 256
 
 
-@_common.cli_main(PROG)
+@program.cli_main(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; serves until SIGTERM or Ctrl-C and returns the exit status."""
-    parser = _common.ArgumentParser(prog=PROG)
+    parser = program.ArgumentParser(prog=PROG)
     parser.add_argument("--workers", type=int, default=1, help=f"service workers, 1 to {MAX_WORKERS}")
-    parser.add_argument("--port", type=_common.port_number, default=0, help="dispatcher port (0: pick a free one)")
+    parser.add_argument("--port", type=program.port_number, default=0, help="dispatcher port (0: pick a free one)")
     args = parser.parse_args(argv)
     require_int(
         DataError,

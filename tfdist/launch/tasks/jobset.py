@@ -16,17 +16,17 @@ from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, require_int
 from tfdist.launch.config import RUN_ON_CHOICES
 from tfdist.launch.tasks._common import exec_task, parse_jobs
-from tfdist.runtime import program as _common
+from tfdist.runtime import program
 
 _PROG = "python -m tfdist.launch.tasks.jobset"
 
 
-@_common.cli_main(_PROG)
+@program.cli_main(_PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Execs the pod's program; a tfdist error is one line on stderr (exit 2 for bad input, 1 for a failure)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = _common.ArgumentParser(prog=_PROG)
+    parser = program.ArgumentParser(prog=_PROG)
     parser.add_argument("--jobs", required=True, help="JOB=COUNT pairs, e.g. chief=1,worker=2,ps=1")
     parser.add_argument("--port", type=int, default=2222, help="the port every task listens on")
     parser.add_argument("--subdomain", default=None, help="the JobSet's network subdomain; default its name")

@@ -18,19 +18,19 @@ import sys
 from collections.abc import Sequence
 
 from tfdist.errors import LaunchError, invalid
-from tfdist.runtime import program as _common
+from tfdist.runtime import program
 
 PROG = "python -m tfdist.launch.tasks.server"
 MAX_EXIT_WITH_CHIEF = 86400.0
 
 
-@_common.cli_main(PROG)
+@program.cli_main(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status after the server stops."""
-    parser = _common.ArgumentParser(prog=PROG, description="Serve this task of the TF_CONFIG cluster.")
+    parser = program.ArgumentParser(prog=PROG, description="Serve this task of the TF_CONFIG cluster.")
     parser.add_argument(
         "--exit-with-chief",
-        type=_common.finite_float,
+        type=program.finite_float,
         default=None,
         metavar="SECONDS",
         help="end (exit 0) once the chief has been unreachable this long after it was up",

@@ -27,7 +27,7 @@ from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import RUN_ON_CHOICES
 from tfdist.launch.tasks._common import exec_task, parse_jobs
-from tfdist.runtime import program as _common
+from tfdist.runtime import program
 
 _PROG = "python -m tfdist.launch.tasks.slurm"
 
@@ -63,7 +63,7 @@ def _elastic(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _common.ArgumentParser(prog=_PROG)
+    parser = program.ArgumentParser(prog=_PROG)
     parser.add_argument("--jobs", default=None, help="JOB=COUNT pairs; default every task a worker")
     parser.add_argument("--port-base", type=int, default=8888, help="port of the first task on each node")
     parser.add_argument(
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@_common.cli_main(_PROG)
+@program.cli_main(_PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Execs the task's program; a tfdist error is one line on stderr (exit 2 for bad input, 1 for a failure)."""
     argv = list(sys.argv[1:] if argv is None else argv)
