@@ -75,7 +75,7 @@ def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> l
     return [*w.tolist(), float(b)]
 
 
-def counted_model(*, log_ids: bool = False) -> Any:
+def counted_model(*, log_ids: bool = False, print_steps: bool = False) -> Any:
     """A compiled linear model on ``x`` whose ``counts`` weight (aggregation SUM) counts the ids it trained on."""
     import tensorflow as tf
 
@@ -97,6 +97,8 @@ def counted_model(*, log_ids: bool = False) -> Any:
             return self.dense(inputs)
 
         def train_step(self, data: Any) -> Any:
+            if print_steps:
+                tf.print("STEP", self.optimizer.iterations, output_stream=sys.stdout)
             with tf.GradientTape() as tape:
                 loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
@@ -202,4 +204,62 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
         "weights": weights,
         "restart": restart,
         "world": strategy.num_replicas_in_sync,
+    }
+
+
+def counted_ps_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The chief of a ParameterServerStrategy fit over ``fit_input(pipeline)`` (claimed steps), counted.
+
+    ``options``: epochs, steps_per_epoch, num_epochs (None: endless), backup ('plain': BackupAndRestore +
+    ResumeInput at epoch ends, 'unlinked': BackupAndRestore alone, or None). Each step prints ``STEP n`` (the optimizer's iterations before it)
+    on the worker that runs it (PS fit takes no batch-level callbacks); the chief prints ``EPOCH e`` at each
+    epoch's end and returns the counts, the steps claimed and the optimizer's iterations.
+    """
+    import logging
+
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist import keras
+    from tfdist.data import TFRecordPipeline
+    from tfdist.keras.inputs import fit_input
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("tfdist").setLevel(logging.INFO)
+    strategy = tfdist.build_strategy("auto")
+    assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
+    features = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "x": tf.io.FixedLenFeature([FEATURES_DIM], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.float32),
+    }
+    pipeline = TFRecordPipeline(
+        files=prefix + "-*",
+        features=features,
+        batch_size=GLOBAL_BATCH,
+        num_epochs=options.get("num_epochs"),
+        shuffle_buffer=64,
+        seed=3,
+    )
+    steps = options.get("steps_per_epoch", RECORDS // GLOBAL_BATCH)
+    with strategy.scope():
+        model = counted_model(print_steps=True)
+
+    class Progress(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            print(f"EPOCH {epoch}", flush=True)
+
+    callbacks: list[Any] = [Progress()]
+    if options.get("backup") == "plain":
+        backup_dir = os.path.join(workdir, "backup")
+        callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.ResumeInput(pipeline), *callbacks]
+    elif options.get("backup") == "unlinked":
+        callbacks = [keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")), *callbacks]
+    x = fit_input(pipeline, strategy=strategy, steps_per_epoch=steps)
+    model.fit(x, epochs=options.get("epochs", 3), steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+    return {
+        "counts": [int(c) for c in model.counts.numpy()],
+        "claimed": int(pipeline.cursor.claims.numpy()),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "restart": int(os.environ.get("TFDIST_RESTART", "0")),
     }

@@ -23,9 +23,12 @@ DatasetFn = Callable[[Any], Any]
 def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per_epoch: int | None = None) -> Any:
     """Turns a ``TFRecordPipeline``, a dataset function or a dataset into ``fit``'s ``x``.
 
-    - ParameterServerStrategy: a ``DatasetCreator`` over the dataset function
-      (each worker builds its own pipeline); ``steps_per_epoch`` is required,
-      as PS ``fit`` cannot know an epoch's end.
+    - ParameterServerStrategy: a ``DatasetCreator`` over the dataset function;
+      ``steps_per_epoch`` is required, as PS ``fit`` cannot know an epoch's end.
+      A ``TFRecordPipeline`` there reads one pass per data epoch: each worker
+      claims the next global step from a counter on a parameter server when
+      it runs one (``TFRecordPipeline.claimed_dataset_fn``), so every record is
+      trained once per data epoch whichever worker runs each step.
     - Mirrored / MultiWorkerMirrored with a ``TFRecordPipeline``: its
       ``dataset()`` (this worker's shard from TF_CONFIG, global batches that
       Keras splits over replicas); no step count needed.
@@ -62,6 +65,13 @@ def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per
                 "a number of steps under ParameterServerStrategy",
                 "PS fit cannot detect the end of an epoch: pass steps_per_epoch=... here and to fit().",
             )
+        claimed = getattr(source, "claimed_dataset_fn", None)
+        claimed_fn = claimed(strategy) if claimed is not None else None
+        if claimed_fn is not None:
+            from tfdist.data.order.claims import claim_input_options
+
+            _log_epochs(source, steps_per_epoch)
+            return tf_keras.utils.experimental.DatasetCreator(claimed_fn, input_options=claim_input_options())
         return tf_keras.utils.experimental.DatasetCreator(dataset_fn)
     if dataset_fn is None:
         return source
@@ -79,6 +89,19 @@ def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per
             "steps_per_epoch=... here and to fit(), or give a TFRecordPipeline.",
         )
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _log_epochs(pipeline: Any, steps_per_epoch: int) -> None:
+    """Says how fit's epochs line up with the data epochs of claimed steps when they differ."""
+    steps = pipeline.cursor.steps_per_epoch()
+    if steps is not None and steps != steps_per_epoch:
+        _log.info(
+            "fit's epochs are %d steps, a data epoch is %d steps: each data epoch trains every record once, "
+            "and fit's epochs cut the steps where they fall (steps_per_epoch=%d makes them the same).",
+            steps_per_epoch,
+            steps,
+            steps,
+        )
 
 
 def enable_determinism(seed: int) -> None:

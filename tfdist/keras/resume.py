@@ -110,6 +110,12 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
         steps = steps_per_epoch or cursor.steps_per_epoch(drop_remainder=self.pipeline.drop_remainder)
         _compat.guard_initial_counters(self.model, steps)
         epoch, step = _compat.resume_counters(self.model, steps)
+        if cursor.claims is not None:  # Parameter servers: the next global step to claim.
+            claimed = epoch * (self.params.get("steps") or steps) + step
+            cursor.claims.assign(claimed)
+            if claimed:
+                _log.info("Input resumes at epoch %d, step %d (claimed steps from %d).", epoch, step, claimed)
+            return
         position = input_position(
             epoch,
             step,

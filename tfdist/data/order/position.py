@@ -62,6 +62,7 @@ class InputCursor:
         self._warned = False
         self.order: Any = None  # The EpochOrder and StreamLayout of the last dataset built (None: not resumable).
         self.layout: Any = None
+        self.claims: Any = None  # Under parameter servers: the counter of claimed global steps (on a ps).
 
     def steps_per_epoch(self, *, drop_remainder: bool = False) -> int | None:
         """Global steps in one epoch of the last dataset built (None before one is built)."""

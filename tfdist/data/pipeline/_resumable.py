@@ -30,7 +30,12 @@ def _obstacle(pipeline: Any, *, groups: bool, listing: Listing) -> tuple[str, An
     if pipeline.cache:
         return "cache", pipeline.cache, "a cache replays one pass in its stored order"
     if not tf.executing_eagerly():
-        return "input_context", "a traced dataset function", "parameter-server workers build the dataset remotely"
+        return (
+            "input_context",
+            "a traced dataset function",
+            "parameter-server workers build the dataset remotely; tfdist.keras.fit_input(pipeline) reads one "
+            "pass per epoch there",
+        )
     if any(remote.reader_for(f.path) == "boto3" for f in listing.files[:1]):
         return "files", listing.files[0].path, "s3:// objects read through boto3 are staged, not opened at an offset"
     uncounted = [f.path for f in listing.files if "://" in f.path and f.records is None]
@@ -103,3 +108,79 @@ def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: Input
         f"{len(layout.own)} read here, {layout.per_stream} records each per step)"
     )
     return dataset, text
+
+
+def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> tuple[Any, str] | None:
+    """Under parameter servers: a dataset function whose workers claim global steps (None: 'buffer' order).
+
+    Built eagerly on the coordinator: the listing, the block table and the counter (on a ps) are made
+    here, and every worker's traced dataset reads the steps it claims (:mod:`tfdist.data.order.claims`).
+    """
+    import tensorflow as tf
+
+    from tfdist.data.order.claims import claimed_steps, steps_per_pass
+
+    if pipeline.order == "buffer":
+        return None
+    obstacle = _obstacle(pipeline, groups=pipeline.class_weights is not None, listing=listing)
+    if obstacle is not None:
+        field, value, why = obstacle
+        if pipeline.order == "resumable":
+            raise invalid(
+                DataError,
+                field,
+                value,
+                f"a setting order='resumable' supports ({why})",
+                "Drop that option, or pass order='buffer' (then every parameter-server worker reads the "
+                "whole data each epoch).",
+            )
+        _log.warning(
+            "Input order 'buffer' under parameter servers: %s %r: %s. Every worker reads the whole data, so "
+            "an epoch of steps trains some records more than once and others not at all.",
+            field,
+            value,
+            why,
+        )
+        return None
+    known = listing.records([f.path for f in listing.files])
+    streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=known)
+    per = pipeline.batch_size // streams if pipeline.batch_size % streams == 0 else 1
+    order = epoch_order(
+        listing,
+        block=min(pipeline.order_block, per),  # A step's piece of a stream then spans at most two blocks.
+        streams=streams,
+        window=0,
+        seed=pipeline.seed or 0,
+        shuffle=bool(pipeline.shuffle_buffer),
+        compression=pipeline.compression,
+    )
+    paths = [f.path for f in listing.files]
+    compression = reading.one_compression(paths, pipeline.source)
+    with strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
+    cursor = pipeline.cursor
+    cursor.order = order
+    cursor.layout = StreamLayout(
+        global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data"
+    )
+    cursor.claims = counter
+    passes = pipeline.num_epochs
+
+    def dataset_fn(input_context: Any = None) -> Any:
+        del input_context  # Every worker claims from the same counter.
+        return claimed_steps(
+            order,
+            paths,
+            compression=compression,
+            global_batch=pipeline.batch_size,
+            counter=counter,
+            passes=passes,
+            finish=finish,
+        )
+
+    text = (
+        f"claimed steps: {order.num_records} records, {steps_per_pass(order, pipeline.batch_size)} steps per "
+        f"data epoch of {streams} streams ({pipeline.batch_size // streams} record(s) of each per step); each step "
+        "is claimed by the worker that runs it"
+    )
+    return dataset_fn, text

@@ -221,6 +221,38 @@ among ... (did you mean 'shuffle_buffer'?).
         """For ``strategy.distribute_datasets_from_function`` and ParameterServerStrategy ``fit``."""
         return self.dataset(input_context)
 
+    def claimed_dataset_fn(self, strategy: Any) -> Any | None:
+        """Under ParameterServerStrategy: a dataset function whose workers claim global steps (one pass per epoch).
+
+        Every worker's dataset takes the next global step from one counter on a parameter server when a
+        step asks for its batch, so each step of the epoch order is trained once, by whichever worker runs
+        it (:mod:`tfdist.data.order.claims`). None under the 'buffer' order (an option that keeps the
+        resumable order out is logged, or raises under ``order='resumable'``).
+        ``tfdist.keras.fit_input`` calls it; call it on the coordinator, eagerly.
+        """
+        listing = self.listing()
+        where = _context.PipelineSlot(index=0, count=1, batch_size=self.batch_size, per_replica=False)
+
+        def finish(records: Any) -> Any:  # A step's serialized records -> its one parsed batch.
+            if self.parse_fn is not None:
+                parsed = parsing.parse_elements(records, self.parsing, seed=self.seed, deterministic=True)
+                batch = parsed.batch(self.batch_size)
+                return parsing.supervised(batch, self.label_key) if self.as_supervised else batch
+
+            def parse(batch: Any) -> Any:
+                features = parsing.parse_batch(batch, self.parsing, seed=self.seed)
+                return parsing.split_label(features, self.label_key) if self.as_supervised else features
+
+            return records.batch(self.batch_size).map(parse)
+
+        built = _resumable.claimed(self, listing, strategy=strategy, finish=finish)
+        if built is None:
+            return None
+        self._reports.last = self._verify_share(listing, where)
+        self._check_features(listing.files[0].path if listing.files else None)
+        _log.info("Input pipeline under parameter servers: %s.", built[1])
+        return built[0]
+
     def dataset(self, input_context: Any | None = None, *, cluster: Any | None = None) -> Any:
         """This worker's ``tf.data.Dataset``.
 
