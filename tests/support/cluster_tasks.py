@@ -672,13 +672,18 @@ def slurm_ps(root: str) -> dict[str, Any]:
     return {}
 
 
-def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -> dict[str, Any]:
-    """Elastic MWMS fit under Slurm, global batch kept: records what each membership saw in ``root``.
+def slurm_elastic(root: str, epochs: int, pause_epoch: int, pause_batch: int) -> dict[str, Any]:
+    """Elastic MWMS fit under Slurm, counted: records what each membership saw in ``root``.
 
-    In membership 0 (before any requeue) every task stops after epoch ``pause_epoch`` is backed up: worker 0
-    writes ``root/paused`` (the test's trigger to fail the node) and all wait there to be killed by Slurm.
+    The fit is tests/support/exact_tasks.py's: 480 records in ``root/data/part-*`` (the test writes them),
+    global batch 24, a ``counts`` weight the backup restores with the model, ``BackupAndRestore`` every 4
+    batches with ``ResumeInput``. In membership 0 (before any requeue) every task stops after batch
+    ``pause_batch`` of epoch ``pause_epoch`` (mid-epoch, after a backup): worker 0 writes ``root/paused`` (the
+    test's trigger to fail the node) and all wait there to be killed by Slurm.
     """
+    import importlib.util
     import json
+    import logging
     import os
     import time
 
@@ -686,20 +691,30 @@ def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -
 
     import tfdist
     from tfdist import keras
+    from tfdist.data import TFRecordPipeline
     from tfdist.keras import elastic
 
+    spec = importlib.util.spec_from_file_location(
+        "_exact_tasks", os.path.join(os.path.dirname(__file__), "exact_tasks.py")
+    )
+    assert spec is not None and spec.loader is not None
+    exact = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exact)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("tfdist").setLevel(logging.INFO)  # "Input resumes at ..." is what the test looks for.
     task, generation = os.environ["TFDIST_TASK"], elastic.membership()
     strategy = tfdist.build_strategy("auto", communication="ring")
     keras.utils.set_random_seed(1)
+    tf.config.experimental.enable_op_determinism()
     with strategy.scope():
-        model = _small_model(keras)
+        model = exact.counted_model()
     record: dict[str, Any] = {
         "task": task,
         "generation": generation,
         "world_size": elastic.world_size(),
         "replicas": strategy.num_replicas_in_sync,
         "slurm_restart": os.environ.get("SLURM_RESTART_COUNT"),
-        "per_replica_batch": keras.per_replica_batch(global_batch, strategy.num_replicas_in_sync),
+        "per_replica_batch": keras.per_replica_batch(exact.GLOBAL_BATCH, strategy.num_replicas_in_sync),
         "tf_config": json.loads(os.environ["TF_CONFIG"]),
         "epochs_begun": [],
         "steps": {},
@@ -715,20 +730,33 @@ def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -
     def _epoch_end(epoch: int, logs: Any) -> None:
         record["logged_world_size"].append(logs.get("world_size"))
         _save()
-        if generation == 0 and epoch == pause_epoch:
+
+    def _batch_end(batch: int, logs: Any) -> None:
+        epoch = record["epochs_begun"][-1]
+        record["steps"][str(epoch)] = record["steps"].get(str(epoch), 0) + 1
+        if generation == 0 and (epoch, batch) == (pause_epoch, pause_batch):
+            _save()
             if task == "worker:0":
                 open(os.path.join(root, "paused"), "w").close()
             time.sleep(300)  # Slurm kills this task when the test fails the node; never reached in a passing run.
             os._exit(4)
 
-    def _batch_end(batch: int, logs: Any) -> None:
-        epoch = str(record["epochs_begun"][-1])
-        record["steps"][epoch] = record["steps"].get(epoch, 0) + 1
-
-    x, y = _regression_data(n=240)
-    dataset = _sharded_by_element(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True))
-    callbacks = keras.cluster_callbacks(backup_dir=os.path.join(root, "backup"))
-    callbacks += [
+    features = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "x": tf.io.FixedLenFeature([exact.FEATURES_DIM], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.float32),
+    }
+    pipeline = TFRecordPipeline(
+        files=os.path.join(root, "data", "part-*"),
+        features=features,
+        batch_size=exact.GLOBAL_BATCH,
+        shuffle_buffer=64,
+        seed=3,
+    )
+    backup_dir = os.path.join(root, "backup")
+    callbacks = [
+        keras.callbacks.BackupAndRestore(backup_dir, save_freq=4),
+        keras.ResumeInput(pipeline, backup_dir=backup_dir),
         keras.ElasticEpochs(),
         keras.callbacks.LambdaCallback(
             on_epoch_begin=lambda epoch, logs: record["epochs_begun"].append(epoch),
@@ -737,7 +765,12 @@ def slurm_elastic(root: str, epochs: int, global_batch: int, pause_epoch: int) -
         ),
     ]
     _save()
-    history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=callbacks)
-    record.update(done=True, loss=history.history["loss"], weights=_flat_weights(model).tolist())
+    history = model.fit(pipeline.dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
+    record.update(
+        done=True,
+        loss=history.history["loss"],
+        weights=[float(v) for w in model.dense.weights for v in w.numpy().ravel()],
+        counts=[int(c) for c in model.counts.numpy()],
+    )
     _save()
     return {}

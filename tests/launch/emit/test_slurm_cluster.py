@@ -7,6 +7,7 @@ submitted with PATH=/usr/bin:/bin, so they work only because the script pins the
 
 from __future__ import annotations
 
+import collections
 import datetime
 import glob
 import json
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import SUPPORT
+from tests.support import SUPPORT, exact_tasks
 from tfdist.cluster import slurm as _slurm
 
 pytestmark = [pytest.mark.slurm]
@@ -250,7 +251,13 @@ def _elastic_records(root: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.multiprocess
 def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_cluster: Any, tmp_path: Any) -> None:
-    """3 workers; after epoch 1's backup the node fails; Slurm requeues the job, which runs on with 2 workers.
+    """3 workers; mid-epoch, after a backup, the node fails; Slurm requeues the job, which runs on with 2 workers.
+
+    Exactly once on Slurm, counted: the fit is tests/support/exact_tasks.py's (480 records, global batch 24,
+    a count per record in a weight the backup restores, BackupAndRestore every 4 batches + ResumeInput).
+    The tasks pause after batch 9 of epoch 1, so the backup of batch 7 is the last: the requeued group of 2
+    resumes at epoch 1, step 8, and after 4 epochs every record is counted 4 times and the weights equal
+    SGD computed in numpy over the epoch order's steps.
 
     The single test node stands for the cluster: its failure requeues the job (Slurm's own NODE_FAIL path),
     and the requeued job is given 2 tasks instead of 3 (``scontrol update`` of the pending job), as a
@@ -258,6 +265,8 @@ def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_clu
     and the tasks' own doing: the step's size, TF_CONFIG, TFDIST_WORLD_SIZE/TFDIST_MEMBERSHIP, the resume.
     """
     root, name = str(tmp_path), f"elastic-{os.getpid()}"
+    prefix = os.path.join(root, "data", "part")
+    exact_tasks.write_data(prefix)
     script = emit(
         "--workers",
         "3",
@@ -270,7 +279,7 @@ def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_clu
         "--time",
         "10",
         "--",
-        *task_command("slurm_elastic", root, 4, 12, 1),
+        *task_command("slurm_elastic", root, 4, 1, 9),
     )
     for line in (
         "#SBATCH --nodes=1",
@@ -285,7 +294,7 @@ def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_clu
     assert "#SBATCH --ntasks=" not in script, script  # The size comes from the allocation, not a fixed count.
     job = submit(slurm_cluster, script, root)
     try:
-        _wait("pause after epoch 1's backup", lambda: os.path.exists(os.path.join(root, "paused")), 300, job, root)
+        _wait("pause mid-epoch 1, after a backup", lambda: os.path.exists(os.path.join(root, "paused")), 300, job, root)
         queue = subprocess.run(
             ["squeue", "-h", "-n", name, "-o", "%i"], env=slurm_cluster.env, capture_output=True, text=True, timeout=30
         )
@@ -336,18 +345,25 @@ def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_clu
     assert sorted(found) == ["worker:0/g0", "worker:0/g1", "worker:1/g0", "worker:1/g1", "worker:2/g0"], output
     for task in ("worker:0", "worker:1", "worker:2"):
         before = found[f"{task}/g0"]
-        assert (before["world_size"], before["replicas"], before["per_replica_batch"]) == (3, 3, 4), before
-        assert before["epochs_begun"] == [0, 1] and before["logged_world_size"] == [3.0, 3.0], before
+        assert (before["world_size"], before["replicas"], before["per_replica_batch"]) == (3, 3, 8), before
+        assert before["epochs_begun"] == [0, 1] and before["logged_world_size"] == [3.0], before
+        assert before["steps"] == {"0": 20, "1": 10}, before
         assert before["slurm_restart"] in (None, "0") and not before.get("done"), before
     after = [found["worker:0/g1"], found["worker:1/g1"]]
+    reference = exact_tasks.ideal_weights(prefix, epochs=4)
     for rec in after:
-        assert (rec["world_size"], rec["replicas"], rec["per_replica_batch"], rec["slurm_restart"]) == (2, 2, 6, "1")
+        assert (rec["world_size"], rec["replicas"], rec["per_replica_batch"], rec["slurm_restart"]) == (2, 2, 12, "1")
         assert len(rec["tf_config"]["cluster"]["worker"]) == 2, rec
-        assert rec["epochs_begun"] == [2, 3], rec  # Resumed from the backup of epoch 1, not from 0.
-        assert rec["logged_world_size"] == [2.0, 2.0] and rec["done"], rec
-        assert rec["steps"] == {"2": 20, "3": 20}, rec  # 240 records / global batch 12, whatever the world size.
-    assert found["worker:0/g0"]["steps"] == {"0": 20, "1": 20}, found["worker:0/g0"]
+        assert rec["epochs_begun"] == [1, 2, 3], rec  # Resumed from the backup inside epoch 1, not from 0.
+        assert rec["steps"] == {"1": 12, "2": 20, "3": 20}, rec  # Steps 8-19 of epoch 1: 480 / 24 per epoch.
+        assert rec["logged_world_size"] == [2.0, 2.0, 2.0] and rec["done"], rec
+        assert collections.Counter(rec["counts"]) == {4: exact_tasks.RECORDS}, rec["counts"]
+        assert max(abs(a - b) for a, b in zip(rec["weights"], reference, strict=True)) < 2e-5, (
+            rec["weights"],
+            reference,
+        )
     assert after[0]["weights"] == after[1]["weights"]
+    assert output.count("Input resumes at epoch 1, step 8 (DataPosition(epoch=1, step=8))") == 2, output
     assert "Slurm restart count 0: 3 tasks on 1 node(s)" in output, output  # Both runs, in one appended file.
     assert "Slurm restart count 1: 2 tasks on 1 node(s)" in output, output
     assert "elastic membership 1 (Slurm restart count): world size 2 (2 workers, at least 2)" in output, output
