@@ -1,33 +1,42 @@
 """A real elastic MWMS fit for the Ray node scenario (tests/support/ray_two_nodes.py), with holds on progress.
 
-Usage: _ray_elastic_keras.py WORKDIR EPOCHS HOLD_PREFIX. The leader prints ``EPOCH e world W seen C`` after
-every epoch (C counted over every replica from the real input pipeline). So that the test does not race
+Usage: _ray_elastic_keras.py WORKDIR EPOCHS HOLD_PREFIX. The fit is exact_tasks.py's counted one: 480 records
+in ``WORKDIR/data/part-*`` (the test writes them), global batch 24, a count per record in a weight the backup
+restores with the model; each task prints ``DONE generation G loss L counts {count: records}`` at the end.
+The leader prints ``EPOCH e world W generation G`` after every epoch. So that the test does not race
 TensorFlow (an epoch takes milliseconds, a node leaves or joins in seconds), the leader of membership G waits
 after its first epoch while the file ``HOLD_PREFIX-G`` exists (the scenario removes it when the event it
 waits for has happened; at most 120 s).
 """
 
+import collections
 import os
 import sys
 import time
 
-import numpy as np
+import exact_tasks  # Beside this file (the script's directory is first on sys.path).
 import tensorflow as tf
 
 from tfdist import keras
+from tfdist.data import TFRecordPipeline
 from tfdist.keras.elastic import ElasticEpochs, per_replica_batch
 
-RECORDS, GLOBAL_BATCH = 48, 12
 workdir, epochs, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
-per_replica_batch(GLOBAL_BATCH, strategy.num_replicas_in_sync)
+per_replica_batch(exact_tasks.GLOBAL_BATCH, strategy.num_replicas_in_sync)
 generation = os.environ.get("TFDIST_MEMBERSHIP", "0")
-rng = np.random.default_rng(0)
-x = rng.normal(size=(RECORDS, 4)).astype("float32")
-y = x.sum(axis=1, keepdims=True)
-options = tf.data.Options()
-options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True).with_options(options)
+features = {
+    "id": tf.io.FixedLenFeature([], tf.int64),
+    "x": tf.io.FixedLenFeature([exact_tasks.FEATURES_DIM], tf.float32),
+    "y": tf.io.FixedLenFeature([], tf.float32),
+}
+pipeline = TFRecordPipeline(
+    files=os.path.join(workdir, "data", "part-*"),
+    features=features,
+    batch_size=exact_tasks.GLOBAL_BATCH,
+    shuffle_buffer=64,
+    seed=3,
+)
 
 
 class Report(keras.callbacks.Callback):
@@ -46,9 +55,10 @@ class Report(keras.callbacks.Callback):
 
 
 with strategy.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    model = exact_tasks.counted_model()
 leader = strategy.cluster_resolver.task_id == 0
-backup = keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup"))
-history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=[backup, ElasticEpochs(), Report(leader)])
-print(f"DONE generation {generation} loss {history.history['loss'][-1]:.6g}", flush=True)
+backup_dir = os.path.join(workdir, "backup")
+backup = [keras.callbacks.BackupAndRestore(backup_dir), keras.ResumeInput(pipeline, backup_dir=backup_dir)]
+history = model.fit(pipeline.dataset(), epochs=epochs, verbose=0, callbacks=[*backup, ElasticEpochs(), Report(leader)])
+counts = collections.Counter(int(c) for c in model.counts.numpy())
+print(f"DONE generation {generation} loss {history.history['loss'][-1]:.6g} counts {dict(counts)}", flush=True)
