@@ -16,8 +16,10 @@ times, from the moment TensorFlow and tfdist are imported to the first batch in 
                       ``dataset.skip(steps)`` (every record before the position is read and parsed again).
 
 Each includes building the dataset (listing, the framing walk that finds the block offsets, tracing).
-Then it reads one whole epoch (records/s, ids parsed) in the 'resumable' and the 'buffer' order,
-alternating, ``--repeats`` times each: the price of the resumable order on an uninterrupted run.
+Then it reads one whole epoch (records/s, ids parsed) in the 'resumable' and the 'buffer' order and as the
+claimed steps of parameter-server input (``claimed_dataset_fn``: each step claimed from a counter, then read
+and parsed inside the step; here the counter is local, a ps adds one round trip per step), in an order
+that rotates by repeat, ``--repeats`` times each: the price of each order on an uninterrupted run.
 The physical limit is the first variant (fresh): a resume cannot start faster than a start.
 Prints a table and ``RESULT {json}``.
 """
@@ -90,8 +92,13 @@ def _one(prefix: str, batch: int, variant: str, num: int) -> dict[str, float]:
     from tfdist.data import DataPosition
 
     ready = time.perf_counter()
-    if variant in ("epoch_resumable", "epoch_buffer"):
-        dataset = _pipeline(prefix, batch, variant.split("_")[1]).dataset()
+    if variant in ("epoch_resumable", "epoch_buffer", "epoch_claimed"):
+        order = variant.split("_")[1]
+        pipeline = _pipeline(prefix, batch, "auto" if order == "claimed" else order)
+        if order == "claimed":
+            dataset = pipeline.claimed_dataset_fn(tf.distribute.get_strategy())(None)
+        else:
+            dataset = pipeline.dataset()
         count = sum(int(b["id"].shape[0]) for b in dataset)
         seconds = time.perf_counter() - ready
         return {"seconds": seconds, "records_per_s": count / seconds, "records": count}
@@ -144,17 +151,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefix, num = _write(work, args.gb, args.record_kb, args.files)
     starts = ["fresh"] + [f"{k}_{int(f * 100)}" for f in _FRACTIONS for k in ("seek", "skip")]
     times: dict[str, list[float]] = {v: [] for v in starts}
-    epochs: dict[str, list[float]] = {"epoch_resumable": [], "epoch_buffer": []}
+    epochs: dict[str, list[float]] = {"epoch_resumable": [], "epoch_buffer": [], "epoch_claimed": []}
     for repeat in range(args.repeats):
         shift = repeat % len(starts)
         for variant in starts[shift:] + starts[:shift]:
             times[variant].append(_run(prefix, args.batch, variant, num)["seconds"])
-        pair = list(epochs) if repeat % 2 == 0 else list(reversed(epochs))
-        for variant in pair:
+        turn = list(epochs)[repeat % 3 :] + list(epochs)[: repeat % 3]
+        for variant in turn:
             epochs[variant].append(_run(prefix, args.batch, variant, num)["records_per_s"])
     median = {v: statistics.median(t) for v, t in times.items()}
     rates = {v: statistics.median(r) for v, r in epochs.items()}
     ratios = [r / b for r, b in zip(epochs["epoch_resumable"], epochs["epoch_buffer"])]
+    claimed = [c / b for c, b in zip(epochs["epoch_claimed"], epochs["epoch_buffer"])]
     result = {
         "records": num,
         "gb": args.gb,
@@ -168,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "skip_90_vs_fresh": median["skip_90"] / median["fresh"],
         "epoch_records_per_s": rates,
         "resumable_vs_buffer_epoch": statistics.median(ratios),
+        "claimed_vs_buffer_epoch": statistics.median(claimed),
     }
     print(f"{'variant':<10}{'first batch (s), median':>26}{'min-max':>18}")
     for variant in starts:
@@ -175,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{variant:<10}{median[variant]:>26.2f}{f'{low:.2f}-{high:.2f}':>18}")
     print(
         f"one epoch: resumable {rates['epoch_resumable']:.0f} records/s, buffer {rates['epoch_buffer']:.0f} "
-        f"records/s, ratio (median of pairs) {result['resumable_vs_buffer_epoch']:.3f}"
+        f"records/s, ratio (median of pairs) {result['resumable_vs_buffer_epoch']:.3f}; claimed steps "
+        f"{rates['epoch_claimed']:.0f} records/s, ratio {result['claimed_vs_buffer_epoch']:.3f}"
     )
     print("RESULT " + json.dumps(result), flush=True)
     return 0
