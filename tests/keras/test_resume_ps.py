@@ -48,7 +48,7 @@ def _steps_by_worker(run: testing.ClusterRun) -> dict[str, int]:
 
 
 def test_an_epoch_is_one_pass_whichever_worker_takes_each_step(data: str, tmp_path: Path) -> None:
-    run = _run(data, tmp_path, {})
+    run = _run(data, tmp_path, {"num_epochs": 3})  # Finite input: exactly the 60 steps fit takes.
     assert run.ok, run.result.summary() + run.output("chief:0")[-3000:]
     value = run.values["chief:0"]
     # Before: each worker read the whole data, and 3 epochs trained 120 records 4 times and 120 twice.
@@ -56,7 +56,10 @@ def test_an_epoch_is_one_pass_whichever_worker_takes_each_step(data: str, tmp_pa
     assert value["claimed"] == value["iterations"] == 3 * STEPS  # Nothing claimed ahead, nothing left over.
     ran = _steps_by_worker(run)
     assert all(ran.values()) and sum(ran.values()) == 3 * STEPS, ran  # Both workers took steps.
-    assert "claimed steps: 480 records, 20 steps per data epoch of 12 streams" in run.output("chief:0")
+    chief = run.output("chief:0")
+    assert "claimed steps: 480 records, 20 steps per data epoch of 12 streams" in chief
+    assert "The input ends after 60 steps (num_epochs=3 data epochs of 20 steps)" in chief  # Said up front.
+    assert "after 3 of fit's epochs of 20 steps" in chief
 
 
 def test_a_lost_worker_costs_at_most_the_step_in_flight(data: str, tmp_path: Path) -> None:

@@ -92,8 +92,20 @@ def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per
 
 
 def _log_epochs(pipeline: Any, steps_per_epoch: int) -> None:
-    """Says how fit's epochs line up with the data epochs of claimed steps when they differ."""
+    """Says how fit's epochs line up with the data epochs of claimed steps, and where a finite input ends."""
     steps = pipeline.cursor.steps_per_epoch()
+    passes = getattr(pipeline, "num_epochs", None)
+    if steps is not None and passes is not None:
+        _log.warning(
+            "The input ends after %d steps (num_epochs=%d data epochs of %d steps): under parameter servers "
+            "fit fails with a CancelledError when a step finds no more (after %d of fit's epochs of %d steps). "
+            "Pass num_epochs=None to the pipeline and let fit's epochs decide how long it trains.",
+            passes * steps,
+            passes,
+            steps,
+            passes * steps // steps_per_epoch,
+            steps_per_epoch,
+        )
     if steps is not None and steps != steps_per_epoch:
         _log.info(
             "fit's epochs are %d steps, a data epoch is %d steps: each data epoch trains every record once, "
