@@ -691,7 +691,6 @@ def slurm_elastic(root: str, epochs: int, pause_epoch: int, pause_batch: int) ->
 
     import tfdist
     from tfdist import keras
-    from tfdist.data import TFRecordPipeline
     from tfdist.keras import elastic
 
     spec = importlib.util.spec_from_file_location(
@@ -741,18 +740,7 @@ def slurm_elastic(root: str, epochs: int, pause_epoch: int, pause_batch: int) ->
             time.sleep(300)  # Slurm kills this task when the test fails the node; never reached in a passing run.
             os._exit(4)
 
-    features = {
-        "id": tf.io.FixedLenFeature([], tf.int64),
-        "x": tf.io.FixedLenFeature([exact.FEATURES_DIM], tf.float32),
-        "y": tf.io.FixedLenFeature([], tf.float32),
-    }
-    pipeline = TFRecordPipeline(
-        files=os.path.join(root, "data", "part-*"),
-        features=features,
-        batch_size=exact.GLOBAL_BATCH,
-        shuffle_buffer=64,
-        seed=3,
-    )
+    pipeline = exact.pipeline(os.path.join(root, "data", "part-*"))
     backup_dir = os.path.join(root, "backup")
     callbacks = [
         keras.callbacks.BackupAndRestore(backup_dir, save_freq=4),

@@ -45,6 +45,23 @@ def write_data(prefix: str, *, compression: str | None = None) -> None:
     write_tfrecords((example(i) for i in range(RECORDS)), prefix, num_shards=FILES, compression=compression)
 
 
+def pipeline(files: str, **options: Any) -> Any:
+    """The counted fits' ``TFRecordPipeline`` over ``files`` (id, x, y; global batch 24, shuffle_buffer 64,
+    seed 3); ``options`` add or override pipeline options."""
+    import tensorflow as tf
+
+    from tfdist.data import TFRecordPipeline
+
+    features = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "x": tf.io.FixedLenFeature([FEATURES_DIM], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.float32),
+    }
+    return TFRecordPipeline(
+        files=files, features=features, **{"batch_size": GLOBAL_BATCH, "shuffle_buffer": 64, "seed": 3, **options}
+    )
+
+
 def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> list[float]:
     """The weights ``counted_fit`` should end with: SGD in float64 over the steps of the epoch order.
 
@@ -53,21 +70,17 @@ def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> l
     on any world size can be compared with it to float32 rounding.
     """
     import numpy as np
-    import tensorflow as tf
 
-    from tfdist.data import DataPosition, TFRecordPipeline
+    from tfdist.data import DataPosition
 
-    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
     rng = np.random.default_rng(0)
     x = rng.normal(size=(RECORDS, FEATURES_DIM)).astype("float32").astype("float64")
     y = x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.25
     w, b = np.zeros(FEATURES_DIM), 0.0
     for epoch in range(epochs):
-        pipeline = TFRecordPipeline(
-            files=prefix + "-*", features=spec, batch_size=GLOBAL_BATCH, shuffle_buffer=64, seed=3
-        )
-        pipeline.start_at(DataPosition(epoch=epoch, step=0))
-        for batch in pipeline.dataset(cluster=None):
+        reader = pipeline(prefix + "-*")
+        reader.start_at(DataPosition(epoch=epoch, step=0))
+        for batch in reader.dataset(cluster=None):
             ids = batch["id"].numpy()
             residual = x[ids] @ w + b - y[ids]
             w = w - learning_rate * 2 * x[ids].T @ residual / len(ids)
@@ -128,7 +141,6 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     import tensorflow as tf
 
     from tfdist import keras
-    from tfdist.data import TFRecordPipeline
     from tfdist.keras.inputs import enable_determinism
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -138,18 +150,10 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     task = os.environ.get("TFDIST_TASK", "worker:0")
     leader = task == "worker:0"
     restart = int(os.environ.get("TFDIST_RESTART", "0"))
-    features = {
-        "id": tf.io.FixedLenFeature([], tf.int64),
-        "x": tf.io.FixedLenFeature([FEATURES_DIM], tf.float32),
-        "y": tf.io.FixedLenFeature([], tf.float32),
-    }
-    pipeline = TFRecordPipeline(
-        files=prefix + "-*",
-        features=features,
-        batch_size=GLOBAL_BATCH,
+    data = pipeline(
+        prefix + "-*",
         num_epochs=options.get("num_epochs", 1),
         shuffle_buffer=options.get("shuffle_buffer", 64),
-        seed=3,
         shard_policy=options.get("shard_policy", "auto"),
         order_streams=options.get("order_streams"),
     )
@@ -182,17 +186,17 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     save_freq = options.get("save_freq", 4)
     kind = options.get("backup", "safe")
     if kind == "safe":
-        callbacks = [keras.PreemptionSafeBackup(backup_dir, save_freq=save_freq, data=pipeline)]
+        callbacks = [keras.PreemptionSafeBackup(backup_dir, save_freq=save_freq, data=data)]
     elif kind == "plain":
         callbacks = [
             keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq),
-            keras.ResumeInput(pipeline, backup_dir=backup_dir),
+            keras.ResumeInput(data, backup_dir=backup_dir),
         ]
     else:
         callbacks = [keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq)]
     callbacks += [keras.ElasticEpochs(), Progress()]
     model.fit(
-        pipeline.dataset(),
+        data.dataset(),
         epochs=options.get("epochs", 3),
         steps_per_epoch=options.get("steps_per_epoch"),
         verbose=0,
@@ -221,26 +225,13 @@ def counted_ps_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[s
 
     import tfdist
     from tfdist import keras
-    from tfdist.data import TFRecordPipeline
     from tfdist.keras.inputs import fit_input
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("tfdist").setLevel(logging.INFO)
     strategy = tfdist.build_strategy("auto")
     assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
-    features = {
-        "id": tf.io.FixedLenFeature([], tf.int64),
-        "x": tf.io.FixedLenFeature([FEATURES_DIM], tf.float32),
-        "y": tf.io.FixedLenFeature([], tf.float32),
-    }
-    pipeline = TFRecordPipeline(
-        files=prefix + "-*",
-        features=features,
-        batch_size=GLOBAL_BATCH,
-        num_epochs=options.get("num_epochs"),
-        shuffle_buffer=64,
-        seed=3,
-    )
+    data = pipeline(prefix + "-*", num_epochs=options.get("num_epochs"))
     steps = options.get("steps_per_epoch", RECORDS // GLOBAL_BATCH)
     with strategy.scope():
         model = counted_model(print_steps=True)
@@ -252,14 +243,14 @@ def counted_ps_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[s
     callbacks: list[Any] = [Progress()]
     if options.get("backup") == "plain":
         backup_dir = os.path.join(workdir, "backup")
-        callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.ResumeInput(pipeline), *callbacks]
+        callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.ResumeInput(data), *callbacks]
     elif options.get("backup") == "unlinked":
         callbacks = [keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")), *callbacks]
-    x = fit_input(pipeline, strategy=strategy, steps_per_epoch=steps)
+    x = fit_input(data, strategy=strategy, steps_per_epoch=steps)
     model.fit(x, epochs=options.get("epochs", 3), steps_per_epoch=steps, verbose=0, callbacks=callbacks)
     return {
         "counts": [int(c) for c in model.counts.numpy()],
-        "claimed": int(pipeline.cursor.claims.numpy()),
+        "claimed": int(data.cursor.claims.numpy()),
         "iterations": int(model.optimizer.iterations.numpy()),
         "restart": int(os.environ.get("TFDIST_RESTART", "0")),
     }

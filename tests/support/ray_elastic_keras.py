@@ -18,25 +18,13 @@ import exact_tasks  # Beside this file (the script's directory is first on sys.p
 import tensorflow as tf
 
 from tfdist import keras
-from tfdist.data import TFRecordPipeline
 from tfdist.keras.elastic import ElasticEpochs, per_replica_batch
 
 workdir, epochs, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 per_replica_batch(exact_tasks.GLOBAL_BATCH, strategy.num_replicas_in_sync)
 generation = os.environ.get("TFDIST_MEMBERSHIP", "0")
-features = {
-    "id": tf.io.FixedLenFeature([], tf.int64),
-    "x": tf.io.FixedLenFeature([exact_tasks.FEATURES_DIM], tf.float32),
-    "y": tf.io.FixedLenFeature([], tf.float32),
-}
-pipeline = TFRecordPipeline(
-    files=os.path.join(workdir, "data", "part-*"),
-    features=features,
-    batch_size=exact_tasks.GLOBAL_BATCH,
-    shuffle_buffer=64,
-    seed=3,
-)
+pipeline = exact_tasks.pipeline(os.path.join(workdir, "data", "part-*"))
 
 
 class Report(keras.callbacks.Callback):

@@ -77,15 +77,21 @@ def layout_for(pipeline: Any, *, groups: bool, listing: Listing, where: Pipeline
         return layout
     field, value, why = obstacle
     if pipeline.order == "resumable":
-        raise invalid(
-            DataError,
-            field,
-            value,
-            f"a setting order='resumable' supports ({why})",
-            "Drop that option, or pass order='buffer' (no exact resume).",
-        )
+        raise _refused(obstacle, "no exact resume")
     _log.info("Input order 'buffer' (no exact resume): %s %r: %s.", field, value, why)
     return None
+
+
+def _refused(obstacle: tuple[str, Any, str], cost: str) -> DataError:
+    """The DataError of an option that keeps the resumable order out under order='resumable'."""
+    field, value, why = obstacle
+    return invalid(
+        DataError,
+        field,
+        value,
+        f"a setting order='resumable' supports ({why})",
+        f"Drop that option, or pass order='buffer' ({cost}).",
+    )
 
 
 def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: InputCursor) -> tuple[Any, str]:
@@ -124,16 +130,9 @@ def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> t
         return None
     obstacle = _obstacle(pipeline, groups=pipeline.class_weights is not None, listing=listing)
     if obstacle is not None:
-        field, value, why = obstacle
         if pipeline.order == "resumable":
-            raise invalid(
-                DataError,
-                field,
-                value,
-                f"a setting order='resumable' supports ({why})",
-                "Drop that option, or pass order='buffer' (then every parameter-server worker reads the "
-                "whole data each epoch).",
-            )
+            raise _refused(obstacle, "then every parameter-server worker reads the whole data each epoch")
+        field, value, why = obstacle
         _log.warning(
             "Input order 'buffer' under parameter servers: %s %r: %s. Every worker reads the whole data, so "
             "an epoch of steps trains some records more than once and others not at all.",
