@@ -60,6 +60,7 @@ def test_an_epoch_is_one_pass_whichever_worker_takes_each_step(data: str, tmp_pa
     assert "claimed steps: 480 records, 20 steps per data epoch of 12 streams" in chief
     assert "The input ends after 60 steps (num_epochs=3 data epochs of 20 steps)" in chief  # Said up front.
     assert "after 3 of fit's epochs of 20 steps" in chief
+    assert "This task is restart" not in chief  # Said on restarts only.
 
 
 def test_a_lost_worker_costs_at_most_the_step_in_flight(data: str, tmp_path: Path) -> None:
@@ -92,4 +93,6 @@ def test_a_chief_crash_resumes_the_claims_where_the_backup_left_off(data: str, t
     # Without ResumeInput the claims start again at step 0: 240 records counted twice and 240 four times.
     assert collections.Counter(value["counts"]) == {3: exact_tasks.RECORDS}, value["counts"]
     assert value["claimed"] == 3 * STEPS, value
-    assert "Input resumes at epoch 2, step 0 (claimed steps from 30)." in run.output("chief:0")
+    chief = run.output("chief:0")
+    assert "Input resumes at epoch 2, step 0 (claimed steps from 30)." in chief
+    assert chief.count("This task is restart 1 of its job: the claimed steps start at step 0 unless") == 1
