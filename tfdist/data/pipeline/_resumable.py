@@ -143,10 +143,11 @@ def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> t
         return None
     known = listing.records([f.path for f in listing.files])
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=known)
-    per = pipeline.batch_size // streams if pipeline.batch_size % streams == 0 else 1
+    # One reader for the whole cluster: checks that the streams divide the batch, and sizes a step's share.
+    layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
     order = epoch_order(
         listing,
-        block=min(pipeline.order_block, per),  # A step's piece of a stream then spans at most two blocks.
+        block=min(pipeline.order_block, layout.per_stream),  # A step's piece of a stream spans at most 2 blocks.
         streams=streams,
         window=0,
         seed=pipeline.seed or 0,
@@ -158,10 +159,7 @@ def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> t
     with strategy.scope():
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
     cursor = pipeline.cursor
-    cursor.order = order
-    cursor.layout = StreamLayout(
-        global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data"
-    )
+    cursor.order, cursor.layout = order, layout
     cursor.claims = counter
     passes = pipeline.num_epochs
 
@@ -179,7 +177,7 @@ def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> t
 
     text = (
         f"claimed steps: {order.num_records} records, {steps_per_pass(order, pipeline.batch_size)} steps per "
-        f"data epoch of {streams} streams ({pipeline.batch_size // streams} record(s) of each per step); each step "
+        f"data epoch of {streams} streams ({layout.per_stream} record(s) of each per step); each step "
         "is claimed by the worker that runs it"
     )
     return dataset_fn, text

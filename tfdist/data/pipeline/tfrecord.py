@@ -239,11 +239,7 @@ among ... (did you mean 'shuffle_buffer'?).
                 batch = parsed.batch(self.batch_size)
                 return parsing.supervised(batch, self.label_key) if self.as_supervised else batch
 
-            def parse(batch: Any) -> Any:
-                features = parsing.parse_batch(batch, self.parsing, seed=self.seed)
-                return parsing.split_label(features, self.label_key) if self.as_supervised else features
-
-            return records.batch(self.batch_size).map(parse)
+            return records.batch(self.batch_size).map(self._parse_batch)
 
         built = _resumable.claimed(self, listing, strategy=strategy, finish=finish)
         if built is None:
@@ -432,12 +428,8 @@ among ... (did you mean 'shuffle_buffer'?).
             # Batch the serialized records first, then parse (and decode) a whole batch per map call: one
             # tf.data element per batch instead of per record (measured in BENCHMARKS.md).
             # (features, label) pairs are split in the same map: one traced function and one stage less.
-            def parse(batch: Any) -> Any:
-                features = parsing.parse_batch(batch, self.parsing, seed=self.seed)
-                return parsing.split_label(features, self.label_key) if self.as_supervised else features
-
             dataset = _batching.batch(records, where.batch_size, **batching).map(
-                parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
+                self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
             )
             if resumable and not where.per_replica and where.count > 1:
                 dataset = _static_batches(dataset, where.batch_size)
@@ -461,6 +453,11 @@ among ... (did you mean 'shuffle_buffer'?).
             )
         dataset = dataset.with_options(options)
         return dataset.prefetch(tf.data.AUTOTUNE if self.prefetch == "autotune" else self.prefetch)
+
+    def _parse_batch(self, batch: Any) -> Any:
+        """A batch of serialized records parsed (and decoded); (features, label) when ``as_supervised``."""
+        features = parsing.parse_batch(batch, self.parsing, seed=self.seed)
+        return parsing.split_label(features, self.label_key) if self.as_supervised else features
 
     def _job_name(self) -> str:
         """The tf.data service job every consumer of this pipeline shares (stable across processes)."""
