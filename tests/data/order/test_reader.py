@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+from collections.abc import Iterable
 
 import pytest
 import tensorflow as tf
@@ -31,8 +32,9 @@ def prefixes(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, str]:
     return out
 
 
-def _ids(dataset: tf.data.Dataset) -> list[int]:
-    return [int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for r in dataset]
+def _ids(chunks: Iterable[tf.Tensor]) -> list[int]:
+    """The ids of the order's records, chunk after chunk (each chunk is one stream's share of one step)."""
+    return [int(i) for chunk in chunks for i in tf.io.parse_example(chunk, ID_ONLY)["id"]]
 
 
 def _steps(per_worker: list[list[int]], share: int) -> list[set[int]]:
@@ -90,6 +92,39 @@ def test_each_step_trains_the_same_records_on_1_2_and_3_workers(prefixes, compre
         by_file[f][i] for step in range(20) for s in range(12) for f, i in planned[s][step * 2 : step * 2 + 2]
     ]
     assert one == interleaved
+
+
+def test_streams_come_as_chunks_of_one_step_across_windows_without_slices(prefixes, capfd) -> None:
+    # b = 36 / 12 = 3 records per stream and step, windows of 50: chunks straddle windows (and the end).
+    listing = list_files([prefixes[None] + "-*"])
+    paths = [f.path for f in listing.files]
+    order = epoch_order(listing, block=16, streams=12, window=50, seed=5, shuffle=True, compression=None)
+    layout = StreamLayout(global_batch=36, streams=12, num_workers=1, worker=0, policy="file")
+    chunks = list(ordered_records(order, layout, InputCursor(epochs_per_iteration=1), paths, compression=""))
+    sizes = [int(c.shape[0]) for c in chunks]
+    assert sizes == [3] * (13 * 12) + [1] * 12  # 40 records per stream: 13 steps of 3, then 1 each.
+    by_file = {
+        i: [int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for r in tf.data.TFRecordDataset(path)]
+        for i, path in enumerate(paths)
+    }
+    planned = [[by_file[f][i] for f, i in order.stream_records(epoch=0, stream=s)] for s in range(12)]
+    expected = [i for step in range(14) for s in range(12) for i in planned[s][step * 3 : step * 3 + 3]]
+    assert _ids(chunks) == expected
+    # The whole pipeline: batches of the chunks, and no tensor that is a slice of another reaches a batch
+    # (TF would log "Tensor RefCount not reliable if buf_ points to a SubBuffer" per batch).
+    capfd.readouterr()
+    pipeline = TFRecordPipeline(
+        files=prefixes[None] + "-*",
+        features=ID_ONLY,
+        batch_size=36,
+        shuffle_buffer=50,
+        seed=5,
+        order_streams=12,
+        order_block=16,
+    )
+    got = [b["id"].numpy().tolist() for b in pipeline.dataset()]
+    assert [len(b) for b in got] == [36] * 13 + [12] and [i for b in got for i in b] == expected
+    assert "SubBuffer" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("num_epochs", [1, None])

@@ -2,9 +2,12 @@
 
 Each stream's windows (a few per epoch, computed by :class:`EpochOrder` in Python) reach a ``tf.data`` graph
 through ``numpy_function`` calls; the graph opens each piece at its byte offset, orders a window and drops
-what was trained already. A worker interleaves its streams ``b`` records at a time
-(``b = global_batch // streams``), so each global step takes ``b`` records of every stream whatever the
-number of workers.
+what was trained already. A stream comes out in **chunks** of ``b`` records (``b = global_batch //
+streams``: its share of one global step), and a worker interleaves its streams a chunk at a time, so each
+global step takes ``b`` records of every stream whatever the number of workers. A chunk is one tf.data
+element: past the reader, the order adds no per-record stage, and a shuffled window is copied once (each
+chunk gathered from it), which is what brought an uninterrupted epoch from 0.70x to 0.77x of the buffer
+order's records/s (BENCHMARKS.md).
 
 Example:
     >>> StreamLayout(global_batch=24, streams=12, num_workers=2, worker=1, policy="file").own
@@ -122,22 +125,32 @@ class StreamLayout:
 
 
 def _windows(order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str], stream: int) -> Any:
-    """The generator of stream ``stream``'s windows for one iteration, from the cursor's position."""
+    """The generator of stream ``stream``'s windows for one iteration, from the cursor's position.
+
+    A shuffled window also says where its output is cut into the stream's chunks of ``b`` records
+    (``cuts``: the first and last piece may be partial, completed by the windows around it).
+    """
     import numpy as np
 
     start = starts.iteration(stream=stream)
     per = starts.epochs_per_iteration
     epoch, at = stream_position(order, stream, start.step * layout.per_stream, epochs_per_pass=per)
+    emitted = 0  # Records this iteration gave so far: it starts at a step, so chunk borders are multiples of b.
     while per is None or epoch < per:
         for window in order.windows(epoch=start.epoch + epoch, stream=stream, start=at):
             pieces = window.pieces
+            ordering = np.asarray(window.order if window.order is not None else [], dtype=np.int64)[window.skip :]
+            head = -emitted % layout.per_stream
+            inner = np.arange(head, len(ordering), layout.per_stream, dtype=np.int64)
+            cuts = np.unique(np.concatenate([[0], inner, [len(ordering)]]).astype(np.int64))
+            emitted += len(ordering)
             yield (
                 np.asarray([paths[p.file] for p in pieces], dtype=object),
                 np.asarray([p.offset for p in pieces], dtype=np.int64),
                 np.asarray([p.skip for p in pieces], dtype=np.int64),
                 np.asarray([p.take for p in pieces], dtype=np.int64),
-                np.asarray(window.order if window.order is not None else [], dtype=np.int64),
-                np.int64(window.skip),
+                ordering,
+                cuts,
             )
         epoch, at = epoch + 1, 0
 
@@ -177,8 +190,16 @@ class _WindowSource:
             with self._lock:
                 self._live.pop(int(token), None)
             empty = np.zeros(0, np.int64)
-            return (np.zeros(0, dtype=object), empty, empty, empty, empty, np.int64(0), np.bool_(False))
-        return (*window, np.bool_(True))
+            return (np.zeros(0, dtype=object), empty, empty, empty, empty, empty)  # No pieces: the end.
+        return window
+
+
+def _share(step: Any, begin: int, share: int) -> Any:
+    """Records ``[begin, begin + share)`` of a step (fewer at the end of the data), as a new tensor."""
+    import tensorflow as tf
+
+    size = tf.shape(step, out_type=tf.int64)[0]
+    return tf.gather(step, tf.range(tf.minimum(size, begin), tf.minimum(size, begin + share)))
 
 
 def ordered_records(
@@ -189,9 +210,11 @@ def ordered_records(
     *,
     compression: str,
 ) -> Any:
-    """This worker's serialized records in the epoch order, from ``cursor``'s position (a ``tf.data.Dataset``).
+    """This worker's serialized records in the epoch order, from ``cursor``'s position, as **chunks**.
 
-    Records come ``b`` per stream per global step: ``global_batch // num_workers`` of this worker each step.
+    A ``tf.data.Dataset`` of 1-D string tensors: each is the ``b`` records one stream gives a global step
+    (fewer only where a stream ends), in step order. ``dataset.rebatch(n)`` makes batches of ``n``
+    records: a chunk is one tf.data element, so the order costs no per-record stage past the reader.
     """
     import tensorflow as tf
 
@@ -209,18 +232,21 @@ def ordered_records(
         return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(take)
 
     @plain
-    def read_window(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, skip: Any) -> Any:
+    def read_window(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, cuts: Any) -> Any:
+        # A shuffled window: its records as one tensor, then each chunk (or part of one at either end)
+        # gathered in the window's order. A gather makes a new tensor per chunk: nothing downstream holds a
+        # slice of the window (tf.data would copy those again, and log an error per batch).
         records = tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece)
-        if not shuffled:  # Read from the position on: nothing to reorder, nothing to drop.
-            return records
-        # A shuffled window: its records as one tensor, in the window's order, the trained ones cut off.
-        return records.batch(whole).map(plain(lambda block: tf.gather(block, ordering[skip:])))
+        ends = tf.data.Dataset.from_tensor_slices((cuts[:-1], cuts[1:]))
+        return records.batch(whole).flat_map(
+            plain(lambda block: ends.map(plain(lambda a, b: tf.gather(block, ordering[a:b]))))
+        )
 
     @plain
     def next_window(token: Any) -> Any:
-        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64, tf.bool]
+        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64]
         parts = tf.numpy_function(source.next, [token], types, stateful=True)
-        return tuple(tf.reshape(p, [-1]) for p in parts[:5]) + tuple(tf.reshape(p, []) for p in parts[5:])
+        return tuple(tf.reshape(p, [-1]) for p in (parts if shuffled else parts[:4]))
 
     @plain
     def stream(index: Any) -> Any:
@@ -229,18 +255,20 @@ def ordered_records(
             tf.data.Dataset.from_tensors(token)
             .repeat()
             .map(next_window)
-            .take_while(plain(lambda *window: window[-1]))
-            .map(plain(lambda *window: window[:-1]))
+            .take_while(plain(lambda paths, *_: tf.size(paths) > 0))
         )
-        records = windows.flat_map(read_window)  # Shuffled: window tensors; else single records.
-        return _compat.unbatch_dense(records) if shuffled else records
+        if not shuffled:  # Read from the position on, nothing to reorder: the pieces one after the other.
+            return _compat.unbatch_dense(windows).flat_map(read_piece).batch(per)
+        # The stream's chunks, b records each: parts joined across windows, whole chunks passed on as they are.
+        return windows.flat_map(read_window).rebatch(per)
 
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
-    # Streams interleaved b records at a time: each global step takes b records of every stream read here.
-    chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=per)
+    # One chunk of every stream read here per global step, in stream order.
+    chunks = streams.interleave(
+        stream, cycle_length=len(layout.own), block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
-        steps = chunks.batch(layout.global_batch)
-        return _compat.unbatch_dense(steps.map(plain(lambda step: step[begin : begin + share])))
+        return chunks.rebatch(layout.global_batch).map(plain(lambda step: _share(step, begin, share)))
     return chunks

@@ -38,6 +38,7 @@ def batch(
     logged: bool = True,
     parallel: bool = False,
     deterministic: bool | None = None,
+    chunks: bool = False,
 ) -> Any:
     """``dataset.batch(batch_size)``; with ``drop_remainder`` the dropped records are logged with their count.
 
@@ -53,6 +54,8 @@ def batch(
         now, without an exact count.
       parallel: Batch with ``num_parallel_calls=AUTOTUNE``.
       deterministic: Passed on with ``parallel``.
+      chunks: ``dataset``'s elements are runs of records (1-D): ``rebatch``
+        them into batches of ``batch_size`` records.
 
     Returns:
       The batched dataset.
@@ -60,11 +63,17 @@ def batch(
     import tensorflow as tf
 
     kwargs: dict[str, Any] = (
-        {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic} if parallel else {}
+        {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic} if parallel and not chunks else {}
     )
+
+    def batched(drop: bool) -> Any:
+        if chunks:
+            return dataset.rebatch(batch_size, drop_remainder=drop)
+        return dataset.batch(batch_size, drop_remainder=drop, **kwargs)
+
     if not drop_remainder or not finite:
         # Infinite streams never end in a partial batch: a static batch costs nothing.
-        return dataset.batch(batch_size, drop_remainder=drop_remainder and not finite, **kwargs)
+        return batched(drop_remainder and not finite)
     if not logged:
         _log.warning(
             "drop_remainder=True: input pipeline %s drops its last partial batch (up to %d records per "
@@ -72,7 +81,7 @@ def batch(
             where,
             batch_size - 1,
         )
-        return dataset.batch(batch_size, drop_remainder=True, **kwargs)
+        return batched(True)
     report = functools.partial(_log_dropped, where, batch_size)
 
     def full(element: Any) -> Any:
@@ -89,4 +98,4 @@ def batch(
             element,
         )
 
-    return dataset.batch(batch_size, **kwargs).filter(full).map(static)
+    return batched(False).filter(full).map(static)

@@ -417,6 +417,10 @@ among ... (did you mean 'shuffle_buffer'?).
             # The drop count is taken in this process; not where the pipeline runs elsewhere.
             logged=self.data_service is None and tf.executing_eagerly(),
         )
+        if resumable and self.parse_fn is not None:  # The order's chunks -> records, for a per-record parse_fn.
+            from tfdist import _compat
+
+            records = _compat.unbatch_dense(records)
         if self.parse_fn is not None or fallback:
             dataset = parsing.parse_elements(records, self.parsing, seed=self.seed, deterministic=self.deterministic)
             if fallback:
@@ -428,7 +432,7 @@ among ... (did you mean 'shuffle_buffer'?).
             # Batch the serialized records first, then parse (and decode) a whole batch per map call: one
             # tf.data element per batch instead of per record (measured in BENCHMARKS.md).
             # (features, label) pairs are split in the same map: one traced function and one stage less.
-            dataset = _batching.batch(records, where.batch_size, **batching).map(
+            dataset = _batching.batch(records, where.batch_size, chunks=resumable, **batching).map(
                 self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
             )
             if resumable and not where.per_replica and where.count > 1:
