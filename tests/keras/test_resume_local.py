@@ -6,6 +6,7 @@ import collections
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -127,3 +128,75 @@ def test_resume_input_before_the_backup_works_and_a_changed_order_stops_clearly(
     assert before.cursor.position == keras.input_position(1, 0, epochs_per_iteration=1, steps_per_epoch=None)
     with pytest.raises(DataError, match="`pipeline`. Received: 'list'"):
         keras.ResumeInput([])
+
+
+_EDGES = [240, 360, 440]  # Labels 0-3 by id: 240, 120, 80 and 40 records.
+
+
+@pytest.fixture(scope="module")
+def strata(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The counted records with a skewed label (240, 120, 80 and 40 records), written per class."""
+    from tfdist.data import write_tfrecords
+
+    prefix = str(tmp_path_factory.mktemp("strata") / "part")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(exact_tasks.RECORDS, exact_tasks.FEATURES_DIM)).astype("float32")
+    y = x.sum(axis=1)
+
+    def example(i: int) -> tf.train.Example:
+        feature = {
+            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].tolist())),
+            "y": tf.train.Feature(float_list=tf.train.FloatList(value=[float(y[i])])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(np.searchsorted(_EDGES, i, "right"))])),
+        }
+        return tf.train.Example(features=tf.train.Features(feature=feature))
+
+    write_tfrecords((example(i) for i in range(exact_tasks.RECORDS)), prefix, num_shards=2, partition_by="label")
+    return prefix
+
+
+@pytest.mark.parametrize("num_epochs", [1, None])
+def test_stratified_draws_resume_as_if_nothing_happened(strata: str, tmp_path: Path, num_epochs) -> None:
+    def pipeline(weights: str = "sqrt") -> TFRecordPipeline:
+        return TFRecordPipeline(
+            files=strata + "-*",
+            features={**FEATURES, "label": tf.io.FixedLenFeature([], tf.int64)},
+            batch_size=24,
+            shuffle_buffer=64,
+            seed=3,
+            label_key="label",
+            class_weights=weights,
+            order="resumable",
+            num_epochs=num_epochs,
+        )
+
+    steps = None if num_epochs == 1 else 20
+    whole = _fit(strata, "", [], pipeline=pipeline(), steps_per_epoch=steps)
+    backup = str(tmp_path / "backup")
+    _crash(strata, backup, pipeline(), (1, 10), steps_per_epoch=steps)
+    again = pipeline()
+    model = _fit(
+        strata,
+        backup,
+        [keras.callbacks.BackupAndRestore(backup, save_freq=4), keras.ResumeInput(again, backup_dir=backup)],
+        pipeline=again,
+        steps_per_epoch=steps,
+    )
+    counts = model.counts.numpy()
+    assert counts.tolist() == whole.counts.numpy().tolist()  # The same draws: each record as often.
+    assert counts.sum() == 3 * exact_tasks.RECORDS and counts[:240].sum() < 0.45 * counts.sum()  # Drawn by sqrt.
+    assert counts.max() > 3  # The small classes were redrawn.
+    for mine, theirs in zip(model.get_weights(), whole.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert again.cursor.position == keras.input_position(1, 8, epochs_per_iteration=num_epochs, steps_per_epoch=steps)
+    other = pipeline("balanced")  # Another mix draws other records: the backup's resume stops and says why.
+    with pytest.raises(DataError, match="class_weights .* then, .* now") as caught:
+        _fit(
+            strata,
+            backup,
+            [keras.callbacks.BackupAndRestore(backup), keras.ResumeInput(other, backup_dir=backup)],
+            pipeline=other,
+            steps_per_epoch=steps,
+        )
+    assert caught.value.field == "class_weights"

@@ -137,7 +137,13 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
                 saved = json.load(f)
             changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
             if changed:
-                name = {"streams": "order_streams", "block": "order_block", "window": "shuffle_buffer"}
+                name = {
+                    "streams": "order_streams",
+                    "block": "order_block",
+                    "window": "shuffle_buffer",
+                    "mix": "class_weights",
+                    "pipelines": "cluster",  # Stratified draws: each input pipeline (worker) draws its own.
+                }
                 raise DataError(
                     f"The backup in {self.backup_dir} was made reading another input order: "
                     + ", ".join(f"{name.get(k, k)} {saved.get(k)!r} then, {fingerprint.get(k)!r} now" for k in changed)

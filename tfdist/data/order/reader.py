@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdist.data.order.plan import CHUNK, EpochOrder, stream_position
-from tfdist.data.order.position import InputCursor, StreamStarts
+from tfdist.data.order.position import DataPosition, InputCursor, StreamStarts
 from tfdist.errors import DataError, invalid
 
 __all__: list[str] = []
@@ -124,16 +124,21 @@ class StreamLayout:
         return tuple(range(self.worker, self.streams, self.num_workers))
 
 
-def _windows(order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str], stream: int) -> Any:
+def _windows(
+    order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str], stream: int, at: int
+) -> Any:
     """The generator of stream ``stream``'s windows for one iteration, from the cursor's position.
 
+    ``at`` >= 0 starts the iteration ``at`` steps into epoch 0 instead, endless (a class of stratified draws).
     A shuffled window also says where its output is cut into the stream's chunks of ``b`` records
     (``cuts``: the first and last piece may be partial, completed by the windows around it).
     """
     import numpy as np
 
-    start = starts.iteration(stream=stream)
-    per = starts.epochs_per_iteration
+    if at >= 0:
+        start, per = DataPosition(step=at), None
+    else:
+        start, per = starts.iteration(stream=stream), starts.epochs_per_iteration
     epoch, at = stream_position(order, stream, start.step * layout.per_stream, epochs_per_pass=per)
     emitted = 0  # Records this iteration gave so far: it starts at a step, so chunk borders are multiples of b.
     while per is None or epoch < per:
@@ -170,12 +175,12 @@ class _WindowSource:
         self._tokens = itertools.count()
         self._lock = threading.Lock()
 
-    def begin(self, stream: Any) -> Any:
+    def begin(self, stream: Any, at: Any) -> Any:
         import numpy as np
 
         with self._lock:
             token = next(self._tokens)
-            self._live[token] = _windows(self._order, self._layout, self._starts, self._paths, int(stream))
+            self._live[token] = _windows(self._order, self._layout, self._starts, self._paths, int(stream), int(at))
             while len(self._live) > self._LIVE:
                 self._live.pop(next(iter(self._live)))
         return np.int64(token)
@@ -209,12 +214,15 @@ def ordered_records(
     paths: Sequence[str],
     *,
     compression: str,
+    at: Any = None,
 ) -> Any:
     """This worker's serialized records in the epoch order, from ``cursor``'s position, as **chunks**.
 
     A ``tf.data.Dataset`` of 1-D string tensors: each is the ``b`` records one stream gives a global step
     (fewer only where a stream ends), in step order. ``dataset.rebatch(n)`` makes batches of ``n``
     records: a chunk is one tf.data element, so the order costs no per-record stage past the reader.
+    ``at`` (an int64 scalar tensor) starts every iteration that many steps into epoch 0, endlessly,
+    instead of at the cursor's position.
     """
     import tensorflow as tf
 
@@ -250,7 +258,8 @@ def ordered_records(
 
     @plain
     def stream(index: Any) -> Any:
-        token = tf.reshape(tf.numpy_function(source.begin, [index], tf.int64, stateful=True), [])
+        where = tf.constant(-1, tf.int64) if at is None else tf.cast(at, tf.int64)
+        token = tf.reshape(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
         windows = (
             tf.data.Dataset.from_tensors(token)
             .repeat()

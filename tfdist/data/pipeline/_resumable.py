@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tfdist._compat import is_variable
 from tfdist.data.order.index import epoch_order
+from tfdist.data.order.plan import _key
 from tfdist.data.order.position import InputCursor
 from tfdist.data.order.reader import StreamLayout, default_streams, ordered_records
+from tfdist.data.order.strata import StrataOrder, draw_counts, graph_draws
 from tfdist.data.pipeline import reading
 from tfdist.data.pipeline._context import PipelineSlot
 from tfdist.data.records.files import Listing
+from tfdist.data.sampling import resolve_weights
 from tfdist.data.storage import remote
 from tfdist.errors import DataError, invalid
 
@@ -23,8 +27,13 @@ def _obstacle(pipeline: Any, *, groups: bool, listing: Listing) -> tuple[str, An
 
     if pipeline.data_service is not None:
         return "data_service", pipeline.data_service, "the tf.data service hands out its own splits"
-    if groups or pipeline.class_weights is not None:
-        return "class_weights", pipeline.class_weights, "stratified sampling draws its own order"
+    weights = pipeline.class_weights
+    if weights is not None and pipeline.order != "resumable":
+        return "class_weights", weights, "stratified sampling draws its own order (order='resumable' replays it)"
+    if weights is not None and not groups:
+        return "class_weights", weights, "without class groups (partition_by) the mix is resampled by rejection"
+    if weights is not None and is_variable(weights):
+        return "class_weights", "a tf.Variable", "a mix that changes while training cannot be drawn again"
     if pipeline.shard_policy not in ("auto", "file", "data"):
         return "shard_policy", pipeline.shard_policy, "'hash' and 'off' keep no global order to seek in"
     if pipeline.cache:
@@ -116,6 +125,109 @@ def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: Input
     return dataset, text
 
 
+def drawn(pipeline: Any, groups: dict[str, Any]) -> bool:
+    """Whether the pipeline's records are stratified draws a resume replays (not: one pass in the plain order).
+
+    'natural' with class groups reads the plain resumable order: the data's own mix, each record once.
+    """
+    return bool(groups) and pipeline.class_weights is not None and pipeline.class_weights != "natural"
+
+
+def strata(
+    pipeline: Any, listing: Listing, groups: dict[str, Any], where: PipelineSlot, cursor: InputCursor
+) -> tuple[Any, str]:
+    """This pipeline's stratified draws in a replayable order (:mod:`tfdist.data.order.strata`), as chunks.
+
+    Each class group is its own resumable epoch order, one stream per pipeline, read endlessly; the
+    classes of the draws come from :func:`~tfdist.data.order.strata.graph_draws`. A chunk is the
+    pipeline's ``batch_size / pipelines`` draws of one global step.
+    """
+    import tensorflow as tf
+
+    from tfdist import _compat
+
+    count, index, seed = where.count, where.index, pipeline.seed or 0
+    if pipeline.batch_size % count:
+        raise invalid(
+            DataError,
+            "batch_size",
+            pipeline.batch_size,
+            f"a global batch divisible by the {count} input pipelines with order='resumable'",
+        )
+    labels = list(groups)
+    orders, readers = [], []
+    for i, label in enumerate(labels):
+        paths = {path for path, _ in groups[label]}
+        files = tuple(f for f in listing.files if f.path in paths)
+        order = epoch_order(
+            Listing(files=files, local=listing.local),
+            block=pipeline.order_block,
+            streams=count,
+            window=pipeline.shuffle_buffer,
+            seed=_key(seed, i) >> 1,
+            shuffle=bool(pipeline.shuffle_buffer),
+            compression=pipeline.compression,
+        )
+        layout = StreamLayout(global_batch=count, streams=count, num_workers=count, worker=index, policy="file")
+        names = [f.path for f in files]
+        readers.append((order, layout, names, reading.one_compression(names, pipeline.source)))
+        orders.append(order)
+    counts = {label: order.num_records for label, order in zip(labels, orders)}
+    weights = pipeline.class_weights
+    if isinstance(weights, dict):
+        weights = {str(k): v for k, v in weights.items()}
+    mix = resolve_weights(weights, counts=counts)
+    probabilities = [mix[label] for label in labels]
+    share = sum(counts.values()) // count
+    per_step = pipeline.batch_size // count
+    cursor.order = StrataOrder(
+        labels=tuple(labels),
+        counts=tuple(counts.values()),
+        mix=tuple(probabilities),
+        seed=seed,
+        num_workers=count,
+        share=share,
+        orders=tuple(orders),
+    )
+    cursor.layout = StreamLayout(
+        global_batch=pipeline.batch_size, streams=count, num_workers=count, worker=index, policy="file"
+    )
+    starts, epochs = cursor.reads(), cursor.epochs_per_iteration
+
+    def begin() -> Any:  # Python, once per iteration: the first draw, how many to take, where each class stands.
+        import numpy as np
+
+        position = starts.iteration(stream=0)
+        first = position.epoch * share + position.step * per_step
+        take = -1 if epochs is None else max(0, (position.epoch + epochs) * share - first)
+        return np.int64(first), np.int64(take), draw_counts(probabilities, seed=seed, worker=index, upto=first)
+
+    plain = tf.autograph.experimental.do_not_convert
+
+    @plain
+    def draws(_: Any) -> Any:
+        first, take, at = tf.numpy_function(begin, [], [tf.int64, tf.int64, tf.int64], stateful=True)
+        at = tf.reshape(at, [len(labels)])
+        members = [
+            _compat.unbatch_dense(
+                ordered_records(
+                    order, layout, InputCursor(epochs_per_iteration=None), names, compression=kind, at=at[i]
+                )
+            )
+            for i, (order, layout, names, kind) in enumerate(readers)
+        ]
+        picks = graph_draws(probabilities, seed=seed, worker=index, start=tf.reshape(first, []))
+        return tf.data.Dataset.choose_from_datasets(members, picks).take(tf.reshape(take, []))
+
+    dataset = tf.data.Dataset.from_tensors(0).flat_map(draws).batch(per_step)
+    shown = {k: round(p, 3) for k, p in mix.items()}
+    text = (
+        f"resumable stratified draws over {len(labels)} class groups, mix {shown}, {share} draws per epoch "
+        f"({per_step} per step here), replayed after a resume"
+    )
+    return dataset, text
+
+
 def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> tuple[Any, str] | None:
     """Under parameter servers: a dataset function whose workers claim global steps (None: 'buffer' order).
 
@@ -128,7 +240,9 @@ def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> t
 
     if pipeline.order == "buffer":
         return None
-    obstacle = _obstacle(pipeline, groups=pipeline.class_weights is not None, listing=listing)
+    obstacle = _obstacle(pipeline, groups=False, listing=listing)
+    if pipeline.class_weights is not None:  # Parameter-server steps claim the plain order, not stratified draws.
+        obstacle = ("class_weights", pipeline.class_weights, "claimed steps read the plain order, not class draws")
     if obstacle is not None:
         if pipeline.order == "resumable":
             raise _refused(obstacle, "then every parameter-server worker reads the whole data each epoch")

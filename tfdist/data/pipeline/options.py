@@ -210,8 +210,11 @@ class EpochOptions:
         ``shuffle_buffer`` is then the shuffle window of each stream.
         'buffer': TF's shuffle buffer over each worker's own files (no
         resume position). 'auto' (default): 'resumable' where it applies
-        (shard_policy 'file', 'data' or 'auto'; no class_weights groups,
-        tf.data service or parameter-server workers), else 'buffer'.
+        (shard_policy 'file', 'data' or 'auto'; no class_weights, tf.data
+        service or parameter-server workers), else 'buffer'. With
+        ``class_weights`` over class groups, 'resumable' draws each record's
+        class from (seed, worker, draw) so a resume replays the same draws
+        (:mod:`tfdist.data.order.strata`); 'auto' keeps the faster sampler.
       order_streams: Streams each epoch is cut into under 'resumable' (None:
         up to 12, dividing the global batch, a multiple of the workers under
         'file'). Fixed for a job: an elastic job names one every world size

@@ -294,7 +294,10 @@ among ... (did you mean 'shuffle_buffer'?).
         if layout is not None:
             reports.append(self._verify_share(listing, where))
             self._check_features(listing.files[0].path if listing.files else None)
-            records, plan_text = _resumable.records(self, listing, layout, self._cursor)
+            if _resumable.drawn(self, groups):
+                records, plan_text = _resumable.strata(self, listing, groups, where, self._cursor)
+            else:
+                records, plan_text = _resumable.records(self, listing, layout, self._cursor)
             known = listing.records([f.path for f in listing.files])
             self._warn_small_share(None if known is None else known // where.count, where)
         elif self.data_service is not None:
