@@ -138,3 +138,24 @@ def test_a_plain_backup_alone_replays_records_and_says_so(data: str, tmp_path: P
     assert counts != {EPOCHS: exact_tasks.RECORDS} and sum(k * v for k, v in counts.items()) == EPOCHS * 480
     output = run.output("worker:0")
     assert output.count("A plain BackupAndRestore restores the model, not the input position") == 1, output[-3000:]
+
+
+def test_stratified_draws_after_a_crash_are_those_of_the_uninterrupted_fit(tmp_path: Path) -> None:
+    # class_weights='sqrt' over class groups with order='resumable', 2 workers: the crashed and resumed fit
+    # trains every record as often as the fit nobody interrupted (each worker draws its own sequence).
+    data = str(tmp_path / "strata" / "part")
+    exact_tasks.write_data(data, labels=True)
+    options = {"class_weights": "sqrt", "backup": "plain"}
+    whole = testing.run_cluster(
+        exact_tasks.counted_fit, workers=2, timeout=300, args=[str(tmp_path / "whole"), data, options]
+    )
+    assert whole.ok, whole.result.summary() + whole.output("worker:0")[-3000:]
+    run = _killed_once(data, tmp_path / "crash", options)
+    assert run.ok, run.result.summary() + run.output("worker:0")[-3000:]
+    assert run.values["worker:0"]["restart"] == 1
+    assert re.search(r"Input resumes at epoch 1, step \d+", run.output("worker:0"))
+    counts = np.array(run.values["worker:0"]["counts"])
+    assert counts.tolist() == whole.values["worker:0"]["counts"] == run.values["worker:1"]["counts"]
+    assert counts.sum() == EPOCHS * exact_tasks.RECORDS and counts.max() > EPOCHS  # Small classes redrawn.
+    assert counts[: exact_tasks.LABEL_EDGES[0]].sum() < 0.45 * counts.sum()  # Class 0 is half the data.
+    np.testing.assert_allclose(run.values["worker:0"]["weights"], whole.values["worker:0"]["weights"], atol=2e-5)

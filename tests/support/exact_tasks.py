@@ -20,8 +20,12 @@ GLOBAL_BATCH = 24
 FEATURES_DIM = 4
 
 
-def write_data(prefix: str, *, compression: str | None = None) -> None:
-    """480 records ``id``, ``x`` (4 floats) and ``y`` in 12 files."""
+LABEL_EDGES = (240, 360, 440)  # With labels: ids below 240 are class 0, then 1, 2 and 3 (240, 120, 80, 40).
+
+
+def write_data(prefix: str, *, compression: str | None = None, labels: bool = False) -> None:
+    """480 records ``id``, ``x`` (4 floats) and ``y`` in 12 files; ``labels``: a skewed ``label`` too,
+    written per class (``partition_by``: 3 files per class)."""
     import numpy as np
     import tensorflow as tf
 
@@ -38,11 +42,27 @@ def write_data(prefix: str, *, compression: str | None = None) -> None:
                     "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
                     "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].tolist())),
                     "y": tf.train.Feature(float_list=tf.train.FloatList(value=[float(y[i])])),
+                    **(
+                        {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label_of(i)]))}
+                        if labels
+                        else {}
+                    ),
                 }
             )
         )
 
-    write_tfrecords((example(i) for i in range(RECORDS)), prefix, num_shards=FILES, compression=compression)
+    write_tfrecords(
+        (example(i) for i in range(RECORDS)),
+        prefix,
+        num_shards=FILES // 4 if labels else FILES,
+        compression=compression,
+        partition_by="label" if labels else None,
+    )
+
+
+def label_of(record: int) -> int:
+    """The class of record ``record`` in data written with ``labels=True``."""
+    return sum(record >= edge for edge in LABEL_EDGES)
 
 
 def pipeline(files: str, **options: Any) -> Any:
@@ -58,7 +78,8 @@ def pipeline(files: str, **options: Any) -> Any:
         "y": tf.io.FixedLenFeature([], tf.float32),
     }
     return TFRecordPipeline(
-        files=files, features=features, **{"batch_size": GLOBAL_BATCH, "shuffle_buffer": 64, "seed": 3, **options}
+        files=files,
+        **{"features": features, "batch_size": GLOBAL_BATCH, "shuffle_buffer": 64, "seed": 3, **options},
     )
 
 
@@ -130,6 +151,7 @@ def counted_model(*, log_ids: bool = False, print_steps: bool = False) -> Any:
 
 def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
     """One fit; ``options``: epochs, num_epochs, steps_per_epoch, shuffle_buffer, shard_policy, order_streams,
+    class_weights (data written with ``labels=True``),
     save_freq, backup ('safe': PreemptionSafeBackup(data=), 'plain': BackupAndRestore + ResumeInput,
     'unlinked': BackupAndRestore alone), preempt ([epoch, batch]: worker:1 sends itself SIGTERM there, first
     attempt only), stale_temp ([epoch, batch]: worker:1 copies the chief's backup there in its first attempt
@@ -150,12 +172,24 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     task = os.environ.get("TFDIST_TASK", "worker:0")
     leader = task == "worker:0"
     restart = int(os.environ.get("TFDIST_RESTART", "0"))
+    stratified: dict[str, Any] = {}
+    if options.get("class_weights"):  # Data written with labels=True: stratified draws a resume replays.
+        features = {
+            "id": tf.io.FixedLenFeature([], tf.int64),
+            "x": tf.io.FixedLenFeature([FEATURES_DIM], tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.float32),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        }
+        stratified = dict(
+            features=features, label_key="label", class_weights=options["class_weights"], order="resumable"
+        )
     data = pipeline(
         prefix + "-*",
         num_epochs=options.get("num_epochs", 1),
         shuffle_buffer=options.get("shuffle_buffer", 64),
         shard_policy=options.get("shard_policy", "auto"),
         order_streams=options.get("order_streams"),
+        **stratified,
     )
 
     with strategy.scope():
