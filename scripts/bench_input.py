@@ -24,7 +24,8 @@ drift and slow spells hit both sides of a ratio alike; see ``_order``):
                       (the resumable epoch order, issue #24); tfdist_buffer: the same in order='buffer'
                       (TF's readers over each worker's own files, the order before issue #24);
   partitioned_plain   the same, on the partitioned files;
-  balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt".
+  balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt";
+                      balanced_resumable: "balanced" with order="resumable" (draws a resume replays).
 
 A run's time covers building the dataset (file listing, framing checks), reading every record of one
 epoch and deleting the iterator (as every epoch of ``fit`` does); the CPU time of the process (all
@@ -56,6 +57,7 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
     "tfdist_vs_seed_style_no_model": ("tfdist", "seed_style_no_model", None),  # How much is the stall.
     "balanced_vs_plain": ("balanced", "partitioned_plain", 0.9),
     "sqrt_vs_plain": ("sqrt", "partitioned_plain", 0.9),
+    "balanced_resumable_vs_balanced": ("balanced_resumable", "balanced", None),  # Issue #24: replayable draws.
     "resumable_vs_buffer_order": ("tfdist", "tfdist_buffer", 0.97),  # Issue #24: the resumable order's price.
 }
 
@@ -64,7 +66,7 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
 # of its partners (seed_style_no_model, shown without a goal, and seed_style run one and two places from tfdist).
 _GROUPS = (
     ("seed_style_no_model", "seed_style", "tfdist_buffer", "tfdist", "decode_limit"),
-    ("balanced", "partitioned_plain", "sqrt"),
+    ("balanced_resumable", "balanced", "partitioned_plain", "sqrt"),
     ("decode_limit_per_element", "decode_only", "decode_resize"),
 )
 _STALL_MS = 50  # An iterator deletion slower than this waited on tf.data's autotuning model.
@@ -189,6 +191,7 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
         "partitioned_plain": pipeline(part),
         "balanced": pipeline(part, class_weights="balanced", seed=0),
         "sqrt": pipeline(part, class_weights="sqrt", seed=0),
+        "balanced_resumable": pipeline(part, class_weights="balanced", seed=0, order="resumable"),
     }
 
 

@@ -106,6 +106,10 @@ def test_two_pipelines_draw_their_own_shares_and_a_changed_world_size_is_a_chang
     alone = _pipeline(prefix, num_epochs=None, batch_size=24)
     alone.dataset()
     assert pipes[0].cursor.order.fingerprint() != alone.cursor.order.fingerprint()  # 2 streams then, 1 now.
+    many = {"worker": [f"127.0.0.1:{port}" for port in range(1, 31)]}  # 30 pipelines, class 3 has 25 records.
+    spec = ClusterSpec.from_tf_config({"cluster": many, "task": {"type": "worker", "index": 0}})
+    with pytest.raises(DataError, match="class '3' has 25"):
+        _pipeline(prefix, num_epochs=None, batch_size=30).dataset(cluster=spec)
 
 
 def test_natural_reads_each_record_once_and_what_cannot_replay_is_named(prefix: str, caplog) -> None:

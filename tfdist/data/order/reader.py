@@ -215,6 +215,7 @@ def ordered_records(
     *,
     compression: str,
     at: Any = None,
+    single: bool = False,
 ) -> Any:
     """This worker's serialized records in the epoch order, from ``cursor``'s position, as **chunks**.
 
@@ -222,7 +223,8 @@ def ordered_records(
     (fewer only where a stream ends), in step order. ``dataset.rebatch(n)`` makes batches of ``n``
     records: a chunk is one tf.data element, so the order costs no per-record stage past the reader.
     ``at`` (an int64 scalar tensor) starts every iteration that many steps into epoch 0, endlessly,
-    instead of at the cursor's position.
+    instead of at the cursor's position. ``single``: single records instead of chunks (a layout of one
+    stream read here, one record per step: a class of stratified draws).
     """
     import tensorflow as tf
 
@@ -267,10 +269,22 @@ def ordered_records(
             .take_while(plain(lambda paths, *_: tf.size(paths) > 0))
         )
         if not shuffled:  # Read from the position on, nothing to reorder: the pieces one after the other.
-            return _compat.unbatch_dense(windows).flat_map(read_piece).batch(per)
+            records = _compat.unbatch_dense(windows).flat_map(read_piece)
+            return records if single else records.batch(per)
+        if single:  # Each window gathered whole, in its order.
+            return _compat.unbatch_dense(windows.flat_map(read_ordered))
         # The stream's chunks, b records each: parts joined across windows, whole chunks passed on as they are.
         return windows.flat_map(read_window).rebatch(per)
 
+    @plain
+    def read_ordered(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, _: Any) -> Any:
+        records = tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece)
+        return records.batch(whole).map(plain(lambda block: tf.gather(block, ordering)))
+
+    if single:
+        if len(layout.own) != 1 or per != 1:
+            raise invalid(DataError, "layout", layout, "one stream read here, one record per step, for single records")
+        return stream(tf.constant(layout.own[0], tf.int64))
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
     # One chunk of every stream read here per global step, in stream order.
     chunks = streams.interleave(

@@ -144,8 +144,6 @@ def strata(
     """
     import tensorflow as tf
 
-    from tfdist import _compat
-
     count, index, seed = where.count, where.index, pipeline.seed or 0
     if pipeline.batch_size % count:
         raise invalid(
@@ -159,6 +157,16 @@ def strata(
     for i, label in enumerate(labels):
         paths = {path for path, _ in groups[label]}
         files = tuple(f for f in listing.files if f.path in paths)
+        known = listing.records([f.path for f in files])
+        if known is not None and known < count:
+            raise invalid(
+                DataError,
+                "class_weights",
+                pipeline.class_weights,
+                f"class groups of at least {count} records each with order='resumable' (class {label!r} has "
+                f"{known}): each of the {count} input pipelines draws from its own part of every class",
+                "Write more records of that class, or pass order='auto' (the buffer sampler).",
+            )
         order = epoch_order(
             Listing(files=files, local=listing.local),
             block=pipeline.order_block,
@@ -209,10 +217,8 @@ def strata(
         first, take, at = tf.numpy_function(begin, [], [tf.int64, tf.int64, tf.int64], stateful=True)
         at = tf.reshape(at, [len(labels)])
         members = [
-            _compat.unbatch_dense(
-                ordered_records(
-                    order, layout, InputCursor(epochs_per_iteration=None), names, compression=kind, at=at[i]
-                )
+            ordered_records(
+                order, layout, InputCursor(epochs_per_iteration=None), names, compression=kind, at=at[i], single=True
             )
             for i, (order, layout, names, kind) in enumerate(readers)
         ]
