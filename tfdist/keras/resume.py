@@ -142,6 +142,8 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
                     "block": "order_block",
                     "window": "shuffle_buffer",
                     "mix": "class_weights",
+                    "counts": "files",
+                    "stratified": "label_key",
                     "pipelines": "cluster",  # Stratified draws: each input pipeline (worker) draws its own.
                 }
                 raise DataError(

@@ -151,6 +151,16 @@ def test_a_resume_reads_what_the_uninterrupted_run_reads_from_there(prefixes, nu
         assert got[: len(batches) - step] == batches[step:][: len(got)], step
 
 
+def test_worker_records_are_single_records_of_the_workers_streams(prefixes) -> None:
+    pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=48, shuffle_buffer=64, seed=3)
+    shares = []
+    for worker in range(2):
+        records, _ = pipeline.worker_records(worker, 2)
+        assert records.element_spec.shape == []  # Records, not the order's chunks of b = 4.
+        shares.append(_ids(records.batch(1000)))
+    assert sorted(shares[0] + shares[1]) == list(range(RECORDS)) and len(shares[0]) == RECORDS // 2
+
+
 def test_two_datasets_of_one_pipeline_count_their_own_epochs(prefixes) -> None:
     pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, shuffle_buffer=64, seed=3)
     first, second = pipeline.dataset(), pipeline.dataset()

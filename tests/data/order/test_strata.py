@@ -80,6 +80,8 @@ def test_a_resume_replays_the_same_draws(prefix: str, num_epochs: int | None) ->
     labels = collections.Counter(LABELS[i] for batch in batches for i in batch)
     assert all(abs(labels[c] / sum(labels.values()) - 0.25) < 0.05 for c in range(4)), labels  # Balanced.
     assert collections.Counter(i for batch in batches[:15] for i in batch).most_common(1)[0][1] > 1  # Redrawn.
+    whole.start_at(DataPosition(epoch=0, step=7))  # Back to an earlier position: counted again from draw 0.
+    assert _ids(dataset, 8) == batches[7:15]
     for step in (0, 7, 15, 16, 33):
         resumed = _pipeline(prefix, num_epochs=num_epochs)
         epoch, at = (0, step) if num_epochs is None else divmod(step, 15)

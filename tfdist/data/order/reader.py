@@ -282,8 +282,7 @@ def ordered_records(
         return records.batch(whole).map(plain(lambda block: tf.gather(block, ordering)))
 
     if single:
-        if len(layout.own) != 1 or per != 1:
-            raise invalid(DataError, "layout", layout, "one stream read here, one record per step, for single records")
+        assert len(layout.own) == 1 and per == 1, layout  # The caller's layout: one stream, one record a step.
         return stream(tf.constant(layout.own[0], tf.int64))
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
     # One chunk of every stream read here per global step, in stream order.

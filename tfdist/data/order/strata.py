@@ -53,14 +53,15 @@ def class_draws(mix: Sequence[float], *, seed: int, worker: int, start: int, cou
     return np.searchsorted(thresholds(mix), values, side="right").astype(np.int64)
 
 
-def draw_counts(mix: Sequence[float], *, seed: int, worker: int, upto: int) -> Any:
-    """How many of draws ``0 .. upto`` each class took (what a resume at draw ``upto`` starts each class at)."""
+def draw_counts(mix: Sequence[float], *, seed: int, worker: int, upto: int, start: int = 0) -> Any:
+    """How many of draws ``start .. start + upto`` each class took (from 0: where a resume at draw ``upto``
+    starts each class)."""
     import numpy as np
 
     counts = np.zeros(len(mix), np.int64)
-    for start in range(0, upto, _COUNT_CHUNK):
-        draws = class_draws(mix, seed=seed, worker=worker, start=start, count=min(_COUNT_CHUNK, upto - start))
-        counts += np.bincount(draws, minlength=len(mix))
+    for first in range(start, start + upto, _COUNT_CHUNK):
+        count = min(_COUNT_CHUNK, start + upto - first)
+        counts += np.bincount(class_draws(mix, seed=seed, worker=worker, start=first, count=count), minlength=len(mix))
     return counts
 
 
@@ -117,6 +118,7 @@ class StrataOrder:
         return {
             "stratified": list(self.labels),
             "counts": list(self.counts),
+            "files": [order.fingerprint()["counts_key"] for order in self.orders],  # Each class's record counts.
             "mix": [round(p, 12) for p in self.mix],
             "seed": self.seed,
             "pipelines": self.num_workers,  # Each pipeline draws its own sequence: a world size is part of it.

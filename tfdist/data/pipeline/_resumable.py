@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from tfdist._compat import is_variable
@@ -55,15 +56,25 @@ def _obstacle(pipeline: Any, *, groups: bool, listing: Listing) -> tuple[str, An
     return None
 
 
-def layout_for(pipeline: Any, *, groups: bool, listing: Listing, where: PipelineSlot) -> StreamLayout | None:
+def layout_for(pipeline: Any, *, groups: dict[str, Any], listing: Listing, where: PipelineSlot) -> StreamLayout | None:
     """How this worker reads the resumable order; None for the 'buffer' order.
 
-    'auto' reads resumably where it can and logs why not; 'resumable' raises a DataError instead.
+    'auto' reads resumably where it can and logs why not; 'resumable' raises a DataError instead. Under
+    stratified draws (:func:`drawn`) the layout only says this pipeline's share of each step.
     """
     if pipeline.order == "buffer":
         return None
-    obstacle = _obstacle(pipeline, groups=groups, listing=listing)
+    obstacle = _obstacle(pipeline, groups=bool(groups), listing=listing)
     layout = None
+    if obstacle is None and drawn(pipeline, groups):  # order_streams and 'data' sharding do not apply.
+        _check_pipelines(pipeline.batch_size, where.count)
+        return StreamLayout(
+            global_batch=pipeline.batch_size,
+            streams=where.count,
+            num_workers=where.count,
+            worker=where.index,
+            policy="file",
+        )
     if obstacle is None:
         policy = "file" if pipeline.shard_policy == "auto" else pipeline.shard_policy
         known = listing.records([f.path for f in listing.files])
@@ -125,12 +136,58 @@ def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: Input
     return dataset, text
 
 
+class _Counted:
+    """What the draws before a position took from each class, counted on from the last count (thread-safe).
+
+    Keras starts a finite dataset again every epoch: each start counts only the draws since the last one.
+    """
+
+    def __init__(self, mix: list[float], *, seed: int, worker: int) -> None:
+        import numpy as np
+
+        self._mix, self._seed, self._worker = mix, seed, worker
+        self._lock = threading.Lock()
+        self._at, self._counts = 0, np.zeros(len(mix), np.int64)
+
+    def upto(self, first: int) -> Any:
+        with self._lock:
+            if first < self._at:  # A restore went back: count from the start.
+                self._at, self._counts = 0, self._counts * 0
+            more = draw_counts(self._mix, seed=self._seed, worker=self._worker, upto=first - self._at, start=self._at)
+            self._at, self._counts = first, self._counts + more
+            return self._counts.copy()
+
+
+def _check_pipelines(batch_size: int, count: int) -> None:
+    """Stratified draws: each of ``count`` input pipelines draws the same share of every global batch."""
+    if batch_size % count:
+        raise invalid(
+            DataError,
+            "batch_size",
+            batch_size,
+            f"a global batch divisible by the {count} input pipelines for stratified draws with order='resumable'",
+            f"Use a multiple of {count}, e.g. {max(count, batch_size // count * count)}.",
+        )
+
+
 def drawn(pipeline: Any, groups: dict[str, Any]) -> bool:
     """Whether the pipeline's records are stratified draws a resume replays (not: one pass in the plain order).
 
     'natural' with class groups reads the plain resumable order: the data's own mix, each record once.
     """
     return bool(groups) and pipeline.class_weights is not None and pipeline.class_weights != "natural"
+
+
+def _too_small(pipeline: Any, label: str, records: int | None, count: int) -> DataError:
+    held = f"{records} records" if records is not None else "fewer records"
+    return invalid(
+        DataError,
+        "class_weights",
+        pipeline.class_weights,
+        f"class groups of at least {count} records each with order='resumable' (class {label!r} has {held}): "
+        f"each of the {count} input pipelines draws from its own part of every class",
+        "Write more records of that class, or pass order='auto' (the buffer sampler).",
+    )
 
 
 def strata(
@@ -145,13 +202,7 @@ def strata(
     import tensorflow as tf
 
     count, index, seed = where.count, where.index, pipeline.seed or 0
-    if pipeline.batch_size % count:
-        raise invalid(
-            DataError,
-            "batch_size",
-            pipeline.batch_size,
-            f"a global batch divisible by the {count} input pipelines with order='resumable'",
-        )
+    _check_pipelines(pipeline.batch_size, count)
     labels = list(groups)
     orders, readers = [], []
     for i, label in enumerate(labels):
@@ -159,23 +210,21 @@ def strata(
         files = tuple(f for f in listing.files if f.path in paths)
         known = listing.records([f.path for f in files])
         if known is not None and known < count:
-            raise invalid(
-                DataError,
-                "class_weights",
-                pipeline.class_weights,
-                f"class groups of at least {count} records each with order='resumable' (class {label!r} has "
-                f"{known}): each of the {count} input pipelines draws from its own part of every class",
-                "Write more records of that class, or pass order='auto' (the buffer sampler).",
+            raise _too_small(pipeline, label, known, count)
+        try:
+            order = epoch_order(
+                Listing(files=files, local=listing.local),
+                block=pipeline.order_block,
+                streams=count,
+                window=pipeline.shuffle_buffer,
+                seed=_key(seed, i) >> 1,
+                shuffle=bool(pipeline.shuffle_buffer),
+                compression=pipeline.compression,
             )
-        order = epoch_order(
-            Listing(files=files, local=listing.local),
-            block=pipeline.order_block,
-            streams=count,
-            window=pipeline.shuffle_buffer,
-            seed=_key(seed, i) >> 1,
-            shuffle=bool(pipeline.shuffle_buffer),
-            compression=pipeline.compression,
-        )
+        except DataError as err:
+            if err.field != "streams":
+                raise
+            raise _too_small(pipeline, label, None, count) from None
         layout = StreamLayout(global_batch=count, streams=count, num_workers=count, worker=index, policy="file")
         names = [f.path for f in files]
         readers.append((order, layout, names, reading.one_compression(names, pipeline.source)))
@@ -201,6 +250,7 @@ def strata(
         global_batch=pipeline.batch_size, streams=count, num_workers=count, worker=index, policy="file"
     )
     starts, epochs = cursor.reads(), cursor.epochs_per_iteration
+    counted = _Counted(probabilities, seed=seed, worker=index)
 
     def begin() -> Any:  # Python, once per iteration: the first draw, how many to take, where each class stands.
         import numpy as np
@@ -208,7 +258,7 @@ def strata(
         position = starts.iteration(stream=0)
         first = position.epoch * share + position.step * per_step
         take = -1 if epochs is None else max(0, (position.epoch + epochs) * share - first)
-        return np.int64(first), np.int64(take), draw_counts(probabilities, seed=seed, worker=index, upto=first)
+        return np.int64(first), np.int64(take), counted.upto(first)
 
     plain = tf.autograph.experimental.do_not_convert
 

@@ -152,15 +152,19 @@ among ... (did you mean 'shuffle_buffer'?).
         """The serialized records input pipeline ``worker`` reads in one pass, and its verification report.
 
         The same stream ``dataset()`` parses (before shuffling records, stratifying
-        and batching; in the resumable order, epoch 0 as ``dataset()`` reads it):
+        and batching; in the resumable order, epoch 0 as ``dataset()`` reads it;
+        with ``class_weights``, the worker's planned files before stratifying):
         :func:`~tfdist.data.report.skew_report` counts it.
         """
+        from tfdist import _compat
+
         listing = listing or self.listing()
         slot = _context.PipelineSlot(index=worker, count=num_workers, batch_size=self.batch_size, per_replica=True)
-        layout = None if plan is not None else _resumable.layout_for(self, groups=False, listing=listing, where=slot)
+        planned = plan is not None or self.class_weights is not None
+        layout = None if planned else _resumable.layout_for(self, groups={}, listing=listing, where=slot)
         if layout is not None:
-            records, _ = _resumable.records(self, listing, layout, InputCursor(epochs_per_iteration=1))
-            return records, self._verify_share(listing, slot)
+            chunks, _ = _resumable.records(self, listing, layout, InputCursor(epochs_per_iteration=1))
+            return _compat.unbatch_dense(chunks), self._verify_share(listing, slot)
         plan = plan or self.plan(num_workers, listing)
         return self._read(plan, worker, listing)
 
@@ -288,7 +292,7 @@ among ... (did you mean 'shuffle_buffer'?).
                 self._check_features(plan.files_for(index)[0])
             return records
 
-        layout = _resumable.layout_for(self, groups=bool(groups), listing=listing, where=where)
+        layout = _resumable.layout_for(self, groups=groups, listing=listing, where=where)
         if layout is None:
             self._cursor.order = self._cursor.layout = None  # ResumeInput then says the input cannot resume.
         if layout is not None:
