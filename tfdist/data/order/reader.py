@@ -145,10 +145,12 @@ def _windows(
         for window in order.windows(epoch=start.epoch + epoch, stream=stream, start=at):
             pieces = window.pieces
             ordering = np.asarray(window.order if window.order is not None else [], dtype=np.int64)[window.skip :]
-            head = -emitted % layout.per_stream
-            inner = np.arange(head, len(ordering), layout.per_stream, dtype=np.int64)
-            cuts = np.unique(np.concatenate([[0], inner, [len(ordering)]]).astype(np.int64))
-            emitted += len(ordering)
+            cuts = ordering  # Unshuffled: neither is read.
+            if window.order is not None:
+                head = -emitted % layout.per_stream
+                inner = np.arange(head, len(ordering), layout.per_stream, dtype=np.int64)
+                cuts = np.unique(np.concatenate([[0], inner, [len(ordering)]]).astype(np.int64))
+                emitted += len(ordering)
             yield (
                 np.asarray([paths[p.file] for p in pieces], dtype=object),
                 np.asarray([p.offset for p in pieces], dtype=np.int64),
@@ -241,14 +243,17 @@ def ordered_records(
     def read_piece(path: Any, offset: Any, skip: Any, take: Any) -> Any:
         return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(take)
 
+    def window_block(paths: Any, offsets: Any, skips: Any, takes: Any) -> Any:
+        """A shuffled window's records in file order, as one tensor."""
+        return tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece).batch(whole)
+
     @plain
     def read_window(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, cuts: Any) -> Any:
         # A shuffled window: its records as one tensor, then each chunk (or part of one at either end)
         # gathered in the window's order. A gather makes a new tensor per chunk: nothing downstream holds a
         # slice of the window (tf.data would copy those again, and log an error per batch).
-        records = tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece)
         ends = tf.data.Dataset.from_tensor_slices((cuts[:-1], cuts[1:]))
-        return records.batch(whole).flat_map(
+        return window_block(paths, offsets, skips, takes).flat_map(
             plain(lambda block: ends.map(plain(lambda a, b: tf.gather(block, ordering[a:b]))))
         )
 
@@ -278,8 +283,7 @@ def ordered_records(
 
     @plain
     def read_ordered(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, _: Any) -> Any:
-        records = tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece)
-        return records.batch(whole).map(plain(lambda block: tf.gather(block, ordering)))
+        return window_block(paths, offsets, skips, takes).map(plain(lambda block: tf.gather(block, ordering)))
 
     if single:
         assert len(layout.own) == 1 and per == 1, layout  # The caller's layout: one stream, one record a step.

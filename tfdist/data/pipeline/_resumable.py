@@ -191,18 +191,17 @@ def _too_small(pipeline: Any, label: str, records: int | None, count: int) -> Da
 
 
 def strata(
-    pipeline: Any, listing: Listing, groups: dict[str, Any], where: PipelineSlot, cursor: InputCursor
+    pipeline: Any, listing: Listing, groups: dict[str, Any], layout: StreamLayout, cursor: InputCursor
 ) -> tuple[Any, str]:
     """This pipeline's stratified draws in a replayable order (:mod:`tfdist.data.order.strata`), as chunks.
 
     Each class group is its own resumable epoch order, one stream per pipeline, read endlessly; the
     classes of the draws come from :func:`~tfdist.data.order.strata.graph_draws`. A chunk is the
-    pipeline's ``batch_size / pipelines`` draws of one global step.
+    pipeline's ``batch_size / pipelines`` draws of one global step. ``layout`` is :func:`layout_for`'s.
     """
     import tensorflow as tf
 
-    count, index, seed = where.count, where.index, pipeline.seed or 0
-    _check_pipelines(pipeline.batch_size, count)
+    count, index, seed = layout.num_workers, layout.worker, pipeline.seed or 0
     labels = list(groups)
     orders, readers = [], []
     for i, label in enumerate(labels):
@@ -225,9 +224,9 @@ def strata(
             if err.field != "streams":
                 raise
             raise _too_small(pipeline, label, None, count) from None
-        layout = StreamLayout(global_batch=count, streams=count, num_workers=count, worker=index, policy="file")
+        one = StreamLayout(global_batch=count, streams=count, num_workers=count, worker=index, policy="file")
         names = [f.path for f in files]
-        readers.append((order, layout, names, reading.one_compression(names, pipeline.source)))
+        readers.append((order, one, names, reading.one_compression(names, pipeline.source)))
         orders.append(order)
     counts = {label: order.num_records for label, order in zip(labels, orders)}
     weights = pipeline.class_weights
@@ -236,7 +235,7 @@ def strata(
     mix = resolve_weights(weights, counts=counts)
     probabilities = [mix[label] for label in labels]
     share = sum(counts.values()) // count
-    per_step = pipeline.batch_size // count
+    per_step = layout.per_stream
     cursor.order = StrataOrder(
         labels=tuple(labels),
         counts=tuple(counts.values()),
@@ -246,9 +245,7 @@ def strata(
         share=share,
         orders=tuple(orders),
     )
-    cursor.layout = StreamLayout(
-        global_batch=pipeline.batch_size, streams=count, num_workers=count, worker=index, policy="file"
-    )
+    cursor.layout = layout
     starts, epochs = cursor.reads(), cursor.epochs_per_iteration
     counted = _Counted(probabilities, seed=seed, worker=index)
 
@@ -268,9 +265,9 @@ def strata(
         at = tf.reshape(at, [len(labels)])
         members = [
             ordered_records(
-                order, layout, InputCursor(epochs_per_iteration=None), names, compression=kind, at=at[i], single=True
+                order, one, InputCursor(epochs_per_iteration=None), names, compression=kind, at=at[i], single=True
             )
-            for i, (order, layout, names, kind) in enumerate(readers)
+            for i, (order, one, names, kind) in enumerate(readers)
         ]
         picks = graph_draws(probabilities, seed=seed, worker=index, start=tf.reshape(first, []))
         return tf.data.Dataset.choose_from_datasets(members, picks).take(tf.reshape(take, []))

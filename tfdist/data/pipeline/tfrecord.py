@@ -299,7 +299,7 @@ among ... (did you mean 'shuffle_buffer'?).
             reports.append(self._verify_share(listing, where))
             self._check_features(listing.files[0].path if listing.files else None)
             if _resumable.drawn(self, groups):
-                records, plan_text = _resumable.strata(self, listing, groups, where, self._cursor)
+                records, plan_text = _resumable.strata(self, listing, groups, layout, self._cursor)
             else:
                 records, plan_text = _resumable.records(self, listing, layout, self._cursor)
             known = listing.records([f.path for f in listing.files])
