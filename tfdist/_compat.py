@@ -387,6 +387,44 @@ def unbatch_dense(dataset: Any) -> Any:
     return _UnbatchDataset(dataset)
 
 
+def rebatch_dense(dataset: Any, batch_size: int, *, drop_remainder: bool = False) -> Any:
+    """``dataset.rebatch(batch_size)`` for elements of dense tensors only, without its normalizing ``map``.
+
+    As with :func:`unbatch_dense`: the public ``rebatch`` first maps every element through a traced no-op
+    for dense tensors (one function to trace and instantiate, and one more stage per element).
+    """
+    import tensorflow as tf
+
+    if not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(dataset.element_spec)):
+        return dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+    try:
+        from tensorflow.python.data.ops import dataset_ops
+        from tensorflow.python.ops import gen_experimental_dataset_ops
+    except ImportError:
+        raise _missing("tensorflow.python.data.ops.dataset_ops.UnaryDataset", "resumable input") from None
+
+    class _Rebatched(dataset_ops.UnaryDataset):
+        def __init__(self) -> None:
+            self._input_dataset = dataset
+            size = batch_size if drop_remainder else None
+            self._spec = tf.nest.map_structure(
+                lambda spec: tf.TensorSpec([size, *spec.shape[1:]], spec.dtype), dataset.element_spec
+            )
+            variant = gen_experimental_dataset_ops.rebatch_dataset_v2(
+                dataset._variant_tensor,
+                batch_sizes=tf.constant([batch_size], tf.int64),
+                drop_remainder=tf.constant(drop_remainder),
+                **self._flat_structure,
+            )
+            super().__init__(dataset, variant)
+
+        @property
+        def element_spec(self) -> Any:
+            return self._spec
+
+    return _Rebatched()
+
+
 # ---- the check every stack runs ------------------------------------------------------------------------------
 
 
@@ -460,6 +498,9 @@ def _check_data_readers() -> None:
             raise _missing("_TFRecordDataset reading files one after the other", "reading local files")
         if [r.numpy() for r in unbatch_dense(read.batch(2))] != [b"1", b"2", b"3"]:
             raise _missing("_UnbatchDataset splitting batches", "stratified sampling")
+        rebatched = rebatch_dense(read.batch(2), 2, drop_remainder=True)
+        if [r.numpy().tolist() for r in rebatched] != [[b"1", b"2"]] or rebatched.element_spec.shape != [2]:
+            raise _missing("RebatchDatasetV2 joining and cutting batches", "resumable input")
 
 
 _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
@@ -470,7 +511,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "tf.data service servers' _stop": _check_data_service,
     "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
-    "tf.data's _TFRecordDataset and _UnbatchDataset": _check_data_readers,
+    "tf.data's _TFRecordDataset, _UnbatchDataset and RebatchDatasetV2": _check_data_readers,
 }
 
 

@@ -84,3 +84,17 @@ def test_block_permutation_mixes_files() -> None:
     step0 = [next(iter(order.stream_records(epoch=0, stream=s))) for s in range(12)]
     assert len({f for f, _ in step0}) >= 6
     assert np.std([f for s in range(12) for f, _ in order.stream_records(epoch=0, stream=s)][:48]) > 2
+
+
+@pytest.mark.parametrize("offsets", [False, True])
+def test_unshuffled_blocks_of_one_file_are_one_piece(offsets: bool) -> None:
+    counts = (40, 13, 27)
+    known = tuple(tuple(range(0, n, 8)) for n in counts) if offsets else None
+    order = EpochOrder(counts=counts, block=8, streams=2, window=0, seed=1, shuffle=False, offsets=known)
+    pieces = [p for s in range(2) for w in order.windows(epoch=0, stream=s) for p in w.pieces]
+    # Stream 0 holds records 0-39 (file 0); stream 1 holds 40-79 (files 1 and 2): one reader per file run.
+    assert [(p.file, p.first, p.take) for p in pieces] == [(0, 0, 40), (1, 0, 13), (2, 0, 27)]
+    assert [(p.offset, p.skip) for p in pieces] == [(0, 0)] * 3
+    entered = next(order.windows(epoch=0, stream=0, start=19)).pieces
+    # Entered mid-file: opened at the block holding record 19 (byte offset 16 here) or at the file's start.
+    assert [(p.first, p.take, p.offset, p.skip) for p in entered] == [(19, 21, 16, 3) if offsets else (19, 21, 0, 19)]

@@ -151,6 +151,50 @@ def test_a_resume_reads_what_the_uninterrupted_run_reads_from_there(prefixes, nu
         assert got[: len(batches) - step] == batches[step:][: len(got)], step
 
 
+@pytest.mark.parametrize("compression, window", [(None, 0), ("GZIP", 0), (None, 25), ("GZIP", 25)])
+def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compression, window, monkeypatch) -> None:
+    # A finite iteration computes its windows when it begins; an endless one (or a huge one) reads window
+    # by window. Both give the planned order, across epochs, on 1 and 2 workers, and after a resume.
+    from tfdist.data.order import reader
+
+    listing = list_files([prefixes[compression] + "-*"])
+    paths = [f.path for f in listing.files]
+    order = epoch_order(
+        listing, block=16, streams=12, window=window, seed=4, shuffle=bool(window), compression=compression
+    )
+    by_file = {
+        i: [int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for r in tf.data.TFRecordDataset(p, compression or "")]
+        for i, p in enumerate(paths)
+    }
+
+    def planned(epoch: int) -> list[int]:  # 40 records per stream: 20 steps of 2 from each stream in turn.
+        streams = [[by_file[f][i] for f, i in order.stream_records(epoch=epoch, stream=s)] for s in range(12)]
+        return [i for step in range(20) for s in range(12) for i in streams[s][step * 2 : step * 2 + 2]]
+
+    def read(workers: int, epochs: int | None, start: DataPosition, steps: int) -> list[int]:
+        out = []
+        for worker in range(workers):
+            cursor = InputCursor(epochs_per_iteration=epochs)
+            cursor.start(start)
+            layout = StreamLayout(global_batch=24, streams=12, num_workers=workers, worker=worker, policy="file")
+            chunks = ordered_records(order, layout, cursor, paths, compression=compression or "")
+            out.append(_ids(chunks.take(steps * 12 // workers)))
+        return sorted(i for ids in out for i in ids) if workers > 1 else out[0]
+
+    three = planned(0) + planned(1) + planned(2)
+    assert (three[:480] != three[480:960]) == bool(window)
+    for at_once in (True, False):
+        monkeypatch.setattr(reader, "_AT_ONCE_PIECES", 1 << 16 if at_once else 0)
+        assert reader._at_once(order, 2) is at_once and not reader._at_once(order, None)
+        assert read(1, 2, DataPosition(), 40) == three[:960], at_once
+        assert read(1, None, DataPosition(), 45) == three[: 45 * 24], at_once
+        assert read(1, 1, DataPosition(epoch=1, step=7), 13) == planned(1)[7 * 24 :], at_once
+        assert read(2, 1, DataPosition(step=5), 15) == sorted(planned(0)[5 * 24 :]), at_once
+    monkeypatch.setattr(reader, "_AT_ONCE_PIECES", 1 << 16)
+    monkeypatch.setattr(reader, "_AT_ONCE_RECORDS", 79)  # Shuffled streams of 40 records, 2 epochs: 80.
+    assert reader._at_once(order, 1) and reader._at_once(order, 2) is not bool(window)
+
+
 def test_worker_records_are_single_records_of_the_workers_streams(prefixes) -> None:
     pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=48, shuffle_buffer=64, seed=3)
     shares = []

@@ -184,11 +184,11 @@ class EpochOrder:
         return tuple((j + 1) * n // k - j * n // k for j in range(k))
 
     def _pieces(self, epoch: int, begin: int, end: int) -> tuple[Piece, ...]:
-        """The pieces holding epoch positions ``[begin, end)``."""
+        """The pieces holding epoch positions ``[begin, end)`` (a run of blocks of one file is one piece)."""
         import numpy as np
 
         blocks, starts = self._epoch_blocks(epoch)
-        pieces = []
+        pieces: list[Piece] = []
         i = int(np.searchsorted(starts, begin, side="right")) - 1
         at = begin
         while at < end:
@@ -196,6 +196,13 @@ class EpochOrder:
             inside = at - int(starts[i])
             take = min(count - inside, end - at)
             seek = offset >= 0  # Open at the block's first record, else at the file's start.
+            last = pieces[-1] if pieces else None
+            if last is not None and last.file == file and last.first + last.take == first + inside:
+                # The next block of the same file: one reader goes on (unshuffled blocks come in file order).
+                pieces[-1] = dataclasses.replace(last, take=last.take + take)
+                at += take
+                i += 1
+                continue
             pieces.append(
                 Piece(
                     file=file,

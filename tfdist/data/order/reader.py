@@ -1,13 +1,15 @@
 """One worker's records in the epoch order of :mod:`tfdist.data.order.plan`, from the cursor's position.
 
-Each stream's windows (a few per epoch, computed by :class:`EpochOrder` in Python) reach a ``tf.data`` graph
-through ``numpy_function`` calls; the graph opens each piece at its byte offset, orders a window and drops
-what was trained already. A stream comes out in **chunks** of ``b`` records (``b = global_batch //
-streams``: its share of one global step), and a worker interleaves its streams a chunk at a time, so each
-global step takes ``b`` records of every stream whatever the number of workers. A chunk is one tf.data
-element: past the reader, the order adds no per-record stage, and a shuffled window is copied once (each
-chunk gathered from it), which is what brought an uninterrupted epoch from 0.70x to 0.77x of the buffer
-order's records/s (BENCHMARKS.md).
+Each stream's windows (computed by :class:`EpochOrder` in Python) reach a ``tf.data`` graph through
+``numpy_function`` calls; the graph opens each piece at its byte offset, orders a window and drops what was
+trained already. A finite iteration gets all its windows in one call when it begins (every new iterator
+would otherwise instantiate the per-window stages again); an endless or very long one gets them one after
+the other. A shuffled window is read into one tensor and gathered in its order once.
+
+A stream comes out in **chunks** of ``b`` records (``b = global_batch // streams``: its share of one global
+step), and a worker interleaves its streams a chunk at a time, so each global step takes ``b`` records of
+every stream whatever the number of workers. A chunk is one tf.data element: past the reader, the order adds
+no per-record stage (BENCHMARKS.md has what the order costs against the buffer order).
 
 Example:
     >>> StreamLayout(global_batch=24, streams=12, num_workers=2, worker=1, policy="file").own
@@ -34,6 +36,11 @@ from tfdist.errors import DataError, invalid
 __all__: list[str] = []
 
 _BUFFER = 1 << 18
+# A finite iteration computes its windows when it begins (one call; no per-window stages to instantiate for
+# every iterator, ~20 ms each) up to this many pieces and shuffled records per stream (a few MB of arrays).
+# Past that an epoch is long enough for windows computed one after the other to cost nothing that shows.
+_AT_ONCE_PIECES = 1 << 16
+_AT_ONCE_RECORDS = 1 << 18
 _POLICIES = ("file", "data")
 
 
@@ -130,8 +137,8 @@ def _windows(
     """The generator of stream ``stream``'s windows for one iteration, from the cursor's position.
 
     ``at`` >= 0 starts the iteration ``at`` steps into epoch 0 instead, endless (a class of stratified draws).
-    A shuffled window also says where its output is cut into the stream's chunks of ``b`` records
-    (``cuts``: the first and last piece may be partial, completed by the windows around it).
+    Each window: its pieces (paths, byte offsets, records to skip, records to take) and, shuffled, the
+    order of the records it keeps (the first ``skip`` of a resumed window dropped).
     """
     import numpy as np
 
@@ -140,24 +147,15 @@ def _windows(
     else:
         start, per = starts.iteration(stream=stream), starts.epochs_per_iteration
     epoch, at = stream_position(order, stream, start.step * layout.per_stream, epochs_per_pass=per)
-    emitted = 0  # Records this iteration gave so far: it starts at a step, so chunk borders are multiples of b.
     while per is None or epoch < per:
         for window in order.windows(epoch=start.epoch + epoch, stream=stream, start=at):
             pieces = window.pieces
-            ordering = np.asarray(window.order if window.order is not None else [], dtype=np.int64)[window.skip :]
-            cuts = ordering  # Unshuffled: neither is read.
-            if window.order is not None:
-                head = -emitted % layout.per_stream
-                inner = np.arange(head, len(ordering), layout.per_stream, dtype=np.int64)
-                cuts = np.unique(np.concatenate([[0], inner, [len(ordering)]]).astype(np.int64))
-                emitted += len(ordering)
             yield (
                 np.asarray([paths[p.file] for p in pieces], dtype=object),
                 np.asarray([p.offset for p in pieces], dtype=np.int64),
                 np.asarray([p.skip for p in pieces], dtype=np.int64),
                 np.asarray([p.take for p in pieces], dtype=np.int64),
-                ordering,
-                cuts,
+                np.asarray(window.order if window.order is not None else [], dtype=np.int64)[window.skip :],
             )
         epoch, at = epoch + 1, 0
 
@@ -187,6 +185,20 @@ class _WindowSource:
                 self._live.pop(next(iter(self._live)))
         return np.int64(token)
 
+    def iteration(self, stream: Any) -> tuple[Any, ...]:
+        """Every window of a new (finite) iteration of stream ``stream`` at once: the five columns of
+        :func:`_windows` joined, and per window where its pieces and its order begin and end."""
+        import numpy as np
+
+        windows = list(_windows(self._order, self._layout, self._starts, self._paths, int(stream), -1))
+        empty = np.zeros(0, np.int64)
+        firsts = (np.zeros(0, dtype=object), empty, empty, empty, empty)
+        columns = tuple(np.concatenate([first, *(w[i] for w in windows)]) for i, first in enumerate(firsts))
+        sizes = np.asarray([[len(w[0]), len(w[4])] for w in windows], np.int64).reshape(-1, 2)
+        ends = np.cumsum(sizes, axis=0)
+        bounds = np.stack([ends - sizes, ends], axis=2).reshape(-1, 4)  # lo, hi of pieces, lo, hi of order.
+        return (*columns, bounds)
+
     def next(self, token: Any) -> tuple[Any, ...]:
         import numpy as np
 
@@ -197,8 +209,17 @@ class _WindowSource:
             with self._lock:
                 self._live.pop(int(token), None)
             empty = np.zeros(0, np.int64)
-            return (np.zeros(0, dtype=object), empty, empty, empty, empty, empty)  # No pieces: the end.
+            return (np.zeros(0, dtype=object), empty, empty, empty, empty)  # No pieces: the end.
         return window
+
+
+def _at_once(order: EpochOrder, epochs: int | None) -> bool:
+    """Whether a stream's windows of one (finite) iteration are few enough to compute when it begins."""
+    if epochs is None:  # Endless: read window by window.
+        return False
+    blocks = -(-order.num_records // order.block) + len(order.counts)  # Blocks, plus a cut per file at most.
+    records = max(order.stream_lengths) if order.shuffle and order.window else 0  # An order index each.
+    return epochs * (blocks // order.streams + 2) <= _AT_ONCE_PIECES and epochs * records <= _AT_ONCE_RECORDS
 
 
 def _share(step: Any, begin: int, share: int) -> Any:
@@ -236,6 +257,7 @@ def ordered_records(
     source = _WindowSource(order, layout, cursor.reads(), paths)
     whole = max(order.window, CHUNK) if shuffled else CHUNK  # Records of one window at most.
     per = layout.per_stream
+    at_once = at is None and _at_once(order, cursor.epochs_per_iteration)
 
     plain = tf.autograph.experimental.do_not_convert  # No control flow: autograph would only cost ~1 s per build.
 
@@ -248,23 +270,33 @@ def ordered_records(
         return tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece).batch(whole)
 
     @plain
-    def read_window(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, cuts: Any) -> Any:
-        # A shuffled window: its records as one tensor, then each chunk (or part of one at either end)
-        # gathered in the window's order. A gather makes a new tensor per chunk: nothing downstream holds a
-        # slice of the window (tf.data would copy those again, and log an error per batch).
-        ends = tf.data.Dataset.from_tensor_slices((cuts[:-1], cuts[1:]))
-        return window_block(paths, offsets, skips, takes).flat_map(
-            plain(lambda block: ends.map(plain(lambda a, b: tf.gather(block, ordering[a:b]))))
-        )
+    def read_ordered(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any) -> Any:
+        """A shuffled window: its records as one tensor, then gathered in the window's order (one copy)."""
+        return window_block(paths, offsets, skips, takes).map(plain(lambda block: tf.gather(block, ordering)))
 
     @plain
     def next_window(token: Any) -> Any:
-        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64]
+        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64]
         parts = tf.numpy_function(source.next, [token], types, stateful=True)
         return tuple(tf.reshape(p, [-1]) for p in (parts if shuffled else parts[:4]))
 
+    def chunked(records: Any) -> Any:
+        """A stream's records as its chunks of ``b`` (records split from windows are copies: no slices)."""
+        return records if single else records.batch(per)
+
     @plain
     def stream(index: Any) -> Any:
+        if at_once:
+            types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64]
+            parts = tf.numpy_function(source.iteration, [index], types, stateful=True)
+            columns = [tf.reshape(p, [-1]) for p in parts[:5]]
+            if not shuffled:  # The pieces alone: no per-window stage.
+                return chunked(tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece))
+            bounds = tf.data.Dataset.from_tensor_slices(tf.reshape(parts[5], [-1, 4]))
+            windows = bounds.flat_map(
+                plain(lambda b: read_ordered(*(c[b[0] : b[1]] for c in columns[:4]), columns[4][b[2] : b[3]]))
+            )
+            return chunked(_compat.unbatch_dense(windows))
         where = tf.constant(-1, tf.int64) if at is None else tf.cast(at, tf.int64)
         token = tf.reshape(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
         windows = (
@@ -274,16 +306,8 @@ def ordered_records(
             .take_while(plain(lambda paths, *_: tf.size(paths) > 0))
         )
         if not shuffled:  # Read from the position on, nothing to reorder: the pieces one after the other.
-            records = _compat.unbatch_dense(windows).flat_map(read_piece)
-            return records if single else records.batch(per)
-        if single:  # Each window gathered whole, in its order.
-            return _compat.unbatch_dense(windows.flat_map(read_ordered))
-        # The stream's chunks, b records each: parts joined across windows, whole chunks passed on as they are.
-        return windows.flat_map(read_window).rebatch(per)
-
-    @plain
-    def read_ordered(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any, _: Any) -> Any:
-        return window_block(paths, offsets, skips, takes).map(plain(lambda block: tf.gather(block, ordering)))
+            return chunked(_compat.unbatch_dense(windows).flat_map(read_piece))
+        return chunked(_compat.unbatch_dense(windows.flat_map(read_ordered)))
 
     if single:
         assert len(layout.own) == 1 and per == 1, layout  # The caller's layout: one stream, one record a step.
@@ -296,5 +320,5 @@ def ordered_records(
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
-        return chunks.rebatch(layout.global_batch).map(plain(lambda step: _share(step, begin, share)))
+        return _compat.rebatch_dense(chunks, layout.global_batch).map(plain(lambda step: _share(step, begin, share)))
     return chunks

@@ -13,6 +13,8 @@ import functools
 import logging
 from typing import Any
 
+from tfdist import _compat
+
 _log = logging.getLogger("tfdist.data")
 
 
@@ -68,7 +70,7 @@ def batch(
 
     def batched(drop: bool) -> Any:
         if chunks:
-            return dataset.rebatch(batch_size, drop_remainder=drop)
+            return _compat.rebatch_dense(dataset, batch_size, drop_remainder=drop)
         return dataset.batch(batch_size, drop_remainder=drop, **kwargs)
 
     if not drop_remainder or not finite:
