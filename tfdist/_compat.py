@@ -274,6 +274,7 @@ def tfrecord_reader(filenames: Any, compression: str, buffer_size: int) -> Any:
 def tfrecord_reader_at(filename: Any, offset: Any, compression: str, buffer_size: int) -> Any:
     """The records of one file from byte ``offset`` on (a record boundary; 0 for compressed files).
 
+    ``filename`` and ``offset`` may also be 1-D: the files one after the other, each from its offset.
     TF's ``TFRecordDatasetV2`` op takes byte offsets since 2.13; the public
     ``tf.data.TFRecordDataset`` does not pass them (2.17 to 2.21).
     """
@@ -288,10 +289,10 @@ def tfrecord_reader_at(filename: Any, offset: Any, compression: str, buffer_size
     class _At(dataset_ops.DatasetSource):
         def __init__(self) -> None:
             variant = gen_dataset_ops.tf_record_dataset_v2(
-                tf.reshape(tf.convert_to_tensor(filename, tf.string), [1]),
+                tf.reshape(tf.convert_to_tensor(filename, tf.string), [-1]),
                 tf.convert_to_tensor(compression, tf.string),
                 tf.convert_to_tensor(buffer_size, tf.int64),
-                tf.reshape(tf.convert_to_tensor(offset, tf.int64), [1]),
+                tf.reshape(tf.convert_to_tensor(offset, tf.int64), [-1]),
             )
             super().__init__(variant)
 

@@ -153,8 +153,9 @@ def test_a_resume_reads_what_the_uninterrupted_run_reads_from_there(prefixes, nu
 
 @pytest.mark.parametrize("compression, window", [(None, 0), ("GZIP", 0), (None, 25), ("GZIP", 25)])
 def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compression, window, monkeypatch) -> None:
-    # A finite iteration computes its windows when it begins; an endless one (or a huge one) reads window
-    # by window. Both give the planned order, across epochs, on 1 and 2 workers, and after a resume.
+    # A finite iteration computes its windows when it begins (one unshuffled epoch: one reader over its run
+    # of files); an endless one (or a huge one) reads window by window. All give the planned order, across
+    # epochs, on 1 and 2 workers, and after a resume.
     from tfdist.data.order import reader
 
     listing = list_files([prefixes[compression] + "-*"])
@@ -190,6 +191,8 @@ def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compress
         assert read(1, None, DataPosition(), 45) == three[: 45 * 24], at_once
         assert read(1, 1, DataPosition(epoch=1, step=7), 13) == planned(1)[7 * 24 :], at_once
         assert read(2, 1, DataPosition(step=5), 15) == sorted(planned(0)[5 * 24 :]), at_once
+        assert read(1, 1, DataPosition(epoch=2, step=20), 1) == [], at_once  # Resumed at the epoch's end.
+        assert read(2, 1, DataPosition(step=19), 1) == sorted(planned(0)[19 * 24 :]), at_once
     monkeypatch.setattr(reader, "_AT_ONCE_PIECES", 1 << 16)
     monkeypatch.setattr(reader, "_AT_ONCE_RECORDS", 79)  # Shuffled streams of 40 records, 2 epochs: 80.
     assert reader._at_once(order, 1) and reader._at_once(order, 2) is not bool(window)
