@@ -198,6 +198,27 @@ def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compress
     assert reader._at_once(order, 1) and reader._at_once(order, 2) is not bool(window)
 
 
+def test_streams_read_on_threads_only_where_files_are_read_on_threads(prefixes, monkeypatch) -> None:
+    # Local files: the streams interleave on the consumer's thread (threads only handed records between
+    # two busy cores); an explicit num_parallel_reads (or remote files) reads each stream on its own thread.
+    from tfdist.data.pipeline import _resumable
+
+    seen: list[bool] = []
+    real = _resumable.ordered_records
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(bool(kwargs["threads"]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_resumable, "ordered_records", spy)
+    for reads in ("autotune", 4):
+        pipeline = TFRecordPipeline(
+            files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, num_parallel_reads=reads, seed=1
+        )
+        assert sorted(i for b in pipeline.dataset() for i in b["id"].numpy().tolist()) == list(range(RECORDS))
+    assert seen == [False, True]
+
+
 def test_worker_records_are_single_records_of_the_workers_streams(prefixes) -> None:
     pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=48, shuffle_buffer=64, seed=3)
     shares = []

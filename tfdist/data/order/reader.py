@@ -239,6 +239,7 @@ def ordered_records(
     compression: str,
     at: Any = None,
     single: bool = False,
+    threads: bool = True,
 ) -> Any:
     """This worker's serialized records in the epoch order, from ``cursor``'s position, as **chunks**.
 
@@ -247,7 +248,9 @@ def ordered_records(
     records: a chunk is one tf.data element, so the order costs no per-record stage past the reader.
     ``at`` (an int64 scalar tensor) starts every iteration that many steps into epoch 0, endlessly,
     instead of at the cursor's position. ``single``: single records instead of chunks (a layout of one
-    stream read here, one record per step: a class of stratified draws).
+    stream read here, one record per step: a class of stratified draws). ``threads``: each stream read
+    on a thread of its own (remote files); False interleaves them on the consumer's thread, cheaper for
+    local files on cores busy decoding (BENCHMARKS.md).
     """
     import tensorflow as tf
 
@@ -321,9 +324,8 @@ def ordered_records(
         return stream(tf.constant(layout.own[0], tf.int64))
     streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
     # One chunk of every stream read here per global step, in stream order.
-    chunks = streams.interleave(
-        stream, cycle_length=len(layout.own), block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True} if threads else {}
+    chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1, **parallel)
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share

@@ -125,10 +125,14 @@ def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: Input
         shuffle=bool(pipeline.shuffle_buffer),
         compression=pipeline.compression,
     )
+    import tensorflow as tf
+
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)
     cursor.order, cursor.layout = order, layout
-    dataset = ordered_records(order, layout, cursor, paths, compression=compression)
+    local = bool(listing.local) and tf.executing_eagerly()  # Built here, read elsewhere (a ps worker): threads.
+    threads = reading.reads_in_threads(paths, pipeline.tuning, local)
+    dataset = ordered_records(order, layout, cursor, paths, compression=compression, threads=threads)
     text = (
         f"resumable order: {order.num_records} records in {layout.streams} streams ({layout.policy}: "
         f"{len(layout.own)} read here, {layout.per_stream} records each per step)"

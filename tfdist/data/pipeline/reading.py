@@ -73,6 +73,12 @@ def _how_to_read(
     return "interleave", reads
 
 
+def reads_in_threads(paths: Sequence[str], tuning: TuningOptions, local: bool) -> bool:
+    """Whether readers of ``paths`` run on threads of their own (an int ``num_parallel_reads``, or files not
+    local: threads that read ahead hide round trips), as :func:`_how_to_read` decides for one stream."""
+    return _how_to_read(paths, 1, tuning, local, "file")[0] == "parallel"
+
+
 def _whole_files(
     file_names: Callable[[], Any], paths: Sequence[str], compression: str, how: str, reads: int, shuffled: bool
 ) -> Any:
