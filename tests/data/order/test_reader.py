@@ -198,9 +198,10 @@ def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compress
     assert reader._at_once(order, 1) and reader._at_once(order, 2) is not bool(window)
 
 
-def test_streams_read_on_threads_only_where_files_are_read_on_threads(prefixes, monkeypatch) -> None:
-    # Local files: the streams interleave on the consumer's thread (threads only handed records between
-    # two busy cores); an explicit num_parallel_reads (or remote files) reads each stream on its own thread.
+def test_streams_read_on_threads_where_they_gain_from_it(prefixes, monkeypatch) -> None:
+    # Unshuffled local files: the streams interleave on the consumer's thread (threads only handed records
+    # between two busy cores); shuffled windows, an explicit num_parallel_reads (or remote files): a thread
+    # per stream.
     from tfdist.data.pipeline import _resumable
 
     seen: list[bool] = []
@@ -211,12 +212,17 @@ def test_streams_read_on_threads_only_where_files_are_read_on_threads(prefixes, 
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_resumable, "ordered_records", spy)
-    for reads in ("autotune", 4):
+    for reads, shuffle in (("autotune", 0), (4, 0), ("autotune", 64)):
         pipeline = TFRecordPipeline(
-            files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, num_parallel_reads=reads, seed=1
+            files=prefixes[None] + "-*",
+            features=ID_ONLY,
+            batch_size=24,
+            num_parallel_reads=reads,
+            shuffle_buffer=shuffle,
+            seed=1,
         )
         assert sorted(i for b in pipeline.dataset() for i in b["id"].numpy().tolist()) == list(range(RECORDS))
-    assert seen == [False, True]
+    assert seen == [False, True, True]
 
 
 def test_worker_records_are_single_records_of_the_workers_streams(prefixes) -> None:
