@@ -151,35 +151,39 @@ def test_a_resume_reads_what_the_uninterrupted_run_reads_from_there(prefixes, nu
         assert got[: len(batches) - step] == batches[step:][: len(got)], step
 
 
+@pytest.mark.parametrize("chunk", [4096, 7])  # Unshuffled windows of CHUNK records: one, or several per file.
 @pytest.mark.parametrize("compression, window", [(None, 0), ("GZIP", 0), (None, 25), ("GZIP", 25)])
-def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compression, window, monkeypatch) -> None:
+def test_iterations_read_the_same_at_once_or_window_by_window(
+    prefixes, compression, window, chunk, monkeypatch
+) -> None:
     # A finite iteration computes its windows when it begins (one unshuffled epoch: one reader over its run
     # of files); an endless one (or a huge one) reads window by window. All give the planned order, across
     # epochs, on 1 and 2 workers, and after a resume.
-    from tfdist.data.order import reader
+    from tfdist.data.order import plan, reader
 
+    monkeypatch.setattr(plan, "CHUNK", chunk)
     listing = list_files([prefixes[compression] + "-*"])
     paths = [f.path for f in listing.files]
     order = epoch_order(
-        listing, block=16, streams=12, window=window, seed=4, shuffle=bool(window), compression=compression
-    )
+        listing, block=16, streams=8, window=window, seed=4, shuffle=bool(window), compression=compression
+    )  # 8 streams of 60 records: each starts and ends inside a file of 40.
     by_file = {
         i: [int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for r in tf.data.TFRecordDataset(p, compression or "")]
         for i, p in enumerate(paths)
     }
 
-    def planned(epoch: int) -> list[int]:  # 40 records per stream: 20 steps of 2 from each stream in turn.
-        streams = [[by_file[f][i] for f, i in order.stream_records(epoch=epoch, stream=s)] for s in range(12)]
-        return [i for step in range(20) for s in range(12) for i in streams[s][step * 2 : step * 2 + 2]]
+    def planned(epoch: int) -> list[int]:  # 60 records per stream: 20 steps of 3 from each stream in turn.
+        streams = [[by_file[f][i] for f, i in order.stream_records(epoch=epoch, stream=s)] for s in range(8)]
+        return [i for step in range(20) for s in range(8) for i in streams[s][step * 3 : step * 3 + 3]]
 
     def read(workers: int, epochs: int | None, start: DataPosition, steps: int) -> list[int]:
         out = []
         for worker in range(workers):
             cursor = InputCursor(epochs_per_iteration=epochs)
             cursor.start(start)
-            layout = StreamLayout(global_batch=24, streams=12, num_workers=workers, worker=worker, policy="file")
+            layout = StreamLayout(global_batch=24, streams=8, num_workers=workers, worker=worker, policy="file")
             chunks = ordered_records(order, layout, cursor, paths, compression=compression or "")
-            out.append(_ids(chunks.take(steps * 12 // workers)))
+            out.append(_ids(chunks.take(steps * 8 // workers)))
         return sorted(i for ids in out for i in ids) if workers > 1 else out[0]
 
     three = planned(0) + planned(1) + planned(2)
@@ -194,7 +198,7 @@ def test_iterations_read_the_same_at_once_or_window_by_window(prefixes, compress
         assert read(1, 1, DataPosition(epoch=2, step=20), 1) == [], at_once  # Resumed at the epoch's end.
         assert read(2, 1, DataPosition(step=19), 1) == sorted(planned(0)[19 * 24 :]), at_once
     monkeypatch.setattr(reader, "_AT_ONCE_PIECES", 1 << 16)
-    monkeypatch.setattr(reader, "_AT_ONCE_RECORDS", 79)  # Shuffled streams of 40 records, 2 epochs: 80.
+    monkeypatch.setattr(reader, "_AT_ONCE_RECORDS", 119)  # Shuffled streams of 60 records, 2 epochs: 120.
     assert reader._at_once(order, 1) and reader._at_once(order, 2) is not bool(window)
 
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.data.order.plan import CHUNK, EpochOrder, stream_position
+from tfdist.data.order.plan import CHUNK, EpochOrder, Piece, Window, stream_position
 from tfdist.data.order.position import DataPosition, InputCursor, StreamStarts
 from tfdist.errors import DataError, invalid
 
@@ -131,33 +131,44 @@ class StreamLayout:
         return tuple(range(self.worker, self.streams, self.num_workers))
 
 
-def _windows(
-    order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str], stream: int, at: int
-) -> Any:
-    """The generator of stream ``stream``'s windows for one iteration, from the cursor's position.
-
-    ``at`` >= 0 starts the iteration ``at`` steps into epoch 0 instead, endless (a class of stratified draws).
-    Each window: its pieces (paths, byte offsets, records to skip, records to take) and, shuffled, the
-    order of the records it keeps (the first ``skip`` of a resumed window dropped).
-    """
-    import numpy as np
-
+def _iteration(order: EpochOrder, layout: StreamLayout, starts: StreamStarts, stream: int, at: int) -> Any:
+    """Stream ``stream``'s :class:`~tfdist.data.order.plan.Window` s for one iteration, from the cursor's
+    position; ``at`` >= 0 starts it ``at`` steps into epoch 0 instead, endless (a class of stratified draws)."""
     if at >= 0:
         start, per = DataPosition(step=at), None
     else:
         start, per = starts.iteration(stream=stream), starts.epochs_per_iteration
     epoch, at = stream_position(order, stream, start.step * layout.per_stream, epochs_per_pass=per)
     while per is None or epoch < per:
-        for window in order.windows(epoch=start.epoch + epoch, stream=stream, start=at):
-            pieces = window.pieces
-            yield (
-                np.asarray([paths[p.file] for p in pieces], dtype=object),
-                np.asarray([p.offset for p in pieces], dtype=np.int64),
-                np.asarray([p.skip for p in pieces], dtype=np.int64),
-                np.asarray([p.take for p in pieces], dtype=np.int64),
-                np.asarray(window.order if window.order is not None else [], dtype=np.int64)[window.skip :],
-            )
+        yield from order.windows(epoch=start.epoch + epoch, stream=stream, start=at)
         epoch, at = epoch + 1, 0
+
+
+def _columns(window: Window, paths: Sequence[str]) -> tuple[Any, ...]:
+    """A window as arrays: its pieces (paths, byte offsets, records to skip, records to take) and, shuffled,
+    the order of the records it keeps (the first ``skip`` of a resumed window dropped)."""
+    import numpy as np
+
+    pieces = window.pieces
+    return (
+        np.asarray([paths[p.file] for p in pieces], dtype=object),
+        np.asarray([p.offset for p in pieces], dtype=np.int64),
+        np.asarray([p.skip for p in pieces], dtype=np.int64),
+        np.asarray([p.take for p in pieces], dtype=np.int64),
+        np.asarray(window.order if window.order is not None else [], dtype=np.int64)[window.skip :],
+    )
+
+
+def _joined(windows: Sequence[Window]) -> list[Window]:
+    """Unshuffled windows as one: a file's run cut at a window border is one piece again."""
+    pieces: list[Piece] = []
+    for piece in (p for w in windows for p in w.pieces):
+        last = pieces[-1] if pieces else None
+        if last is not None and last.file == piece.file and last.first + last.take == piece.first:
+            pieces[-1] = dataclasses.replace(last, take=last.take + piece.take)
+        else:
+            pieces.append(piece)
+    return [Window(pieces=tuple(pieces), order=None, skip=0)] if pieces else []
 
 
 class _WindowSource:
@@ -180,17 +191,23 @@ class _WindowSource:
 
         with self._lock:
             token = next(self._tokens)
-            self._live[token] = _windows(self._order, self._layout, self._starts, self._paths, int(stream), int(at))
+            windows = _iteration(self._order, self._layout, self._starts, int(stream), int(at))
+            self._live[token] = (_columns(w, self._paths) for w in windows)
             while len(self._live) > self._LIVE:
                 self._live.pop(next(iter(self._live)))
         return np.int64(token)
 
     def iteration(self, stream: Any) -> tuple[Any, ...]:
         """Every window of a new (finite) iteration of stream ``stream`` at once: the five columns of
-        :func:`_windows` joined, and per window where its pieces and its order begin and end."""
+        :func:`_columns` joined, and per window where its pieces and its order begin and end."""
         import numpy as np
 
-        windows = list(_windows(self._order, self._layout, self._starts, self._paths, int(stream), -1))
+        windows = list(_iteration(self._order, self._layout, self._starts, int(stream), -1))
+        if not (self._order.shuffle and self._order.window):
+            windows = _joined(windows)  # One reader per run of a file, whatever the window borders.
+            if self._starts.epochs_per_iteration == 1:  # Read as one run (ordered_records): files from their start.
+                assert all(p.skip == 0 and p.first == 0 for w in windows for p in w.pieces[1:]), windows
+        windows = [_columns(w, self._paths) for w in windows]
         empty = np.zeros(0, np.int64)
         firsts = (np.zeros(0, dtype=object), empty, empty, empty, empty)
         columns = tuple(np.concatenate([first, *(w[i] for w in windows)]) for i, first in enumerate(firsts))

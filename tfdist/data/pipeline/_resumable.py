@@ -116,6 +116,8 @@ def _refused(obstacle: tuple[str, Any, str], cost: str) -> DataError:
 
 def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: InputCursor) -> tuple[Any, str]:
     """This worker's serialized records in the resumable order, and the plan text to log."""
+    import tensorflow as tf
+
     order = epoch_order(
         listing,
         block=pipeline.order_block,
@@ -125,8 +127,6 @@ def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: Input
         shuffle=bool(pipeline.shuffle_buffer),
         compression=pipeline.compression,
     )
-    import tensorflow as tf
-
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)
     cursor.order, cursor.layout = order, layout
