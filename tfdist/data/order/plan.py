@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tfdist.errors import DataError, invalid
@@ -94,6 +94,22 @@ class Piece:
     take: int
     offset: int
     skip: int
+
+
+def joined(pieces: Iterable[Piece]) -> tuple[Piece, ...]:
+    """``pieces`` with each run of one file read in order as one piece (one reader goes on).
+
+    Unshuffled blocks come in file order, so a stream's blocks of a file, cut by block or window borders,
+    join up; shuffled blocks rarely do.
+    """
+    out: list[Piece] = []
+    for piece in pieces:
+        last = out[-1] if out else None
+        if last is not None and last.file == piece.file and last.first + last.take == piece.first:
+            out[-1] = dataclasses.replace(last, take=last.take + piece.take)
+        else:
+            out.append(piece)
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -196,13 +212,6 @@ class EpochOrder:
             inside = at - int(starts[i])
             take = min(count - inside, end - at)
             seek = offset >= 0  # Open at the block's first record, else at the file's start.
-            last = pieces[-1] if pieces else None
-            if last is not None and last.file == file and last.first + last.take == first + inside:
-                # The next block of the same file: one reader goes on (unshuffled blocks come in file order).
-                pieces[-1] = dataclasses.replace(last, take=last.take + take)
-                at += take
-                i += 1
-                continue
             pieces.append(
                 Piece(
                     file=file,
@@ -214,7 +223,7 @@ class EpochOrder:
             )
             at += take
             i += 1
-        return tuple(pieces)
+        return joined(pieces)
 
     def windows(self, *, epoch: int, stream: int, start: int = 0) -> Iterator[Window]:
         """Stream ``stream`` of ``epoch`` from its record ``start``, window by window.

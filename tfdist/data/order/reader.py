@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.data.order.plan import CHUNK, EpochOrder, Piece, Window, stream_position
+from tfdist.data.order.plan import CHUNK, EpochOrder, Window, joined, stream_position
 from tfdist.data.order.position import DataPosition, InputCursor, StreamStarts
 from tfdist.errors import DataError, invalid
 
@@ -161,14 +161,8 @@ def _columns(window: Window, paths: Sequence[str]) -> tuple[Any, ...]:
 
 def _joined(windows: Sequence[Window]) -> list[Window]:
     """Unshuffled windows as one: a file's run cut at a window border is one piece again."""
-    pieces: list[Piece] = []
-    for piece in (p for w in windows for p in w.pieces):
-        last = pieces[-1] if pieces else None
-        if last is not None and last.file == piece.file and last.first + last.take == piece.first:
-            pieces[-1] = dataclasses.replace(last, take=last.take + piece.take)
-        else:
-            pieces.append(piece)
-    return [Window(pieces=tuple(pieces), order=None, skip=0)] if pieces else []
+    pieces = joined(p for w in windows for p in w.pieces)
+    return [Window(pieces=pieces, order=None, skip=0)] if pieces else []
 
 
 class _WindowSource:
