@@ -1,6 +1,7 @@
 """Benchmark: input pipeline records/s, tfdist vs the seed-style chain vs the JPEG decode limit.
 
     .venv/bin/python scripts/bench_input.py [--sizes 64,128,224] [--num 8000] [--batch 128] [--repeats 5]
+                                            [--shuffle-buffer 1024]
                                             [--scale 0.75] [--workdir DIR] [--s3]
 
 For each image size it writes 8,000 synthetic JPEGs (8 classes whose frequencies halve from one class to the
@@ -23,6 +24,8 @@ drift and slow spells hit both sides of a ratio alike; see ``_order``):
   tfdist              TFRecordPipeline(image_key=..., image_size=...) with its defaults, on the 16 files
                       (the resumable epoch order, issue #24); tfdist_buffer: the same in order='buffer'
                       (TF's readers over each worker's own files, the order before issue #24);
+  shuffled            the same with ``shuffle_buffer=--shuffle-buffer`` and seed 0 (shuffled windows of the
+                      resumable order); shuffled_buffer: the same in order='buffer' (TF's shuffle buffer);
   partitioned_plain   the same, on the partitioned files;
   balanced, sqrt      the same partitioned files, stratified: class_weights="balanced" / "sqrt";
                       balanced_resumable: "balanced" with order="resumable" (draws a resume replays).
@@ -59,6 +62,7 @@ _RATIOS = {  # name -> (numerator, denominator, goal)
     "sqrt_vs_plain": ("sqrt", "partitioned_plain", 0.9),
     "balanced_resumable_vs_balanced": ("balanced_resumable", "balanced", None),  # Issue #24: replayable draws.
     "resumable_vs_buffer_order": ("tfdist", "tfdist_buffer", 0.97),  # Issue #24: the resumable order's price.
+    "shuffled_resumable_vs_buffer": ("shuffled", "shuffled_buffer", 0.97),  # The same, shuffled.
 }
 
 
@@ -68,6 +72,7 @@ _GROUPS = (
     ("seed_style_no_model", "seed_style", "tfdist_buffer", "tfdist", "decode_limit"),
     ("balanced_resumable", "balanced", "partitioned_plain", "sqrt"),
     ("decode_limit_per_element", "decode_only", "decode_resize"),
+    ("shuffled_buffer", "shuffled"),
 )
 _STALL_MS = 50  # An iterator deletion slower than this waited on tf.data's autotuning model.
 
@@ -119,7 +124,7 @@ def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
     return sorted(tf.io.gfile.glob(plain + "-0*")), part + "-*"
 
 
-def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Callable[[], Any]]:
+def _variants(files: list[str], part: str, out: int, batch: int, shuffle: int) -> dict[str, Callable[[], Any]]:
     import tensorflow as tf
 
     from tfdist.data import TFRecordPipeline
@@ -188,6 +193,8 @@ def _variants(files: list[str], part: str, out: int, batch: int) -> dict[str, Ca
         "decode_resize": in_memory(lambda jpeg: tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), size), tf.float32),
         "tfdist": pipeline(files),
         "tfdist_buffer": pipeline(files, order="buffer"),
+        "shuffled": pipeline(files, shuffle_buffer=shuffle, seed=0),
+        "shuffled_buffer": pipeline(files, shuffle_buffer=shuffle, seed=0, order="buffer"),
         "partitioned_plain": pipeline(part),
         "balanced": pipeline(part, class_weights="balanced", seed=0),
         "sqrt": pipeline(part, class_weights="sqrt", seed=0),
@@ -299,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=128, help="global batch")
     parser.add_argument("--scale", type=float, default=0.75, help="resize to this fraction of the size")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--shuffle-buffer", type=int, default=1024, help="shuffle_buffer of the shuffled variants")
     parser.add_argument("--variants", default="", help="only these variants (comma-separated; default all)")
     parser.add_argument("--s3", action="store_true")
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
@@ -314,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deletes: dict[int, Any] = {}
     for size in sizes:
         files, part = _write(work, args.num, size)
-        made = _variants(files, part, round(size * args.scale), args.batch)
+        made = _variants(files, part, round(size * args.scale), args.batch, args.shuffle_buffer)
         if args.variants:
             made = {k: v for k, v in made.items() if k in args.variants.split(",")}
         variants[size] = made
