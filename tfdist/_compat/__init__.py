@@ -1,0 +1,73 @@
+"""The one place that touches private TensorFlow and tf-keras internals (a package of four modules).
+
+tfdist supports TensorFlow 2.17 to 2.21, each with the tf-keras of the same
+minor version. Everything tfdist needs beyond their public APIs (private
+attributes, ``tensorflow.python`` classes, overridable private hooks) is
+reached through this package's accessors, so an upgrade has one place to check: ``keras``
+(tf-keras), ``distribute`` (the TF runtime), ``data`` (tf.data), and ``checks``, which resolves them all.
+Each accessor either resolves or raises :class:`tfdist.errors.StackError`
+naming the installed versions; :func:`check_internals` resolves all of them
+(``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
+
+Which versions are installed, and whether tfdist supports them, is :mod:`tfdist.runtime.versions`.
+
+Example:
+    >>> from tfdist import _compat
+    >>> _compat.is_tf_error(RuntimeError("gone"), ("UnavailableError",))
+    False
+"""
+
+from __future__ import annotations
+
+from tfdist._compat._common import _attr as _attr  # tests/test_compat.py checks its error
+from tfdist._compat.checks import _CHECKS as _CHECKS  # tests/test_compat.py: every check ran
+from tfdist._compat.checks import check_internals
+from tfdist._compat.data import rebatch_dense, tfrecord_reader, tfrecord_reader_at, unbatch_dense
+from tfdist._compat.distribute import (
+    communication_options,
+    is_sharded_variable,
+    is_tf_error,
+    is_variable,
+    stop_data_server,
+    wait_for_coordinated_peers,
+)
+from tfdist._compat.keras import (
+    attach_preemption_handler,
+    backup_base,
+    before_initial_counters,
+    callback_base,
+    forbid_keras3_fit,
+    guard_initial_counters,
+    require_tf_keras_model,
+    restored_counters,
+    resume_counters,
+    saving_before_preemption,
+    training_state,
+    validate_target_and_loss,
+)
+
+__all__ = [
+    "attach_preemption_handler",
+    "backup_base",
+    "before_initial_counters",
+    "callback_base",
+    "check_internals",
+    "communication_options",
+    "forbid_keras3_fit",
+    "guard_initial_counters",
+    "is_sharded_variable",
+    "is_tf_error",
+    "is_variable",
+    "rebatch_dense",
+    "require_tf_keras_model",
+    "restored_counters",
+    "resume_counters",
+    "saving_before_preemption",
+    "stop_data_server",
+    "tfrecord_reader",
+    "tfrecord_reader_at",
+    "training_state",
+    "unbatch_dense",
+    "validate_target_and_loss",
+    "wait_for_coordinated_peers",
+]

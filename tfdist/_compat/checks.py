@@ -1,0 +1,117 @@
+"""The check every stack runs: each internal tfdist uses, resolved (``tfdist doctor --stack``)."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+
+from tfdist._compat._common import _attr, _missing
+from tfdist._compat.data import rebatch_dense, tfrecord_reader, unbatch_dense
+from tfdist._compat.distribute import _sharded_variable_class
+from tfdist._compat.keras import backup_base, callback_base, saving_before_preemption, training_state
+from tfdist.errors import StackError
+from tfdist.runtime.versions import stack_problem, stack_text
+
+
+def _check_preemption_wiring() -> None:
+    import tensorflow as tf
+
+    source = inspect.getsource(tf.distribute.experimental.PreemptionCheckpointHandler)
+    if "self._read_checkpoint_manager" not in source:
+        raise _missing("PreemptionCheckpointHandler._read_checkpoint_manager", "PreemptionSafeBackup")
+
+
+def _check_backup_state() -> None:
+    import tempfile
+
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with tempfile.TemporaryDirectory() as tmp:
+        backup = backup_base()(tmp)
+        backup.set_model(model)
+        backup.on_train_begin()
+        state = training_state(backup)
+        saving_before_preemption(state)
+        for name in ("read_checkpoint_manager", "write_checkpoint_manager"):
+            _attr(state, name, "PreemptionSafeBackup")
+        _attr(model, "_validate_target_and_loss", "accumulate_gradients")
+
+
+def _check_coordination_barrier() -> None:
+    from tensorflow.python.eager import context
+
+    for name in ("coordination_service", "wait_at_barrier"):
+        _attr(context.Context, name, "exit_cleanly's wait for collective peers")
+
+
+def _check_data_service() -> None:
+    import tensorflow as tf
+
+    for cls in (tf.data.experimental.service.DispatchServer, tf.data.experimental.service.WorkerServer):
+        _attr(cls, "_stop", "LocalDataService.stop")
+
+
+def _check_communication_options() -> None:
+    import tensorflow as tf
+
+    module = sys.modules[tf.distribute.MultiWorkerMirroredStrategy.__module__]
+    extended = getattr(module, "CollectiveAllReduceExtended", None)
+    if extended is None or "self._communication_options =" not in inspect.getsource(extended):
+        raise _missing("CollectiveAllReduceExtended._communication_options", "communication_options")
+
+
+def _check_data_readers() -> None:
+    import os
+    import tempfile
+
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, name) for name in ("a", "b")]
+        for path, records in zip(paths, ([b"1", b"2"], [b"3"])):
+            with tf.io.TFRecordWriter(path) as writer:
+                for record in records:
+                    writer.write(record)
+        # Without autotuning: its optimization thread, cancelled as the iterator goes, may log
+        # "Optimization loop failed: CANCELLED" on a busy machine, noise in `tfdist doctor --stack`.
+        quiet = tf.data.Options()
+        quiet.autotune.enabled = False
+        read = tfrecord_reader(tf.constant(paths), "", 1 << 16).with_options(quiet)
+        if [r.numpy() for r in read] != [b"1", b"2", b"3"]:
+            raise _missing("_TFRecordDataset reading files one after the other", "reading local files")
+        if [r.numpy() for r in unbatch_dense(read.batch(2))] != [b"1", b"2", b"3"]:
+            raise _missing("_UnbatchDataset splitting batches", "stratified sampling")
+        rebatched = rebatch_dense(read.batch(2), 2, drop_remainder=True)
+        if [r.numpy().tolist() for r in rebatched] != [[b"1", b"2"]] or rebatched.element_spec.shape != [2]:
+            raise _missing("RebatchDatasetV2 joining and cutting batches", "resumable input")
+
+
+_CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
+    "Callback._implements_train_batch_hooks": callback_base,
+    "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
+    "PreemptionCheckpointHandler._read_checkpoint_manager": _check_preemption_wiring,
+    "ShardedVariable": _sharded_variable_class,
+    "tf.data service servers' _stop": _check_data_service,
+    "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
+    "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
+    "tf.data's _TFRecordDataset, _UnbatchDataset and RebatchDatasetV2": _check_data_readers,
+}
+
+
+def check_internals() -> dict[str, str]:
+    """Resolves every internal tfdist uses; returns name -> 'ok'. Raises StackError on the first that fails."""
+    problem = stack_problem()
+    if problem is not None:
+        raise StackError(
+            problem,
+            field="stack",
+            value=stack_text(),
+            expected="TF 2.17-2.21 with matching tf-keras",
+            fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras",
+        )
+    for check in _CHECKS.values():
+        check()
+    return {name: "ok" for name in _CHECKS}

@@ -1,0 +1,223 @@
+"""tf-keras internals: its callback and backup classes, training state and fit counters."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tfdist._compat._common import _attr
+from tfdist.runtime.versions import keras3_loaded
+
+
+def forbid_keras3_fit(strategy_name: str) -> bool:
+    """Makes Keras 3's ``Model.fit`` raise a tfdist error naming the fix, if this process imported Keras 3.
+
+    Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy with TF's
+    ``ValueError: Attempt to convert a value (PerReplica...)`` and has no
+    ParameterServerStrategy ``fit``; ``build_strategy`` calls this for those
+    strategies. Returns whether the guard is in place. Keras 3 imported later is
+    not guarded (``tfdist doctor`` warns about it).
+    """
+    version = keras3_loaded()
+    if version is None:
+        return False
+    model = sys.modules["keras"].Model
+    if getattr(model.fit, "_tfdist_guard", False):
+        return True
+
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from tfdist.errors import StrategyError
+
+        raise StrategyError(
+            f"Keras 3 (keras {version}) cannot fit under {strategy_name}: under MultiWorkerMirroredStrategy TF "
+            "raises 'Attempt to convert a value (PerReplica...)', and Keras 3 has no ParameterServerStrategy fit. "
+            "Build the model with tf-keras: `from tfdist import keras` (or `import tf_keras as keras`), or set "
+            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
+            field="keras",
+            value=f"keras {version}",
+            expected="tf-keras (Keras 2)",
+            fix="from tfdist import keras",
+        )
+
+    fit._tfdist_guard = True  # type: ignore[attr-defined]
+    model.fit = fit
+    return True
+
+
+# ---- tf-keras callbacks ------------------------------------------------------------------------------------
+
+
+def callback_base() -> type:
+    """``tf_keras.callbacks.Callback`` with tf-keras' private batch-hook switch as a public method.
+
+    Subclasses override ``wants_train_batch_hooks()`` instead of
+    ``_implements_train_batch_hooks`` (which tf-keras asks to decide whether to
+    call ``on_train_batch_*``; they are forbidden under ParameterServerStrategy).
+    """
+    import tf_keras
+
+    base = tf_keras.callbacks.Callback
+    hook = _attr(base, "_implements_train_batch_hooks", "ThroughputLogger's per-batch timing")
+
+    class Callback(_TfKerasModelsOnly, base):  # type: ignore[misc, valid-type]
+        def wants_train_batch_hooks(self) -> bool:
+            """Whether tf-keras should call ``on_train_batch_begin/end`` (default: if they are overridden)."""
+            return bool(hook(self))
+
+        def _implements_train_batch_hooks(self) -> bool:
+            return self.wants_train_batch_hooks()
+
+    return Callback
+
+
+def require_tf_keras_model(model: Any, callback: str) -> None:
+    """Raises StrategyError when a tfdist callback is given a model that is not tf-keras' (Keras 3's ``tf.keras``).
+
+    Keras 3 hands its model to every callback's ``set_model``; a tf-keras
+    callback then fails deep inside with ``AttributeError: 'Sequential' object
+    has no attribute '_distribution_strategy'``.
+    """
+    import tf_keras
+
+    if model is None or isinstance(model, tf_keras.Model):
+        return
+    from tfdist.errors import StrategyError
+
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    keras3 = keras3_loaded()
+    raise StrategyError(
+        f"tfdist's {callback} is a tf-keras callback, and the model is a {kind}"
+        + (f" (Keras 3, keras {keras3})" if keras3 and type(model).__module__.startswith("keras") else "")
+        + ", not a tf_keras.Model. Build the model with tf-keras: `from tfdist import keras` (or "
+        "`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
+        field="model",
+        value=kind,
+        expected="a tf_keras.Model",
+        fix="from tfdist import keras",
+    )
+
+
+class _TfKerasModelsOnly:
+    """Mixin for tfdist's tf-keras callbacks: ``set_model`` refuses a Keras 3 model (require_tf_keras_model)."""
+
+    def set_model(self, model: Any) -> None:
+        require_tf_keras_model(model, type(self).__name__)
+        super().set_model(model)  # type: ignore[misc]
+
+
+def backup_base() -> type:
+    """``tf_keras.callbacks.BackupAndRestore``, refusing a model that is not tf-keras' (Keras 3's)."""
+    import tf_keras
+
+    class BackupAndRestore(_TfKerasModelsOnly, tf_keras.callbacks.BackupAndRestore):
+        pass
+
+    return BackupAndRestore
+
+
+def training_state(backup: Any) -> Any:
+    """The ``WorkerTrainingState`` a ``BackupAndRestore`` made in ``on_train_begin``."""
+    return _attr(backup, "_training_state", "PreemptionSafeBackup")
+
+
+def saving_before_preemption(state: Any) -> bool:
+    """Whether tf-keras itself enabled saving on SIGTERM (it does so only on GCP)."""
+    return bool(_attr(state, "_enable_save_before_preemption", "PreemptionSafeBackup"))
+
+
+def attach_preemption_handler(state: Any, model: Any, handler: Any) -> None:
+    """Wires TF's ``PreemptionCheckpointHandler`` into tf-keras as tf-keras does on GCP.
+
+    The same four assignments as ``WorkerTrainingState.__init__`` when
+    ``save_before_preemption`` holds (identical in tf-keras 2.17 to 2.21), then,
+    on a non-chief worker, the chief's backup restored again (see below).
+    """
+    for obj, name in (
+        (state, "_enable_save_before_preemption"),
+        (state, "read_checkpoint_manager"),
+        (handler, "_read_checkpoint_manager"),
+    ):
+        _attr(obj, name, "PreemptionSafeBackup")
+    handler._read_checkpoint_manager = state.read_checkpoint_manager
+    state.preemption_handler = handler
+    state._enable_save_before_preemption = True
+    model._preemption_handler = handler
+    if state.write_checkpoint_manager is not state.read_checkpoint_manager:
+        # The handler restored, as it was made, from the manager it was given: on a non-chief worker that is
+        # its temporary write directory, which holds a stale backup when the worker was killed between a save
+        # and that directory's removal. It overwrote what BackupAndRestore had restored from the chief's
+        # backup (the worker then resumed at another step than its peers). Restore the chief's again.
+        state.read_checkpoint_manager.restore_or_initialize()
+
+
+def validate_target_and_loss(model: Any, y: Any, loss: Any) -> None:
+    """tf-keras' own check in ``train_step`` that targets and a loss were given."""
+    _attr(model, "_validate_target_and_loss", "accumulate_gradients")(y, loss)
+
+
+def restored_counters(model: Any) -> tuple[int, int] | None:
+    """(epoch, batch) a ``BackupAndRestore`` restored into ``model``; None without a backup callback.
+
+    -1 means none saved: tf-keras saves the last finished epoch and, with
+    batch-level saving, the last finished batch of the epoch after it.
+    """
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return None
+    epoch = _attr(state, "_ckpt_saved_epoch", "ResumeInput")
+    batch = _attr(state, "_ckpt_saved_batch", "ResumeInput")
+    return int(epoch.numpy()), int(batch.numpy())
+
+
+def resume_counters(model: Any, steps_per_epoch: int | None) -> tuple[int, int]:
+    """(epoch, step) fit goes on at after the restore, as tf-keras computes it (0, 0 without a backup)."""
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return 0, 0
+    method = _attr(state, "maybe_load_initial_counters_from_ckpt", "ResumeInput")
+    epoch, step = method(steps_per_epoch, 0, "train")  # tf-keras' ModeKeys.TRAIN.
+    return int(epoch), int(step)
+
+
+def before_initial_counters(model: Any, hook: Callable[[Any], None]) -> None:
+    """Runs ``hook(steps_per_epoch)`` when ``fit`` loads its initial counters, once, then lets it load them.
+
+    tf-keras 2.17 to 2.21 calls ``Model._maybe_load_initial_counters_from_ckpt``
+    right after every callback's ``on_train_begin`` (so after any
+    ``BackupAndRestore`` restored) and before the first iterator is made.
+    """
+    _attr(model, "_maybe_load_initial_counters_from_ckpt", "ResumeInput")  # Fails clearly if tf-keras renamed it.
+
+    def hooked(steps_per_epoch: Any, initial_epoch: Any, *args: Any, **kwargs: Any) -> Any:
+        model.__dict__.pop("_maybe_load_initial_counters_from_ckpt", None)
+        hook(steps_per_epoch)
+        return model._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch, *args, **kwargs)
+
+    model.__dict__["_maybe_load_initial_counters_from_ckpt"] = hooked
+
+
+def guard_initial_counters(model: Any, steps_per_epoch: int | None) -> None:
+    """Lets tf-keras resume a finite dataset of unknown length from a batch-level backup.
+
+    tf-keras 2.17 to 2.21 compares the saved batch with ``steps_per_epoch - 1``
+    and fails with a TypeError when fit knows no step count (a finite dataset
+    whose length TensorFlow cannot tell). Given the epoch's step count, the
+    comparison gets it; without one, a saved batch resumes at the batch after it.
+    """
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return
+    original = _attr(state, "maybe_load_initial_counters_from_ckpt", "ResumeInput")
+    if getattr(original, "_tfdist_guarded", False):
+        original = original._tfdist_original
+
+    def guarded(steps: Any, initial_epoch: Any, mode: Any) -> Any:
+        known = steps if steps is not None else steps_per_epoch
+        if known is not None:
+            return original(known, initial_epoch, mode)
+        return original(-1, initial_epoch, mode)  # batch == -2 never holds: resume at the next batch.
+
+    guarded._tfdist_guarded = True  # type: ignore[attr-defined]
+    guarded._tfdist_original = original  # type: ignore[attr-defined]
+    state.maybe_load_initial_counters_from_ckpt = guarded
