@@ -159,3 +159,36 @@ def test_stratified_draws_after_a_crash_are_those_of_the_uninterrupted_fit(tmp_p
     assert counts.sum() == EPOCHS * exact_tasks.RECORDS and counts.max() > EPOCHS  # Small classes redrawn.
     assert counts[: exact_tasks.LABEL_EDGES[0]].sum() < 0.45 * counts.sum()  # Class 0 is half the data.
     np.testing.assert_allclose(run.values["worker:0"]["weights"], whole.values["worker:0"]["weights"], atol=2e-5)
+
+
+def test_stratified_draws_go_on_when_three_workers_become_two(tmp_path: Path) -> None:
+    # Each pipeline draws its own sequence, so 3 -> 2 cannot replay; the resume goes on in the sequences of 2
+    # pipelines from the backed-up step, says so once, and keeps the mix and every step's size.
+    data = str(tmp_path / "strata" / "part")
+    exact_tasks.write_data(data, labels=True)
+    statuses: list[str] = []
+    run = testing.run_cluster(
+        exact_tasks.counted_fit,
+        workers=3,
+        timeout=300,
+        min_workers=2,
+        loses=(LoseAt(task="worker:2", after="^STEP 1 10$"),),
+        grace_seconds=2,
+        on_status=statuses.append,
+        args=[str(tmp_path / "run"), data, {"class_weights": "sqrt"}],
+    )
+    assert run.ok, run.result.summary() + run.output("worker:0")[-3000:]
+    assert any(s.startswith("elastic: membership") and "world size 2" in s for s in statuses), statuses
+    assert run.values["worker:0"]["world"] == 2
+    # The chief warns and records 2 pipelines; worker 1 warns too if it read the order file before that.
+    for task, least in (("worker:0", 1), ("worker:1", 0)):
+        output = run.output(task)
+        warned = re.findall(r"made by (\d) input pipelines drawing by class_weights, and (\d) draw now", output)
+        assert least <= len(warned) <= 1 and set(warned) <= {("3", "2")}, (task, warned, output[-3000:])
+    resumed = re.findall(r"Input resumes at epoch 1, step (\d+)", run.output("worker:0"))
+    assert len(resumed) == 1 and 0 < int(resumed[0]) < 20, resumed  # A batch-level backup inside epoch 1.
+    counts = np.array(run.values["worker:0"]["counts"])
+    assert counts.tolist() == run.values["worker:1"]["counts"]
+    # Every step trained 24 draws (the rolled-back steps' counts were restored with the model).
+    assert counts.sum() == EPOCHS * exact_tasks.RECORDS and counts.max() > EPOCHS  # Small classes redrawn.
+    assert counts[: exact_tasks.LABEL_EDGES[0]].sum() < 0.45 * counts.sum()  # Class 0 is half the data.

@@ -136,7 +136,19 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
             with tf.io.gfile.GFile(path) as f:
                 saved = json.load(f)
             changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
-            if changed:
+            if changed == ["pipelines"]:  # Stratified draws on another world size: they go on, and say so.
+                _log.warning(
+                    "The backup in %s was made by %s input pipelines drawing by class_weights, and %s draw now. "
+                    "Each pipeline draws its own sequence, so the draws go on from the same step in the "
+                    "sequences of %s pipelines: the class mix holds, but within each class's current pass "
+                    "some records may be drawn again and others not (docs/data.md, 'Resuming stratified draws').",
+                    self.backup_dir,
+                    saved.get("pipelines"),
+                    fingerprint.get("pipelines"),
+                    fingerprint.get("pipelines"),
+                )
+                self._record(path, fingerprint)  # The next resume on this world size is exact again.
+            elif changed:
                 name = {
                     "streams": "order_streams",
                     "block": "order_block",
@@ -154,8 +166,15 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
                     field=name.get(changed[0], changed[0]),
                     value=fingerprint.get(changed[0]),
                 )
-        elif self._spec is None or self._spec.is_chief:
-            tf.io.gfile.makedirs(self.backup_dir)
+        else:
+            self._record(path, fingerprint)
+
+    def _record(self, path: str, fingerprint: dict[str, Any]) -> None:
+        """The chief records the order's parameters beside the backup (atomically: a rename)."""
+        import tensorflow as tf
+
+        if self._spec is None or self._spec.is_chief:
+            tf.io.gfile.makedirs(os.path.dirname(path))
             with tf.io.gfile.GFile(path + ".tmp", "w") as f:
                 json.dump(fingerprint, f)
             tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
