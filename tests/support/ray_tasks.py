@@ -51,39 +51,3 @@ def ps_fit_progress(epochs: int, steps: int) -> dict[str, Any]:
         "workers": len(tfdist.ClusterSpec.from_tf_config().jobs["worker"]),
         "loss": [float(v) for v in history.history["loss"]],
     }
-
-
-def elastic_until_grown(backup: str, grown: int, max_epochs: int) -> dict[str, Any]:
-    """A TensorFlow-free elastic trainer: 0.3 s epochs until two epochs ran in membership ``grown`` or later.
-
-    Prints its task, generation, world size and TF_CONFIG address at start; the leader (TF_CONFIG worker 0)
-    keeps the last finished epoch in ``backup`` (as BackupAndRestore) and records each epoch boundary for the
-    launcher, printing 'epoch E end'. A restarted group resumes after the backed-up epoch.
-    """
-    import json
-    import os
-    import time
-
-    from tfdist.cluster import elastic as membership
-
-    tf_config = json.loads(os.environ["TF_CONFIG"])
-    index = tf_config["task"]["index"]
-    address = tf_config["cluster"]["worker"][index]
-    generation, size = int(os.environ["TFDIST_MEMBERSHIP"]), int(os.environ["TFDIST_WORLD_SIZE"])
-    sys.stdout.write(f"start {os.environ['TFDIST_TASK']} generation {generation} world {size} at {address}\n")
-    sys.stdout.flush()
-    epoch = int(open(backup).read()) + 1 if os.path.exists(backup) else 0
-    ran = 0
-    while epoch < max_epochs and not (generation >= grown and ran >= 2):
-        time.sleep(0.3)
-        if index == 0:
-            with open(backup + ".tmp", "w") as f:
-                f.write(str(epoch))
-            os.replace(backup + ".tmp", backup)
-            membership.write_boundary(
-                os.environ["TFDIST_ELASTIC_DIR"], generation=generation, epoch=epoch, world_size=size
-            )
-            sys.stdout.write(f"epoch {epoch} end\n")
-            sys.stdout.flush()
-        epoch, ran = epoch + 1, ran + 1
-    return {"generation": generation, "world": size, "address": address, "epoch": epoch}

@@ -5,7 +5,7 @@ its daemons then bind every interface. So the whole cluster runs in a private ne
 only loopback: the head (2 CPUs) on 127.0.0.1, a second raylet (1 CPU) on 127.0.0.2. Stopping that raylet is
 a node that leaves; starting it again is a node that joins. Prints one JSON line (prefix RESULT_JSON) with
 each scenario's statuses, outputs and cluster, and the pid of every Ray process it saw, for the test to
-check that none is left. Usage: _ray_two_nodes.py WORKDIR [keras]  (keras: also the real-TF scenario)
+check that none is left. Usage: ray_two_nodes.py WORKDIR
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ray_tasks
 from ray_helpers import Background, stop_ray_block
 
-from tfdist import testing
 from tfdist.cluster import address as _address
 from tfdist.cluster.probe import can_connect
 from tfdist.launch.config import LaunchConfig
@@ -157,34 +155,9 @@ def lose_and_return(nodes: TwoNodes, work: Path) -> dict[str, Any]:
     return _report(result, statuses)
 
 
-def node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
-    """The extra node stops after epoch 1 (progress), and starts again once the smaller group runs."""
-    statuses: list[str] = []
-    background = Background()
-
-    def _on_line(task: str, line: str) -> None:
-        if line == "epoch 1 end":
-            background.once("leave", nodes.leave)
-
-    def _on_status(message: str) -> None:
-        statuses.append(message)
-        if message.startswith("elastic: membership 1:"):
-            background.once("join", nodes.join)
-
-    command = testing.command_for(ray_tasks.elastic_until_grown, (str(work / "backup-node"), 2, 600))
-    config = LaunchConfig(
-        command=tuple(command), workers=3, min_workers=2, max_restarts=2, timeout=300, grace_seconds=2
-    )
-    result = run_config(
-        config, engine=RayEngine(address=nodes.address, cpus_per_task=1), on_line=_on_line, on_status=_on_status
-    )
-    background.join(200)
-    return dict(_report(result, statuses), events=background.events)
-
-
 def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
-    """The same with a real MWMS fit: the node leaves after epoch 0 (membership 0 holds there), and joins
-    while membership 1 holds after its first epoch."""
+    """A real MWMS fit: the extra node stops after epoch 0 (progress; membership 0 holds there), and starts
+    again once membership 1 holds, until its first epoch ends."""
     statuses: list[str] = []
     background = Background()
     hold = work / "hold"
@@ -228,11 +201,7 @@ def main() -> int:
         report["inject"] = lose_and_return(nodes, work)
         if nodes.extra is None:
             nodes.join()
-        report["node"] = node_leaves_and_joins(nodes, work)
-        if "keras" in sys.argv[2:]:
-            if nodes.extra is None:
-                nodes.join()
-            report["keras"] = keras_node_leaves_and_joins(nodes, work)
+        report["keras"] = keras_node_leaves_and_joins(nodes, work)
         report["ray_initialized_after"] = ray.is_initialized()
         report["cluster_up_after"] = can_connect(nodes.address, timeout=5)
     finally:
