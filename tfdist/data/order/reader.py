@@ -201,6 +201,9 @@ class _WindowSource:
             windows = _joined(windows)  # One reader per run of a file, whatever the window borders.
             if self._starts.epochs_per_iteration == 1:  # Read as one run (ordered_records): files from their start.
                 assert all(p.skip == 0 and p.first == 0 for w in windows for p in w.pieces[1:]), windows
+        elif self._starts.epochs_per_iteration == 1:
+            # Cut into windows by ``batch`` (ordered_records): every window but the last is full.
+            assert all(sum(p.take for p in w.pieces) == self._order.window for w in windows[:-1]), windows
         windows = [_columns(w, self._paths) for w in windows]
         empty = np.zeros(0, np.int64)
         firsts = (np.zeros(0, dtype=object), empty, empty, empty, empty)
@@ -313,6 +316,18 @@ def ordered_records(
                 return chunked(reader.skip(tf.reduce_sum(skips[:1])).take(tf.reduce_sum(takes)))
             if not shuffled:  # The pieces alone: no per-window stage.
                 return chunked(tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece))
+            if cursor.epochs_per_iteration == 1:
+                # One epoch: all windows but the last hold ``window`` records, read whole (a resumed one too),
+                # so the pieces read one after the other are cut into windows by ``batch``, each zipped with
+                # its order. The only functions are the piece reader's and the gather: each function of a
+                # nested dataset is instantiated for every iterator, at ~10-20 ms (TF's graph passes).
+                limits = tf.reshape(parts[5], [-1, 4])[:, 3]
+                orders = tf.data.Dataset.from_tensor_slices(
+                    tf.RaggedTensor.from_row_limits(columns[4], limits, validate=False)
+                )
+                records = tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece)
+                windows = tf.data.Dataset.zip((records.batch(order.window), orders)).map(plain(tf.gather))
+                return chunked(_compat.unbatch_dense(windows))
             bounds = tf.data.Dataset.from_tensor_slices(tf.reshape(parts[5], [-1, 4]))
             windows = bounds.flat_map(
                 plain(lambda b: read_ordered(*(c[b[0] : b[1]] for c in columns[:4]), columns[4][b[2] : b[3]]))
