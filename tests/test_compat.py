@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tfdist import _compat
+from tfdist._compat._common import _attr
+from tfdist._compat.checks import _CHECKS
 from tfdist.errors import StackError
 from tfdist.runtime import versions
 
@@ -14,14 +16,14 @@ def test_every_internal_resolves_on_this_stack() -> None:
 
     assert versions.stack_problem() is None, versions.stack_problem()
     checked = _compat.check_internals()
-    assert set(checked) == set(_compat._CHECKS) and set(checked.values()) == {"ok"}, tf.__version__
+    assert set(checked) == set(_CHECKS) and set(checked.values()) == {"ok"}, tf.__version__
 
 
 def test_a_missing_internal_fails_naming_the_versions() -> None:
     import tensorflow as tf
 
     with pytest.raises(StackError, match=rf"object.missing_thing.*TensorFlow {tf.__version__} with tf-keras") as err:
-        _compat._attr(object(), "missing_thing", "a test")
+        _attr(object(), "missing_thing", "a test")
     assert err.value.field == "stack" and "pip install" in err.value.fix
 
 

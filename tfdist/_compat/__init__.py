@@ -19,8 +19,6 @@ Example:
 
 from __future__ import annotations
 
-from tfdist._compat._common import _attr as _attr  # tests/test_compat.py checks its error
-from tfdist._compat.checks import _CHECKS as _CHECKS  # tests/test_compat.py: every check ran
 from tfdist._compat.checks import check_internals
 from tfdist._compat.data import rebatch_dense, tfrecord_reader, tfrecord_reader_at, unbatch_dense
 from tfdist._compat.distribute import (
