@@ -314,9 +314,12 @@ def ordered_records(
                 paths_, offsets, skips, takes = columns[:4]
                 reader = _compat.tfrecord_reader_at(paths_, offsets, compression, _BUFFER)
                 return chunked(reader.skip(tf.reduce_sum(skips[:1])).take(tf.reduce_sum(takes)))
-            pieces = tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece)  # In order.
+
+            def pieces() -> Any:  # The iteration's pieces read one after the other.
+                return tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece)
+
             if not shuffled:  # The pieces alone: no per-window stage.
-                return chunked(pieces)
+                return chunked(pieces())
             if cursor.epochs_per_iteration == 1:
                 # One epoch: all windows but the last hold ``window`` records, read whole (a resumed one too),
                 # so the pieces read one after the other are cut into windows by ``batch``, each zipped with
@@ -326,7 +329,7 @@ def ordered_records(
                 orders = tf.data.Dataset.from_tensor_slices(
                     tf.RaggedTensor.from_row_limits(columns[4], limits, validate=False)
                 )
-                windows = tf.data.Dataset.zip((pieces.batch(order.window), orders)).map(plain(tf.gather))
+                windows = tf.data.Dataset.zip((pieces().batch(order.window), orders)).map(plain(tf.gather))
                 return chunked(_compat.unbatch_dense(windows))
             bounds = tf.data.Dataset.from_tensor_slices(tf.reshape(parts[5], [-1, 4]))
             windows = bounds.flat_map(
