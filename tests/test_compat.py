@@ -36,6 +36,32 @@ def test_helpers_behave() -> None:
     assert not _compat.is_tf_error(RuntimeError("x"), ("UnavailableError", "NoSuchError"))
 
 
+def test_single_device_functions_mark_what_is_traced_inside_only_and_in_this_thread() -> None:
+    import threading
+
+    import tensorflow as tf
+
+    def nested() -> tf.data.Dataset:
+        return tf.data.Dataset.range(3).interleave(lambda x: tf.data.Dataset.range(x).map(lambda y: y * 2))
+
+    with _compat.single_device_functions():
+        inside = nested()
+        with _compat.single_device_functions():  # Nested blocks: the outer one still marks after the inner.
+            pass
+        also = tf.data.Dataset.range(2).map(lambda x: x + 1)
+        other: list[tf.data.Dataset] = []
+        thread = threading.Thread(target=lambda: other.append(tf.data.Dataset.range(2).map(lambda x: x + 1)))
+        thread.start()
+        thread.join()
+    outside = nested()
+    marked = _compat.marked_single_device(inside)
+    assert len(marked) == 2 and set(marked.values()) == {True}, marked  # The interleave's and the nested map's.
+    assert set(_compat.marked_single_device(also).values()) == {True}
+    assert set(_compat.marked_single_device(other[0]).values()) == {False}  # Another thread's dataset.
+    assert set(_compat.marked_single_device(outside).values()) == {False}
+    assert [int(x) for x in inside] == [int(x) for x in outside] == [0, 0, 2]
+
+
 KERAS3 = """
 import tempfile
 import keras, numpy as np

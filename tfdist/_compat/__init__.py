@@ -20,7 +20,14 @@ Example:
 from __future__ import annotations
 
 from tfdist._compat.checks import check_internals
-from tfdist._compat.data import rebatch_dense, tfrecord_reader, tfrecord_reader_at, unbatch_dense
+from tfdist._compat.data import (
+    marked_single_device,
+    rebatch_dense,
+    single_device_functions,
+    tfrecord_reader,
+    tfrecord_reader_at,
+    unbatch_dense,
+)
 from tfdist._compat.distribute import (
     communication_options,
     is_sharded_variable,
@@ -56,11 +63,13 @@ __all__ = [
     "is_sharded_variable",
     "is_tf_error",
     "is_variable",
+    "marked_single_device",
     "rebatch_dense",
     "require_tf_keras_model",
     "restored_counters",
     "resume_counters",
     "saving_before_preemption",
+    "single_device_functions",
     "stop_data_server",
     "tfrecord_reader",
     "tfrecord_reader_at",

@@ -7,7 +7,13 @@ import sys
 from collections.abc import Callable
 
 from tfdist._compat._common import _attr, _missing
-from tfdist._compat.data import rebatch_dense, tfrecord_reader, unbatch_dense
+from tfdist._compat.data import (
+    marked_single_device,
+    rebatch_dense,
+    single_device_functions,
+    tfrecord_reader,
+    unbatch_dense,
+)
 from tfdist._compat.distribute import _sharded_variable_class
 from tfdist._compat.keras import backup_base, callback_base, saving_before_preemption, training_state
 from tfdist.errors import StackError
@@ -89,6 +95,15 @@ def _check_data_readers() -> None:
             raise _missing("RebatchDatasetV2 joining and cutting batches", "resumable input")
 
 
+def _check_single_device() -> None:
+    import tensorflow as tf
+
+    with single_device_functions():
+        inner = tf.data.Dataset.range(4).flat_map(lambda x: tf.data.Dataset.range(x).map(lambda y: y + 1))
+    if set(marked_single_device(inner).values()) != {True} or [int(x) for x in inner] != [1, 1, 2, 1, 2, 3]:
+        raise _missing("StructuredFunctionWrapper(defun_kwargs=) marking functions", "resumable input")
+
+
 _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
     "Callback._implements_train_batch_hooks": callback_base,
     "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
@@ -98,6 +113,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
     "tf.data's _TFRecordDataset, _UnbatchDataset and RebatchDatasetV2": _check_data_readers,
+    "StructuredFunctionWrapper(defun_kwargs=) for single-device dataset functions": _check_single_device,
 }
 
 

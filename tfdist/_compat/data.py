@@ -1,10 +1,89 @@
-"""tf.data internals: TFRecord readers from byte offsets, and unbatch/rebatch without normalizing maps."""
+"""tf.data internals: TFRecord readers from byte offsets, unbatch/rebatch without normalizing maps, and
+dataset functions instantiated on one device."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from tfdist._compat._common import _missing
+
+_INTS_ON_DEVICE = "experimental_ints_on_device"  # FunctionLibraryDefinition::kIntsOnDeviceAttr.
+_SCOPE = threading.local()
+_INSTALL = threading.Lock()
+_INSTALLED: list[bool] = []
+
+
+@contextlib.contextmanager
+def single_device_functions() -> Iterator[None]:
+    """The dataset functions traced inside (``map``, ``flat_map``, ``interleave``... and the functions
+    nested in them) are instantiated on the device that runs them, not as multi-device functions.
+
+    tf.data instantiates every function of a dataset for every new iterator (Keras makes one per epoch,
+    and a nested dataset one per element). As multi-device functions each pays TF's placement and a
+    Grappler run, ~5-15 ms per function per iterator on 2 cores (BENCHMARKS.md). A function whose
+    ``FunctionDef`` carries ``experimental_ints_on_device`` (as TF's own prefetch-to-device functions do)
+    is instantiated on its one device. Meant for input functions that run on a host CPU; only datasets
+    built in this thread inside the block are affected. TF's public transformations take no function
+    attributes, so the first use wraps ``StructuredFunctionWrapper.__init__`` once to add it when a
+    block is active (it passes ``defun_kwargs`` through otherwise unchanged).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> with single_device_functions():
+        ...     dataset = tf.data.Dataset.range(3).map(lambda x: x * 2)
+        >>> list(dataset.as_numpy_iterator())
+        [0, 2, 4]
+    """
+    _install()
+    depth = getattr(_SCOPE, "depth", 0)
+    _SCOPE.depth = depth + 1
+    try:
+        yield
+    finally:
+        _SCOPE.depth = depth
+
+
+def marked_single_device(dataset: Any) -> dict[str, bool]:
+    """Each function of ``dataset`` (nested ones too) by name: whether it is instantiated on one device."""
+    import tensorflow as tf
+
+    graph = tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor, external_state_policy=0)
+    definition = tf.compat.v1.GraphDef()
+    definition.ParseFromString(graph.numpy())
+    return {
+        f.signature.name: bool(f.attr[_INTS_ON_DEVICE].b) if _INTS_ON_DEVICE in f.attr else False
+        for f in definition.library.function
+    }
+
+
+def _install() -> None:
+    with _INSTALL:
+        if _INSTALLED:
+            return
+        needed = "tensorflow.python.data.ops.structured_function.StructuredFunctionWrapper(defun_kwargs=)"
+        try:
+            from tensorflow.python.data.ops import structured_function
+        except ImportError:
+            raise _missing(needed, "resumable input") from None
+        wrapper = getattr(structured_function, "StructuredFunctionWrapper", None)
+        original = getattr(wrapper, "__init__", None)
+        if original is None or "defun_kwargs" not in inspect.signature(original).parameters:
+            raise _missing(needed, "resumable input")
+        position = list(inspect.signature(original).parameters).index("defun_kwargs")
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if getattr(_SCOPE, "depth", 0) and len(args) < position:  # Not passed by position (TF never does).
+                kwargs["defun_kwargs"] = {_INTS_ON_DEVICE: True, **(kwargs.get("defun_kwargs") or {})}
+            original(self, *args, **kwargs)
+
+        setattr(wrapper, "__init__", __init__)  # noqa: B010 (a class attribute mypy cannot see assigned)
+        _INSTALLED.append(True)
 
 
 def tfrecord_reader(filenames: Any, compression: str, buffer_size: int) -> Any:

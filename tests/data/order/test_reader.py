@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support.records import ID_ONLY, example
+from tfdist import _compat
 from tfdist.data import DataPosition, TFRecordPipeline, write_tfrecords
 from tfdist.data.order.index import epoch_order
 from tfdist.data.order.position import InputCursor
@@ -100,7 +101,12 @@ def test_streams_come_as_chunks_of_one_step_across_windows_without_slices(prefix
     paths = [f.path for f in listing.files]
     order = epoch_order(listing, block=16, streams=12, window=50, seed=5, shuffle=True, compression=None)
     layout = StreamLayout(global_batch=36, streams=12, num_workers=1, worker=0, policy="file")
-    chunks = list(ordered_records(order, layout, InputCursor(epochs_per_iteration=1), paths, compression=""))
+    records = ordered_records(order, layout, InputCursor(epochs_per_iteration=1), paths, compression="")
+    # Every function of the reader (the stream's, the piece reader's, the gather's) is instantiated on one
+    # device: a new iterator skips TF's multi-device instantiation of each (BENCHMARKS.md).
+    marked = _compat.marked_single_device(records)
+    assert len(marked) >= 3 and set(marked.values()) == {True}, marked
+    chunks = list(records)
     sizes = [int(c.shape[0]) for c in chunks]
     assert sizes == [3] * (13 * 12) + [1] * 12  # 40 records per stream: 13 steps of 3, then 1 each.
     by_file = {

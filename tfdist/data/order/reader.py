@@ -266,6 +266,24 @@ def ordered_records(
     on a thread of its own (remote files); False interleaves them on the consumer's thread, cheaper for
     local files on cores busy decoding (BENCHMARKS.md).
     """
+    from tfdist import _compat
+
+    # Every function below is a host-CPU input function: instantiated on one device, each new iterator skips
+    # TF's multi-device instantiation of it (~5-15 ms per function and iterator, BENCHMARKS.md).
+    with _compat.single_device_functions():
+        return _ordered_records(order, layout, cursor, paths, compression, at, single, threads)
+
+
+def _ordered_records(
+    order: EpochOrder,
+    layout: StreamLayout,
+    cursor: InputCursor,
+    paths: Sequence[str],
+    compression: str,
+    at: Any,
+    single: bool,
+    threads: bool,
+) -> Any:
     import tensorflow as tf
 
     from tfdist import _compat

@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Any
 
-from tfdist._compat import is_variable
+from tfdist._compat import is_variable, single_device_functions
 from tfdist.data.order.index import epoch_order
 from tfdist.data.order.plan import _key
 from tfdist.data.order.position import InputCursor
@@ -278,7 +278,8 @@ def strata(
         picks = graph_draws(probabilities, seed=seed, worker=index, start=tf.reshape(first, []))
         return tf.data.Dataset.choose_from_datasets(members, picks).take(tf.reshape(take, []))
 
-    dataset = tf.data.Dataset.from_tensors(0).flat_map(draws).batch(per_step)
+    with single_device_functions():  # Host-CPU input functions (see ordered_records).
+        dataset = tf.data.Dataset.from_tensors(0).flat_map(draws).batch(per_step)
     shown = {k: round(p, 3) for k, p in mix.items()}
     text = (
         f"resumable stratified draws over {len(labels)} class groups, mix {shown}, {share} draws per epoch "
