@@ -236,6 +236,12 @@ def _at_once(order: EpochOrder, epochs: int | None) -> bool:
     return epochs * (blocks // order.streams + 2) <= _AT_ONCE_PIECES and epochs * records <= _AT_ONCE_RECORDS
 
 
+def _shaped(tensor: Any, shape: list[int | None]) -> Any:
+    """A ``numpy_function`` output (of that shape) with its static shape set: no op to trace and instantiate."""
+    tensor.set_shape(shape)
+    return tensor
+
+
 def _share(step: Any, begin: int, share: int) -> Any:
     """Records ``[begin, begin + share)`` of a step (fewer at the end of the data), as a new tensor."""
     import tensorflow as tf
@@ -313,7 +319,7 @@ def _ordered_records(
     def next_window(token: Any) -> Any:
         types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64]
         parts = tf.numpy_function(source.next, [token], types, stateful=True)
-        return tuple(tf.reshape(p, [-1]) for p in (parts if shuffled else parts[:4]))
+        return tuple(_shaped(p, [None]) for p in (parts if shuffled else parts[:4]))
 
     def chunked(records: Any) -> Any:
         """A stream's records as its chunks of ``b`` (records split from windows are copies: no slices)."""
@@ -324,7 +330,7 @@ def _ordered_records(
         if at_once:
             types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64]
             parts = tf.numpy_function(source.iteration, [index], types, stateful=True)
-            columns = [tf.reshape(p, [-1]) for p in parts[:5]]
+            columns = [_shaped(p, [None]) for p in parts[:5]]
             if not shuffled and cursor.epochs_per_iteration == 1:
                 # One unshuffled epoch of a stream is one run of the listing: whole files but the first (read
                 # from its block's offset) and the last (cut by the count). One reader reads them all, with
@@ -343,19 +349,19 @@ def _ordered_records(
                 # so the pieces read one after the other are cut into windows by ``batch``, each zipped with
                 # its order. The only functions are the piece reader's and the gather: each function of a
                 # nested dataset is instantiated for every iterator, at ~10-20 ms (TF's graph passes).
-                limits = tf.reshape(parts[5], [-1, 4])[:, 3]
+                limits = _shaped(parts[5], [None, 4])[:, 3]
                 orders = tf.data.Dataset.from_tensor_slices(
                     tf.RaggedTensor.from_row_limits(columns[4], limits, validate=False)
                 )
                 windows = tf.data.Dataset.zip((pieces().batch(order.window), orders)).map(plain(tf.gather))
                 return chunked(_compat.unbatch_dense(windows))
-            bounds = tf.data.Dataset.from_tensor_slices(tf.reshape(parts[5], [-1, 4]))
+            bounds = tf.data.Dataset.from_tensor_slices(_shaped(parts[5], [None, 4]))
             windows = bounds.flat_map(
                 plain(lambda b: read_ordered(*(c[b[0] : b[1]] for c in columns[:4]), columns[4][b[2] : b[3]]))
             )
             return chunked(_compat.unbatch_dense(windows))
         where = tf.constant(-1, tf.int64) if at is None else tf.cast(at, tf.int64)
-        token = tf.reshape(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
+        token = _shaped(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
         windows = (
             tf.data.Dataset.from_tensors(token)
             .repeat()
