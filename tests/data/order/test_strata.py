@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdist import _compat
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.data import DataPosition, TFRecordPipeline, write_tfrecords
 from tfdist.data.order.strata import class_draws, draw_counts, graph_draws, thresholds
@@ -72,6 +73,10 @@ def test_a_resume_replays_the_same_draws(prefix: str, num_epochs: int | None) ->
     assert whole.cursor.steps_per_epoch() is None
     dataset = whole.dataset()
     assert whole.cursor.steps_per_epoch() == 15  # 375 draws of 25.
+    # The draws and the class readers (all but the parse map) are instantiated on one device (BENCHMARKS.md).
+    marked = _compat.marked_single_device(dataset)
+    ours = {k: v for k, v in marked.items() if "_parse_batch" not in k}
+    assert any("draws" in k for k in ours) and set(ours.values()) == {True}, marked
     batches = _ids(dataset, 40)
     if num_epochs == 1:
         assert len(batches) == 15
