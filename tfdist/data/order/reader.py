@@ -29,6 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from tfdist import _compat
 from tfdist.data.order.plan import CHUNK, EpochOrder, Window, joined, stream_position
 from tfdist.data.order.position import DataPosition, InputCursor, StreamStarts
 from tfdist.errors import DataError, invalid
@@ -37,7 +38,7 @@ __all__: list[str] = []
 
 _BUFFER = 1 << 18
 # A finite iteration computes its windows when it begins (one call; no per-window stages to instantiate for
-# every iterator, ~20 ms each) up to this many pieces and shuffled records per stream (a few MB of arrays).
+# every iterator) up to this many pieces and shuffled records per stream (a few MB of arrays).
 # Past that an epoch is long enough for windows computed one after the other to cost nothing that shows.
 _AT_ONCE_PIECES = 1 << 16
 _AT_ONCE_RECORDS = 1 << 18
@@ -272,8 +273,6 @@ def ordered_records(
     on a thread of its own (remote files); False interleaves them on the consumer's thread, cheaper for
     local files on cores busy decoding (BENCHMARKS.md).
     """
-    from tfdist import _compat
-
     # Every function below is a host-CPU input function: instantiated on one device, each new iterator skips
     # TF's multi-device instantiation of it (~5-15 ms per function and iterator, BENCHMARKS.md).
     with _compat.single_device_functions():
@@ -291,8 +290,6 @@ def _ordered_records(
     threads: bool,
 ) -> Any:
     import tensorflow as tf
-
-    from tfdist import _compat
 
     shuffled = bool(order.shuffle and order.window)
     source = _WindowSource(order, layout, cursor.reads(), paths)
@@ -334,7 +331,7 @@ def _ordered_records(
             if not shuffled and cursor.epochs_per_iteration == 1:
                 # One unshuffled epoch of a stream is one run of the listing: whole files but the first (read
                 # from its block's offset) and the last (cut by the count). One reader reads them all, with
-                # no function of its own to instantiate for every iterator (~15 ms, BENCHMARKS.md).
+                # no function of its own to instantiate for every iterator (BENCHMARKS.md).
                 paths_, offsets, skips, takes = columns[:4]
                 reader = _compat.tfrecord_reader_at(paths_, offsets, compression, _BUFFER)
                 return chunked(reader.skip(tf.reduce_sum(skips[:1])).take(tf.reduce_sum(takes)))
@@ -348,7 +345,7 @@ def _ordered_records(
                 # One epoch: all windows but the last hold ``window`` records, read whole (a resumed one too),
                 # so the pieces read one after the other are cut into windows by ``batch``, each zipped with
                 # its order. The only functions are the piece reader's and the gather: each function of a
-                # nested dataset is instantiated for every iterator, at ~10-20 ms (TF's graph passes).
+                # nested dataset is instantiated for every iterator (BENCHMARKS.md).
                 limits = _shaped(parts[5], [None, 4])[:, 3]
                 orders = tf.data.Dataset.from_tensor_slices(
                     tf.RaggedTensor.from_row_limits(columns[4], limits, validate=False)
