@@ -1,4 +1,5 @@
-"""Gradient communication: collective settings (packing, compression, cost) and their autotuning.
+"""Gradient communication: collective settings (packing, compression, cost), their autotuning, and the
+compressors that send fewer values (PowerSGD, top-k with error feedback).
 
 The Keras wiring (``with_communication``, ``accumulate_gradients``) is in :mod:`tfdist.keras`.
 """
@@ -12,6 +13,8 @@ from tfdist.comm.collective import (
     payload_bytes,
     wire_bytes,
 )
+from tfdist.comm.powersgd import lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
+from tfdist.comm.topk import topk_count, topk_sum
 
 __all__ = [
     "DEFAULT_PACK_CANDIDATES",
@@ -22,6 +25,12 @@ __all__ = [
     "all_reduce_timer",
     "autotune_collectives",
     "gradient_value_bytes",
+    "lowrank_value_count",
+    "matrix_shape",
+    "orthogonalize",
     "payload_bytes",
+    "powersgd_sum",
+    "topk_count",
+    "topk_sum",
     "wire_bytes",
 ]

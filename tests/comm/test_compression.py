@@ -1,0 +1,144 @@
+"""PowerSGD and top-k against NumPy references, on real replicas (one process, logical CPUs)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support import compression_tasks
+from tests.support.compression_tasks import SHAPES
+from tfdist import testing
+from tfdist.comm.powersgd import EPSILON, lowrank_value_count, matrix_shape
+from tfdist.comm.topk import topk_count
+from tfdist.errors import StrategyError
+
+REPLICAS, STEPS, RANK, DENSITY = 3, 6, 2, 0.1
+
+
+def _orthogonalize(p: Any) -> Any:
+    p = p.copy()
+    for i in range(p.shape[1]):
+        p[:, i] /= np.linalg.norm(p[:, i]) + EPSILON
+        for j in range(i + 1, p.shape[1]):
+            p[:, j] -= (p[:, i] @ p[:, j]) * p[:, i]
+    return p
+
+
+def reference_powersgd(grads: list, q0: list) -> list[dict[str, Any]]:
+    """The algorithm of the paper, in float64 NumPy: per step the sums, each replica's errors, the Qs."""
+    views = [matrix_shape(s, rank=RANK) for s in SHAPES]
+    errors = [[np.zeros(v) if v else None for v in views] for _ in range(REPLICAS)]
+    qs: list[Any] = [None if q is None else q.astype("float64") for q in q0]
+    steps = []
+    for step_grads in grads:
+        sums: list[Any] = [sum(step_grads[w][i].astype("float64") for w in range(REPLICAS)) for i in range(len(SHAPES))]
+        for i, view in enumerate(views):
+            if view is None:
+                continue
+            ms = [step_grads[w][i].reshape(view) + errors[w][i] for w in range(REPLICAS)]
+            p = _orthogonalize(sum(m @ qs[i] for m in ms))
+            local = [m.T @ p for m in ms]
+            qs[i] = sum(local)
+            sums[i] = (p @ qs[i].T).reshape(SHAPES[i])
+            for w in range(REPLICAS):
+                errors[w][i] = ms[w] - p @ local[w].T
+        steps.append({"sums": sums, "errors": [list(e) for e in errors], "qs": list(qs)})
+    return steps
+
+
+def reference_topk(grads: list) -> list[dict[str, Any]]:
+    errors = [[np.zeros(s) for s in SHAPES] for _ in range(REPLICAS)]
+    steps = []
+    for step_grads in grads:
+        sums = [np.zeros(math.prod(s)) for s in SHAPES]
+        for w in range(REPLICAS):
+            for i, shape in enumerate(SHAPES):
+                flat = step_grads[w][i].reshape(-1).astype("float64") + errors[w][i].reshape(-1)
+                pick = np.argsort(-np.abs(flat), kind="stable")[: topk_count(flat.size, density=DENSITY)]
+                sums[i][pick] += flat[pick]
+                flat[pick] = 0.0
+                errors[w][i] = flat.reshape(shape)
+        steps.append(
+            {"sums": [s.reshape(shape) for s, shape in zip(sums, SHAPES)], "errors": [list(e) for e in errors]}
+        )
+    return steps
+
+
+@pytest.fixture(scope="module")
+def run() -> dict[str, Any]:
+    cluster = testing.run_cluster(
+        compression_tasks.compressed_steps, workers=1, timeout=180, args=[REPLICAS, STEPS, RANK, DENSITY]
+    )
+    assert cluster.ok, cluster.result.summary()
+    return cluster.values["worker:0"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+class TestOnReplicas:
+    """One TF process, 3 replicas, 6 steps; every number checked against float64 NumPy."""
+
+    def test_powersgd_matches_the_reference_step_by_step(self, run: dict) -> None:
+        grads, q0 = compression_tasks.inputs(REPLICAS, STEPS, RANK)
+        compressed = [i for i, s in enumerate(SHAPES) if matrix_shape(s, rank=RANK) is not None]
+        assert compressed == [0, 1, 4]  # (6, 5), the conv kernel and (8, 16); the vector and (5, 2) go whole.
+        for step, (got, want) in enumerate(zip(run["powersgd"], reference_powersgd(grads, q0))):
+            for replica in range(REPLICAS):  # Every replica applies the same sum.
+                for i, shape in enumerate(SHAPES):
+                    value = np.reshape(got["sums"][replica][i], shape)
+                    np.testing.assert_allclose(value, want["sums"][i], rtol=1e-4, atol=1e-4, err_msg=f"{step} {i}")
+                for k, i in enumerate(compressed):  # Each replica's own error; the shared warm-start Q.
+                    np.testing.assert_allclose(got["errors"][replica][k], want["errors"][replica][i], atol=1e-4)
+                    np.testing.assert_allclose(got["qs"][replica][k], want["qs"][i], rtol=1e-4, atol=1e-4)
+            # Compression changed the matrices: the sums are not the plain sums.
+            plain = sum(grads[step][w][0] for w in range(REPLICAS))
+            assert not np.allclose(np.reshape(got["sums"][0][0], SHAPES[0]), plain, atol=1e-2)
+
+    def test_powersgd_error_feedback_loses_nothing(self, run: dict) -> None:
+        # Applied sums plus the errors held = every gradient ever computed (telescoping), per tensor.
+        grads, _ = compression_tasks.inputs(REPLICAS, STEPS, RANK)
+        last = run["powersgd"][-1]
+        for k, i in enumerate([0, 1, 4]):
+            applied = sum(np.reshape(s["sums"][0][i], SHAPES[i]) for s in run["powersgd"])
+            held = sum(np.reshape(last["errors"][w][k], SHAPES[i]) for w in range(REPLICAS))
+            total = sum(g[w][i] for g in grads for w in range(REPLICAS))
+            np.testing.assert_allclose(applied + held, total, atol=5e-4)
+
+    def test_topk_matches_the_reference_and_loses_nothing(self, run: dict) -> None:
+        grads, _ = compression_tasks.inputs(REPLICAS, STEPS, RANK)
+        for step, (got, want) in enumerate(zip(run["topk"], reference_topk(grads))):
+            for replica in range(REPLICAS):
+                for i, shape in enumerate(SHAPES):
+                    np.testing.assert_allclose(np.reshape(got["sums"][replica][i], shape), want["sums"][i], atol=1e-5)
+                    np.testing.assert_allclose(
+                        np.reshape(got["errors"][replica][i], shape), want["errors"][replica][i], atol=1e-5
+                    )
+            sent = [np.count_nonzero(np.reshape(got["sums"][0][i], -1)) for i in range(len(SHAPES))]
+            assert all(n <= REPLICAS * topk_count(math.prod(s), density=DENSITY) for n, s in zip(sent, SHAPES)), step
+        last = run["topk"][-1]
+        for i, shape in enumerate(SHAPES):
+            applied = sum(np.reshape(s["sums"][0][i], shape) for s in run["topk"])
+            held = sum(np.reshape(last["errors"][w][i], shape) for w in range(REPLICAS))
+            np.testing.assert_allclose(applied + held, sum(g[w][i] for g in grads for w in range(REPLICAS)), atol=1e-4)
+
+
+def test_which_tensors_powersgd_compresses_and_their_bytes() -> None:
+    assert matrix_shape((7, 7, 3, 64), rank=4) == (147, 64)  # ResNet's first conv: [kh*kw*cin, cout].
+    assert matrix_shape((2048, 1000), rank=4) == (2048, 1000)
+    assert matrix_shape((64,), rank=4) is None and matrix_shape((8, 4), rank=4) is None
+    assert matrix_shape((6, 5), rank=3) is None  # 3 * (6 + 5) = 33 >= 30: the factors would be larger.
+    factors, whole = lowrank_value_count([(2048, 1000), (1000,)], rank=4)
+    assert (factors, whole) == (4 * 3048, 1000)
+    assert 2048 * 1000 / factors > 160  # 168x fewer values for the classifier of ResNet-50.
+
+
+def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(StrategyError, match="`rank`. Received: 0"):
+        matrix_shape((8, 8), rank=0)
+    for density in (0.0, 1.5, True, "1%"):
+        with pytest.raises(StrategyError, match="`density`"):
+            topk_count(100, density=density)  # type: ignore[arg-type]
+    assert topk_count(100, density=1.0) == 100

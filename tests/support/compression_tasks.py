@@ -1,0 +1,72 @@
+"""Compressed all-reduce steps on real replicas (MirroredStrategy over logical CPUs), for NumPy checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHAPES = [(6, 5), (3, 3, 4, 6), (7,), (5, 2), (8, 16)]  # Matrices, a conv kernel, a vector, a thin matrix.
+
+
+def inputs(replicas: int, steps: int, rank: int, seed: int = 0) -> tuple[list[Any], list[Any]]:
+    """Every step's gradient of every replica (float32), and the initial Q factors of the matrices."""
+    import numpy as np
+
+    from tfdist.comm.powersgd import matrix_shape
+
+    rng = np.random.default_rng(seed)
+    grads = [[[rng.normal(size=s).astype("float32") for s in SHAPES] for _ in range(replicas)] for _ in range(steps)]
+    views = [matrix_shape(s, rank=rank) for s in SHAPES]
+    qs = [None if v is None else rng.normal(size=(v[1], rank)).astype("float32") for v in views]
+    return grads, qs
+
+
+def compressed_steps(replicas: int, steps: int, rank: int, density: float) -> dict[str, Any]:
+    """``steps`` of PowerSGD and of top-k on ``replicas`` replicas: sums, errors and Q factors per step."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    from tfdist.comm.powersgd import matrix_shape, powersgd_sum
+    from tfdist.comm.topk import topk_sum
+
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    grads, q0 = inputs(replicas, steps, rank)
+    compressed = [i for i, s in enumerate(SHAPES) if matrix_shape(s, rank=rank) is not None]
+
+    def reduce(tensors: Any) -> Any:
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+
+    def gather(tensors: Any) -> Any:
+        return tf.distribute.get_replica_context().all_gather(list(tensors), axis=0)
+
+    @tf.function
+    def power_step(step_grads: Any, errors: Any, qs: Any) -> Any:
+        def replica(g: Any, e: Any, q: Any) -> Any:
+            full_e, full_q = [None] * len(SHAPES), [None] * len(SHAPES)
+            for k, i in enumerate(compressed):
+                full_e[i], full_q[i] = e[k], q[k]
+            out, new_e, new_q = powersgd_sum(g, full_e, full_q, rank=rank, all_reduce=reduce)
+            return out, [new_e[i] for i in compressed], [new_q[i] for i in compressed]
+
+        return strategy.run(replica, args=(step_grads, errors, qs))
+
+    @tf.function
+    def topk_step(step_grads: Any, errors: Any) -> Any:
+        return strategy.run(lambda g, e: topk_sum(g, e, density=density, all_gather=gather), args=(step_grads, errors))
+
+    def local(value: Any) -> list[Any]:
+        return [[t.numpy().tolist() for t in tf.nest.flatten(r)] for r in strategy.experimental_local_results(value)]
+
+    errors: Any = [tf.zeros(matrix_shape(SHAPES[i], rank=rank)) for i in compressed]
+    qs: Any = [tf.constant(q0[i]) for i in compressed]
+    top_errors: Any = [tf.zeros(s) for s in SHAPES]
+    out: dict[str, Any] = {"powersgd": [], "topk": []}
+    for step in range(steps):
+        step_grads = strategy.experimental_distribute_values_from_function(
+            lambda ctx, step=step: [tf.constant(g) for g in grads[step][ctx.replica_id_in_sync_group]]
+        )
+        summed, errors, qs = power_step(step_grads, errors, qs)
+        out["powersgd"].append({"sums": local(summed), "errors": local(errors), "qs": local(qs)})
+        top_summed, top_errors = topk_step(step_grads, top_errors)
+        out["topk"].append({"sums": local(top_summed), "errors": local(top_errors)})
+    return out

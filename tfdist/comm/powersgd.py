@@ -1,0 +1,137 @@
+"""PowerSGD: rank-``r`` gradient compression with error feedback and warm start (Vogels et al., 2019).
+
+Each gradient that is a matrix (a conv kernel seen as ``[kh*kw*cin, cout]``) travels as two thin factors
+instead of itself. On every replica ``w``, with ``M_w`` the gradient plus the error it kept last step and
+``Q`` the factor the previous step ended with (the same on every replica: the warm start):
+
+1. ``P = sum_w M_w Q``                                  (all-reduce of ``[n, r]``)
+2. ``P = orthogonalize(P)``                             (Gram-Schmidt of the columns)
+3. ``Q_w = M_w^T P``; ``Q = sum_w Q_w``                 (all-reduce of ``[m, r]``)
+4. the summed gradient is ``P Q^T``; replica ``w`` keeps ``M_w - P Q_w^T`` as its error (the part of its
+   own gradient outside the shared subspace) and adds it to its next gradient.
+
+Over any number of steps nothing is lost: the updates applied plus the errors the replicas hold equal the
+sum of every gradient (the tests check it against a NumPy reference). Tensors that are not matrices, or
+too small to gain (``r * (n + m) >= n * m``), are summed whole.
+
+Which tensors are compressed, and the bytes a step moves:
+
+Example:
+    >>> matrix_shape((3, 3, 64, 128), rank=4), matrix_shape((128,), rank=4), matrix_shape((4, 4), rank=4)
+    ((576, 128), None, None)
+    >>> lowrank_value_count([(3, 3, 64, 128), (128,)], rank=4)
+    (2816, 128)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfdist.errors import StrategyError, require_int
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["lowrank_value_count", "matrix_shape", "orthogonalize", "powersgd_sum"]
+
+EPSILON = 1e-8  # Added to a column's norm: a zero column stays zero instead of becoming NaN.
+
+AllReduce = Callable[[Sequence[Any]], Sequence[Any]]
+
+
+def matrix_shape(shape: Sequence[int], *, rank: int) -> tuple[int, int] | None:
+    """The ``(n, m)`` matrix a gradient of ``shape`` is compressed as, or None if it is summed whole.
+
+    A tensor of rank 2 or more is seen as ``[prod(shape[:-1]), shape[-1]]`` (TF kernels keep their output
+    dimension last). It is compressed only if both sides exceed ``rank`` and the factors are smaller.
+    """
+    require_int(StrategyError, "rank", rank, minimum=1, fix="PowerSGD needs a rank of at least 1, e.g. 4.")
+    if len(shape) < 2:
+        return None
+    n, m = math.prod(int(d) for d in shape[:-1]), int(shape[-1])
+    if min(n, m) <= rank or rank * (n + m) >= n * m:
+        return None
+    return n, m
+
+
+def lowrank_value_count(shapes: Sequence[Sequence[int]], *, rank: int) -> tuple[int, int]:
+    """(values in the P and Q factors, values summed whole) one replica all-reduces per step for ``shapes``."""
+    factors = whole = 0
+    for shape in shapes:
+        view = matrix_shape(shape, rank=rank)
+        if view is None:
+            whole += math.prod(int(d) for d in shape)
+        else:
+            factors += rank * (view[0] + view[1])
+    return factors, whole
+
+
+def orthogonalize(p: tf.Tensor, epsilon: float = EPSILON) -> tf.Tensor:
+    """The columns of ``p`` ([n, r]) made orthonormal by modified Gram-Schmidt, in order.
+
+    Gram-Schmidt rather than a QR decomposition: its signs and rounding are the same on every platform, so
+    every replica (and a NumPy reference) gets the same ``P``.
+    """
+    import tensorflow as tf
+
+    columns = tf.unstack(p, axis=1)
+    for i in range(len(columns)):
+        column = columns[i] / (tf.norm(columns[i]) + epsilon)
+        columns[i] = column
+        for j in range(i + 1, len(columns)):
+            columns[j] = columns[j] - tf.reduce_sum(column * columns[j]) * column
+    return tf.stack(columns, axis=1)
+
+
+def powersgd_sum(
+    grads: Sequence[tf.Tensor],
+    errors: Sequence[tf.Tensor | None],
+    qs: Sequence[tf.Tensor | None],
+    *,
+    rank: int,
+    all_reduce: AllReduce,
+) -> tuple[list[tf.Tensor], list[tf.Tensor | None], list[tf.Tensor | None]]:
+    """One step of PowerSGD over ``grads``: their sum over the replicas, and the state for the next step.
+
+    Call in replica context, the same on every replica. ``errors[i]`` and ``qs[i]`` are the error and the
+    warm-start factor of ``grads[i]`` (both None where :func:`matrix_shape` is None); ``all_reduce`` sums a
+    list of tensors over the replicas (two calls: the P factors, then the Q factors with the whole tensors).
+
+    Returns:
+      The summed gradients (as ``grads``' shapes and dtypes), the new errors and the new Q factors.
+    """
+    import tensorflow as tf
+
+    views = [matrix_shape(g.shape.as_list(), rank=rank) for g in grads]
+    for i, (view, error, q) in enumerate(zip(views, errors, qs)):
+        if (view is None) != (error is None) or (view is None) != (q is None):
+            raise StrategyError(
+                f"PowerSGD state of gradient {i} (shape {grads[i].shape.as_list()}) does not match it: "
+                f"expected {'no state' if view is None else 'an error and a Q factor'}. Build the state with "
+                "matrix_shape().",
+                field="grads",
+                value=i,
+            )
+    compressed = [i for i, view in enumerate(views) if view is not None]
+    whole = [i for i, view in enumerate(views) if view is None]
+    matrices = {}
+    for i in compressed:
+        n, m = views[i]  # type: ignore[misc]
+        matrices[i] = tf.reshape(tf.cast(grads[i], tf.float32), [n, m]) + errors[i]
+    ps = [tf.matmul(matrices[i], qs[i]) for i in compressed]
+    ps = [orthogonalize(p) for p in all_reduce(ps)] if ps else []
+    local_qs = [tf.matmul(matrices[i], p, transpose_a=True) for i, p in zip(compressed, ps)]
+    summed = list(all_reduce(local_qs + [grads[i] for i in whole])) if local_qs or whole else []
+    out: list[tf.Tensor] = list(grads)
+    new_errors: list[tf.Tensor | None] = [None] * len(grads)
+    new_qs: list[tf.Tensor | None] = [None] * len(grads)
+    for k, i in enumerate(compressed):
+        p, q_local, q_sum = ps[k], local_qs[k], summed[k]
+        new_errors[i] = matrices[i] - tf.matmul(p, q_local, transpose_b=True)
+        new_qs[i] = q_sum
+        out[i] = tf.cast(tf.reshape(tf.matmul(p, q_sum, transpose_b=True), tf.shape(grads[i])), grads[i].dtype)
+    for k, i in enumerate(whole):
+        out[i] = summed[len(compressed) + k]
+    return out, new_errors, new_qs
