@@ -65,6 +65,38 @@ class TestTwoWorkerCommunication:
             np.testing.assert_allclose(a[name]["loss"], reference, rtol=1e-3, err_msg=name)
             np.testing.assert_allclose(a[name]["weights"], a["none"]["weights"], atol=2e-3, err_msg=name)
 
+    def test_compressors_train_and_keep_workers_identical(self, a: dict, b: dict) -> None:
+        reference = a["none"]["loss"]
+        for name in ("powersgd", "topk", "accumulate4_powersgd"):
+            np.testing.assert_array_equal(a[name]["weights"], b[name]["weights"], err_msg=name)
+            loss = a[name]["loss"]
+            assert loss[-1] < loss[0] / 2, (name, loss)
+        # Error feedback: over 4 epochs the compressed runs end near the uncompressed loss.
+        assert a["powersgd"]["loss"][-1] < 1.5 * reference[-1]
+        assert a["topk"]["loss"][-1] < 2.0 * reference[-1]
+        # The 8x16 kernel goes as rank-2 factors (2 * (8 + 16) values), the rest whole: 81 of 161 values.
+        assert a["powersgd"]["bytes"] == 4 * (2 * (8 + 16) + 16 + 16 + 1)
+        # Top-k at density 0.25 sends ceil(n / 4) values and int32 indices per tensor.
+        assert a["topk"]["bytes"] == 8 * (32 + 4 + 4 + 1)
+
+    def test_compressor_state_is_per_worker_and_checkpointed_as_its_sum(self, a: dict, b: dict) -> None:
+        for name, kinds in (("powersgd", ["powersgd_error", "powersgd_q"]), ("topk", ["topk_error"] * 4)):
+            state_a, state_b = a[name]["state"], b[name]["state"]
+            assert [n.split("/")[-1].split(":")[0] for n in state_a["names"]] == kinds
+            for i, kind in enumerate(kinds):
+                local_a, local_b = np.array(state_a["local"][i]), np.array(state_b["local"][i])
+                if kind == "powersgd_q":  # All-reduced every step: the same everywhere, saved as it is.
+                    np.testing.assert_array_equal(local_a, local_b)
+                    np.testing.assert_array_equal(state_a["saved"][i], local_a)
+                    continue
+                if local_a.size > 1:  # Each worker keeps what it did not send (all of a 1-value bias is sent).
+                    assert not np.allclose(local_a, local_b) and np.abs(local_a).max() > 0
+                else:
+                    assert local_a.tolist() == local_b.tolist() == [0.0]
+                # A checkpoint keeps every worker's error: their sum (a restore gives each an equal share).
+                np.testing.assert_allclose(state_a["saved"][i], local_a + local_b, rtol=1e-6, atol=1e-7)
+                np.testing.assert_allclose(state_b["saved"][i], state_a["saved"][i], rtol=1e-6, atol=1e-7)
+
     def test_wrapper_without_compression_equals_plain_keras(self, a: dict) -> None:
         np.testing.assert_array_equal(a["none"]["weights"], a["plain"]["weights"])
 

@@ -142,3 +142,77 @@ def test_bad_settings_name_the_field() -> None:
         with pytest.raises(StrategyError, match="`density`"):
             topk_count(100, density=density)  # type: ignore[arg-type]
     assert topk_count(100, density=1.0) == 100
+
+
+def test_sparse_gradients_are_summed_by_tf_uncompressed_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    import tf_keras as keras
+
+    from tfdist.keras import with_communication
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((1,), dtype="int64"), keras.layers.Embedding(10, 4), keras.layers.Flatten(), keras.layers.Dense(8)]
+    )
+    model.compile(optimizer=with_communication(keras.optimizers.SGD(0.5), compression="topk", density=0.5), loss="mse")
+    table = model.layers[0].embeddings.numpy()
+    with caplog.at_level("WARNING", logger="tfdist.keras"):
+        loss = model.fit(np.arange(8).reshape(8, 1), np.ones((8, 8)), epochs=5, verbose=0).history["loss"]
+    assert loss[-1] < loss[0]
+    assert "get sparse (IndexedSlices) gradients" in caplog.text and "embeddings" in caplog.text
+    rows = model.layers[0].embeddings.numpy()
+    assert not np.allclose(rows[:8], table[:8]) and np.array_equal(rows[8:], table[8:])  # Only the rows used.
+    dense = model.layers[-1].name
+    assert [v.name.split("/")[0] for v in model.optimizer.tfdist_compression_state] == [dense, dense]
+    assert caplog.text.count("get sparse") == 1  # Once, however often the step is traced.
+
+
+def test_one_worker_trains_and_counts_its_bytes() -> None:
+    # Without a cluster (one replica) the compressors still train: what is not sent waits in the error.
+    import tf_keras as keras
+
+    from tfdist.keras import with_communication
+
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    y = x @ np.ones((8, 1), "float32")
+    for compression, options, sent in (
+        ("powersgd", {"rank": 2}, 2 * (8 + 16) + 16 + 16 + 1),
+        ("topk", {}, 2 + 1 + 1 + 1),
+    ):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+        optimizer = with_communication(keras.optimizers.SGD(0.05), compression=compression, **options)
+        model.compile(optimizer=optimizer, loss="mse")
+        loss = model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"]
+        assert loss[-1] < loss[0] / 2, (compression, loss)
+        per_value = 4 if compression == "powersgd" else 8  # Top-k: 1% of each tensor, at least one entry.
+        assert optimizer.communication_bytes_per_step == per_value * sent
+        assert optimizer.tfdist_compression_state, compression
+
+
+def test_powersgd_under_mixed_precision_trains_like_float32() -> None:
+    # LossScaleOptimizer unscales the gradients before the inner optimizer compresses them; the state is
+    # float32 whatever the policy.
+    import tf_keras as keras
+
+    from tfdist.keras import with_communication
+
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    y = x @ np.ones((8, 1), "float32")
+    losses, states = [], []
+    for policy in ("float32", "mixed_float16"):
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential(
+                [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1, dtype="float32")]
+            )
+            inner = with_communication(keras.optimizers.SGD(0.05), compression="powersgd", rank=2)
+            optimizer = keras.mixed_precision.LossScaleOptimizer(inner) if policy != "float32" else inner
+            model.compile(optimizer=optimizer, loss="mse")
+            losses.append(model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"])
+            states.append([v.dtype.name for v in inner.tfdist_compression_state])
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+    assert losses[0][-1] < losses[0][0] / 2
+    np.testing.assert_allclose(losses[1], losses[0], rtol=2e-2)
+    assert states == [["float32", "float32"]] * 2

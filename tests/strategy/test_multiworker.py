@@ -287,6 +287,8 @@ def test_fit_and_evaluate_with_sharded_embedding(tmp_path: Path) -> None:
     assert value["is_ps"]
     assert value["loss"][-1] < value["loss"][0]
     assert value["eval_loss"] > 0
+    assert "`compression`. Received: 'powersgd'" in value["compressor_refused"]
+    assert "Use MultiWorkerMirroredStrategy for PowerSGD or top-k" in value["compressor_refused"]
     assert sorted(d.split("/device")[0] for d in value["shard_devices"]) == [
         "/job:ps/replica:0/task:0",
         "/job:ps/replica:0/task:1",

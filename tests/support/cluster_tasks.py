@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, cast
 
 
@@ -115,7 +116,17 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
     evaluation = model.evaluate(creator, steps=5, verbose=0, return_dict=True)
     table = model.layers[0].embeddings
     shards = getattr(table, "variables", [table])
+    from tfdist.errors import StrategyError
+    from tfdist.keras import with_communication
+
+    try:  # No all-reduce to compress under parameter servers: refused with the alternative named.
+        with strategy.scope():
+            with_communication(keras.optimizers.SGD(0.1), compression="powersgd")
+        refused = ""
+    except StrategyError as error:
+        refused = str(error)
     return {
+        "compressor_refused": refused,
         "strategy": type(strategy).__name__,
         "is_ps": isinstance(strategy, tf.distribute.ParameterServerStrategy),
         "loss": [float(v) for v in history.history["loss"]],
@@ -446,7 +457,16 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
 
 
 def _comm_fit(
-    keras: Any, strategy: Any, *, batch: int, epochs: int, compression: str = "", accumulate: int = 1, tuning: str = ""
+    keras: Any,
+    strategy: Any,
+    *,
+    batch: int,
+    epochs: int,
+    compression: str = "",
+    accumulate: int = 1,
+    tuning: str = "",
+    state_dir: str = "",
+    **compressor: Any,
 ) -> dict[str, Any]:
     """One seeded fit of the regression model; compression/accumulation/tuning as asked."""
     from tfdist.keras import accumulate_gradients, with_communication
@@ -456,16 +476,40 @@ def _comm_fit(
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
         optimizer = keras.optimizers.SGD(0.05)
         if compression or tuning:
-            optimizer = with_communication(optimizer, compression=compression or "none", tuning=tuning or None)
+            optimizer = with_communication(
+                optimizer, compression=compression or "none", tuning=tuning or None, **compressor
+            )
         model.compile(optimizer=optimizer, loss="mse")
     accumulate_gradients(model, steps=accumulate)
     history = model.fit(_regression_dataset(batch), epochs=epochs, verbose=0)
     weights = _flat_weights(model)
-    return {
+    out = {
         "loss": [float(v) for v in history.history["loss"]],
         "weights": weights.tolist(),
         "bytes": getattr(optimizer, "communication_bytes_per_step", None),
         "updates": int(optimizer.iterations.numpy()),
+    }
+    if state_dir:
+        out["state"] = _compressor_state(strategy, optimizer, state_dir)
+    return out
+
+
+def _compressor_state(strategy: Any, optimizer: Any, directory: str) -> dict[str, Any]:
+    """This worker's own compressor state, and what a checkpoint written by every worker saves of it."""
+    import tensorflow as tf
+
+    import tfdist
+
+    spec = tfdist.ClusterSpec.from_tf_config()
+    path = tf.train.Checkpoint(optimizer=optimizer).write(os.path.join(directory, f"state-{spec.task_id}"))
+    states = optimizer.tfdist_compression_state
+    return {
+        "names": [v.name for v in states],
+        "local": [strategy.experimental_local_results(v)[0].numpy().tolist() for v in states],
+        "saved": [
+            tf.train.load_variable(path, f"optimizer/tfdist_compression_state/{i}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+            for i in range(len(states))
+        ],
     }
 
 
@@ -483,6 +527,14 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name) for name in ("none", "fp16", "bf16")
     }
+    state_dir = os.path.dirname(tuning_path)
+    for name, compressor in (("powersgd", {"rank": 2}), ("topk", {"density": 0.25})):
+        out[name] = _comm_fit(
+            keras, strategy, batch=64, epochs=4, compression=name, state_dir=os.path.join(state_dir, name), **compressor
+        )
+    out["accumulate4_powersgd"] = _comm_fit(
+        keras, strategy, batch=128, epochs=3, accumulate=4, compression="powersgd", rank=2
+    )
     out["plain"] = _comm_fit(keras, strategy, batch=64, epochs=4)
     out["batch128"] = _comm_fit(keras, strategy, batch=128, epochs=3)
     out["accumulate4"] = _comm_fit(keras, strategy, batch=128, epochs=3, accumulate=4)

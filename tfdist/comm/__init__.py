@@ -6,6 +6,7 @@ The Keras wiring (``with_communication``, ``accumulate_gradients``) is in :mod:`
 
 from tfdist.comm.autotune import DEFAULT_PACK_CANDIDATES, CollectiveTuning, all_reduce_timer, autotune_collectives
 from tfdist.comm.collective import (
+    COMPRESSORS,
     GRADIENT_COMPRESSIONS,
     CollectiveConfig,
     all_reduce_sum,
@@ -17,6 +18,7 @@ from tfdist.comm.powersgd import lowrank_value_count, matrix_shape, orthogonaliz
 from tfdist.comm.topk import topk_count, topk_sum
 
 __all__ = [
+    "COMPRESSORS",
     "DEFAULT_PACK_CANDIDATES",
     "GRADIENT_COMPRESSIONS",
     "CollectiveConfig",

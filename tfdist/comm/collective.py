@@ -29,12 +29,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfdist._names import describe_choices
+from tfdist.comm.powersgd import check_rank, lowrank_value_count
+from tfdist.comm.topk import topk_count
 from tfdist.errors import StrategyError, invalid, require_int
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = [
+    "COMPRESSORS",
     "GRADIENT_COMPRESSIONS",
     "CollectiveConfig",
     "all_reduce_sum",
@@ -47,6 +50,10 @@ __all__ = [
 # that is tfdist.data.records.writer.COMPRESSIONS.
 _WIRE_DTYPES = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
 GRADIENT_COMPRESSIONS = tuple(_WIRE_DTYPES)
+# Compressors that send fewer values, each replica keeping what it did not send (error feedback): rank-r
+# factors (tfdist.comm.powersgd) or the largest entries (tfdist.comm.topk). Float32 on the wire.
+COMPRESSORS = ("powersgd", "topk")
+_CHOICES = GRADIENT_COMPRESSIONS + COMPRESSORS
 _FP16_MAX = 65504.0
 _MAX_EXPONENT = 60  # Keep the scale (2**e) well inside float32's range.
 
@@ -56,11 +63,14 @@ class CollectiveConfig:
     """How gradients travel in an all-reduce.
 
     Args:
-      compression: 'none', 'fp16' or 'bf16': the dtype on the wire.
+      compression: 'none', 'fp16' or 'bf16': the dtype on the wire; 'powersgd' or 'topk': fewer values,
+        with error feedback (:data:`COMPRESSORS`).
       bytes_per_pack: Pack tensors into all-reduces of about this many bytes;
         0 keeps the strategy's setting.
       split_bytes: Split tensors larger than this into pieces before packing;
         0 never splits.
+      rank: PowerSGD's rank (compression='powersgd').
+      density: The share of each gradient's entries top-k sends (compression='topk').
 
     Example:
         >>> CollectiveConfig().compression
@@ -70,15 +80,14 @@ class CollectiveConfig:
     compression: str = "none"
     bytes_per_pack: int = 0
     split_bytes: int = 0
+    rank: int = 4
+    density: float = 0.01
 
     def __post_init__(self) -> None:
-        if not isinstance(self.compression, str) or self.compression not in GRADIENT_COMPRESSIONS:
-            raise invalid(
-                StrategyError,
-                "compression",
-                self.compression,
-                describe_choices(self.compression, GRADIENT_COMPRESSIONS),
-            )
+        if not isinstance(self.compression, str) or self.compression not in _CHOICES:
+            raise invalid(StrategyError, "compression", self.compression, describe_choices(self.compression, _CHOICES))
+        check_rank(self.rank)
+        topk_count(1, density=self.density)
         require_int(
             StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0, fix="Use 0 to keep the strategy's packing."
         )
@@ -87,7 +96,7 @@ class CollectiveConfig:
     @property
     def wire_dtype_name(self) -> str | None:
         """The dtype gradients travel as, or None for their own."""
-        return _WIRE_DTYPES[self.compression]
+        return _WIRE_DTYPES.get(self.compression)
 
 
 def gradient_value_bytes(compression: str) -> int:
@@ -118,15 +127,34 @@ def payload_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
 
 
 def wire_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
-    """Bytes :func:`all_reduce_sum` all-reduces per replica: the payload, plus fp16's float32 range scalar.
+    """Bytes one replica hands to the collectives per step for ``tensors``: the payload, plus fp16's float32
+    range scalar; PowerSGD's factors and whole tensors, or top-k's values and int32 indices.
 
     Example:
         >>> import numpy as np
         >>> wire_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="fp16"))
         2004
+        >>> wire_bytes([np.zeros([512, 256], np.float32)], CollectiveConfig(compression="powersgd", rank=4))
+        12288
+        >>> wire_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="topk", density=0.01))
+        80
     """
+    counter = _COMPRESSOR_BYTES.get(config.compression)
+    if counter is not None:
+        return counter([[int(d) for d in t.shape] for t in tensors], config)
     scale = 4 if config.compression == "fp16" and len(tensors) else 0
     return payload_bytes(tensors, config) + scale
+
+
+def _powersgd_bytes(shapes: Sequence[Sequence[int]], config: CollectiveConfig) -> int:
+    return 4 * sum(lowrank_value_count(shapes, rank=config.rank))  # Float32 factors and whole tensors.
+
+
+def _topk_bytes(shapes: Sequence[Sequence[int]], config: CollectiveConfig) -> int:
+    return sum(8 * topk_count(math.prod(shape), density=config.density) for shape in shapes)  # Value + index.
+
+
+_COMPRESSOR_BYTES = {"powersgd": _powersgd_bytes, "topk": _topk_bytes}
 
 
 def _itemsize(tensor: Any) -> int:

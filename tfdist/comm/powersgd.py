@@ -41,13 +41,19 @@ EPSILON = 1e-8  # Added to a column's norm: a zero column stays zero instead of 
 AllReduce = Callable[[Sequence[Any]], Sequence[Any]]
 
 
+def check_rank(rank: int) -> int:
+    """``rank`` if it is a valid PowerSGD rank (an int of at least 1); else a StrategyError naming it."""
+    require_int(StrategyError, "rank", rank, minimum=1, fix="PowerSGD needs a rank of at least 1, e.g. 4.")
+    return rank
+
+
 def matrix_shape(shape: Sequence[int], *, rank: int) -> tuple[int, int] | None:
     """The ``(n, m)`` matrix a gradient of ``shape`` is compressed as, or None if it is summed whole.
 
     A tensor of rank 2 or more is seen as ``[prod(shape[:-1]), shape[-1]]`` (TF kernels keep their output
     dimension last). It is compressed only if both sides exceed ``rank`` and the factors are smaller.
     """
-    require_int(StrategyError, "rank", rank, minimum=1, fix="PowerSGD needs a rank of at least 1, e.g. 4.")
+    check_rank(rank)
     if len(shape) < 2:
         return None
     n, m = math.prod(int(d) for d in shape[:-1]), int(shape[-1])

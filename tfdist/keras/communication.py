@@ -7,6 +7,10 @@ gradient all-reduce goes through :func:`tfdist.comm.collective.all_reduce_sum`:
   is range-scaled by a power of two so sums cannot overflow, and non-finite
   gradients stay non-finite, so ``LossScaleOptimizer`` (mixed precision)
   still detects an overflow and skips the step.
+* ``compression='powersgd'`` (``rank=``) sends each weight matrix's gradient as two rank-``r`` factors,
+  ``compression='topk'`` (``density=``) only its largest entries; each worker keeps what it did not send
+  and adds it to its next gradient (error feedback, :mod:`tfdist.comm.powersgd`, :mod:`tfdist.comm.topk`).
+  That state lives in optimizer variables, so checkpoints and backups carry it.
 * ``bytes_per_pack`` / ``split_bytes`` (or ``tuning=``, the autotuner's JSON)
   set how gradients are cut into all-reduces.
 
@@ -27,8 +31,9 @@ import functools
 import os
 from typing import Any
 
-from tfdist.comm.collective import CollectiveConfig, all_reduce_sum, wire_bytes
+from tfdist.comm.collective import COMPRESSORS, CollectiveConfig, all_reduce_sum, wire_bytes
 from tfdist.errors import StrategyError, invalid
+from tfdist.keras import _compressors
 
 __all__ = ["with_communication"]
 
@@ -40,17 +45,22 @@ def with_communication(
     bytes_per_pack: int = 0,
     split_bytes: int = 0,
     tuning: str | os.PathLike[str] | Any | None = None,
+    rank: int = 4,
+    density: float = 0.01,
 ) -> Any:
     """A copy of ``optimizer`` that communicates gradients as configured.
 
     Args:
       optimizer: A tf-keras optimizer (``tf_keras.optimizers.SGD``, ``Adam``...),
         not yet used. Create it under the strategy's scope, as usual.
-      compression: Wire dtype for the gradient all-reduce: 'none', 'fp16', 'bf16'.
+      compression: Wire dtype for the gradient all-reduce: 'none', 'fp16', 'bf16'; or a compressor with
+        error feedback: 'powersgd', 'topk'.
       bytes_per_pack: Pack size of the all-reduce (0: the strategy's setting).
       split_bytes: Split larger gradients into pieces of this size (0: never).
       tuning: A ``CollectiveTuning`` or its JSON path; supplies
         ``bytes_per_pack`` and ``split_bytes`` (explicit arguments win).
+      rank: PowerSGD's rank (compression='powersgd').
+      density: The share of each gradient's entries sent (compression='topk').
 
     Returns:
       An optimizer of a subclass of ``type(optimizer)`` with the same config.
@@ -59,8 +69,8 @@ def with_communication(
       into it (None before the first step).
 
     Raises:
-      StrategyError: An invalid setting, or an optimizer that is not a tf-keras
-        ``Optimizer``.
+      StrategyError: An invalid setting, an optimizer that is not a tf-keras
+        ``Optimizer``, or a compressor under a strategy it cannot run in.
     """
     import tf_keras
 
@@ -78,7 +88,11 @@ def with_communication(
         loaded = CollectiveTuning.of(tuning)
         bytes_per_pack = bytes_per_pack or loaded.bytes_per_pack
         split_bytes = split_bytes or loaded.split_bytes
-    config = CollectiveConfig(compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes)
+    config = CollectiveConfig(
+        compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes, rank=rank, density=density
+    )
+    if config.compression in COMPRESSORS:
+        _check_compressor_strategy(config.compression)
     base = type(optimizer)
     if issubclass(base, _CommunicationMixin):
         raise invalid(
@@ -94,6 +108,23 @@ def with_communication(
     return new
 
 
+def _check_compressor_strategy(compression: str) -> None:
+    """A StrategyError where a compressor cannot run: parameter servers (no all-reduce to replace)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise invalid(
+            StrategyError,
+            "compression",
+            compression,
+            "'none', 'fp16' or 'bf16' under ParameterServerStrategy (workers send gradients to the parameter "
+            "servers, not to each other: there is no all-reduce to compress)",
+            "Use MultiWorkerMirroredStrategy for PowerSGD or top-k, or shard the variables over more "
+            "parameter servers (tfdist.build_strategy('parameter_server', ...)).",
+        )
+
+
 @functools.cache
 def _subclass(base: type) -> type[Any]:
     return type(f"Communicating{base.__name__}", (_CommunicationMixin, base), {"__module__": __name__})
@@ -107,6 +138,10 @@ class _CommunicationMixin:
     def _tfdist_setup(self, config: CollectiveConfig) -> None:
         # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
         object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
+        if config.compression in COMPRESSORS:
+            # The compressors' errors and Q factors, created at the first step: a list the optimizer tracks,
+            # so checkpoints carry them (tfdist.keras._compressors).
+            self.tfdist_compression_state: list[Any] = []
 
     @property
     def communication(self) -> CollectiveConfig:
@@ -126,7 +161,14 @@ class _CommunicationMixin:
         grads = [pairs[i][0] for i in dense]
         self._tfdist["bytes"] = wire_bytes(grads, config)
         out = list(pairs)
-        for i, grad in zip(dense, all_reduce_sum(grads, config)):
+        if config.compression in COMPRESSORS:
+            if sparse and not self._tfdist.get("sparse_logged"):
+                self._tfdist["sparse_logged"] = True
+                _compressors.log_sparse(config, [pairs[i][1] for i in sparse])
+            summed = _compressors.aggregate(self, grads, [pairs[i][1] for i in dense], config)
+        else:
+            summed = all_reduce_sum(grads, config)
+        for i, grad in zip(dense, summed):
             out[i] = (grad, pairs[i][1])
         if sparse:  # IndexedSlices (embedding rows) keep TF's own sparse aggregation.
             merged = super().aggregate_gradients([pairs[i] for i in sparse])  # type: ignore[misc]
