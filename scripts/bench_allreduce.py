@@ -11,7 +11,9 @@ With 2 workers (the default) one run measures, side by side:
     and one all_reduce per tensor;
   * the loopback limit: both processes exchanging the same bytes over TCP at once (a 2-process ring
     moves each byte once in each direction), with no arithmetic;
-  * the cost model (tfdist.plan) fitted to TF's default all-reduce, predicted vs measured.
+  * the cost model (tfdist.plan) fitted to TF's default all-reduce, predicted vs measured;
+  * PowerSGD (ranks 1, 2, 4) and top-k (1%) on the ResNet-50 list end to end (error added, compressed,
+    communicated with the tuned packing, decompressed, new error and Q), with their wire bytes.
 With --workers 3 or 4 it measures only TF's default all-reduce and fits the cost model there.
 """
 
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -97,7 +100,69 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
         out[name]["resnet50"] = timer(resnet, config)
     out["default"]["resnet50"] = timer(resnet, None)
     out["default_fp16"] = {"resnet50": timer(resnet, CollectiveConfig(compression="fp16"))}
+    for name, config in _compressed_variants(pack).items():
+        once = compressed_timer(strategy, resnet, config)
+        out[name] = {"resnet50": statistics.median(once() for _ in range(repeats))}
+        # The same arithmetic with no collective (each worker alone, both at once: what the cores cost).
+        once = compressed_timer(strategy, resnet, config, local=True)
+        out[f"{name}_compute"] = {"resnet50": statistics.median(once() for _ in range(repeats))}
     return out
+
+
+def _compressed_variants(pack: int) -> dict[str, Any]:
+    """PowerSGD at ranks 1, 2 and 4 and top-k at 1%, with the tuned packing for what they all-reduce."""
+    from tfdist.comm import CollectiveConfig
+
+    variants = {
+        f"powersgd_r{r}": CollectiveConfig(compression="powersgd", rank=r, bytes_per_pack=pack) for r in (1, 2, 4)
+    }
+    variants["topk_1pct"] = CollectiveConfig(compression="topk", density=0.01, bytes_per_pack=pack)
+    return variants
+
+
+def compressed_timer(
+    strategy: Any, shapes: list[tuple[int, ...]], config: Any, *, local: bool = False
+) -> Callable[[], float]:
+    """A traced, warmed-up compressed step on float32 gradients of ``shapes``, end to end: error added,
+    compressed, communicated, decompressed, new error and Q (as ``with_communication`` runs it).
+    ``local``: the collectives replaced by identities (the arithmetic alone)."""
+    import tensorflow as tf
+
+    from tfdist.comm import CollectiveConfig, all_reduce_sum, matrix_shape, powersgd_sum, topk_sum
+
+    plain = CollectiveConfig(compression="none", bytes_per_pack=config.bytes_per_pack)  # The factors: float32.
+    rng = tf.random.Generator.from_seed(0)
+    grads = [strategy.experimental_distribute_values_from_function(lambda context, s=s: rng.normal(s)) for s in shapes]
+    views = [matrix_shape(s, rank=config.rank) for s in shapes]
+    device = strategy.extended.worker_devices[0]
+
+    def replica_fn(*tensors: Any) -> Any:
+        with tf.device(device):
+            placed = [tf.identity(t) for t in tensors]
+        context = tf.distribute.get_replica_context()
+        alone = lambda ts: [tf.identity(t) for t in ts]  # noqa: E731
+        if config.compression == "topk":
+            errors = [tf.zeros_like(t) for t in placed]
+            gather = alone if local else lambda ts: context.all_gather(list(ts), axis=0)
+            return topk_sum(placed, errors, density=config.density, all_gather=gather)
+        errors = [None if v is None else tf.zeros(v) for v in views]
+        qs = [None if v is None else tf.ones([v[1], config.rank]) for v in views]
+        reduce = alone if local else lambda ts: all_reduce_sum(list(ts), plain)
+        summed, new_errors, new_qs = powersgd_sum(placed, errors, qs, rank=config.rank, all_reduce=reduce)
+        return summed, [e for e in new_errors if e is not None], [q for q in new_qs if q is not None]
+
+    @tf.function
+    def step(*tensors: Any) -> Any:
+        return strategy.run(replica_fn, args=tensors)
+
+    def once() -> float:
+        start = time.perf_counter()
+        result = step(*grads)  # A function's outputs are all computed: the sums, the errors and the Qs.
+        strategy.experimental_local_results(tf.nest.flatten(result)[0])[0].numpy()
+        return time.perf_counter() - start
+
+    once()
+    return once
 
 
 # ----------------------------------------------------------------------------- gloo and loopback peers
@@ -258,7 +323,32 @@ def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[s
         goals["64MB tuned fp16 / gloo (goal <= 4)"] = big["tuned_fp16_over_gloo"]
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
         goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
-    return {"rows": rows, "goals": goals}
+    from tfdist.comm import CollectiveConfig, wire_bytes
+
+    float32 = types.SimpleNamespace(size=4)  # wire_bytes reads .shape and, uncompressed, .dtype.size.
+    shapes = [types.SimpleNamespace(shape=s, dtype=float32) for s in resnet50_shapes()]
+    compressed = []
+    for name, config in _compressed_variants(0).items():
+        if name not in tf_times:
+            continue
+        sent, full = wire_bytes(shapes, config), wire_bytes(shapes, CollectiveConfig())
+        row = {
+            "variant": name,
+            "ms": _ms(tf_times[name]["resnet50"]),
+            "wire_bytes": sent,
+            "fewer_bytes_than_fp32": round(full / sent, 1),
+            "speedup_vs_tf_default": round(default["resnet50"] / tf_times[name]["resnet50"], 2),
+        }
+        if f"{name}_compute" in tf_times:
+            row["compute_ms"] = _ms(tf_times[f"{name}_compute"]["resnet50"])
+        if gloo_times:
+            row["over_gloo_ddp"] = round(tf_times[name]["resnet50"] / gloo_times["resnet50"], 2)
+        compressed.append(row)
+    if gloo_times and "powersgd_r4" in tf_times:
+        goals["resnet50 PowerSGD r4 / gloo DDP buckets fp32 (goal <= 0.5)"] = round(
+            tf_times["powersgd_r4"]["resnet50"] / gloo_times["resnet50"], 2
+        )
+    return {"rows": rows, "compressed": compressed, "goals": goals}
 
 
 def main() -> int:

@@ -216,3 +216,29 @@ def test_powersgd_under_mixed_precision_trains_like_float32() -> None:
     assert losses[0][-1] < losses[0][0] / 2
     np.testing.assert_allclose(losses[1], losses[0], rtol=2e-2)
     assert states == [["float32", "float32"]] * 2
+
+
+def test_topk_of_large_tensors_is_exact_with_ties_and_zeros() -> None:
+    # Above 16,384 values a sampled threshold narrows the candidates; the selection must stay top_k's.
+    import tensorflow as tf
+
+    from tfdist.comm.topk import topk_sum
+
+    rng = np.random.default_rng(3)
+    cases = [
+        rng.normal(size=(300, 1000)).astype("float32"),  # Distinct magnitudes.
+        np.repeat(np.arange(50, dtype="float32"), 2000),  # Ties across the threshold: the lower index wins.
+        np.zeros(40_000, "float32"),  # Nothing passes a threshold of 0 more than everything.
+        np.concatenate([np.full(100, 9.0), np.zeros(60_000)]).astype("float32"),  # Fewer large than k.
+    ]
+    for grad in cases:
+        error = rng.normal(size=grad.shape).astype("float32") * 0.01 if grad.ndim == 2 else np.zeros_like(grad)
+        summed, errors = topk_sum(
+            [tf.constant(grad)], [tf.constant(error)], density=0.01, all_gather=lambda ts: [tf.identity(t) for t in ts]
+        )
+        flat = (grad + error).reshape(-1).astype("float64")
+        pick = np.argsort(-np.abs(flat), kind="stable")[: topk_count(flat.size, density=0.01)]
+        want = np.zeros_like(flat)
+        want[pick] = flat[pick]
+        np.testing.assert_allclose(summed[0].numpy().reshape(-1), want, atol=1e-6)
+        np.testing.assert_allclose(errors[0].numpy().reshape(-1), flat - want, atol=1e-6)
