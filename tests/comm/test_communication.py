@@ -97,6 +97,17 @@ class TestTwoWorkerCommunication:
                 np.testing.assert_allclose(state_a["saved"][i], local_a + local_b, rtol=1e-6, atol=1e-7)
                 np.testing.assert_allclose(state_b["saved"][i], state_a["saved"][i], rtol=1e-6, atol=1e-7)
 
+    def test_local_sgd_averages_every_period_and_equals_sync_sgd_at_period_1(self, a: dict, b: dict) -> None:
+        # Period 1: each worker's step from its own batch, then the mean: synchronous SGD's step.
+        np.testing.assert_allclose(a["local1"]["weights"], a["plain"]["weights"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a["local1"]["loss"], a["plain"]["loss"], rtol=1e-5)
+        local = a["local4"]
+        assert local["updates"] == a["plain"]["updates"] == 32  # 8 steps per epoch: the last one ends a period.
+        np.testing.assert_array_equal(local["weights"], b["local4"]["weights"])  # Averaged at the end ...
+        assert local["middle"] and local["middle"] != b["local4"]["middle"]  # ... apart within a period.
+        assert local["loss"][-1] < local["loss"][0] / 2
+        assert not np.allclose(local["weights"], a["plain"]["weights"], atol=1e-4)  # Not synchronous SGD.
+
     def test_wrapper_without_compression_equals_plain_keras(self, a: dict) -> None:
         np.testing.assert_array_equal(a["none"]["weights"], a["plain"]["weights"])
 

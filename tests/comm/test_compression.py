@@ -151,18 +151,22 @@ def test_sparse_gradients_are_summed_by_tf_uncompressed_and_logged(caplog: pytes
 
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
-        [keras.Input((1,), dtype="int64"), keras.layers.Embedding(10, 4), keras.layers.Flatten(), keras.layers.Dense(8)]
+        [
+            keras.Input((1,), dtype="int64"),
+            keras.layers.Embedding(10, 4, name="ids"),  # Named: default names would shift other tests' names.
+            keras.layers.Flatten(name="flat"),
+            keras.layers.Dense(8, name="out"),
+        ]
     )
     model.compile(optimizer=with_communication(keras.optimizers.SGD(0.5), compression="topk", density=0.5), loss="mse")
     table = model.layers[0].embeddings.numpy()
     with caplog.at_level("WARNING", logger="tfdist.keras"):
         loss = model.fit(np.arange(8).reshape(8, 1), np.ones((8, 8)), epochs=5, verbose=0).history["loss"]
     assert loss[-1] < loss[0]
-    assert "get sparse (IndexedSlices) gradients" in caplog.text and "embeddings" in caplog.text
+    assert "get sparse (IndexedSlices) gradients" in caplog.text and "ids/embeddings" in caplog.text
     rows = model.layers[0].embeddings.numpy()
     assert not np.allclose(rows[:8], table[:8]) and np.array_equal(rows[8:], table[8:])  # Only the rows used.
-    dense = model.layers[-1].name
-    assert [v.name.split("/")[0] for v in model.optimizer.tfdist_compression_state] == [dense, dense]
+    assert [v.name.split("/")[0] for v in model.optimizer.tfdist_compression_state] == ["out", "out"]
     assert caplog.text.count("get sparse") == 1  # Once, however often the step is traced.
 
 
@@ -179,7 +183,13 @@ def test_one_worker_trains_and_counts_its_bytes() -> None:
         ("topk", {}, 2 + 1 + 1 + 1),
     ):
         keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="tanh", name="hidden"),
+                keras.layers.Dense(1, name="out"),
+            ]
+        )
         optimizer = with_communication(keras.optimizers.SGD(0.05), compression=compression, **options)
         model.compile(optimizer=optimizer, loss="mse")
         loss = model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"]
@@ -204,7 +214,11 @@ def test_powersgd_under_mixed_precision_trains_like_float32() -> None:
         try:
             keras.utils.set_random_seed(1)
             model = keras.Sequential(
-                [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1, dtype="float32")]
+                [
+                    keras.Input((8,)),
+                    keras.layers.Dense(16, activation="tanh", name="hidden"),
+                    keras.layers.Dense(1, dtype="float32", name="out"),
+                ]
             )
             inner = with_communication(keras.optimizers.SGD(0.05), compression="powersgd", rank=2)
             optimizer = keras.mixed_precision.LossScaleOptimizer(inner) if policy != "float32" else inner

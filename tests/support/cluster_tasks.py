@@ -466,10 +466,13 @@ def _comm_fit(
     accumulate: int = 1,
     tuning: str = "",
     state_dir: str = "",
+    local: int = 0,
     **compressor: Any,
 ) -> dict[str, Any]:
-    """One seeded fit of the regression model; compression/accumulation/tuning as asked."""
-    from tfdist.keras import accumulate_gradients, with_communication
+    """One seeded fit of the regression model; compression/accumulation/tuning/local SGD as asked."""
+    import numpy as np
+
+    from tfdist.keras import accumulate_gradients, local_sgd, with_communication
 
     keras.utils.set_random_seed(1)
     with strategy.scope():
@@ -481,9 +484,20 @@ def _comm_fit(
             )
         model.compile(optimizer=optimizer, loss="mse")
     accumulate_gradients(model, steps=accumulate)
-    history = model.fit(_regression_dataset(batch), epochs=epochs, verbose=0)
+    middle: list[float] = []
+    callbacks = []
+    if local:
+        local_sgd(model, period=local)
+
+        def probe(batch: int, logs: Any) -> None:  # The weights halfway through a period: this worker's own.
+            if not middle and int(optimizer.iterations.numpy()) % local == local // 2:
+                middle.append(float(np.sum(np.abs(_flat_weights(model)))))
+
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=probe))
+    history = model.fit(_regression_dataset(batch), epochs=epochs, verbose=0, callbacks=callbacks)
     weights = _flat_weights(model)
     out = {
+        "middle": middle,
         "loss": [float(v) for v in history.history["loss"]],
         "weights": weights.tolist(),
         "bytes": getattr(optimizer, "communication_bytes_per_step", None),
@@ -532,6 +546,8 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
         out[name] = _comm_fit(
             keras, strategy, batch=64, epochs=4, compression=name, state_dir=os.path.join(state_dir, name), **compressor
         )
+    out["local1"] = _comm_fit(keras, strategy, batch=64, epochs=4, local=1)
+    out["local4"] = _comm_fit(keras, strategy, batch=64, epochs=4, local=4)
     out["accumulate4_powersgd"] = _comm_fit(
         keras, strategy, batch=128, epochs=3, accumulate=4, compression="powersgd", rank=2
     )

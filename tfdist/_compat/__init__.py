@@ -47,6 +47,7 @@ from tfdist._compat.keras import (
     restored_counters,
     resume_counters,
     saving_before_preemption,
+    steps_per_execution,
     training_state,
     validate_target_and_loss,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "resume_counters",
     "saving_before_preemption",
     "single_device_functions",
+    "steps_per_execution",
     "stop_data_server",
     "tfrecord_reader",
     "tfrecord_reader_at",

@@ -15,7 +15,13 @@ from tfdist._compat.data import (
     unbatch_dense,
 )
 from tfdist._compat.distribute import _sharded_variable_class
-from tfdist._compat.keras import backup_base, callback_base, saving_before_preemption, training_state
+from tfdist._compat.keras import (
+    backup_base,
+    callback_base,
+    saving_before_preemption,
+    steps_per_execution,
+    training_state,
+)
 from tfdist.errors import StackError
 from tfdist.runtime.versions import stack_problem, stack_text
 
@@ -44,6 +50,7 @@ def _check_backup_state() -> None:
         for name in ("read_checkpoint_manager", "write_checkpoint_manager"):
             _attr(state, name, "PreemptionSafeBackup")
         _attr(model, "_validate_target_and_loss", "accumulate_gradients")
+        steps_per_execution(model)
 
 
 def _check_coordination_barrier() -> None:

@@ -151,6 +151,12 @@ def attach_preemption_handler(state: Any, model: Any, handler: Any) -> None:
         state.read_checkpoint_manager.restore_or_initialize()
 
 
+def steps_per_execution(model: Any) -> int:
+    """The steps one call of a compiled tf-keras model's train function runs (``compile(steps_per_execution=)``)."""
+    value = _attr(model, "_steps_per_execution", "local_sgd")
+    return 1 if value is None else int(value.numpy())
+
+
 def validate_target_and_loss(model: Any, y: Any, loss: Any) -> None:
     """tf-keras' own check in ``train_step`` that targets and a loss were given."""
     _attr(model, "_validate_target_and_loss", "accumulate_gradients")(y, loss)

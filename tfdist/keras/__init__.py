@@ -38,6 +38,7 @@ TFDIST_NAMES = {
     "sidecar_evaluate": "tfdist.keras.sidecar",
     "with_communication": "tfdist.keras.communication",
     "accumulate_gradients": "tfdist.keras.accumulation",
+    "local_sgd": "tfdist.keras.averaging",
     "embedding_layout": "tfdist.keras.embeddings",
     "local_weights": "tfdist.keras.embeddings",
     "EmbeddingShard": "tfdist.keras.embeddings",
