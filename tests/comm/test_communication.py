@@ -268,3 +268,22 @@ def test_accumulate_gradients_validates() -> None:
         accumulate_gradients(Custom(), steps=2)
     assert accumulate_gradients(model, steps=1) is model
     assert "train_step" not in model.__dict__
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_compressors_and_local_sgd_on_three_workers() -> None:
+    # Uneven shards too: 512 records in global batches of 96 leave a last batch of 32 (11, 11 and 10).
+    cluster = testing.run_cluster(cluster_tasks.compressed_fits, workers=3, timeout=240)
+    assert_all_gone([t.pid for t in cluster.result.tasks])
+    assert cluster.ok, cluster.result.summary()
+    runs = [cluster.values[f"worker:{i}"] for i in range(3)]
+    for name in ("plain", "powersgd", "topk", "local1", "local4"):
+        for other in runs[1:]:
+            np.testing.assert_array_equal(runs[0][name]["weights"], other[name]["weights"], err_msg=name)
+        loss = runs[0][name]["loss"]
+        assert loss[-1] < loss[0] / 2, (name, loss)
+    np.testing.assert_allclose(runs[0]["local1"]["weights"], runs[0]["plain"]["weights"], rtol=1e-5, atol=1e-6)
+    middles = {tuple(r["local4"]["middle"]) for r in runs}
+    assert len(middles) == 3  # Three workers, three different weights inside a period.
+    assert runs[0]["powersgd"]["bytes"] == 4 * (2 * (8 + 16) + 16 + 16 + 1)

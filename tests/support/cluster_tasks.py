@@ -582,6 +582,23 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     return out
 
 
+def compressed_fits() -> dict[str, Any]:
+    """PowerSGD, top-k and local SGD fits on whatever number of workers the cluster has (3 in the test)."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring", timeout_seconds=120)
+    from tfdist import keras
+
+    fits: dict[str, dict[str, Any]] = {
+        "plain": {},
+        "powersgd": {"compression": "powersgd", "rank": 2},
+        "topk": {"compression": "topk", "density": 0.25},
+        "local1": {"local": 1},
+        "local4": {"local": 4},
+    }
+    return {name: _comm_fit(keras, strategy, batch=96, epochs=4, **options) for name, options in fits.items()}
+
+
 def _sparse_fit(keras: Any, strategy: Any) -> dict[str, Any]:
     """An embedding (IndexedSlices gradient) next to dense layers, with fp16 compression of the dense ones."""
     import numpy as np
