@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,3 +233,54 @@ def test_cli_embedding_traffic() -> None:
     half = subprocess.run(base + ["--embedding-values", "320M"], capture_output=True, text=True, timeout=60)
     assert half.returncode == 2
     assert "Expected both" in half.stderr
+
+
+def test_compressed_traffic_formulas() -> None:
+    from tfdist.plan import compressed_traffic
+
+    shapes = [(2048, 1000), (1000,), (3, 3, 64, 64)]  # 2048000 + 1000 + 36864 values
+    link: dict[str, Any] = {"workers": 4, "bandwidth": 1e9, "latency": 1e-4}
+    ring = lambda b: 2 * 3 * 1e-4 + 2 * 3 / 4 * b / 1e9  # noqa: E731
+    power = compressed_traffic(shapes=shapes, compression="powersgd", rank=4, **link)
+    p, q, whole = 4 * (2048 + 576), 4 * (1000 + 64), 1000  # The kernel as [576, 64]; the bias whole.
+    assert power.bytes_per_step == 4 * (p + q + whole)
+    assert power.seconds_per_step == pytest.approx(ring(4 * p) + ring(4 * (q + whole)))
+    assert power.fewer_bytes == pytest.approx(4 * 2085864 / power.bytes_per_step)
+    top = compressed_traffic(shapes=shapes, compression="topk", density=0.01, **link)
+    k = 20480 + 10 + 369  # ceil(1% of each)
+    assert top.bytes_per_step == 8 * k
+    assert top.seconds_per_step == pytest.approx(2 * (3 * 1e-4 + 3 * 4 * k / 1e9))  # Two all-gathers.
+    local = compressed_traffic(shapes=shapes, compression="local_sgd", period=8, **link)
+    assert local.bytes_per_step == 4 * 2085864 / 8 and local.fewer_bytes == 8
+    assert local.seconds_per_step == pytest.approx(ring(4 * 2085864) / 8)
+    one = compressed_traffic(shapes=shapes, compression="powersgd", workers=1, bandwidth=1e9, latency=1e-4)
+    assert one.seconds_per_step == 0.0
+    with pytest.raises(PlanError, match="`shapes`"):
+        compressed_traffic(shapes=[(0, 3)], compression="topk", **link)
+    with pytest.raises(PlanError, match="`compression`. Received: 'dgc'"):
+        compressed_traffic(shapes=shapes, compression="dgc", **link)
+
+
+def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
+    def plan(*args: str) -> subprocess.CompletedProcess[str]:
+        base = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--bandwidth", "1.25GB/s"]
+        return subprocess.run([*base, "--latency", "50us", *args], capture_output=True, text=True, timeout=60)
+
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text("[[2048, 1000], [1000]]")
+    done = plan("--compression", "powersgd", "--rank", "4", "--shapes", str(shapes), "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000)
+    assert data["gradient_bytes"] == 4 * 2049000  # Params from the shapes.
+    text = plan("--compression", "local-sgd", "--period", "8", "--shapes", "[[2048, 1000], [1000]]")
+    assert text.returncode == 0, text.stderr
+    assert "local-sgd:" in text.stdout and "8.0x fewer bytes" in text.stdout
+    missing = plan("--compression", "topk", "--params", "25M")
+    assert (
+        missing.returncode == 2 and "`--compression`. Received: 'topk'. Expected --shapes or --model" in missing.stderr
+    )
+    bad = plan("--compression", "topk", "--shapes", "[[3, -1]]")
+    assert bad.returncode == 2 and "Invalid value for `--shapes`" in bad.stderr
+    neither = plan()
+    assert neither.returncode == 2 and "`--params`" in neither.stderr

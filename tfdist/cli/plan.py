@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tfdist.comm.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
 from tfdist.errors import PlanError, invalid
-from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
+from tfdist.plan import OPTIMIZER_SLOTS, Plan, compressed_traffic, parse_quantity
 from tfdist.runtime.program import one_line
 
 _Default = TypeVar("_Default", float, None)  # optional()'s default: a float gives a float.
@@ -29,7 +31,13 @@ _FLAGS = {
     "compute_s": "--compute",
     "embedding_values": "--embedding-values",
     "embedding_touched": "--embedding-touched",
+    "shapes": "--shapes",
+    "rank": "--rank",
+    "density": "--density",
+    "period": "--period",
 }
+# Compressors with error feedback, and local SGD: flag value -> tfdist.plan.COMPRESSORS' name.
+_COMPRESSORS = {"powersgd": "powersgd", "topk": "topk", "local-sgd": "local_sgd"}
 _EXAMPLES = {
     "params": "7B",
     "bandwidth": "10Gbps",
@@ -64,7 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Alpha-beta cost model for ring and tree all-reduce and parameter "
         "servers, plus weights+gradients+optimizer memory per replica.",
     )
-    parser.add_argument("--params", required=True, help="trainable parameters, e.g. 25.6M or 7B")
+    parser.add_argument(
+        "--params", default=None, help="trainable parameters, e.g. 25.6M or 7B (default: from --shapes or --model)"
+    )
     parser.add_argument("--workers", type=int, required=True, help="machines")
     parser.add_argument(
         "--gpus-per-worker", type=int, default=1, help="devices per machine (replicas = workers x this)"
@@ -74,7 +84,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--device-memory", default=None, help="memory per device, e.g. 16GiB")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
     parser.add_argument(
-        "--compression", choices=GRADIENT_COMPRESSIONS, default="none", help="gradient compression on the wire"
+        "--compression",
+        choices=GRADIENT_COMPRESSIONS + tuple(_COMPRESSORS),
+        default="none",
+        help="gradient compression on the wire; powersgd, topk and local-sgd need the weights' shapes",
+    )
+    parser.add_argument("--rank", type=int, default=4, help="PowerSGD's rank (--compression powersgd)")
+    parser.add_argument("--density", type=float, default=0.01, help="top-k's share of entries (--compression topk)")
+    parser.add_argument("--period", type=int, default=4, help="steps between averagings (--compression local-sgd)")
+    parser.add_argument("--shapes", default=None, help="the trainable weights' shapes: a JSON list, or a JSON file")
+    parser.add_argument(
+        "--model", default=None, help="a tf_keras.applications model whose weights' shapes to use, e.g. ResNet50"
     )
     parser.add_argument("--ps-shards", type=int, default=None, help="parameter servers (default: --workers)")
     parser.add_argument("--compute", default=None, help="compute time per step, e.g. 120ms")
@@ -105,28 +125,69 @@ def run(args: argparse.Namespace) -> int:
         def optional(text: str | None, kind: str, default: _Default, flag: str) -> float | _Default:
             return default if text is None else parse_quantity(text, kind, field=flag)  # "" is an error, not unset.
 
+        shapes = _shapes(args)
+        if args.params is None and shapes is None:
+            raise invalid(
+                PlanError, "--params", None, "a parameter count, or --shapes or --model", "Pass e.g. --params 25.6M."
+            )
+        if args.compression in _COMPRESSORS and shapes is None:
+            raise invalid(
+                PlanError,
+                "--compression",
+                args.compression,
+                "--shapes or --model with it (what it sends depends on each weight's shape)",
+                "Pass e.g. --model ResNet50, or --shapes '[[2048, 1000], [1000]]'.",
+            )
+        params = (
+            parse_quantity(args.params, field="--params")
+            if args.params is not None
+            else float(sum(math.prod(s) for s in shapes or []))
+        )
+        wire = "none" if args.compression in _COMPRESSORS else args.compression
         plan = Plan(
-            params=parse_quantity(args.params, field="--params"),
+            params=params,
             workers=args.workers,
             gpus_per_worker=args.gpus_per_worker,
             bandwidth=parse_quantity(args.bandwidth, "bandwidth", field="--bandwidth"),
             latency=parse_quantity(args.latency, "time", field="--latency"),
             device_memory=optional(args.device_memory, "bytes", None, "--device-memory"),
             optimizer=args.optimizer,
-            bytes_per_value=gradient_value_bytes(args.compression),
+            bytes_per_value=gradient_value_bytes(wire),
             ps_shards=args.ps_shards,
             compute_s=optional(args.compute, "time", None, "--compute"),
             embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
             embedding_touched=optional(args.embedding_touched, "count", 0.0, "--embedding-touched"),
         )
+        compressed = (
+            compressed_traffic(
+                shapes=shapes or [],
+                workers=plan.workers,
+                bandwidth=plan.bandwidth,
+                latency=plan.latency,
+                compression=_COMPRESSORS[args.compression],
+                rank=args.rank,
+                density=args.density,
+                period=args.period,
+            )
+            if args.compression in _COMPRESSORS
+            else None
+        )
     except PlanError as err:
         sys.stderr.write(f"tfdist plan: error: {one_line(str(_in_flags(err)))}\n")
         return 2
     data = plan.to_dict()
+    if compressed is not None:
+        data["compressed"] = compressed.to_dict()
     if args.json:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")  # Strict JSON: never Infinity or NaN.
         return 0
     embedding = ""
+    if compressed is not None:
+        embedding += (
+            f"{args.compression + ':':19}{compressed.seconds_per_step * 1e3:10.2f} ms/step, "
+            f"{compressed.bytes_per_step / 1e6:.3f} MB/worker step ({compressed.fewer_bytes:.1f}x fewer bytes "
+            "than float32; the wire only, not the compressor's arithmetic)\n"
+        )
     if "embedding_ratio" in data:
         embedding = (
             f"embedding tables:  {data['embedding_ps_bytes'] / 1e6:10.3f} MB/worker step as ps rows, "
@@ -143,3 +204,50 @@ def run(args: argparse.Namespace) -> int:
         + "".join(f"  - {reason}\n" for reason in data["reasons"])
     )
     return 0
+
+
+def _shapes(args: argparse.Namespace) -> list[list[int]] | None:
+    """The weights' shapes from ``--shapes`` (JSON, or a JSON file) or ``--model`` (tf_keras.applications)."""
+    if args.shapes is not None and args.model is not None:
+        raise invalid(PlanError, "--model", args.model, "either --shapes or --model, not both", "Drop one of them.")
+    if args.shapes is not None:
+        text = args.shapes
+        if os.path.isfile(text):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        try:
+            shapes: Any = json.loads(text)
+        except json.JSONDecodeError:
+            shapes = None
+        if (
+            not isinstance(shapes, list)
+            or not all(
+                isinstance(s, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in s)
+                for s in shapes
+            )
+            or not shapes
+        ):
+            raise invalid(
+                PlanError,
+                "--shapes",
+                args.shapes,
+                "a JSON list of shapes (each a list of positive integers), or a file holding one",
+                "Pass e.g. --shapes '[[3, 3, 64, 64], [64]]'.",
+            )
+        return [list(s) for s in shapes]
+    if args.model is not None:
+        return _application_shapes(args.model)
+    return None
+
+
+def _application_shapes(name: str) -> list[list[int]]:
+    """The trainable weights' shapes of ``tf_keras.applications.<name>`` (built without weights)."""
+    import tf_keras
+
+    names = sorted(n for n in dir(tf_keras.applications) if n[:1].isupper())
+    if name not in names:
+        from tfdist._names import describe_choices
+
+        raise invalid(PlanError, "--model", name, describe_choices(name, names))
+    model = getattr(tf_keras.applications, name)(weights=None)
+    return [[int(d) for d in w.shape] for w in model.trainable_weights]
