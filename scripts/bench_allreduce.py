@@ -13,7 +13,8 @@ With 2 workers (the default) one run measures, side by side:
     moves each byte once in each direction), with no arithmetic;
   * the cost model (tfdist.plan) fitted to TF's default all-reduce, predicted vs measured;
   * PowerSGD (ranks 1, 2, 4) and top-k (1%) on the ResNet-50 list end to end (error added, compressed,
-    communicated with the tuned packing, decompressed, new error and Q), with their wire bytes.
+    communicated with the tuned packing, decompressed, new error and Q), with their wire bytes, the
+    arithmetic alone, and the collectives' share against tfdist.plan.compressed_traffic's prediction.
 With --workers 3 or 4 it measures only TF's default all-reduce and fits the cost model there.
 """
 
@@ -291,7 +292,9 @@ def cost_model(default: dict[str, float], workers: int) -> dict[str, Any]:
     }
 
 
-def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[str, float]) -> dict[str, Any]:
+def ratios(
+    tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[str, float], link: tuple[float, float]
+) -> dict[str, Any]:
     """Speed-ups against TF's default, and times relative to gloo and to the loopback limit."""
     default = tf_times["default"]
     variants = ("tuned_fp32", "tuned_bf16", "tuned_fp16")
@@ -324,6 +327,7 @@ def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[s
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
         goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
     from tfdist.comm import CollectiveConfig, wire_bytes
+    from tfdist.plan import compressed_traffic
 
     float32 = types.SimpleNamespace(size=4)  # wire_bytes reads .shape and, uncompressed, .dtype.size.
     shapes = [types.SimpleNamespace(shape=s, dtype=float32) for s in resnet50_shapes()]
@@ -341,6 +345,18 @@ def ratios(tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[s
         }
         if f"{name}_compute" in tf_times:
             row["compute_ms"] = _ms(tf_times[f"{name}_compute"]["resnet50"])
+            # The cost model (fitted to TF's default all-reduce above) against what the collectives took.
+            row["comm_ms"] = _ms(tf_times[name]["resnet50"] - tf_times[f"{name}_compute"]["resnet50"])
+            predicted = compressed_traffic(
+                shapes=resnet50_shapes(),
+                workers=2,
+                latency=link[0],
+                bandwidth=link[1],
+                compression=config.compression,
+                rank=config.rank,
+                density=config.density,
+            )
+            row["predicted_comm_ms"] = _ms(predicted.seconds_per_step)
         if gloo_times:
             row["over_gloo_ddp"] = round(tf_times[name]["resnet50"] / gloo_times["resnet50"], 2)
         compressed.append(row)
@@ -397,7 +413,9 @@ def main() -> int:
         limit["resnet50"] = limit.pop(str(limit_sizes[-1]))
         gloo_times = {} if args.no_gloo else gloo(args.repeats)
         report["tuning"] = run.values["worker:0"]["tuning"]
-        report.update(ratios(tf_times, gloo_times, limit))
+        fitted = report["cost_model"]
+        link = (fitted["fitted_latency_us"] * 1e-6, fitted["fitted_bandwidth_MBps"] * 1e6)
+        report.update(ratios(tf_times, gloo_times, limit, link))
     text = json.dumps(report, indent=1)
     sys.stdout.write(text + "\n")
     if args.json:

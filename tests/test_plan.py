@@ -284,3 +284,25 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "Invalid value for `--shapes`" in bad.stderr
     neither = plan()
     assert neither.returncode == 2 and "`--params`" in neither.stderr
+
+
+def test_cli_compressed_plan_from_a_keras_application() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--bandwidth", "1.25GB/s", "--latency"]
+        + ["50us", "--compression", "powersgd", "--model", "ResNet50", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["gradient_bytes"] == 4 * 25_583_592  # tf_keras' ResNet50: its trainable weights.
+    assert 50 < data["compressed"]["fewer_bytes"] < 80  # Rank 4: convs and the classifier as factors.
+    wrong = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--bandwidth", "1GB/s", "--latency"]
+        + ["50us", "--compression", "topk", "--model", "ResNet51"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert wrong.returncode == 2 and "Invalid value for `--model`. Received: 'ResNet51'" in wrong.stderr

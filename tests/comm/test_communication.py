@@ -85,9 +85,10 @@ class TestTwoWorkerCommunication:
             assert [n.split("/")[-1].split(":")[0] for n in state_a["names"]] == kinds
             for i, kind in enumerate(kinds):
                 local_a, local_b = np.array(state_a["local"][i]), np.array(state_b["local"][i])
-                if kind == "powersgd_q":  # All-reduced every step: the same everywhere, saved as it is.
+                if kind == "powersgd_q":  # All-reduced every step: the same everywhere, saved and restored as is.
                     np.testing.assert_array_equal(local_a, local_b)
                     np.testing.assert_array_equal(state_a["saved"][i], local_a)
+                    np.testing.assert_array_equal(state_a["restored"][i], local_a)
                     continue
                 if local_a.size > 1:  # Each worker keeps what it did not send (all of a 1-value bias is sent).
                     assert not np.allclose(local_a, local_b) and np.abs(local_a).max() > 0
@@ -96,6 +97,10 @@ class TestTwoWorkerCommunication:
                 # A checkpoint keeps every worker's error: their sum (a restore gives each an equal share).
                 np.testing.assert_allclose(state_a["saved"][i], local_a + local_b, rtol=1e-6, atol=1e-7)
                 np.testing.assert_allclose(state_b["saved"][i], state_a["saved"][i], rtol=1e-6, atol=1e-7)
+                # A restore gives each worker half of the sum: nothing lost, but the workers' parts evened out.
+                half = np.array(state_a["saved"][i]) / 2
+                for state in (state_a, state_b):
+                    np.testing.assert_allclose(state["restored"][i], half, rtol=1e-6, atol=1e-7)
 
     def test_local_sgd_averages_every_period_and_equals_sync_sgd_at_period_1(self, a: dict, b: dict) -> None:
         # Period 1: each worker's step from its own batch, then the mean: synchronous SGD's step.

@@ -517,14 +517,21 @@ def _compressor_state(strategy: Any, optimizer: Any, directory: str) -> dict[str
     spec = tfdist.ClusterSpec.from_tf_config()
     path = tf.train.Checkpoint(optimizer=optimizer).write(os.path.join(directory, f"state-{spec.task_id}"))
     states = optimizer.tfdist_compression_state
-    return {
+
+    def local() -> list[Any]:
+        return [strategy.experimental_local_results(v)[0].numpy().tolist() for v in states]
+
+    out = {
         "names": [v.name for v in states],
-        "local": [strategy.experimental_local_results(v)[0].numpy().tolist() for v in states],
+        "local": local(),
         "saved": [
             tf.train.load_variable(path, f"optimizer/tfdist_compression_state/{i}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
             for i in range(len(states))
         ],
     }
+    tf.train.Checkpoint(optimizer=optimizer).read(path).assert_existing_objects_matched()
+    out["restored"] = local()  # What a resume from that checkpoint starts with, on this worker.
+    return out
 
 
 def communication_checks(tuning_path: str) -> dict[str, Any]:

@@ -118,10 +118,9 @@ def _check_compressor_strategy(compression: str) -> None:
             StrategyError,
             "compression",
             compression,
-            "'none', 'fp16' or 'bf16' under ParameterServerStrategy (workers send gradients to the parameter "
+            "no compressor under ParameterServerStrategy (workers send their gradients to the parameter "
             "servers, not to each other: there is no all-reduce to compress)",
-            "Use MultiWorkerMirroredStrategy for PowerSGD or top-k, or shard the variables over more "
-            "parameter servers (tfdist.build_strategy('parameter_server', ...)).",
+            "Use MultiWorkerMirroredStrategy for PowerSGD or top-k, or train on parameter servers without compression.",
         )
 
 
