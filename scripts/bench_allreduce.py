@@ -14,7 +14,7 @@ With 2 workers (the default) one run measures, side by side:
   * the cost model (tfdist.plan) fitted to TF's default all-reduce, predicted vs measured;
   * PowerSGD (ranks 1, 2, 4) and top-k (1%) on the ResNet-50 list end to end (error added, compressed,
     communicated with the tuned packing, decompressed, new error and Q), with their wire bytes, the
-    arithmetic alone, and the collectives' share against tfdist.plan.compressed_traffic's prediction.
+    arithmetic alone, and the collectives' share against tfdist.comm.compressed_traffic's prediction.
 With --workers 3 or 4 it measures only TF's default all-reduce and fits the cost model there.
 """
 
@@ -326,8 +326,7 @@ def ratios(
         goals["64MB tuned fp16 / gloo (goal <= 4)"] = big["tuned_fp16_over_gloo"]
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
         goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
-    from tfdist.comm import CollectiveConfig, wire_bytes
-    from tfdist.plan import compressed_traffic
+    from tfdist.comm import CollectiveConfig, compressed_traffic, wire_bytes
 
     float32 = types.SimpleNamespace(size=4)  # wire_bytes reads .shape and, uncompressed, .dtype.size.
     shapes = [types.SimpleNamespace(shape=s, dtype=float32) for s in resnet50_shapes()]

@@ -236,7 +236,7 @@ def test_cli_embedding_traffic() -> None:
 
 
 def test_compressed_traffic_formulas() -> None:
-    from tfdist.plan import compressed_traffic
+    from tfdist.comm import compressed_traffic
 
     shapes = [(2048, 1000), (1000,), (3, 3, 64, 64)]  # 2048000 + 1000 + 36864 values
     link: dict[str, Any] = {"workers": 4, "bandwidth": 1e9, "latency": 1e-4}

@@ -10,8 +10,9 @@ import sys
 from typing import Any, TypeVar
 
 from tfdist.comm.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
+from tfdist.comm.traffic import compressed_traffic
 from tfdist.errors import PlanError, invalid
-from tfdist.plan import OPTIMIZER_SLOTS, Plan, compressed_traffic, parse_quantity
+from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
 from tfdist.runtime.program import one_line
 
 _Default = TypeVar("_Default", float, None)  # optional()'s default: a float gives a float.
@@ -36,7 +37,7 @@ _FLAGS = {
     "density": "--density",
     "period": "--period",
 }
-# Compressors with error feedback, and local SGD: flag value -> tfdist.plan.COMPRESSORS' name.
+# Compressors with error feedback, and local SGD: flag value -> tfdist.comm.TRAFFIC_KINDS' name.
 _COMPRESSORS = {"powersgd": "powersgd", "topk": "topk", "local-sgd": "local_sgd"}
 _EXAMPLES = {
     "params": "7B",

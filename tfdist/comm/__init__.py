@@ -16,16 +16,20 @@ from tfdist.comm.collective import (
 )
 from tfdist.comm.powersgd import lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
 from tfdist.comm.topk import topk_count, topk_sum
+from tfdist.comm.traffic import TRAFFIC_KINDS, CompressedTraffic, compressed_traffic
 
 __all__ = [
     "COMPRESSORS",
     "DEFAULT_PACK_CANDIDATES",
     "GRADIENT_COMPRESSIONS",
+    "TRAFFIC_KINDS",
     "CollectiveConfig",
     "CollectiveTuning",
+    "CompressedTraffic",
     "all_reduce_sum",
     "all_reduce_timer",
     "autotune_collectives",
+    "compressed_traffic",
     "gradient_value_bytes",
     "lowrank_value_count",
     "matrix_shape",
