@@ -95,19 +95,29 @@ def test_batch_larger_than_the_data_still_reads_it(prefixes: dict[str | None, st
     [
         pytest.param(False, id="features"),
         pytest.param(True, id="parse_fn"),
+        pytest.param("tuple", id="parse_fn_tuple"),  # tf.data hands a tuple's parts as separate arguments.
     ],
 )
 def test_dropped_records_are_logged_with_their_count(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, parse_fn: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, parse_fn: bool | str
 ) -> None:
     prefix = os.path.join(tmp_path, "d")
     write_tfrecords((_example(i) for i in range(103)), prefix, num_shards=2)
+
+    def as_tuple(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        example = tf.io.parse_single_example(record, FEATURES)
+        return example["id"], example["id"] * 2
+
     kwargs = {"parse_fn": lambda r: tf.io.parse_single_example(r, FEATURES)} if parse_fn else {"features": FEATURES}
+    if parse_fn == "tuple":
+        kwargs = {"parse_fn": as_tuple}
     pipeline = TFRecordPipeline(files=f"{prefix}-*", batch_size=20, drop_remainder=True, **kwargs)
     with caplog.at_level(logging.WARNING, logger="tfdist.data"):
-        batches = list(pipeline.dataset())
+        batches = [b if isinstance(b, dict) else {"id": b[0], "twice": b[1]} for b in pipeline.dataset()]
     assert [len(b["id"]) for b in batches] == [20] * 5
     assert batches[0]["id"].shape == (20,)  # Still a static batch after the filter.
+    if parse_fn == "tuple":
+        assert all((b["twice"].numpy() == 2 * b["id"].numpy()).all() for b in batches)
     logged = [r for r in caplog.records if r.name.startswith("tfdist.data") and r.levelno >= logging.WARNING]
     dropped = [r.getMessage() for r in logged if "drops its last partial batch" in r.getMessage()]
     assert len(dropped) == 1

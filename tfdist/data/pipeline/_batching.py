@@ -86,18 +86,20 @@ def batch(
         return batched(True)
     report = functools.partial(_log_dropped, where, batch_size)
 
-    def full(element: Any) -> Any:
-        size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
+    # tf.data passes a tuple element's parts as separate arguments: take them back as one element.
+    def full(*parts: Any) -> Any:
+        size = tf.shape(tf.nest.flatten(parts)[0], out_type=tf.int64)[0]
         return tf.cond(
             tf.equal(size, batch_size),
             lambda: tf.constant(True),
             lambda: tf.reshape(tf.py_function(report, [size], tf.bool), []),
         )
 
-    def static(element: Any) -> Any:
-        return tf.nest.map_structure(
+    def static(*parts: Any) -> Any:
+        shaped = tf.nest.map_structure(
             lambda t: tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list()) if isinstance(t, tf.Tensor) else t,
-            element,
+            parts,
         )
+        return shaped[0] if len(shaped) == 1 else shaped
 
     return batched(False).filter(full).map(static)
