@@ -71,6 +71,7 @@ PUBLIC = (
     "tfdist.data",
     "tfdist.keras",
     "tfdist.launch",
+    "tfdist.parallel",
     "tfdist.plan",
     "tfdist.runtime",
     "tfdist.strategy",

@@ -3,7 +3,7 @@
 Cluster specs and TF_CONFIG (pure Python), strategy builders, the error
 hierarchy, and the public subpackages ``tfdist.cluster``, ``tfdist.strategy``,
 ``tfdist.comm``, ``tfdist.data``, ``tfdist.launch``, ``tfdist.keras``,
-``tfdist.plan``, ``tfdist.runtime`` and ``tfdist.testing``, loaded on first
+``tfdist.parallel``, ``tfdist.plan``, ``tfdist.runtime`` and ``tfdist.testing``, loaded on first
 use: ``import tfdist`` does not import TensorFlow. Each re-exports its public
 names; the modules inside them are tfdist's own.
 
@@ -46,7 +46,7 @@ from tfdist.strategy.builders import (
 __version__ = "0.1.0"
 
 # Subpackages loaded on first attribute access (each may import TensorFlow when used).
-_LAZY_MODULES = ("cluster", "comm", "data", "keras", "launch", "plan", "runtime", "strategy", "testing")
+_LAZY_MODULES = ("cluster", "comm", "data", "keras", "launch", "parallel", "plan", "runtime", "strategy", "testing")
 
 __all__ = [
     "ClusterSpec",

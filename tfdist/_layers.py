@@ -17,7 +17,7 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdist.errors", "tfdist._names", "tfdist._options", "tfdist._layers", "tfdist.runtime", "tfdist._compat"),
     ("tfdist.cluster", "tfdist.plan"),
-    ("tfdist.strategy", "tfdist.comm"),
+    ("tfdist.strategy", "tfdist.comm", "tfdist.parallel"),
     ("tfdist.data",),
     ("tfdist.launch",),
     ("tfdist.keras",),

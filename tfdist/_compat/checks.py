@@ -14,10 +14,11 @@ from tfdist._compat.data import (
     tfrecord_reader,
     unbatch_dense,
 )
-from tfdist._compat.distribute import _sharded_variable_class
+from tfdist._compat.distribute import _dtensor_input, _sharded_variable_class, dtensor_initialized
 from tfdist._compat.keras import (
     backup_base,
     callback_base,
+    lazy_variables,
     saving_before_preemption,
     steps_per_execution,
     training_state,
@@ -116,6 +117,9 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
     "PreemptionCheckpointHandler._read_checkpoint_manager": _check_preemption_wiring,
     "ShardedVariable": _sharded_variable_class,
+    "dtensor accelerator_util.is_initialized": dtensor_initialized,
+    "dtensor input_util._DTensorIterator and _pack_iterator_resource_dtensor": _dtensor_input,
+    "tf_keras lazy_variable.lazy_init_scope": lazy_variables,
     "tf.data service servers' _stop": _check_data_service,
     "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,

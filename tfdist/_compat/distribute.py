@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from tfdist._compat._common import _attr, _missing
@@ -33,6 +34,64 @@ def _sharded_variable_class() -> type:
 def is_sharded_variable(value: Any) -> bool:
     """Whether ``value`` is a ParameterServerStrategy ``ShardedVariable`` (no public class exists)."""
     return isinstance(value, _sharded_variable_class())
+
+
+def _accelerator_util() -> Any:
+    try:
+        from tensorflow.dtensor.python import accelerator_util
+    except ImportError:
+        raise _missing("tensorflow.dtensor.python.accelerator_util", "build_mesh") from None
+    return accelerator_util
+
+
+def dtensor_initialized() -> bool:
+    """Whether DTensor's accelerator system is initialized in this process (TF has no public query)."""
+    return bool(_attr(_accelerator_util(), "is_initialized", "build_mesh")())
+
+
+def replica_dtensor_dataset(per_replica: Callable[[int], Any], **kwargs: Any) -> Any:
+    """A ``DTensorDataset`` whose local devices each read a dataset of their own, ``per_replica(replica_id)``.
+
+    ``DTensorDataset`` takes one dataset, gives each local replica a copy auto-sharded by element, and each
+    device of a replica an iterator over a repeated, sharded copy of that: every record is read once per
+    local device, each batch is repeated when a replica spans processes, and input whose iterations are
+    numbered (tfdist's resumable order counts each new iteration as the next epochs) sees its copies as
+    later epochs. Here every device iterates a dataset built for it, for its replica's share alone.
+    ``kwargs`` are DTensorDataset's (``mesh``, ``layouts``, ``global_batch_size``, ``batch_dim``,
+    ``prefetch``), with already batched input whose layouts split the batch dimension only.
+    """
+    base, iterator_class, pack = _dtensor_input()
+
+    class _ReplicaDataset(base):  # type: ignore[misc, valid-type]
+        def __iter__(self) -> Any:
+            datasets = []  # One per local device, grouped by replica: the order of the mesh's local devices.
+            for replica_id in self._local_replica_ids:
+                for _ in range(self._num_local_devices_per_replica):
+                    dataset = per_replica(replica_id)
+                    if self._prefetch is not None:
+                        dataset = dataset.prefetch(self._prefetch)
+                    datasets.append((replica_id, dataset))
+            resource = pack(datasets=datasets, layouts=self._layouts, mesh=self._mesh, num_local_devices_per_replica=1)
+            return iterator_class(
+                dtensor_components=(resource,), global_element_spec=self._global_element_spec, layouts=self._layouts
+            )
+
+    mesh, batch_dim = kwargs["mesh"], kwargs.get("batch_dim")
+    first = sorted({loc[batch_dim] for loc in mesh.local_device_locations()})[0] if batch_dim else 0
+    return _ReplicaDataset(per_replica(first), dataset_already_batched=True, **kwargs)
+
+
+def _dtensor_input() -> tuple[type, type, Callable[..., Any]]:
+    try:
+        from tensorflow.dtensor.python import input_util
+    except ImportError:
+        raise _missing("tensorflow.dtensor.python.input_util", "mesh input") from None
+    base = _attr(input_util, "DTensorDataset", "mesh input")
+    return (
+        base,
+        _attr(input_util, "_DTensorIterator", "mesh input"),
+        _attr(input_util, "_pack_iterator_resource_dtensor", "mesh input"),
+    )
 
 
 def is_tf_error(exc: BaseException, names: tuple[str, ...]) -> bool:

@@ -227,3 +227,18 @@ def guard_initial_counters(model: Any, steps_per_epoch: int | None) -> None:
     guarded._tfdist_guarded = True  # type: ignore[attr-defined]
     guarded._tfdist_original = original  # type: ignore[attr-defined]
     state.maybe_load_initial_counters_from_ckpt = guarded
+
+
+def lazy_variables() -> Any:
+    """A scope in which tf-keras creates variables without allocating them (what a LayoutMap scope uses).
+
+    ``shard_model`` builds a model once inside it to read the layers and weight shapes, then builds it
+    again under the chosen layouts; nothing of the first build is allocated.
+    """
+    try:
+        from tf_keras.src.dtensor import lazy_variable
+    except ImportError:
+        from tfdist._compat._common import _missing
+
+        raise _missing("tf_keras.src.dtensor.lazy_variable", "shard_model") from None
+    return _attr(lazy_variable, "lazy_init_scope", "shard_model")()

@@ -38,6 +38,7 @@ FLAGS: dict[str, str] = {
     "evaluator": "--evaluator",
     "run_on": "--run-on",
     "data_service_workers": "--data-service-workers",
+    "mesh": "--mesh",
     "max_restarts": "--max-restarts",
     "threads_per_task": "--threads-per-task",
     "timeout": "--timeout",
@@ -96,6 +97,8 @@ _JOBS = frozenset({"tfjob", "jobset", "slurm"})
 _K8S = frozenset({"tfjob", "jobset"})
 _ACTS: dict[str, frozenset[str]] = {
     **dict.fromkeys(("workers", "ps", "chief", "evaluator", "run_on"), _RUN | _EMITTED),
+    # TFJob pods run the command under the operator's TF_CONFIG alone: no task entry to add DTENSOR_*.
+    "mesh": _RUN | {"slurm", "jobset"},
     "max_restarts": _RUN | _JOBS,
     **dict.fromkeys(
         ("threads_per_task", "timeout", "log_dir", "kill", "grace", "data_service_workers", "engine"), _RUN
@@ -185,6 +188,13 @@ def _parser() -> argparse.ArgumentParser:
         "--isolate-network",
         action="store_true",
         help="run the cluster in a private network namespace with only loopback",
+    )
+    run.add_argument(
+        "--mesh",
+        default=None,
+        metavar="AXIS=N,...",
+        help="make chief and workers the clients of a DTensor mesh, e.g. --mesh batch=2,model=2 "
+        "(the model axis spans processes); the script calls tfdist.parallel.build_mesh()",
     )
     run.add_argument(
         "--data-service-workers",
@@ -385,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             isolate_network=args.isolate_network,
             grace_seconds=args.grace,
             data_service_workers=args.data_service_workers,
+            mesh=args.mesh,
             min_workers=args.min_workers,
             max_workers=args.max_workers,
             loses=tuple(args.lose),

@@ -3,7 +3,7 @@
 Modules: ``spec`` (:class:`ClusterSpec`, TF_CONFIG), ``_parse`` (reading every form), ``address`` (host:port
 rules, free ports), ``slurm`` and ``jobset`` (what those managers put in the environment), ``probe`` (TCP
 reachability, and why a task does not answer), ``trainable`` (whether a cluster can train: the one rule of
-``build_strategy`` and ``tfdist doctor``), ``elastic`` (what a task of an elastic group is told, and the epoch
+``build_strategy`` and ``tfdist doctor``), ``mesh`` (a DTensor mesh's shape and each process's ``DTENSOR_*``), ``elastic`` (what a task of an elastic group is told, and the epoch
 boundaries it reports).
 
 Example:
@@ -13,6 +13,7 @@ Example:
 """
 
 from tfdist.cluster.address import free_ports
+from tfdist.cluster.mesh import DTENSOR_SETTINGS, MeshShape, dtensor_variables
 from tfdist.cluster.probe import (
     Reachability,
     can_connect,
@@ -34,9 +35,11 @@ from tfdist.cluster.spec import (
 from tfdist.cluster.trainable import Trainability, check_trainable, cluster_kind
 
 __all__ = [
+    "DTENSOR_SETTINGS",
     "JOB_NAMES",
     "ClusterLike",
     "ClusterSpec",
+    "MeshShape",
     "Reachability",
     "Task",
     "Trainability",
@@ -44,6 +47,7 @@ __all__ = [
     "check_trainable",
     "cluster_kind",
     "current_cluster",
+    "dtensor_variables",
     "free_ports",
     "probe_address",
     "probe_reachability",

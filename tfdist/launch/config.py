@@ -26,6 +26,7 @@ from typing import Any
 
 from tfdist._names import describe_choices
 from tfdist._options import GroupedOptions, group
+from tfdist.cluster.mesh import MeshShape
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt, as_tuple
@@ -56,6 +57,10 @@ class Topology:
       data_service_workers: Start a tf.data service (dispatcher plus this many
         workers) beside the cluster; every task gets its address in
         ``TFDIST_DATA_SERVICE``. 0: none.
+      mesh: A DTensor device mesh over the chief and workers, ``'model=2'``
+        or ``'batch=2,model=2'`` (see :class:`tfdist.cluster.mesh.MeshShape`):
+        every process is a DTensor client (its ``DTENSOR_*`` variables and
+        ``TFDIST_MESH`` are set), for ``tfdist.parallel.build_mesh()``. None: no mesh.
     """
 
     workers: int = 1
@@ -64,6 +69,7 @@ class Topology:
     evaluator: bool = False
     run_on: str = "auto"
     data_service_workers: int = 0
+    mesh: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("chief", "evaluator"):
@@ -77,6 +83,8 @@ class Topology:
             raise invalid(
                 LaunchError, "run_on", "chief", "a cluster with a chief (`chief`)", "Set `chief`, or `run_on` 'auto'."
             )
+        if self.mesh is not None:
+            self._check_mesh()
         if self.ps and not self.chief:
             raise invalid(
                 LaunchError,
@@ -84,6 +92,26 @@ class Topology:
                 self.ps,
                 "`chief` as well (the coordinator runs on the chief)",
                 "Set `chief`: ParameterServerStrategy's coordinator is the chief task.",
+            )
+
+    def _check_mesh(self) -> None:
+        shape = MeshShape.parse(self.mesh, field="mesh", error=LaunchError)
+        object.__setattr__(self, "mesh", str(shape))
+        for name, value, fix in (
+            ("ps", self.ps, "A mesh trains on the chief and workers; drop `ps`."),
+            ("evaluator", self.evaluator, "A mesh's processes evaluate in `fit`; drop `evaluator`."),
+            ("data_service_workers", self.data_service_workers, "Feed a mesh from files; drop the service."),
+        ):
+            if value:
+                raise invalid(LaunchError, name, value, "none together with `mesh`", fix)
+        processes = self.workers + int(self.chief)
+        if shape.size % processes:
+            raise invalid(
+                LaunchError,
+                "mesh",
+                self.mesh,
+                f"a device count that is a multiple of the {processes} processes (it has {shape.size})",
+                f"Use `workers` that divide {shape.size}, or a mesh such as 'model={processes}'.",
             )
 
 
@@ -255,7 +283,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
     Args:
       command: The program each user-code task runs (argv).
       topology: :class:`Topology`: workers, ps, chief, evaluator, run_on,
-        data_service_workers.
+        data_service_workers, mesh.
       supervision: :class:`Supervision`: max_restarts, threads_per_task,
         timeout, grace_seconds, log_dir, env, log_level.
       faults: :class:`Faults`: kills.
@@ -321,6 +349,14 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
                 self.max_workers,
                 f"an integer <= `workers` ({self.workers})",
                 "Between `min_workers` and `workers`: the local engine grows back only with workers it started.",
+            )
+        if self.mesh is not None:
+            raise invalid(
+                LaunchError,
+                "min_workers",
+                self.min_workers,
+                "None together with `mesh` (a mesh's shape is fixed)",
+                "Drop `min_workers`; resume on another mesh from a checkpoint instead.",
             )
         if self.isolate_network:
             raise invalid(

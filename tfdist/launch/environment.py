@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Mapping
 
+from tfdist.cluster.mesh import MeshShape, dtensor_variables
 from tfdist.cluster.spec import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
 from tfdist.runtime.logs import DEFAULT_LEVEL, LEVEL_VAR
@@ -65,6 +66,8 @@ def child_env(
         env[LEVEL_VAR] = config.log_level
     else:
         env.setdefault(LEVEL_VAR, DEFAULT_LEVEL)
+    if config.mesh is not None and task_type in ("chief", "worker"):
+        env.update(dtensor_variables(spec.with_task(task_type, index), MeshShape.parse(config.mesh)))
     env[TASK_VAR] = task
     env[_RESTART_VAR] = str(restart)
     return env

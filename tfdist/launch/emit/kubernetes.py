@@ -167,6 +167,15 @@ def tfjob_manifest(
         ([], 'ExitCode')
     """
     require_config(config)
+    if config.mesh is not None:
+        raise invalid(
+            LaunchError,
+            "mesh",
+            config.mesh,
+            "no mesh in a TFJob (its pods run the command under the operator's TF_CONFIG, with no task entry "
+            "to make them DTensor clients)",
+            "Emit a JobSet (`jobset_manifest`) or a Slurm script for a mesh.",
+        )
     _check_dns1035("name", name)
     image = _check_image(image)
     limits = _limits(cpu, memory, gpus)
@@ -291,6 +300,7 @@ def jobset_manifest(
         str(TFJOB_PORT),
         "--run-on",
         config.run_on,
+        *(["--mesh", config.mesh] if config.mesh is not None else []),
         "--",
     ]
     permanent = [code for code in range(1, 256) if not exit_codes.is_retryable(code)]

@@ -232,6 +232,8 @@ def slurm_script(
         command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
     flags = [f"--jobs {jobs}"] if jobs else []
     flags += ['--port-base "$PORT_BASE"', '--restart "$attempt"', f"--run-on {shlex.quote(config.run_on)}"]
+    if config.mesh is not None:
+        flags.append(f"--mesh {shlex.quote(config.mesh)}")
     ports = (
         f"PORT_BASE={port_base}"
         if port_base is not None

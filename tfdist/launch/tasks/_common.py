@@ -35,10 +35,12 @@ def exec_task(
     run_on: str,
     restart: int,
     variables: Mapping[str, str] | None = None,
+    mesh: str | None = None,
 ) -> int:
     """Execs this task's program (the command, or tfdist's TF server) with TF_CONFIG; returns only on failure.
 
-    ``variables`` are set in the program's environment too (e.g. TFDIST_WORLD_SIZE of an elastic Slurm job).
+    ``variables`` are set in the program's environment too (e.g. TFDIST_WORLD_SIZE of an elastic Slurm job);
+    with ``mesh`` ('batch=2,model=2') the chief and workers become the clients of a DTensor mesh.
 
     Raises:
       LaunchError: The command and topology do not make a valid launch.
@@ -50,6 +52,7 @@ def exec_task(
         chief=spec.has_chief,
         evaluator="evaluator" in spec.jobs,
         run_on=run_on,
+        mesh=mesh,
     )
     task = spec.task.name  # type: ignore[union-attr]
     program = (

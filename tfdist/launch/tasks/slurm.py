@@ -87,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         "TFDIST_WORLD_SIZE and TFDIST_MEMBERSHIP (= SLURM_RESTART_COUNT)",
     )
     parser.add_argument("--run-on", choices=RUN_ON_CHOICES, default="auto")
+    parser.add_argument("--mesh", default=None, help="a DTensor mesh over chief and workers, e.g. batch=2,model=2")
     parser.add_argument("--restart", type=int, default=0, help="attempt number (TFDIST_RESTART)")
     return parser
 
@@ -112,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.min_workers is not None:
         jobs, variables = _elastic(jobs, args.min_workers, dict(os.environ))
     spec = ClusterSpec.from_slurm(jobs=jobs, port_base=args.port_base)
-    return exec_task(f"{_PROG}: ", spec, command, run_on=args.run_on, restart=args.restart, variables=variables)
+    return exec_task(
+        f"{_PROG}: ", spec, command, run_on=args.run_on, restart=args.restart, variables=variables, mesh=args.mesh
+    )
 
 
 if __name__ == "__main__":
