@@ -242,3 +242,45 @@ def lazy_variables() -> Any:
 
         raise _missing("tf_keras.src.dtensor.lazy_variable", "shard_model") from None
     return _attr(lazy_variable, "lazy_init_scope", "shard_model")()
+
+
+def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[], None]) -> None:
+    """Makes a ``BackupAndRestore`` on a DTensor mesh record only complete checkpoints, from one process.
+
+    On a mesh every process is its own "chief" to tf-keras. Each one's ``CheckpointManager`` names the new
+    checkpoint in the ``checkpoint`` file and deletes the old ones as soon as its own part of the save is
+    queued, while the shards may still be merging (they sit in ``ckpt-N_temp``): a process killed then
+    leaves a ``checkpoint`` file naming a checkpoint that never completed, the previous one deleted, and a
+    restart that cannot restore. After this, every process waits at ``barrier`` (the whole save done on
+    every process, or an error if one stopped) before the ``leader`` alone records and deletes.
+    """
+    import logging
+
+    import tensorflow as tf
+
+    original = _attr(backup, "on_train_begin", "mesh backups")
+
+    def on_train_begin(logs: Any = None) -> None:
+        original(logs)
+        manager = _attr(training_state(backup), "write_checkpoint_manager", "mesh backups")
+        record, sweep = _attr(manager, "_record_state", "mesh backups"), _attr(manager, "_sweep", "mesh backups")
+
+        def complete() -> bool:
+            barrier()
+            path = manager.latest_checkpoint
+            if path and not tf.io.gfile.exists(path + ".index"):
+                logging.getLogger("tfdist.keras").warning(
+                    "Backup %s is incomplete after every process saved; the previous backup stays the one to restore.",
+                    path,
+                )
+                return False
+            return True
+
+        def record_state() -> None:
+            if complete() and leader:
+                record()
+
+        manager._record_state = record_state
+        manager._sweep = sweep if leader else (lambda: None)
+
+    backup.on_train_begin = on_train_begin

@@ -49,6 +49,12 @@ TFDIST_NAMES = {
     "per_replica_batch": "tfdist.keras.elastic",
     "world_size": "tfdist.keras.elastic",
     "membership": "tfdist.keras.elastic",
+    "shard_model": "tfdist.keras.tensor_parallel",
+    "mesh_optimizer": "tfdist.keras.tensor_parallel",
+    "sharding_report": "tfdist.keras.tensor_parallel",
+    "ShardingReport": "tfdist.keras.tensor_parallel",
+    "mesh_dataset": "tfdist.keras.mesh_input",
+    "replica_batches": "tfdist.keras.mesh_input",
 }
 # The public tf_keras API, passed through unchanged.
 KERAS_NAMES = (

@@ -21,8 +21,18 @@ _log = logging.getLogger("tfdist.keras")
 DatasetFn = Callable[[Any], Any]
 
 
-def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per_epoch: int | None = None) -> Any:
+def fit_input(
+    source: Any | DatasetFn,
+    *,
+    strategy: Any | None = None,
+    steps_per_epoch: int | None = None,
+    mesh: Any | None = None,
+) -> Any:
     """Turns a ``TFRecordPipeline``, a dataset function or a dataset into ``fit``'s ``x``.
+
+    - A DTensor ``mesh`` (from ``tfdist.parallel.build_mesh``): a ``DTensorDataset``
+      whose processes read disjoint shares along the batch axis and the same share
+      across the model axis (:func:`tfdist.keras.mesh_input.mesh_dataset`).
 
     - ParameterServerStrategy: a ``DatasetCreator`` over the dataset function;
       ``steps_per_epoch`` is required, as PS ``fit`` cannot know an epoch's end.
@@ -43,9 +53,15 @@ def fit_input(source: Any | DatasetFn, *, strategy: Any | None = None, steps_per
         ``tf.data.Dataset`` (used as is except under parameter servers).
       strategy: The strategy; default the one in scope.
       steps_per_epoch: Steps per epoch; pass the same value to ``fit``.
+      mesh: A DTensor mesh; the strategy is then not used.
     """
     import tensorflow as tf
     import tf_keras
+
+    if mesh is not None:
+        from tfdist.keras.mesh_input import mesh_dataset
+
+        return mesh_dataset(source, mesh)
 
     strategy = strategy or tf.distribute.get_strategy()
     dataset_fn = getattr(source, "dataset_fn", None) or (source if callable(source) else None)
