@@ -48,6 +48,7 @@ def test_the_docs_pages_exist() -> None:
         "planning.md",
         "recsys.md",
         "design.md",
+        "model-parallel.md",
     }
     assert expected <= names, f"missing docs pages: {sorted(expected - names)}"
     assert BLOCKS, "no python blocks found in docs/"

@@ -306,3 +306,50 @@ def test_cli_compressed_plan_from_a_keras_application() -> None:
         timeout=120,
     )
     assert wrong.returncode == 2 and "Invalid value for `--model`. Received: 'ResNet51'" in wrong.stderr
+
+
+@pytest.mark.parametrize(
+    ("params", "devices", "memory", "mesh"),
+    [
+        (1e8, (2, 1), 16 * 2**30, None),  # 1.6 GB per replica fits: data parallel, no mesh.
+        (3e9, (4, 2), 16 * 2**30, (2, 4)),  # 44.7 GiB: 4 ways fit (11.2 GiB), 2 ways do not.
+        (1e9, (2, 1), 10 * 2**30, (1, 2)),
+        (5e10, (2, 2), 16 * 2**30, (0, 0)),  # 745 GiB cannot fit 4 devices of 16 GiB.
+    ],
+)
+def test_a_replica_too_large_gets_the_smallest_model_axis_that_fits(
+    params: float, devices: tuple[int, int], memory: float, mesh: tuple[int, int] | None
+) -> None:
+    plan = Plan(
+        params=params, workers=devices[0], gpus_per_worker=devices[1], bandwidth=1e9, latency=1e-5, device_memory=memory
+    )
+    assert plan.mesh == mesh
+    assert plan.recommendation == ("data_parallel" if mesh is None else "model_parallel")
+    if mesh and mesh[1]:
+        assert plan.memory_per_replica_bytes / mesh[1] <= memory < plan.memory_per_replica_bytes / (mesh[1] // 2 or 1)
+        assert plan.to_dict()["mesh"] == f"batch={mesh[0]},model={mesh[1]}"
+    elif mesh:
+        assert "add devices" in plan.reasons[-1] and plan.to_dict()["mesh"] is None
+
+
+def test_cli_prints_the_mesh_launch_command() -> None:
+    argv = [
+        "--params",
+        "3e9",
+        "--workers",
+        "4",
+        "--gpus-per-worker",
+        "2",
+        "--bandwidth",
+        "10Gbit/s",
+        "--latency",
+        "50us",
+        "--device-memory",
+        "16GiB",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "plan", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "launch:            tfdist-launch --workers 4 --mesh batch=2,model=4 -- python train.py" in done.stdout
+    assert "11.2 GiB per device" in done.stdout

@@ -218,6 +218,32 @@ class Plan:
         return self.params * 4 * (2 + OPTIMIZER_SLOTS[self.optimizer])
 
     @property
+    def state_bytes(self) -> float:
+        """Weights + optimizer slots in fp32: what a process holds between steps (``sharding_report``'s total)."""
+        return self.params * 4 * (1 + OPTIMIZER_SLOTS[self.optimizer])
+
+    @property
+    def mesh(self) -> tuple[int, int] | None:
+        """``(batch, model)`` axes over every device for a replica that does not fit one; None when it fits.
+
+        The smallest model axis (a power of two dividing the devices) whose share of the replica fits one
+        device; the rest of the devices form the batch axis. ``(0, 0)`` when no split of these devices fits.
+        Splitting assumes the weights shard evenly (``shard_model`` leaves small tensors whole).
+
+        Example:
+            >>> Plan(params=3e9, workers=4, gpus_per_worker=2, bandwidth=1e9, latency=1e-5, device_memory=16 * 2**30).mesh
+            (2, 4)
+        """
+        if self.device_memory is None or self.memory_per_replica_bytes <= self.device_memory:
+            return None
+        devices, model = self.replicas, 2
+        while model <= devices:
+            if devices % model == 0 and self.memory_per_replica_bytes / model <= self.device_memory:
+                return devices // model, model
+            model *= 2
+        return 0, 0
+
+    @property
     def recommendation(self) -> str:
         return self._decide()[0]
 
@@ -244,6 +270,18 @@ class Plan:
                 f"one replica needs {self.memory_per_replica_bytes / gib:.1f} GiB for weights, gradients "
                 f"and {self.optimizer} state, more than the {self.device_memory / gib:.1f} GiB per device"
             )
+            batch, model = self.mesh or (0, 0)
+            if model:
+                reasons.append(
+                    f"a mesh batch={batch},model={model} splits it {model} ways: "
+                    f"{self.memory_per_replica_bytes / model / gib:.1f} GiB per device (no activations), "
+                    f"{batch} data-parallel replica(s)"
+                )
+            else:
+                reasons.append(
+                    f"even split over all {self.replicas} devices it needs "
+                    f"{self.memory_per_replica_bytes / self.replicas / gib:.1f} GiB per device: add devices"
+                )
             return "model_parallel", reasons
         allreduce = min(self.ring_allreduce_s, self.tree_allreduce_s)
         best = "ring" if self.ring_allreduce_s <= self.tree_allreduce_s else "tree"
@@ -286,6 +324,8 @@ class Plan:
             "tree_allreduce_s": self.tree_allreduce_s,
             "ps_s": self.ps_s,
             "memory_per_replica_bytes": self.memory_per_replica_bytes,
+            "state_bytes": self.state_bytes,
+            "mesh": None if not self.mesh or not self.mesh[1] else f"batch={self.mesh[0]},model={self.mesh[1]}",
             "gradient_bytes": self.gradient_bytes,
             "replicas": self.replicas,
             "compute_communication_ratio": (

@@ -203,6 +203,12 @@ def run(args: argparse.Namespace) -> int:
         f"memory/replica:    {data['memory_per_replica_bytes'] / 2**30:10.2f} GiB (no activations)\n"
         f"{embedding}recommendation:    {data['recommendation']}\n"
         + "".join(f"  - {reason}\n" for reason in data["reasons"])
+        + (
+            f"launch:            tfdist-launch --workers {args.workers} --mesh {data['mesh']} -- python train.py "
+            "(docs/model-parallel.md)\n"
+            if data["mesh"]
+            else ""
+        )
     )
     return 0
 
