@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import SUPPORT, exact_tasks
+from tests.support import SUPPORT, exact_tasks, mesh_tasks
 from tfdist.cluster import slurm as _slurm
+from tfdist.testing import RESULT_PREFIX
 
 pytestmark = [pytest.mark.slurm]
 TASKS_FILE = str(SUPPORT / "cluster_tasks.py")
@@ -367,3 +368,28 @@ def test_elastic_job_requeued_with_fewer_tasks_resumes_from_the_backup(slurm_clu
     assert "Slurm restart count 0: 3 tasks on 1 node(s)" in output, output  # Both runs, in one appended file.
     assert "Slurm restart count 1: 2 tasks on 1 node(s)" in output, output
     assert "elastic membership 1 (Slurm restart count): world size 2 (2 workers, at least 2)" in output, output
+
+
+def test_a_mesh_job_splits_the_model_over_two_slurm_tasks(slurm_cluster: Any, tmp_path: Any) -> None:
+    """Issue 25 on Slurm: --emit slurm --mesh model=2; the task entry makes both Slurm tasks DTensor clients."""
+    root = str(tmp_path)
+    files = mesh_tasks.write_records(root)
+    command = [
+        "python",
+        "-m",
+        "tfdist.launch.tasks.function",
+        "--file",
+        str(SUPPORT / "mesh_tasks.py"),
+        "mesh_fit",
+        json.dumps([files, 8, root]),
+    ]
+    code, record, output = finish(
+        submit(slurm_cluster, emit("--workers", "2", "--mesh", "model=2", "--", *command), root), slurm_cluster, 420
+    )
+    assert (code, record["JobState"]) == (0, "COMPLETED"), output
+    values = [json.loads(line.split(RESULT_PREFIX, 1)[1]) for line in output.splitlines() if RESULT_PREFIX in line]
+    assert len(values) == 2, output
+    assert values[0]["losses"] == values[1]["losses"] and values[0]["losses"][-1] < values[0]["losses"][0]
+    for _, whole, here, specs, _ in values[0]["bytes"]:
+        assert here == (whole // 2 if "model" in specs else whole)
+    assert sorted(i for step in values[0]["ids"] for i in step) == list(range(mesh_tasks.RECORDS))

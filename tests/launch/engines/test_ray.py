@@ -32,6 +32,7 @@ ray = pytest.importorskip("ray", reason='Ray is not installed; pip install ".[ra
 
 from tests.support import (
     exact_tasks,
+    mesh_tasks,
     ray_tasks,
 )
 from tests.support.processes import assert_all_gone
@@ -205,6 +206,22 @@ def test_mwms_crash_mid_epoch_resumes_at_the_next_record_on_ray(ray_head: str, t
         assert values[task]["restart"] == 1
     resumed = re.findall(r"Input resumes at epoch 1, step (\d+)", result.task("worker:0").output)
     assert len(resumed) == 1 and int(resumed[0]) % 4 == 0, resumed  # Resumed mid-epoch, at a backup.
+
+
+def test_a_mesh_splits_the_model_over_ray_actors(ray_head: str, tmp_path: Path) -> None:
+    # Issue 25 on Ray: --mesh model=2 makes both actors' processes DTensor clients; each holds half of every
+    # split variable, both train the same steps, and every record comes once per epoch.
+    files = mesh_tasks.write_records(str(tmp_path))
+    result, values = _run(
+        mesh_tasks.mesh_fit, ray_head, workers=2, mesh="model=2", timeout=300, args=(files, 8, str(tmp_path))
+    )
+    assert result.exit_code == 0, result.summary()
+    first, second = values["worker:0"], values["worker:1"]
+    assert first["losses"] == second["losses"] and first["losses"][-1] < first["losses"][0]
+    assert first["mesh"] == [["model"], [2]]
+    for _, whole, here, specs, _ in first["bytes"]:
+        assert here == (whole // 2 if "model" in specs else whole)
+    assert sorted(i for step in first["ids"] for i in step) == list(range(mesh_tasks.RECORDS))
 
 
 def test_ps_fit_survives_a_worker_killed_mid_fit_and_only_it_restarts(ray_head: str) -> None:
