@@ -70,6 +70,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["reference"] = _reference(files, root / "model2", 1)
     out["reference_2"] = _reference(files, root / "batch2_model2", 2)
     out["same_init"] = [(root / d / "init.json").read_text() for d in ("model2", "batch2_model2", "killed")]
+    # The weights saved on batch=2,model=2 (2 x 2 devices), loaded on other meshes.
+    for mesh in ("model=2", "batch=2"):
+        loaded = testing.run_cluster(
+            mesh_tasks.mesh_load, workers=2, mesh=mesh, args=[str(root / "batch2_model2")], timeout=240
+        )
+        assert loaded.ok, loaded.result.summary()
+        out[f"loaded {mesh}"] = loaded.values
     return out
 
 
@@ -118,6 +125,16 @@ def test_a_killed_mesh_resumes_from_its_backup_where_it_stopped(runs: dict[str, 
         np.testing.assert_allclose(
             [resumed[s] for s in sorted(resumed)], [runs["reference_2"][s] for s in sorted(resumed)], atol=1e-5, rtol=0
         )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mesh", ["model=2", "batch=2"])
+def test_weights_saved_on_one_mesh_load_on_another(runs: dict[str, Any], mesh: str) -> None:
+    for values in runs[f"loaded {mesh}"].values():
+        assert values["diffs"] and max(values["diffs"].values()) == 0.0, values["diffs"]
+        split = [name for name, specs in values["layouts"].items() if "model" in specs]
+        assert len(split) == (4 if mesh == "model=2" else 0)  # Laid out for this mesh, not the saved one.
 
 
 @pytest.mark.multiprocess

@@ -105,6 +105,9 @@ def mesh_fit(files: str, steps: int, workdir: str) -> dict[str, Any]:
         ids.append(sorted(int(i) for i in _full(batch, mesh, dtensor)))
         local_ids.append(sorted({int(i) for c in dtensor.unpack(batch) for i in c.numpy()}))
     final = {v.name: _full(v, mesh, dtensor) for v in model.trainable_variables}
+    model.save_weights(os.path.join(workdir, "weights", "ckpt"))  # TF format: the same path on every process.
+    if os.environ.get("DTENSOR_CLIENT_ID", "0") == "0":
+        np.savez(os.path.join(workdir, "final.npz"), **{k.replace("/", "|"): v for k, v in final.items()})
     refusals = {}
     tokens = np.zeros((BATCH, TOKENS), "int64")
     attempts = {
@@ -210,3 +213,23 @@ def _dtensor() -> Any:
     from tensorflow.experimental import dtensor
 
     return dtensor
+
+
+def mesh_load(source: str) -> dict[str, Any]:
+    """Loads ``mesh_fit``'s saved weights (from another mesh shape) on this launch's mesh; the largest difference."""
+    import numpy as np
+
+    from tfdist import keras as tk
+    from tfdist.parallel import build_mesh
+
+    mesh = build_mesh()
+    model = tk.shard_model(build_model, mesh, min_elements=MIN_ELEMENTS)
+    model.load_weights(os.path.join(source, "weights", "ckpt")).assert_existing_objects_matched()
+    saved = np.load(os.path.join(source, "final.npz"))
+    dtensor = _dtensor()
+    diffs = {
+        v.name: float(np.abs(_full(v, mesh, dtensor) - saved[v.name.replace("/", "|")]).max())
+        for v in model.trainable_variables
+    }
+    layouts = {v.name: list(dtensor.fetch_layout(v).sharding_specs) for v in model.trainable_variables}
+    return {"mesh": [list(mesh.dim_names), list(mesh.shape())], "diffs": diffs, "layouts": layouts}
