@@ -55,6 +55,7 @@ TFDIST_NAMES = {
     "ShardingReport": "tfdist.keras.tensor_parallel",
     "mesh_dataset": "tfdist.keras.mesh_input",
     "replica_batches": "tfdist.keras.mesh_input",
+    "pipeline_model": "tfdist.keras.pipeline",
 }
 # The public tf_keras API, passed through unchanged.
 KERAS_NAMES = (

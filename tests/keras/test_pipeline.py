@@ -1,0 +1,71 @@
+"""Pipeline stages: two worker tasks hold the layers, the chief drives fit with M micro-batches.
+
+One cluster run (a chief and 2 workers serving their devices) trains 40 steps for M = 1 and M = 4, each
+followed by the same steps with plain tf-keras in the chief alone, from the same initial weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import tf_keras
+
+from tests.support import pipeline_tasks
+from tests.support.processes import assert_all_gone
+from tfdist import keras as tk
+from tfdist import testing
+from tfdist.errors import StrategyError
+from tfdist.parallel import connect_stages, split_layers
+
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict[str, Any]:
+    run = testing.run_cluster(
+        pipeline_tasks.pipeline_fit, workers=2, chief=True, run_on="chief", args=[STEPS, [1, 4]], timeout=300
+    )
+    assert_all_gone([t.pid for t in run.result.tasks])
+    assert run.ok, run.result.summary()
+    return run.values["chief:0"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_two_stages_train_like_one_process(trained: dict[str, Any], micro_batches: int) -> None:
+    run = trained[str(micro_batches)]
+    assert run["devices"] == trained["stages"] == [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in (0, 1)]
+    # Balanced by parameters: 1,088 + 4,160 values on stage 0, 4,160 + 65 on stage 1.
+    assert run["stage_of"] == {"pp_a": 0, "pp_b": 0, "pp_c": 1, "pp_out": 1}
+    assert len(run["losses"]) == STEPS and run["losses"][-1] < run["losses"][0] / 5
+    np.testing.assert_allclose(run["losses"], run["reference"], atol=1e-5, rtol=0)
+    assert run["weights_diff"] < 1e-5
+
+
+def test_layers_are_split_into_balanced_consecutive_stages() -> None:
+    assert split_layers([1, 1, 1, 1, 1, 1], stages=3) == [[0, 1], [2, 3], [4, 5]]
+    assert split_layers([9, 1, 1, 1, 9], stages=2) == [[0, 1], [2, 3, 4]]
+    assert split_layers([0, 5, 0, 5], stages=2) in ([[0, 1], [2, 3]], [[0, 1, 2], [3]])
+    with pytest.raises(StrategyError, match="at most the number of layers"):
+        split_layers([1, 2], stages=3)
+    with pytest.raises(StrategyError, match="`costs`"):
+        split_layers([1, -1], stages=1)
+
+
+def test_what_cannot_be_a_pipeline_is_refused() -> None:
+    with pytest.raises(StrategyError, match="`cluster`.*--run-on chief"):
+        connect_stages(None)
+    devices = ["/cpu:0", "/cpu:0"]
+    with pytest.raises(StrategyError, match="without an Input"):
+        tk.pipeline_model(
+            lambda: tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)]), devices, input_shape=(3,)
+        )
+    with pytest.raises(StrategyError, match="`micro_batches`"):
+        tk.pipeline_model(pipeline_tasks.make_layers, devices, input_shape=(3,), micro_batches=0)
+    with pytest.raises(StrategyError, match="one cost per layer \\(4 layers\\)"):
+        tk.pipeline_model(pipeline_tasks.make_layers, devices, input_shape=(3,), costs=[1.0])
+    with pytest.raises(StrategyError, match="not `make_layers\\(\\)`"):
+        tk.pipeline_model(pipeline_tasks.make_layers(), devices, input_shape=(3,))

@@ -1,0 +1,182 @@
+"""Pipeline parallelism for tf-keras: consecutive layers on S worker tasks, M micro-batches per step, ``fit``.
+
+In a script launched with ``tfdist-launch --chief --workers 2 --run-on chief`` (the chief runs it, the
+workers serve their devices)::
+
+    stages = tfdist.parallel.connect_stages()
+    model = tfdist.keras.pipeline_model(make_layers, stages, input_shape=(784,), micro_batches=4)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(dataset, epochs=3)
+
+:func:`pipeline_model` cuts the layers into ``len(stages)`` consecutive stages of balanced parameter bytes
+(or the ``costs`` you measured), creates each stage's weights on its device, and trains with one gradient
+tape per stage, so each stage's backward pass runs on its own device too. A step splits the batch into M
+micro-batches; TensorFlow runs stage s of micro-batch m+1 while stage s+1 works on micro-batch m (GPipe's
+schedule), and the gradients are the mean over micro-batches: the same update as the whole batch in one
+process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tfdist import _compat
+from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.parallel.stages import split_layers
+
+__all__ = ["pipeline_model"]
+
+_log = logging.getLogger("tfdist.keras")
+
+
+def pipeline_model(
+    build: Callable[[], Any],
+    stages: Sequence[str],
+    *,
+    input_shape: Sequence[int],
+    input_dtype: str = "float32",
+    micro_batches: int = 1,
+    costs: Sequence[float] | None = None,
+) -> Any:
+    """A tf-keras model whose consecutive layers run on ``stages`` (devices), trained with ``micro_batches``.
+
+    Args:
+      build: A function returning a ``tf_keras.Sequential`` *without* an ``Input`` (its layers not yet
+        built: they are built on their stages' devices). Called twice.
+      stages: One device per stage, e.g. from :func:`tfdist.parallel.connect_stages`.
+      input_shape: One example's shape (without the batch dimension).
+      input_dtype: The input's dtype.
+      micro_batches: Micro-batches per step (the batch must divide by it); 1: no pipelining.
+      costs: Each layer's cost to balance the stages by (for example measured seconds); default the
+        layers' parameter counts.
+
+    Returns:
+      A ``tf_keras.Model``; ``model.stage_of`` maps each layer's name to its stage.
+    """
+    import tf_keras
+
+    require_int(StrategyError, "micro_batches", micro_batches, minimum=1)
+    if isinstance(stages, str) or not stages or not all(isinstance(s, str) for s in stages):
+        raise invalid(StrategyError, "stages", stages, "a list of device names, one per stage")
+    with _compat.lazy_variables():
+        probe = _sequential(build, tf_keras)
+        probe.build((None, *input_shape))
+        counts = [float(sum(_elements(w.shape) for w in layer.weights)) for layer in probe.layers]
+    del probe
+    if costs is not None and len(costs) != len(counts):
+        raise invalid(StrategyError, "costs", list(costs), f"one cost per layer ({len(counts)} layers)")
+    groups = split_layers(list(costs) if costs is not None else counts, stages=len(stages))
+    layers = _sequential(build, tf_keras).layers
+    model = _pipeline_class(tf_keras)(
+        stage_layers=[[layers[i] for i in group] for group in groups],
+        devices=list(stages),
+        micro_batches=micro_batches,
+    )
+    import tensorflow as tf
+
+    model(tf.zeros((micro_batches, *input_shape), dtype=input_dtype))  # Each stage's weights on its device.
+    _log.info(
+        "pipeline_model: %s",
+        "; ".join(
+            f"stage {s} on {stages[s]}: {[layers[i].name for i in g]} ({int(sum(counts[i] for i in g))} values)"
+            for s, g in enumerate(groups)
+        ),
+    )
+    return model
+
+
+def _elements(shape: Any) -> int:
+    total = 1
+    for dim in shape:
+        total *= int(dim)
+    return total
+
+
+def _sequential(build: Callable[[], Any], tf_keras: Any) -> Any:
+    if not callable(build) or isinstance(build, tf_keras.Model):
+        raise invalid(
+            StrategyError,
+            "build",
+            type(build).__name__,
+            "a function that returns a tf_keras.Sequential",
+            "Pass the function (e.g. `make_layers`, not `make_layers()`): the layers are built on their stages.",
+        )
+    model = build()
+    if not isinstance(model, tf_keras.Sequential):
+        raise invalid(StrategyError, "build", type(model).__name__, "a function returning a tf_keras.Sequential")
+    if model.built or any(layer.weights for layer in model.layers):
+        raise invalid(
+            StrategyError,
+            "build",
+            model.name,
+            "a Sequential without an Input (its layers unbuilt)",
+            "Drop the Input / input_shape from the Sequential and pass input_shape= to pipeline_model: "
+            "each layer's weights are created on its stage's device.",
+        )
+    return model
+
+
+def _pipeline_class(tf_keras: Any) -> type:
+    import tensorflow as tf
+
+    class PipelineModel(tf_keras.Model):
+        """Stages of layers, each on its device; one tape per stage and micro-batches in ``train_step``."""
+
+        def __init__(self, *, stage_layers: list[list[Any]], devices: list[str], micro_batches: int) -> None:
+            super().__init__(name="pipeline_model")
+            self.stage_layers = stage_layers
+            self.devices = devices
+            self.micro_batches = micro_batches
+            self.stage_of = {layer.name: s for s, group in enumerate(stage_layers) for layer in group}
+
+        def _stage(self, s: int, x: Any, training: bool) -> Any:
+            with tf.device(self.devices[s]):
+                for layer in self.stage_layers[s]:
+                    x = layer(x, training=training)
+            return x
+
+        def call(self, inputs: Any, training: bool = False) -> Any:
+            x = inputs
+            for s in range(len(self.stage_layers)):
+                x = self._stage(s, x, training)
+            return x
+
+        def train_step(self, data: Any) -> Any:
+            x, y = data[0], data[1]
+            count = self.micro_batches
+            xs, ys = tf.split(x, count), tf.split(y, count)
+            variables = [[v for layer in group for v in layer.trainable_variables] for group in self.stage_layers]
+            sums: list[list[Any]] = [[None] * len(vs) for vs in variables]
+            predictions = []
+            last = len(self.stage_layers) - 1
+            for m in range(count):
+                tapes, h, loss = [], xs[m], None
+                for s in range(last + 1):
+                    with tf.GradientTape() as tape:
+                        with tf.device(self.devices[s]):
+                            h_in = tf.identity(h)
+                        tape.watch(h_in)
+                        h = self._stage(s, h_in, True)
+                        if s == last:
+                            with tf.device(self.devices[s]):
+                                loss = self.compiled_loss(ys[m], h)
+                    tapes.append((tape, h_in, h))
+                predictions.append(h)
+                upstream = None
+                for s in range(last, -1, -1):
+                    tape, h_in, h_out = tapes[s]
+                    with tf.device(self.devices[s]):
+                        target = loss if s == last else h_out
+                        grads = tape.gradient(target, [h_in, *variables[s]], output_gradients=upstream)
+                        upstream = grads[0]
+                        for i, g in enumerate(grads[1:]):
+                            g = tf.convert_to_tensor(g) / count
+                            sums[s][i] = g if sums[s][i] is None else sums[s][i] + g
+            pairs = [(g, v) for gs, vs in zip(sums, variables) for g, v in zip(gs, vs)]
+            self.optimizer.apply_gradients(pairs)
+            self.compiled_metrics.update_state(y, tf.concat(predictions, axis=0))
+            return {metric.name: metric.result() for metric in self.metrics}
+
+    return PipelineModel
