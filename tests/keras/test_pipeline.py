@@ -69,3 +69,30 @@ def test_what_cannot_be_a_pipeline_is_refused() -> None:
         tk.pipeline_model(pipeline_tasks.make_layers, devices, input_shape=(3,), costs=[1.0])
     with pytest.raises(StrategyError, match="not `make_layers\\(\\)`"):
         tk.pipeline_model(pipeline_tasks.make_layers(), devices, input_shape=(3,))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_a_killed_stage_resumes_from_the_backup(tmp_path: Any) -> None:
+    # Worker 1 (stage 2) is SIGKILLed once the chief printed step 20's line; the group restarts, the chief
+    # reconnects, BackupAndRestore brings back the weights (on the workers) and Adam's slots.
+    run = testing.run_cluster(
+        pipeline_tasks.pipeline_backup_fit,
+        workers=2,
+        chief=True,
+        run_on="chief",
+        args=[STEPS, str(tmp_path), 4],
+        timeout=300,
+        kills=("worker:1@after=^PIPE STEP 20$",),
+        max_restarts=1,
+    )
+    assert_all_gone([t.pid for t in run.result.tasks])
+    assert run.ok, run.result.summary()
+    assert [t.restarts for t in run.result.tasks] == [1, 1, 1]
+    values = run.values["chief:0"]
+    resumed = {int(step): loss for step, loss in values["losses"].items()}
+    assert values["restart"] == 1 and 20 <= min(resumed) < STEPS - 1 and max(resumed) == STEPS - 1, sorted(resumed)
+    reference = pipeline_tasks.reference_losses(STEPS, str(tmp_path))
+    np.testing.assert_allclose(
+        [resumed[s] for s in sorted(resumed)], [reference[s] for s in sorted(resumed)], atol=1e-5, rtol=0
+    )

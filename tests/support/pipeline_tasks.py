@@ -65,3 +65,51 @@ def pipeline_fit(steps: int, micro_batches: list[int]) -> dict[str, Any]:
             "seconds": seconds,
         }
     return out
+
+
+def pipeline_backup_fit(steps: int, workdir: str, micro_batches: int) -> dict[str, Any]:
+    """``steps`` steps with BackupAndRestore, printing ``PIPE STEP k`` after step k's backup; losses by step."""
+    import json
+    import os
+    import sys
+
+    import numpy as np
+    import tf_keras
+
+    from tfdist import keras as tk
+    from tfdist.parallel import connect_stages
+
+    stages = connect_stages()
+    tf_keras.utils.set_random_seed(0)
+    model = tk.pipeline_model(make_layers, stages, input_shape=(FEATURES,), micro_batches=micro_batches)
+    init = os.path.join(workdir, "init.npz")
+    if not os.path.exists(init):
+        np.savez(init, *[w.numpy() for w in model.weights])
+    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
+    losses: dict[int, float] = {}
+
+    class Steps(tf_keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            losses[epoch] = float(logs["loss"])
+            sys.stdout.write(f"PIPE STEP {epoch + 1}\n")
+            sys.stdout.flush()
+
+    backup = tf_keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup"))
+    # One step per epoch over a dataset that starts again each epoch: every step trains the first batch,
+    # so the data needs no position to resume and the losses compare step by step.
+    data = _data().take(1)
+    model.fit(data, epochs=steps, verbose=0, callbacks=[backup, Steps()])
+    return {"losses": json.loads(json.dumps(losses)), "restart": int(os.environ.get("TFDIST_RESTART", "0"))}
+
+
+def reference_losses(steps: int, workdir: str) -> list[float]:
+    """The same training as ``pipeline_backup_fit`` uninterrupted, in one process: the loss of each step."""
+    import numpy as np
+    import tf_keras
+
+    model = make_layers()
+    model.build((None, FEATURES))
+    saved = np.load(f"{workdir}/init.npz")
+    model.set_weights([saved[f"arr_{i}"] for i in range(len(saved.files))])
+    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
+    return [float(v) for v in model.fit(_data().take(1), epochs=steps, verbose=0).history["loss"]]
