@@ -24,6 +24,7 @@ from typing import Any
 
 from tfdist import _compat
 from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.keras._builders import require_builder
 from tfdist.parallel.stages import split_layers
 
 __all__ = ["pipeline_model"]
@@ -95,14 +96,9 @@ def _elements(shape: Any) -> int:
 
 
 def _sequential(build: Callable[[], Any], tf_keras: Any) -> Any:
-    if not callable(build) or isinstance(build, tf_keras.Model):
-        raise invalid(
-            StrategyError,
-            "build",
-            type(build).__name__,
-            "a function that returns a tf_keras.Sequential",
-            "Pass the function (e.g. `make_layers`, not `make_layers()`): the layers are built on their stages.",
-        )
+    require_builder(
+        build, returns="a tf_keras.Sequential", example="make_layers", why="the layers are built on their stages"
+    )
     model = build()
     if not isinstance(model, tf_keras.Sequential):
         raise invalid(StrategyError, "build", type(model).__name__, "a function returning a tf_keras.Sequential")

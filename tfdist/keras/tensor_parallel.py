@@ -25,6 +25,7 @@ from typing import Any
 from tfdist import _compat
 from tfdist._names import describe_choices
 from tfdist.errors import StrategyError, check_keywords, invalid
+from tfdist.keras._builders import require_builder
 from tfdist.parallel.layouts import Weight, choose_layouts
 
 __all__ = ["ShardingReport", "mesh_optimizer", "shard_model", "sharding_report"]
@@ -64,15 +65,9 @@ def shard_model(
     """
     import tf_keras
 
-    if not callable(build) or isinstance(build, tf_keras.Model):
-        raise invalid(
-            StrategyError,
-            "build",
-            type(build).__name__,
-            "a function that returns a tf-keras model",
-            "Pass the function that builds it (e.g. `make_model`, not `make_model()`): the weights are created "
-            "under the layouts.",
-        )
+    require_builder(
+        build, returns="a tf-keras model", example="make_model", why="the weights are created under the layouts"
+    )
     _check_policy(tf_keras)
     from tensorflow.experimental import dtensor
 
