@@ -53,14 +53,11 @@ def test_launches_a_mesh_cannot_run_are_refused(kwargs: dict, field: str, text: 
     assert err.value.field == field
 
 
-def test_cli_names_the_flag_and_refuses_a_tfjob_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert launch_cli.main(["--workers", "2", "--mesh", "model=3", "--", "true"]) == 2
     assert "`--mesh`" in capsys.readouterr().err
-    assert (
-        launch_cli.main(["--emit", "tfjob", "--image", "me/t:1", "--workers", "2", "--mesh", "model=2", "--", *COMMAND])
-        == 2
-    )
-    assert "--mesh" in capsys.readouterr().err
+    assert launch_cli.main(["--emit", "tf-config", "--workers", "2", "--mesh", "model=2", "--", *COMMAND]) == 2
+    assert "--mesh" in capsys.readouterr().err  # A bare TF_CONFIG list has no task entry to carry it.
 
 
 def test_a_jobset_passes_the_mesh_to_its_task_entry() -> None:
@@ -68,8 +65,41 @@ def test_a_jobset_passes_the_mesh_to_its_task_entry() -> None:
     manifest = yaml.safe_load(emit.to_yaml(emit.jobset_manifest(config, image="me/train:1")))
     command = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--mesh") + 1] == "batch=1,model=2"
-    with pytest.raises(LaunchError, match="Emit a JobSet"):
-        emit.tfjob_manifest(config, image="me/train:1")
+
+
+def test_tfjob_pods_become_mesh_clients_through_the_tf_config_entry() -> None:
+    config = LaunchConfig(command=COMMAND, workers=2, chief=True, mesh="model=3")
+    manifest = emit.tfjob_manifest(config, image="me/train:1")
+    assert emit.validate_tfjob(manifest) == []
+    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+        command = spec["template"]["spec"]["containers"][0]["command"]
+        assert command == ["python", "-m", "tfdist.launch.tasks.tf_config", "--mesh", "model=3", "--", *COMMAND]
+    # What the pods run, given the TF_CONFIG the operator writes for each.
+    show = [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"]
+    cluster = {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"]}
+    seen = []
+    for kind, index in (("chief", 0), ("worker", 0), ("worker", 1)):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+        done = subprocess.run(
+            [sys.executable, "-m", "tfdist.launch.tasks.tf_config", "--mesh", "model=3", "--", *show],
+            env=dict(os.environ, TF_CONFIG=tf_config),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        seen.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [e["DTENSOR_CLIENT_ID"] for e in seen] == ["0", "1", "2"]
+    assert {e["DTENSOR_JOBS"] for e in seen} == {"c:2222,w0:2222,w1:2222"}
+    assert {json.loads(e["TF_CONFIG"])["task"]["type"] for e in seen} == {"chief", "worker"}
+    bare = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch.tasks.tf_config", "--", "true"],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bare.returncode == 2 and "`TF_CONFIG`" in bare.stderr
 
 
 def test_slurm_tasks_of_an_emitted_script_become_mesh_clients() -> None:

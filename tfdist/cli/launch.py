@@ -97,8 +97,7 @@ _JOBS = frozenset({"tfjob", "jobset", "slurm"})
 _K8S = frozenset({"tfjob", "jobset"})
 _ACTS: dict[str, frozenset[str]] = {
     **dict.fromkeys(("workers", "ps", "chief", "evaluator", "run_on"), _RUN | _EMITTED),
-    # TFJob pods run the command under the operator's TF_CONFIG alone: no task entry to add DTENSOR_*.
-    "mesh": _RUN | {"slurm", "jobset"},
+    "mesh": _RUN | _JOBS,
     "max_restarts": _RUN | _JOBS,
     **dict.fromkeys(
         ("threads_per_task", "timeout", "log_dir", "kill", "grace", "data_service_workers", "engine"), _RUN

@@ -97,6 +97,13 @@ def _limits(cpu: str | None, memory: str | None, gpus: int) -> dict[str, Any]:
     return limits
 
 
+def _mesh_wrap(config: LaunchConfig) -> list[str] | None:
+    """With a mesh, TFJob pods run the command through the TF_CONFIG entry, which adds the DTENSOR_* variables."""
+    if config.mesh is None:
+        return None
+    return ["python", "-m", "tfdist.launch.tasks.tf_config", "--mesh", config.mesh, "--"]
+
+
 def _container(
     config: LaunchConfig,
     job: str,
@@ -167,15 +174,6 @@ def tfjob_manifest(
         ([], 'ExitCode')
     """
     require_config(config)
-    if config.mesh is not None:
-        raise invalid(
-            LaunchError,
-            "mesh",
-            config.mesh,
-            "no mesh in a TFJob (its pods run the command under the operator's TF_CONFIG, with no task entry "
-            "to make them DTensor clients)",
-            "Emit a JobSet (`jobset_manifest`) or a Slurm script for a mesh.",
-        )
     _check_dns1035("name", name)
     image = _check_image(image)
     limits = _limits(cpu, memory, gpus)
@@ -195,7 +193,7 @@ def tfjob_manifest(
         _REPLICA_TYPES[job]: {
             "replicas": count,
             "restartPolicy": restart_policy,
-            "template": {"spec": {"containers": [_container(config, job, image, limits, [])]}},
+            "template": {"spec": {"containers": [_container(config, job, image, limits, [], _mesh_wrap(config))]}},
         }
         for job, count in config.task_counts().items()
     }
