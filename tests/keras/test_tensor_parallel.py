@@ -70,6 +70,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["reference"] = _reference(files, root / "model2", 1)
     out["reference_2"] = _reference(files, root / "batch2_model2", 2)
     out["same_init"] = [(root / d / "init.json").read_text() for d in ("model2", "batch2_model2", "killed")]
+    # Every record trained on, counted by id in a variable the train step adds to (3 epochs, shuffled).
+    for mesh in ("batch=2,model=2", "batch=2"):
+        counted = testing.run_cluster(mesh_tasks.mesh_count_fit, workers=2, mesh=mesh, args=[files, 3], timeout=240)
+        assert counted.ok, counted.result.summary()
+        out[f"counted {mesh}"] = counted.values
     # The weights saved on batch=2,model=2 (2 x 2 devices), loaded on other meshes.
     for mesh in ("model=2", "batch=2"):
         loaded = testing.run_cluster(
@@ -125,6 +130,14 @@ def test_a_killed_mesh_resumes_from_its_backup_where_it_stopped(runs: dict[str, 
         np.testing.assert_allclose(
             [resumed[s] for s in sorted(resumed)], [runs["reference_2"][s] for s in sorted(resumed)], atol=1e-5, rtol=0
         )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mesh", ["batch=2,model=2", "batch=2"])
+def test_every_record_is_trained_on_once_per_epoch(runs: dict[str, Any], mesh: str) -> None:
+    for values in runs[f"counted {mesh}"].values():
+        assert values["counts"] == [3] * mesh_tasks.RECORDS
 
 
 @pytest.mark.multiprocess

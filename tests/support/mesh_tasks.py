@@ -233,3 +233,60 @@ def mesh_load(source: str) -> dict[str, Any]:
     }
     layouts = {v.name: list(dtensor.fetch_layout(v).sharding_specs) for v in model.trainable_variables}
     return {"mesh": [list(mesh.dim_names), list(mesh.shape())], "diffs": diffs, "layouts": layouts}
+
+
+def _counting_model() -> Any:
+    """``build_model``'s network in a model whose train_step counts every record it trains on, by id."""
+    import tensorflow as tf
+    import tf_keras
+
+    class Counting(tf_keras.Model):
+        counts: Any = None
+
+        def train_step(self, data: Any) -> Any:
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compiled_loss(y, self(x["tokens"], training=True))
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+            self.counts.assign_add(tf.reduce_sum(tf.one_hot(x["id"], RECORDS), axis=0))
+            return {"loss": loss}
+
+    plain = build_model()
+    return Counting(plain.inputs, plain.outputs, name="mp_counting")
+
+
+def mesh_count_fit(files: str, epochs: int) -> dict[str, Any]:
+    """Trains ``epochs`` epochs on this launch's mesh, counting each record in a variable; returns the counts."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tfdist import keras as tk
+    from tfdist.data import TFRecordPipeline
+    from tfdist.parallel import build_mesh
+
+    mesh = build_mesh()
+    dtensor = _dtensor()
+    model = tk.shard_model(_counting_model, mesh, min_elements=MIN_ELEMENTS)
+    model.counts = dtensor.DVariable(
+        dtensor.call_with_layout(tf.zeros, dtensor.Layout.replicated(mesh, 1), [RECORDS]), trainable=False
+    )
+    loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=tk.mesh_optimizer("adam", mesh, learning_rate=1e-2), loss=loss)
+    features = {
+        "tokens": tf.io.FixedLenFeature([TOKENS], tf.int64),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+        "id": tf.io.FixedLenFeature([], tf.int64),
+    }
+    data = TFRecordPipeline(
+        files=files,
+        batch_size=BATCH,
+        features=features,
+        label_key="label",
+        as_supervised=True,
+        num_epochs=None,
+        shuffle_buffer=64,
+        seed=5,
+        drop_remainder=True,
+    )
+    model.fit(tk.fit_input(data, mesh=mesh), epochs=epochs, steps_per_epoch=RECORDS // BATCH, verbose=0)
+    return {"counts": [int(c) for c in _full(model.counts, mesh, dtensor)]}
