@@ -353,3 +353,4 @@ def test_cli_prints_the_mesh_launch_command() -> None:
     assert done.returncode == 0, done.stderr
     assert "launch:            tfdist-launch --workers 4 --mesh batch=2,model=4 -- python train.py" in done.stdout
     assert "11.2 GiB per device" in done.stdout
+    assert "or 4 pipeline stages, one per task (tfdist-launch --chief --workers 4 --run-on chief)" in done.stdout

@@ -277,6 +277,11 @@ class Plan:
                     f"{self.memory_per_replica_bytes / model / gib:.1f} GiB per device (no activations), "
                     f"{batch} data-parallel replica(s)"
                 )
+                reasons.append(
+                    f"or {model} pipeline stages, one per task (tfdist-launch --chief --workers {model} --run-on "
+                    f"chief): about the same per stage if the layers balance, plus the activations of the "
+                    f"micro-batches in flight"
+                )
             else:
                 reasons.append(
                     f"even split over all {self.replicas} devices it needs "
