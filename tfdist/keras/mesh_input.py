@@ -17,7 +17,7 @@ from typing import Any
 
 from tfdist import _compat
 from tfdist.cluster.mesh import BATCH_AXIS
-from tfdist.errors import StrategyError, invalid
+from tfdist.errors import StrategyError, invalid, require_int
 
 __all__ = ["mesh_dataset", "replica_batches"]
 
@@ -113,6 +113,7 @@ def replica_batches(source: Any, replicas: int) -> Any:
     """
     import tensorflow as tf
 
+    require_int(StrategyError, "replicas", replicas, minimum=1)
     dataset_fn = _dataset_fn(source)
     shares = [_share(dataset_fn, r, replicas) for r in range(replicas)]
     if replicas == 1:

@@ -45,7 +45,7 @@ def mesh_processes() -> int:
 def build_mesh(
     axes: str | Mapping[str, int] | MeshShape | None = None,
     *,
-    device_type: str = "CPU",
+    device_type: str | None = None,
     model_axis: str = MODEL_AXIS,
 ) -> Any:
     """Initializes DTensor for this process and returns the mesh (a ``tf.experimental.dtensor.Mesh``).
@@ -54,6 +54,7 @@ def build_mesh(
       axes: The mesh, ``'batch=2,model=2'`` or ``{'batch': 2, 'model': 2}``. None: the launcher's
         ``--mesh`` (``TFDIST_MESH``). An explicit value wins over the launcher's, with a warning when they differ.
       device_type: 'CPU' (logical CPUs, as many per process as the mesh needs) or 'GPU' (one per device).
+        None: 'GPU' when this process sees GPUs, else 'CPU'.
       model_axis: The axis laid out across processes first, so each process holds its slice of the weights.
 
     Returns:
@@ -69,14 +70,19 @@ def build_mesh(
         >>> build_mesh("model=2", device_type="TPU")
         Traceback (most recent call last):
         ...
-        tfdist.errors.StrategyError: Invalid value for `device_type`. Received: 'TPU'. Expected 'CPU' or 'GPU'.
+        tfdist.errors.StrategyError: Invalid value for `device_type`. Received: 'TPU'. Expected 'CPU', 'GPU' or None \
+(GPU when there is one).
     """
-    if device_type not in _DEVICE_TYPES:
-        raise invalid(StrategyError, "device_type", device_type, "'CPU' or 'GPU'")
+    if device_type is not None and device_type not in _DEVICE_TYPES:
+        raise invalid(StrategyError, "device_type", device_type, "'CPU', 'GPU' or None (GPU when there is one)")
     shape = _requested_shape(axes)
     processes = _check_clients(shape)
     per_process = shape.size // processes
+    import tensorflow as tf
     from tensorflow.experimental import dtensor
+
+    if device_type is None:
+        device_type = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
 
     if _compat.dtensor_initialized():
         have = dtensor.num_local_devices(device_type)
