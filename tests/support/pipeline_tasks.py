@@ -21,6 +21,34 @@ def make_layers() -> Any:
     )
 
 
+def make_embedding_layers() -> Any:
+    """Token ids through an embedding (its gradient is sparse) on stage 1, then a Dense pair on stage 2.
+
+    An Embedding first makes the Sequential build at once (it declares its input): pipeline_model remakes
+    the layers from their configs, so a built Sequential works too.
+    """
+    import tf_keras
+
+    return tf_keras.Sequential(
+        [
+            tf_keras.layers.Embedding(64, 16, input_length=8, name="pe_embed"),
+            tf_keras.layers.Flatten(name="pe_flat"),
+            tf_keras.layers.Dense(WIDTH, activation="tanh", name="pe_hidden"),
+            tf_keras.layers.Dense(1, name="pe_out"),
+        ]
+    )
+
+
+def _token_data() -> Any:
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.RandomState(1)
+    x = rng.randint(0, 64, size=(RECORDS, 8)).astype("int64")
+    y = np.sin(x[:, :1] / 10.0).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True).repeat()
+
+
 def _data() -> Any:
     import numpy as np
     import tensorflow as tf
@@ -41,20 +69,22 @@ def pipeline_fit(steps: int, micro_batches: list[int]) -> dict[str, Any]:
 
     stages = connect_stages()
     out: dict[str, Any] = {"stages": stages}
-    for count in micro_batches:
+    runs = [(str(count), count, make_layers, _data, (FEATURES,), "float32") for count in micro_batches]
+    runs.append(("embedding", micro_batches[-1], make_embedding_layers, _token_data, (8,), "int64"))
+    for key, count, layers, data, shape, dtype in runs:
         tf_keras.utils.set_random_seed(0)
-        model = tk.pipeline_model(make_layers, stages, input_shape=(FEATURES,), micro_batches=count)
+        model = tk.pipeline_model(layers, stages, input_shape=shape, input_dtype=dtype, micro_batches=count)
         init = [w.numpy() for w in model.weights]
         model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
         start = time.perf_counter()
-        history = model.fit(_data(), epochs=steps, steps_per_epoch=1, verbose=0)
+        history = model.fit(data(), epochs=steps, steps_per_epoch=1, verbose=0)
         seconds = time.perf_counter() - start
-        local = make_layers()
-        local.build((None, FEATURES))
+        local = layers()
+        local.build((None, *shape))
         local.set_weights(init)
         local.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
-        reference = local.fit(_data(), epochs=steps, steps_per_epoch=1, verbose=0)
-        out[str(count)] = {
+        reference = local.fit(data(), epochs=steps, steps_per_epoch=1, verbose=0)
+        out[key] = {
             "losses": [float(v) for v in history.history["loss"]],
             "reference": [float(v) for v in reference.history["loss"]],
             "weights_diff": float(

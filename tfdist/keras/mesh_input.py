@@ -18,6 +18,7 @@ from typing import Any
 from tfdist import _compat
 from tfdist.cluster.mesh import BATCH_AXIS
 from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.parallel.mesh import mesh_processes
 
 __all__ = ["mesh_dataset", "replica_batches"]
 
@@ -89,6 +90,13 @@ def mesh_dataset(source: Any, mesh: Any, *, batch_axis: str = BATCH_AXIS) -> Any
     def build(replica: int) -> Any:
         return _share(dataset_fn, replica, replicas)
 
+    if getattr(source, "num_epochs", None) is not None and mesh_processes() > 1:
+        _log.warning(
+            "Mesh input from a pipeline of num_epochs=%s: reaching its end cancels DTensor's multi-client context "
+            "(every later op fails with 'Function was cancelled'). Use num_epochs=None and pass steps_per_epoch "
+            "to fit, or stop before the end.",
+            source.num_epochs,
+        )
     local = sorted({loc[axis] for loc in mesh.local_device_locations()}) if axis else [0]
     _log.info(
         "Mesh input: %d batch replica(s) of %d records (global batch %d); this process reads share(s) %s.",

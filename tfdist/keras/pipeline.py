@@ -44,8 +44,9 @@ def pipeline_model(
     """A tf-keras model whose consecutive layers run on ``stages`` (devices), trained with ``micro_batches``.
 
     Args:
-      build: A function returning a ``tf_keras.Sequential`` *without* an ``Input`` (its layers not yet
-        built: they are built on their stages' devices). Called twice.
+      build: A function returning a ``tf_keras.Sequential``. It is called once, without allocating
+        anything (tf-keras's lazy variables); each layer is then made again from its config and built on
+        its stage's device, so the model is never created whole on the chief.
       stages: One device per stage, e.g. from :func:`tfdist.parallel.connect_stages`.
       input_shape: One example's shape (without the batch dimension).
       input_dtype: The input's dtype.
@@ -63,13 +64,15 @@ def pipeline_model(
         raise invalid(StrategyError, "stages", stages, "a list of device names, one per stage")
     with _compat.lazy_variables():
         probe = _sequential(build, tf_keras)
-        probe.build((None, *input_shape))
+        if not probe.built:
+            probe.build((None, *input_shape))
         counts = [float(sum(_elements(w.shape) for w in layer.weights)) for layer in probe.layers]
+        configs = [(type(layer), _config(layer)) for layer in probe.layers]
     del probe
     if costs is not None and len(costs) != len(counts):
         raise invalid(StrategyError, "costs", list(costs), f"one cost per layer ({len(counts)} layers)")
     groups = split_layers(list(costs) if costs is not None else counts, stages=len(stages))
-    layers = _sequential(build, tf_keras).layers
+    layers = [cls.from_config(config) for cls, config in configs]  # Fresh, unbuilt: built on their stages.
     model = _pipeline_class(tf_keras)(
         stage_layers=[[layers[i] for i in group] for group in groups],
         devices=list(stages),
@@ -97,21 +100,25 @@ def _elements(shape: Any) -> int:
 
 def _sequential(build: Callable[[], Any], tf_keras: Any) -> Any:
     require_builder(
-        build, returns="a tf_keras.Sequential", example="make_layers", why="the layers are built on their stages"
+        build, returns="a tf_keras.Sequential", example="make_layers", why="the layers are made on their stages"
     )
     model = build()
     if not isinstance(model, tf_keras.Sequential):
         raise invalid(StrategyError, "build", type(model).__name__, "a function returning a tf_keras.Sequential")
-    if model.built or any(layer.weights for layer in model.layers):
+    return model
+
+
+def _config(layer: Any) -> dict[str, Any]:
+    try:
+        return dict(layer.get_config())
+    except NotImplementedError:
         raise invalid(
             StrategyError,
             "build",
-            model.name,
-            "a Sequential without an Input (its layers unbuilt)",
-            "Drop the Input / input_shape from the Sequential and pass input_shape= to pipeline_model: "
-            "each layer's weights are created on its stage's device.",
-        )
-    return model
+            layer.name,
+            f"layers with a get_config() ({type(layer).__name__} has none)",
+            "Each layer is made again from its config on its stage: give the layer a get_config().",
+        ) from None
 
 
 def _pipeline_class(tf_keras: Any) -> type:
