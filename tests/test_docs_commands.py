@@ -18,6 +18,7 @@ import pytest
 
 from tfdist.cli import launch as launch_cli
 from tfdist.cli import main as tfdist_cli
+from tfdist.runtime import program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -59,7 +60,7 @@ def test_command_line_parses(argv: list[str]) -> None:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             if argv[0] == "tfdist-launch":
-                own, _command = launch_cli._split(argv[1:])
+                own, _command = program.split_command(argv[1:])
                 parser = launch_cli._parser()
                 launch_cli._refuse_idle_flags(parser, parser.parse_args(own))
             else:

@@ -308,14 +308,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" in argv:
-        cut = argv.index("--")
-        return argv[:cut], argv[cut + 1 :]
-    return argv, []
-
-
 def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
     if args.emit == "tf-config":
         hosts = args.hosts.split(",") if args.hosts is not None else None
@@ -368,7 +360,7 @@ def _ray_engine(args: argparse.Namespace) -> Engine:
 @program.cli_main("tfdist-launch")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    own, command = _split(sys.argv[1:] if argv is None else argv)
+    own, command = program.split_command(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(own)
     _refuse_idle_flags(parser, args)

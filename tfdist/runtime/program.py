@@ -110,6 +110,20 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(self.suggest(message))} (see {self.prog} --help)\n")
 
 
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A command line's own flags and the program after ``--`` (empty without one).
+
+    Example:
+        >>> split_command(["--mesh", "model=2", "--", "python", "train.py", "--", "x"])
+        (['--mesh', 'model=2'], ['python', 'train.py', '--', 'x'])
+    """
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
 def finite_float(text: str) -> float:
     """argparse ``type=`` for a finite number (refuses nan and inf, which ``float`` accepts).
 

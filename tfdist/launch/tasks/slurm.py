@@ -95,10 +95,8 @@ def _parser() -> argparse.ArgumentParser:
 @program.cli_main(_PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Execs the task's program; a tfdist error is one line on stderr (exit 2 for bad input, 1 for a failure)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args = _parser().parse_args(argv[:cut])
-    command = argv[cut + 1 :]
+    flags, command = program.split_command(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(flags)
     if args.pick_port_base:
         sys.stdout.write(f"{_pick_port_base(dict(os.environ))}\n")
         return 0

@@ -25,12 +25,10 @@ _PROG = "python -m tfdist.launch.tasks.tf_config"
 @program.cli_main(_PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Execs the command with this task's variables; a tfdist error is one line on stderr (exit 2 / 1)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
+    flags, command = program.split_command(sys.argv[1:] if argv is None else argv)
     parser = program.ArgumentParser(prog=_PROG)
     parser.add_argument("--mesh", default=None, help="a DTensor mesh over chief and workers, e.g. batch=2,model=2")
-    args = parser.parse_args(argv[:cut])
-    command = argv[cut + 1 :]
+    args = parser.parse_args(flags)
     if not command:
         raise invalid(LaunchError, "command", [], "a program after '--', e.g. -- python train.py")
     if not os.environ.get("TF_CONFIG"):
