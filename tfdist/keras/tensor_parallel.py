@@ -6,7 +6,7 @@ In a training script launched with ``tfdist-launch --workers 2 --mesh model=2``:
     model = tfdist.keras.shard_model(make_model, mesh)        # Megatron-style layouts, chosen for you
     model.compile(optimizer=tfdist.keras.mesh_optimizer("adam", mesh, learning_rate=1e-3), loss=...)
     model.fit(tfdist.keras.fit_input(pipeline, mesh=mesh), epochs=3)
-    print(tfdist.keras.sharding_report(model).describe())     # what each process holds
+    report = tfdist.keras.sharding_report(model)              # report.describe(): what each process holds
 
 :func:`shard_model` builds the model once without allocating anything to read its layers, chooses the
 layouts (:mod:`tfdist.parallel.layouts`) and builds it again under them, so a model too large for one
