@@ -175,6 +175,25 @@ class MeshShape:
                 seen.append(coordinate)
         return True
 
+    def check_processes(
+        self, processes: int, *, error: type[Error] = StrategyError, field: str = "mesh", fix: str = ""
+    ) -> int:
+        """Returns the devices per process; ``error`` naming ``field`` unless the mesh divides over ``processes``.
+
+        Example:
+            >>> MeshShape.parse("batch=2,model=2").check_processes(2)
+            2
+        """
+        if self.size % processes:
+            raise invalid(
+                error,
+                field,
+                str(self),
+                f"a device count that is a multiple of the {processes} processes (it has {self.size})",
+                fix or f"Use a mesh such as 'model={processes}'.",
+            )
+        return self.size // processes
+
     def __str__(self) -> str:
         return ",".join(f"{name}={size}" for name, size in self.axes)
 
@@ -205,14 +224,7 @@ def mesh_clients(spec: ClusterSpec, shape: MeshShape, *, error: type[Error] = St
     clients = [task.address for task in spec.training_tasks()]
     if not clients:
         raise invalid(error, "mesh", str(shape), "a cluster with a chief or workers to hold the mesh")
-    if shape.size % len(clients):
-        raise invalid(
-            error,
-            "mesh",
-            str(shape),
-            f"a device count that is a multiple of the {len(clients)} processes (it has {shape.size})",
-            f"Use a mesh of {len(clients)} x devices-per-process, e.g. 'model={len(clients)}'.",
-        )
+    shape.check_processes(len(clients), error=error)
     return clients
 
 

@@ -105,14 +105,8 @@ class Topology:
             if value:
                 raise invalid(LaunchError, name, value, "none together with `mesh`", fix)
         processes = self.workers + int(self.chief)
-        if shape.size % processes:
-            raise invalid(
-                LaunchError,
-                "mesh",
-                self.mesh,
-                f"a device count that is a multiple of the {processes} processes (it has {shape.size})",
-                f"Use `workers` that divide {shape.size}, or a mesh such as 'model={processes}'.",
-            )
+        fix = f"Use `workers` that divide {shape.size}, or a mesh such as 'model={processes}'."
+        shape.check_processes(processes, error=LaunchError, fix=fix)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

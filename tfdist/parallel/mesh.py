@@ -152,14 +152,7 @@ def _check_clients(shape: MeshShape) -> int:
                 _LAUNCH_FIX,
             )
         return 1
-    if shape.size % processes:
-        raise invalid(
-            StrategyError,
-            "axes",
-            str(shape),
-            f"a device count that is a multiple of the {processes} processes (it has {shape.size})",
-            f"Use a mesh such as 'model={processes}'.",
-        )
+    shape.check_processes(processes, field="axes")
     return processes
 
 
