@@ -87,8 +87,10 @@ def mesh_dataset(source: Any, mesh: Any, *, batch_axis: str = BATCH_AXIS) -> Any
         rank = spec.shape.rank
         return dtensor.Layout.batch_sharded(mesh, axis, rank=rank) if axis else dtensor.Layout.replicated(mesh, rank)
 
+    unused = [first]  # The dataset read for its shapes serves one device: every other device builds its own.
+
     def build(replica: int) -> Any:
-        return _share(dataset_fn, replica, replicas)
+        return unused.pop() if replica == 0 and unused else _share(dataset_fn, replica, replicas)
 
     if getattr(source, "num_epochs", None) is not None and mesh_processes() > 1:
         _log.warning(
