@@ -79,7 +79,7 @@ class TestTwoWorkerCommunication:
         # Top-k at density 0.25 sends ceil(n / 4) values and int32 indices per tensor.
         assert a["topk"]["bytes"] == 8 * (32 + 4 + 4 + 1)
 
-    def test_compressor_state_is_per_worker_and_checkpointed_as_its_sum(self, a: dict, b: dict) -> None:
+    def test_compressor_state_is_per_worker_and_checkpointed_per_worker(self, a: dict, b: dict) -> None:
         for name, kinds in (("powersgd", ["powersgd_error", "powersgd_q"]), ("topk", ["topk_error"] * 4)):
             state_a, state_b = a[name]["state"], b[name]["state"]
             assert [n.split("/")[-1].split(":")[0] for n in state_a["names"]] == kinds
@@ -94,13 +94,13 @@ class TestTwoWorkerCommunication:
                     assert not np.allclose(local_a, local_b) and np.abs(local_a).max() > 0
                 else:
                     assert local_a.tolist() == local_b.tolist() == [0.0]
-                # A checkpoint keeps every worker's error: their sum (a restore gives each an equal share).
-                np.testing.assert_allclose(state_a["saved"][i], local_a + local_b, rtol=1e-6, atol=1e-7)
-                np.testing.assert_allclose(state_b["saved"][i], state_a["saved"][i], rtol=1e-6, atol=1e-7)
-                # A restore gives each worker half of the sum: nothing lost, but the workers' parts evened out.
-                half = np.array(state_a["saved"][i]) / 2
+                # A checkpoint keeps every worker's own error, by replica id (the same file on every worker),
+                # and a restore gives each worker its own back, bit for bit.
                 for state in (state_a, state_b):
-                    np.testing.assert_allclose(state["restored"][i], half, rtol=1e-6, atol=1e-7)
+                    assert state["saved"][i]["ids"] == [0, 1]
+                    np.testing.assert_array_equal(state["saved"][i]["rows"], [local_a, local_b])
+                np.testing.assert_array_equal(state_a["restored"][i], local_a)
+                np.testing.assert_array_equal(state_b["restored"][i], local_b)
 
     def test_local_sgd_averages_every_period_and_equals_sync_sgd_at_period_1(self, a: dict, b: dict) -> None:
         # Period 1: each worker's step from its own batch, then the mean: synchronous SGD's step.

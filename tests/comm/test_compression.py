@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -125,6 +126,21 @@ class TestOnReplicas:
             np.testing.assert_allclose(applied + held, sum(g[w][i] for g in grads for w in range(REPLICAS)), atol=1e-4)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_errors_are_checkpointed_per_replica_and_shared_out_on_another_count() -> None:
+    cluster = testing.run_cluster(compression_tasks.per_replica_round_trip, workers=1, timeout=180)
+    assert cluster.ok, cluster.result.summary()
+    saved = cluster.values["worker:0"]
+    ones, twos = [[1.0] * 3] * 2, [[2.0] * 3] * 2
+    assert saved["keys"] == ["m/states/0/.ATTRIBUTES/per_replica", "m/states/0/.ATTRIBUTES/replica_ids"]
+    assert saved["saved"] == [ones, twos] and saved["ids"] == [0, 1]  # Each replica's own value, by id.
+    assert saved["two"] == [ones, twos]  # The same replicas: each gets its own back.
+    assert saved["three"] == [[[1.0] * 3] * 2] * 3  # (1 + 2) / 3 each: the sum is kept.
+    assert saved["none"] == [[[3.0] * 3] * 2]  # One replica: the whole sum.
+    assert saved["resized"] == [[2, 3], [2, 1]]
+
+
 def test_which_tensors_powersgd_compresses_and_their_bytes() -> None:
     assert matrix_shape((7, 7, 3, 64), rank=4) == (147, 64)  # ResNet's first conv: [kh*kw*cin, cout].
     assert matrix_shape((2048, 1000), rank=4) == (2048, 1000)
@@ -166,8 +182,51 @@ def test_sparse_gradients_are_summed_by_tf_uncompressed_and_logged(caplog: pytes
     assert "get sparse (IndexedSlices) gradients" in caplog.text and "ids/embeddings" in caplog.text
     rows = model.layers[0].embeddings.numpy()
     assert not np.allclose(rows[:8], table[:8]) and np.array_equal(rows[8:], table[8:])  # Only the rows used.
-    assert [v.name.split("/")[0] for v in model.optimizer.tfdist_compression_state] == ["out", "out"]
+    assert [v.name.split("/")[0] for v in model.optimizer.compression_variables] == ["out", "out"]
     assert caplog.text.count("get sparse") == 1  # Once, however often the step is traced.
+
+
+@pytest.mark.parametrize("compression", ["powersgd", "topk"])
+def test_a_checkpoint_read_before_the_first_step_restores_the_state_created_in_it(
+    compression: str, tmp_path: Path
+) -> None:
+    # BackupAndRestore reads the backup before fit's first step creates the errors and Q factors: the read
+    # must wait for them and restore them, so the resumed model steps exactly as the saved one goes on.
+    import tf_keras as keras
+
+    from tfdist.keras import with_communication
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = x @ np.ones((4, 1), "float32")
+
+    def model() -> Any:
+        keras.utils.set_random_seed(1)
+        made = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+        compressor = with_communication(keras.optimizers.SGD(0.02, momentum=0.5), compression=compression, rank=2)
+        made.compile(optimizer=compressor, loss="mse")
+        return made
+
+    saved = model()
+    saved.fit(x[:48], y[:48], batch_size=16, verbose=0, shuffle=False)
+    written = _checkpoint(saved).write(str(tmp_path / "ckpt"))
+    resumed = model()
+    reader = _checkpoint(resumed)
+    reader.read(written)
+    assert resumed.optimizer.compression_variables == []  # Not created yet: the read is deferred.
+    for m in (saved, resumed):
+        m.fit(x[48:], y[48:], batch_size=16, verbose=0, shuffle=False)
+    states = list(zip(saved.optimizer.compression_variables, resumed.optimizer.compression_variables))
+    assert any(np.abs(a.numpy()).max() > 0 for a, _ in states)  # Errors were kept: the check is not of zeros.
+    for a, b in states:
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(saved.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def _checkpoint(model: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
 
 
 def test_one_worker_trains_and_counts_its_bytes() -> None:
@@ -196,7 +255,7 @@ def test_one_worker_trains_and_counts_its_bytes() -> None:
         assert loss[-1] < loss[0] / 2, (compression, loss)
         per_value = 4 if compression == "powersgd" else 8  # Top-k: 1% of each tensor, at least one entry.
         assert optimizer.communication_bytes_per_step == per_value * sent
-        assert optimizer.tfdist_compression_state, compression
+        assert optimizer.compression_variables, compression
 
 
 def test_powersgd_under_mixed_precision_trains_like_float32() -> None:
@@ -224,7 +283,7 @@ def test_powersgd_under_mixed_precision_trains_like_float32() -> None:
             optimizer = keras.mixed_precision.LossScaleOptimizer(inner) if policy != "float32" else inner
             model.compile(optimizer=optimizer, loss="mse")
             losses.append(model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"])
-            states.append([v.dtype.name for v in inner.tfdist_compression_state])
+            states.append([v.dtype.name for v in inner.compression_variables])
         finally:
             keras.mixed_precision.set_global_policy("float32")
     assert losses[0][-1] < losses[0][0] / 2

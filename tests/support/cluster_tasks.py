@@ -516,19 +516,25 @@ def _compressor_state(strategy: Any, optimizer: Any, directory: str) -> dict[str
 
     spec = tfdist.ClusterSpec.from_tf_config()
     path = tf.train.Checkpoint(optimizer=optimizer).write(os.path.join(directory, f"state-{spec.task_id}"))
-    states = optimizer.tfdist_compression_state
+    states = optimizer.compression_variables  # In the order they are tracked.
 
     def local() -> list[Any]:
         return [strategy.experimental_local_results(v)[0].numpy().tolist() for v in states]
 
-    out = {
-        "names": [v.name for v in states],
-        "local": local(),
-        "saved": [
-            tf.train.load_variable(path, f"optimizer/tfdist_compression_state/{i}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
-            for i in range(len(states))
-        ],
-    }
+    def saved(i: int) -> Any:  # The Q factor as a variable; an error as the rows of every replica.
+        key = f"optimizer/tfdist_compression_state/{i}/.ATTRIBUTES/"
+        names = {name for name, _ in tf.train.list_variables(path)}
+        if key + "VARIABLE_VALUE" in names:
+            return tf.train.load_variable(path, key + "VARIABLE_VALUE").tolist()
+        return {
+            "rows": tf.train.load_variable(path, key + "per_replica").tolist(),
+            "ids": tf.train.load_variable(path, key + "replica_ids").tolist(),
+        }
+
+    out = {"names": [v.name for v in states], "local": local(), "saved": [saved(i) for i in range(len(states))]}
+    for v in states:  # A restore must bring the values back, not find them still there.
+        for component in strategy.experimental_local_results(v):
+            component.assign(tf.zeros_like(component))
     tf.train.Checkpoint(optimizer=optimizer).read(path).assert_existing_objects_matched()
     out["restored"] = local()  # What a resume from that checkpoint starts with, on this worker.
     return out

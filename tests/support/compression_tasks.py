@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 SHAPES = [(6, 5), (3, 3, 4, 6), (7,), (5, 2), (8, 16)]  # Matrices, a conv kernel, a vector, a thin matrix.
@@ -69,4 +70,58 @@ def compressed_steps(replicas: int, steps: int, rank: int, density: float) -> di
         out["powersgd"].append({"sums": local(summed), "errors": local(errors), "qs": local(qs)})
         top_summed, top_errors = topk_step(step_grads, top_errors)
         out["topk"].append({"sums": local(top_summed), "errors": local(top_errors)})
+    return out
+
+
+def per_replica_round_trip() -> dict[str, Any]:
+    """Per-replica values (replica r holds ``r + 1``) of a SUM variable saved on 2 replicas, read back on
+    2 replicas (before and after the variable exists), on 3 and on no strategy. A process of its own: TF
+    numbers the collectives of every MirroredStrategy from the same key."""
+    import tempfile
+
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+
+    from tfdist import _compat
+
+    resized: list[tuple[int, int]] = []
+
+    def tracked(strategy: Any) -> tuple[Any, Any]:
+        with strategy.scope():
+            variable = tf.Variable(
+                tf.zeros([2, 3]),
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+        return variable, _compat.per_replica_checkpoint(variable, strategy, lambda *sizes: resized.append(sizes))
+
+    def values(strategy: Any, variable: Any) -> list[Any]:
+        return [v.numpy().tolist() for v in strategy.experimental_local_results(variable)]
+
+    two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    saved, state = tracked(two)
+    for r, component in enumerate(two.experimental_local_results(saved)):
+        component.assign(tf.fill([2, 3], float(r + 1)))
+    module = tf.Module()
+    module.states = [state]
+    path = tf.train.Checkpoint(m=module).write(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    out: dict[str, Any] = {
+        "keys": sorted(name for name, _ in tf.train.list_variables(path) if name.startswith("m/")),
+        "saved": tf.train.load_variable(path, "m/states/0/.ATTRIBUTES/per_replica").tolist(),
+        "ids": tf.train.load_variable(path, "m/states/0/.ATTRIBUTES/replica_ids").tolist(),
+    }
+    for name, strategy in (
+        ("two", two),
+        ("three", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])),
+        ("none", tf.distribute.get_strategy()),
+    ):
+        variable, state = tracked(strategy)
+        module = tf.Module()
+        module.states = []
+        tf.train.Checkpoint(m=module).read(path)  # Deferred: restored when the state is tracked, as in fit.
+        module.states.append(state)
+        out[name] = values(strategy, variable)
+    out["resized"] = resized
     return out

@@ -14,7 +14,13 @@ from tfdist._compat.data import (
     tfrecord_reader,
     unbatch_dense,
 )
-from tfdist._compat.distribute import _dtensor_input, _sharded_variable_class, dtensor_initialized
+from tfdist._compat.distribute import (
+    _dtensor_input,
+    _save_spec,
+    _sharded_variable_class,
+    _trackable_base,
+    dtensor_initialized,
+)
 from tfdist._compat.keras import (
     backup_base,
     callback_base,
@@ -59,6 +65,13 @@ def _check_coordination_barrier() -> None:
 
     for name in ("coordination_service", "wait_at_barrier"):
         _attr(context.Context, name, "exit_cleanly's wait for collective peers")
+
+
+def _check_trackable_hooks() -> None:
+    base = _trackable_base()
+    for name in ("_serialize_to_tensors", "_restore_from_tensors"):
+        _attr(base, name, "per-replica checkpoints of compression errors")
+    _save_spec(lambda: None, "float32", "/cpu:0")
 
 
 def _check_data_service() -> None:
@@ -121,6 +134,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "dtensor input_util._DTensorIterator and _pack_iterator_resource_dtensor": _dtensor_input,
     "tf_keras lazy_variable.lazy_init_scope": lazy_variables,
     "tf.data service servers' _stop": _check_data_service,
+    "Trackable._serialize_to_tensors, _restore_from_tensors and SaveSpec": _check_trackable_hooks,
     "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
     "tf.data's _TFRecordDataset, _UnbatchDataset and RebatchDatasetV2": _check_data_readers,

@@ -127,3 +127,90 @@ def is_variable(value: Any) -> bool:
     import tensorflow as tf
 
     return isinstance(value, tf.Variable) or is_sharded_variable(value)
+
+
+def _trackable_base() -> type:
+    import tensorflow as tf
+
+    return _attr(_attr(tf.__internal__, "tracking", "per-replica checkpoints"), "Trackable", "per-replica checkpoints")
+
+
+def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[int, int], None]) -> Any:
+    """A trackable that checkpoints every replica's own value of the ``ON_READ`` ``variable``.
+
+    TF checkpoints an ``ON_READ`` variable as its aggregate (a ``SUM`` variable as the sum over the replicas)
+    and restores that evenly: each replica's own value is lost. This trackable saves the values of all
+    replicas instead (gathered over them at save time, a collective every replica's save joins, like the
+    sum's) with their replica ids, and a restore gives each replica its own row. When the number of replicas
+    changed, each gets the sum divided by the new number (nothing lost) and ``on_resize(saved, now)`` is
+    called. Track the returned object instead of ``variable``. Hooks: ``Trackable._serialize_to_tensors`` and
+    ``_restore_from_tensors`` (no public API saves per-replica values).
+    """
+    import tensorflow as tf
+
+    def local_ids() -> list[int]:  # The global replica ids of this process's replicas, in device order.
+        ids = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)
+        return [int(i) for i in strategy.experimental_local_results(ids)]
+
+    class _PerReplica(_trackable_base()):  # type: ignore[misc]
+        def _gathered(self, value: Callable[[int], Any]) -> Any:
+            """``value(replica_id)`` of every replica, gathered over all of them (a collective)."""
+            with _in_scope(strategy):
+                rows = strategy.experimental_distribute_values_from_function(
+                    lambda ctx: tf.expand_dims(value(ctx.replica_id_in_sync_group), 0)
+                )
+                return strategy.gather(rows, axis=0)
+
+        def _serialize_to_tensors(self) -> dict[str, Any]:
+            # Callables, as TF's own ON_READ variables: a restore builds these specs too, and must not gather.
+            def rows() -> Any:
+                components = dict(zip(local_ids(), strategy.experimental_local_results(variable)))
+                return self._gathered(lambda replica: tf.identity(components[replica]))
+
+            def ids() -> Any:
+                return self._gathered(lambda replica: tf.constant(replica, tf.int64))
+
+            device = strategy.experimental_local_results(variable)[0].device
+            return {
+                "per_replica": _save_spec(rows, variable.dtype, device),
+                "replica_ids": _save_spec(ids, tf.int64, device),
+            }
+
+        def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+            rows, ids = restored_tensors["per_replica"], restored_tensors["replica_ids"]
+            replicas = strategy.num_replicas_in_sync
+            same_world = tf.equal(tf.shape(ids)[0], replicas)
+            if tf.executing_eagerly() and not bool(same_world):
+                on_resize(int(tf.shape(ids)[0]), replicas)
+            share = tf.reduce_sum(rows, axis=0) / replicas
+            assigns = []
+            for component, replica in zip(strategy.experimental_local_results(variable), local_ids()):
+                mine = tf.equal(ids, replica)
+                own = tf.gather(rows, tf.argmax(tf.cast(mine, tf.int32)))
+                found = tf.logical_and(same_world, tf.reduce_any(mine))
+                assigns.append(component.assign(tf.where(found, own, share)))
+            return tf.group(assigns)
+
+    return _PerReplica()
+
+
+def _save_spec(tensor: Callable[[], Any], dtype: Any, device: str) -> Any:
+    """A ``SaveSpec`` whose tensor is computed only when a checkpoint is written (no public class)."""
+    try:
+        from tensorflow.python.training.saving.saveable_object import SaveSpec
+    except ImportError:
+        raise _missing(
+            "tensorflow.python.training.saving.saveable_object.SaveSpec", "per-replica checkpoints"
+        ) from None
+    return SaveSpec(tensor, "", "", dtype=dtype, device=device)
+
+
+def _in_scope(strategy: Any) -> Any:
+    """``strategy.scope()``, or nothing when its scope is already current."""
+    import contextlib
+
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy() and tf.distribute.get_strategy() is strategy:
+        return contextlib.nullcontext()
+    return strategy.scope()

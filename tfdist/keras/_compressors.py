@@ -2,9 +2,10 @@
 
 Each compressed variable gets state variables on the optimizer, created at its first step:
 
-* its **error** (what this worker did not send), one value per replica (``ON_READ``, ``SUM``): a checkpoint
-  saves the sum over the workers and a restore gives each worker an equal share of it, so no gradient is
-  lost across a resume (the workers' shares are evened out);
+* its **error** (what this worker did not send), one value per replica (``ON_READ``, ``SUM``). A checkpoint
+  saves every replica's own error (gathered at save time, a collective every worker's save joins) and a
+  restore gives each its own, so a resumed run continues as the uninterrupted one would. Restored on a
+  different number of replicas, each gets an equal share of their sum (no gradient is lost; one warning);
 * PowerSGD's warm-start **Q** factor, the same on every replica (``ON_READ``, ``ONLY_FIRST_REPLICA``),
   started from a fixed seed.
 
@@ -19,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tfdist import _compat
 from tfdist.comm.collective import CollectiveConfig, all_reduce_sum
 from tfdist.comm.powersgd import matrix_shape, powersgd_sum
 from tfdist.comm.topk import topk_sum
@@ -62,7 +64,8 @@ def _state(optimizer: Any, variable: Any, kind: str, shape: Sequence[int], confi
             initial = lambda: tf.zeros(shape)  # noqa: E731
             aggregation = tf.VariableAggregation.SUM
         name = f"{variable.name.split(':')[0]}/{config.compression}_{kind}"
-        with tf.init_scope():
+        strategy = tf.distribute.get_strategy()
+        with tf.init_scope():  # Eager: a checkpoint read before this first step restores it as it is tracked.
             states[key] = tf.Variable(
                 initial,
                 trainable=False,
@@ -70,8 +73,20 @@ def _state(optimizer: Any, variable: Any, kind: str, shape: Sequence[int], confi
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=aggregation,
             )
-        tracked.append(states[key])
+            # Each replica's own error, not their sum: a resume continues as if never stopped.
+            tracked[str(seed)] = (
+                states[key] if kind == "q" else _compat.per_replica_checkpoint(states[key], strategy, _log_resize)
+            )
     return states[key]
+
+
+def _log_resize(saved: int, now: int) -> None:
+    _log.warning(
+        "The compression errors were saved by %d replicas and restored on %d: each replica starts from an equal "
+        "share of their sum (no gradient is lost, but the run no longer repeats an uninterrupted one exactly).",
+        saved,
+        now,
+    )
 
 
 def _sum_whole(config: CollectiveConfig) -> Callable[[Sequence[Any]], list[Any]]:

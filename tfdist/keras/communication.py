@@ -66,7 +66,8 @@ def with_communication(
       An optimizer of a subclass of ``type(optimizer)`` with the same config.
       ``communication_bytes_per_step`` tells the bytes each replica hands to the
       gradient all-reduce per applied update, counted from the tensors traced
-      into it (None before the first step).
+      into it (None before the first step). ``compression_variables`` lists
+      the compressor's errors and Q factors.
 
     Raises:
       StrategyError: An invalid setting, an optimizer that is not a tf-keras
@@ -138,9 +139,11 @@ class _CommunicationMixin:
         # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
         object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
         if config.compression in COMPRESSORS:
-            # The compressors' errors and Q factors, created at the first step: a list the optimizer tracks,
-            # so checkpoints carry them (tfdist.keras._compressors).
-            self.tfdist_compression_state: list[Any] = []
+            # The compressors' errors and Q factors, created at the first step, keyed "0", "1"... in order: a
+            # dict the optimizer tracks, so checkpoints carry them (tfdist.keras._compressors). Not a list:
+            # tf-keras checkpoints a copy of an optimizer's list attributes, made once, so a restore before
+            # the first step would never reach the state created in it.
+            self.tfdist_compression_state: dict[str, Any] = {}
 
     @property
     def communication(self) -> CollectiveConfig:
@@ -149,6 +152,12 @@ class _CommunicationMixin:
     @property
     def communication_bytes_per_step(self) -> int | None:
         return self._tfdist["bytes"]
+
+    @property
+    def compression_variables(self) -> list[Any]:
+        """The compressor's state variables (each error, each PowerSGD Q), in the order they were created at
+        the first step; empty before it, and without a compressor."""
+        return list(self._tfdist.get("states", {}).values())
 
     def aggregate_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         import tensorflow as tf
