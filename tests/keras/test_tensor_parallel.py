@@ -161,6 +161,14 @@ def test_what_dtensor_cannot_do_is_refused_with_the_fix(runs: dict[str, Any]) ->
     )
     assert refusals["save_keras"].startswith("filepath: ") and "m.keras" in refusals["save_keras"]
     assert refusals["save_weights_h5"].startswith("filepath: ") and "tf.train.Checkpoint" in refusals["save_weights_h5"]
+    # Compression and local SGD replace MWMS's all-reduce, which a mesh does not have: refused with the way out.
+    for name, field in (
+        ("powersgd", "compression: "),
+        ("topk_mesh_optimizer", "compression: "),
+        ("local_sgd", "model: "),
+    ):
+        assert refusals[name].startswith(field) and "on a DTensor mesh" in refusals[name], refusals[name]
+        assert "multi_worker_mirrored" in refusals[name]
 
 
 @pytest.mark.multiprocess

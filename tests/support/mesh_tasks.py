@@ -115,6 +115,9 @@ def mesh_fit(files: str, steps: int, workdir: str) -> dict[str, Any]:
         "evaluate_dataset": lambda: model.evaluate(tf.data.Dataset.from_tensors((tokens, tokens[:, 0]))),
         "save_keras": lambda: model.save(os.path.join(workdir, "m.keras")),
         "save_weights_h5": lambda: model.save_weights(os.path.join(workdir, "w.h5")),
+        "powersgd": lambda: tk.with_communication(tf_keras.optimizers.SGD(0.1), compression="powersgd"),
+        "topk_mesh_optimizer": lambda: tk.with_communication(tk.mesh_optimizer("sgd", mesh), compression="topk"),
+        "local_sgd": lambda: tk.local_sgd(model, period=4),
     }
     for name, attempt in attempts.items():
         try:

@@ -32,6 +32,7 @@ from typing import Any
 
 from tfdist import _compat
 from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.keras._builders import refuse_mesh
 
 __all__ = ["local_sgd"]
 
@@ -51,13 +52,15 @@ def local_sgd(model: Any, *, period: int, average_slots: bool = True) -> Any:
 
     Raises:
       StrategyError: ``period`` is not an integer >= 1 or not a multiple of ``steps_per_execution``, the
-        model is not compiled, or it runs under ParameterServerStrategy (no replicas to average).
+        model is not compiled, or it runs under ParameterServerStrategy (no replicas to average) or on a
+        DTensor mesh.
     """
     import tensorflow as tf
     import tf_keras
 
     require_int(StrategyError, "period", period, minimum=1, fix="Average the workers' weights every 1 or more steps.")
     optimizer = getattr(model, "optimizer", None)
+    refuse_mesh("model", type(model).__name__, "local SGD", optimizer=optimizer)
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         raise invalid(
             StrategyError,

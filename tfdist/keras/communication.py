@@ -34,6 +34,7 @@ from typing import Any
 from tfdist.comm.collective import COMPRESSORS, CollectiveConfig, all_reduce_sum, wire_bytes
 from tfdist.errors import StrategyError, invalid
 from tfdist.keras import _compressors
+from tfdist.keras._builders import refuse_mesh
 
 __all__ = ["with_communication"]
 
@@ -71,10 +72,13 @@ def with_communication(
 
     Raises:
       StrategyError: An invalid setting, an optimizer that is not a tf-keras
-        ``Optimizer``, or a compressor under a strategy it cannot run in.
+        ``Optimizer``, or a compressor under a strategy it cannot run in
+        (parameter servers, a DTensor mesh).
     """
     import tf_keras
 
+    if compression != "none" or bytes_per_pack or split_bytes or tuning is not None:
+        refuse_mesh("compression", compression, "with_communication", optimizer=optimizer)
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         raise invalid(
             StrategyError,
