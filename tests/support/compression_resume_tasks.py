@@ -63,12 +63,20 @@ def compressed_resume_fit(workdir: str, prefix: str) -> dict[str, Any]:
         losses: dict[int, float] = {}
 
         class Steps(tf_keras.callbacks.Callback):
-            def on_epoch_end(self, epoch: int, logs: Any = None, name: str = name) -> None:
-                losses[epoch] = float(logs["loss"])
-                print(f"{name.upper()} STEP {epoch + 1}", flush=True)
+            def __init__(self, name: str, losses: dict[int, float]) -> None:
+                super().__init__()
+                self.name, self.losses = name, losses
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                self.losses[epoch] = float(logs["loss"])
+                print(f"{self.name.upper()} STEP {epoch + 1}", flush=True)
 
         backup = os.path.join(workdir, f"backup-{name}")
-        callbacks = [tf_keras.callbacks.BackupAndRestore(backup), tk.ResumeInput(data, backup_dir=backup), Steps()]
+        callbacks = [
+            tf_keras.callbacks.BackupAndRestore(backup),
+            tk.ResumeInput(data, backup_dir=backup),
+            Steps(name, losses),
+        ]
         model.fit(data.dataset(), epochs=STEPS, steps_per_epoch=1, verbose=0, callbacks=callbacks)
         weights = [float(v) for w in model.weights for v in w.numpy().ravel()]
         with open(done, "w") as f:
