@@ -259,6 +259,21 @@ def test_compressed_traffic_formulas() -> None:
         compressed_traffic(shapes=[(0, 3)], compression="topk", **link)
     with pytest.raises(PlanError, match="`compression`. Received: 'dgc'"):
         compressed_traffic(shapes=shapes, compression="dgc", **link)
+    assert power.arithmetic_seconds is None and power.total_seconds is None  # No memory bandwidth given.
+    # With one: the passes over the values each streams (PowerSGD its matrices, top-k everything).
+    fast = {**link, "memory_bandwidth": 2e10}
+    power = compressed_traffic(shapes=shapes, compression="powersgd", rank=4, **fast)
+    assert power.arithmetic_seconds == pytest.approx(10 * 4 * (2048000 + 36864) / 2e10)
+    assert power.total_seconds == pytest.approx(power.seconds_per_step + 10 * 4 * (2048000 + 36864) / 2e10)
+    assert power.to_dict()["total_seconds"] == power.total_seconds
+    top = compressed_traffic(shapes=shapes, compression="topk", **fast)
+    assert top.arithmetic_seconds == pytest.approx(12 * 4 * 2085864 / 2e10)
+    local = compressed_traffic(shapes=shapes, compression="local_sgd", period=8, **fast)
+    assert local.arithmetic_seconds == pytest.approx(3 * 4 * 2085864 / 8 / 2e10)
+    bad_bandwidths: list[Any] = [0, -1.0, float("inf"), True, "15GB/s"]
+    for bad_bandwidth in bad_bandwidths:
+        with pytest.raises(PlanError, match="`memory_bandwidth`"):
+            compressed_traffic(shapes=shapes, compression="topk", memory_bandwidth=bad_bandwidth, **link)
 
 
 def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
@@ -276,6 +291,13 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     text = plan("--compression", "local-sgd", "--period", "8", "--shapes", "[[2048, 1000], [1000]]")
     assert text.returncode == 0, text.stderr
     assert "local-sgd:" in text.stdout and "8.0x fewer bytes" in text.stdout
+    assert "add --memory-bandwidth" in text.stdout
+    costed = plan("--compression", "powersgd", "--shapes", str(shapes), "--memory-bandwidth", "20GB/s")
+    assert costed.returncode == 0, costed.stderr
+    # 10 passes over the 2048x1000 matrix's 8.192 MB at 20 GB/s: 4.10 ms.
+    assert "+ arithmetic:" in costed.stdout and "4.10 ms/step" in costed.stdout
+    wrong = plan("--compression", "powersgd", "--shapes", str(shapes), "--memory-bandwidth", "fast")
+    assert wrong.returncode == 2 and "`--memory-bandwidth`. Received: 'fast'" in wrong.stderr
     missing = plan("--compression", "topk", "--params", "25M")
     assert (
         missing.returncode == 2 and "`--compression`. Received: 'topk'. Expected --shapes or --model" in missing.stderr

@@ -36,6 +36,7 @@ _FLAGS = {
     "rank": "--rank",
     "density": "--density",
     "period": "--period",
+    "memory_bandwidth": "--memory-bandwidth",
 }
 # Compressors with error feedback, and local SGD: flag value -> tfdist.comm.TRAFFIC_KINDS' name.
 _COMPRESSORS = {"powersgd": "powersgd", "topk": "topk", "local-sgd": "local_sgd"}
@@ -93,6 +94,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD's rank (--compression powersgd)")
     parser.add_argument("--density", type=float, default=0.01, help="top-k's share of entries (--compression topk)")
     parser.add_argument("--period", type=int, default=4, help="steps between averagings (--compression local-sgd)")
+    parser.add_argument(
+        "--memory-bandwidth",
+        default=None,
+        help="memory bandwidth one worker streams, e.g. 15GB/s: adds the compressor's arithmetic "
+        "(powersgd, topk, local-sgd)",
+    )
     parser.add_argument("--shapes", default=None, help="the trainable weights' shapes: a JSON list, or a JSON file")
     parser.add_argument(
         "--model", default=None, help="a tf_keras.applications model whose weights' shapes to use, e.g. ResNet50"
@@ -169,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
                 rank=args.rank,
                 density=args.density,
                 period=args.period,
+                memory_bandwidth=(
+                    None
+                    if args.memory_bandwidth is None
+                    else parse_quantity(args.memory_bandwidth, "bandwidth", field="--memory-bandwidth")
+                ),
             )
             if args.compression in _COMPRESSORS
             else None
@@ -187,8 +199,15 @@ def run(args: argparse.Namespace) -> int:
         embedding += (
             f"{args.compression + ':':19}{compressed.seconds_per_step * 1e3:10.2f} ms/step, "
             f"{compressed.bytes_per_step / 1e6:.3f} MB/worker step ({compressed.fewer_bytes:.1f}x fewer bytes "
-            "than float32; the wire only, not the compressor's arithmetic)\n"
+            "than float32; the wire only)\n"
         )
+        if compressed.arithmetic_seconds is None:
+            embedding += "                   (add --memory-bandwidth for the compressor's arithmetic)\n"
+        else:
+            embedding += (
+                f"{'  + arithmetic:':19}{compressed.arithmetic_seconds * 1e3:10.2f} ms/step, "
+                f"{(compressed.total_seconds or 0.0) * 1e3:.2f} ms/step in all\n"
+            )
     if "embedding_ratio" in data:
         embedding = (
             f"embedding tables:  {data['embedding_ps_bytes'] / 1e6:10.3f} MB/worker step as ps rows, "

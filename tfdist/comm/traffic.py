@@ -3,6 +3,23 @@
 What :func:`tfdist.keras.with_communication` (PowerSGD, top-k) and :func:`tfdist.keras.local_sgd` send
 depends on each weight's shape, so these take the shapes, and the link (bandwidth, latency) as
 :class:`tfdist.plan.Plan` does.
+
+Given the memory bandwidth of one worker, they also model the compressor's arithmetic, which on CPUs costs
+more than the wire it saves: every step streams the gradients through memory several times. The passes
+counted, each one read or write of every compressed float32 value, are those of tfdist's implementation:
+
+============  ======  ================================================================================
+compressor    passes  what streams the gradients
+============  ======  ================================================================================
+powersgd      10      ``g + e`` (3), ``M Q`` (1), ``M^T P`` (1), ``P Q_w^T`` (1), ``M - P Q_w^T`` (3), ``P Q^T`` (1)
+topk          12      ``g + e`` (3), ``abs`` (2), the threshold's mask (1), the scatter-add of what all sent (2),
+                      its slices (2), the error with the sent entries zeroed (2)
+local_sgd     3       per averaging, the weights summed and scaled (read, write, write), once per period
+============  ======  ================================================================================
+
+A kernel that fused PowerSGD's steps perfectly would still need 7 (read ``g`` and ``e`` once while
+computing ``M Q``, write ``M``, read it for ``M^T P`` and for the error, write the error and the sum):
+:data:`POWERSGD_FLOOR_PASSES`, the physical limit the benchmark compares with.
 """
 
 from __future__ import annotations
@@ -18,10 +35,12 @@ from tfdist.comm.topk import topk_count
 from tfdist.errors import PlanError, invalid, require_int
 from tfdist.plan import Plan
 
-__all__ = ["TRAFFIC_KINDS", "CompressedTraffic", "compressed_traffic"]
+__all__ = ["ARITHMETIC_PASSES", "POWERSGD_FLOOR_PASSES", "TRAFFIC_KINDS", "CompressedTraffic", "compressed_traffic"]
 
 
 TRAFFIC_KINDS = ("powersgd", "topk", "local_sgd")  # What compressed_traffic models (tfdist.keras.with_communication).
+ARITHMETIC_PASSES = {"powersgd": 10, "topk": 12, "local_sgd": 3}  # Per step (local SGD: per averaging); see above.
+POWERSGD_FLOOR_PASSES = 7  # PowerSGD perfectly fused: the memory traffic no implementation can avoid.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,15 +55,24 @@ class CompressedTraffic:
         factors with the whole tensors), top-k two ring all-gathers (values, indices), local SGD one ring
         all-reduce of the weights every ``period`` steps.
       fewer_bytes: float32 all-reduce bytes over ``bytes_per_step``.
+      arithmetic_seconds: The compressor's arithmetic per step at the given memory bandwidth
+        (:data:`ARITHMETIC_PASSES` over the values it streams), or None when no bandwidth was given.
+      total_seconds: ``seconds_per_step`` plus ``arithmetic_seconds`` (the collectives wait for the
+        arithmetic, and it for them), or None without a memory bandwidth.
     """
 
     compression: str
     bytes_per_step: float
     seconds_per_step: float
     fewer_bytes: float
+    arithmetic_seconds: float | None = None
+
+    @property
+    def total_seconds(self) -> float | None:
+        return None if self.arithmetic_seconds is None else self.seconds_per_step + self.arithmetic_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "total_seconds": self.total_seconds}
 
 
 def compressed_traffic(
@@ -57,14 +85,21 @@ def compressed_traffic(
     rank: int = 4,
     density: float = 0.01,
     period: int = 4,
+    memory_bandwidth: float | None = None,
 ) -> CompressedTraffic:
     """The per-step traffic of a compressor on gradients of ``shapes`` (the model's trainable weights).
+
+    ``memory_bandwidth`` (bytes per second one worker streams, e.g. measured with ``tfdist plan``'s
+    ``--memory-bandwidth`` or the benchmark) adds the compressor's arithmetic.
 
     Example:
         >>> t = compressed_traffic(shapes=[(2048, 1000), (1000,)], workers=2, bandwidth=1e9, latency=1e-4,
         ...                        compression="powersgd", rank=4)
         >>> int(t.bytes_per_step), round(t.fewer_bytes), round(t.seconds_per_step * 1e3, 3)
         (52768, 155, 0.453)
+        >>> round(compressed_traffic(shapes=[(2048, 1000)], workers=2, bandwidth=1e9, latency=1e-4,
+        ...                          compression="powersgd", memory_bandwidth=20e9).arithmetic_seconds * 1e3, 3)
+        4.096
     """
     if compression not in TRAFFIC_KINDS:
         raise invalid(PlanError, "compression", compression, describe_choices(compression, TRAFFIC_KINDS))
@@ -73,15 +108,42 @@ def compressed_traffic(
     check_rank(rank)
     if not shapes or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes):
         raise invalid(PlanError, "shapes", shapes, "a list of weight shapes, each a list of positive integers")
+    if memory_bandwidth is not None and (
+        isinstance(memory_bandwidth, bool)
+        or not isinstance(memory_bandwidth, (int, float))
+        or not math.isfinite(memory_bandwidth)
+        or memory_bandwidth <= 0
+    ):
+        raise invalid(
+            PlanError,
+            "memory_bandwidth",
+            memory_bandwidth,
+            "bytes per second, a positive number (or None to leave the arithmetic out)",
+            "A server core streams about 10-20 GB/s, e.g. memory_bandwidth=15e9.",
+        )
     link = _Link(workers=workers, bandwidth=bandwidth, latency=latency)
     sizes = [math.prod(int(d) for d in s) for s in shapes]
     sent, seconds = _TRAFFIC[compression](shapes, sizes, link, rank=rank, density=density, period=period)
+    arithmetic = None
+    if memory_bandwidth is not None:
+        streamed = _streamed_values(compression, shapes, sizes, rank=rank, period=period)
+        arithmetic = ARITHMETIC_PASSES[compression] * 4.0 * streamed / memory_bandwidth
     return CompressedTraffic(
         compression=compression,
         bytes_per_step=sent,
         seconds_per_step=seconds,
         fewer_bytes=4.0 * sum(sizes) / sent,
+        arithmetic_seconds=arithmetic,
     )
+
+
+def _streamed_values(compression: str, shapes: Any, sizes: list[int], *, rank: int, period: int) -> float:
+    """The values a compressor's arithmetic streams per step: PowerSGD its matrices, top-k every gradient,
+    local SGD the weights once per period."""
+    if compression == "powersgd":
+        views = [matrix_shape([int(d) for d in s], rank=rank) for s in shapes]
+        return float(sum(size for size, view in zip(sizes, views) if view is not None))
+    return float(sum(sizes)) / (period if compression == "local_sgd" else 1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
