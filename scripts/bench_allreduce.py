@@ -107,7 +107,30 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
         # The same arithmetic with no collective (each worker alone, both at once: what the cores cost).
         once = compressed_timer(strategy, resnet, config, local=True)
         out[f"{name}_compute"] = {"resnet50": statistics.median(once() for _ in range(repeats))}
+    out["stream"] = {"resnet50": stream_seconds(resnet, repeats)}
     return out
+
+
+STREAM_PASSES = 3  # stream_seconds' a + b: two reads and a write of every value.
+
+
+def stream_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
+    """Seconds this worker takes to stream float32 tensors of ``shapes`` through memory (both workers at
+    once, as in the runs above): ``a + b``, ``STREAM_PASSES`` passes."""
+    import tensorflow as tf
+
+    rng = tf.random.Generator.from_seed(1)
+    a = [rng.normal(s) for s in shapes]
+    b = [rng.normal(s) for s in shapes]
+
+    @tf.function
+    def add() -> Any:
+        return [x + y for x, y in zip(a, b)]
+
+    def once() -> None:
+        add()[-1].numpy()
+
+    return _median_time(once, max(repeats, 5))
 
 
 def _compressed_variants(pack: int) -> dict[str, Any]:
@@ -327,6 +350,11 @@ def ratios(
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
         goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
     from tfdist.comm import CollectiveConfig, compressed_traffic, wire_bytes
+    from tfdist.comm.traffic import ARITHMETIC_PASSES, POWERSGD_FLOOR_PASSES
+
+    values = sum(math.prod(s) for s in resnet50_shapes())
+    # Memory bandwidth per worker, both streaming at once (the slower worker's time).
+    stream = STREAM_PASSES * 4 * values / tf_times["stream"]["resnet50"] if "stream" in tf_times else None
 
     float32 = types.SimpleNamespace(size=4)  # wire_bytes reads .shape and, uncompressed, .dtype.size.
     shapes = [types.SimpleNamespace(shape=s, dtype=float32) for s in resnet50_shapes()]
@@ -356,6 +384,28 @@ def ratios(
                 density=config.density,
             )
             row["predicted_comm_ms"] = _ms(predicted.seconds_per_step)
+            if stream:  # The arithmetic too, at the memory bandwidth measured in the same run.
+                costed = compressed_traffic(
+                    shapes=resnet50_shapes(),
+                    workers=2,
+                    latency=link[0],
+                    bandwidth=link[1],
+                    compression=config.compression,
+                    rank=config.rank,
+                    density=config.density,
+                    memory_bandwidth=stream,
+                )
+                row["predicted_compute_ms"] = _ms(costed.arithmetic_seconds or 0.0)
+                row["predicted_ms"] = _ms(costed.total_seconds or 0.0)
+                row["measured_over_predicted"] = round(tf_times[name]["resnet50"] / (costed.total_seconds or 1.0), 2)
+                if config.compression == "powersgd":
+                    # The physical limit: PowerSGD perfectly fused (7 passes) plus the collectives' prediction.
+                    floor = POWERSGD_FLOOR_PASSES * (costed.arithmetic_seconds or 0.0) / ARITHMETIC_PASSES["powersgd"]
+                    row["floor_ms"] = _ms(floor + costed.seconds_per_step)
+                    if gloo_times:
+                        row["floor_over_gloo_ddp"] = round(
+                            (floor + costed.seconds_per_step) / gloo_times["resnet50"], 2
+                        )
         if gloo_times:
             row["over_gloo_ddp"] = round(tf_times[name]["resnet50"] / gloo_times["resnet50"], 2)
         compressed.append(row)
@@ -363,7 +413,10 @@ def ratios(
         goals["resnet50 PowerSGD r4 / gloo DDP buckets fp32 (goal <= 0.5)"] = round(
             tf_times["powersgd_r4"]["resnet50"] / gloo_times["resnet50"], 2
         )
-    return {"rows": rows, "compressed": compressed, "goals": goals}
+    report = {"rows": rows, "compressed": compressed, "goals": goals}
+    if stream:
+        report["memory_bandwidth_GBps"] = round(stream / 1e9, 2)
+    return report
 
 
 def main() -> int:
