@@ -374,7 +374,7 @@ def ratios(
             row["compute_ms"] = _ms(tf_times[f"{name}_compute"]["resnet50"])
             # The cost model (fitted to TF's default all-reduce above) against what the collectives took.
             row["comm_ms"] = _ms(tf_times[name]["resnet50"] - tf_times[f"{name}_compute"]["resnet50"])
-            predicted = compressed_traffic(
+            costed = compressed_traffic(
                 shapes=resnet50_shapes(),
                 workers=2,
                 latency=link[0],
@@ -382,25 +382,16 @@ def ratios(
                 compression=config.compression,
                 rank=config.rank,
                 density=config.density,
+                memory_bandwidth=stream,  # The arithmetic too, at the memory bandwidth measured in this run.
             )
-            row["predicted_comm_ms"] = _ms(predicted.seconds_per_step)
-            if stream:  # The arithmetic too, at the memory bandwidth measured in the same run.
-                costed = compressed_traffic(
-                    shapes=resnet50_shapes(),
-                    workers=2,
-                    latency=link[0],
-                    bandwidth=link[1],
-                    compression=config.compression,
-                    rank=config.rank,
-                    density=config.density,
-                    memory_bandwidth=stream,
-                )
-                row["predicted_compute_ms"] = _ms(costed.arithmetic_seconds or 0.0)
+            row["predicted_comm_ms"] = _ms(costed.seconds_per_step)
+            if costed.arithmetic_seconds is not None:
+                row["predicted_compute_ms"] = _ms(costed.arithmetic_seconds)
                 row["predicted_ms"] = _ms(costed.total_seconds or 0.0)
                 row["measured_over_predicted"] = round(tf_times[name]["resnet50"] / (costed.total_seconds or 1.0), 2)
                 if config.compression == "powersgd":
                     # The physical limit: PowerSGD perfectly fused (7 passes) plus the collectives' prediction.
-                    floor = POWERSGD_FLOOR_PASSES * (costed.arithmetic_seconds or 0.0) / ARITHMETIC_PASSES["powersgd"]
+                    floor = POWERSGD_FLOOR_PASSES * costed.arithmetic_seconds / ARITHMETIC_PASSES["powersgd"]
                     row["floor_ms"] = _ms(floor + costed.seconds_per_step)
                     if gloo_times:
                         row["floor_over_gloo_ddp"] = round(
