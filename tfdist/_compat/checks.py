@@ -16,6 +16,7 @@ from tfdist._compat.data import (
 )
 from tfdist._compat.distribute import (
     _dtensor_input,
+    _exporting_saved_model,
     _save_spec,
     _sharded_variable_class,
     _trackable_base,
@@ -72,6 +73,7 @@ def _check_trackable_hooks() -> None:
     for name in ("_serialize_to_tensors", "_restore_from_tensors"):
         _attr(base, name, "per-replica checkpoints of compression errors")
     _save_spec(lambda: None, "float32", "/cpu:0")
+    _exporting_saved_model()
 
 
 def _check_data_service() -> None:

@@ -144,7 +144,8 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
     sum's) with their replica ids, and a restore gives each replica its own row. When the number of replicas
     changed, each gets the sum divided by the new number (nothing lost) and ``on_resize(saved, now)`` is
     called. Track the returned object instead of ``variable``. Hooks: ``Trackable._serialize_to_tensors`` and
-    ``_restore_from_tensors`` (no public API saves per-replica values).
+    ``_restore_from_tensors`` (no public API saves per-replica values). A SavedModel export leaves the values
+    out: its traced save function cannot reach the replicas' variables.
     """
     import tensorflow as tf
 
@@ -170,6 +171,8 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
             def ids() -> Any:
                 return self._gathered(lambda replica: tf.constant(replica, tf.int64))
 
+            if _exporting_saved_model():  # Its traced save function cannot reach the replicas' variables.
+                return {}
             device = strategy.experimental_local_results(variable)[0].device
             return {
                 "per_replica": _save_spec(rows, variable.dtype, device),
@@ -177,6 +180,8 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
             }
 
         def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+            if not restored_tensors:  # A SavedModel holds no per-replica state (see _serialize_to_tensors).
+                return tf.no_op()
             rows, ids = restored_tensors["per_replica"], restored_tensors["replica_ids"]
             replicas = strategy.num_replicas_in_sync
             same_world = tf.equal(tf.shape(ids)[0], replicas)
@@ -192,6 +197,15 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
             return tf.group(assigns)
 
     return _PerReplica()
+
+
+def _exporting_saved_model() -> bool:
+    """Whether ``tf.saved_model.save`` (or a tf-keras SavedModel save) is running in this thread."""
+    try:
+        from tensorflow.python.saved_model import save_context
+    except ImportError:
+        raise _missing("tensorflow.python.saved_model.save_context", "per-replica checkpoints") from None
+    return bool(_attr(save_context, "in_save_context", "per-replica checkpoints")())
 
 
 def _save_spec(tensor: Callable[[], Any], dtype: Any, device: str) -> Any:
