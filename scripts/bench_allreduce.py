@@ -349,8 +349,7 @@ def ratios(
         goals["64MB tuned fp16 / gloo (goal <= 4)"] = big["tuned_fp16_over_gloo"]
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
         goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
-    from tfdist.comm import CollectiveConfig, compressed_traffic, wire_bytes
-    from tfdist.comm.traffic import ARITHMETIC_PASSES, POWERSGD_FLOOR_PASSES
+    from tfdist.comm import ARITHMETIC_PASSES, POWERSGD_FLOOR_PASSES, CollectiveConfig, compressed_traffic, wire_bytes
 
     values = sum(math.prod(s) for s in resnet50_shapes())
     # Memory bandwidth per worker, both streaming at once (the slower worker's time).

@@ -16,12 +16,20 @@ from tfdist.comm.collective import (
 )
 from tfdist.comm.powersgd import lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
 from tfdist.comm.topk import topk_count, topk_sum
-from tfdist.comm.traffic import TRAFFIC_KINDS, CompressedTraffic, compressed_traffic
+from tfdist.comm.traffic import (
+    ARITHMETIC_PASSES,
+    POWERSGD_FLOOR_PASSES,
+    TRAFFIC_KINDS,
+    CompressedTraffic,
+    compressed_traffic,
+)
 
 __all__ = [
+    "ARITHMETIC_PASSES",
     "COMPRESSORS",
     "DEFAULT_PACK_CANDIDATES",
     "GRADIENT_COMPRESSIONS",
+    "POWERSGD_FLOOR_PASSES",
     "TRAFFIC_KINDS",
     "CollectiveConfig",
     "CollectiveTuning",
