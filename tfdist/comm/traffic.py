@@ -32,7 +32,7 @@ from typing import Any
 from tfdist._names import describe_choices
 from tfdist.comm.powersgd import check_rank, matrix_shape
 from tfdist.comm.topk import topk_count
-from tfdist.errors import PlanError, invalid, require_int
+from tfdist.errors import PlanError, invalid, require_int, require_number
 from tfdist.plan import Plan
 
 __all__ = ["ARITHMETIC_PASSES", "POWERSGD_FLOOR_PASSES", "TRAFFIC_KINDS", "CompressedTraffic", "compressed_traffic"]
@@ -108,19 +108,15 @@ def compressed_traffic(
     check_rank(rank)
     if not shapes or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes):
         raise invalid(PlanError, "shapes", shapes, "a list of weight shapes, each a list of positive integers")
-    if memory_bandwidth is not None and (
-        isinstance(memory_bandwidth, bool)
-        or not isinstance(memory_bandwidth, (int, float))
-        or not math.isfinite(memory_bandwidth)
-        or memory_bandwidth <= 0
-    ):
-        raise invalid(
-            PlanError,
-            "memory_bandwidth",
-            memory_bandwidth,
-            "bytes per second, a positive number (or None to leave the arithmetic out)",
-            "A server core streams about 10-20 GB/s, e.g. memory_bandwidth=15e9.",
-        )
+    require_number(
+        PlanError,
+        "memory_bandwidth",
+        memory_bandwidth,
+        above=0,
+        allow_none=True,
+        fix="Bytes per second (a server core streams about 10-20 GB/s, e.g. 15e9), or None to leave the "
+        "arithmetic out.",
+    )
     link = _Link(workers=workers, bandwidth=bandwidth, latency=latency)
     sizes = [math.prod(int(d) for d in s) for s in shapes]
     sent, seconds = _TRAFFIC[compression](shapes, sizes, link, rank=rank, density=density, period=period)
