@@ -7,6 +7,8 @@
 # scripts/_venv.sh and scripts/stacks/ say what each installs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
-tfdist_venv test,ray,demo   # ray: the Ray engine's tests; demo: scikit-learn, whose bundled digits tests/data/test_digits.py writes
+# ray, spark: the Ray and Spark engines' tests (Java for Spark: the spark_cluster fixture installs Debian's
+# openjdk-17-jre-headless when no java is found); demo: scikit-learn, whose bundled digits tests/data/test_digits.py writes
+tfdist_venv test,ray,spark,demo
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

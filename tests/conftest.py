@@ -62,11 +62,12 @@ def s3_client(s3_server: dict[str, str]) -> Any:
     )
 
 
-def _slurm_local() -> ModuleType:
-    """scripts/slurm_local.py, the single-node Slurm cluster users can start too."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "slurm_local.py")
-    spec = importlib.util.spec_from_file_location("_tfdist_slurm_local", path)
+def _script(name: str) -> ModuleType:
+    """scripts/NAME.py, a local cluster users can start too (slurm_local, spark_local)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_tfdist_{name}", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # dataclasses look their module up there
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
@@ -77,11 +78,28 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 
     Skips only when the packages cannot be installed here (no apt-get, not root, or apt-get failed).
     """
-    slurm_local = _slurm_local()
+    slurm_local = _script("slurm_local")
     reason = slurm_local.ensure_installed()
     if reason:
         pytest.skip(reason)
     cluster = slurm_local.start(str(tmp_path_factory.mktemp("slurm")))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real standalone Spark cluster (a master and a worker with 12 slots) on 127.0.0.1.
+
+    Java is installed with apt-get if missing. Skips only when pyspark is not installed or Java cannot be.
+    """
+    spark_local = _script("spark_local")
+    reason = spark_local.ensure_installed()
+    if reason:
+        pytest.skip(reason)
+    cluster = spark_local.start(str(tmp_path_factory.mktemp("spark")), cores=12)
     try:
         yield cluster
     finally:

@@ -172,8 +172,8 @@ def test_the_clis_log_level_flag() -> None:
 def test_run_flags_are_refused_with_emit(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert launch_cli.main(["--emit", "tfjob", "--image", "i", *flags, "--", "python", "t.py"]) == 2
     err = capsys.readouterr().err
-    assert f"{flags[0]} would be ignored by --emit tfjob" in err and "local, ray" in err, err
-    assert launch_cli._ACTS["console"] == launch_cli._ACTS["log_level"] == frozenset({"local", "ray"})
+    assert f"{flags[0]} would be ignored by --emit tfjob" in err and "local, ray, spark" in err, err
+    assert launch_cli._ACTS["console"] == launch_cli._ACTS["log_level"] == frozenset({"local", "ray", "spark"})
 
 
 FILTERED = """\

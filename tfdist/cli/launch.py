@@ -6,6 +6,7 @@ tfdist-launch --emit tfjob --chief --workers 4 --ps 2 --image my/image:1 -- pyth
 tfdist-launch --emit jobset --workers 4 --image my/image:1 -- python train.py
 tfdist-launch --emit slurm --workers 4 --time 04:00:00 -- python train.py
 tfdist-launch --engine ray --ray-address auto --chief --workers 4 --ps 2 -- python train.py
+tfdist-launch --engine spark --spark-master spark://head:7077 --workers 4 -- python train.py
 tfdist-launch --workers 4 --console chief --log-dir logs -- python train.py
 """
 
@@ -73,25 +74,39 @@ FLAGS: dict[str, str] = {
     "num_cpus": "--ray-num-cpus",
     "ready_timeout": "--ray-ready-timeout",
 }
+# Where an engine's option shares a Python name with another flag: the flag of that engine.
+ENGINE_FLAGS: dict[str, dict[str, str]] = {
+    "spark": {
+        "master": "--spark-master",
+        "conf": "--spark-conf",
+        "python": "--spark-python",
+        "ready_timeout": "--spark-ready-timeout",
+        "cpus_per_task": "--cpus-per-task",
+    },
+}
 
 
 CONSOLE_CHOICES = ("all", "chief")
 
 
-def in_flags(err: Error) -> str:
+def in_flags(err: Error, engine: str = "local") -> str:
     """``err``'s message with each argument it names in backticks as its flag: `grace_seconds` -> `--grace`.
+
+    The flags of ``engine`` come first (the Spark engine's `python` is `--spark-python`).
 
     Example:
         >>> from tfdist.errors import LaunchError, invalid
         >>> in_flags(invalid(LaunchError, "ps", 1, "`chief` as well"))
         'Invalid value for `--ps`. Received: 1. Expected `--chief` as well.'
     """
-    return re.sub(r"`([a-z_]+)`", lambda match: f"`{FLAGS.get(match.group(1), match.group(1))}`", str(err))
+    flags = {**FLAGS, **ENGINE_FLAGS.get(engine, {})}
+    return re.sub(r"`([a-z_]+)`", lambda match: f"`{flags.get(match.group(1), match.group(1))}`", str(err))
 
 
-# Where each flag acts: a run on an engine ("local", "ray", or another registered one, which runs like
+# Where each flag acts: a run on an engine ("local", "ray", "spark", or another registered one, which runs like
 # "local") or an --emit format. A flag given where it does not act is refused, naming it.
-_RUN = frozenset({"local", "ray"})
+_RUN = frozenset({"local", "ray", "spark"})
+_OWN_FLAGS = ("ray", "spark")  # engines with flags of their own
 _EMITTED = frozenset(emit.EMIT_FORMATS)
 _JOBS = frozenset({"tfjob", "jobset", "slurm"})
 _K8S = frozenset({"tfjob", "jobset"})
@@ -106,19 +121,20 @@ _ACTS: dict[str, frozenset[str]] = {
     **dict.fromkeys(("console", "log_level"), _RUN),
     "isolate_network": frozenset({"local"}),
     **dict.fromkeys(("ray_address", "ray_placement", "ray_num_cpus", "ray_ready_timeout"), frozenset({"ray"})),
+    **dict.fromkeys(("spark_master", "spark_conf", "spark_python", "spark_ready_timeout"), frozenset({"spark"})),
     **dict.fromkeys(("min_workers", "max_workers", "lose", "returns"), _RUN | {"slurm"}),
     "name": _JOBS,
     **dict.fromkeys(("namespace", "image", "cpu", "memory"), _K8S),
     "gpus": _JOBS | {"ray"},
     **dict.fromkeys(("hosts", "port"), frozenset({"tf-config"})),
     **dict.fromkeys(("port_base", "python", "tf_log_level", "time", "tasks_per_node", "sbatch"), frozenset({"slurm"})),
-    "cpus_per_task": frozenset({"slurm", "ray"}),
+    "cpus_per_task": frozenset({"slurm", "ray", "spark"}),
 }
 
 
 def _refuse_idle_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Exit 2 naming every flag given (not at its default) that this run or --emit format would ignore."""
-    mode = args.emit or ("ray" if args.engine == "ray" else "local")
+    mode = args.emit or (args.engine if args.engine in _OWN_FLAGS else "local")
     where = f"--emit {args.emit}" if args.emit else f"a run on the {args.engine} engine"
     flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
     idle: list[str] = []
@@ -132,7 +148,11 @@ def _refuse_idle_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(
             f"{', '.join(idle)} would be ignored by {where} (where they act: {acts}); remove "
             f"{'it' if len(idle) == 1 else 'them'}"
-            + (" or add --engine ray" if mode == "local" and any(f.startswith("--ray-") for f in idle) else "")
+            + "".join(
+                f" or add --engine {name}"
+                for name in _OWN_FLAGS
+                if mode == "local" and any(f.startswith(f"--{name}-") for f in idle)
+            )
         )
 
 
@@ -210,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
         "--engine",
         choices=sorted(ENGINES),
         default="local",
-        help="local: processes on this machine; ray: actors in one Ray placement group",
+        help="local: processes on this machine; ray: actors in one Ray placement group; spark: the tasks "
+        "of one Spark barrier stage",
     )
     eng.add_argument(
         "--ray-address",
@@ -239,6 +260,33 @@ def _parser() -> argparse.ArgumentParser:
         default=120.0,
         metavar="SECONDS",
         help="seconds to wait until the Ray cluster holds every task",
+    )
+    eng.add_argument(
+        "--spark-master",
+        default=None,
+        metavar="URL",
+        help="start a Spark session on this master (spark://host:port, yarn, local[N]) and stop it afterwards; "
+        "default: a local[N] session",
+    )
+    eng.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of that session, repeatable: --spark-conf spark.executor.memory=8g",
+    )
+    eng.add_argument(
+        "--spark-python",
+        default=None,
+        metavar="PATH",
+        help="the Python the Spark executors run (it must have tfdist); default $PYSPARK_PYTHON, else this one",
+    )
+    eng.add_argument(
+        "--spark-ready-timeout",
+        type=program.finite_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="seconds to wait for free Spark task slots and for every task's address",
     )
     elastic = parser.add_argument_group("elastic training (local engine; --min/--max-workers also for --emit slurm)")
     elastic.add_argument(
@@ -304,7 +352,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="TF tasks per node (slurm): 1 for one per node; default: Slurm places them (elastic: 1)",
     )
-    out.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (slurm, ray; ray default 1)")
+    out.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=None,
+        help="CPUs per task (slurm, ray, spark: spark.task.cpus; ray default 1)",
+    )
     return parser
 
 
@@ -354,6 +407,22 @@ def _ray_engine(args: argparse.Namespace) -> Engine:
         placement=args.ray_placement,
         ready_timeout=args.ray_ready_timeout,
         num_cpus=args.ray_num_cpus,
+    )
+
+
+def _spark_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Engine:
+    from tfdist.launch.engines.spark import SparkEngine
+
+    conf: dict[str, str] = {}
+    for item in args.spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            parser.error(f"--spark-conf {item!r}: expected KEY=VALUE with a Spark key, e.g. spark.task.cpus=2")
+        conf[key.strip()] = value.strip()
+    if args.cpus_per_task is not None:
+        conf["spark.task.cpus"] = str(args.cpus_per_task)
+    return SparkEngine(
+        master=args.spark_master, conf=conf, python=args.spark_python, ready_timeout=args.spark_ready_timeout
     )
 
 
@@ -411,11 +480,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config.check_command()  # No directory for a run that cannot start.
                 config = LaunchConfig(**{**config.option_values(), "log_dir": tempfile.mkdtemp(prefix="tfdist-logs-")})
             _status(f"--console chief: the console shows {shown}; every task's output is in {config.log_dir}")
-        engine = _ray_engine(args) if args.engine == "ray" else engine_for(args.engine)
+        if args.engine == "ray":
+            engine = _ray_engine(args)
+        elif args.engine == "spark":
+            engine = _spark_engine(parser, args)
+        else:
+            engine = engine_for(args.engine)
         on_line = console_sink(_write, tasks=None if shown is None else {shown})
         result = run_config(config, on_line=on_line, on_status=_status, engine=engine)
     except Error as err:
-        sys.stderr.write(f"tfdist-launch: error: {program.one_line(in_flags(err))}\n")
+        sys.stderr.write(f"tfdist-launch: error: {program.one_line(in_flags(err, args.engine))}\n")
         return program.exit_code_for(err)  # 2 for bad input; 1 when the world failed (ports, engine, storage)
     details = result.summary().splitlines()[1:]  # The first line was the runner's last status line.
     if result.exit_code != 0 and details:

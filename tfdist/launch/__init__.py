@@ -9,7 +9,16 @@ Example:
 
 from tfdist.launch.config import Elastic, Faults, LaunchConfig, Network, Supervision, Topology
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest, to_yaml, validate_tfjob
-from tfdist.launch.engines import Engine, LocalEngine, RayEngine, RayOptions, TaskProcess, register_engine
+from tfdist.launch.engines import (
+    Engine,
+    LocalEngine,
+    RayEngine,
+    RayOptions,
+    SparkEngine,
+    SparkOptions,
+    TaskProcess,
+    register_engine,
+)
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
@@ -29,6 +38,8 @@ __all__ = [
     "RayEngine",
     "RayOptions",
     "ReturnAt",
+    "SparkEngine",
+    "SparkOptions",
     "Supervision",
     "TaskProcess",
     "TaskResult",

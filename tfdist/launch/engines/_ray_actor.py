@@ -69,8 +69,11 @@ class TaskHost:
         host = host or node_ip
         return join_address(host, free_ports(1, host)[0]), node_id
 
-    def start(self, argv: Sequence[str], env: dict[str, str]) -> int:
-        """Starts (or restarts) the program; returns its pid. Node-local GPU visibility is kept."""
+    def start(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None) -> int:
+        """Starts (or restarts) the program in ``cwd`` (default: this process's); returns its pid.
+
+        Node-local GPU visibility is kept.
+        """
         self.stop(0.0)
         env = dict(env)
         if "CUDA_VISIBLE_DEVICES" in os.environ:  # Ray set it for this actor's GPUs; the driver's value is wrong here.
@@ -91,6 +94,7 @@ class TaskHost:
                     subprocess.Popen(
                         list(argv),
                         env=env,
+                        cwd=cwd,
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,  # Its own pipe: a line is never cut by the other stream.

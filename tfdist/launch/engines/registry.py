@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`tfdist.launch.engines.base` (the interface), so an engine module
 imports the interface and the registry imports the engines: the arrows point
-one way. The Ray engine loads on first use.
+one way. The Ray and Spark engines load on first use.
 
 Example:
     >>> engine_for("local").name
@@ -27,7 +27,13 @@ def _ray_engine() -> Engine:
     return RayEngine()
 
 
-ENGINES: dict[str, Callable[[], Engine]] = {"local": LocalEngine, "ray": _ray_engine}
+def _spark_engine() -> Engine:
+    from tfdist.launch.engines.spark import SparkEngine  # pyspark itself is imported only when tasks are placed.
+
+    return SparkEngine()
+
+
+ENGINES: dict[str, Callable[[], Engine]] = {"local": LocalEngine, "ray": _ray_engine, "spark": _spark_engine}
 
 
 def register_engine(name: str, factory: Callable[[], Engine]) -> None:

@@ -1,0 +1,235 @@
+"""The Spark engine on a real standalone Spark (a master and a worker on 127.0.0.1, started by the tests).
+
+The CLI tests run ``tfdist-launch --engine spark`` as a user would (each starts its own driver and session,
+a JVM of its own); the Python API tests share one SparkSession of this process, as a notebook has.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+# Before pyspark starts a driver here: the driver binds loopback, and its executors run this interpreter.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+pyspark_sql = pytest.importorskip("pyspark.sql", reason='pyspark is not installed; pip install ".[spark]"')
+
+from tests.support import SUPPORT, exact_tasks
+from tests.support.processes import assert_all_gone
+from tfdist import ClusterSpec, testing
+from tfdist.launch.config import LaunchConfig
+from tfdist.launch.engines.spark import SparkEngine
+from tfdist.launch.events import KillAt
+from tfdist.launch.supervisor.runner import run_config
+
+pytestmark = [pytest.mark.spark, pytest.mark.multiprocess, pytest.mark.timeout(400)]
+PY = sys.executable
+SLOTS = 6  # task slots of each application (spark.cores.max); the cluster has twice as many
+ENV_REPORT = (
+    "import os, json; print(json.dumps({k: os.environ.get(k) for k in ['TF_CONFIG', 'TF_USE_LEGACY_KERAS', "
+    "'TFDIST_TASK', 'TFDIST_RESTART', 'TFDIST_DATA_SERVICE', 'FROM_LAUNCHER']}), os.getcwd())"
+)
+
+
+@pytest.fixture(scope="module")
+def session(spark_cluster: Any) -> Iterator[Any]:
+    """A SparkSession of this process on the test cluster, as a notebook has one (stopped at the end)."""
+    builder = pyspark_sql.SparkSession.builder.master(spark_cluster.master).appName("tfdist-tests")
+    spark = builder.config("spark.cores.max", str(SLOTS)).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def _values(result: Any) -> dict[str, Any]:
+    values = {}
+    for task in result.tasks:
+        for line in task.output.splitlines():
+            if line.startswith(testing.RESULT_PREFIX):
+                values[task.task] = json.loads(line[len(testing.RESULT_PREFIX) :])
+    return values
+
+
+def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(session: Any, tmp_path: Path) -> None:
+    lines: list[tuple[str, str]] = []
+    statuses: list[str] = []
+    config = LaunchConfig(
+        command=(PY, "-c", ENV_REPORT),
+        workers=2,
+        chief=True,
+        evaluator=True,
+        data_service_workers=1,
+        log_dir=str(tmp_path),
+        timeout=120,
+        env={"FROM_LAUNCHER": "yes"},
+    )
+    result = run_config(
+        config,
+        engine=SparkEngine(spark=session),
+        on_line=lambda task, line: lines.append((task, line)),
+        on_status=statuses.append,
+    )
+    assert (result.exit_code, result.reason) == (0, "ok"), result.summary()
+    services, fingerprints = set(), set()
+    for task in ("chief:0", "worker:0", "worker:1", "evaluator:0"):
+        report, cwd = result.task(task).output.splitlines()[-1].rsplit(" ", 1)
+        env = json.loads(report)
+        spec = ClusterSpec.from_tf_config(env["TF_CONFIG"])
+        assert spec.task is not None and spec.task.name == task
+        assert all(t.address.startswith("127.0.0.1:") for t in spec.tasks())
+        fingerprints.add(spec.fingerprint)
+        services.add(env["TFDIST_DATA_SERVICE"])
+        assert (env["TF_USE_LEGACY_KERAS"], env["TFDIST_TASK"], env["TFDIST_RESTART"]) == ("1", task, "0")
+        assert env["FROM_LAUNCHER"] == "yes"
+        assert cwd == os.getcwd()  # The driver's directory, which exists on this executor's host.
+        assert any(t == task for t, _ in lines)
+        assert report in (tmp_path / f"{task.replace(':', '-')}.log").read_text()
+    assert len(fingerprints) == 1 and fingerprints == {result.cluster.fingerprint}
+    assert len(services) == 1 and services.pop().startswith("grpc://127.0.0.1:")
+    assert any("tf.data service started" in s for s in statuses), statuses
+    assert len({t.address for t in result.cluster.tasks()}) == 4
+    assert_all_gone([t.pid for t in result.tasks])
+    # The engine leaves a session it did not start running, and its barrier stage ended: the next run gets
+    # every slot again.
+    assert pyspark_sql.SparkSession.getActiveSession() is session
+    again = run_config(
+        LaunchConfig(command=(PY, "-c", "pass"), workers=6, timeout=60), engine=SparkEngine(spark=session)
+    )
+    assert again.exit_code == 0, again.summary()
+
+
+def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(session: Any, tmp_path: Path) -> None:
+    # Issue 29 (and 24 on Spark): worker 1 is SIGKILLed once the leader printed batch 10 of epoch 1; both programs
+    # restart in their barrier tasks at the same addresses, from the backup (every 4 batches), and every record is
+    # trained on exactly once per epoch, counted in a weight the backup restores; the weights equal SGD's in numpy.
+    prefix = str(tmp_path / "part")
+    exact_tasks.write_data(prefix)
+    reference = np.array(exact_tasks.ideal_weights(prefix, epochs=3))
+    config = LaunchConfig(
+        command=tuple(
+            testing.command_for(
+                exact_tasks.counted_fit, (str(tmp_path), prefix, {"shard_policy": "data", "backup": "plain"})
+            )
+        ),
+        workers=2,
+        timeout=300,
+        max_restarts=1,
+        kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
+    )
+    result = run_config(config, engine=SparkEngine(spark=session))
+    assert result.exit_code == 0, result.summary()
+    assert [t.restarts for t in result.tasks] == [1, 1]
+    values = _values(result)
+    for task in ("worker:0", "worker:1"):
+        assert collections.Counter(values[task]["counts"]) == {3: exact_tasks.RECORDS}, (task, values[task]["counts"])
+        np.testing.assert_allclose(values[task]["weights"], reference, rtol=0, atol=2e-5)
+        assert values[task]["restart"] == 1
+    resumed = re.findall(r"Input resumes at epoch 1, step (\d+)", result.task("worker:0").output)
+    assert len(resumed) == 1 and int(resumed[0]) % 4 == 0, resumed
+
+
+def _cli(master: str, args: list[str], timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    done = subprocess.run(
+        [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", master]
+        + ["--spark-conf", f"spark.cores.max={SLOTS}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done, time.monotonic() - start
+
+
+def _started_pids(stderr: str) -> list[int]:
+    return [int(p) for p in re.findall(r"started \([^,]+, pid (\d+)", stderr)]
+
+
+def _results(stdout: str) -> dict[str, dict[str, Any]]:
+    return {task: json.loads(value) for task, value in re.findall(r"^\[(\w+:\d)\] RESULT (.*)$", stdout, re.M)}
+
+
+def test_cli_tutorial_mwms_script_trains_identically_and_nothing_is_left(spark_cluster: Any, tmp_path: Path) -> None:
+    done, _ = _cli(
+        spark_cluster.master,
+        ["--workers", "2", "--timeout", "300", "--log-dir", str(tmp_path), "--", PY, str(SUPPORT / "tutorial_mwms.py")],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = _results(done.stdout)
+    assert set(results) == {"worker:0", "worker:1"}, done.stdout[-2000:]
+    assert len({r["weights_sha1"] for r in results.values()}) == 1
+    assert [r["replicas"] for r in results.values()] == [2, 2]
+    assert "RESULT" in (tmp_path / "worker-1.log").read_text()
+    assert "Spark placed 2 tasks" in done.stderr
+    pids = _started_pids(done.stderr)
+    assert len(pids) == 2, done.stderr
+    assert_all_gone(pids)
+
+
+def test_cli_tutorial_ps_script_runs_on_the_chief_beside_tfdist_servers(spark_cluster: Any, tmp_path: Path) -> None:
+    done, _ = _cli(
+        spark_cluster.master,
+        ["--chief", "--workers", "2", "--ps", "1", "--timeout", "300", "--"]
+        + ["env", f"TUTORIAL_DIR={tmp_path}", PY, str(SUPPORT / "tutorial_ps.py")],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = _results(done.stdout)
+    assert set(results) == {"chief:0"}  # Workers and ps ran tfdist's TF server.
+    assert results["chief:0"]["ps"] and results["chief:0"]["workers"] == 2
+    assert len(results["chief:0"]["loss"]) == 5
+    for task in ("worker:0", "worker:1", "ps:0"):
+        assert f"[{task}] INFO tfdist.launch.server: TensorFlow server {task} up" in done.stdout
+    assert (tmp_path / "backup").is_dir()
+    assert_all_gone(_started_pids(done.stderr))
+
+
+def test_cli_failing_task_fails_the_run_fast_and_nothing_is_left(spark_cluster: Any) -> None:
+    script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(120)"
+    done, seconds = _cli(
+        spark_cluster.master, ["--workers", "3", "--grace", "2", "--timeout", "200", "--", PY, "-c", script]
+    )
+    assert done.returncode == 7, done.stderr[-3000:]
+    assert seconds < 90, seconds  # Session start-up included; without fail-fast it would take 120 s.
+    assert "worker:1 ended the run" in done.stderr
+    pids = _started_pids(done.stderr)
+    assert len(pids) == 3, done.stderr
+    assert_all_gone(pids)
+
+
+def test_cli_refuses_what_spark_refuses_with_the_fix(spark_cluster: Any) -> None:
+    # Too few slots: the cluster has 6; a barrier stage of 7 would hang in Spark's slot check.
+    done, seconds = _cli(spark_cluster.master, ["--workers", "7", "--", PY, "-c", "pass"], timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert seconds < 60, seconds
+    assert "needs 7 task slots at once" in done.stderr and "the application has 6" in done.stderr, done.stderr[-2000:]
+    # Dynamic allocation, which barrier mode refuses.
+    done, _ = _cli(
+        spark_cluster.master,
+        ["--workers", "2", "--spark-conf", "spark.dynamicAllocation.enabled=true", "--", PY, "-c", "pass"],
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "spark.dynamicAllocation.enabled=false" in done.stderr and "`--spark-conf`" in done.stderr
+    # Executors whose Python lacks tfdist: the base interpreter of this venv, same version, none of its packages.
+    base = os.path.realpath(sys.executable)
+    done, _ = _cli(
+        spark_cluster.master, ["--workers", "2", "--spark-python", base, "--", PY, "-c", "pass"], timeout=120
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"tfdist is not importable by the Python the Spark executors run ({base} on" in done.stderr
+    assert "`--spark-python`" in done.stderr
+    # A bad --spark-conf is the CLI's own usage error.
+    done, _ = _cli(spark_cluster.master, ["--spark-conf", "task.cpus", "--", PY, "-c", "pass"], timeout=60)
+    assert done.returncode == 2 and "expected KEY=VALUE" in done.stderr

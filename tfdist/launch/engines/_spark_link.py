@@ -1,0 +1,224 @@
+"""The driver's end of the Spark engine's wire: the desk barrier tasks phone, and one attempt of a task.
+
+Every barrier task connects to the :class:`Desk` (its *lifeline*), says hello, gets the address it had before
+(a relaunched stage), and reports its TF address and control address. The driver then calls the task's
+control listener: a :class:`Channel` per purpose (the output pump long-polls on its own), so a slow read
+never holds up a signal. See :mod:`tfdist.launch.engines._spark_task` for the other end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+from tfdist.cluster.address import split_address
+from tfdist.errors import LaunchFailure
+from tfdist.launch.output import LineSink
+
+_log = logging.getLogger("tfdist.launch.spark")
+CALL_TIMEOUT = 60.0  # seconds for one call (start, stop) to a task
+_TASK_LOST = 1  # the exit code of an attempt whose Spark task is gone
+_POLL_SECONDS = 0.5  # how long one read waits in the task for output
+
+
+class Channel:
+    """One connection to a task's control listener; calls on it are serialized."""
+
+    def __init__(self, address: str, authkey: bytes) -> None:
+        self._address, self._authkey = address, authkey
+        self._link: Connection | None = None
+        self._lock = threading.Lock()
+
+    def call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT) -> Any:
+        """The task's answer to ``method(*args)``; OSError/EOFError when the task is gone."""
+        with self._lock:
+            if self._link is None:
+                self._link = Client(split_address(self._address), authkey=self._authkey)
+            link = self._link
+            try:
+                link.send((method, args))
+                if not link.poll(timeout):
+                    raise TimeoutError(f"no answer to {method} within {timeout:g}s")
+                status, value = link.recv()
+            except BaseException:
+                self._link = None
+                link.close()
+                raise
+        if status != "ok":
+            raise LaunchFailure(f"The Spark task failed to {method}: {value}")
+        return value
+
+    def close(self) -> None:
+        with self._lock:
+            if self._link is not None:
+                self._link.close()
+                self._link = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Phoned:
+    """What one barrier task told the desk."""
+
+    index: int
+    host: str
+    python: str
+    lifeline: Connection
+    address: str = ""  # the TF task's host:port
+    control: str = ""  # the control listener's host:port
+    missing: str = ""  # the import error, when the executor's Python lacks tfdist
+
+
+class Desk:
+    """Listens on the driver for the barrier tasks; keeps every task's latest :class:`Phoned`."""
+
+    def __init__(self, host: str) -> None:
+        self.authkey = secrets.token_bytes(32)
+        self._listener = Listener((host, 0), authkey=self.authkey)
+        self.address: tuple[str, int] = self._listener.address
+        self._cond = threading.Condition()
+        self.tasks: dict[int, Phoned] = {}
+        self.previous: dict[int, str] = {}  # index -> the address a task had (offered again on a relaunch)
+        self.missing: list[Phoned] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name="tfdist-spark-desk", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                link = self._listener.accept()
+            except (OSError, EOFError):
+                if self._closed:
+                    return
+                continue  # a caller without the key
+            threading.Thread(target=self._hello, args=(link,), daemon=True).start()
+
+    def _hello(self, link: Connection) -> None:
+        try:
+            message = link.recv()
+            if message[0] == "missing":
+                _, index, host, python, error = message
+                with self._cond:
+                    self.missing.append(Phoned(index=index, host=host, python=python, lifeline=link, missing=error))
+                    self._cond.notify_all()
+                return
+            _, index, host, python, _pid = message
+            with self._cond:
+                link.send(self.previous.get(index))
+            _, _, address, control = link.recv()
+        except (EOFError, OSError, ValueError, TypeError) as err:
+            _log.debug("a Spark task's hello failed: %s", err)
+            link.close()
+            return
+        with self._cond:
+            old = self.tasks.get(index)
+            self.tasks[index] = Phoned(
+                index=index, host=host, python=python, lifeline=link, address=address, control=control
+            )
+            self.previous[index] = address
+            self._cond.notify_all()
+        if old is not None:
+            _log.info("Spark relaunched the task of index %d on %s (%s)", index, host, address)
+            old.lifeline.close()
+
+    def wait(self, count: int, timeout: float, failed: threading.Event) -> bool:
+        """Whether ``count`` tasks phoned (or one reported a missing tfdist) before ``timeout`` or ``failed``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self.tasks) < count and not self.missing and not failed.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.2))
+        return len(self.tasks) >= count or bool(self.missing)
+
+    def current(self, index: int) -> Phoned:
+        with self._cond:
+            return self.tasks[index]
+
+    def quit(self, grace: float) -> None:
+        """Tells every task to stop its program (SIGKILL after ``grace`` s) and end; closes the desk."""
+        self._closed = True
+        self._listener.close()
+        with self._cond:
+            phoned = list(self.tasks.values()) + self.missing
+        for task in phoned:
+            try:
+                task.lifeline.send(("quit", grace))
+            except OSError:
+                pass
+            task.lifeline.close()
+
+
+class SparkTaskProcess:
+    """One attempt of a task in its barrier task; output is long-polled to the driver by a thread."""
+
+    def __init__(self, task: str, control: str, authkey: bytes, on_line: LineSink, pid: int, local: bool) -> None:
+        self.task, self._on_line = task, on_line
+        self._reads = Channel(control, authkey)
+        self._calls = Channel(control, authkey)
+        self._remote_pid, self._pid = pid, (pid if local else None)
+        self._code: int | None = None
+        self.task_lost = False  # the attempt ended because its Spark task is gone (not because the program exited)
+        self._exited = threading.Event()
+        self._finished = threading.Event()
+        self._stop_pump = threading.Event()
+        threading.Thread(target=self._run_pump, name=f"tfdist-spark-{task}", daemon=True).start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    def _run_pump(self) -> None:
+        try:
+            while not self._stop_pump.is_set():
+                lines, code, finished = self._reads.call("read", _POLL_SECONDS, self._remote_pid)
+                for line in lines:
+                    self._on_line(self.task, line)
+                if code is not None and not self._exited.is_set():
+                    self._code = code
+                    self._exited.set()
+                if finished:
+                    if not self._exited.is_set():  # Only when the task no longer knows this attempt.
+                        self._code = _TASK_LOST
+                        self._exited.set()
+                    break
+        except Exception as err:
+            self.task_lost = isinstance(err, (OSError, EOFError, TimeoutError))
+            if not self._exited.is_set():
+                self._on_line(self.task, f"tfdist: the Spark task of {self.task} was lost: {err!r}")
+                self._code = _TASK_LOST
+                self._exited.set()
+        finally:
+            self._reads.close()
+            self._finished.set()
+
+    def poll(self) -> int | None:
+        return self._code if self._exited.is_set() else None
+
+    def signal(self, sig: int) -> None:
+        if not self._exited.is_set():  # In a thread: the supervisor must not block here.
+            threading.Thread(target=self._quiet_call, args=("signal", sig), daemon=True).start()
+
+    def _quiet_call(self, method: str, *args: Any) -> None:
+        try:
+            self._calls.call(method, *args)
+        except Exception as err:
+            _log.debug("%s %s: %s", method, self.task, err)
+
+    def wait(self, timeout: float | None) -> int | None:
+        self._exited.wait(timeout)
+        return self.poll()
+
+    def release(self, timeout: float) -> None:
+        try:
+            self._calls.call("stop", 0.0, timeout=timeout)
+        except Exception as err:
+            _log.debug("release %s: %s", self.task, err)
+        self._finished.wait(timeout)
+        self._stop_pump.set()
+        self._calls.close()
