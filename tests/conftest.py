@@ -104,3 +104,26 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         yield cluster
     finally:
         cluster.stop()
+
+
+SPARK_SLOTS = 6  # task slots of each Spark application in the tests (spark.cores.max); the cluster has twice as many
+
+
+@pytest.fixture(scope="session")
+def spark_session(spark_cluster: Any) -> Iterator[Any]:
+    """A SparkSession of the test process on the test cluster, as a notebook has one (stopped at the end).
+
+    Its driver binds loopback, and its executors run this interpreter (PYSPARK_PYTHON, as a user sets it).
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(spark_cluster.master).appName("tfdist-tests")
+    builder = builder.config("spark.cores.max", str(SPARK_SLOTS)).config("spark.ui.showConsoleProgress", "false")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        spark.stop()

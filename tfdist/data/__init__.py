@@ -23,7 +23,7 @@ from tfdist.data.pipeline import (
     TFRecordPipeline,
     TuningOptions,
 )
-from tfdist.data.records import FileInfo, Listing, VerifyReport, read_manifest, write_tfrecords
+from tfdist.data.records import FileInfo, Listing, VerifyReport, read_manifest, row_example, write_tfrecords
 from tfdist.data.report import ScanProgress, SkewReport, skew_report
 from tfdist.data.sampling import resolve_weights, stratified_sample
 from tfdist.data.service import LocalDataService
@@ -50,6 +50,7 @@ __all__ = [
     "plan_shards",
     "read_manifest",
     "resolve_weights",
+    "row_example",
     "skew_report",
     "stratified_sample",
     "write_tfrecords",

@@ -13,21 +13,19 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-# Before pyspark starts a driver here: the driver binds loopback, and its executors run this interpreter.
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 pyspark_sql = pytest.importorskip("pyspark.sql", reason='pyspark is not installed; pip install ".[spark]"')
 
+from tests.conftest import SPARK_SLOTS as SLOTS
 from tests.support import SUPPORT, exact_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, testing
+from tfdist.data import write_tfrecords
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.spark import SparkEngine
 from tfdist.launch.events import KillAt
@@ -35,23 +33,10 @@ from tfdist.launch.supervisor.runner import run_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.multiprocess, pytest.mark.timeout(400)]
 PY = sys.executable
-SLOTS = 6  # task slots of each application (spark.cores.max); the cluster has twice as many
 ENV_REPORT = (
     "import os, json; print(json.dumps({k: os.environ.get(k) for k in ['TF_CONFIG', 'TF_USE_LEGACY_KERAS', "
     "'TFDIST_TASK', 'TFDIST_RESTART', 'TFDIST_DATA_SERVICE', 'FROM_LAUNCHER']}), os.getcwd())"
 )
-
-
-@pytest.fixture(scope="module")
-def session(spark_cluster: Any) -> Iterator[Any]:
-    """A SparkSession of this process on the test cluster, as a notebook has one (stopped at the end)."""
-    builder = pyspark_sql.SparkSession.builder.master(spark_cluster.master).appName("tfdist-tests")
-    spark = builder.config("spark.cores.max", str(SLOTS)).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        yield spark
-    finally:
-        spark.stop()
 
 
 def _values(result: Any) -> dict[str, Any]:
@@ -63,7 +48,7 @@ def _values(result: Any) -> dict[str, Any]:
     return values
 
 
-def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(session: Any, tmp_path: Path) -> None:
+def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(spark_session: Any, tmp_path: Path) -> None:
     lines: list[tuple[str, str]] = []
     statuses: list[str] = []
     config = LaunchConfig(
@@ -78,7 +63,7 @@ def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(sessi
     )
     result = run_config(
         config,
-        engine=SparkEngine(spark=session),
+        engine=SparkEngine(spark=spark_session),
         on_line=lambda task, line: lines.append((task, line)),
         on_status=statuses.append,
     )
@@ -104,19 +89,29 @@ def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(sessi
     assert_all_gone([t.pid for t in result.tasks])
     # The engine leaves a session it did not start running, and its barrier stage ended: the next run gets
     # every slot again.
-    assert pyspark_sql.SparkSession.getActiveSession() is session
+    assert pyspark_sql.SparkSession.getActiveSession() is spark_session
     again = run_config(
-        LaunchConfig(command=(PY, "-c", "pass"), workers=6, timeout=60), engine=SparkEngine(spark=session)
+        LaunchConfig(command=(PY, "-c", "pass"), workers=6, timeout=60), engine=SparkEngine(spark=spark_session)
     )
     assert again.exit_code == 0, again.summary()
 
 
-def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(session: Any, tmp_path: Path) -> None:
-    # Issue 29 (and 24 on Spark): worker 1 is SIGKILLed once the leader printed batch 10 of epoch 1; both programs
-    # restart in their barrier tasks at the same addresses, from the backup (every 4 batches), and every record is
-    # trained on exactly once per epoch, counted in a weight the backup restores; the weights equal SGD's in numpy.
+def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    # Issue 29 (and 24 on Spark): the data is a DataFrame written to TFRecords by the executors (12 partitions, 12
+    # shards). Worker 1 is SIGKILLed once the leader printed batch 10 of epoch 1; both programs restart in their
+    # barrier tasks at the same addresses, from the backup (every 4 batches), and every record is trained on exactly
+    # once per epoch, counted in a weight the backup restores; the weights equal SGD's in numpy.
     prefix = str(tmp_path / "part")
-    exact_tasks.write_data(prefix)
+    rng = np.random.default_rng(0)  # The values exact_tasks.write_data writes, which ideal_weights recomputes.
+    x = rng.normal(size=(exact_tasks.RECORDS, exact_tasks.FEATURES_DIM)).astype("float32")
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], "float32") + 0.25
+    rows = [(i, x[i].tolist(), float(y[i])) for i in range(exact_tasks.RECORDS)]
+    frame = spark_session.createDataFrame(
+        spark_session.sparkContext.parallelize(rows, exact_tasks.FILES), "id long, x array<float>, y float"
+    )
+    assert len(write_tfrecords(frame, prefix)) == exact_tasks.FILES
     reference = np.array(exact_tasks.ideal_weights(prefix, epochs=3))
     config = LaunchConfig(
         command=tuple(
@@ -129,7 +124,7 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
         max_restarts=1,
         kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
     )
-    result = run_config(config, engine=SparkEngine(spark=session))
+    result = run_config(config, engine=SparkEngine(spark=spark_session))
     assert result.exit_code == 0, result.summary()
     assert [t.restarts for t in result.tasks] == [1, 1]
     values = _values(result)

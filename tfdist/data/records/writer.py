@@ -11,7 +11,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,23 +21,17 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tfdist.data.records._examples import COMPRESSIONS, group_prefix, label_of, serialized, shard_name
 from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
 __all__ = ["read_manifest", "write_tfrecords"]
 
 _log = logging.getLogger("tfdist.data")
-COMPRESSIONS = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}
 # A per-class group: PREFIX-label=VALUE-00000-of-00004.tfrecord[.gz]
 _SUFFIXES = "|".join(re.escape(suffix) for suffix in COMPRESSIONS.values() if suffix)
 CLASS_GROUP = re.compile(rf"-(?P<key>[A-Za-z0-9_]+)=(?P<value>[^/]+?)-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
 Example = bytes | Any  # serialized bytes or a tf.train.Example
 Progress = Callable[[int], None]
-_MAX_LABEL_NAME = 100
-
-
-def _shard_name(prefix: str, index: int, count: int, compression: str | None = None) -> str:
-    """``PREFIX-00003-of-00016.tfrecord`` (plus ``.gz``/``.zz`` when compressed)."""
-    return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression]}"
 
 
 _SHARD_SUFFIX = re.compile(rf"-\d{{5}}-of-\d{{5}}\.tfrecord(?:{_SUFFIXES})?$")
@@ -112,80 +105,9 @@ def read_manifest(prefix: str, *, on_corrupt: str = "raise") -> dict[str, Any] |
         ) from err
 
 
-def label_name(value: str) -> str:
-    """``value`` as it appears in a shard name: percent-encoded (no ``/``, no control characters), at most 100
-    characters (longer values are cut and get a hash; the manifest keeps the real value).
-
-    Example:
-        >>> label_name("cat"), label_name("/../x"), label_name("a b\\n")
-        ('cat', '%2F..%2Fx', 'a%20b%0A')
-    """
-    encoded = urllib.parse.quote(value, safe="_.").replace("~", "%7E")
-    if len(encoded) > _MAX_LABEL_NAME:
-        encoded = f"{encoded[:80]}~{hashlib.sha1(value.encode()).hexdigest()[:12]}"
-    return encoded
-
-
 def label_of_name(name: str) -> str:
     """The label a shard-name label stands for (exact unless it was cut: then read the manifest's ``class``)."""
     return urllib.parse.unquote(name)
-
-
-def _label_of(record: bytes, key: str, index: int) -> str:
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
-
-    try:
-        feature = tf.train.Example.FromString(record).features.feature
-    except DecodeError as err:
-        raise invalid(
-            DataError,
-            f"examples[{index}]",
-            record[:40],
-            "a serialized tf.train.Example with partition_by",
-            "Pass tf.train.Example protos or their SerializeToString().",
-        ) from err
-    if key not in feature:
-        raise invalid(DataError, "partition_by", key, f"a feature of every example (found {sorted(feature)})")
-    value = feature[key]
-    kind = value.WhichOneof("kind")
-    items = list(getattr(value, kind).value) if kind else []
-    if len(items) != 1:
-        raise invalid(DataError, "partition_by", key, "a feature with exactly one value per example")
-    item = items[0]
-    if isinstance(item, bytes):
-        try:
-            item = item.decode()
-        except UnicodeDecodeError as err:
-            raise invalid(
-                DataError,
-                f"examples[{index}].{key}",
-                item[:40],
-                "a UTF-8 label with partition_by",
-                "Map the labels to integers or text first.",
-            ) from err
-    label = str(item)
-    if not label:
-        raise invalid(DataError, f"examples[{index}].{key}", label, "a non-empty label with partition_by")
-    return label
-
-
-def _serialized(example: Any, index: int) -> bytes:
-    if isinstance(example, bytes):
-        return example
-    serialize = getattr(example, "SerializeToString", None)
-    if not callable(serialize):
-        raise invalid(
-            DataError,
-            f"examples[{index}]",
-            example,
-            "a tf.train.Example or serialized bytes",
-            "Build tf.train.Example protos (or pass bytes you serialized yourself).",
-        )
-    record = serialize()
-    if not isinstance(record, bytes):
-        raise invalid(DataError, f"examples[{index}]", type(example).__name__, "a protocol buffer message")
-    return record
 
 
 def _existing(path_prefix: str, partition_by: str | None) -> list[str]:
@@ -280,16 +202,18 @@ class _Staging:
 
 
 def write_tfrecords(
-    examples: Iterable[Example],
+    examples: Iterable[Example] | Any,
     path_prefix: str,
     *,
-    num_shards: int,
+    num_shards: int | None = None,
     compression: str | None = None,
     partition_by: str | None = None,
     progress: Progress | None = None,
     log_every: int = 100_000,
+    to_example: Callable[[Any], Example] | None = None,
 ) -> list[str]:
-    """Writes examples round-robin into ``num_shards`` balanced TFRecord files.
+    """Writes examples round-robin into ``num_shards`` balanced TFRecord files, or a Spark DataFrame's rows
+    one shard per partition.
 
     Writing is all or nothing: shards are staged in a hidden directory beside
     ``path_prefix`` and moved into place only when every example is written.
@@ -297,11 +221,20 @@ def write_tfrecords(
     successful one replaces it whole (old shards of another shard count are
     removed).
 
+    A Spark DataFrame is written by its executors: partition ``i`` of ``P``
+    writes shard ``i`` of ``P`` (per class with ``partition_by``) straight
+    into the staging directory, which they must reach (a shared or remote
+    path: hdfs://, gs://, s3:// through tensorflow-io; a local path only
+    when the executors run on this machine). See docs/spark.md.
+
     Args:
-      examples: ``tf.train.Example`` protos or serialized bytes.
+      examples: ``tf.train.Example`` protos or serialized bytes, or a
+        ``pyspark.sql.DataFrame``.
       path_prefix: Path prefix, local or any ``tf.io.gfile`` scheme (``s3://``
         needs tensorflow-io).
-      num_shards: Files to write (per class with ``partition_by``).
+      num_shards: Files to write (per class with ``partition_by``). For a
+        DataFrame: None or its number of partitions (repartition it to
+        change that).
       compression: None, 'GZIP' or 'ZLIB'.
       partition_by: A label feature: write one group of ``num_shards`` files
         per class, named ``PREFIX-KEY=VALUE-00000-of-0000N.tfrecord``, which
@@ -309,6 +242,9 @@ def write_tfrecords(
         :func:`label_name`); the manifest keeps the real value.
       progress: Called with the running count of records written.
       log_every: Log progress every this many records.
+      to_example: For a DataFrame: turns a Row into an example. Default
+        :func:`~tfdist.data.records.dataframe.row_example`, one feature per
+        column.
 
     Returns:
       The paths written, sorted.
@@ -320,9 +256,17 @@ def write_tfrecords(
     """
     import tensorflow as tf
 
+    from tfdist.data.records import dataframe
     from tfdist.data.storage import remote
 
+    frame = dataframe.is_dataframe(examples)
+    if frame:
+        _check_frame(examples, path_prefix, num_shards, progress)
+        num_shards = dataframe.partition_count(examples)
+    elif to_example is not None:
+        raise invalid(DataError, "to_example", to_example, "None unless `examples` is a Spark DataFrame")
     require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
+    assert num_shards is not None
     if compression not in COMPRESSIONS:
         raise invalid(DataError, "compression", compression, "None, 'GZIP' or 'ZLIB'")
     if partition_by is not None and not (
@@ -345,16 +289,28 @@ def write_tfrecords(
             ) from err
     staging = _Staging(path_prefix)
     try:
-        files, counters, written, seconds = _write_all(
-            examples,
-            path_prefix,
-            staging,
-            num_shards=num_shards,
-            compression=compression,
-            partition_by=partition_by,
-            progress=progress,
-            log_every=log_every,
-        )
+        if frame:
+            start = time.monotonic()
+            files, counters, written = dataframe.write_partitions(
+                examples,
+                path_prefix,
+                staging.dir,
+                compression=compression,
+                partition_by=partition_by,
+                to_example=to_example,
+            )
+            seconds = time.monotonic() - start
+        else:
+            files, counters, written, seconds = _write_all(
+                examples,
+                path_prefix,
+                staging,
+                num_shards=num_shards,
+                compression=compression,
+                partition_by=partition_by,
+                progress=progress,
+                log_every=log_every,
+            )
         if not written:
             raise invalid(DataError, "examples", [], "at least one example")
         manifest = {
@@ -381,6 +337,33 @@ def write_tfrecords(
     return sorted(files)
 
 
+def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress: Progress | None) -> None:
+    """DataError for what a DataFrame write cannot do."""
+    from tfdist.data.records.dataframe import partition_count
+    from tfdist.data.storage import remote
+
+    partitions = partition_count(frame)
+    if num_shards is not None and num_shards != partitions:
+        raise invalid(
+            DataError,
+            "num_shards",
+            num_shards,
+            f"None or the DataFrame's number of partitions ({partitions}): each partition writes one shard",
+            f"Pass df.repartition({num_shards}) (or coalesce) instead.",
+        )
+    if progress is not None:
+        raise invalid(DataError, "progress", progress, "None with a DataFrame (its executors write the records)")
+    if isinstance(path_prefix, str) and remote.reader_for(path_prefix) == "boto3":
+        raise invalid(
+            DataError,
+            "path_prefix",
+            path_prefix,
+            "a path TensorFlow's file systems write, where the executors write their shards",
+            "s3:// goes through boto3 here, which stages on this machine: install tensorflow-io (TF 2.17), "
+            "or write to hdfs://, gs:// or a shared directory.",
+        )
+
+
 def _write_all(
     examples: Iterable[Example],
     path_prefix: str,
@@ -403,11 +386,11 @@ def _write_all(
     start, written = time.monotonic(), 0
     try:
         for index, example in enumerate(examples):
-            record = _serialized(example, index)
-            group = _label_of(record, partition_by, index) if partition_by else ""
+            record = serialized(example, index)
+            group = label_of(record, partition_by, index) if partition_by else ""
             if group not in writers:
-                prefix = f"{path_prefix}-{partition_by}={label_name(group)}" if partition_by else path_prefix
-                names[group] = [_shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
+                prefix = group_prefix(path_prefix, partition_by, group)
+                names[group] = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
                 if len({n for g in names.values() for n in g}) != sum(len(g) for g in names.values()):
                     raise invalid(
                         DataError,
