@@ -49,6 +49,7 @@ def test_the_docs_pages_exist() -> None:
         "recsys.md",
         "design.md",
         "model-parallel.md",
+        "spark.md",
     }
     assert expected <= names, f"missing docs pages: {sorted(expected - names)}"
     assert BLOCKS, "no python blocks found in docs/"

@@ -18,8 +18,8 @@ import tensorflow as tf
 from tests.support.records import FEATURES, example
 from tfdist import DataError, StorageError
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
-from tfdist.data.records.files import list_files
 from tfdist.data.records._examples import label_name
+from tfdist.data.records.files import list_files
 
 
 def _example(i: int, label: Any = None) -> tf.train.Example:

@@ -20,6 +20,7 @@ from tfdist.launch.engines import (
     register_engine,
 )
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt
+from tfdist.launch.functions import FunctionRun, run_function
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
 from tfdist.launch.supervisor import run, run_config
@@ -28,6 +29,7 @@ __all__ = [
     "Elastic",
     "Engine",
     "Faults",
+    "FunctionRun",
     "KillAt",
     "LaunchConfig",
     "LaunchResult",
@@ -48,6 +50,7 @@ __all__ = [
     "register_engine",
     "run",
     "run_config",
+    "run_function",
     "run_server",
     "slurm_script",
     "tf_configs",

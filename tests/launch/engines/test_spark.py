@@ -26,6 +26,7 @@ from tests.support import SUPPORT, exact_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, testing
 from tfdist.data import write_tfrecords
+from tfdist.launch import run_function
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.spark import SparkEngine
 from tfdist.launch.events import KillAt
@@ -94,6 +95,21 @@ def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(spark
         LaunchConfig(command=(PY, "-c", "pass"), workers=6, timeout=60), engine=SparkEngine(spark=spark_session)
     )
     assert again.exit_code == 0, again.summary()
+
+
+def test_a_notebook_function_runs_by_value_on_the_active_session(spark_session: Any) -> None:
+    # A notebook cell: a closure over the cell's variables, run with engine="spark" on the session it has.
+    offset = 40
+
+    def train(scale: int) -> dict[str, Any]:
+        import os
+
+        spec = json.loads(os.environ["TF_CONFIG"])
+        return {"value": scale * offset, "task": os.environ["TFDIST_TASK"], "workers": len(spec["cluster"]["worker"])}
+
+    run = run_function(train, args=(2,), workers=3, engine="spark", timeout=120)
+    assert run.ok, run.result.summary()
+    assert run.values == {f"worker:{i}": {"value": 80, "task": f"worker:{i}", "workers": 3} for i in range(3)}
 
 
 def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(

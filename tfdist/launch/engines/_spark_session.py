@@ -27,6 +27,7 @@ OWN_CONF = {
     "spark.ui.showConsoleProgress": "false",  # its progress bar would cut into the tasks' prefixed lines
 }
 _SETTLE = 3.0  # seconds the slot count must stay the same (with an executor up) to count as final
+_BUSY_WAIT = 15.0  # seconds to wait for slots busy with other tasks (a job ending) before failing
 
 
 def import_pyspark() -> Any:
@@ -109,11 +110,13 @@ def slots(spark: Any) -> tuple[int, int]:
 def wait_for_slots(spark: Any, needed: int, timeout: float) -> None:
     """Waits until the executors offer ``needed`` free slots; EngineError, with the counts, when they cannot.
 
-    Executors register some seconds after a session starts: the wait ends early once the count has not
-    changed for a few seconds with an executor up, since more will not come.
+    Executors register some seconds after a session starts: when the application has too few slots, the wait
+    ends once the count has not changed for a few seconds with an executor up, since more will not come.
+    Slots busy with other tasks get up to 15 s to free (a job just ending; Spark's own counts lag a little).
     """
-    deadline = time.monotonic() + timeout
-    last, since = (-1, -1), time.monotonic()
+    start = time.monotonic()
+    deadline = start + timeout
+    last, since = (-1, -1), start
     while True:
         total, busy = slots(spark)
         if total - busy >= needed:
@@ -121,7 +124,8 @@ def wait_for_slots(spark: Any, needed: int, timeout: float) -> None:
         now = time.monotonic()
         if (total, busy) != last:
             last, since = (total, busy), now
-        if now > deadline or (total > 0 and now - since >= _SETTLE):
+        settled = total > 0 and now - since >= _SETTLE
+        if now > deadline or (settled and (total < needed or now - start >= _BUSY_WAIT)):
             break
         time.sleep(0.2)
     task_cpus = spark.sparkContext.getConf().get("spark.task.cpus", "1")

@@ -153,7 +153,8 @@ class SparkEngine(Engine):
         if not desk.wait(len(tasks), options.ready_timeout, self._stage_failed):
             raise EngineError(
                 f"The Spark barrier stage's {len(tasks)} tasks did not all report within {options.ready_timeout:g}s "
-                f"({len(desk.tasks)} did); is the cluster busy? Raise `ready_timeout` or free task slots.",
+                f"({len(desk.tasks)} did; {_stage_state(spark)}). Is the cluster busy? Raise `ready_timeout` or "
+                "free task slots.",
                 field="ready_timeout",
                 value=options.ready_timeout,
             )
@@ -272,3 +273,14 @@ def _gone(phoned: Phoned) -> bool:
         return bool(phoned.lifeline.poll(0))
     except (OSError, EOFError):
         return True
+
+
+def _stage_state(spark: Any) -> str:
+    """What Spark says of its active stages (for a stage that does not start): ids and running tasks."""
+    try:
+        tracker = spark.sparkContext.statusTracker()
+        stages = [tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds()]
+        described = [f"stage {s.stageId}: {s.numActiveTasks} of {s.numTasks} tasks running" for s in stages if s]
+        return "Spark's active stages: " + ("; ".join(described) or "none")
+    except Exception as err:  # only a diagnostic
+        return f"Spark's stages unknown ({err})"
