@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 RECORDS = 480
@@ -156,7 +157,8 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
     'unlinked': BackupAndRestore alone), preempt ([epoch, batch]: worker:1 sends itself SIGTERM there, first
     attempt only), stale_temp ([epoch, batch]: worker:1 copies the chief's backup there in its first attempt
     and, restarted, puts the copy in its own temporary write directory, as a kill between a save and that
-    directory's removal leaves it)."""
+    directory's removal leaves it), hold_at ([epoch, batch]: the leader waits there, first attempt only, for
+    the kill its STEP line triggers; with engines whose kill travels, a fast epoch may end before it lands)."""
     import logging
     import shutil
 
@@ -196,6 +198,7 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
         model = counted_model(log_ids=bool(options.get("log_ids")))
 
     preempt = options.get("preempt")
+    hold = options.get("hold_at")  # [epoch, batch]: the leader waits there for a kill triggered by its STEP line
 
     class Progress(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -204,6 +207,8 @@ def counted_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[str,
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if leader:
                 print(f"STEP {self.epoch} {batch}", flush=True)
+                if hold and restart == 0 and [self.epoch, batch] == list(hold):
+                    time.sleep(120)  # Held here (the group stalls with it) until the kill this line triggers lands.
             if preempt and restart == 0 and task == "worker:1" and [self.epoch, batch] == list(preempt):
                 os.kill(os.getpid(), signal.SIGTERM)
             if stale and restart == 0 and task == "worker:1" and [self.epoch, batch] == list(stale):

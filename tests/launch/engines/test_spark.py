@@ -24,7 +24,7 @@ pyspark_sql = pytest.importorskip("pyspark.sql", reason='pyspark is not installe
 from tests.conftest import SPARK_SLOTS as SLOTS
 from tests.support import SUPPORT, exact_tasks
 from tests.support.processes import assert_all_gone
-from tfdist import ClusterSpec, testing
+from tfdist import ClusterSpec, EngineError, LaunchError, testing
 from tfdist.data import write_tfrecords
 from tfdist.launch import run_function
 from tfdist.launch.config import LaunchConfig
@@ -132,7 +132,8 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
     config = LaunchConfig(
         command=tuple(
             testing.command_for(
-                exact_tasks.counted_fit, (str(tmp_path), prefix, {"shard_policy": "data", "backup": "plain"})
+                exact_tasks.counted_fit,
+                (str(tmp_path), prefix, {"shard_policy": "data", "backup": "plain", "hold_at": [1, 10]}),
             )
         ),
         workers=2,
@@ -219,13 +220,33 @@ def test_cli_failing_task_fails_the_run_fast_and_nothing_is_left(spark_cluster: 
     assert_all_gone(pids)
 
 
-def test_cli_refuses_what_spark_refuses_with_the_fix(spark_cluster: Any) -> None:
-    # Too few slots: the cluster has 6; a barrier stage of 7 would hang in Spark's slot check.
-    done, seconds = _cli(spark_cluster.master, ["--workers", "7", "--", PY, "-c", "pass"], timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]
-    assert seconds < 60, seconds
-    assert "needs 7 task slots at once" in done.stderr and "the application has 6" in done.stderr, done.stderr[-2000:]
-    # Dynamic allocation, which barrier mode refuses.
+def test_what_spark_refuses_is_refused_first_with_the_fix(spark_session: Any) -> None:
+    # Too few slots: the application has 6; a barrier stage of 7 would hang in Spark's slot check.
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=r"needs 7 task slots at once.*the application has 6") as caught:
+        run_config(LaunchConfig(command=(PY, "-c", "pass"), workers=7), engine=SparkEngine(spark=spark_session))
+    assert time.monotonic() - start < 30 and caught.value.field == "workers"
+    # Executors whose Python lacks tfdist: this venv's base interpreter (same version, none of its packages),
+    # as a notebook session started with another PYSPARK_PYTHON has.
+    base = os.path.realpath(sys.executable)
+    context = spark_session.sparkContext
+    ours, context.pythonExec = context.pythonExec, base
+    try:
+        with pytest.raises(EngineError, match=rf"not importable by the Python the Spark executors run \({base} on"):
+            run_config(LaunchConfig(command=(PY, "-c", "pass"), workers=2), engine=SparkEngine(spark=spark_session))
+    finally:
+        context.pythonExec = ours
+    # Elastic options: a barrier stage has a fixed number of tasks.
+    with pytest.raises(LaunchError, match="`min_workers`.*fixed number of tasks"):
+        run_config(
+            LaunchConfig(command=(PY, "-c", "pass"), workers=3, min_workers=2), engine=SparkEngine(spark=spark_session)
+        )
+    # The session is still good for the next job.
+    again = run_config(LaunchConfig(command=(PY, "-c", "pass"), workers=2), engine=SparkEngine(spark=spark_session))
+    assert again.exit_code == 0, again.summary()
+
+
+def test_cli_refuses_dynamic_allocation_and_names_its_flags(spark_cluster: Any) -> None:
     done, _ = _cli(
         spark_cluster.master,
         ["--workers", "2", "--spark-conf", "spark.dynamicAllocation.enabled=true", "--", PY, "-c", "pass"],
@@ -233,14 +254,7 @@ def test_cli_refuses_what_spark_refuses_with_the_fix(spark_cluster: Any) -> None
     )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "spark.dynamicAllocation.enabled=false" in done.stderr and "`--spark-conf`" in done.stderr
-    # Executors whose Python lacks tfdist: the base interpreter of this venv, same version, none of its packages.
-    base = os.path.realpath(sys.executable)
-    done, _ = _cli(
-        spark_cluster.master, ["--workers", "2", "--spark-python", base, "--", PY, "-c", "pass"], timeout=120
-    )
-    assert done.returncode == 1, done.stderr[-2000:]
-    assert f"tfdist is not importable by the Python the Spark executors run ({base} on" in done.stderr
-    assert "`--spark-python`" in done.stderr
-    # A bad --spark-conf is the CLI's own usage error.
     done, _ = _cli(spark_cluster.master, ["--spark-conf", "task.cpus", "--", PY, "-c", "pass"], timeout=60)
     assert done.returncode == 2 and "expected KEY=VALUE" in done.stderr
+    done, _ = _cli(spark_cluster.master, ["--workers", "3", "--min-workers", "2", "--", PY, "-c", "pass"], timeout=60)
+    assert done.returncode == 2 and "`--min-workers`" in done.stderr, done.stderr[-2000:]

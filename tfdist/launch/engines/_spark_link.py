@@ -1,7 +1,8 @@
 """The driver's end of the Spark engine's wire: the desk barrier tasks phone, and one attempt of a task.
 
 Every barrier task connects to the :class:`Desk` (its *lifeline*), says hello, gets the address it had before
-(a relaunched stage), and reports its TF address and control address. The driver then calls the task's
+(a relaunched stage), and reports its TF address and control address; the desk answers "again" when another
+task holds that address, so every task's differs. The driver then calls the task's
 control listener: a :class:`Channel` per purpose (the output pump long-polls on its own), so a slow read
 never holds up a signal. See :mod:`tfdist.launch.engines._spark_task` for the other end.
 """
@@ -13,6 +14,7 @@ import logging
 import secrets
 import threading
 import time
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
@@ -24,6 +26,7 @@ _log = logging.getLogger("tfdist.launch.spark")
 CALL_TIMEOUT = 60.0  # seconds for one call (start, stop) to a task
 _TASK_LOST = 1  # the exit code of an attempt whose Spark task is gone
 _POLL_SECONDS = 0.5  # how long one read waits in the task for output
+BACKLOG = 256  # pending connections a listener holds (the tasks phoning the desk; the driver calling a task)
 
 
 class Channel:
@@ -33,6 +36,15 @@ class Channel:
         self._address, self._authkey = address, authkey
         self._link: Connection | None = None
         self._lock = threading.Lock()
+
+    def connect(self) -> None:
+        """Opens the connection ahead of the first call (a no-op when open; errors surface at the call)."""
+        with self._lock:
+            if self._link is None:
+                try:
+                    self._link = Client(split_address(self._address), authkey=self._authkey)
+                except (OSError, EOFError, AuthenticationError) as err:
+                    _log.debug("connect %s: %s", self._address, err)
 
     def call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT) -> Any:
         """The task's answer to ``method(*args)``; OSError/EOFError when the task is gone."""
@@ -78,7 +90,9 @@ class Desk:
 
     def __init__(self, host: str) -> None:
         self.authkey = secrets.token_bytes(32)
-        self._listener = Listener((host, 0), authkey=self.authkey)
+        # Every barrier task phones at once. multiprocessing's default backlog of 1 (with the key handshake done in
+        # the accepting thread) let the kernel drop some of them half-open: such a task waited forever.
+        self._listener = Listener((host, 0), backlog=BACKLOG, authkey=self.authkey)
         self.address: tuple[str, int] = self._listener.address
         self._cond = threading.Condition()
         self.tasks: dict[int, Phoned] = {}
@@ -91,7 +105,7 @@ class Desk:
         while not self._closed:
             try:
                 link = self._listener.accept()
-            except (OSError, EOFError):
+            except (OSError, EOFError, AuthenticationError):
                 if self._closed:
                     return
                 continue  # a caller without the key
@@ -109,18 +123,24 @@ class Desk:
             _, index, host, python, _pid = message
             with self._cond:
                 link.send(self.previous.get(index))
-            _, _, address, control = link.recv()
+            while True:
+                _, _, address, control = link.recv()
+                with self._cond:
+                    taken = {p.address for i, p in self.tasks.items() if i != index}
+                    if address not in taken:
+                        old = self.tasks.get(index)
+                        self.tasks[index] = Phoned(
+                            index=index, host=host, python=python, lifeline=link, address=address, control=control
+                        )
+                        self.previous[index] = address
+                        self._cond.notify_all()
+                        link.send("ok")
+                        break
+                link.send("again")
         except (EOFError, OSError, ValueError, TypeError) as err:
             _log.debug("a Spark task's hello failed: %s", err)
             link.close()
             return
-        with self._cond:
-            old = self.tasks.get(index)
-            self.tasks[index] = Phoned(
-                index=index, host=host, python=python, lifeline=link, address=address, control=control
-            )
-            self.previous[index] = address
-            self._cond.notify_all()
         if old is not None:
             _log.info("Spark relaunched the task of index %d on %s (%s)", index, host, address)
             old.lifeline.close()
@@ -161,6 +181,7 @@ class SparkTaskProcess:
         self.task, self._on_line = task, on_line
         self._reads = Channel(control, authkey)
         self._calls = Channel(control, authkey)
+        self._calls.connect()  # Now, so that a signal (a fault injection, a stop) travels without a handshake.
         self._remote_pid, self._pid = pid, (pid if local else None)
         self._code: int | None = None
         self.task_lost = False  # the attempt ended because its Spark task is gone (not because the program exited)

@@ -4,10 +4,12 @@ Each barrier task of the stage :class:`~tfdist.launch.engines.spark.SparkEngine`
 
 1. it connects to the driver (the *lifeline*) and says hello with its executor's host; the driver answers
    with the address the task had before, when Spark relaunched the stage on the same host;
-2. it picks a free port on that host (or keeps the old one when it is free) and exchanges ``host:port``
-   with the other tasks through ``BarrierTaskContext.allGather``, picking again where two drew one port;
-3. it opens a control listener and tells the driver both addresses; the driver then starts, reads, signals
-   and stops the task's program there through a :class:`~tfdist.launch.engines._ray_actor.TaskHost`;
+2. it picks a free port on that host (or keeps the old one when it is free), opens a control listener and
+   tells the driver both addresses; the driver, which sees every task's, answers "again" where two drew
+   one port. (Through the driver, not ``BarrierTaskContext.allGather``: every allGather took a full second
+   in Spark 4.3, and the driver builds the cluster anyway.)
+3. the driver then starts, reads, signals and stops the task's program there through a
+   :class:`~tfdist.launch.engines._ray_actor.TaskHost`;
 4. when the driver says quit, or the lifeline breaks (the driver is gone), it stops the program and ends.
 
 The wire is ``multiprocessing.connection`` with the run's random key: only the driver that submitted the
@@ -17,40 +19,27 @@ kills takes its program with it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import threading
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from tfdist.cluster.address import free_ports, join_address, port_is_free, split_address
 from tfdist.launch.engines._ray_actor import TaskHost
+from tfdist.launch.engines._spark_link import BACKLOG
 
 _log = logging.getLogger("tfdist.launch.spark")
 STOP_GRACE = 5.0  # seconds the program gets after SIGTERM when the driver quits or is gone
-_PICKS = 5  # rounds of allGather to settle distinct ports
+_PICKS = 5  # tries to draw a port no other task reported
 
 
 def _pick(host: str, previous: str | None) -> str:
     if previous is not None and split_address(previous)[0] == host and port_is_free(*split_address(previous)):
         return previous
     return join_address(host, free_ports(1, host)[0])
-
-
-def _settle(context: Any, index: int, address: str) -> str:
-    """``address`` after the tasks agreed: distinct from every other task's (a task that drew a port another,
-    lower-indexed task has picks again)."""
-    host = split_address(address)[0]
-    for _ in range(_PICKS):
-        everyone = [json.loads(item) for item in context.allGather(json.dumps(address))]
-        clash = {i for i, other in enumerate(everyone) if everyone.index(other) != i}
-        if not clash:
-            return address
-        if index in clash:
-            address = _pick(host, None)
-    raise RuntimeError(f"tfdist: Spark tasks kept drawing the same ports: {everyone}")
 
 
 class _Calls:
@@ -93,8 +82,10 @@ def _accept(listener: Listener, calls: _Calls) -> None:
     while True:
         try:
             link = listener.accept()
+        except AuthenticationError:
+            continue  # a caller without the run's key
         except (OSError, EOFError):
-            return  # closed at the end, or a caller without the key
+            return  # closed at the end
         threading.Thread(target=calls.serve, args=(link,), daemon=True).start()
 
 
@@ -107,12 +98,17 @@ def serve(index: int, driver: tuple[str, int], authkey: bytes, tasks: list[str])
     task = tasks[index]
     with Client(driver, authkey=authkey) as lifeline:
         lifeline.send(("hello", index, host, sys.executable, os.getpid()))
-        previous = lifeline.recv()
-        address = _settle(context, index, _pick(host, previous))
+        address = _pick(host, lifeline.recv())
         taskhost = TaskHost(task)
-        listener = Listener((host, 0), authkey=authkey)
+        listener = Listener((host, 0), backlog=BACKLOG, authkey=authkey)
         threading.Thread(target=_accept, args=(listener, _Calls(taskhost)), daemon=True).start()
-        lifeline.send(("ready", index, address, join_address(*listener.address)))
+        for _ in range(_PICKS):  # The driver answers "again" when another task reported the same address.
+            lifeline.send(("ready", index, address, join_address(*listener.address)))
+            if lifeline.recv() == "ok":
+                break
+            address = _pick(host, None)
+        else:
+            raise RuntimeError(f"tfdist: Spark task {index} kept drawing ports other tasks hold on {host}")
         grace = STOP_GRACE
         try:
             message = lifeline.recv()

@@ -121,6 +121,15 @@ class SparkEngine(Engine):
                 "the local engine",
                 "Network namespaces are a local-engine feature; drop `isolate_network` with the Spark engine.",
             )
+        if config.min_workers is not None:
+            raise invalid(
+                LaunchError,
+                "min_workers",
+                config.min_workers,
+                "None with the Spark engine",
+                "A Spark barrier stage has a fixed number of tasks: run elastic jobs on the local or Ray engine, "
+                "or on Slurm with requeue.",
+            )
         self._grace = config.grace_seconds
         tasks = config.task_names() + ([DATA_SERVICE_TASK] if config.data_service_workers else [])
         try:
