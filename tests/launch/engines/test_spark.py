@@ -10,6 +10,7 @@ import collections
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -151,6 +152,76 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
         assert values[task]["restart"] == 1
     resumed = re.findall(r"Input resumes at epoch 1, step (\d+)", result.task("worker:0").output)
     assert len(resumed) == 1 and int(resumed[0]) % 4 == 0, resumed
+
+
+def _executor_pids(app_id: str) -> list[int]:
+    """The executor JVMs of Spark application ``app_id`` on this machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in argv and app_id.encode() in argv:
+                found.append(int(entry))
+    return found
+
+
+def test_a_lost_executor_relaunches_the_stage_and_the_tasks_restart_at_their_addresses(spark_session: Any) -> None:
+    # Spark relaunches a whole barrier stage when an executor dies; the new barrier tasks phone the driver again,
+    # get their old addresses back (same host, ports free again) and the runner restarts the programs there.
+    # The executor is SIGKILLed once both programs said they are up (on progress).
+    script = (
+        "import os, sys, time\n"
+        "print('UP', os.environ['TFDIST_RESTART'], flush=True)\n"
+        "if os.environ['TFDIST_RESTART'] == '0': time.sleep(300)"
+    )
+    up: set[str] = set()
+    killed: list[int] = []
+
+    def _on_line(task: str, line: str) -> None:
+        if line == "UP 0":
+            up.add(task)
+            if len(up) == 2 and not killed:
+                killed.extend(_executor_pids(spark_session.sparkContext.applicationId))
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+
+    config = LaunchConfig(command=(PY, "-c", script), workers=2, max_restarts=1, timeout=240, grace_seconds=2)
+    result = run_config(config, engine=SparkEngine(spark=spark_session), on_line=_on_line)
+    assert len(killed) == 1, killed
+    assert result.exit_code == 0, result.summary()
+    assert [t.restarts for t in result.tasks] == [1, 1]
+    for task in ("worker:0", "worker:1"):
+        assert "UP 1" in result.task(task).output.splitlines()
+    assert_all_gone([t.pid for t in result.tasks])
+    # The session got a new executor and runs the next job.
+    again = run_config(LaunchConfig(command=(PY, "-c", "pass"), workers=2), engine=SparkEngine(spark=spark_session))
+    assert again.exit_code == 0, again.summary()
+
+
+def test_cli_killed_driver_leaves_nothing_running_on_the_executors(spark_cluster: Any) -> None:
+    # SIGKILL to tfdist-launch and its driver JVM once both programs are up: the lifelines break and the Spark
+    # application ends,
+    # and each program is stopped (by its barrier task, or with the task's Python worker by the parent-death signal).
+    script = "import time; print('UP', flush=True); time.sleep(300)"
+    argv = [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", spark_cluster.master]
+    argv += ["--spark-conf", f"spark.cores.max={SLOTS}", "--workers", "2", "--timeout", "200", "--", PY, "-c", script]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids: list[int] = []
+    try:
+        up = 0
+        deadline = time.monotonic() + 120
+        while (up < 2 or len(pids) < 2) and time.monotonic() < deadline:
+            line = proc.stderr.readline() if len(pids) < 2 else proc.stdout.readline()  # type: ignore[union-attr]
+            pids += _started_pids(line)
+            up += line.rstrip().endswith("] UP")
+        assert up == 2 and len(pids) == 2, (up, pids)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # The launcher and its driver JVM, as when the driver's machine fails.
+        proc.wait(30)
+    assert_all_gone(pids, within=60)
 
 
 def _cli(master: str, args: list[str], timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:

@@ -1,8 +1,8 @@
 """The Spark engine: every task runs in one task of a Spark barrier stage, its program a subprocess there.
 
 Spark's barrier mode gang-schedules the stage (all tasks start together, or none); each task picks its TF
-port on its executor's host, the tasks exchange ``host:port`` with ``BarrierTaskContext.allGather`` and
-phone the driver, which builds the cluster from the reported addresses. The supervisor in
+port on its executor's host and phones the driver, which keeps the ports distinct and builds the cluster
+from the reported addresses (see :mod:`tfdist.launch.engines._spark_task` for why not ``allGather``). The supervisor in
 :mod:`tfdist.launch.supervisor.runner` keeps every rule (restarts, fail-fast, fault injection, timeouts,
 environment), as with the other engines: a restarted program starts again in its barrier task, at the same
 address. If Spark relaunches the whole stage (an executor was lost), the new tasks phone again and keep
@@ -195,7 +195,10 @@ class SparkEngine(Engine):
             cloudpickle.register_pickle_by_value(_spark_boot)
             context.setJobGroup(self._group, f"tfdist: {len(tasks)} TF tasks", interruptOnCancel=True)
             boot = functools.partial(_spark_boot.boot, driver=desk.address, authkey=desk.authkey, tasks=tasks)
-            context.parallelize(range(len(tasks)), len(tasks)).barrier().mapPartitionsWithIndex(boot).collect()
+            stage = context.parallelize(range(len(tasks)), len(tasks)).barrier().mapPartitionsWithIndex(boot)
+            # The shuffle makes the barrier stage a shuffle-map stage: Spark relaunches such a stage whole when a
+            # task of it fails (an executor lost), while a failed barrier *result* stage aborts the job.
+            stage.repartition(1).collect()
         except BaseException as err:
             self._stage_error.append(err)
         finally:
