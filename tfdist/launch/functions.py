@@ -33,7 +33,7 @@ from tfdist.launch.results import LaunchResult
 from tfdist.launch.supervisor.runner import run
 from tfdist.launch.tasks.function import PICKLERS, RESULT_PREFIX
 
-__all__ = ["FunctionRun", "command_for", "run_function"]
+__all__ = ["FunctionRun", "run_function"]
 
 Target = Sequence[str] | str | Callable[..., Any]
 # A command line argument may hold at most 128 KiB on Linux (MAX_ARG_STRLEN); base64 adds a third.
