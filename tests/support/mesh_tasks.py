@@ -125,7 +125,7 @@ def mesh_fit(files: str, steps: int, workdir: str) -> dict[str, Any]:
             refusals[name] = "not refused"
         except StrategyError as err:
             refusals[name] = f"{err.field}: {err}"
-    return {
+    value = {
         "refusals": refusals,
         "mesh": [list(mesh.dim_names), list(mesh.shape())],
         "local_devices": len(mesh.local_device_ids()),
@@ -138,6 +138,13 @@ def mesh_fit(files: str, steps: int, workdir: str) -> dict[str, Any]:
         "local_ids": local_ids,
         "final": {k: float(np.abs(v).sum()) for k, v in final.items()},
     }
+    # Also as a file: Slurm merges the tasks' output, and a line over 4 KB (this one) may arrive cut into
+    # another task's (the Slurm mesh test reads these files).
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task")
+    if task:
+        with open(os.path.join(workdir, f"mesh-result-{task['type']}-{task['index']}.json"), "w") as out:
+            json.dump(value, out)
+    return value
 
 
 def _full(variable: Any, mesh: Any, dtensor: Any) -> Any:

@@ -387,8 +387,10 @@ def test_a_mesh_job_splits_the_model_over_two_slurm_tasks(slurm_cluster: Any, tm
         submit(slurm_cluster, emit("--workers", "2", "--mesh", "model=2", "--", *command), root), slurm_cluster, 420
     )
     assert (code, record["JobState"]) == (0, "COMPLETED"), output
-    values = [json.loads(line.split(RESULT_PREFIX, 1)[1]) for line in output.splitlines() if RESULT_PREFIX in line]
-    assert len(values) == 2, output
+    # From the files mesh_fit writes: srun merges both tasks' output, and their RESULT lines (over 4 KB) can
+    # arrive cut into each other (a JSONDecodeError at column 4080 once).
+    assert output.count(RESULT_PREFIX) == 2, output
+    values = [json.loads((tmp_path / f"mesh-result-worker-{i}.json").read_text()) for i in range(2)]
     assert values[0]["losses"] == values[1]["losses"] and values[0]["losses"][-1] < values[0]["losses"][0]
     for _, whole, here, specs, _ in values[0]["bytes"]:
         assert here == (whole // 2 if "model" in specs else whole)
