@@ -138,6 +138,16 @@ def _ray_head(env: dict[str, str], port: int, num_cpus: int) -> subprocess.Popen
     return head
 
 
+def stop_head(head: subprocess.Popen) -> None:
+    """Stops a head from :func:`_ray_head`: SIGTERM (its daemons follow), SIGKILL to its session after 30 s."""
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -207,12 +217,7 @@ def main() -> int:
                 times[name].append(_run(variants[name], env, marks))
                 sys.stderr.write(f"round {round_}: {name} {times[name][-1]:.2f}s\n")
     finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        stop_head(head)
     median = {name: statistics.median(values) for name, values in times.items()}
     report: dict[str, Any] = {
         "repeats": args.repeats,

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -130,12 +129,7 @@ def main() -> int:
         spark.stop()
         cluster.stop()
         if head is not None:
-            head.send_signal(signal.SIGTERM)
-            try:
-                head.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(head.pid, signal.SIGKILL)
-                head.wait()
+            bench_ray.stop_head(head)
     median = {name: statistics.median(values) for name, values in times.items()}
     report: dict[str, Any] = {
         "repeats": args.repeats,

@@ -20,12 +20,11 @@ from typing import Any
 
 from tfdist.cluster.address import split_address
 from tfdist.errors import LaunchFailure
+from tfdist.launch.engines._polled import PolledTaskProcess
 from tfdist.launch.output import LineSink
 
 _log = logging.getLogger("tfdist.launch.spark")
 CALL_TIMEOUT = 60.0  # seconds for one call (start, stop) to a task
-_TASK_LOST = 1  # the exit code of an attempt whose Spark task is gone
-_POLL_SECONDS = 0.5  # how long one read waits in the task for output
 BACKLOG = 256  # pending connections a listener holds (the tasks phoning the desk; the driver calling a task)
 
 
@@ -174,56 +173,24 @@ class Desk:
             task.lifeline.close()
 
 
-class SparkTaskProcess:
-    """One attempt of a task in its barrier task; output is long-polled to the driver by a thread."""
+class SparkTaskProcess(PolledTaskProcess):
+    """One attempt of a task in its barrier task; ``host_lost`` when the barrier task is gone (its connection
+    broke)."""
+
+    where = "Spark task"
 
     def __init__(self, task: str, control: str, authkey: bytes, on_line: LineSink, pid: int, local: bool) -> None:
-        self.task, self._on_line = task, on_line
+        super().__init__(task, on_line, pid, local)
         self._reads = Channel(control, authkey)
         self._calls = Channel(control, authkey)
         self._calls.connect()  # Now, so that a signal (a fault injection, a stop) travels without a handshake.
-        self._remote_pid, self._pid = pid, (pid if local else None)
-        self._code: int | None = None
-        self.task_lost = False  # the attempt ended because its Spark task is gone (not because the program exited)
-        self._exited = threading.Event()
-        self._finished = threading.Event()
-        self._stop_pump = threading.Event()
-        threading.Thread(target=self._run_pump, name=f"tfdist-spark-{task}", daemon=True).start()
+        self._start_pump()
 
-    @property
-    def pid(self) -> int | None:
-        return self._pid
+    def _read(self, timeout: float, pid: int) -> tuple[list[str], int | None, bool]:
+        return self._reads.call("read", timeout, pid)
 
-    def _run_pump(self) -> None:
-        try:
-            while not self._stop_pump.is_set():
-                lines, code, finished = self._reads.call("read", _POLL_SECONDS, self._remote_pid)
-                for line in lines:
-                    self._on_line(self.task, line)
-                if code is not None and not self._exited.is_set():
-                    self._code = code
-                    self._exited.set()
-                if finished:
-                    if not self._exited.is_set():  # Only when the task no longer knows this attempt.
-                        self._code = _TASK_LOST
-                        self._exited.set()
-                    break
-        except Exception as err:
-            self.task_lost = isinstance(err, (OSError, EOFError, TimeoutError))
-            if not self._exited.is_set():
-                self._on_line(self.task, f"tfdist: the Spark task of {self.task} was lost: {err!r}")
-                self._code = _TASK_LOST
-                self._exited.set()
-        finally:
-            self._reads.close()
-            self._finished.set()
-
-    def poll(self) -> int | None:
-        return self._code if self._exited.is_set() else None
-
-    def signal(self, sig: int) -> None:
-        if not self._exited.is_set():  # In a thread: the supervisor must not block here.
-            threading.Thread(target=self._quiet_call, args=("signal", sig), daemon=True).start()
+    def _signal(self, sig: int) -> None:  # In a thread: the supervisor must not block here.
+        threading.Thread(target=self._quiet_call, args=("signal", sig), daemon=True).start()
 
     def _quiet_call(self, method: str, *args: Any) -> None:
         try:
@@ -231,15 +198,14 @@ class SparkTaskProcess:
         except Exception as err:
             _log.debug("%s %s: %s", method, self.task, err)
 
-    def wait(self, timeout: float | None) -> int | None:
-        self._exited.wait(timeout)
-        return self.poll()
-
-    def release(self, timeout: float) -> None:
+    def _stop(self, timeout: float) -> None:
         try:
             self._calls.call("stop", 0.0, timeout=timeout)
-        except Exception as err:
-            _log.debug("release %s: %s", self.task, err)
-        self._finished.wait(timeout)
-        self._stop_pump.set()
-        self._calls.close()
+        finally:
+            self._calls.close()
+
+    def _is_host_loss(self, err: Exception) -> bool:
+        return isinstance(err, (OSError, EOFError, TimeoutError))
+
+    def _done_reading(self) -> None:
+        self._reads.close()

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
 from tfdist.cluster.spec import ClusterSpec
+from tfdist.errors import LaunchError, invalid
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
 from tfdist.launch.output import LineSink
@@ -46,6 +47,39 @@ class TaskProcess(Protocol):
 
     def release(self, timeout: float) -> None:
         """After exit: stops leftovers (grandchildren) and delivers the last output lines within ``timeout`` s."""
+
+
+def refuse_network_isolation(config: LaunchConfig, engine: str) -> None:
+    """LaunchError when ``config`` asks for a private network namespace, which only the local engine makes."""
+    if config.isolate_network:
+        raise invalid(
+            LaunchError,
+            "isolate_network",
+            True,
+            "the local engine",
+            f"Network namespaces are a local-engine feature; drop `isolate_network` with the {engine} engine.",
+        )
+
+
+def cluster_of(config: LaunchConfig, addresses: Mapping[str, str]) -> ClusterSpec:
+    """The cluster of ``config``'s tasks at ``addresses`` (task name -> 'host:port'), in task order."""
+    jobs: dict[str, list[str]] = {}
+    for task in config.task_names():
+        jobs.setdefault(task.split(":")[0], []).append(addresses[task])
+    return ClusterSpec(jobs={job: dict(enumerate(found)) for job, found in jobs.items()})
+
+
+def placed_service(address: str | None, engine: str) -> str:
+    """The data-service address ``engine`` placed with the tasks; LaunchError when none was (see reserve_address)."""
+    if address is None:
+        raise invalid(
+            LaunchError,
+            "data service",
+            None,
+            f"a data-service task placed by {engine}.place",
+            "Set data_service_workers in the LaunchConfig before placing.",
+        )
+    return address
 
 
 class Engine(abc.ABC):

@@ -38,7 +38,14 @@ from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, requ
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.engines._ray_task import CALL_TIMEOUT, RayTaskProcess
-from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
+from tfdist.launch.engines.base import (
+    Engine,
+    LineSink,
+    TaskProcess,
+    cluster_of,
+    placed_service,
+    refuse_network_isolation,
+)
 from tfdist.runtime.versions import install_hint
 
 __all__ = ["RayEngine", "RayOptions"]
@@ -191,14 +198,7 @@ class RayEngine(Engine):
     # -- placing -------------------------------------------------------------------------------------------
 
     def place(self, config: LaunchConfig) -> ClusterSpec:
-        if config.isolate_network:
-            raise invalid(
-                LaunchError,
-                "isolate_network",
-                True,
-                "the local engine",
-                "Network namespaces are a local-engine feature; drop `isolate_network` with the Ray engine.",
-            )
+        refuse_network_isolation(config, "Ray")
         tasks = config.task_names() + ([DATA_SERVICE_TASK] if config.data_service_workers else [])
         try:
             self._connect(len(tasks))
@@ -208,10 +208,7 @@ class RayEngine(Engine):
             self.close()
             raise
         self._spare_address = addresses.pop(DATA_SERVICE_TASK, None)
-        jobs: dict[str, list[str]] = {}
-        for task in config.task_names():
-            jobs.setdefault(task.split(":")[0], []).append(addresses[task])
-        spec = ClusterSpec(jobs={job: dict(enumerate(addresses)) for job, addresses in jobs.items()})
+        spec = cluster_of(config, addresses)
         _log.info(
             "Ray placed %d tasks (%s): %s",
             len(tasks),
@@ -221,15 +218,7 @@ class RayEngine(Engine):
         return spec
 
     def reserve_address(self) -> str:
-        if self._spare_address is None:
-            raise invalid(
-                LaunchError,
-                "data service",
-                None,
-                "a data-service task placed by RayEngine.place",
-                "Set data_service_workers in the LaunchConfig before placing.",
-            )
-        return self._spare_address
+        return placed_service(self._spare_address, "RayEngine")
 
     def _connect(self, tasks: int) -> None:
         ray = self._ray = import_ray()
@@ -374,7 +363,7 @@ class RayEngine(Engine):
         if task in self._gone:
             return True
         proc = self._procs.get(task)
-        if self._ray is None or proc is None or not proc.actor_died:
+        if self._ray is None or proc is None or not proc.host_lost:
             return False
         seen, since = self._died.get(task, (None, 0.0))
         if seen is not proc:

@@ -37,7 +37,14 @@ from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, requ
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _spark_boot, _spark_session
 from tfdist.launch.engines._spark_link import Channel, Desk, Phoned, SparkTaskProcess
-from tfdist.launch.engines.base import Engine, LineSink, TaskProcess
+from tfdist.launch.engines.base import (
+    Engine,
+    LineSink,
+    TaskProcess,
+    cluster_of,
+    placed_service,
+    refuse_network_isolation,
+)
 
 __all__ = ["SparkEngine", "SparkOptions"]
 
@@ -113,14 +120,7 @@ class SparkEngine(Engine):
     # -- placing -------------------------------------------------------------------------------------------
 
     def place(self, config: LaunchConfig) -> ClusterSpec:
-        if config.isolate_network:
-            raise invalid(
-                LaunchError,
-                "isolate_network",
-                True,
-                "the local engine",
-                "Network namespaces are a local-engine feature; drop `isolate_network` with the Spark engine.",
-            )
+        refuse_network_isolation(config, "Spark")
         if config.min_workers is not None:
             raise invalid(
                 LaunchError,
@@ -138,11 +138,8 @@ class SparkEngine(Engine):
             self.close()
             raise
         self._spare_address = addresses.pop(DATA_SERVICE_TASK, None)
-        jobs: dict[str, list[str]] = {}
-        for task in config.task_names():
-            jobs.setdefault(task.split(":")[0], []).append(addresses[task])
         _log.info("Spark placed %d tasks: %s", len(tasks), ", ".join(f"{t}@{a}" for t, a in addresses.items()))
-        return ClusterSpec(jobs={job: dict(enumerate(found)) for job, found in jobs.items()})
+        return cluster_of(config, addresses)
 
     def _launch(self, tasks: list[str]) -> dict[str, str]:
         options = self.options
@@ -212,15 +209,7 @@ class SparkEngine(Engine):
         return useful[0][:500]
 
     def reserve_address(self) -> str:
-        if self._spare_address is None:
-            raise invalid(
-                LaunchError,
-                "data service",
-                None,
-                "a data-service task placed by SparkEngine.place",
-                "Set data_service_workers in the LaunchConfig before placing.",
-            )
-        return self._spare_address
+        return placed_service(self._spare_address, "SparkEngine")
 
     # -- running -------------------------------------------------------------------------------------------
 
