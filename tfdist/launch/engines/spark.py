@@ -176,7 +176,7 @@ class SparkEngine(Engine):
         raise EngineError(
             f"tfdist is not importable by the Python the Spark executors run ({phoned.python} on "
             f"{phoned.host}: {phoned.missing}). Install tfdist into that Python, or start the session with one "
-            "that has it: `python` here (--spark-python), or PYSPARK_PYTHON in the driver's environment.",
+            "that has it: set `python`, or PYSPARK_PYTHON in the driver's environment before the session starts.",
             field="python",
             value=phoned.python,
         )
