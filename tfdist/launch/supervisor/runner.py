@@ -191,7 +191,7 @@ def run(
     """Runs ``command`` on a cluster; see :class:`LaunchConfig` for ``options``.
 
     ``engine`` is where the tasks run: an :class:`~tfdist.launch.engines.base.Engine`, a registered name
-    ('local', 'ray'), or None for the local engine.
+    ('local', 'ray', 'spark': the active SparkSession), or None for the local engine.
 
     Returns:
       A :class:`LaunchResult` with every task's exit code, restarts and output.
