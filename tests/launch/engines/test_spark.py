@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def test_tasks_get_their_env_output_and_data_service_and_the_session_stays(spark
     assert_all_gone([t.pid for t in result.tasks])
     # The engine leaves a session it did not start running, and its barrier stage ended: the next run gets
     # every slot again.
-    assert pyspark_sql.SparkSession.getActiveSession() is spark_session
+    assert spark_session.range(3).count() == 3
     again = run_config(
         LaunchConfig(command=(PY, "-c", "pass"), workers=6, timeout=60), engine=SparkEngine(spark=spark_session)
     )
@@ -111,6 +112,14 @@ def test_a_notebook_function_runs_by_value_on_the_active_session(spark_session: 
     run = run_function(train, args=(2,), workers=3, engine="spark", timeout=120)
     assert run.ok, run.result.summary()
     assert run.values == {f"worker:{i}": {"value": 80, "task": f"worker:{i}", "workers": 3} for i in range(3)}
+    # From another thread too, where getActiveSession() is None: the engine still finds the process's session
+    # (and so does not start one around its SparkContext, which it would stop at the end).
+    done: list[Any] = []
+    worker = threading.Thread(target=lambda: done.append(run_function(train, args=(1,), workers=2, engine="spark")))
+    worker.start()
+    worker.join(120)
+    assert done and done[0].ok and done[0].values["worker:1"]["value"] == 40
+    assert spark_session.range(3).count() == 3  # The session was not stopped.
 
 
 def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
@@ -261,34 +270,37 @@ def test_cli_tutorial_mwms_script_trains_identically_and_nothing_is_left(spark_c
     assert_all_gone(pids)
 
 
-def test_cli_tutorial_ps_script_runs_on_the_chief_beside_tfdist_servers(spark_cluster: Any, tmp_path: Path) -> None:
-    done, _ = _cli(
-        spark_cluster.master,
-        ["--chief", "--workers", "2", "--ps", "1", "--timeout", "300", "--"]
-        + ["env", f"TUTORIAL_DIR={tmp_path}", PY, str(SUPPORT / "tutorial_ps.py")],
+def test_tutorial_ps_script_runs_on_the_chief_beside_tfdist_servers(spark_session: Any, tmp_path: Path) -> None:
+    config = LaunchConfig(
+        command=(PY, str(SUPPORT / "tutorial_ps.py")),
+        chief=True,
+        workers=2,
+        ps=1,
+        timeout=300,
+        env={"TUTORIAL_DIR": str(tmp_path)},
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = _results(done.stdout)
+    result = run_config(config, engine=SparkEngine(spark=spark_session))
+    assert result.exit_code == 0, result.summary()
+    results = _results("\n".join(f"[{t.task}] {line}" for t in result.tasks for line in t.output.splitlines()))
     assert set(results) == {"chief:0"}  # Workers and ps ran tfdist's TF server.
     assert results["chief:0"]["ps"] and results["chief:0"]["workers"] == 2
     assert len(results["chief:0"]["loss"]) == 5
     for task in ("worker:0", "worker:1", "ps:0"):
-        assert f"[{task}] INFO tfdist.launch.server: TensorFlow server {task} up" in done.stdout
+        assert f"INFO tfdist.launch.server: TensorFlow server {task} up" in result.task(task).output
     assert (tmp_path / "backup").is_dir()
-    assert_all_gone(_started_pids(done.stderr))
+    assert_all_gone([t.pid for t in result.tasks])
 
 
-def test_cli_failing_task_fails_the_run_fast_and_nothing_is_left(spark_cluster: Any) -> None:
+def test_a_failing_task_fails_the_run_fast_and_nothing_is_left(spark_session: Any) -> None:
     script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(120)"
-    done, seconds = _cli(
-        spark_cluster.master, ["--workers", "3", "--grace", "2", "--timeout", "200", "--", PY, "-c", script]
-    )
-    assert done.returncode == 7, done.stderr[-3000:]
-    assert seconds < 90, seconds  # Session start-up included; without fail-fast it would take 120 s.
-    assert "worker:1 ended the run" in done.stderr
-    pids = _started_pids(done.stderr)
-    assert len(pids) == 3, done.stderr
-    assert_all_gone(pids)
+    statuses: list[str] = []
+    start = time.monotonic()
+    config = LaunchConfig(command=(PY, "-c", script), workers=3, grace_seconds=2, timeout=200)
+    result = run_config(config, engine=SparkEngine(spark=spark_session), on_status=statuses.append)
+    assert (result.exit_code, result.failed_task) == (7, "worker:1"), result.summary()
+    assert time.monotonic() - start < 60  # Without fail-fast it would take 120 s.
+    assert any("worker:1 ended the run" in s for s in statuses), statuses
+    assert_all_gone([t.pid for t in result.tasks])
 
 
 def test_what_spark_refuses_is_refused_first_with_the_fix(spark_session: Any) -> None:

@@ -44,13 +44,32 @@ def import_pyspark() -> Any:
     return pyspark.sql
 
 
+def _existing(sql: Any) -> Any:
+    """The process's session: the active one of this thread, else the default one, else one around a SparkContext
+    the process already has (None when there is no SparkContext).
+
+    ``getActiveSession()`` alone is per thread: called from another thread than the one that made the session,
+    it said None, and a session "started" then would have wrapped the running SparkContext and stopped it at
+    the end.
+    """
+    try:
+        return sql.SparkSession.active()
+    except Exception:  # PySparkRuntimeError NO_ACTIVE_OR_DEFAULT_SESSION
+        pass
+    from pyspark import SparkContext
+
+    if getattr(SparkContext, "_active_spark_context", None) is not None:  # a SparkContext without a session
+        return sql.SparkSession.builder.getOrCreate()
+    return None
+
+
 def session(master: str | None, conf: Mapping[str, str], python: str | None, tasks: int) -> tuple[Any, bool]:
-    """(the SparkSession, whether tfdist started it): the active one without ``master``, else a new one.
+    """(the SparkSession, whether tfdist started it): the process's own without ``master``, else a new one.
 
     A new session's executors run ``python``, or PYSPARK_PYTHON, or this interpreter.
     """
     sql = import_pyspark()
-    active = sql.SparkSession.getActiveSession()
+    active = _existing(sql)
     if active is not None:
         running = active.sparkContext.master
         if master is not None and master != running:
