@@ -291,7 +291,7 @@ def test_tutorial_ps_script_runs_on_the_chief_beside_tfdist_servers(spark_sessio
     assert_all_gone([t.pid for t in result.tasks])
 
 
-def test_a_failing_task_fails_the_run_fast_and_nothing_is_left(spark_session: Any) -> None:
+def test_a_failing_task_or_the_timeout_ends_the_run_fast_and_nothing_is_left(spark_session: Any) -> None:
     script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(120)"
     statuses: list[str] = []
     start = time.monotonic()
@@ -300,6 +300,13 @@ def test_a_failing_task_fails_the_run_fast_and_nothing_is_left(spark_session: An
     assert (result.exit_code, result.failed_task) == (7, "worker:1"), result.summary()
     assert time.monotonic() - start < 60  # Without fail-fast it would take 120 s.
     assert any("worker:1 ended the run" in s for s in statuses), statuses
+    assert_all_gone([t.pid for t in result.tasks])
+    # The run's timeout stops every task in its barrier task.
+    start = time.monotonic()
+    config = LaunchConfig(command=(PY, "-c", "import time; time.sleep(120)"), workers=2, timeout=3, grace_seconds=1)
+    result = run_config(config, engine=SparkEngine(spark=spark_session))
+    assert (result.exit_code, result.reason) == (124, "timeout"), result.summary()
+    assert time.monotonic() - start < 30
     assert_all_gone([t.pid for t in result.tasks])
 
 
