@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import tempfile
 from collections.abc import Sequence
 
+from tfdist.cli._engines import ENGINE_BUILDERS
 from tfdist.errors import Error
 from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
 from tfdist.launch.emit import formats as emit
-from tfdist.launch.engines.base import Engine
 from tfdist.launch.engines.registry import ENGINES, engine_for
 from tfdist.launch.output import console_sink, console_task
 from tfdist.launch.supervisor.runner import run_config
@@ -393,39 +392,6 @@ def _emit(args: argparse.Namespace, config: LaunchConfig) -> str:
     )
 
 
-def _ray_engine(args: argparse.Namespace) -> Engine:
-    from tfdist.launch.engines.ray import LOOPBACK_VAR, RayEngine, is_local_ray
-
-    if is_local_ray(args.ray_address):
-        # Read by Ray at import: a local Ray then binds every daemon to loopback. An entry point may set it.
-        os.environ.setdefault(LOOPBACK_VAR, "0")
-    cpus = 1 if args.cpus_per_task is None else args.cpus_per_task
-    return RayEngine(
-        address=args.ray_address,
-        cpus_per_task=cpus,
-        gpus_per_task=args.gpus,
-        placement=args.ray_placement,
-        ready_timeout=args.ray_ready_timeout,
-        num_cpus=args.ray_num_cpus,
-    )
-
-
-def _spark_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Engine:
-    from tfdist.launch.engines.spark import SparkEngine
-
-    conf: dict[str, str] = {}
-    for item in args.spark_conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip().startswith("spark."):
-            parser.error(f"--spark-conf {item!r}: expected KEY=VALUE with a Spark key, e.g. spark.task.cpus=2")
-        conf[key.strip()] = value.strip()
-    if args.cpus_per_task is not None:
-        conf["spark.task.cpus"] = str(args.cpus_per_task)
-    return SparkEngine(
-        master=args.spark_master, conf=conf, python=args.spark_python, ready_timeout=args.spark_ready_timeout
-    )
-
-
 @program.cli_main("tfdist-launch")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
@@ -480,12 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config.check_command()  # No directory for a run that cannot start.
                 config = LaunchConfig(**{**config.option_values(), "log_dir": tempfile.mkdtemp(prefix="tfdist-logs-")})
             _status(f"--console chief: the console shows {shown}; every task's output is in {config.log_dir}")
-        if args.engine == "ray":
-            engine = _ray_engine(args)
-        elif args.engine == "spark":
-            engine = _spark_engine(parser, args)
-        else:
-            engine = engine_for(args.engine)
+        build = ENGINE_BUILDERS.get(args.engine)
+        engine = build(parser, args) if build else engine_for(args.engine)
         on_line = console_sink(_write, tasks=None if shown is None else {shown})
         result = run_config(config, on_line=on_line, on_status=_status, engine=engine)
     except Error as err:
