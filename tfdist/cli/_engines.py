@@ -7,19 +7,22 @@ Each builder takes the parser (for usage errors) and the parsed flags; an engine
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 
 from tfdist.launch.engines.base import Engine
 
 
+def _ray_env(args: argparse.Namespace) -> dict[str, str]:
+    from tfdist.launch.engines.ray import LOOPBACK_VAR, is_local_ray
+
+    # Read by Ray at import: a local Ray then binds every daemon to loopback.
+    return {LOOPBACK_VAR: "0"} if is_local_ray(args.ray_address) else {}
+
+
 def _ray_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Engine:
     del parser
-    from tfdist.launch.engines.ray import LOOPBACK_VAR, RayEngine, is_local_ray
+    from tfdist.launch.engines.ray import RayEngine
 
-    if is_local_ray(args.ray_address):
-        # Read by Ray at import: a local Ray then binds every daemon to loopback. An entry point may set it.
-        os.environ.setdefault(LOOPBACK_VAR, "0")
     cpus = 1 if args.cpus_per_task is None else args.cpus_per_task
     return RayEngine(
         address=args.ray_address,
@@ -46,6 +49,10 @@ def _spark_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         master=args.spark_master, conf=conf, python=args.spark_python, ready_timeout=args.spark_ready_timeout
     )
 
+
+# What the launcher's own environment needs before an engine's package is imported (set by tfdist-launch only
+# where unset: the user's environment wins).
+LAUNCHER_ENV: dict[str, Callable[[argparse.Namespace], dict[str, str]]] = {"ray": _ray_env}
 
 ENGINE_BUILDERS: dict[str, Callable[[argparse.ArgumentParser, argparse.Namespace], Engine]] = {
     "ray": _ray_engine,

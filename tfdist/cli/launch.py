@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
 from collections.abc import Sequence
 
-from tfdist.cli._engines import ENGINE_BUILDERS
+from tfdist.cli._engines import ENGINE_BUILDERS, LAUNCHER_ENV
 from tfdist.errors import Error
 from tfdist.launch.config import RUN_ON_CHOICES, LaunchConfig
 from tfdist.launch.emit import formats as emit
@@ -446,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config.check_command()  # No directory for a run that cannot start.
                 config = LaunchConfig(**{**config.option_values(), "log_dir": tempfile.mkdtemp(prefix="tfdist-logs-")})
             _status(f"--console chief: the console shows {shown}; every task's output is in {config.log_dir}")
+        for key, value in LAUNCHER_ENV.get(args.engine, lambda _: {})(args).items():
+            os.environ.setdefault(key, value)  # The launcher's environment, read by the engine's package.
         build = ENGINE_BUILDERS.get(args.engine)
         engine = build(parser, args) if build else engine_for(args.engine)
         on_line = console_sink(_write, tasks=None if shown is None else {shown})

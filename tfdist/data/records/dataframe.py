@@ -144,6 +144,7 @@ def _write_partition(
 
 def write_partitions(
     frame: Any,
+    count: int,
     path_prefix: str,
     staging_dir: str,
     *,
@@ -151,13 +152,12 @@ def write_partitions(
     partition_by: str | None,
     to_example: ToExample | None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, int], int]:
-    """Writes every partition of ``frame`` into ``staging_dir``; returns (final path -> info, class -> records,
-    records), as the writer's own loop does."""
+    """Writes every partition of ``frame`` (``count``, from :func:`partition_count`) into ``staging_dir``; returns
+    (final path -> info, class -> records, records), as the writer's own loop does."""
     import tensorflow as tf
 
     from tfdist import errors
 
-    count = partition_count(frame)
     rdd = frame.rdd
     if count > 99_999:
         raise invalid(DataError, "examples", count, "a DataFrame of at most 99999 partitions", "Coalesce it.")

@@ -261,8 +261,7 @@ def write_tfrecords(
 
     frame = dataframe.is_dataframe(examples)
     if frame:
-        _check_frame(examples, path_prefix, num_shards, progress)
-        num_shards = dataframe.partition_count(examples)
+        num_shards = _check_frame(examples, path_prefix, num_shards, progress)
     elif to_example is not None:
         raise invalid(DataError, "to_example", to_example, "None unless `examples` is a Spark DataFrame")
     require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
@@ -293,6 +292,7 @@ def write_tfrecords(
             start = time.monotonic()
             files, counters, written = dataframe.write_partitions(
                 examples,
+                num_shards,
                 path_prefix,
                 staging.dir,
                 compression=compression,
@@ -337,8 +337,8 @@ def write_tfrecords(
     return sorted(files)
 
 
-def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress: Progress | None) -> None:
-    """DataError for what a DataFrame write cannot do."""
+def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress: Progress | None) -> int:
+    """The DataFrame's partition count (its shards); DataError for what a DataFrame write cannot do."""
     from tfdist.data.records.dataframe import partition_count
     from tfdist.data.storage import remote
 
@@ -362,6 +362,7 @@ def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress:
             "s3:// goes through boto3 here, which stages on this machine: install tensorflow-io (TF 2.17), "
             "or write to hdfs://, gs:// or a shared directory.",
         )
+    return partitions
 
 
 def _write_all(
