@@ -67,6 +67,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # Worker 1 is killed once, after the backup of step 20 (a progress line, not a time).
     kill = ("worker:1@after=^MESH STEP 20$",)
     out["killed"] = _run("batch=2,model=2", files, root / "killed", kills=kill, max_restarts=1)
+    out["killed backup left"] = (
+        sorted(os.listdir(root / "killed" / "backup")) if (root / "killed" / "backup").exists() else []
+    )
     out["reference"] = _reference(files, root / "model2", 1)
     out["reference_2"] = _reference(files, root / "batch2_model2", 2)
     out["same_init"] = [(root / d / "init.json").read_text() for d in ("model2", "batch2_model2", "killed")]
@@ -130,6 +133,9 @@ def test_a_killed_mesh_resumes_from_its_backup_where_it_stopped(runs: dict[str, 
         np.testing.assert_allclose(
             [resumed[s] for s in sorted(resumed)], [runs["reference_2"][s] for s in sorted(resumed)], atol=1e-5, rtol=0
         )
+    # The fit finished: the checkpoints are deleted, by the first process once every process is done with them
+    # (each deleting them on its own removed them under the first one's last record of the checkpoint file).
+    assert "chief" not in runs["killed backup left"], runs["killed backup left"]
 
 
 @pytest.mark.multiprocess

@@ -253,6 +253,10 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
     leaves a ``checkpoint`` file naming a checkpoint that never completed, the previous one deleted, and a
     restart that cannot restore. After this, every process waits at ``barrier`` (the whole save done on
     every process, or an error if one stopped) before the ``leader`` alone records and deletes.
+
+    At the end of a fit every process deleted the backup directory as soon as it was done, while the leader
+    could still be recording the last checkpoint there (``NotFoundError`` on ``checkpoint.tmp...``): now all
+    wait at ``barrier`` and the leader alone deletes it.
     """
     import logging
 
@@ -262,8 +266,15 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
 
     def on_train_begin(logs: Any = None) -> None:
         original(logs)
-        manager = _attr(training_state(backup), "write_checkpoint_manager", "mesh backups")
+        state = training_state(backup)
+        manager = _attr(state, "write_checkpoint_manager", "mesh backups")
         record, sweep = _attr(manager, "_record_state", "mesh backups"), _attr(manager, "_sweep", "mesh backups")
+        delete = _attr(state, "delete_backup", "mesh backups")
+
+        def delete_backup() -> None:
+            barrier()  # Every process is done with the backup, the leader's last record included.
+            if leader:
+                delete()
 
         def complete() -> bool:
             barrier()
@@ -282,5 +293,6 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
 
         manager._record_state = record_state
         manager._sweep = sweep if leader else (lambda: None)
+        state.delete_backup = delete_backup
 
     backup.on_train_begin = on_train_begin
