@@ -57,6 +57,7 @@ def _check_backup_state() -> None:
         saving_before_preemption(state)
         for name in ("read_checkpoint_manager", "write_checkpoint_manager"):
             _attr(state, name, "PreemptionSafeBackup")
+        _attr(state, "delete_backup", "mesh backups")  # follow_leader_checkpoints: the leader deletes, last.
         _attr(model, "_validate_target_and_loss", "accumulate_gradients")
         steps_per_execution(model)
 
