@@ -36,6 +36,35 @@ def test_helpers_behave() -> None:
     assert not _compat.is_tf_error(RuntimeError("x"), ("UnavailableError", "NoSuchError"))
 
 
+def test_a_shard_written_after_the_save_functions_merge_is_merged_once_all_wrote(tmp_path) -> None:
+    # A mesh save's race, played out on real files: process 0's shard is written and merged by the save
+    # function while process 1's shard is still to come. The merge goes to a scratch checkpoint and deletes
+    # nothing; after the barrier, merge_shards makes one checkpoint of both and removes the shard directory.
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import functional_saver
+
+    from tfdist._compat.saving import deferred_merge, merge_shards
+
+    prefix = str(tmp_path / "ckpt-3")
+    shards = [prefix + "_temp/part-00000-of-00002", prefix + "_temp/part-00001-of-00002"]
+    tf.raw_ops.SaveV2(prefix=shards[0], tensor_names=["a"], shape_and_slices=[""], tensors=[tf.constant([1.0, 2.0])])
+    with deferred_merge(prefix):
+        functional_saver.gen_io_ops.merge_v2_checkpoints(shards[:1], prefix, delete_old_dirs=True)
+    assert not tf.io.gfile.exists(prefix + ".index") and tf.io.gfile.isdir(prefix + "_temp")
+    tf.raw_ops.SaveV2(prefix=shards[1], tensor_names=["b"], shape_and_slices=[""], tensors=[tf.constant([3.0])])
+    assert merge_shards(prefix) and not merge_shards(prefix)  # Once: the second finds nothing left.
+    reader = tf.train.load_checkpoint(prefix)
+    assert reader.get_tensor("a").tolist() == [1.0, 2.0] and reader.get_tensor("b").tolist() == [3.0]
+    assert not tf.io.gfile.exists(prefix + "_temp")
+    # Outside the block the merge is TF's own: to the checkpoint, deleting the shard directory.
+    other = str(tmp_path / "ckpt-4")
+    tf.raw_ops.SaveV2(
+        prefix=other + "_temp/part-0", tensor_names=["c"], shape_and_slices=[""], tensors=[tf.constant(5)]
+    )
+    functional_saver.gen_io_ops.merge_v2_checkpoints([other + "_temp/part-0"], other, delete_old_dirs=True)
+    assert tf.train.load_checkpoint(other).get_tensor("c") == 5 and not tf.io.gfile.exists(other + "_temp")
+
+
 def test_single_device_functions_mark_what_is_traced_inside_only_and_in_this_thread() -> None:
     import threading
 

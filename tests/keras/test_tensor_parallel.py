@@ -78,6 +78,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         counted = testing.run_cluster(mesh_tasks.mesh_count_fit, workers=2, mesh=mesh, args=[files, 3], timeout=240)
         assert counted.ok, counted.result.summary()
         out[f"counted {mesh}"] = counted.values
+    saved = root / "batch2_model2"
+    out["saved files"] = {d: sorted(os.listdir(saved / d)) for d in ("weights", "saved_model", "saved_model/variables")}
     # The weights saved on batch=2,model=2 (2 x 2 devices), loaded on other meshes.
     for mesh in ("model=2", "batch=2"):
         loaded = testing.run_cluster(
@@ -150,6 +152,11 @@ def test_every_record_is_trained_on_once_per_epoch(runs: dict[str, Any], mesh: s
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("mesh", ["model=2", "batch=2"])
 def test_weights_saved_on_one_mesh_load_on_another(runs: dict[str, Any], mesh: str) -> None:
+    # save_weights and save: each one checkpoint, merged by the first process after both wrote their shards
+    # (no shard directory left behind).
+    files = runs["saved files"]
+    assert "ckpt.index" in files["weights"] and "variables.index" in files["saved_model/variables"], files
+    assert "saved_model.pb" in files["saved_model"] and not any("_temp" in f for v in files.values() for f in v), files
     for values in runs[f"loaded {mesh}"].values():
         assert values["diffs"] and max(values["diffs"].values()) == 0.0, values["diffs"]
         split = [name for name, specs in values["layouts"].items() if "model" in specs]

@@ -106,6 +106,7 @@ def mesh_fit(files: str, steps: int, workdir: str) -> dict[str, Any]:
         local_ids.append(sorted({int(i) for c in dtensor.unpack(batch) for i in c.numpy()}))
     final = {v.name: _full(v, mesh, dtensor) for v in model.trainable_variables}
     model.save_weights(os.path.join(workdir, "weights", "ckpt"))  # TF format: the same path on every process.
+    model.save(os.path.join(workdir, "saved_model"))  # A SavedModel: its variables merged as the weights are.
     if os.environ.get("DTENSOR_CLIENT_ID", "0") == "0":
         np.savez(os.path.join(workdir, "final.npz"), **{k.replace("/", "|"): v for k, v in final.items()})
     refusals = {}

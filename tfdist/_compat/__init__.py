@@ -1,10 +1,11 @@
-"""The one place that touches private TensorFlow and tf-keras internals (a package of four modules).
+"""The one place that touches private TensorFlow and tf-keras internals (a package of five modules).
 
 tfdist supports TensorFlow 2.17 to 2.21, each with the tf-keras of the same
 minor version. Everything tfdist needs beyond their public APIs (private
 attributes, ``tensorflow.python`` classes, overridable private hooks) is
 reached through this package's accessors, so an upgrade has one place to check: ``keras``
-(tf-keras), ``distribute`` (the TF runtime), ``data`` (tf.data), and ``checks``, which resolves them all.
+(tf-keras), ``distribute`` (the TF runtime), ``data`` (tf.data), ``saving`` (checkpoint writes), and
+``checks``, which resolves them all.
 Each accessor either resolves or raises :class:`tfdist.errors.StackError`
 naming the installed versions; :func:`check_internals` resolves all of them
 (``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
@@ -56,6 +57,7 @@ from tfdist._compat.keras import (
     training_state,
     validate_target_and_loss,
 )
+from tfdist._compat.saving import merged_after_barrier
 
 __all__ = [
     "attach_preemption_handler",
@@ -73,6 +75,7 @@ __all__ = [
     "is_variable",
     "lazy_variables",
     "marked_single_device",
+    "merged_after_barrier",
     "per_replica_checkpoint",
     "rebatch_dense",
     "replica_dtensor_dataset",

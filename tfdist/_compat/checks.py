@@ -58,8 +58,31 @@ def _check_backup_state() -> None:
         for name in ("read_checkpoint_manager", "write_checkpoint_manager"):
             _attr(state, name, "PreemptionSafeBackup")
         _attr(state, "delete_backup", "mesh backups")  # follow_leader_checkpoints: the leader deletes, last.
+        _attr(_attr(state.write_checkpoint_manager, "_checkpoint", "mesh backups"), "_write", "mesh backups")
         _attr(model, "_validate_target_and_loss", "accumulate_gradients")
         steps_per_execution(model)
+
+
+def _check_deferred_merge() -> None:
+    """A real checkpoint write inside deferred_merge leaves a scratch merge; merge_shards makes it whole."""
+    import os
+    import tempfile
+
+    import tensorflow as tf
+
+    from tfdist._compat.saving import deferred_merge, merge_shards
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "ckpt")
+        checkpoint = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0]))
+        with deferred_merge(prefix):
+            checkpoint.write(prefix)
+        if tf.io.gfile.exists(prefix + ".index") or not merge_shards(prefix):
+            raise _missing("functional_saver's merge through gen_io_ops.merge_v2_checkpoints", "mesh backups")
+        restored = tf.train.Checkpoint(v=tf.Variable([0.0, 0.0]))
+        restored.read(prefix).assert_consumed()
+        if restored.v.numpy().tolist() != [1.0, 2.0]:
+            raise _missing("a checkpoint merged by merge_shards that restores", "mesh backups")
 
 
 def _check_coordination_barrier() -> None:
@@ -142,6 +165,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
     "tf.data's _TFRecordDataset, _UnbatchDataset and RebatchDatasetV2": _check_data_readers,
     "StructuredFunctionWrapper(defun_kwargs=) for single-device dataset functions": _check_single_device,
+    "functional_saver.gen_io_ops.merge_v2_checkpoints (mesh backups merged after a barrier)": _check_deferred_merge,
 }
 
 

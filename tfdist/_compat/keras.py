@@ -257,10 +257,16 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
     At the end of a fit every process deleted the backup directory as soon as it was done, while the leader
     could still be recording the last checkpoint there (``NotFoundError`` on ``checkpoint.tmp...``): now all
     wait at ``barrier`` and the leader alone deletes it.
+
+    Each save's shards are merged by the leader once every process has written its own (:mod:`.saving`):
+    DTensor's merge inside the save waits for nobody and deleted ``ckpt-N_temp`` under another process's
+    write.
     """
     import logging
 
     import tensorflow as tf
+
+    from tfdist._compat.saving import deferred_merge, merge_shards
 
     original = _attr(backup, "on_train_begin", "mesh backups")
 
@@ -270,6 +276,12 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
         manager = _attr(state, "write_checkpoint_manager", "mesh backups")
         record, sweep = _attr(manager, "_record_state", "mesh backups"), _attr(manager, "_sweep", "mesh backups")
         delete = _attr(state, "delete_backup", "mesh backups")
+        checkpoint = _attr(manager, "_checkpoint", "mesh backups")
+        write = _attr(checkpoint, "_write", "mesh backups")
+
+        def deferred_write(file_prefix: Any, options: Any = None) -> Any:
+            with deferred_merge(str(file_prefix)):  # complete() merges the shards after a barrier.
+                return write(file_prefix, options=options)
 
         def delete_backup() -> None:
             barrier()  # Every process is done with the backup, the leader's last record included.
@@ -277,8 +289,11 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
                 delete()
 
         def complete() -> bool:
-            barrier()
+            barrier()  # Every process's shards written (each waits for its own save first).
             path = manager.latest_checkpoint
+            if path and leader:
+                merge_shards(path)
+            barrier()  # Merged before anyone records or goes on.
             if path and not tf.io.gfile.exists(path + ".index"):
                 logging.getLogger("tfdist.keras").warning(
                     "Backup %s is incomplete after every process saved; the previous backup stays the one to restore.",
@@ -291,6 +306,7 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
             if complete() and leader:
                 record()
 
+        checkpoint._write = deferred_write
         manager._record_state = record_state
         manager._sweep = sweep if leader else (lambda: None)
         state.delete_backup = delete_backup

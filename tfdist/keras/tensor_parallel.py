@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -133,7 +134,16 @@ def _guard(model: Any, mesh: Any) -> None:
                     f"Save with a path without those suffixes ({allowed[0]}), the same on every process, or "
                     "use tf.train.Checkpoint / BackupAndRestore.",
                 )
-            return call(filepath, *args, **kwargs)
+            # TF format: the variables' shards are merged once every process wrote its own (as for backups).
+            prefix = (
+                str(filepath) if method == "save_weights" else os.path.join(str(filepath), "variables", "variables")
+            )
+            return _compat.merged_after_barrier(
+                lambda: call(filepath, *args, **kwargs),
+                prefix,
+                leader=dtensor.client_id() == 0,
+                barrier=lambda: dtensor.barrier(mesh, f"tfdist_{method}"),
+            )
 
         return run
 
