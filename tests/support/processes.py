@@ -11,7 +11,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # A zombie is dead, only not yet reaped.
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # Gone before the open, or reaped between open and read.
         return False
 
 
