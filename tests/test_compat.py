@@ -65,6 +65,26 @@ def test_a_shard_written_after_the_save_functions_merge_is_merged_once_all_wrote
     assert tf.train.load_checkpoint(other).get_tensor("c") == 5 and not tf.io.gfile.exists(other + "_temp")
 
 
+def test_a_write_elsewhere_than_the_prefix_it_names_is_an_error_not_a_lost_checkpoint(tmp_path) -> None:
+    import tensorflow as tf
+
+    from tfdist._compat.saving import merged_after_barrier
+    from tfdist.errors import StorageError
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable([4.0]))
+    met = []
+    path = str(tmp_path / "a")
+    assert (
+        merged_after_barrier(lambda: checkpoint.write(path), path, leader=True, barrier=lambda: met.append(1)) == path
+    )
+    assert met == [1, 1] and tf.train.load_checkpoint(path).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [4.0]
+    with pytest.raises(StorageError, match="no checkpoint at .*b'") as err:
+        merged_after_barrier(
+            lambda: checkpoint.write(str(tmp_path / "other")), str(tmp_path / "b"), leader=True, barrier=lambda: None
+        )
+    assert err.value.field == "filepath" and err.value.value == str(tmp_path / "b")
+
+
 def test_single_device_functions_mark_what_is_traced_inside_only_and_in_this_thread() -> None:
     import threading
 

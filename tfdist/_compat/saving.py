@@ -38,6 +38,16 @@ def merging_deferred() -> bool:
     return getattr(_DEFERRED, "prefix", None) is not None
 
 
+def _may_be(destination: Any, prefix: str) -> bool:
+    """Whether a merge's destination is ``prefix``, or may be (a traced function's tensor has no value yet)."""
+    import tensorflow as tf
+
+    value = destination if isinstance(destination, (str, bytes)) else tf.get_static_value(destination)
+    if value is None:
+        return True
+    return (value.decode() if isinstance(value, bytes) else str(value)) == prefix
+
+
 class _DeferringIoOps:
     """TF's ``gen_io_ops`` as ``functional_saver`` sees it: the same, but a merge inside :func:`deferred_merge`
     goes to a scratch checkpoint, ``<prefix>_temp/merged``, and deletes no directory (the writes it
@@ -50,7 +60,7 @@ class _DeferringIoOps:
         return getattr(self._real, name)
 
     def merge_v2_checkpoints(self, checkpoint_prefixes: Any, destination_prefix: Any, **kwargs: Any) -> Any:
-        if not merging_deferred():
+        if not merging_deferred() or not _may_be(destination_prefix, _DEFERRED.prefix):
             return self._real.merge_v2_checkpoints(checkpoint_prefixes, destination_prefix, **kwargs)
         # A Python string: DTensor has no layout for string ops in the save function (``tf.StringJoin``).
         scratch = _DEFERRED.prefix + "_temp/merged"
@@ -108,8 +118,15 @@ def merged_after_barrier(write: Callable[[], T], file_prefix: str, *, leader: bo
     """Runs ``write`` (a checkpoint write to ``file_prefix`` on every process of a mesh) with its merge deferred,
     then: ``barrier`` (every process's shards written), the ``leader`` merges them, ``barrier`` again.
 
-    Raises :class:`tfdist.errors.StorageError` if the leader finds no checkpoint at ``file_prefix`` afterwards (the write went
-    elsewhere: its shards would stay unmerged).
+    Raises :class:`tfdist.errors.StorageError` on every process if there is no checkpoint at ``file_prefix``
+    then (the write went elsewhere: its shards would stay unmerged).
+
+    Example:
+        >>> import os, tempfile, tensorflow as tf
+        >>> prefix = os.path.join(tempfile.mkdtemp(), "ckpt")
+        >>> checkpoint = tf.train.Checkpoint(v=tf.Variable(3.0))
+        >>> merged_after_barrier(lambda: checkpoint.write(prefix), prefix, leader=True, barrier=lambda: None) == prefix
+        True
     """
     import tensorflow as tf
 
@@ -118,14 +135,14 @@ def merged_after_barrier(write: Callable[[], T], file_prefix: str, *, leader: bo
     barrier()
     if leader:
         merge_shards(file_prefix)
-        if not tf.io.gfile.exists(file_prefix + ".index"):
-            raise StorageError(
-                f"The checkpoint write left no checkpoint at {file_prefix!r} after its merge: its shards were "
-                "expected under that prefix.",
-                field="filepath",
-                value=file_prefix,
-                expected="a checkpoint at that prefix once every process wrote its shards",
-                fix="Report it at tfdist's issue tracker with the path and the TensorFlow version.",
-            )
     barrier()
+    if not tf.io.gfile.exists(file_prefix + ".index"):
+        raise StorageError(
+            f"The checkpoint write left no checkpoint at {file_prefix!r} after its merge: its shards were "
+            "expected under that prefix.",
+            field="filepath",
+            value=file_prefix,
+            expected="a checkpoint at that prefix once every process wrote its shards",
+            fix="Report it at tfdist's issue tracker with the path and the TensorFlow version.",
+        )
     return result
