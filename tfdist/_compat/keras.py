@@ -266,7 +266,7 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
 
     import tensorflow as tf
 
-    from tfdist._compat.saving import deferred_merge, merge_shards
+    from tfdist._compat.saving import deferred_merge, merge_round
 
     original = _attr(backup, "on_train_begin", "mesh backups")
 
@@ -288,18 +288,23 @@ def follow_leader_checkpoints(backup: Any, *, leader: bool, barrier: Callable[[]
             if leader:
                 delete()
 
+        completed: list[str] = []  # The checkpoint last merged and checked (tf-keras records each save twice).
+
         def complete() -> bool:
-            barrier()  # Every process's shards written (each waits for its own save first).
             path = manager.latest_checkpoint
-            if path and leader:
-                merge_shards(path)
-            barrier()  # Merged before anyone records or goes on.
+            if path and completed == [path]:
+                return True  # The same save's second record: merged and checked, every process knows.
+            if path:
+                merge_round(path, leader=leader, barrier=barrier)
+            else:
+                barrier()
             if path and not tf.io.gfile.exists(path + ".index"):
                 logging.getLogger("tfdist.keras").warning(
                     "Backup %s is incomplete after every process saved; the previous backup stays the one to restore.",
                     path,
                 )
                 return False
+            completed[:] = [path] if path else []
             return True
 
         def record_state() -> None:

@@ -114,6 +114,15 @@ def merge_shards(file_prefix: str) -> bool:
     return True
 
 
+def merge_round(file_prefix: str, *, leader: bool, barrier: Callable[[], None]) -> None:
+    """After a deferred write on every process: ``barrier`` (each waits for its own save first, so every shard
+    is written), the ``leader`` merges (:func:`merge_shards`), ``barrier`` again (merged before anyone goes on)."""
+    barrier()
+    if leader:
+        merge_shards(file_prefix)
+    barrier()
+
+
 def merged_after_barrier(write: Callable[[], T], file_prefix: str, *, leader: bool, barrier: Callable[[], None]) -> T:
     """Runs ``write`` (a checkpoint write to ``file_prefix`` on every process of a mesh) with its merge deferred,
     then: ``barrier`` (every process's shards written), the ``leader`` merges them, ``barrier`` again.
@@ -132,10 +141,7 @@ def merged_after_barrier(write: Callable[[], T], file_prefix: str, *, leader: bo
 
     with deferred_merge(file_prefix):
         result = write()
-    barrier()
-    if leader:
-        merge_shards(file_prefix)
-    barrier()
+    merge_round(file_prefix, leader=leader, barrier=barrier)
     if not tf.io.gfile.exists(file_prefix + ".index"):
         raise StorageError(
             f"The checkpoint write left no checkpoint at {file_prefix!r} after its merge: its shards were "
