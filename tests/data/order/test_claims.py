@@ -8,13 +8,15 @@ order, for seekable and compressed files, shuffled and not, several data epochs.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 
 import pytest
 import tensorflow as tf
 
 from tests.support.records import ID_ONLY, example
 from tfdist.data import TFRecordPipeline, write_tfrecords
-from tfdist.data.order.claims import claimed_steps, graph_permutation, steps_per_pass
+from tfdist.data.order.claims import claim_next, claimed_steps, graph_permutation, steps_per_pass
 from tfdist.data.order.index import epoch_order
 from tfdist.data.order.plan import EpochOrder, permutation
 from tfdist.data.records.files import list_files
@@ -68,6 +70,47 @@ def test_each_claim_reads_its_step_of_the_order_over_several_epochs(prefixes, co
         assert got[epoch * spp : (epoch + 1) * spp] == expected
         assert sorted(i for step in expected for i in step) == list(range(RECORDS))  # One pass per epoch.
     assert (got[:spp] != got[spp : 2 * spp]) == shuffle  # Each epoch its own order, when shuffled.
+
+
+def _in_threads(work, threads: int) -> list:
+    out: list = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        got = work()
+        with lock:
+            out.extend(got)
+
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in started)
+    return out
+
+
+def test_concurrent_claims_never_return_the_same_step() -> None:
+    # The CI failure this guards: with assign_add then read, two adds could land before either read, and
+    # 8 threads of 3,000 claims returned about 50 values twice (and skipped as many).
+    counter = tf.Variable(0, dtype=tf.int64)
+    claim = tf.function(lambda: claim_next(counter))
+    got = _in_threads(lambda: [int(claim()) for _ in range(3000)], threads=8)
+    assert sorted(got) == list(range(24000)) and int(counter.numpy()) == 24000
+
+
+def test_workers_claiming_side_by_side_read_each_step_once(prefixes) -> None:
+    listing = list_files([prefixes[None] + "-*"])
+    paths = [f.path for f in listing.files]
+    order = epoch_order(listing, block=2, streams=4, window=0, seed=5, shuffle=True, compression=None)
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    def worker() -> list[int]:
+        steps = claimed_steps(order, paths, compression="", global_batch=8, counter=counter, passes=4)
+        return [int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for batch in steps for r in batch]
+
+    got = _in_threads(worker, threads=3)
+    assert Counter(Counter(got).values()) == {4: RECORDS}  # 4 data epochs over 3 readers: each record 4 times.
 
 
 def test_a_claim_from_the_middle_reads_that_step_only(prefixes) -> None:

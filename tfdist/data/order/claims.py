@@ -4,7 +4,7 @@ Under ParameterServerStrategy the coordinator sends each step to whichever worke
 hands every worker's dataset function the same single-pipeline ``InputContext``: a dataset sharded by
 worker cannot know how many steps its worker will run, and an unsharded one is read once per worker.
 Here every worker's dataset takes the next global step ``g`` from one int64 variable on a parameter
-server (an atomic ``assign_add``) at the moment a step asks for its batch, and reads step ``g``'s records
+server (an atomic fetch-and-add, :func:`claim_next`) at the moment a step asks for its batch, and reads step ``g``'s records
 of the epoch order: data epoch ``g // steps_per_pass``, step ``g % steps_per_pass``. Each global step is
 claimed by exactly one step run, whichever worker runs it, so an epoch of ``steps_per_pass`` steps trains
 every record once.
@@ -45,6 +45,7 @@ __all__: list[str] = []
 
 MAX_BLOCKS = 1 << 22  # Blocks held as constants in the workers' graph (4M rows, 128 MB).
 _BUFFER = 1 << 18
+_NO_LIMIT = (1 << 63) - 1  # ResourceCountUpTo's bound: claims are bounded by take_while instead.
 
 
 def _u64(value: int) -> Any:
@@ -156,6 +157,24 @@ def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[An
     return step
 
 
+def claim_next(counter: Any) -> Any:
+    """The counter's value before an atomic increment: concurrent claims never return the same step.
+
+    ``assign_add(1, read_value=True)`` is two ops, an add and a read: two workers' adds can both land
+    before either reads, and both then train the same step while the one before it is never claimed.
+    ``ResourceCountUpTo`` reads and increments under the variable's lock in one kernel.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> counter = tf.Variable(5, dtype=tf.int64)
+        >>> int(claim_next(counter)), int(counter.numpy())
+        (5, 6)
+    """
+    import tensorflow as tf
+
+    return tf.raw_ops.ResourceCountUpTo(resource=counter.handle, limit=_NO_LIMIT, T=tf.int64)
+
+
 def claimed_steps(
     order: EpochOrder,
     paths: Sequence[str],
@@ -197,7 +216,7 @@ def claimed_steps(
         return finish(records) if finish is not None else records.batch(global_batch)  # The step: one element.
 
     claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-    claims = claims.map(plain(lambda _: counter.assign_add(1, read_value=True) - 1))
+    claims = claims.map(plain(lambda _: claim_next(counter)))
     if passes is not None:
         claims = claims.take_while(plain(lambda g: g < passes * spp))
     n = len(order._blocks)
