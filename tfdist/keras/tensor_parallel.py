@@ -227,7 +227,7 @@ def mesh_optimizer(name: str, mesh: Any, **kwargs: Any) -> Any:
         Traceback (most recent call last):
         ...
         tfdist.errors.StrategyError: Invalid value for `name`. Received: 'lamb'. Expected one of 'adadelta', \
-'adagrad', 'adam', 'adamw', 'rmsprop', 'sgd'.
+'adagrad', 'adam', 'adamw', 'rmsprop', 'sgd' (did you mean 'adam'?).
     """
     if not isinstance(name, str) or name.lower() not in _OPTIMIZER_CLASSES:
         raise invalid(StrategyError, "name", name, describe_choices(name, OPTIMIZERS))

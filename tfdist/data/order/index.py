@@ -13,8 +13,8 @@ Example:
     >>> _ = write_tfrecords([tf.train.Example() for _ in range(10)], prefix, num_shards=2)
     >>> order = epoch_order(list_files([prefix + "-*"]), block=2, streams=2, window=0, seed=0,
     ...                     shuffle=False, compression=None)
-    >>> order.counts, order.offsets[0][:2]
-    ((5, 5), (0, 14))
+    >>> order.counts, order.offsets[0][:2]  # An empty Example is a 16-byte record: blocks of 2 are 32 bytes.
+    ((5, 5), (0, 32))
 """
 
 from __future__ import annotations
