@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from tfdist._compat.checks import check_internals
 from tfdist._compat.data import (
+    cached_interleave,
     marked_single_device,
     rebatch_dense,
     single_device_functions,
@@ -63,6 +64,7 @@ __all__ = [
     "attach_preemption_handler",
     "backup_base",
     "before_initial_counters",
+    "cached_interleave",
     "callback_base",
     "check_internals",
     "communication_options",

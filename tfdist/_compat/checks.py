@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from tfdist._compat._common import _attr, _missing
 from tfdist._compat.data import (
+    cached_interleave,
     marked_single_device,
     rebatch_dense,
     single_device_functions,
@@ -151,6 +152,22 @@ def _check_single_device() -> None:
         raise _missing("StructuredFunctionWrapper(defun_kwargs=) marking functions", "resumable input")
 
 
+def _check_cached_interleave() -> None:
+    import tensorflow as tf
+
+    def repeat(x: tf.Tensor) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensors(x).repeat(2)
+
+    key = ("tfdist.checks", id(_check_cached_interleave))
+    built = [
+        cached_interleave(tf.data.Dataset.range(n), repeat, key=key, cycle_length=2, parallel=p)
+        for n, p in ((2, False), (3, True))
+    ]
+    names = {dataset._map_func.function.name for dataset in built}
+    if len(names) != 1 or [[int(x) for x in d] for d in built] != [[0, 1, 0, 1], [0, 1, 0, 1, 2, 2]]:
+        raise _missing("StructuredFunctionWrapper reused by (Parallel)InterleaveDataset ops", "resumable input")
+
+
 _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
     "Callback._implements_train_batch_hooks": callback_base,
     "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
@@ -165,6 +182,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "MultiWorkerMirroredStrategy extended._communication_options": _check_communication_options,
     "tf.data's _TFRecordDataset, _UnbatchDataset and RebatchDatasetV2": _check_data_readers,
     "StructuredFunctionWrapper(defun_kwargs=) for single-device dataset functions": _check_single_device,
+    "StructuredFunctionWrapper traced once for many interleave datasets": _check_cached_interleave,
     "functional_saver.gen_io_ops.merge_v2_checkpoints (mesh backups merged after a barrier)": _check_deferred_merge,
 }
 

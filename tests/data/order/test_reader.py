@@ -95,6 +95,44 @@ def test_each_step_trains_the_same_records_on_1_2_and_3_workers(prefixes, compre
     assert one == interleaved
 
 
+def test_builds_of_one_shape_share_the_traced_reader_and_each_reads_its_own_order(prefixes) -> None:
+    # A new build per epoch (as a loop that makes the pipeline again does) traces the reader once per
+    # process: the second build's stream function is the first's, yet each dataset reads its own order
+    # (its own seed, its own files), also when iterated side by side and after the other is gone.
+    layout = StreamLayout(global_batch=24, streams=12, num_workers=2, worker=1, policy="file")
+    built = {}
+    for compression, seed in ((None, 3), (None, 4), ("GZIP", 4)):
+        listing = list_files([prefixes[compression] + "-*"])
+        paths = [f.path for f in listing.files]
+        order = epoch_order(listing, block=16, streams=12, window=64, seed=seed, shuffle=True, compression=compression)
+        records = ordered_records(
+            order, layout, InputCursor(epochs_per_iteration=1), paths, compression=compression or ""
+        )
+        planned = {s: list(order.stream_records(epoch=0, stream=s)) for s in layout.own}
+        expected = [pair for step in range(20) for s in layout.own for pair in planned[s][step * 2 : step * 2 + 2]]
+        built[(compression, seed)] = (records, expected, paths)
+    names = {key: value[0]._map_func.function.name for key, value in built.items()}
+    assert names[(None, 3)] == names[(None, 4)] != names[("GZIP", 4)], names  # Compression is part of its shape.
+    ids = {}
+    for key, (_, _, paths) in built.items():
+        by_file = [
+            [
+                int(tf.io.parse_single_example(r, ID_ONLY)["id"])
+                for r in tf.data.TFRecordDataset(p, compression_type=key[0] or "")
+            ]
+            for p in paths
+        ]
+        ids[key] = by_file
+    first, second = iter(built[(None, 3)][0]), iter(built[(None, 4)][0])
+    side_by_side = [(_ids([next(first)]), _ids([next(second)])) for _ in range(20 * 6)]
+    del first, second
+    for key, got in ((None, 3), [a for a, _ in side_by_side]), ((None, 4), [b for _, b in side_by_side]):
+        assert [i for chunk in got for i in chunk] == [ids[key][f][i] for f, i in built[key][1]], key
+    gzip = built.pop(("GZIP", 4))
+    del built  # The other datasets (and their sources) are gone: this one still reads its own.
+    assert _ids(gzip[0]) == [ids[("GZIP", 4)][f][i] for f, i in gzip[1]]
+
+
 def test_streams_come_as_chunks_of_one_step_across_windows_without_slices(prefixes, capfd) -> None:
     # b = 36 / 12 = 3 records per stream and step, windows of 50: chunks straddle windows (and the end).
     listing = list_files([prefixes[None] + "-*"])

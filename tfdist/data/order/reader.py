@@ -14,10 +14,10 @@ no per-record stage (BENCHMARKS.md has what the order costs against the buffer o
 Example:
     >>> StreamLayout(global_batch=24, streams=12, num_workers=2, worker=1, policy="file").own
     (1, 3, 5, 7, 9, 11)
-    >>> StreamLayout(global_batch=24, streams=12, num_workers=5, worker=0, policy="file")
+    >>> StreamLayout(global_batch=30, streams=6, num_workers=5, worker=0, policy="file")
     Traceback (most recent call last):
     ...
-    tfdist.errors.DataError: Invalid value for `order_streams`. Received: 12. Expected a multiple of the 5 \
+    tfdist.errors.DataError: Invalid value for `order_streams`. Received: 6. Expected a multiple of the 5 \
 workers under shard_policy='file'. ...
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -180,6 +181,8 @@ class _WindowSource:
         self._live: dict[int, Any] = {}
         self._tokens = itertools.count()
         self._lock = threading.Lock()
+        self.id = next(_SOURCE_IDS)  # How a reader traced once per process finds this build's source.
+        _SOURCES[self.id] = self
 
     def begin(self, stream: Any, at: Any) -> Any:
         import numpy as np
@@ -228,6 +231,16 @@ class _WindowSource:
         return window
 
 
+# Sources by id, alive as long as their dataset (which holds its source): a whole-iteration reader is traced
+# once per process (_compat.cached_interleave) and finds its build's source through the id it is given.
+_SOURCES: weakref.WeakValueDictionary[int, _WindowSource] = weakref.WeakValueDictionary()
+_SOURCE_IDS = itertools.count()
+
+
+def _iteration_of(source: Any, stream: Any) -> tuple[Any, ...]:
+    return _SOURCES[int(source)].iteration(stream)
+
+
 def _at_once(order: EpochOrder, epochs: int | None) -> bool:
     """Whether a stream's windows of one (finite) iteration are few enough to compute when it begins."""
     if epochs is None:  # Endless: read window by window.
@@ -249,6 +262,89 @@ def _share(step: Any, begin: int, share: int) -> Any:
 
     size = tf.shape(step, out_type=tf.int64)[0]
     return tf.gather(step, tf.range(tf.minimum(size, begin), tf.minimum(size, begin + share)))
+
+
+def _piece_reader(compression: str) -> Any:
+    """The function reading one piece: ``take`` records of a file from its byte ``offset``, ``skip`` first."""
+    import tensorflow as tf
+
+    @tf.autograph.experimental.do_not_convert
+    def read_piece(path: Any, offset: Any, skip: Any, take: Any) -> Any:
+        return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(take)
+
+    return read_piece
+
+
+def _ordered_reader(read_piece: Any, whole: int) -> Any:
+    """The function reading a shuffled window: its records (``whole`` at most) as one tensor in file order,
+    then gathered in the window's order (one copy)."""
+    import tensorflow as tf
+
+    plain = tf.autograph.experimental.do_not_convert
+
+    @plain
+    def read_ordered(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any) -> Any:
+        block = tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece).batch(whole)
+        return block.map(plain(lambda records: tf.gather(records, ordering)))
+
+    return read_ordered
+
+
+def _chunked(records: Any, per: int, single: bool) -> Any:
+    """A stream's records as its chunks of ``b`` (records split from windows are copies: no slices)."""
+    return records if single else records.batch(per)
+
+
+def _whole_iteration(
+    shuffled: bool, one_epoch: bool, window: int, whole: int, per: int, single: bool, compression: str
+) -> Any:
+    """The stream function of a finite iteration whose windows come in one call when it begins.
+
+    A function of (stream, source id) that depends on its arguments alone (no build's objects), so
+    :func:`tfdist._compat.cached_interleave` traces it once per process and shape.
+    """
+    import tensorflow as tf
+
+    plain = tf.autograph.experimental.do_not_convert
+    read_piece = _piece_reader(compression)
+    read_ordered = _ordered_reader(read_piece, whole)
+
+    @plain
+    def stream(index: Any, source: Any) -> Any:
+        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64]
+        parts = tf.numpy_function(_iteration_of, [source, index], types, stateful=True)
+        columns = [_shaped(p, [None]) for p in parts[:5]]
+        if not shuffled and one_epoch:
+            # One unshuffled epoch of a stream is one run of the listing: whole files but the first (read
+            # from its block's offset) and the last (cut by the count). One reader reads them all, with
+            # no function of its own to instantiate for every iterator (BENCHMARKS.md).
+            paths_, offsets, skips, takes = columns[:4]
+            reader = _compat.tfrecord_reader_at(paths_, offsets, compression, _BUFFER)
+            return _chunked(reader.skip(tf.reduce_sum(skips[:1])).take(tf.reduce_sum(takes)), per, single)
+
+        def pieces() -> Any:  # The iteration's pieces read one after the other.
+            return tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece)
+
+        if not shuffled:  # The pieces alone: no per-window stage.
+            return _chunked(pieces(), per, single)
+        if one_epoch:
+            # One epoch: all windows but the last hold ``window`` records, read whole (a resumed one too),
+            # so the pieces read one after the other are cut into windows by ``batch``, each zipped with
+            # its order. The only functions are the piece reader's and the gather: each function of a
+            # nested dataset is instantiated for every iterator (BENCHMARKS.md).
+            limits = _shaped(parts[5], [None, 4])[:, 3]
+            orders = tf.data.Dataset.from_tensor_slices(
+                tf.RaggedTensor.from_row_limits(columns[4], limits, validate=False)
+            )
+            windows = tf.data.Dataset.zip((pieces().batch(window), orders)).map(plain(tf.gather))
+            return _chunked(_compat.unbatch_dense(windows), per, single)
+        bounds = tf.data.Dataset.from_tensor_slices(_shaped(parts[5], [None, 4]))
+        windows = bounds.flat_map(
+            plain(lambda b: read_ordered(*(c[b[0] : b[1]] for c in columns[:4]), columns[4][b[2] : b[3]]))
+        )
+        return _chunked(_compat.unbatch_dense(windows), per, single)
+
+    return stream
 
 
 def ordered_records(
@@ -298,19 +394,9 @@ def _ordered_records(
     at_once = at is None and _at_once(order, cursor.epochs_per_iteration)
 
     plain = tf.autograph.experimental.do_not_convert  # No control flow: autograph would only cost ~1 s per build.
+    read_piece = _piece_reader(compression)
 
-    @plain
-    def read_piece(path: Any, offset: Any, skip: Any, take: Any) -> Any:
-        return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(take)
-
-    def window_block(paths: Any, offsets: Any, skips: Any, takes: Any) -> Any:
-        """A shuffled window's records in file order, as one tensor."""
-        return tf.data.Dataset.from_tensor_slices((paths, offsets, skips, takes)).flat_map(read_piece).batch(whole)
-
-    @plain
-    def read_ordered(paths: Any, offsets: Any, skips: Any, takes: Any, ordering: Any) -> Any:
-        """A shuffled window: its records as one tensor, then gathered in the window's order (one copy)."""
-        return window_block(paths, offsets, skips, takes).map(plain(lambda block: tf.gather(block, ordering)))
+    read_ordered = _ordered_reader(read_piece, whole)
 
     @plain
     def next_window(token: Any) -> Any:
@@ -318,45 +404,8 @@ def _ordered_records(
         parts = tf.numpy_function(source.next, [token], types, stateful=True)
         return tuple(_shaped(p, [None]) for p in (parts if shuffled else parts[:4]))
 
-    def chunked(records: Any) -> Any:
-        """A stream's records as its chunks of ``b`` (records split from windows are copies: no slices)."""
-        return records if single else records.batch(per)
-
     @plain
     def stream(index: Any) -> Any:
-        if at_once:
-            types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64]
-            parts = tf.numpy_function(source.iteration, [index], types, stateful=True)
-            columns = [_shaped(p, [None]) for p in parts[:5]]
-            if not shuffled and cursor.epochs_per_iteration == 1:
-                # One unshuffled epoch of a stream is one run of the listing: whole files but the first (read
-                # from its block's offset) and the last (cut by the count). One reader reads them all, with
-                # no function of its own to instantiate for every iterator (BENCHMARKS.md).
-                paths_, offsets, skips, takes = columns[:4]
-                reader = _compat.tfrecord_reader_at(paths_, offsets, compression, _BUFFER)
-                return chunked(reader.skip(tf.reduce_sum(skips[:1])).take(tf.reduce_sum(takes)))
-
-            def pieces() -> Any:  # The iteration's pieces read one after the other.
-                return tf.data.Dataset.from_tensor_slices(tuple(columns[:4])).flat_map(read_piece)
-
-            if not shuffled:  # The pieces alone: no per-window stage.
-                return chunked(pieces())
-            if cursor.epochs_per_iteration == 1:
-                # One epoch: all windows but the last hold ``window`` records, read whole (a resumed one too),
-                # so the pieces read one after the other are cut into windows by ``batch``, each zipped with
-                # its order. The only functions are the piece reader's and the gather: each function of a
-                # nested dataset is instantiated for every iterator (BENCHMARKS.md).
-                limits = _shaped(parts[5], [None, 4])[:, 3]
-                orders = tf.data.Dataset.from_tensor_slices(
-                    tf.RaggedTensor.from_row_limits(columns[4], limits, validate=False)
-                )
-                windows = tf.data.Dataset.zip((pieces().batch(order.window), orders)).map(plain(tf.gather))
-                return chunked(_compat.unbatch_dense(windows))
-            bounds = tf.data.Dataset.from_tensor_slices(_shaped(parts[5], [None, 4]))
-            windows = bounds.flat_map(
-                plain(lambda b: read_ordered(*(c[b[0] : b[1]] for c in columns[:4]), columns[4][b[2] : b[3]]))
-            )
-            return chunked(_compat.unbatch_dense(windows))
         where = tf.constant(-1, tf.int64) if at is None else tf.cast(at, tf.int64)
         token = _shaped(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
         windows = (
@@ -366,16 +415,29 @@ def _ordered_records(
             .take_while(plain(lambda paths, *_: tf.size(paths) > 0))
         )
         if not shuffled:  # Read from the position on, nothing to reorder: the pieces one after the other.
-            return chunked(_compat.unbatch_dense(windows).flat_map(read_piece))
-        return chunked(_compat.unbatch_dense(windows.flat_map(read_ordered)))
+            return _chunked(_compat.unbatch_dense(windows).flat_map(read_piece), per, single)
+        return _chunked(_compat.unbatch_dense(windows.flat_map(read_ordered)), per, single)
 
+    shape = (shuffled, cursor.epochs_per_iteration == 1, order.window, whole, per, single, compression)
+    whole_iteration = _whole_iteration(*shape)
+    own = tf.constant(layout.own, tf.int64)
     if single:
         assert len(layout.own) == 1 and per == 1, layout  # The caller's layout: one stream, one record a step.
-        return stream(tf.constant(layout.own[0], tf.int64))
-    streams = tf.data.Dataset.from_tensor_slices(tf.constant(layout.own, tf.int64))
+        one = whole_iteration(own[0], tf.constant(source.id, tf.int64)) if at_once else stream(own[0])
+        one._tfdist_source = source
+        return one
     # One chunk of every stream read here per global step, in stream order.
-    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True} if threads else {}
-    chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1, **parallel)
+    if at_once:
+        streams = tf.data.Dataset.from_tensor_slices((own, tf.fill(tf.shape(own), tf.constant(source.id, tf.int64))))
+        key = ("tfdist.ordered_records", _BUFFER, *shape)
+        chunks = _compat.cached_interleave(
+            streams, whole_iteration, key=key, cycle_length=len(layout.own), parallel=threads
+        )
+    else:
+        parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True} if threads else {}
+        streams = tf.data.Dataset.from_tensor_slices(own)
+        chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1, **parallel)
+    chunks._tfdist_source = source
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
