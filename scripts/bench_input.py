@@ -212,7 +212,7 @@ def _raw(
     build: dict[str, list[float]],
     deletes: dict[str, list[float]],
 ) -> dict[str, Any]:
-    """Every run of every variant (``--variants``): records/s, CPU s per 1,000 records, build CPU ms, and
+    """Every run of every variant (with ``--variants``): records/s, CPU s per 1,000 records, build CPU ms, and
     the wall ms of deleting the iterator."""
     return {
         k: {
@@ -245,19 +245,20 @@ def _summary(
         for name, v in runs.items()
     }
     ratios = {}
-    for name, (top, bottom, goal) in _RATIOS.items():
+    pairs = {name: pair for name, pair in _RATIOS.items() if pair[0] in runs and pair[1] in runs}  # Run here.
+    for name, (top, bottom, goal) in pairs.items():
         paired = [a / b for a, b in zip(runs[top], runs[bottom])]
         median = statistics.median(paired)
         ratios[name] = {
-            "median": round(median, 2),
+            "median": round(median, 3),
             "min": round(min(paired), 2),
             "max": round(max(paired), 2),
             "goal": goal,
             "met": goal is not None and median >= goal,
         }
-    for name, (top, bottom, _goal) in _RATIOS.items():  # The same ratios in CPU per record (inverse).
+    for name, (top, bottom, _goal) in pairs.items():  # The same ratios in CPU per record (inverse).
         paired = [b / a for a, b in zip(cpu[top], cpu[bottom])]
-        ratios[name]["cpu_median"] = round(statistics.median(paired), 2)
+        ratios[name]["cpu_median"] = round(statistics.median(paired), 3)
     return {"records_per_s": rates, "ratios": ratios}
 
 
@@ -285,13 +286,13 @@ def _table(report: dict[str, Any]) -> str:
     ratios = [
         f"| {n} ({'no goal' if _RATIOS[n][2] is None else f'goal ≥ {_RATIOS[n][2]}'}) | "
         + " | ".join(
-            ("**{:.2f}×**" if s["ratios"][n]["met"] else "{:.2f}×").format(s["ratios"][n]["median"])
+            ("**{:.3f}×**" if s["ratios"][n]["met"] else "{:.3f}×").format(s["ratios"][n]["median"])
             + f" ({s['ratios'][n]['min']:.2f}–{s['ratios'][n]['max']:.2f}); "
-            f"CPU {s['ratios'][n]['cpu_median']:.2f}×"
+            f"CPU {s['ratios'][n]['cpu_median']:.3f}×"
             for s in sizes.values()
         )
         + " |"
-        for n in _RATIOS
+        for n in next(iter(sizes.values()))["ratios"]
     ]
     return (
         "records/s, median (min–max); CPU s per 1,000 records (median); build CPU ms (median); "
@@ -350,11 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "goals": "tfdist >= 1.3x seed-style, >= 0.9x decode limit; stratified >= 0.9x plain (medians)",
         "sizes": {
-            f"{size}->{round(size * args.scale)}": (
-                _summary(runs[size], cpu[size], build[size], deletes[size])
-                if not args.variants
-                else _raw(runs[size], cpu[size], build[size], deletes[size])
-            )
+            f"{size}->{round(size * args.scale)}": {
+                **_summary(runs[size], cpu[size], build[size], deletes[size]),
+                # With --variants (a few pairs, many repeats), every run too, to pool runs or pair them anew.
+                **({"runs": _raw(runs[size], cpu[size], build[size], deletes[size])} if args.variants else {}),
+            }
             for size in sizes
         },
     }
