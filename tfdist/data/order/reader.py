@@ -4,7 +4,9 @@ Each stream's windows (computed by :class:`EpochOrder` in Python) reach a ``tf.d
 ``numpy_function`` calls; the graph opens each piece at its byte offset, orders a window and drops what was
 trained already. A finite iteration gets all its windows in one call when it begins (every new iterator
 would otherwise instantiate the per-window stages again); an endless or very long one gets them one after
-the other. A shuffled window is read into one tensor and gathered in its order once.
+the other. A shuffled window is read into one tensor and gathered in its order once. The stream function
+of a finite iteration is traced once per process, not once per build: it finds its build's windows through
+the id of the build's window source (a pipeline built again every epoch skips ~15 ms of tracing).
 
 A stream comes out in **chunks** of ``b`` records (``b = global_batch // streams``: its share of one global
 step), and a worker interleaves its streams a chunk at a time, so each global step takes ``b`` records of
