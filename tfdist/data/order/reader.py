@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -233,9 +232,11 @@ class _WindowSource:
         return window
 
 
-# Sources by id, alive as long as their dataset (which holds its source): a whole-iteration reader is traced
-# once per process (_compat.cached_interleave) and finds its build's source through the id it is given.
-_SOURCES: weakref.WeakValueDictionary[int, _WindowSource] = weakref.WeakValueDictionary()
+# Sources by id: a whole-iteration reader is traced once per process (_compat.cached_interleave) and finds its
+# build's source through the id it is given. Kept for the life of the process, as TF keeps the callable of
+# every numpy_function (on the outermost graph): an iterator may outlive its Python dataset (DTensor's input
+# keeps only what it rebuilt from it), and a source is small next to its order, which builds share.
+_SOURCES: dict[int, _WindowSource] = {}
 _SOURCE_IDS = itertools.count()
 
 
@@ -425,9 +426,7 @@ def _ordered_records(
     own = tf.constant(layout.own, tf.int64)
     if single:
         assert len(layout.own) == 1 and per == 1, layout  # The caller's layout: one stream, one record a step.
-        one = whole_iteration(own[0], tf.constant(source.id, tf.int64)) if at_once else stream(own[0])
-        one._tfdist_source = source
-        return one
+        return whole_iteration(own[0], tf.constant(source.id, tf.int64)) if at_once else stream(own[0])
     # One chunk of every stream read here per global step, in stream order.
     if at_once:
         streams = tf.data.Dataset.from_tensor_slices((own, tf.fill(tf.shape(own), tf.constant(source.id, tf.int64))))
@@ -439,7 +438,6 @@ def _ordered_records(
         parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True} if threads else {}
         streams = tf.data.Dataset.from_tensor_slices(own)
         chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1, **parallel)
-    chunks._tfdist_source = source
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
