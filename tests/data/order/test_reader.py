@@ -138,6 +138,30 @@ def test_builds_of_one_shape_share_the_traced_reader_and_each_reads_its_own_orde
     assert _ids(rebuilt) == [ids[("GZIP", 4)][f][i] for f, i in expected]
 
 
+def test_sources_kept_for_the_process_share_their_order_and_paths(prefixes) -> None:
+    # A build's window source outlives its dataset (the registry above; TF keeps a numpy_function's callable
+    # the same way), so what it keeps of its own must stay small: builds over the same data share one order
+    # and one tuple of paths, however many times the pipeline is built again.
+    from tfdist.data.order import reader
+
+    layout = StreamLayout(global_batch=24, streams=12, num_workers=2, worker=0, policy="file")
+    before = set(reader._SOURCES)
+    kept: list[tuple[int, object]] = []
+    for _ in range(3):  # A fresh listing and order each time, as a pipeline built again every epoch makes.
+        listing = list_files([prefixes[None] + "-*"])
+        order = epoch_order(listing, block=16, streams=12, window=64, seed=7, shuffle=True, compression=None)
+        paths = [f.path for f in listing.files]
+        ordered_records(order, layout, InputCursor(epochs_per_iteration=1), paths, compression="")
+        (new,) = set(reader._SOURCES) - before - {s for s, _ in kept}
+        kept.append((new, order))
+    sources = [reader._SOURCES[s] for s, _ in kept]
+    assert sources[0]._order == kept[0][1] and sources[0]._order is not kept[2][1]
+    assert all(s._order is sources[0]._order and s._paths is sources[0]._paths for s in sources)
+    # An endless iteration reads window by window through the build's own callables: nothing registered.
+    ordered_records(order, layout, InputCursor(epochs_per_iteration=None), paths, compression="")
+    assert set(reader._SOURCES) == before | {s for s, _ in kept}
+
+
 def test_streams_come_as_chunks_of_one_step_across_windows_without_slices(prefixes, capfd) -> None:
     # b = 36 / 12 = 3 records per stream and step, windows of 50: chunks straddle windows (and the end).
     listing = list_files([prefixes[None] + "-*"])

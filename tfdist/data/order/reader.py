@@ -178,12 +178,19 @@ class _WindowSource:
     _LIVE = 256  # Iterations kept at most; the oldest (abandoned: never read to the end) go first.
 
     def __init__(self, order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str]) -> None:
-        self._order, self._layout, self._starts, self._paths = order, layout, starts, paths
+        # A source outlives its build (below): builds over the same data share one order and one list of paths.
+        self._order, self._paths = _shared(order), _shared(tuple(paths))
+        self._layout, self._starts = layout, starts
         self._live: dict[int, Any] = {}
         self._tokens = itertools.count()
         self._lock = threading.Lock()
-        self.id = next(_SOURCE_IDS)  # How a reader traced once per process finds this build's source.
-        _SOURCES[self.id] = self
+
+    def registered(self) -> int:
+        """The id by which a reader traced once per process finds this source (kept for the process's life)."""
+        with _REGISTRY_LOCK:
+            ident = next(_SOURCE_IDS)
+            _SOURCES[ident] = self
+        return ident
 
     def begin(self, stream: Any, at: Any) -> Any:
         import numpy as np
@@ -234,10 +241,19 @@ class _WindowSource:
 
 # Sources by id: a whole-iteration reader is traced once per process (_compat.cached_interleave) and finds its
 # build's source through the id it is given. Kept for the life of the process, as TF keeps the callable of
-# every numpy_function (on the outermost graph): an iterator may outlive its Python dataset (DTensor's input
-# keeps only what it rebuilt from it), and a source is small next to its order, which builds share.
+# every numpy_function (on the outermost graph; a window-by-window reader's source is kept that way): an
+# iterator may outlive its Python dataset (DTensor's input keeps only what it rebuilt from it). What a kept
+# source holds of its own is small: its order and paths are shared with every build over the same data.
 _SOURCES: dict[int, _WindowSource] = {}
 _SOURCE_IDS = itertools.count()
+_SHARED: dict[Any, Any] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _shared(value: Any) -> Any:
+    """``value``, or the equal one a build before kept (equal orders and paths are kept once)."""
+    with _REGISTRY_LOCK:
+        return _SHARED.setdefault(value, value)
 
 
 def _iteration_of(source: Any, stream: Any) -> tuple[Any, ...]:
@@ -350,6 +366,40 @@ def _whole_iteration(
     return stream
 
 
+def _window_by_window(
+    source: _WindowSource, *, shuffled: bool, whole: int, per: int, single: bool, compression: str, at: Any
+) -> Any:
+    """The stream function of an endless or very long iteration: its windows pulled one after the other
+    from ``source`` (traced with every build: it calls this build's source)."""
+    import tensorflow as tf
+
+    plain = tf.autograph.experimental.do_not_convert  # No control flow: autograph would only cost ~1 s per build.
+    read_piece = _piece_reader(compression)
+    read_ordered = _ordered_reader(read_piece, whole)
+
+    @plain
+    def next_window(token: Any) -> Any:
+        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64]
+        parts = tf.numpy_function(source.next, [token], types, stateful=True)
+        return tuple(_shaped(p, [None]) for p in (parts if shuffled else parts[:4]))
+
+    @plain
+    def stream(index: Any) -> Any:
+        where = tf.constant(-1, tf.int64) if at is None else tf.cast(at, tf.int64)
+        token = _shaped(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
+        windows = (
+            tf.data.Dataset.from_tensors(token)
+            .repeat()
+            .map(next_window)
+            .take_while(plain(lambda paths, *_: tf.size(paths) > 0))
+        )
+        if not shuffled:  # Read from the position on, nothing to reorder: the pieces one after the other.
+            return _chunked(_compat.unbatch_dense(windows).flat_map(read_piece), per, single)
+        return _chunked(_compat.unbatch_dense(windows.flat_map(read_ordered)), per, single)
+
+    return stream
+
+
 def ordered_records(
     order: EpochOrder,
     layout: StreamLayout,
@@ -394,50 +444,30 @@ def _ordered_records(
     source = _WindowSource(order, layout, cursor.reads(), paths)
     whole = max(order.window, CHUNK) if shuffled else CHUNK  # Records of one window at most.
     per = layout.per_stream
-    at_once = at is None and _at_once(order, cursor.epochs_per_iteration)
-
-    plain = tf.autograph.experimental.do_not_convert  # No control flow: autograph would only cost ~1 s per build.
-    read_piece = _piece_reader(compression)
-
-    read_ordered = _ordered_reader(read_piece, whole)
-
-    @plain
-    def next_window(token: Any) -> Any:
-        types = [tf.string, tf.int64, tf.int64, tf.int64, tf.int64]
-        parts = tf.numpy_function(source.next, [token], types, stateful=True)
-        return tuple(_shaped(p, [None]) for p in (parts if shuffled else parts[:4]))
-
-    @plain
-    def stream(index: Any) -> Any:
-        where = tf.constant(-1, tf.int64) if at is None else tf.cast(at, tf.int64)
-        token = _shaped(tf.numpy_function(source.begin, [index, where], tf.int64, stateful=True), [])
-        windows = (
-            tf.data.Dataset.from_tensors(token)
-            .repeat()
-            .map(next_window)
-            .take_while(plain(lambda paths, *_: tf.size(paths) > 0))
-        )
-        if not shuffled:  # Read from the position on, nothing to reorder: the pieces one after the other.
-            return _chunked(_compat.unbatch_dense(windows).flat_map(read_piece), per, single)
-        return _chunked(_compat.unbatch_dense(windows.flat_map(read_ordered)), per, single)
-
-    shape = (shuffled, cursor.epochs_per_iteration == 1, order.window, whole, per, single, compression)
-    whole_iteration = _whole_iteration(*shape)
     own = tf.constant(layout.own, tf.int64)
-    if single:
-        assert len(layout.own) == 1 and per == 1, layout  # The caller's layout: one stream, one record a step.
-        return whole_iteration(own[0], tf.constant(source.id, tf.int64)) if at_once else stream(own[0])
-    # One chunk of every stream read here per global step, in stream order.
-    if at_once:
-        streams = tf.data.Dataset.from_tensor_slices((own, tf.fill(tf.shape(own), tf.constant(source.id, tf.int64))))
+    # The caller's layout with ``single``: one stream read here, one record a step.
+    assert not single or (len(layout.own) == 1 and per == 1), layout
+    if at is None and _at_once(order, cursor.epochs_per_iteration):
+        shape = (shuffled, cursor.epochs_per_iteration == 1, order.window, whole, per, single, compression)
+        ident = tf.constant(source.registered(), tf.int64)
+        if single:
+            return _whole_iteration(*shape)(own[0], ident)
+        # One chunk of every stream read here per global step, in stream order.
+        streams = tf.data.Dataset.from_tensor_slices((own, tf.fill(tf.shape(own), ident)))
         key = ("tfdist.ordered_records", _BUFFER, *shape)
         chunks = _compat.cached_interleave(
-            streams, whole_iteration, key=key, cycle_length=len(layout.own), parallel=threads
+            streams, _whole_iteration(*shape), key=key, cycle_length=len(layout.own), parallel=threads
         )
     else:
+        stream = _window_by_window(
+            source, shuffled=shuffled, whole=whole, per=per, single=single, compression=compression, at=at
+        )
+        if single:
+            return stream(own[0])
         parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True} if threads else {}
         streams = tf.data.Dataset.from_tensor_slices(own)
         chunks = streams.interleave(stream, cycle_length=len(layout.own), block_length=1, **parallel)
+    plain = tf.autograph.experimental.do_not_convert
     if layout.policy == "data":  # Every stream read here: keep this worker's slice of each step.
         share = layout.global_batch // layout.num_workers
         begin = layout.worker * share
