@@ -1,4 +1,4 @@
-"""What ``tfdist-launch --emit slurm`` prints, submitted with ``sbatch --wait`` to a real Slurm cluster.
+"""What ``tfdist-launch --emit slurm`` prints, submitted with ``sbatch`` to a real Slurm cluster.
 
 The ``slurm_cluster`` fixture (tests/conftest.py) starts munged, slurmctld and slurmd on 127.0.0.1 with
 scripts/slurm_local.py, installing Debian's slurm-wlm and munge first when they are missing. Jobs are
@@ -45,8 +45,31 @@ def task_command(function: str, *args: Any) -> list[str]:
     return ["python", "-m", "tfdist.launch.tasks.function", "--file", TASKS_FILE, function, json.dumps(list(args))]
 
 
-def submit(cluster: Any, script: str, workdir: str, *, pythonpath: str | None = None) -> subprocess.Popen:
-    """``sbatch --wait --parsable`` of ``script`` from a bare environment; the job's output goes to workdir."""
+# Job states after which Slurm runs nothing more of a job (not COMPLETING, not requeued): scontrol's names.
+FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+)
+
+
+class Job:
+    """A batch job submitted without ``--wait``: ``sbatch --wait`` polls after 2, 8, 32 s and then every 32 s,
+    so a job ending 10 s after submission was seen at 42 s. ``poll`` asks ``scontrol`` instead (twice a second
+    in ``finish``) and returns what ``sbatch --wait`` would: the exit status, 1 if a signal ended the job, or
+    None while Slurm still runs it."""
+
+    def __init__(self, cluster: Any, job_id: str) -> None:
+        self.cluster, self.job_id = cluster, job_id
+
+    def poll(self) -> int | None:
+        record = job_record(self.cluster, self.job_id)
+        if record.get("JobState") not in FINAL_STATES:
+            return None
+        status, signal = (int(part) for part in record["ExitCode"].split(":"))
+        return 1 if signal else status
+
+
+def submit(cluster: Any, script: str, workdir: str, *, pythonpath: str | None = None) -> Job:
+    """``sbatch --parsable`` of ``script`` from a bare environment; the job's output goes to workdir."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "job.sbatch")
     with open(path, "w") as f:
@@ -57,30 +80,31 @@ def submit(cluster: Any, script: str, workdir: str, *, pythonpath: str | None = 
         "HOME": os.environ.get("HOME", "/root"),
         "PYTHONPATH": os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath,
     }
-    return subprocess.Popen(
-        ["sbatch", "--wait", "--parsable", "--chdir", workdir, "--output", os.path.join(workdir, "job.out"), path],
+    done = subprocess.run(
+        ["sbatch", "--parsable", "--chdir", workdir, "--output", os.path.join(workdir, "job.out"), path],
         env=env,
         cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
+        timeout=60,
     )
+    job_id = done.stdout.strip().split(";")[0]
+    assert done.returncode == 0 and job_id.isdigit(), f"sbatch printed {done.stdout!r}, {done.stderr!r}"
+    return Job(cluster, job_id)
 
 
-def finish(proc: subprocess.Popen, cluster: Any, timeout: float) -> tuple[int, dict[str, str], str]:
-    """Waits for ``sbatch --wait``; returns its exit code, the job's record and its output."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env, timeout=30)
-        raise
-    job_id = out.strip().split(";")[0]
-    assert job_id.isdigit(), f"sbatch printed {out!r}, {err!r}"
-    record = job_record(cluster, job_id)
+def finish(job: Job, cluster: Any, timeout: float) -> tuple[int, dict[str, str], str]:
+    """Waits until Slurm is done with the job; returns its exit code, the job's record and its output."""
+    deadline = time.monotonic() + timeout
+    while (code := job.poll()) is None:
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env, timeout=30)
+            pytest.fail(f"job {job.job_id} still not finished after {timeout} s: {job_record(cluster, job.job_id)}")
+        time.sleep(0.5)
+    record = job_record(cluster, job.job_id)
     with open(os.path.join(record["WorkDir"], "job.out"), errors="replace") as f:
         output = f.read()
-    return proc.returncode, record, output
+    return code, record, output
 
 
 def job_record(cluster: Any, job_id: str) -> dict[str, str]:
@@ -138,7 +162,7 @@ def test_failures_end_the_job_at_once_with_their_code(slurm_cluster: Any, tmp_pa
             slurm_cluster, emit("--workers", "2", "--max-restarts", "3", "--", "/no/such/cmd"), str(tmp_path / "no_cmd")
         ),
     }
-    done = {name: finish(proc, slurm_cluster, timeout=120) for name, proc in jobs.items()}
+    done = {name: finish(job, slurm_cluster, timeout=120) for name, job in jobs.items()}
 
     code, record, output = done["code7"]
     assert code == 7, output
@@ -235,13 +259,13 @@ def _job_field(cluster: Any, job_id: str, field: str) -> str:
     return job_record(cluster, job_id).get(field, "")
 
 
-def _wait(what: str, ready: Any, timeout: float, proc: subprocess.Popen, workdir: str) -> None:
-    """Polls ``ready()`` (progress, not time, decides); fails with the job's output if sbatch ends or time runs out."""
+def _wait(what: str, ready: Any, timeout: float, job: Job, workdir: str) -> None:
+    """Polls ``ready()`` (progress, not time, decides); fails with the job's output if it ends or time runs out."""
     deadline = time.monotonic() + timeout
     while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if job.poll() is not None or time.monotonic() > deadline:
             with open(os.path.join(workdir, "job.out"), errors="replace") as f:
-                pytest.fail(f"no {what} (sbatch exited {proc.poll()}):\n{f.read()[-4000:]}")
+                pytest.fail(f"no {what} (job ended with {job.poll()}):\n{f.read()[-4000:]}")
         time.sleep(0.5)
 
 
