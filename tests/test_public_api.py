@@ -81,7 +81,7 @@ PACKAGE = pathlib.Path(tfdist.__file__).parent
 # A package __init__ holds a docstring, imports and __all__; these two also load names on first use.
 LAZY_INIT_NAMES = {
     # _logs: imported for its one effect, the TFDIST_LOG_LEVEL default of launched tasks (tfdist/runtime/logs.py).
-    "tfdist": {"__version__", "_LAZY_MODULES", "__getattr__", "__dir__", "importlib", "Any", "_logs"},
+    "tfdist": {"__version__", "_LAZY_MODULES", "_LAZY_NAMES", "__getattr__", "__dir__", "importlib", "Any", "_logs"},
     "tfdist.keras": {"TFDIST_NAMES", "KERAS_NAMES", "__getattr__", "__dir__", "importlib", "Any"},
 }
 

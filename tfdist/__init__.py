@@ -13,6 +13,8 @@ Example:
     2
     >>> tfdist.keras.__name__
     'tfdist.keras'
+    >>> tfdist.build_mesh is tfdist.parallel.build_mesh
+    True
 """
 
 import importlib
@@ -47,6 +49,9 @@ __version__ = "0.1.0"
 
 # Subpackages loaded on first attribute access (each may import TensorFlow when used).
 _LAZY_MODULES = ("cluster", "comm", "data", "keras", "launch", "parallel", "plan", "runtime", "strategy", "testing")
+# Entry points whose modules import TensorFlow, served from their subpackage on first access: the mesh beside
+# the strategy (``tfdist.build_mesh`` is ``tfdist.parallel.build_mesh``).
+_LAZY_NAMES = {"build_mesh": "tfdist.parallel"}
 
 __all__ = [
     "ClusterSpec",
@@ -64,6 +69,7 @@ __all__ = [
     "StrategyError",
     "StrategyOptions",
     "Task",
+    "build_mesh",
     "build_strategy",
     "cluster_coordinator",
     "current_cluster",
@@ -78,6 +84,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
         return importlib.import_module(f"tfdist.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
 
 
