@@ -203,30 +203,39 @@ def test_stratified_draws_resume_as_if_nothing_happened(strata: str, tmp_path: P
 
 
 def test_stratified_draws_go_on_after_a_world_size_change_and_say_so(
-    strata: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Each input pipeline draws its own sequence: a backup of 3 pipelines resumed by 2 goes on in the
     # sequences of 2 (one warning), and the order file then records 2, so the next resume is exact again.
     import json
 
+    from tfdist.data.pipeline.state import InputState
     from tfdist.keras.resume import ORDER_FILE
+
+    class Order:  # What a build tells the input's state of the order it reads: here only its fingerprint.
+        def __init__(self, fingerprint: dict[str, Any]) -> None:
+            self.fingerprint = lambda: fingerprint
+
+    def check(fingerprint: dict[str, Any]) -> None:  # The pipeline now reads the order of `fingerprint`.
+        state.reading(Order(fingerprint), None)
+        resume._check_order(fingerprint)
 
     backup = tmp_path / "backup"
     backup.mkdir()
     now = {"stratified": ["0", "1"], "mix": [0.5, 0.5], "seed": 3, "pipelines": 2, "window": 64}
     (backup / ORDER_FILE).write_text(json.dumps({**now, "pipelines": 3}))
-    pipeline = TFRecordPipeline(files=strata + "-*", features=FEATURES, batch_size=24)
-    resume = keras.ResumeInput(pipeline, backup_dir=str(backup))
-    with caplog.at_level("WARNING", logger="tfdist.keras"):
-        resume._check_order(now)
-        resume._check_order(now)
+    state = InputState(epochs_per_iteration=1)  # A TFRecordPipeline's, without the build.
+    resume = keras.ResumeInput(state, backup_dir=str(backup))
+    with caplog.at_level("WARNING", logger="tfdist.data"):  # The input explains the change itself.
+        check(now)
+        check(now)
     warned = [r.getMessage() for r in caplog.records if "input pipelines drawing by class_weights" in r.getMessage()]
     assert len(warned) == 1 and "made by 3 input pipelines" in warned[0] and "2 draw now" in warned[0], warned
     assert json.loads((backup / ORDER_FILE).read_text()) == now
     # Another world size and another option: the option's change stops the resume, naming it.
     with pytest.raises(DataError, match=r"class_weights \[0.5, 0.5\] then, \[0.25, 0.75\] now.*cluster 2 then") as err:
-        resume._check_order({**now, "pipelines": 4, "mix": [0.25, 0.75]})
+        check({**now, "pipelines": 4, "mix": [0.25, 0.75]})
     assert err.value.field == "class_weights"
     with pytest.raises(DataError, match=r"cluster 2 then, 4 now, shuffle_buffer 64 then") as err:
-        resume._check_order({**now, "pipelines": 4, "window": 32})
+        check({**now, "pipelines": 4, "window": 32})
     assert err.value.field == "cluster"

@@ -289,7 +289,7 @@ def counted_ps_fit(workdir: str, prefix: str, options: dict[str, Any]) -> dict[s
     model.fit(x, epochs=options.get("epochs", 3), steps_per_epoch=steps, verbose=0, callbacks=callbacks)
     return {
         "counts": [int(c) for c in model.counts.numpy()],
-        "claimed": int(data.cursor.claims.numpy()),
+        "claimed": data.claimed_steps(),
         "iterations": int(model.optimizer.iterations.numpy()),
         "restart": int(os.environ.get("TFDIST_RESTART", "0")),
     }

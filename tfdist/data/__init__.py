@@ -17,6 +17,7 @@ from tfdist.data.order import DataPosition, EpochOrder, InputCursor
 from tfdist.data.pipeline import (
     EpochOptions,
     ParseOptions,
+    ResumableInput,
     SampleOptions,
     ShardOptions,
     SourceOptions,
@@ -38,6 +39,7 @@ __all__ = [
     "Listing",
     "LocalDataService",
     "ParseOptions",
+    "ResumableInput",
     "SampleOptions",
     "ScanProgress",
     "ShardOptions",

@@ -9,7 +9,6 @@ In a training script (not run here: it needs a pipeline and a strategy)::
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -109,18 +108,9 @@ def fit_input(
 
 
 def _log_epochs(pipeline: Any, steps_per_epoch: int) -> None:
-    """Says how fit's epochs line up with the data epochs of claimed steps, where a finite input ends, and
-    what a restarted job needs so that its claims do not start again at step 0."""
-    restart = os.environ.get("TFDIST_RESTART", "0")
-    if restart.isdigit() and int(restart) > 0:
-        _log.warning(
-            "This task is restart %s of its job: the claimed steps start at step 0 unless "
-            "tfdist.keras.ResumeInput(pipeline) (or cluster_callbacks(..., data=pipeline)) beside the "
-            "BackupAndRestore sets them to the restored step, which it logs as 'Input resumes at ...'. "
-            "Without it the steps before the backup are trained again and the last ones not at all.",
-            restart,
-        )
-    steps = pipeline.cursor.steps_per_epoch()
+    """Says how fit's epochs line up with the data epochs of claimed steps, and where a finite input ends
+    (a restarted task's pipeline says what its claims need, as it makes them)."""
+    steps = pipeline.steps_per_epoch()
     passes = getattr(pipeline, "num_epochs", None)
     if steps is not None and passes is not None:
         _log.warning(

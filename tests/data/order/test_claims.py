@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support.records import ID_ONLY, example
-from tfdist.data import TFRecordPipeline, write_tfrecords
+from tfdist.data import DataPosition, TFRecordPipeline, write_tfrecords
 from tfdist.data.order.claims import claim_next, claimed_steps, graph_permutation, steps_per_pass
 from tfdist.data.order.index import epoch_order
 from tfdist.data.order.plan import EpochOrder, permutation
@@ -134,14 +134,17 @@ def test_a_pipeline_under_a_strategy_gives_a_parsed_claimed_dataset_and_its_curs
     pipeline = TFRecordPipeline(files=prefixes[None] + "-*", batch_size=8, features=ID_ONLY, shuffle_buffer=16, seed=2)
     with caplog.at_level(logging.INFO, logger="tfdist.data"):
         dataset_fn = pipeline.claimed_dataset_fn(tf.distribute.get_strategy())
-    assert dataset_fn is not None and pipeline.cursor.claims is not None
+    assert dataset_fn is not None and pipeline.claimed_steps() == 0
     assert (
         "claimed steps: 100 records, 13 steps per data epoch of 8 streams (1 record(s) of each per step)" in caplog.text
     )
-    assert pipeline.cursor.steps_per_epoch() == 13
+    assert pipeline.steps_per_epoch() == 13
     batches = list(dataset_fn(None))  # num_epochs=1: one data epoch
     assert len(batches) == 13 and sorted(int(i) for b in batches for i in b["id"]) == list(range(RECORDS))
-    assert int(pipeline.cursor.claims.numpy()) == 14
+    assert pipeline.claimed_steps() == 14
+    # A restore seeks the claims (the one route of ResumableInput): fit's epoch 1, step 3 of 10-step epochs.
+    pipeline.seek(epoch=1, step=3, steps_per_epoch=10)
+    assert pipeline.claimed_steps() == 13 and pipeline.cursor.position == DataPosition()
 
 
 def test_options_without_a_global_order_fall_back_loudly_or_fail_under_resumable(prefixes, caplog) -> None:

@@ -316,7 +316,7 @@ def test_two_datasets_of_one_pipeline_count_their_own_epochs(prefixes) -> None:
     pipeline = TFRecordPipeline(files=prefixes[None] + "-*", features=ID_ONLY, batch_size=24, shuffle_buffer=64, seed=3)
     first, second = pipeline.dataset(), pipeline.dataset()
     assert [b["id"].numpy().tolist() for b in first] == [b["id"].numpy().tolist() for b in second]
-    assert pipeline.cursor.steps_per_epoch() == 20
+    assert pipeline.steps_per_epoch() == 20
 
 
 def test_default_streams_and_layout_rules() -> None:
@@ -339,7 +339,7 @@ def test_auto_falls_back_to_the_buffer_order_and_says_why(prefixes, caplog) -> N
             files=prefixes[None] + "-*", features=spec, batch_size=24, shard_policy="hash", shard_key="id"
         )
         assert sorted(i for b in hashed.dataset() for i in b["id"].numpy().tolist()) == list(range(RECORDS))
-    assert hashed.cursor.order is None
+    assert hashed.fingerprint() is None and hashed.steps_per_epoch() is None
     assert "Input order 'buffer' (no exact resume): shard_policy 'hash'" in caplog.text
     strict = TFRecordPipeline(
         files=prefixes[None] + "-*",

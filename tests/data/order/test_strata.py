@@ -70,9 +70,9 @@ def test_the_graph_draws_what_numpy_counts_and_the_mix_holds() -> None:
 @pytest.mark.parametrize("num_epochs", [None, 1])
 def test_a_resume_replays_the_same_draws(prefix: str, num_epochs: int | None) -> None:
     whole = _pipeline(prefix, num_epochs=num_epochs)
-    assert whole.cursor.steps_per_epoch() is None
+    assert whole.steps_per_epoch() is None
     dataset = whole.dataset()
-    assert whole.cursor.steps_per_epoch() == 15  # 375 draws of 25.
+    assert whole.steps_per_epoch() == 15  # 375 draws of 25.
     # The draws and the class readers (all but the parse map) are instantiated on one device (BENCHMARKS.md).
     marked = _compat.marked_single_device(dataset)
     ours = {k: v for k, v in marked.items() if "_parse_batch" not in k}
@@ -112,7 +112,7 @@ def test_two_pipelines_draw_their_own_shares_and_a_changed_world_size_is_a_chang
     assert firsts[0] != firsts[1]
     alone = _pipeline(prefix, num_epochs=None, batch_size=24)
     alone.dataset()
-    assert pipes[0].cursor.order.fingerprint() != alone.cursor.order.fingerprint()  # 2 streams then, 1 now.
+    assert pipes[0].fingerprint() != alone.fingerprint()  # 2 streams then, 1 now.
     many = {"worker": [f"127.0.0.1:{port}" for port in range(1, 31)]}  # 30 pipelines, class 3 has 25 records.
     spec = ClusterSpec.from_tf_config({"cluster": many, "task": {"type": "worker", "index": 0}})
     with pytest.raises(DataError, match="class '3' has 25"):

@@ -1,9 +1,10 @@
 """Where the input stands: a position in steps, and the cursor a pipeline's readers start from.
 
 A :class:`DataPosition` says where the next iteration of a dataset starts: data epoch ``epoch``, after
-``step`` global steps were trained from there. Keras' backups already hold the step counters; the
-callbacks of :mod:`tfdist.keras` turn them into a position after a restore and set it on the pipeline's
-:class:`InputCursor` before the first batch is read.
+``step`` global steps were trained from there. Keras' backups already hold the step counters; after a
+restore the pipeline turns them into a position (:func:`input_position`, through
+:class:`~tfdist.data.pipeline.state.ResumableInput`) and starts its :class:`InputCursor` there before
+the first batch is read.
 
 Example:
     >>> cursor = InputCursor(epochs_per_iteration=1)
@@ -19,13 +20,25 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Mapping
 
-from tfdist.errors import DataError, require_int
+from tfdist.errors import DataError, invalid, require_int
 
 __all__ = ["DataPosition", "InputCursor"]
 
 _log = logging.getLogger("tfdist.data")
+_RESTART_VAR = "TFDIST_RESTART"  # Set by tfdist-launch and the jobs it emits: 0 on the first run.
+
+
+def restart_attempt(environ: Mapping[str, str] | None = None) -> int:
+    """Which restart of its job this task is (``TFDIST_RESTART``): 0 on the first run or outside tfdist-launch.
+
+    Example:
+        >>> restart_attempt({"TFDIST_RESTART": "2"}), restart_attempt({}), restart_attempt({"TFDIST_RESTART": "x"})
+        (2, 0, 0)
+    """
+    value = (os.environ if environ is None else environ).get(_RESTART_VAR, "0")
+    return int(value) if value.isdigit() else 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,6 +57,33 @@ class DataPosition:
         require_int(DataError, "step", self.step, minimum=0)
 
 
+def input_position(
+    epoch: int, step: int, *, epochs_per_iteration: int | None, steps_per_epoch: int | None
+) -> DataPosition:
+    """The data position of Keras epoch ``epoch``, step ``step`` (where fit goes on after a restore).
+
+    A finite dataset of ``E`` epochs is iterated once per Keras epoch, so Keras epoch ``k`` is data epoch
+    ``k * E``; an endless one is one iteration, counted in steps since the start.
+
+    Example:
+        >>> input_position(2, 5, epochs_per_iteration=1, steps_per_epoch=None)
+        DataPosition(epoch=2, step=5)
+        >>> input_position(2, 5, epochs_per_iteration=None, steps_per_epoch=20)
+        DataPosition(epoch=0, step=45)
+    """
+    if epochs_per_iteration is not None:
+        return DataPosition(epoch=epoch * epochs_per_iteration, step=step)
+    if steps_per_epoch is None:
+        raise invalid(
+            DataError,
+            "steps_per_epoch",
+            None,
+            "a number of steps per epoch with endless input (num_epochs=None)",
+            "Pass steps_per_epoch=... to fit().",
+        )
+    return DataPosition(epoch=0, step=epoch * steps_per_epoch + step)
+
+
 class InputCursor:
     """The start of each iteration of a pipeline's dataset, per stream (thread-safe).
 
@@ -58,19 +98,8 @@ class InputCursor:
         self._lock = threading.Lock()
         self._position = DataPosition()
         self._generation = 0
-        self.linked = False
+        self._linked = False  # Started at a position (by a restore, or by hand).
         self._warned = False
-        self.order: Any = None  # The EpochOrder and StreamLayout of the last dataset built (None: not resumable).
-        self.layout: Any = None
-        self.claims: Any = None  # Under parameter servers: the counter of claimed global steps (on a ps).
-
-    def steps_per_epoch(self, *, drop_remainder: bool = False) -> int | None:
-        """Global steps in one epoch of the last dataset built (None before one is built)."""
-        if self.order is None or self.layout is None:
-            return None
-        per = self.layout.per_stream
-        lengths = self.order.stream_lengths
-        return min(lengths) // per if drop_remainder else -(-max(lengths) // per)
 
     @property
     def position(self) -> DataPosition:
@@ -82,7 +111,7 @@ class InputCursor:
         with self._lock:
             self._position = position
             self._generation += 1
-            self.linked = True
+            self._linked = True
 
     def reads(self) -> StreamStarts:
         """A new dataset's own count of iterations per stream (two datasets of one pipeline do not share one)."""
@@ -95,8 +124,8 @@ class InputCursor:
         return DataPosition(epoch=self._position.epoch + k * per, step=0)
 
     def _warn_unlinked_restart(self) -> None:
-        restart = os.environ.get("TFDIST_RESTART", "0")
-        if self.linked or self._warned or not restart.isdigit() or int(restart) == 0:
+        restart = restart_attempt()
+        if self._linked or self._warned or restart == 0:
             return
         self._warned = True
         _log.warning(

@@ -14,6 +14,7 @@ from tfdist.data.order.reader import StreamLayout, default_streams, ordered_reco
 from tfdist.data.order.strata import StrataOrder, draw_counts, graph_draws
 from tfdist.data.pipeline import reading
 from tfdist.data.pipeline._context import PipelineSlot
+from tfdist.data.pipeline.state import InputState
 from tfdist.data.records.files import Listing
 from tfdist.data.sampling import resolve_weights
 from tfdist.data.storage import remote
@@ -114,8 +115,8 @@ def _refused(obstacle: tuple[str, Any, str], cost: str) -> DataError:
     )
 
 
-def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: InputCursor) -> tuple[Any, str]:
-    """This worker's serialized records in the resumable order, and the plan text to log."""
+def records(pipeline: Any, listing: Listing, layout: StreamLayout, state: InputState) -> tuple[Any, str]:
+    """This worker's serialized records in the resumable order (told to ``state``), and the plan text to log."""
     import tensorflow as tf
 
     order = epoch_order(
@@ -129,12 +130,12 @@ def records(pipeline: Any, listing: Listing, layout: StreamLayout, cursor: Input
     )
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)
-    cursor.order, cursor.layout = order, layout
+    state.reading(order, layout)
     local = bool(listing.local) and tf.executing_eagerly()  # Built here, read elsewhere (a ps worker): threads.
     # Shuffled streams read and gather whole windows: with a thread each they overlap (0.82x the buffer
     # order on 1 GB of 4 KB records, 0.56x without; BENCHMARKS.md). Unshuffled local streams only read.
     threads = bool(pipeline.shuffle_buffer) or reading.reads_in_threads(paths, pipeline.tuning, local)
-    dataset = ordered_records(order, layout, cursor, paths, compression=compression, threads=threads)
+    dataset = ordered_records(order, layout, state.cursor, paths, compression=compression, threads=threads)
     text = (
         f"resumable order: {order.num_records} records in {layout.streams} streams ({layout.policy}: "
         f"{len(layout.own)} read here, {layout.per_stream} records each per step)"
@@ -197,13 +198,14 @@ def _too_small(pipeline: Any, label: str, records: int | None, count: int) -> Da
 
 
 def strata(
-    pipeline: Any, listing: Listing, groups: dict[str, Any], layout: StreamLayout, cursor: InputCursor
+    pipeline: Any, listing: Listing, groups: dict[str, Any], layout: StreamLayout, state: InputState
 ) -> tuple[Any, str]:
     """This pipeline's stratified draws in a replayable order (:mod:`tfdist.data.order.strata`), as chunks.
 
     Each class group is its own resumable epoch order, one stream per pipeline, read endlessly; the
     classes of the draws come from :func:`~tfdist.data.order.strata.graph_draws`. A chunk is the
-    pipeline's ``batch_size / pipelines`` draws of one global step. ``layout`` is :func:`layout_for`'s.
+    pipeline's ``batch_size / pipelines`` draws of one global step. ``layout`` is :func:`layout_for`'s; the
+    order is told to ``state``.
     """
     import tensorflow as tf
 
@@ -242,7 +244,7 @@ def strata(
     probabilities = [mix[label] for label in labels]
     share = sum(counts.values()) // count
     per_step = layout.per_stream
-    cursor.order = StrataOrder(
+    drawn_order = StrataOrder(
         labels=tuple(labels),
         counts=tuple(counts.values()),
         mix=tuple(probabilities),
@@ -251,8 +253,8 @@ def strata(
         share=share,
         orders=tuple(orders),
     )
-    cursor.layout = layout
-    starts, epochs = cursor.reads(), cursor.epochs_per_iteration
+    state.reading(drawn_order, layout)
+    starts, epochs = state.cursor.reads(), state.cursor.epochs_per_iteration
     counted = _Counted(probabilities, seed=seed, worker=index)
 
     def begin() -> Any:  # Python, once per iteration: the first draw, how many to take, where each class stands.
@@ -288,11 +290,14 @@ def strata(
     return dataset, text
 
 
-def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> tuple[Any, str] | None:
+def claimed(
+    pipeline: Any, listing: Listing, *, strategy: Any, finish: Any, state: InputState
+) -> tuple[Any, str] | None:
     """Under parameter servers: a dataset function whose workers claim global steps (None: 'buffer' order).
 
-    Built eagerly on the coordinator: the listing, the block table and the counter (on a ps) are made
-    here, and every worker's traced dataset reads the steps it claims (:mod:`tfdist.data.order.claims`).
+    Built eagerly on the coordinator: the listing, the block table and the counter (on a ps, told to
+    ``state``) are made here, and every worker's traced dataset reads the steps it claims
+    (:mod:`tfdist.data.order.claims`).
     """
     import tensorflow as tf
 
@@ -332,9 +337,7 @@ def claimed(pipeline: Any, listing: Listing, *, strategy: Any, finish: Any) -> t
     compression = reading.one_compression(paths, pipeline.source)
     with strategy.scope():
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
-    cursor = pipeline.cursor
-    cursor.order, cursor.layout = order, layout
-    cursor.claims = counter
+    state.claiming(order, layout, counter)
     passes = pipeline.num_epochs
 
     def dataset_fn(input_context: Any = None) -> Any:

@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from tfdist._options import GroupedOptions, group
@@ -45,6 +46,7 @@ from tfdist.data.pipeline.options import (
     SourceOptions,
     TuningOptions,
 )
+from tfdist.data.pipeline.state import InputState, PipelineRun
 from tfdist.data.records.files import Listing, compression_of, list_files
 from tfdist.data.records.verify import VerifyReport, verify_files
 from tfdist.data.sharding import ShardPlan, plan_shards
@@ -68,13 +70,6 @@ def _static_batches(dataset: Any, batch_size: int) -> Any:
     from tfdist import _compat
 
     return _compat.unbatch_dense(dataset).batch(batch_size)
-
-
-class _ReportLog:
-    """The verification report of the last ``dataset()`` call (a diagnostic, not configuration)."""
-
-    def __init__(self) -> None:
-        self.last: VerifyReport | None = None
 
 
 class TFRecordPipeline(GroupedOptions, error=DataError):
@@ -108,8 +103,7 @@ class TFRecordPipeline(GroupedOptions, error=DataError):
 among ... (did you mean 'shuffle_buffer'?).
     """
 
-    _reports: _ReportLog = dataclasses.field(init=False, repr=False, compare=False)
-    _cursor: InputCursor = dataclasses.field(init=False, repr=False, compare=False)
+    _run: PipelineRun = dataclasses.field(default_factory=PipelineRun, init=False, repr=False, compare=False)
     source = group(SourceOptions)
     epochs = group(EpochOptions)
     parsing = group(ParseOptions)
@@ -119,8 +113,6 @@ among ... (did you mean 'shuffle_buffer'?).
 
     def __post_init__(self) -> None:
         """Rules across groups (each group has checked its own fields)."""
-        object.__setattr__(self, "_reports", _ReportLog())
-        object.__setattr__(self, "_cursor", InputCursor(epochs_per_iteration=self.num_epochs))
         if self.shard_policy == "hash" and (self.features is None or self.shard_key not in self.features):
             raise invalid(
                 DataError,
@@ -163,7 +155,7 @@ among ... (did you mean 'shuffle_buffer'?).
         planned = plan is not None or self.class_weights is not None
         layout = None if planned else _resumable.layout_for(self, groups={}, listing=listing, where=slot)
         if layout is not None:
-            chunks, _ = _resumable.records(self, listing, layout, InputCursor(epochs_per_iteration=1))
+            chunks, _ = _resumable.records(self, listing, layout, InputState(epochs_per_iteration=1))
             return _compat.unbatch_dense(chunks), self._verify_share(listing, slot)
         plan = plan or self.plan(num_workers, listing)
         return self._read(plan, worker, listing)
@@ -201,13 +193,17 @@ among ... (did you mean 'shuffle_buffer'?).
     @property
     def last_report(self) -> dict[str, Any]:
         """What the last ``dataset()`` call checked and skipped (on_corrupt='skip')."""
-        last = self._reports.last
+        last = self._run.report
         return last.to_dict() if last is not None else {}
+
+    # ---------------------------------------------------------------- resume
+    def _state(self) -> InputState:
+        return self._run.input(self.epochs)
 
     @property
     def cursor(self) -> InputCursor:
-        """Where this pipeline's datasets start reading (``order='resumable'``); tfdist's Keras callbacks set it."""
-        return self._cursor
+        """Where this pipeline's datasets start reading (``order='resumable'``); :meth:`seek` starts it."""
+        return self._state().cursor
 
     def start_at(self, position: DataPosition) -> None:
         """Starts the next iteration of this pipeline's datasets at ``position`` (``order='resumable'``).
@@ -218,7 +214,30 @@ among ... (did you mean 'shuffle_buffer'?).
             >>> pipeline.start_at(DataPosition(epoch=1, step=3)); pipeline.cursor.position
             DataPosition(epoch=1, step=3)
         """
-        self._cursor.start(position)
+        self._state().cursor.start(position)
+
+    # ResumableInput (tfdist.data.pipeline.state): what tfdist's Keras callbacks ask and tell, for every strategy.
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The order of the last dataset built, as a backup records it; None: not a resumable order."""
+        return self._state().fingerprint()
+
+    def check_fingerprint(self, saved: Mapping[str, Any], *, backup: str) -> bool:
+        """Checks a backup's recorded fingerprint against this order; a change raises a DataError naming
+        the option (:meth:`~tfdist.data.pipeline.state.ResumableInput.check_fingerprint`)."""
+        return self._state().check_fingerprint(saved, backup=backup)
+
+    def steps_per_epoch(self) -> int | None:
+        """Global steps of one data epoch of the last dataset built (None: none built, or not resumable)."""
+        return self._state().steps_per_epoch()
+
+    def seek(self, *, epoch: int, step: int, steps_per_epoch: int | None) -> None:
+        """Goes on at ``fit``'s epoch ``epoch``, step ``step`` (epochs of ``steps_per_epoch`` steps): the
+        next iteration's position, or under parameter servers the next global step to claim."""
+        self._state().seek(epoch=epoch, step=step, steps_per_epoch=steps_per_epoch)
+
+    def claimed_steps(self) -> int | None:
+        """Global steps the parameter-server workers claimed so far; None without claimed steps."""
+        return self._state().claimed_steps()
 
     # ---------------------------------------------------------------- dataset
     def dataset_fn(self, input_context: Any) -> Any:
@@ -245,10 +264,10 @@ among ... (did you mean 'shuffle_buffer'?).
 
             return records.batch(self.batch_size).map(self._parse_batch)
 
-        built = _resumable.claimed(self, listing, strategy=strategy, finish=finish)
+        built = _resumable.claimed(self, listing, strategy=strategy, finish=finish, state=self._state())
         if built is None:
             return None
-        self._reports.last = self._verify_share(listing, where)
+        self._run.report = self._verify_share(listing, where)
         self._check_features(listing.files[0].path if listing.files else None)
         _log.info("Input pipeline under parameter servers: %s.", built[1])
         return built[0]
@@ -264,7 +283,7 @@ among ... (did you mean 'shuffle_buffer'?).
             (default: from TF_CONFIG).
         """
         records, report, where, stratified, resumable = self._records_for(input_context, cluster)
-        self._reports.last = report
+        self._run.report = report
         return self._finish(records, where, stratified=stratified, resumable=resumable)
 
     def _verify_share(self, listing: Listing, where: _context.PipelineSlot) -> VerifyReport:
@@ -294,14 +313,14 @@ among ... (did you mean 'shuffle_buffer'?).
 
         layout = _resumable.layout_for(self, groups=groups, listing=listing, where=where)
         if layout is None:
-            self._cursor.order = self._cursor.layout = None  # ResumeInput then says the input cannot resume.
+            self._state().reading(None, None)  # ResumeInput then says the input cannot resume.
         if layout is not None:
             reports.append(self._verify_share(listing, where))
             self._check_features(listing.files[0].path if listing.files else None)
             if _resumable.drawn(self, groups):
-                records, plan_text = _resumable.strata(self, listing, groups, layout, self._cursor)
+                records, plan_text = _resumable.strata(self, listing, groups, layout, self._state())
             else:
-                records, plan_text = _resumable.records(self, listing, layout, self._cursor)
+                records, plan_text = _resumable.records(self, listing, layout, self._state())
             known = listing.records([f.path for f in listing.files])
             self._warn_small_share(None if known is None else known // where.count, where)
         elif self.data_service is not None:
