@@ -48,7 +48,8 @@ def batch(
       dataset: Elements to batch.
       batch_size: Elements per batch.
       drop_remainder: Drop a final partial batch (static batch dimension).
-      finite: Whether ``dataset`` ends (an infinite stream has no remainder).
+      finite: Whether ``dataset`` ends. An endless stream has no remainder: its batches are
+        given a static size whatever ``drop_remainder`` says.
       where: Names the input pipeline in the log line, e.g. ``"1/2"``.
       logged: Count dropped records at run time (a Python callback in the
         pipeline). False where the pipeline runs outside this process (tf.data
@@ -74,8 +75,9 @@ def batch(
         return dataset.batch(batch_size, drop_remainder=drop, **kwargs)
 
     if not drop_remainder or not finite:
-        # Infinite streams never end in a partial batch: a static batch costs nothing.
-        return batched(drop_remainder and not finite)
+        # An endless stream never ends in a partial batch: its batches get a static size whatever
+        # drop_remainder says (a DTensor mesh needs one), and a finite one without drop_remainder keeps all.
+        return batched(not finite)
     if not logged:
         _log.warning(
             "drop_remainder=True: input pipeline %s drops its last partial batch (up to %d records per "

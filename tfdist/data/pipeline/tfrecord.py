@@ -57,7 +57,7 @@ __all__ = ["TFRecordPipeline"]
 _log = logging.getLogger("tfdist.data")
 
 
-def _static_batches(dataset: Any, batch_size: int) -> Any:
+def _static_batches(dataset: Any, batch_size: int, *, endless: bool) -> Any:
     """Ends the pipeline in a plain ``batch``, so tf.distribute splits its batches at a fixed size.
 
     ``fit(dataset)`` under MultiWorkerMirroredStrategy asks ``compute_batch_size`` how to split each
@@ -65,11 +65,12 @@ def _static_batches(dataset: Any, batch_size: int) -> Any:
     replica, a partial batch into smaller pieces: a worker whose share of an epoch is not a multiple of
     the global batch then takes more, smaller steps at the end of the epoch, and the steps no longer
     match the resumable order's (a resume there would skip or repeat records). With a final ``batch``
-    each step takes ``batch_size / replicas`` records of the worker's stream, as the order plans.
+    each step takes ``batch_size / replicas`` records of the worker's stream, as the order plans. An
+    endless stream's batches are all full: they keep a static size.
     """
     from tfdist import _compat
 
-    return _compat.unbatch_dense(dataset).batch(batch_size)
+    return _compat.unbatch_dense(dataset).batch(batch_size, drop_remainder=endless)
 
 
 class TFRecordPipeline(GroupedOptions, error=DataError):
@@ -462,7 +463,7 @@ among ... (did you mean 'shuffle_buffer'?).
                 self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic
             )
             if resumable and not where.per_replica and where.count > 1:
-                dataset = _static_batches(dataset, where.batch_size)
+                dataset = _static_batches(dataset, where.batch_size, endless=self.num_epochs is None)
         if self.as_supervised and (self.parse_fn is not None or fallback):
             dataset = parsing.supervised(dataset, self.label_key)
         options = tf.data.Options()
