@@ -10,12 +10,11 @@ from typing import cast
 
 import pytest
 
-from tests.support import SUPPORT
 from tests.support.processes import assert_all_gone
 from tfdist import launch
 
 PY = sys.executable
-SCRIPT = str(SUPPORT / "elastic_ps_train.py")
+SCRIPT = str(Path(__file__).with_name("_tasks_elastic_ps.py"))
 STEP = re.compile(r"^STEP (\d+)$")
 STARTED = re.compile(r"^(\S+) started \(.*pid (\d+),")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support import REPO, SUPPORT, cluster_tasks
+from tests.keras import _tasks_fit as fit_tasks
+from tests.support import REPO
 from tfdist import testing
 from tfdist.launch.events import KillAt
 
@@ -21,8 +22,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 class TestDataParallel:
     def test_two_workers_equal_one_process_with_two_replicas(self) -> None:
-        mwms = testing.run_cluster(cluster_tasks.equivalence_mwms, workers=2, timeout=180, args=[64, 3])
-        mirrored = testing.run_cluster(cluster_tasks.equivalence_mirrored, workers=1, timeout=180, args=[64, 3])
+        mwms = testing.run_cluster(fit_tasks.equivalence_mwms, workers=2, timeout=180, args=[64, 3])
+        mirrored = testing.run_cluster(fit_tasks.equivalence_mirrored, workers=1, timeout=180, args=[64, 3])
         assert mwms.ok, mwms.result.summary()
         assert mirrored.ok, mirrored.result.summary()
         reference = mirrored.values["worker:0"]
@@ -33,7 +34,7 @@ class TestDataParallel:
 
     def test_cluster_callbacks_under_mwms(self, tmp_path: Path) -> None:
         root = str(tmp_path)
-        run = testing.run_cluster(cluster_tasks.mwms_with_cluster_callbacks, workers=2, timeout=180, args=[root, 3])
+        run = testing.run_cluster(fit_tasks.mwms_with_cluster_callbacks, workers=2, timeout=180, args=[root, 3])
         assert run.ok, run.result.summary()
         chief, other = run.values["worker:0"], run.values["worker:1"]
         assert "TensorBoard" in chief["callbacks"]
@@ -56,7 +57,7 @@ class TestParameterServerKeras:
     def test_fit_input_callbacks_and_evaluator_sidecar(self, tmp_path: Path) -> None:
         root = str(tmp_path)
         run = testing.run_cluster(
-            cluster_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240, args=[root, 4, 20]
+            fit_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240, args=[root, 4, 20]
         )
         assert run.ok, run.result.summary()
         chief = run.values["chief:0"]
@@ -73,7 +74,7 @@ class TestParameterServerKeras:
         statuses: list[str] = []
         # Kill the ps once the chief has backed up epoch 2 (a log line, not a clock: issue #11).
         run = testing.run_cluster(
-            cluster_tasks.ps_full,
+            fit_tasks.ps_full,
             workers=2,
             ps=1,
             chief=True,
@@ -206,7 +207,6 @@ class TestPreemption:
 
         root = str(tmp_path)
         log = os.path.join(root, "epochs")
-        tasks = str(SUPPORT / "cluster_tasks.py")
         command = [
             sys.executable,
             "-m",
@@ -222,7 +222,7 @@ class TestPreemption:
             "-m",
             "tfdist.launch.tasks.function",
             "--file",
-            tasks,
+            fit_tasks.__file__,
             "preemptible_fit",
             json.dumps([os.path.join(root, "backup"), log, 40, 0.2]),
         ]

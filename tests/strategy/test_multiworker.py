@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.strategy import _tasks_multiworker as multiworker_tasks
 from tests.support import cluster_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import launch, testing
@@ -69,7 +70,7 @@ def _assert_quiet_console(console: str, log_dir: str, tasks: tuple[str, ...]) ->
 
 
 def test_auto_strategy_two_workers_identical_weights() -> None:
-    run = testing.run_cluster(cluster_tasks.mwms_fit, workers=2, timeout=180)
+    run = testing.run_cluster(multiworker_tasks.mwms_fit, workers=2, timeout=180)
     assert run.ok, run.result.summary()
     a, b = run.values["worker:0"], run.values["worker:1"]
     for value in (a, b):
@@ -173,7 +174,7 @@ def test_pipeline_shards_from_tf_config_and_fits(tmp_path: Path) -> None:
         prefix,
         num_shards=4,
     )
-    run = testing.run_cluster(cluster_tasks.mwms_pipeline, workers=2, timeout=180, args=[prefix])
+    run = testing.run_cluster(multiworker_tasks.mwms_pipeline, workers=2, timeout=180, args=[prefix])
     assert run.ok, run.result.summary()
     a, b = run.values["worker:0"], run.values["worker:1"]
     assert sorted(a["ids"] + b["ids"]) == list(range(643))  # Each record once per epoch.
@@ -203,7 +204,7 @@ def test_launcher_data_service_splits_records_between_workers(tmp_path: Path) ->
         num_shards=8,
     )
     run = testing.run_cluster(
-        cluster_tasks.service_consumer, workers=2, timeout=180, args=[prefix], data_service_workers=2
+        multiworker_tasks.service_consumer, workers=2, timeout=180, args=[prefix], data_service_workers=2
     )
     assert run.ok, run.result.summary()
     ids = run.values["worker:0"]["ids"] + run.values["worker:1"]["ids"]
@@ -214,7 +215,7 @@ def test_crash_once_restarts_group_and_resumes_from_backup(tmp_path: Path) -> No
     tmp = str(tmp_path)
     log, marker = os.path.join(tmp, "epochs"), os.path.join(tmp, "crashed")
     run = testing.run_cluster(
-        cluster_tasks.mwms_backup_fit,
+        multiworker_tasks.mwms_backup_fit,
         workers=2,
         timeout=240,
         max_restarts=1,
@@ -235,7 +236,7 @@ def test_killed_worker_restarts_group_and_resumes_from_backup(tmp_path: Path) ->
     statuses: list[str] = []
     # Kill worker 1 once worker 0 has backed up epoch 2: the fault lands there however slow the machine.
     run = testing.run_cluster(
-        cluster_tasks.mwms_backup_fit,
+        multiworker_tasks.mwms_backup_fit,
         workers=2,
         timeout=240,
         max_restarts=1,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from tfdist._compat._common import _attr, _missing
 from tfdist._compat.data import (
@@ -26,6 +27,8 @@ from tfdist._compat.distribute import (
 from tfdist._compat.keras import (
     backup_base,
     callback_base,
+    is_dtensor_optimizer,
+    is_functional,
     lazy_variables,
     saving_before_preemption,
     steps_per_execution,
@@ -62,6 +65,22 @@ def _check_backup_state() -> None:
         _attr(_attr(state.write_checkpoint_manager, "_checkpoint", "mesh backups"), "_write", "mesh backups")
         _attr(model, "_validate_target_and_loss", "accumulate_gradients")
         steps_per_execution(model)
+
+
+def _check_model_kinds() -> None:
+    import tf_keras
+
+    class Subclassed(tf_keras.Model):
+        def call(self, inputs: Any) -> Any:
+            return inputs
+
+    functional = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
+    if not is_functional(functional) or is_functional(Subclassed()):
+        raise _missing("Model._is_graph_network telling functional from subclassed models", "shard_model")
+    optimizer = tf_keras.optimizers.SGD()
+    _attr(optimizer, "_mesh", "with_communication and local_sgd on a mesh")
+    if is_dtensor_optimizer(optimizer):
+        raise _missing("Optimizer._mesh None for an optimizer without a mesh", "with_communication and local_sgd")
 
 
 def _check_deferred_merge() -> None:
@@ -176,6 +195,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "dtensor accelerator_util.is_initialized": dtensor_initialized,
     "dtensor input_util._DTensorIterator and _pack_iterator_resource_dtensor": _dtensor_input,
     "tf_keras lazy_variable.lazy_init_scope": lazy_variables,
+    "Model._is_graph_network and Optimizer._mesh": _check_model_kinds,
     "tf.data service servers' _stop": _check_data_service,
     "Trackable._serialize_to_tensors, _restore_from_tensors and SaveSpec": _check_trackable_hooks,
     "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,

@@ -229,6 +229,25 @@ def guard_initial_counters(model: Any, steps_per_epoch: int | None) -> None:
     state.maybe_load_initial_counters_from_ckpt = guarded
 
 
+def is_functional(model: Any) -> bool:
+    """Whether a tf-keras model is a graph of layers: functional, or a ``Sequential`` that starts with an Input.
+
+    tf-keras keeps it in the private ``Model._is_graph_network`` (False for a subclassed model).
+    """
+    return bool(_attr(model, "_is_graph_network", "shard_model"))
+
+
+def is_dtensor_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` was made for a DTensor mesh (``mesh=``, kept as the private ``_mesh``).
+
+    Also True for a class of tf-keras's own DTensor package (``tf_keras.src.dtensor``). An optimizer
+    without a ``_mesh`` (tf-keras's legacy ones) is not made for a mesh.
+    """
+    if type(optimizer).__module__.startswith("tf_keras.src.dtensor"):
+        return True
+    return getattr(optimizer, "_mesh", None) is not None
+
+
 def lazy_variables() -> Any:
     """A scope in which tf-keras creates variables without allocating them (what a LayoutMap scope uses).
 

@@ -11,15 +11,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tfdist.data.sharding import imbalance
+from tfdist.data.sharding import ShardPlan, imbalance
 from tfdist.errors import DataError, Error, invalid, require_int
+
+if TYPE_CHECKING:
+    from tfdist.data.pipeline.tfrecord import TFRecordPipeline
+    from tfdist.data.records.files import Listing
+    from tfdist.data.records.verify import VerifyReport
 
 __all__ = ["ScanProgress", "SkewReport", "skew_report"]
 
@@ -329,9 +335,7 @@ def skew_report(
     """
     import tensorflow as tf
 
-    from tfdist.data.pipeline import stratified
     from tfdist.data.pipeline.parsing import check_features
-    from tfdist.data.pipeline.tfrecord import TFRecordPipeline
     from tfdist.data.records.files import compression_of
 
     if not isinstance(label_key, str) or not label_key:
@@ -340,31 +344,16 @@ def skew_report(
     features = {label_key: label_spec or tf.io.FixedLenFeature([], tf.int64)}
     if shard_key:
         features[shard_key] = tf.io.FixedLenFeature([], tf.int64)
-
     # The report runs each worker's real record stream (the pipeline's own sharding code), so it is exact.
-    def probe_for(spec: Mapping[str, Any]) -> Any:
-        return TFRecordPipeline(
-            files=files,
-            features=dict(spec),
-            batch_size=1,
-            shard_policy=shard_policy,
-            shard_key=shard_key,
-            on_corrupt=on_corrupt,
-            deterministic=True,
-        )
-
+    probe_for = functools.partial(_probe, files, shard_policy=shard_policy, shard_key=shard_key, on_corrupt=on_corrupt)
     probe = probe_for(features)
     listing = probe.listing()
     plan = probe.plan(num_workers, listing)
     first = plan.files_for(0)[0]
-    kinds = _first_features(first, compression_of(first, "auto") or "")
-    if kinds is not None:
-        _require_feature("label_key", label_key, kinds, first)
-        if shard_key:
-            _require_feature("shard_key", shard_key, kinds, first)
-        if label_spec is None and kinds[label_key] in ("float", "bytes"):  # A string or float label is read as one.
-            features[label_key] = tf.io.FixedLenFeature([], getattr(tf, _DTYPES[kinds[label_key]]))
-            probe = probe_for(features)
+    dtype = _label_dtype(first, label_key, shard_key)
+    if label_spec is None and dtype is not None:  # A string or float label is read as one.
+        features[label_key] = tf.io.FixedLenFeature([], getattr(tf, dtype))
+        probe = probe_for(features)
     check_features(first, compression_of(first, "auto") or "", probe.parsing)
     known = listing.records([f.path for f in listing.files])
     scan = _Scan(
@@ -373,22 +362,70 @@ def skew_report(
         num_workers,
         None if known is None else known * (num_workers if plan.policy == "off" else 1),
     )
-    sizes = dict(listing.sizes)
-    records, nbytes, classes, reports = [], [], [], []
+    counts, reports = [], []
     for worker in range(num_workers):
         share, report = probe.worker_records(worker, num_workers, plan=plan, listing=listing)
         reports.append(report)
         scan.files += len(plan.files_for(worker))
-        stream = share.batch(min(_READ_BATCH, progress_every)).map(lambda r: tf.io.parse_example(r, features))
-        counts: Counter[str] = Counter()
-        for batch in stream:
-            labels = batch[label_key].numpy().reshape(-1)
-            counts.update(v.decode() if isinstance(v, bytes) else str(v) for v in labels)
-            scan.add(len(labels), worker)
-        records.append(sum(counts.values()))
-        nbytes.append(sum(sizes[p] for p in plan.files_for(worker)))
-        classes.append(dict(sorted(counts.items(), key=lambda item: class_order(item[0]))))
+        counts.append(_count_labels(share, features, label_key, min(_READ_BATCH, progress_every), scan, worker))
     scan.finish(num_workers - 1)
+    return _report(label_key, plan, listing, counts, reports)
+
+
+def _probe(
+    files: Any, features: Mapping[str, Any], *, shard_policy: str, shard_key: str | None, on_corrupt: str
+) -> TFRecordPipeline:
+    """The pipeline whose worker streams the report reads: one record per batch, in a fixed order."""
+    from tfdist.data.pipeline.tfrecord import TFRecordPipeline
+
+    return TFRecordPipeline(
+        files=files,
+        features=dict(features),
+        batch_size=1,
+        shard_policy=shard_policy,
+        shard_key=shard_key,
+        on_corrupt=on_corrupt,
+        deterministic=True,
+    )
+
+
+def _label_dtype(first: str, label_key: str, shard_key: str | None) -> str | None:
+    """Checks the keys against the features of the file ``first``; the label's dtype if a float or a string.
+
+    None when the label is an int64, or the first record cannot be read (the reader then reports it).
+    """
+    from tfdist.data.records.files import compression_of
+
+    kinds = _first_features(first, compression_of(first, "auto") or "")
+    if kinds is None:
+        return None
+    _require_feature("label_key", label_key, kinds, first)
+    if shard_key:
+        _require_feature("shard_key", shard_key, kinds, first)
+    return _DTYPES[kinds[label_key]] if kinds[label_key] in ("float", "bytes") else None
+
+
+def _count_labels(
+    share: Any, features: Mapping[str, Any], label_key: str, batch: int, scan: _Scan, worker: int
+) -> Counter[str]:
+    """The records of each label in one worker's stream ``share``, counted ``batch`` at a time into ``scan`` too."""
+    import tensorflow as tf
+
+    counts: Counter[str] = Counter()
+    for parsed in share.batch(batch).map(lambda r: tf.io.parse_example(r, features)):
+        labels = parsed[label_key].numpy().reshape(-1)
+        counts.update(v.decode() if isinstance(v, bytes) else str(v) for v in labels)
+        scan.add(len(labels), worker)
+    return counts
+
+
+def _report(
+    label_key: str, plan: ShardPlan, listing: Listing, counts: list[Counter[str]], reports: list[VerifyReport]
+) -> SkewReport:
+    """The report of the per-worker label ``counts`` and corruption ``reports`` of a scan under ``plan``."""
+    from tfdist.data.pipeline import stratified
+
+    sizes = dict(listing.sizes)
     corrupt = sorted({path for r in reports for path in r.corrupt_files})
     # Under 'file' each file is checked by one worker; otherwise every worker checks (and reports) every file.
     lost = sum(r.records_lost for r in reports) if plan.policy == "file" else reports[0].records_lost
@@ -396,9 +433,9 @@ def skew_report(
         policy=plan.policy,
         reason=plan.reason,
         label_key=label_key,
-        worker_records=tuple(records),
-        worker_bytes=tuple(nbytes),
-        worker_classes=tuple(classes),
+        worker_records=tuple(sum(c.values()) for c in counts),
+        worker_bytes=tuple(sum(sizes[p] for p in plan.files_for(worker)) for worker in range(len(counts))),
+        worker_classes=tuple(dict(sorted(c.items(), key=lambda item: class_order(item[0]))) for c in counts),
         dataset_bytes=sum(sizes.values()),
         class_groups=len(stratified.class_groups(listing, label_key)),
         corrupt_files=tuple(corrupt),

@@ -95,6 +95,24 @@ def plan_shards(
       DataError: Unknown policy, 'file' with fewer files than workers, 'hash'
         without a key.
     """
+    _check_inputs(files, num_workers, policy, shard_key)
+    total = sum(size for _, size in files)
+    everything = tuple(sorted(name for name, _ in files))
+    if policy in ("off", "data", "hash") or (policy == "auto" and num_workers == 1):
+        chosen = "off" if policy == "auto" else policy
+        reason = {
+            "off": "one input pipeline reads everything"
+            if num_workers == 1
+            else "sharding is off: every worker reads every record",
+            "data": f"every worker reads all files and keeps one record in {num_workers}",
+            "hash": f"records go to worker hash({shard_key}) % {num_workers}",
+        }
+        return _everyone_reads_all(chosen, reason[chosen], everything, total, num_workers)
+    return _by_file(files, num_workers, policy, everything, total)
+
+
+def _check_inputs(files: Sequence[tuple[str, int]], num_workers: int, policy: str, shard_key: str | None) -> None:
+    """DataError for a :func:`plan_shards` argument no plan can come from."""
     if policy not in SHARD_POLICIES:
         raise invalid(DataError, "shard_policy", policy, describe_choices(policy, SHARD_POLICIES))
     require_int(DataError, "num_workers", num_workers, minimum=1, maximum=MAX_TASKS_PER_JOB)
@@ -114,8 +132,6 @@ def plan_shards(
         raise invalid(DataError, "files", files, "a sequence of (path, size in bytes) pairs")
     if not files:
         raise invalid(DataError, "files", [], "at least one input file", "Check the glob pattern or the list.")
-    total = sum(size for _, size in files)
-    everything = tuple(sorted(name for name, _ in files))
     if policy == "hash" and not shard_key:
         raise invalid(
             DataError,
@@ -124,16 +140,12 @@ def plan_shards(
             "the feature to hash with shard_policy='hash'",
             "Pass shard_key='user_id' (for example).",
         )
-    if policy in ("off", "data", "hash") or (policy == "auto" and num_workers == 1):
-        chosen = "off" if policy == "auto" else policy
-        reason = {
-            "off": "one input pipeline reads everything"
-            if num_workers == 1
-            else "sharding is off: every worker reads every record",
-            "data": f"every worker reads all files and keeps one record in {num_workers}",
-            "hash": f"records go to worker hash({shard_key}) % {num_workers}",
-        }
-        return _everyone_reads_all(chosen, reason[chosen], everything, total, num_workers)
+
+
+def _by_file(
+    files: Sequence[tuple[str, int]], num_workers: int, policy: str, everything: tuple[str, ...], total: int
+) -> ShardPlan:
+    """The 'file' plan when the files split evenly enough over the workers, else 'data' (or a DataError for 'file')."""
     if len(files) < num_workers:
         if policy == "file":
             raise invalid(

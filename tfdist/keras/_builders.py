@@ -26,8 +26,7 @@ def require_builder(build: Any, *, returns: str, example: str, why: str) -> None
 def refuse_mesh(field: str, value: Any, feature: str, *, optimizer: Any = None) -> None:
     """StrategyError if this process trains on a DTensor mesh (``build_mesh`` ran, or ``optimizer`` is a DTensor
     optimizer): ``feature`` replaces a MultiWorkerMirroredStrategy all-reduce a mesh does not have."""
-    module = type(optimizer).__module__ if optimizer is not None else ""
-    if not (_compat.dtensor_initialized() or module.startswith("tf_keras.src.dtensor")):
+    if not (_compat.dtensor_initialized() or (optimizer is not None and _compat.is_dtensor_optimizer(optimizer))):
         return
     raise invalid(
         StrategyError,

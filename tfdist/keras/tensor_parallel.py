@@ -183,7 +183,7 @@ def _built(build: Callable[[], Any], tf_keras: Any) -> Any:
     model = build()
     if not isinstance(model, tf_keras.Model):
         raise invalid(StrategyError, "build", type(model).__name__, "a function returning a tf_keras.Model")
-    if not getattr(model, "_is_graph_network", False):
+    if not _compat.is_functional(model):
         raise invalid(
             StrategyError,
             "build",

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.support import s3_ps_task  # the chief's function, run by the cluster's chief task.
+from tests.data.storage import _tasks_s3_ps as s3_ps_task  # the chief's function, run by the cluster's chief task.
 from tfdist import testing
 
 pytestmark = [pytest.mark.s3]

@@ -25,7 +25,7 @@ from tfdist.cluster import slurm as _slurm
 from tfdist.testing import RESULT_PREFIX
 
 pytestmark = [pytest.mark.slurm]
-TASKS_FILE = str(SUPPORT / "cluster_tasks.py")
+TASKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tasks_slurm_cluster.py")
 BASE_PYTHON = os.path.join(sys.base_prefix, "bin", "python3")  # The venv's base interpreter: no tfdist.
 
 

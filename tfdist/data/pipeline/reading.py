@@ -167,47 +167,84 @@ def read_records(
         if source.on_corrupt == "skip":
             records = records.ignore_errors(log_warning=True)
     else:
-        take = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(
-                tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)
-            ),
-            -1,
+        records = _opened_files(
+            file_names(), paths, compression, reads, source, limits, on_server=on_server, deterministic=deterministic
         )
-        staged, ready = remote.staged_files(file_names(), paths, ahead=reads, on_server=on_server)
+    return _worker_share(records, plan, worker, shard, features, tuning)
 
-        def open_one(path: Any, local: Any) -> Any:
-            # `ready` runs here, outside the file's records: a failed staging (timeout, changed object, agent
-            # error) stays an error; 'skip' only cuts one file at its last whole record.
-            one = tf.data.TFRecordDataset(ready(path, local), compression_type=compression, buffer_size=_BUFFER).take(
-                take.lookup(path)
-            )
-            return one.ignore_errors(log_warning=True) if source.on_corrupt == "skip" else one
 
-        records = staged.interleave(
-            open_one,
-            cycle_length=reads,
-            block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=deterministic,
+def _opened_files(
+    file_names: Any,
+    paths: Sequence[str],
+    compression: str,
+    reads: int,
+    source: SourceOptions,
+    limits: Mapping[str, int],
+    *,
+    on_server: bool,
+    deterministic: bool,
+) -> Any:
+    """Records of files opened one by one, ``reads`` at a time: each damaged file cut to its ``limits``, and
+    each ``s3://`` object read through boto3 staged first (:func:`~tfdist.data.storage.remote.staged_files`)."""
+    import tensorflow as tf
+
+    take = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(list(limits) or [""]), tf.constant(list(limits.values()) or [-1], tf.int64)
+        ),
+        -1,
+    )
+    staged, ready = remote.staged_files(file_names, paths, ahead=reads, on_server=on_server)
+
+    def open_one(path: Any, local: Any) -> Any:
+        # `ready` runs here, outside the file's records: a failed staging (timeout, changed object, agent
+        # error) stays an error; 'skip' only cuts one file at its last whole record.
+        one = tf.data.TFRecordDataset(ready(path, local), compression_type=compression, buffer_size=_BUFFER).take(
+            take.lookup(path)
         )
+        return one.ignore_errors(log_warning=True) if source.on_corrupt == "skip" else one
+
+    return staged.interleave(
+        open_one,
+        cycle_length=reads,
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
+    )
+
+
+def _worker_share(
+    records: Any,
+    plan: ShardPlan,
+    worker: int,
+    shard: ShardOptions,
+    features: Mapping[str, Any] | None,
+    tuning: TuningOptions,
+) -> Any:
+    """``records`` cut to ``worker``'s share: every n-th record under 'data', its hash keys under 'hash'.
+
+    Under the other policies the worker's files are its share already.
+    """
+    import tensorflow as tf
+
     if plan.policy == "data":
-        records = records.shard(plan.num_workers, worker)
-    elif plan.policy == "hash":
-        # TFRecordPipeline requires a key that names a feature of ``features`` with the 'hash' policy.
-        assert shard.key is not None and features is not None
-        keep = _decode.key_mask(
-            shard.key,
-            features[shard.key],
-            plan.num_workers,
-            worker,
+        return records.shard(plan.num_workers, worker)
+    if plan.policy != "hash":
+        return records
+    # TFRecordPipeline requires a key that names a feature of ``features`` with the 'hash' policy.
+    assert shard.key is not None and features is not None
+    keep = _decode.key_mask(
+        shard.key,
+        features[shard.key],
+        plan.num_workers,
+        worker,
+    )
+    return (
+        records.batch(_HASH_BLOCK)
+        .map(
+            lambda block: tf.boolean_mask(block, keep(block)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=tuning.deterministic,
         )
-        records = (
-            records.batch(_HASH_BLOCK)
-            .map(
-                lambda block: tf.boolean_mask(block, keep(block)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=tuning.deterministic,
-            )
-            .unbatch()
-        )
-    return records
+        .unbatch()
+    )

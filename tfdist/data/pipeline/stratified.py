@@ -80,12 +80,7 @@ def stratified_records(
     plans = {label: plan_shards(files, num_workers=count, policy=policy) for label, files in groups.items()}
     per_class = {label: read_share(plan) for label, plan in plans.items()}
     share = sum(counts.values()) // count
-    weights = sample.class_weights
-    if isinstance(weights, Mapping):
-        weights = {str(k): v for k, v in weights.items()}
-    mix = resolve_weights(weights, counts=counts) if not is_variable(weights) else "a tf.Variable"  # type: ignore
-    total = sum(counts.values())
-    natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
+    weights, mix, natural = _mix(sample.class_weights, counts)
     passes = (
         {}
         if natural
@@ -95,13 +90,7 @@ def stratified_records(
     )
     held = _held_in_memory(passes, mix, share=share, listing=listing, source=source)
     for label in held:
-        # One pass of this worker's records of a small class, kept after its first read: the mix re-draws it
-        # many times an epoch (BENCHMARKS.md: 1,000 draws of 31 records), and reopening its files cost more than
-        # reading them. Each pass is then shuffled anew when the pipeline shuffles (as the file order was), in a
-        # buffer of the whole pass.
-        per_class[label] = per_class[label].cache()
-        if epoch.shuffle_buffer:
-            per_class[label] = per_class[label].shuffle(max(1, passes[label].records), seed=epoch.seed)
+        per_class[label] = _kept(per_class[label], passes[label].records, epoch)
     if natural and epoch.num_epochs is not None:
         # The mix is the data's own: a finite epoch is one pass over this worker's share, each record once.
         per_class = {label: data.repeat(epoch.num_epochs) for label, data in per_class.items()}
@@ -130,6 +119,27 @@ def stratified_records(
     shown = {k: round(p, 3) for k, p in mix.items()} if isinstance(mix, dict) else mix  # A log line to read.
     kept = f", {len(held)} held in memory ({', '.join(held)})" if held else ""
     return sampled, f"stratified over {len(groups)} class shard groups, mix {shown}, {share} records per epoch{kept}"
+
+
+def _mix(weights: Any, counts: Mapping[str, int]) -> tuple[Any, dict[str, float] | str, bool]:
+    """The class weights as the sampler takes them, the mix they give, and whether it is the data's own."""
+    if isinstance(weights, Mapping):
+        weights = {str(k): v for k, v in weights.items()}
+    mix = resolve_weights(weights, counts=counts) if not is_variable(weights) else "a tf.Variable"
+    total = sum(counts.values())
+    natural = isinstance(mix, dict) and all(abs(p - counts[k] / total) < 1e-9 for k, p in mix.items())
+    return weights, mix, natural
+
+
+def _kept(records: Any, size: int, epoch: EpochOptions) -> Any:
+    """One pass of this worker's ``size`` records of a small class, kept after its first read.
+
+    The mix re-draws it many times an epoch (BENCHMARKS.md: 1,000 draws of 31 records), and reopening its
+    files cost more than reading them. Each pass is then shuffled anew when the pipeline shuffles (as the
+    file order was), in a buffer of the whole pass.
+    """
+    records = records.cache()
+    return records.shuffle(max(1, size), seed=epoch.seed) if epoch.shuffle_buffer else records
 
 
 def _natural_share(

@@ -1,6 +1,7 @@
 """TFRecord files on disk: writing sharded sets with a manifest, listing them, and checking their framing.
 
-Modules: ``writer`` (:func:`tfdist.data.write_tfrecords`, manifests), ``dataframe`` (a Spark DataFrame's
+Modules: ``writer`` (:func:`tfdist.data.write_tfrecords`, manifests) with ``_staging`` (shards written
+aside, then moved into place in one step), ``dataframe`` (a Spark DataFrame's
 partitions written by its executors), ``files`` (listings), ``verify`` and
 ``_framing`` (record headers and CRCs, walked without TensorFlow). The public names are re-exported here and
 from :mod:`tfdist.data`.

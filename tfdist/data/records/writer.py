@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from tfdist.data.records._examples import COMPRESSIONS, group_prefix, label_of, serialized, shard_name
+from tfdist.data.records._staging import Staging
 from tfdist.errors import DataError, Error, StorageError, invalid, require_int
 
 __all__ = ["read_manifest", "write_tfrecords"]
@@ -138,69 +137,6 @@ def _existing(path_prefix: str, partition_by: str | None) -> list[str]:
     return [p for p in found if own.fullmatch(p) or p == manifest]
 
 
-class _Staging:
-    """Where shards are written before they replace the old dataset in one step.
-
-    TF file systems: a hidden directory beside the prefix, moved into place by
-    rename. Objects served through boto3: local files, uploaded on commit.
-    """
-
-    def __init__(self, path_prefix: str) -> None:
-        import tensorflow as tf
-
-        from tfdist.data.storage import remote
-
-        self._remote = remote
-        self._boto = remote.reader_for(path_prefix) == "boto3"
-        self._finish: dict[str, Any] = {}
-        parent, _, base = path_prefix.rpartition("/")
-        self.dir = f"{parent or '.'}/.{base}.tfdist-staging-{uuid.uuid4().hex[:12]}"
-        if not self._boto:
-            try:
-                tf.io.gfile.makedirs(self.dir)
-            except tf.errors.OpError as err:
-                raise StorageError(
-                    f"Cannot write under {parent or '.'}: {err.message}. Check the path and permissions."
-                ) from err
-
-    def path(self, final: str) -> str:
-        """Where the shard ``final`` is written first."""
-        if self._boto:
-            local, finish = self._remote.writable_path(final)
-            self._finish[final] = (local, finish)
-            return local
-        return f"{self.dir}/{final.rpartition('/')[2]}"
-
-    def commit(self, finals: Iterable[str], manifest: dict[str, Any], manifest_file: str) -> None:
-        """Moves every staged shard to its final name, then writes the manifest."""
-        import tensorflow as tf
-
-        for final in finals:
-            if self._boto:
-                self._finish[final][1]()
-            else:
-                tf.io.gfile.rename(self.path(final), final, overwrite=True)
-        if self._boto:
-            with self._remote.open_file(manifest_file, "w") as f:
-                json.dump(manifest, f, indent=1, sort_keys=True)
-            return
-        staged = f"{self.dir}/manifest.json"
-        with tf.io.gfile.GFile(staged, "w") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-        tf.io.gfile.rename(staged, manifest_file, overwrite=True)
-
-    def discard(self) -> None:
-        """Removes whatever is still staged."""
-        import tensorflow as tf
-
-        if self._boto:
-            for local, _ in self._finish.values():
-                if os.path.exists(local):
-                    os.unlink(local)
-        elif tf.io.gfile.exists(self.dir):
-            tf.io.gfile.rmtree(self.dir)
-
-
 def write_tfrecords(
     examples: Iterable[Example] | Any,
     path_prefix: str,
@@ -257,13 +193,53 @@ def write_tfrecords(
     import tensorflow as tf
 
     from tfdist.data.records import dataframe
-    from tfdist.data.storage import remote
 
     frame = dataframe.is_dataframe(examples)
     if frame:
         num_shards = _check_frame(examples, path_prefix, num_shards, progress)
     elif to_example is not None:
         raise invalid(DataError, "to_example", to_example, "None unless `examples` is a Spark DataFrame")
+    shards = _check_options(num_shards, compression, partition_by, path_prefix, log_every)
+    _prepare_parent(path_prefix)
+    staging = Staging(path_prefix)
+    try:
+        files, counters, written, seconds = _stage(
+            examples,
+            frame,
+            path_prefix,
+            staging,
+            num_shards=shards,
+            compression=compression,
+            partition_by=partition_by,
+            progress=progress,
+            log_every=log_every,
+            to_example=to_example,
+        )
+        manifest = {
+            "prefix": path_prefix,
+            "compression": compression,
+            "partition_by": partition_by,
+            "num_shards": shards,
+            "records": written,
+            "files": files,
+            "classes": dict(counters) if partition_by else None,
+        }
+        _replace(path_prefix, staging, manifest)
+    except tf.errors.OpError as err:
+        raise StorageError(
+            f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
+            "the error came while moving the new ones into place."
+        ) from err
+    finally:
+        staging.discard()
+    _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix, seconds)
+    return sorted(files)
+
+
+def _check_options(
+    num_shards: int | None, compression: str | None, partition_by: str | None, path_prefix: str, log_every: int
+) -> int:
+    """Checks the arguments that say what to write where; returns the shard count."""
     require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
     assert num_shards is not None
     if compression not in COMPRESSIONS:
@@ -275,6 +251,15 @@ def write_tfrecords(
     if not isinstance(path_prefix, str) or not path_prefix or path_prefix.endswith("/"):
         raise invalid(DataError, "path_prefix", path_prefix, "a path prefix such as '/data/train'")
     require_int(DataError, "log_every", log_every, minimum=1)
+    return num_shards
+
+
+def _prepare_parent(path_prefix: str) -> None:
+    """Checks that a file system serves ``path_prefix``, and creates its local parent directory."""
+    import tensorflow as tf
+
+    from tfdist.data.storage import remote
+
     remote.ensure_filesystem(path_prefix)
     parent = path_prefix.rpartition("/")[0] or "."
     if "://" not in parent:
@@ -286,55 +271,17 @@ def write_tfrecords(
                 field="path_prefix",
                 value=path_prefix,
             ) from err
-    staging = _Staging(path_prefix)
-    try:
-        if frame:
-            start = time.monotonic()
-            files, counters, written = dataframe.write_partitions(
-                examples,
-                num_shards,
-                path_prefix,
-                staging.dir,
-                compression=compression,
-                partition_by=partition_by,
-                to_example=to_example,
-            )
-            seconds = time.monotonic() - start
-        else:
-            files, counters, written, seconds = _write_all(
-                examples,
-                path_prefix,
-                staging,
-                num_shards=num_shards,
-                compression=compression,
-                partition_by=partition_by,
-                progress=progress,
-                log_every=log_every,
-            )
-        if not written:
-            raise invalid(DataError, "examples", [], "at least one example")
-        manifest = {
-            "prefix": path_prefix,
-            "compression": compression,
-            "partition_by": partition_by,
-            "num_shards": num_shards,
-            "records": written,
-            "files": files,
-            "classes": dict(counters) if partition_by else None,
-        }
-        old = _existing(path_prefix, partition_by)
-        staging.commit(sorted(files), manifest, _manifest_path(path_prefix))
-        for stale in sorted(set(old) - set(files) - {_manifest_path(path_prefix)}):
-            remote.remove(stale)
-    except tf.errors.OpError as err:
-        raise StorageError(
-            f"Writing {path_prefix} failed: {err.message}. The previous files are unchanged unless "
-            "the error came while moving the new ones into place."
-        ) from err
-    finally:
-        staging.discard()
-    _log.info("Wrote %d records to %d files under %s in %.1fs.", written, len(files), path_prefix, seconds)
-    return sorted(files)
+
+
+def _replace(path_prefix: str, staging: Staging, manifest: dict[str, Any]) -> None:
+    """Moves the staged shards and ``manifest`` into place, then removes the previous dataset's other files."""
+    from tfdist.data.storage import remote
+
+    files = manifest["files"]
+    old = _existing(path_prefix, manifest["partition_by"])
+    staging.commit(sorted(files), manifest, _manifest_path(path_prefix))
+    for stale in sorted(set(old) - set(files) - {_manifest_path(path_prefix)}):
+        remote.remove(stale)
 
 
 def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress: Progress | None) -> int:
@@ -365,10 +312,57 @@ def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress:
     return partitions
 
 
+def _stage(
+    examples: Any,
+    frame: bool,
+    path_prefix: str,
+    staging: Staging,
+    *,
+    num_shards: int,
+    compression: str | None,
+    partition_by: str | None,
+    progress: Progress | None,
+    log_every: int,
+    to_example: Callable[[Any], Example] | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, float]:
+    """Writes every example into ``staging``: a DataFrame's partitions by its executors, else here.
+
+    Returns what :func:`_write_all` does; DataError when there was no example.
+    """
+    from tfdist.data.records import dataframe
+
+    if frame:
+        start = time.monotonic()
+        files, counters, written = dataframe.write_partitions(
+            examples,
+            num_shards,
+            path_prefix,
+            staging.dir,
+            compression=compression,
+            partition_by=partition_by,
+            to_example=to_example,
+        )
+        staged = files, counters, written, time.monotonic() - start
+    else:
+        staged = _write_all(
+            examples,
+            path_prefix,
+            staging,
+            num_shards=num_shards,
+            compression=compression,
+            partition_by=partition_by,
+            progress=progress,
+            log_every=log_every,
+        )
+    if not staged[2]:
+        raise invalid(DataError, "examples", [], "at least one example")
+    return staged
+
+
 def _write_all(
     examples: Iterable[Example],
     path_prefix: str,
-    staging: _Staging,
+    staging: Staging,
     *,
     num_shards: int,
     compression: str | None,

@@ -177,8 +177,36 @@ def tfjob_manifest(
     _check_dns1035("name", name)
     image = _check_image(image)
     limits = _limits(cpu, memory, gpus)
+    replicas = _tfjob_replicas(config, image, limits, restart_policy)
+    run_policy = _run_policy(config, clean_pod_policy, ttl_seconds_after_finished)
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": _metadata(name, namespace),
+        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas},
+    }
+    problems = validate_tfjob(manifest)
+    if problems:  # Not reached for valid arguments; a guard against emitting what the operator rejects.
+        raise invalid(LaunchError, "tfjob", name, "a manifest the training operator admits", "; ".join(problems))
+    return manifest
+
+
+def _tfjob_replicas(config: LaunchConfig, image: str, limits: dict[str, Any], restart_policy: str) -> dict[str, Any]:
+    """A TFJob's ``tfReplicaSpecs``: one replica type per TF job, each restarted by ``restart_policy``."""
     if restart_policy not in _RESTART_POLICIES:
         raise invalid(LaunchError, "restart_policy", restart_policy, f"one of {', '.join(_RESTART_POLICIES)}")
+    return {
+        _REPLICA_TYPES[job]: {
+            "replicas": count,
+            "restartPolicy": restart_policy,
+            "template": {"spec": {"containers": [_container(config, job, image, limits, [], _mesh_wrap(config))]}},
+        }
+        for job, count in config.task_counts().items()
+    }
+
+
+def _run_policy(config: LaunchConfig, clean_pod_policy: str, ttl_seconds_after_finished: int | None) -> dict[str, Any]:
+    """A TFJob's ``runPolicy``: which pods to delete, how many restarts, when to delete the job."""
     if clean_pod_policy not in _CLEAN_POD_POLICIES:
         raise invalid(LaunchError, "clean_pod_policy", clean_pod_policy, f"one of {', '.join(_CLEAN_POD_POLICIES)}")
     run_policy: dict[str, Any] = {
@@ -189,27 +217,15 @@ def tfjob_manifest(
         run_policy["ttlSecondsAfterFinished"] = require_int(
             LaunchError, "ttl_seconds_after_finished", ttl_seconds_after_finished, minimum=0, maximum=_INT32
         )
-    replicas = {
-        _REPLICA_TYPES[job]: {
-            "replicas": count,
-            "restartPolicy": restart_policy,
-            "template": {"spec": {"containers": [_container(config, job, image, limits, [], _mesh_wrap(config))]}},
-        }
-        for job, count in config.task_counts().items()
-    }
+    return run_policy
+
+
+def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
+    """A manifest's ``metadata``: the name, and the namespace when one is given (else kubectl's current one)."""
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = _check_namespace(namespace)
-    manifest = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": metadata,
-        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas},
-    }
-    problems = validate_tfjob(manifest)
-    if problems:  # Not reached for valid arguments; a guard against emitting what the operator rejects.
-        raise invalid(LaunchError, "tfjob", name, "a manifest the training operator admits", "; ".join(problems))
-    return manifest
+    return metadata
 
 
 def validate_tfjob(manifest: dict[str, Any]) -> list[str]:
@@ -281,14 +297,44 @@ def jobset_manifest(
     image = _check_image(image)
     limits = _limits(cpu, memory, gpus)
     counts = config.task_counts()
-    jobs = ",".join(f"{job}={n}" for job, n in counts.items())
     for job, count in counts.items():  # JobSet's webhook: the longest pod name must be a DNS-1035 label.
         _check_dns1035("name", name, max_length=63 - len(f"-{job}-0-{count - 1}-abcde"))
-    env = [
+    env, wrap = _label_variables(), _jobset_entry(config, counts)
+    replicated = [
+        _indexed_job(job, count, container=_container(config, job, image, limits, env, wrap=wrap), subdomain=name)
+        for job, count in counts.items()
+    ]
+    trainers = ["chief"] if config.mode == "parameter_server" else [j for j in ("chief", "worker") if j in counts]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": _metadata(name, namespace),
+        "spec": {
+            "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": trainers},
+            "failurePolicy": {
+                "maxRestarts": config.max_restarts,
+                "rules": [
+                    {"name": "permanentExitCode", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+                ],
+            },
+            "replicatedJobs": replicated,
+        },
+    }
+
+
+def _label_variables() -> list[dict[str, Any]]:
+    """The JobSet labels a pod reads (``JOBSET_NAME``, ``JOB_INDEX``, ...), passed in by the downward API."""
+    return [
         {"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
         for var, label in _JOBSET_LABELS.items()
     ]
-    wrap = [
+
+
+def _jobset_entry(config: LaunchConfig, counts: dict[str, int]) -> list[str]:
+    """What a JobSet pod runs before the command: tfdist's JobSet entry, which builds TF_CONFIG from the labels."""
+    jobs = ",".join(f"{job}={n}" for job, n in counts.items())
+    return [
         "python",
         "-m",
         "tfdist.launch.tasks.jobset",
@@ -301,54 +347,30 @@ def jobset_manifest(
         *(["--mesh", config.mesh] if config.mesh is not None else []),
         "--",
     ]
+
+
+def _indexed_job(job: str, count: int, *, container: dict[str, Any], subdomain: str) -> dict[str, Any]:
+    """One replicated Job of a JobSet: ``count`` indexed pods of ``job``, failed for good on a permanent exit code."""
     permanent = [code for code in range(1, 256) if not exit_codes.is_retryable(code)]
-    replicated = []
-    for job, count in counts.items():
-        pod = {
-            "restartPolicy": "Never",
-            "subdomain": name,
-            "containers": [_container(config, job, image, limits, env, wrap=wrap)],
-        }
-        replicated.append(
-            {
-                "name": job,
-                "replicas": 1,
-                "template": {
-                    "spec": {
-                        "parallelism": count,
-                        "completions": count,
-                        "completionMode": "Indexed",
-                        "backoffLimit": 0,
-                        "podFailurePolicy": {
-                            "rules": [
-                                {
-                                    "action": "FailJob",
-                                    "onExitCodes": {"containerName": _CONTAINER, "operator": "In", "values": permanent},
-                                }
-                            ]
-                        },
-                        "template": {"spec": pod},
-                    }
-                },
-            }
-        )
-    trainers = ["chief"] if config.mode == "parameter_server" else [j for j in ("chief", "worker") if j in counts]
-    metadata: dict[str, Any] = {"name": name}
-    if namespace is not None:
-        metadata["namespace"] = _check_namespace(namespace)
+    pod = {"restartPolicy": "Never", "subdomain": subdomain, "containers": [container]}
     return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": metadata,
-        "spec": {
-            "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
-            "successPolicy": {"operator": "All", "targetReplicatedJobs": trainers},
-            "failurePolicy": {
-                "maxRestarts": config.max_restarts,
-                "rules": [
-                    {"name": "permanentExitCode", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
-                ],
-            },
-            "replicatedJobs": replicated,
+        "name": job,
+        "replicas": 1,
+        "template": {
+            "spec": {
+                "parallelism": count,
+                "completions": count,
+                "completionMode": "Indexed",
+                "backoffLimit": 0,
+                "podFailurePolicy": {
+                    "rules": [
+                        {
+                            "action": "FailJob",
+                            "onExitCodes": {"containerName": _CONTAINER, "operator": "In", "values": permanent},
+                        }
+                    ]
+                },
+                "template": {"spec": pod},
+            }
         },
     }

@@ -183,6 +183,24 @@ def slurm_script(
         ['#SBATCH --nodes=2-4']
     """
     require_config(config)
+    python = _check_settings(name, time_limit, python, gpus_per_task, tf_log_level, cpus_per_task)
+    counts = config.task_counts()
+    total = sum(counts.values())
+    _check_placement(port_base, tasks_per_node, total)
+    jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
+    if config.min_workers is not None:  # The workers come from the allocation, not from --jobs.
+        jobs = "chief=1" if config.chief else ""
+        described = f"{jobs + ',' if jobs else ''}worker={config.min_workers}..{config.max_workers} (elastic)"
+    header = _header(config, name, time_limit, total, tasks_per_node, cpus_per_task, gpus_per_task, sbatch)
+    ports, step = _ports(config, port_base), _step(config, jobs)
+    body = _body(config, described=described, python=python, tf_log_level=tf_log_level, ports=ports, step=step)
+    return "\n".join([*header, *body])
+
+
+def _check_settings(
+    name: str, time_limit: str, python: str | None, gpus_per_task: int, tf_log_level: int, cpus_per_task: int | None
+) -> str:
+    """Checks the job's own settings; returns the interpreter the tasks run."""
     _check_job_name(name)
     _check_time(time_limit)
     python = _check_python(sys.executable if python is None else python)
@@ -190,17 +208,11 @@ def slurm_script(
     require_int(LaunchError, "tf_log_level", tf_log_level, minimum=0, maximum=3)
     if cpus_per_task is not None:
         require_int(LaunchError, "cpus_per_task", cpus_per_task, minimum=1, maximum=65536)
-    counts = {
-        job: n
-        for job, n in (
-            ("chief", int(config.chief)),
-            ("worker", config.workers),
-            ("ps", config.ps),
-            ("evaluator", int(config.evaluator)),
-        )
-        if n
-    }
-    total = sum(counts.values())
+    return python
+
+
+def _check_placement(port_base: int | None, tasks_per_node: int | None, total: int) -> None:
+    """Checks where the ``total`` tasks go: the first port of a node, and tasks per node."""
     if port_base is not None:
         require_int(
             LaunchError,
@@ -212,12 +224,22 @@ def slurm_script(
         )
     if tasks_per_node is not None:
         require_int(LaunchError, "tasks_per_node", tasks_per_node, minimum=1, maximum=4096)
-    jobs = described = ",".join(f"{job}={n}" for job, n in counts.items())
+
+
+def _header(
+    config: LaunchConfig,
+    name: str,
+    time_limit: str,
+    total: int,
+    tasks_per_node: int | None,
+    cpus_per_task: int | None,
+    gpus_per_task: int,
+    sbatch: Sequence[str],
+) -> list[str]:
+    """The shebang and the ``#SBATCH`` lines: the tasks (a node range when elastic), time, CPUs, GPUs, the user's."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
     if config.min_workers is not None:
         lines += [*_elastic_header(config, tasks_per_node or 1), f"#SBATCH --time={time_limit}"]
-        jobs = "chief=1" if config.chief else ""
-        described = f"{jobs + ',' if jobs else ''}worker={config.min_workers}..{config.max_workers} (elastic)"
     else:
         lines += [f"#SBATCH --ntasks={total}", f"#SBATCH --time={time_limit}"]
         if tasks_per_node is not None:
@@ -226,7 +248,28 @@ def slurm_script(
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if gpus_per_task:
         lines.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
-    lines += [f"#SBATCH {option}" for option in _sbatch_options(sbatch)]
+    return lines + [f"#SBATCH {option}" for option in _sbatch_options(sbatch)]
+
+
+def _ports(config: LaunchConfig, port_base: int | None) -> str:
+    """The lines that set ``PORT_BASE`` and, in an elastic job, ``TASKS`` from the allocation."""
+    ports = (
+        f"PORT_BASE={port_base}"
+        if port_base is not None
+        else "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
+        'PORT_BASE=$("$PYTHON" -m tfdist.launch.tasks.slurm --pick-port-base) || exit 2'
+    )
+    if config.min_workers is not None:
+        ports += "\n" + _ELASTIC_SIZE.format(most=int(config.chief) + config.max_workers)
+    return ports
+
+
+def _step(config: LaunchConfig, jobs: str) -> str:
+    """The ``srun`` line of one attempt: every task runs tfdist's Slurm entry, which builds TF_CONFIG and the command.
+
+    srun's output goes to the job's output; its errors also to ``$SRUN_LOG``, where the script finds the
+    first task's exit code.
+    """
     command = shlex.join(config.command)
     if _PYTHON_NAME.match(config.command[0]):  # 'python train.py' runs on the pinned interpreter too.
         command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
@@ -234,19 +277,17 @@ def slurm_script(
     flags += ['--port-base "$PORT_BASE"', '--restart "$attempt"', f"--run-on {shlex.quote(config.run_on)}"]
     if config.mesh is not None:
         flags.append(f"--mesh {shlex.quote(config.mesh)}")
-    ports = (
-        f"PORT_BASE={port_base}"
-        if port_base is not None
-        else "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
-        'PORT_BASE=$("$PYTHON" -m tfdist.launch.tasks.slurm --pick-port-base) || exit 2'
-    )
     srun = "srun --kill-on-bad-exit=1"
     if config.min_workers is not None:
         flags.append(f"--min-workers {config.min_workers}")
         srun += ' --ntasks="$TASKS"'
-        ports += "\n" + _ELASTIC_SIZE.format(most=int(config.chief) + config.max_workers)
     task_args = f"-m tfdist.launch.tasks.slurm {' '.join(flags)} -- {command}"
-    lines += [
+    return f'{{ {srun} "$PYTHON" ' + task_args + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1'
+
+
+def _body(config: LaunchConfig, *, described: str, python: str, tf_log_level: int, ports: str, step: str) -> list[str]:
+    """The script after the header: settings, the per-node interpreter check, and the step rerun on failure."""
+    return [
         f"# tfdist job {described}: one Slurm task per TensorFlow task, each building its TF_CONFIG from SLURM_*",
         "# (job names sorted, ranks in order, ports PORT_BASE+i for the i-th task on a node).",
         "set -uo pipefail",
@@ -265,7 +306,7 @@ def slurm_script(
         "trap 'rm -f \"$SRUN_LOG\"' EXIT",
         "attempt=0",
         "while true; do",
-        f'  {{ {srun} "$PYTHON" ' + task_args + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1',
+        f"  {step}",
         "  code=$?",
         '  [ "$code" -eq 0 ] && exit 0',
         "  # srun returns 128+signal when it stopped the other tasks: the job's code is the first task's failure.",
@@ -279,4 +320,3 @@ def slurm_script(
         "done",
         "",
     ]
-    return "\n".join(lines)

@@ -1,7 +1,7 @@
 """A ParameterServerStrategy fit for the elastic PS test: which worker ran each step, seen from the outside.
 
 Usage (the chief's command under tfdist-launch; workers and ps run tfdist's TF server):
-    _elastic_ps_train.py EPOCHS STEPS WAIT_EPOCH MARKER
+    _tasks_elastic_ps.py EPOCHS STEPS WAIT_EPOCH MARKER
 
 Every training step prints ``STEP n`` (n = the optimizer's iteration count) with ``tf.print`` on the worker
 that runs it, so the line shows up in that worker's output. Each element of the per-worker input waits
