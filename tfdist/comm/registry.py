@@ -102,6 +102,8 @@ def compressor_for(
       ``error``: ``compression`` is no registered compressor of ``kind``.
     """
     allowed = [name for name, cls in _REGISTRY.items() if issubclass(cls, kind)]
+    if options is not None and not isinstance(options, Mapping):
+        raise invalid(StrategyError, "options", options, "a mapping of option names to values, e.g. {'rank': 2}")
     options = dict(options or {})
     if isinstance(compression, Compressor):
         if _REGISTRY.get(compression.name) is not type(compression):

@@ -104,7 +104,11 @@ def compressed_traffic(
     named = {key: value for key, value in given.items() if value is not None}
     compressor = cast(TrafficModel, compressor_for(compression, named, kind=TrafficModel, error=PlanError))
     link = Link(workers=workers, bandwidth=bandwidth, latency=latency)  # Validates the link as the planner does.
-    if not shapes or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes):
+    if (
+        not isinstance(shapes, (list, tuple))
+        or not shapes
+        or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes)
+    ):
         raise invalid(PlanError, "shapes", shapes, "a list of weight shapes, each a list of positive integers")
     require_number(
         PlanError,
