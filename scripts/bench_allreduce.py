@@ -135,12 +135,12 @@ def stream_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
 
 def _compressed_variants(pack: int) -> dict[str, Any]:
     """PowerSGD at ranks 1, 2 and 4 and top-k at 1%, with the tuned packing for what they all-reduce."""
-    from tfdist.comm import CollectiveConfig
+    from tfdist.comm import CollectiveConfig, PowerSGD, TopK
 
     variants = {
-        f"powersgd_r{r}": CollectiveConfig(compression="powersgd", rank=r, bytes_per_pack=pack) for r in (1, 2, 4)
+        f"powersgd_r{r}": CollectiveConfig(compression=PowerSGD(rank=r), bytes_per_pack=pack) for r in (1, 2, 4)
     }
-    variants["topk_1pct"] = CollectiveConfig(compression="topk", density=0.01, bytes_per_pack=pack)
+    variants["topk_1pct"] = CollectiveConfig(compression=TopK(density=0.01), bytes_per_pack=pack)
     return variants
 
 
@@ -148,16 +148,17 @@ def compressed_timer(
     strategy: Any, shapes: list[tuple[int, ...]], config: Any, *, local: bool = False
 ) -> Callable[[], float]:
     """A traced, warmed-up compressed step on float32 gradients of ``shapes``, end to end: error added,
-    compressed, communicated, decompressed, new error and Q (as ``with_communication`` runs it).
-    ``local``: the collectives replaced by identities (the arithmetic alone)."""
+    compressed, communicated, decompressed, new error and Q (the compressor's step, as ``with_communication``
+    runs it). ``local``: the collectives replaced by identities (the arithmetic alone)."""
     import tensorflow as tf
 
-    from tfdist.comm import CollectiveConfig, all_reduce_sum, matrix_shape, powersgd_sum, topk_sum
+    from tfdist.comm import CollectiveConfig, Collectives, all_reduce_sum
 
-    plain = CollectiveConfig(compression="none", bytes_per_pack=config.bytes_per_pack)  # The factors: float32.
+    compressor = config.compressor
+    plain = CollectiveConfig(bytes_per_pack=config.bytes_per_pack)  # The factors: float32.
     rng = tf.random.Generator.from_seed(0)
     grads = [strategy.experimental_distribute_values_from_function(lambda context, s=s: rng.normal(s)) for s in shapes]
-    views = [matrix_shape(s, rank=config.rank) for s in shapes]
+    slots = [compressor.state_slots(s) for s in shapes]
     device = strategy.extended.worker_devices[0]
 
     def replica_fn(*tensors: Any) -> Any:
@@ -165,15 +166,14 @@ def compressed_timer(
             placed = [tf.identity(t) for t in tensors]
         context = tf.distribute.get_replica_context()
         alone = lambda ts: [tf.identity(t) for t in ts]  # noqa: E731
-        if config.compression == "topk":
-            errors = [tf.zeros_like(t) for t in placed]
-            gather = alone if local else lambda ts: context.all_gather(list(ts), axis=0)
-            return topk_sum(placed, errors, density=config.density, all_gather=gather)
-        errors = [None if v is None else tf.zeros(v) for v in views]
-        qs = [None if v is None else tf.ones([v[1], config.rank]) for v in views]
-        reduce = alone if local else lambda ts: all_reduce_sum(list(ts), plain)
-        summed, new_errors, new_qs = powersgd_sum(placed, errors, qs, rank=config.rank, all_reduce=reduce)
-        return summed, [e for e in new_errors if e is not None], [q for q in new_qs if q is not None]
+        # Errors start at zero; a warm-start Q at ones.
+        states = [{slot.kind: (tf.ones if slot.seeded else tf.zeros)(slot.shape) for slot in own} for own in slots]
+        collectives = Collectives(
+            all_reduce=alone if local else lambda ts: all_reduce_sum(list(ts), plain),
+            all_gather=alone if local else lambda ts: context.all_gather(list(ts), axis=0),
+        )
+        summed, new_states = compressor.step(placed, states, collectives)
+        return summed, [list(state.values()) for state in new_states if state]
 
     @tf.function
     def step(*tensors: Any) -> Any:
@@ -349,7 +349,7 @@ def ratios(
         goals["64MB tuned fp16 / gloo (goal <= 4)"] = big["tuned_fp16_over_gloo"]
         goals["64MB TF default / gloo"] = round(default[str(64 << 20)] / gloo_times[str(64 << 20)], 2)
         goals["resnet50 TF default / gloo DDP buckets"] = round(default["resnet50"] / gloo_times["resnet50"], 2)
-    from tfdist.comm import ARITHMETIC_PASSES, POWERSGD_FLOOR_PASSES, CollectiveConfig, compressed_traffic, wire_bytes
+    from tfdist.comm import POWERSGD_FLOOR_PASSES, CollectiveConfig, PowerSGD, compressed_traffic, wire_bytes
 
     values = sum(math.prod(s) for s in resnet50_shapes())
     # Memory bandwidth per worker, both streaming at once (the slower worker's time).
@@ -378,9 +378,7 @@ def ratios(
                 workers=2,
                 latency=link[0],
                 bandwidth=link[1],
-                compression=config.compression,
-                rank=config.rank,
-                density=config.density,
+                compression=config.compressor,
                 memory_bandwidth=stream,  # The arithmetic too, at the memory bandwidth measured in this run.
             )
             row["predicted_comm_ms"] = _ms(costed.seconds_per_step)
@@ -388,9 +386,9 @@ def ratios(
                 row["predicted_compute_ms"] = _ms(costed.arithmetic_seconds)
                 row["predicted_ms"] = _ms(costed.total_seconds or 0.0)
                 row["measured_over_predicted"] = round(tf_times[name]["resnet50"] / (costed.total_seconds or 1.0), 2)
-                if config.compression == "powersgd":
+                if isinstance(config.compressor, PowerSGD):
                     # The physical limit: PowerSGD perfectly fused (7 passes) plus the collectives' prediction.
-                    floor = POWERSGD_FLOOR_PASSES * costed.arithmetic_seconds / ARITHMETIC_PASSES["powersgd"]
+                    floor = POWERSGD_FLOOR_PASSES * costed.arithmetic_seconds / PowerSGD.arithmetic_passes
                     row["floor_ms"] = _ms(floor + costed.seconds_per_step)
                     if gloo_times:
                         row["floor_over_gloo_ddp"] = round(

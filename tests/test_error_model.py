@@ -21,6 +21,7 @@ import pytest
 import tfdist
 from tfdist import errors, launch, plan, testing
 from tfdist.cluster.spec import split_task_name
+from tfdist.comm import LocalSGD, PowerSGD, TopK, compressed_traffic, compressor_for
 from tfdist.comm.autotune import CollectiveTuning
 from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
@@ -111,6 +112,16 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "parse_quantity": (plan.parse_quantity, {"text": "10Gbps", "kind": "bandwidth"}),
     "embedding_traffic": (plan.embedding_traffic, {"table_values": 1e6, "values_touched_per_step": 1e3, "workers": 2}),
     "CollectiveConfig": (CollectiveConfig, {"compression": "fp16", "bytes_per_pack": 0, "split_bytes": 0}),
+    "CollectiveConfig(powersgd)": (CollectiveConfig, {"compression": "powersgd", "rank": 2}),
+    "CollectiveConfig(topk)": (CollectiveConfig, {"compression": "topk", "density": 0.1}),
+    "PowerSGD": (PowerSGD, {"rank": 4}),
+    "TopK": (TopK, {"density": 0.01}),
+    "LocalSGD": (LocalSGD, {"period": 4}),
+    "compressor_for": (compressor_for, {"compression": "powersgd", "options": {"rank": 2}}),
+    "compressed_traffic": (
+        compressed_traffic,
+        {"shapes": [[8, 8]], "workers": 2, "bandwidth": 1e9, "latency": 1e-4, "compression": "topk", "density": 0.5},
+    ),
     "CollectiveTuning": (
         CollectiveTuning,
         {

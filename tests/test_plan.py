@@ -304,6 +304,15 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     )
     bad = plan("--compression", "topk", "--shapes", "[[3, -1]]")
     assert bad.returncode == 2 and "Invalid value for `--shapes`" in bad.stderr
+    # Each compressor's options are its own flags (from its config), refused with another compressor.
+    other = plan("--compression", "topk", "--rank", "4", "--shapes", str(shapes))
+    assert other.returncode == 2 and "`--rank`. Received: 4. Expected no `rank` with 'topk'" in other.stderr
+    period = plan("--compression", "powersgd", "--period", "8", "--shapes", str(shapes))
+    assert period.returncode == 2 and "`--period`" in period.stderr and "only with 'local_sgd'" in period.stderr
+    zero = plan("--compression", "powersgd", "--rank", "0", "--shapes", str(shapes))
+    assert zero.returncode == 2 and "tfdist plan: error: Invalid value for `--rank`. Received: 0" in zero.stderr
+    dense = plan("--compression", "topk", "--density", "0.5", "--shapes", str(shapes), "--json")
+    assert json.loads(dense.stdout)["compressed"]["bytes_per_step"] == 8 * (1024000 + 500)
     neither = plan()
     assert neither.returncode == 2 and "`--params`" in neither.stderr
 

@@ -14,6 +14,7 @@ import tfdist
 from tests.support import cluster_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import testing
+from tfdist.comm import TopK
 from tfdist.comm.autotune import CollectiveTuning
 from tfdist.comm.collective import CollectiveConfig, payload_bytes
 from tfdist.errors import StorageError, StrategyError
@@ -239,6 +240,10 @@ def test_with_communication_keeps_the_optimizer_config() -> None:
     assert isinstance(opt, tf_keras.optimizers.Adam)
     assert opt.get_config()["beta_1"] == 0.8
     assert opt.communication == CollectiveConfig(compression="bf16")
+    typed = with_communication(tf_keras.optimizers.SGD(0.1), compression=TopK(density=0.5))
+    assert typed.communication == CollectiveConfig(compression="topk", density=0.5)
+    with pytest.raises(StrategyError, match=r"`rank`. Received: 2. Expected no `rank` with 'topk'"):
+        with_communication(tf_keras.optimizers.SGD(0.1), compression="topk", rank=2)
     with pytest.raises(StrategyError, match=r"`optimizer`.*an optimizer not wrapped yet"):
         with_communication(opt)
     with pytest.raises(StrategyError, match=r"`optimizer`.*Received: 'str'.*tf_keras.optimizers.Optimizer"):

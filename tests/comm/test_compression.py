@@ -12,6 +12,7 @@ import pytest
 from tests.support import compression_tasks
 from tests.support.compression_tasks import SHAPES
 from tfdist import testing
+from tfdist.comm import Compressor, PowerSGD, TopK
 from tfdist.comm.powersgd import EPSILON, lowrank_value_count, matrix_shape
 from tfdist.comm.topk import topk_count
 from tfdist.errors import StrategyError
@@ -186,9 +187,9 @@ def test_sparse_gradients_are_summed_by_tf_uncompressed_and_logged(caplog: pytes
     assert caplog.text.count("get sparse") == 1  # Once, however often the step is traced.
 
 
-@pytest.mark.parametrize("compression", ["powersgd", "topk"])
+@pytest.mark.parametrize("compression", [PowerSGD(rank=2), TopK()], ids=["powersgd", "topk"])
 def test_a_checkpoint_read_before_the_first_step_restores_the_state_created_in_it(
-    compression: str, tmp_path: Path
+    compression: Compressor, tmp_path: Path
 ) -> None:
     # BackupAndRestore reads the backup before fit's first step creates the errors and Q factors: the read
     # must wait for them and restore them, so the resumed model steps exactly as the saved one goes on.
@@ -202,7 +203,7 @@ def test_a_checkpoint_read_before_the_first_step_restores_the_state_created_in_i
     def model() -> Any:
         keras.utils.set_random_seed(1)
         made = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
-        compressor = with_communication(keras.optimizers.SGD(0.02, momentum=0.5), compression=compression, rank=2)
+        compressor = with_communication(keras.optimizers.SGD(0.02, momentum=0.5), compression=compression)
         made.compile(optimizer=compressor, loss="mse")
         return made
 

@@ -3,22 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import sys
 from typing import Any, TypeVar
 
-from tfdist.comm.collective import GRADIENT_COMPRESSIONS, gradient_value_bytes
+from tfdist.comm.compressor import Compressor, TrafficModel
+from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.comm.traffic import compressed_traffic
-from tfdist.errors import PlanError, invalid
+from tfdist.errors import Error, PlanError, StrategyError, invalid
 from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
 from tfdist.runtime.program import one_line
 
 _Default = TypeVar("_Default", float, None)  # optional()'s default: a float gives a float.
 
 
-# Plan's fields as this command's flags, and the quantities' examples, for its errors.
+def _options(compressions: dict[str, type[Compressor]]) -> dict[str, tuple[dataclasses.Field[Any], str]]:
+    """Each compressor option (a field of its dataclass) by name, with the first compression that has it."""
+    options: dict[str, tuple[dataclasses.Field[Any], str]] = {}
+    for name, cls in compressions.items():
+        for field in dataclasses.fields(cls):
+            options.setdefault(field.name, (field, name))
+    return options
+
+
+# The registered compressors by their --compression spelling ('local-sgd'), and their options: each is a flag
+# of its own (--rank), read from the compressor's dataclass.
+_COMPRESSIONS = {name.replace("_", "-"): cls for name, cls in registered_compressors().items()}
+_OPTIONS = _options(_COMPRESSIONS)
+# Plan's fields and the compressors' options as this command's flags, and the quantities' examples, for its errors.
 _FLAGS = {
     "params": "--params",
     "workers": "--workers",
@@ -33,13 +48,9 @@ _FLAGS = {
     "embedding_values": "--embedding-values",
     "embedding_touched": "--embedding-touched",
     "shapes": "--shapes",
-    "rank": "--rank",
-    "density": "--density",
-    "period": "--period",
     "memory_bandwidth": "--memory-bandwidth",
+    **{option: "--" + option.replace("_", "-") for option in _OPTIONS},
 }
-# Compressors with error feedback, and local SGD: flag value -> tfdist.comm.TRAFFIC_KINDS' name.
-_COMPRESSORS = {"powersgd": "powersgd", "topk": "topk", "local-sgd": "local_sgd"}
 _EXAMPLES = {
     "params": "7B",
     "bandwidth": "10Gbps",
@@ -51,7 +62,7 @@ _EXAMPLES = {
 }
 
 
-def _in_flags(err: PlanError) -> PlanError:
+def _in_flags(err: Error) -> Error:
     """``err`` restated for the command line: the flag instead of the field, a flag's example as the fix.
 
     Example:
@@ -85,20 +96,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--latency", required=True, help="message latency, e.g. 50us")
     parser.add_argument("--device-memory", default=None, help="memory per device, e.g. 16GiB")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
+    shaped = ", ".join(name for name, cls in _COMPRESSIONS.items() if issubclass(cls, TrafficModel))
     parser.add_argument(
         "--compression",
-        choices=GRADIENT_COMPRESSIONS + tuple(_COMPRESSORS),
+        choices=tuple(_COMPRESSIONS),
         default="none",
-        help="gradient compression on the wire; powersgd, topk and local-sgd need the weights' shapes",
+        help=f"gradient compression on the wire; {shaped} need the weights' shapes",
     )
-    parser.add_argument("--rank", type=int, default=4, help="PowerSGD's rank (--compression powersgd)")
-    parser.add_argument("--density", type=float, default=0.01, help="top-k's share of entries (--compression topk)")
-    parser.add_argument("--period", type=int, default=4, help="steps between averagings (--compression local-sgd)")
+    for option, (field, name) in _OPTIONS.items():
+        parser.add_argument(
+            _FLAGS[option],
+            type=type(field.default),
+            default=None,
+            help=f"{field.metadata.get('help', option)} (--compression {name}; default {field.default})",
+        )
     parser.add_argument(
         "--memory-bandwidth",
         default=None,
-        help="memory bandwidth one worker streams, e.g. 15GB/s: adds the compressor's arithmetic "
-        "(powersgd, topk, local-sgd)",
+        help=f"memory bandwidth one worker streams, e.g. 15GB/s: adds the compressor's arithmetic ({shaped})",
     )
     parser.add_argument("--shapes", default=None, help="the trainable weights' shapes: a JSON list, or a JSON file")
     parser.add_argument(
@@ -138,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
             raise invalid(
                 PlanError, "--params", None, "a parameter count, or --shapes or --model", "Pass e.g. --params 25.6M."
             )
-        if args.compression in _COMPRESSORS and shapes is None:
+        options = {option: getattr(args, option) for option in _OPTIONS if getattr(args, option) is not None}
+        compressor = compressor_for(_COMPRESSIONS[args.compression].name, options)
+        if isinstance(compressor, TrafficModel) and shapes is None:
             raise invalid(
                 PlanError,
                 "--compression",
@@ -151,7 +168,6 @@ def run(args: argparse.Namespace) -> int:
             if args.params is not None
             else float(sum(math.prod(s) for s in shapes or []))
         )
-        wire = "none" if args.compression in _COMPRESSORS else args.compression
         plan = Plan(
             params=params,
             workers=args.workers,
@@ -160,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             latency=parse_quantity(args.latency, "time", field="--latency"),
             device_memory=optional(args.device_memory, "bytes", None, "--device-memory"),
             optimizer=args.optimizer,
-            bytes_per_value=gradient_value_bytes(wire),
+            bytes_per_value=compressor.value_bytes,
             ps_shards=args.ps_shards,
             compute_s=optional(args.compute, "time", None, "--compute"),
             embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
@@ -172,20 +188,17 @@ def run(args: argparse.Namespace) -> int:
                 workers=plan.workers,
                 bandwidth=plan.bandwidth,
                 latency=plan.latency,
-                compression=_COMPRESSORS[args.compression],
-                rank=args.rank,
-                density=args.density,
-                period=args.period,
+                compression=compressor,
                 memory_bandwidth=(
                     None
                     if args.memory_bandwidth is None
                     else parse_quantity(args.memory_bandwidth, "bandwidth", field="--memory-bandwidth")
                 ),
             )
-            if args.compression in _COMPRESSORS
+            if isinstance(compressor, TrafficModel)
             else None
         )
-    except PlanError as err:
+    except (PlanError, StrategyError) as err:  # StrategyError: a compressor's option.
         sys.stderr.write(f"tfdist plan: error: {one_line(str(_in_flags(err)))}\n")
         return 2
     data = plan.to_dict()

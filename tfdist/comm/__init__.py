@@ -1,10 +1,12 @@
 """Gradient communication: collective settings (packing, compression, cost), their autotuning, and the
-compressors that send fewer values (PowerSGD, top-k with error feedback).
+compressors, each a typed config in one registry (casts, PowerSGD, top-k with error feedback, local SGD's
+traffic).
 
 The Keras wiring (``with_communication``, ``accumulate_gradients``) is in :mod:`tfdist.keras`.
 """
 
 from tfdist.comm.autotune import DEFAULT_PACK_CANDIDATES, CollectiveTuning, all_reduce_timer, autotune_collectives
+from tfdist.comm.casts import BFloat16, Float16, NoCompression
 from tfdist.comm.collective import (
     COMPRESSORS,
     GRADIENT_COMPRESSIONS,
@@ -14,8 +16,11 @@ from tfdist.comm.collective import (
     payload_bytes,
     wire_bytes,
 )
-from tfdist.comm.powersgd import lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
-from tfdist.comm.topk import topk_count, topk_sum
+from tfdist.comm.compressor import Collectives, Compressor, ErrorFeedback, Link, StateSlot, TrafficModel, WireCast
+from tfdist.comm.local_sgd import LocalSGD
+from tfdist.comm.powersgd import PowerSGD, lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
+from tfdist.comm.registry import compressor_for, register_compressor, registered_compressors
+from tfdist.comm.topk import TopK, topk_count, topk_sum
 from tfdist.comm.traffic import (
     ARITHMETIC_PASSES,
     POWERSGD_FLOOR_PASSES,
@@ -31,19 +36,35 @@ __all__ = [
     "GRADIENT_COMPRESSIONS",
     "POWERSGD_FLOOR_PASSES",
     "TRAFFIC_KINDS",
+    "BFloat16",
     "CollectiveConfig",
     "CollectiveTuning",
+    "Collectives",
     "CompressedTraffic",
+    "Compressor",
+    "ErrorFeedback",
+    "Float16",
+    "Link",
+    "LocalSGD",
+    "NoCompression",
+    "PowerSGD",
+    "StateSlot",
+    "TopK",
+    "TrafficModel",
+    "WireCast",
     "all_reduce_sum",
     "all_reduce_timer",
     "autotune_collectives",
     "compressed_traffic",
+    "compressor_for",
     "gradient_value_bytes",
     "lowrank_value_count",
     "matrix_shape",
     "orthogonalize",
     "payload_bytes",
     "powersgd_sum",
+    "register_compressor",
+    "registered_compressors",
     "topk_count",
     "topk_sum",
     "wire_bytes",

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfdist.comm.collective import CollectiveConfig, all_reduce_sum
+from tfdist.comm.compressor import WireCast
+from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.errors import StorageError, StrategyError, invalid, require_int
 
 if TYPE_CHECKING:
@@ -42,6 +44,8 @@ _log = logging.getLogger("tfdist.comm.autotune")
 _MB = 1 << 20
 DEFAULT_PACK_CANDIDATES = (0, 1 * _MB, 2 * _MB, 4 * _MB, 8 * _MB, 16 * _MB, 32 * _MB)
 _FORMAT = "tfdist-collective-tuning/1"
+# The fields a tuning file holds besides the compressor, which it holds by name with its options.
+_STORED = ("bytes_per_pack", "split_bytes", "timings_ms", "workers", "total_bytes")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,8 +88,9 @@ class CollectiveTuning(CollectiveConfig):
         return {"bytes_per_pack": self.bytes_per_pack}
 
     def to_json(self) -> str:
-        body = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        body["timings_ms"] = dict(self.timings_ms)
+        """The JSON :meth:`save` writes: the compressor by name with its options, and the other fields."""
+        body = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name in _STORED}
+        body.update(compression=self.compressor.name, **self.compressor.options(), timings_ms=dict(self.timings_ms))
         return json.dumps({"format": _FORMAT, **body}, indent=1, sort_keys=True)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -147,17 +152,27 @@ class CollectiveTuning(CollectiveConfig):
                 f"a JSON object with format '{_FORMAT}'",
                 "Write it with CollectiveTuning.save().",
             )
-        fields = {f.name for f in dataclasses.fields(cls)}
+        compression = body.pop("compression", "none")
+        named = registered_compressors().get(compression) if isinstance(compression, str) else None
+        taken = {f.name for f in dataclasses.fields(named)} if named is not None else set()
+        options = {key: body.pop(key) for key in sorted(taken & set(body))}
+        for key in _options_of_all() - taken:  # Older files hold rank and density whatever the compression.
+            body.pop(key, None)
+        fields = {f.name for f in dataclasses.fields(cls) if f.name in _STORED}
         unknown = sorted(set(body) - fields)
         if unknown:
             raise invalid(
                 StrategyError,
                 "tuning",
                 unknown,
-                f"only the keys {sorted(fields)}",
+                f"only the keys {sorted(fields | {'compression'} | taken)}",
                 "The file comes from another tfdist version; rerun the autotuner.",
             )
-        return cls(**body)
+        return cls(compression=compressor_for(compression, options), **body)
+
+
+def _options_of_all() -> set[str]:
+    return {field.name for cls in registered_compressors().values() for field in dataclasses.fields(cls)}
 
 
 def all_reduce_timer(
@@ -209,7 +224,7 @@ def autotune_collectives(
     shapes: Sequence[Sequence[int]],
     *,
     candidates: Sequence[int] = DEFAULT_PACK_CANDIDATES,
-    compression: str = "none",
+    compression: str | WireCast = "none",
     repeats: int = 3,
 ) -> CollectiveTuning:
     """Times the all-reduce of ``shapes`` for each pack size and returns the fastest; call on every worker.
@@ -223,7 +238,7 @@ def autotune_collectives(
         all-reduce), built on every worker.
       shapes: The gradient shapes, e.g. ``[v.shape for v in model.trainable_variables]``.
       candidates: Pack sizes in bytes to try.
-      compression: Wire dtype to tune with: 'none', 'fp16' or 'bf16'.
+      compression: Wire dtype to tune with: 'none', 'fp16' or 'bf16' (or ``BFloat16()``...).
       repeats: Timed rounds; each round runs every candidate once, and each
         candidate's median counts.
 

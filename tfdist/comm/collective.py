@@ -28,10 +28,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfdist._names import describe_choices
-from tfdist.comm.powersgd import check_rank, lowrank_value_count
-from tfdist.comm.topk import topk_count
-from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.comm.casts import NoCompression
+from tfdist.comm.compressor import Compressor, ErrorFeedback, WireCast
+from tfdist.comm.registry import compressor_for, registered_compressors
+from tfdist.errors import StrategyError, require_int
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -46,15 +46,15 @@ __all__ = [
     "wire_bytes",
 ]
 
-# Gradient compression -> the dtype float32 gradients travel as (None: unchanged). Not file compression:
-# that is tfdist.data.records.writer.COMPRESSIONS.
-_WIRE_DTYPES = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
-GRADIENT_COMPRESSIONS = tuple(_WIRE_DTYPES)
+# The built-in gradient compressions by name (tfdist.comm.registry: registered_compressors() lists all).
+# Casts: the dtype float32 gradients travel as. Not file compression: that is
+# tfdist.data.records.writer.COMPRESSIONS.
+GRADIENT_COMPRESSIONS = tuple(registered_compressors(WireCast))
 # Compressors that send fewer values, each replica keeping what it did not send (error feedback): rank-r
 # factors (tfdist.comm.powersgd) or the largest entries (tfdist.comm.topk). Float32 on the wire.
-COMPRESSORS = ("powersgd", "topk")
-_CHOICES = GRADIENT_COMPRESSIONS + COMPRESSORS
-_FP16_MAX = 65504.0
+COMPRESSORS = tuple(registered_compressors(ErrorFeedback))
+# CollectiveConfig's keywords for the options of a compressor given by name (PowerSGD's, top-k's).
+_NAMED_OPTIONS = ("rank", "density")
 _MAX_EXPONENT = 60  # Keep the scale (2**e) well inside float32's range.
 
 
@@ -63,31 +63,39 @@ class CollectiveConfig:
     """How gradients travel in an all-reduce.
 
     Args:
-      compression: 'none', 'fp16' or 'bf16': the dtype on the wire; 'powersgd' or 'topk': fewer values,
-        with error feedback (:data:`COMPRESSORS`).
+      compression: The gradient compressor: a typed config such as ``BFloat16()``, ``PowerSGD(rank=2)`` or
+        ``TopK(density=0.05)``, or its registered name: 'none', 'fp16' or 'bf16' (the dtype on the wire);
+        'powersgd' or 'topk' (fewer values, with error feedback: :data:`COMPRESSORS`).
       bytes_per_pack: Pack tensors into all-reduces of about this many bytes;
         0 keeps the strategy's setting.
       split_bytes: Split tensors larger than this into pieces before packing;
         0 never splits.
-      rank: PowerSGD's rank (compression='powersgd').
-      density: The share of each gradient's entries top-k sends (compression='topk').
+      rank: PowerSGD's rank, with compression='powersgd' by name (default 4); refused with any other.
+      density: The share of each gradient's entries top-k sends, with compression='topk' by name
+        (default 0.01); refused with any other.
+
+    Attributes:
+      compressor: The typed compressor config, built from ``compression`` (and ``rank`` or ``density``).
+        Two configs are equal when their compressors and packing are.
 
     Example:
         >>> CollectiveConfig().compression
         'none'
+        >>> CollectiveConfig(compression="powersgd", rank=2).compressor
+        PowerSGD(rank=2)
     """
 
-    compression: str = "none"
+    compression: str | Compressor = dataclasses.field(default="none", compare=False, repr=False)
     bytes_per_pack: int = 0
     split_bytes: int = 0
-    rank: int = 4
-    density: float = 0.01
+    rank: int | None = dataclasses.field(default=None, compare=False, repr=False)
+    density: float | None = dataclasses.field(default=None, compare=False, repr=False)
+    compressor: WireCast | ErrorFeedback = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.compression, str) or self.compression not in _CHOICES:
-            raise invalid(StrategyError, "compression", self.compression, describe_choices(self.compression, _CHOICES))
-        check_rank(self.rank)
-        topk_count(1, density=self.density)
+        named = {key: getattr(self, key) for key in _NAMED_OPTIONS if getattr(self, key) is not None}
+        compressor = compressor_for(self.compression, named, kind=(WireCast, ErrorFeedback))
+        object.__setattr__(self, "compressor", compressor)
         require_int(
             StrategyError, "bytes_per_pack", self.bytes_per_pack, minimum=0, fix="Use 0 to keep the strategy's packing."
         )
@@ -96,34 +104,30 @@ class CollectiveConfig:
     @property
     def wire_dtype_name(self) -> str | None:
         """The dtype gradients travel as, or None for their own."""
-        return _WIRE_DTYPES.get(self.compression)
+        return self.compressor.wire_dtype if isinstance(self.compressor, WireCast) else None
 
 
-def gradient_value_bytes(compression: str) -> int:
-    """Bytes one float32 gradient value takes on the wire under ``compression``.
+def gradient_value_bytes(compression: Any) -> int:
+    """Bytes one float32 gradient value takes on the wire under ``compression`` (a name or a compressor).
 
     Example:
         >>> gradient_value_bytes("none"), gradient_value_bytes("bf16")
         (4, 2)
     """
-    if not isinstance(compression, str) or compression not in _WIRE_DTYPES:
-        raise invalid(StrategyError, "compression", compression, describe_choices(compression, _WIRE_DTYPES))
-    return 4 if _WIRE_DTYPES[compression] is None else 2
+    return compressor_for(compression).value_bytes
 
 
 def payload_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
-    """Bytes handed to the gradient all-reduce for ``tensors`` (static shapes), per replica.
+    """Bytes handed to the gradient all-reduce for ``tensors`` (static shapes), per replica: in the wire
+    dtype of a cast, else as they are.
 
     Example:
         >>> import numpy as np
         >>> payload_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="bf16"))
         2000
     """
-    total = 0
-    for tensor in tensors:
-        itemsize = gradient_value_bytes(config.compression) if config.wire_dtype_name else _itemsize(tensor)
-        total += math.prod(int(d) for d in tensor.shape) * itemsize
-    return total
+    cast = config.compressor if isinstance(config.compressor, WireCast) else NoCompression()
+    return cast.payload_bytes(tensors)
 
 
 def wire_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
@@ -139,28 +143,7 @@ def wire_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
         >>> wire_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="topk", density=0.01))
         80
     """
-    counter = _COMPRESSOR_BYTES.get(config.compression)
-    if counter is not None:
-        return counter([[int(d) for d in t.shape] for t in tensors], config)
-    scale = 4 if config.compression == "fp16" and len(tensors) else 0
-    return payload_bytes(tensors, config) + scale
-
-
-def _powersgd_bytes(shapes: Sequence[Sequence[int]], config: CollectiveConfig) -> int:
-    return 4 * sum(lowrank_value_count(shapes, rank=config.rank))  # Float32 factors and whole tensors.
-
-
-def _topk_bytes(shapes: Sequence[Sequence[int]], config: CollectiveConfig) -> int:
-    return sum(8 * topk_count(math.prod(shape), density=config.density) for shape in shapes)  # Value + index.
-
-
-_COMPRESSOR_BYTES = {"powersgd": _powersgd_bytes, "topk": _topk_bytes}
-
-
-def _itemsize(tensor: Any) -> int:
-    dtype = tensor.dtype
-    size = getattr(dtype, "size", None)
-    return int(size if size is not None else dtype.itemsize)
+    return config.compressor.wire_bytes(tensors)
 
 
 def _split(flat: tf.Tensor, piece_elems: int) -> list[tf.Tensor]:
@@ -171,14 +154,14 @@ def _split(flat: tf.Tensor, piece_elems: int) -> list[tf.Tensor]:
     return tf.split(flat, sizes) if len(sizes) > 1 else [flat]
 
 
-def _fp16_scale(tensors: Sequence[tf.Tensor], context: Any) -> tf.Tensor:
-    """A power of two that keeps every partial sum of ``tensors`` within float16 range."""
+def _range_scale(tensors: Sequence[tf.Tensor], context: Any, wire_max: float) -> tf.Tensor:
+    """A power of two that keeps every partial sum of ``tensors`` within ``wire_max`` (float16's range)."""
     import tensorflow as tf
 
     local_max = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(tf.cast(t, tf.float32))) for t in tensors]))
     # The sum of every replica's largest magnitude bounds every element of every partial sum.
     bound = context.all_reduce(tf.distribute.ReduceOp.SUM, local_max)
-    exponent = tf.floor(tf.math.log(_FP16_MAX / 2.0 / bound) / math.log(2.0))
+    exponent = tf.floor(tf.math.log(wire_max / 2.0 / bound) / math.log(2.0))
     # bound == 0 gives +inf: any scale works, use 1. A non-finite bound gives -inf/NaN: keep it non-finite.
     exponent = tf.where(tf.math.is_inf(exponent) & (exponent > 0), tf.zeros_like(exponent), exponent)
     exponent = tf.clip_by_value(exponent, -_MAX_EXPONENT, _MAX_EXPONENT)
@@ -204,8 +187,9 @@ def all_reduce_sum(tensors: Sequence[tf.Tensor], config: CollectiveConfig, conte
     context = context or tf.distribute.get_replica_context()
     if not tensors:
         return []
-    wire = tf.as_dtype(config.wire_dtype_name) if config.wire_dtype_name else None
-    scale = _fp16_scale(tensors, context) if config.compression == "fp16" else None
+    cast = config.compressor if isinstance(config.compressor, WireCast) else NoCompression()
+    wire = tf.as_dtype(cast.wire_dtype) if cast.wire_dtype else None
+    scale = _range_scale(tensors, context, cast.wire_max) if cast.wire_max is not None else None
     pieces, layout = [], []
     for tensor in tensors:
         flat = tf.reshape(tensor, [-1])

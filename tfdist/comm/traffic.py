@@ -2,20 +2,15 @@
 
 What :func:`tfdist.keras.with_communication` (PowerSGD, top-k) and :func:`tfdist.keras.local_sgd` send
 depends on each weight's shape, so these take the shapes, and the link (bandwidth, latency) as
-:class:`tfdist.plan.Plan` does.
+:class:`tfdist.plan.Plan` does. Each compressor carries its own model (a
+:class:`~tfdist.comm.TrafficModel` in :mod:`tfdist.comm.registry`): the bytes it sends, the collectives'
+time, and the values its arithmetic streams.
 
 Given the memory bandwidth of one worker, they also model the compressor's arithmetic, which on CPUs costs
 more than the wire it saves: every step streams the gradients through memory several times. The passes
-counted, each one read or write of every compressed float32 value, are those of tfdist's implementation:
-
-============  ======  ================================================================================
-compressor    passes  what streams the gradients
-============  ======  ================================================================================
-powersgd      10      ``g + e`` (3), ``M Q`` (1), ``M^T P`` (1), ``P Q_w^T`` (1), ``M - P Q_w^T`` (3), ``P Q^T`` (1)
-topk          12      ``g + e`` (3), ``abs`` (2), the threshold's mask (1), the scatter-add of what all sent (2),
-                      its slices (2), the error with the sent entries zeroed (2)
-local_sgd     3       per averaging, the weights summed and scaled (read, write, write), once per period
-============  ======  ================================================================================
+counted, each one read or write of every compressed float32 value, are those of tfdist's implementation,
+listed in each compressor's docstring (``PowerSGD`` 10, ``TopK`` 12, ``LocalSGD`` 3 per averaging;
+:data:`ARITHMETIC_PASSES`).
 
 A kernel that fused PowerSGD's steps perfectly would still need 7 (read ``g`` and ``e`` once while
 computing ``M Q``, write ``M``, read it for ``M^T P`` and for the error, write the error and the sum):
@@ -27,19 +22,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from tfdist._names import describe_choices
-from tfdist.comm.powersgd import check_rank, matrix_shape
-from tfdist.comm.topk import topk_count
-from tfdist.errors import PlanError, invalid, require_int, require_number
-from tfdist.plan import Plan
+from tfdist.comm.compressor import Link, TrafficModel
+from tfdist.comm.registry import compressor_for, registered_compressors
+from tfdist.errors import PlanError, invalid, require_number
 
 __all__ = ["ARITHMETIC_PASSES", "POWERSGD_FLOOR_PASSES", "TRAFFIC_KINDS", "CompressedTraffic", "compressed_traffic"]
 
 
-TRAFFIC_KINDS = ("powersgd", "topk", "local_sgd")  # What compressed_traffic models (tfdist.keras.with_communication).
-ARITHMETIC_PASSES = {"powersgd": 10, "topk": 12, "local_sgd": 3}  # Per step (local SGD: per averaging); see above.
+# The built-in compressors compressed_traffic models, and their passes (registered_compressors(TrafficModel)
+# lists every one registered).
+TRAFFIC_KINDS = tuple(registered_compressors(TrafficModel))
+ARITHMETIC_PASSES = {name: cls.arithmetic_passes for name, cls in registered_compressors(TrafficModel).items()}
 POWERSGD_FLOOR_PASSES = 7  # PowerSGD perfectly fused: the memory traffic no implementation can avoid.
 
 
@@ -48,15 +43,15 @@ class CompressedTraffic:
     """Bytes one worker sends per step with a compressor, and the seconds the alpha-beta model gives them.
 
     Attributes:
-      compression: 'powersgd', 'topk' or 'local_sgd'.
+      compression: The compressor's name: 'powersgd', 'topk', 'local_sgd'...
       bytes_per_step: Bytes one worker hands to the collectives per optimizer step (local SGD: the weights'
         all-reduce spread over its period).
       seconds_per_step: The collectives' time per step: PowerSGD two ring all-reduces (the P factors; the Q
         factors with the whole tensors), top-k two ring all-gathers (values, indices), local SGD one ring
         all-reduce of the weights every ``period`` steps.
       fewer_bytes: float32 all-reduce bytes over ``bytes_per_step``.
-      arithmetic_seconds: The compressor's arithmetic per step at the given memory bandwidth
-        (:data:`ARITHMETIC_PASSES` over the values it streams), or None when no bandwidth was given.
+      arithmetic_seconds: The compressor's arithmetic per step at the given memory bandwidth (its
+        ``arithmetic_passes`` over the values it streams), or None when no bandwidth was given.
       total_seconds: ``seconds_per_step`` plus ``arithmetic_seconds`` (the collectives wait for the
         arithmetic, and it for them), or None without a memory bandwidth.
     """
@@ -81,32 +76,39 @@ def compressed_traffic(
     workers: int,
     bandwidth: float,
     latency: float,
-    compression: str,
-    rank: int = 4,
-    density: float = 0.01,
-    period: int = 4,
+    compression: str | TrafficModel,
+    rank: int | None = None,
+    density: float | None = None,
+    period: int | None = None,
     memory_bandwidth: float | None = None,
 ) -> CompressedTraffic:
     """The per-step traffic of a compressor on gradients of ``shapes`` (the model's trainable weights).
 
-    ``memory_bandwidth`` (bytes per second one worker streams, e.g. measured with ``tfdist plan``'s
-    ``--memory-bandwidth`` or the benchmark) adds the compressor's arithmetic.
+    ``compression`` is a compressor with a traffic model, typed (``PowerSGD(rank=4)``, ``TopK()``,
+    ``LocalSGD(period=8)``) or by name ('powersgd', 'topk', 'local_sgd') with its option as a keyword:
+    ``rank``, ``density`` or ``period`` (each refused with the others). ``memory_bandwidth`` (bytes per
+    second one worker streams, e.g. measured with ``tfdist plan``'s ``--memory-bandwidth`` or the
+    benchmark) adds the compressor's arithmetic.
 
     Example:
         >>> t = compressed_traffic(shapes=[(2048, 1000), (1000,)], workers=2, bandwidth=1e9, latency=1e-4,
         ...                        compression="powersgd", rank=4)
         >>> int(t.bytes_per_step), round(t.fewer_bytes), round(t.seconds_per_step * 1e3, 3)
         (52768, 155, 0.453)
+        >>> from tfdist.comm import PowerSGD
         >>> round(compressed_traffic(shapes=[(2048, 1000)], workers=2, bandwidth=1e9, latency=1e-4,
-        ...                          compression="powersgd", memory_bandwidth=20e9).arithmetic_seconds * 1e3, 3)
+        ...                          compression=PowerSGD(), memory_bandwidth=20e9).arithmetic_seconds * 1e3, 3)
         4.096
     """
-    if compression not in TRAFFIC_KINDS:
-        raise invalid(PlanError, "compression", compression, describe_choices(compression, TRAFFIC_KINDS))
-    Plan(params=1, workers=workers, bandwidth=bandwidth, latency=latency)  # Validates the link as the planner does.
-    require_int(PlanError, "period", period, minimum=1, fix="Average every 1 or more steps.")
-    check_rank(rank)
-    if not shapes or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes):
+    given = {"rank": rank, "density": density, "period": period}
+    named = {key: value for key, value in given.items() if value is not None}
+    compressor = cast(TrafficModel, compressor_for(compression, named, kind=TrafficModel, error=PlanError))
+    link = Link(workers=workers, bandwidth=bandwidth, latency=latency)  # Validates the link as the planner does.
+    if (
+        not isinstance(shapes, (list, tuple))
+        or not shapes
+        or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes)
+    ):
         raise invalid(PlanError, "shapes", shapes, "a list of weight shapes, each a list of positive integers")
     require_number(
         PlanError,
@@ -117,71 +119,17 @@ def compressed_traffic(
         fix="Bytes per second (a server core streams about 10-20 GB/s, e.g. 15e9), or None to leave the "
         "arithmetic out.",
     )
-    link = _Link(workers=workers, bandwidth=bandwidth, latency=latency)
-    sizes = [math.prod(int(d) for d in s) for s in shapes]
-    sent, seconds = _TRAFFIC[compression](shapes, sizes, link, rank=rank, density=density, period=period)
+    sent = compressor.sent_bytes(shapes)
     arithmetic = None
     if memory_bandwidth is not None:
-        streamed = _streamed_values(compression, shapes, sizes, rank=rank, period=period)
-        arithmetic = ARITHMETIC_PASSES[compression] * 4.0 * streamed / memory_bandwidth
+        arithmetic = compressor.arithmetic_passes * 4.0 * compressor.streamed_values(shapes) / memory_bandwidth
     return CompressedTraffic(
-        compression=compression,
+        compression=compressor.name,
         bytes_per_step=sent,
-        seconds_per_step=seconds,
-        fewer_bytes=4.0 * sum(sizes) / sent,
+        seconds_per_step=compressor.seconds(shapes, link),
+        fewer_bytes=4.0 * sum(math.prod(int(d) for d in s) for s in shapes) / sent,
         arithmetic_seconds=arithmetic,
     )
-
-
-def _streamed_values(compression: str, shapes: Any, sizes: list[int], *, rank: int, period: int) -> float:
-    """The values a compressor's arithmetic streams per step: PowerSGD its matrices, top-k every gradient,
-    local SGD the weights once per period."""
-    if compression == "powersgd":
-        views = [matrix_shape([int(d) for d in s], rank=rank) for s in shapes]
-        return float(sum(size for size, view in zip(sizes, views) if view is not None))
-    return float(sum(sizes)) / (period if compression == "local_sgd" else 1)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Link:
-    """The ring collectives' alpha-beta times on ``workers`` machines (the all-reduce is Plan's formula)."""
-
-    workers: int
-    bandwidth: float
-    latency: float
-
-    def ring(self, nbytes: float) -> float:
-        """A ring all-reduce of ``nbytes``."""
-        if nbytes <= 0 or self.workers == 1:
-            return 0.0
-        return Plan(
-            params=nbytes / 4, workers=self.workers, bandwidth=self.bandwidth, latency=self.latency
-        ).ring_allreduce_s
-
-    def gather(self, nbytes: float) -> float:
-        """A ring all-gather in which every worker contributes ``nbytes``."""
-        n = self.workers
-        return 0.0 if n == 1 else (n - 1) * self.latency + (n - 1) * nbytes / self.bandwidth
-
-
-def _powersgd(shapes: Any, sizes: list[int], link: _Link, *, rank: int, **_: Any) -> tuple[float, float]:
-    views = [matrix_shape([int(d) for d in s], rank=rank) for s in shapes]
-    p = sum(rank * v[0] for v in views if v is not None)
-    q = sum(rank * v[1] for v in views if v is not None)
-    whole = sum(size for size, v in zip(sizes, views) if v is None)
-    return 4.0 * (p + q + whole), link.ring(4.0 * p) + link.ring(4.0 * (q + whole))
-
-
-def _topk(shapes: Any, sizes: list[int], link: _Link, *, density: float, **_: Any) -> tuple[float, float]:
-    k = sum(topk_count(size, density=density) for size in sizes)
-    return 8.0 * k, 2 * link.gather(4.0 * k)  # Float32 values, then int32 indices.
-
-
-def _local_sgd(shapes: Any, sizes: list[int], link: _Link, *, period: int, **_: Any) -> tuple[float, float]:
-    return 4.0 * sum(sizes) / period, link.ring(4.0 * sum(sizes)) / period
-
-
-_TRAFFIC: dict[str, Any] = {"powersgd": _powersgd, "topk": _topk, "local_sgd": _local_sgd}
 
 
 def _dimension(value: Any) -> bool:

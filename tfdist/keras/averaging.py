@@ -31,7 +31,8 @@ import types
 from typing import Any
 
 from tfdist import _compat
-from tfdist.errors import StrategyError, invalid, require_int
+from tfdist.comm.local_sgd import LocalSGD
+from tfdist.errors import StrategyError, invalid
 from tfdist.keras._builders import refuse_mesh
 
 __all__ = ["local_sgd"]
@@ -58,7 +59,7 @@ def local_sgd(model: Any, *, period: int, average_slots: bool = True) -> Any:
     import tensorflow as tf
     import tf_keras
 
-    require_int(StrategyError, "period", period, minimum=1, fix="Average the workers' weights every 1 or more steps.")
+    LocalSGD(period=period)  # Validates it (an integer >= 1), as the planner's local SGD.
     optimizer = getattr(model, "optimizer", None)
     refuse_mesh("model", type(model).__name__, "local SGD", optimizer=optimizer)
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):

@@ -7,10 +7,11 @@ gradient all-reduce goes through :func:`tfdist.comm.collective.all_reduce_sum`:
   is range-scaled by a power of two so sums cannot overflow, and non-finite
   gradients stay non-finite, so ``LossScaleOptimizer`` (mixed precision)
   still detects an overflow and skips the step.
-* ``compression='powersgd'`` (``rank=``) sends each weight matrix's gradient as two rank-``r`` factors,
-  ``compression='topk'`` (``density=``) only its largest entries; each worker keeps what it did not send
-  and adds it to its next gradient (error feedback, :mod:`tfdist.comm.powersgd`, :mod:`tfdist.comm.topk`).
-  That state lives in optimizer variables, so checkpoints and backups carry it.
+* ``compression=PowerSGD(rank=4)`` (or ``'powersgd'``, ``rank=``) sends each weight matrix's gradient as
+  two rank-``r`` factors, ``compression=TopK(density=0.01)`` (or ``'topk'``, ``density=``) only its largest
+  entries; each worker keeps what it did not send and adds it to its next gradient (error feedback, any
+  :class:`tfdist.comm.ErrorFeedback` compressor of the registry). That state lives in optimizer variables,
+  so checkpoints and backups carry it.
 * ``bytes_per_pack`` / ``split_bytes`` (or ``tuning=``, the autotuner's JSON)
   set how gradients are cut into all-reduces.
 
@@ -31,7 +32,8 @@ import functools
 import os
 from typing import Any
 
-from tfdist.comm.collective import COMPRESSORS, CollectiveConfig, all_reduce_sum, wire_bytes
+from tfdist.comm.collective import CollectiveConfig, all_reduce_sum, wire_bytes
+from tfdist.comm.compressor import Compressor, ErrorFeedback
 from tfdist.errors import StrategyError, invalid
 from tfdist.keras import _compressors
 from tfdist.keras._builders import refuse_mesh
@@ -42,26 +44,26 @@ __all__ = ["with_communication"]
 def with_communication(
     optimizer: Any,
     *,
-    compression: str = "none",
+    compression: str | Compressor = "none",
     bytes_per_pack: int = 0,
     split_bytes: int = 0,
     tuning: str | os.PathLike[str] | Any | None = None,
-    rank: int = 4,
-    density: float = 0.01,
+    rank: int | None = None,
+    density: float | None = None,
 ) -> Any:
     """A copy of ``optimizer`` that communicates gradients as configured.
 
     Args:
       optimizer: A tf-keras optimizer (``tf_keras.optimizers.SGD``, ``Adam``...),
         not yet used. Create it under the strategy's scope, as usual.
-      compression: Wire dtype for the gradient all-reduce: 'none', 'fp16', 'bf16'; or a compressor with
-        error feedback: 'powersgd', 'topk'.
+      compression: The gradient compressor, typed (``BFloat16()``, ``PowerSGD(rank=2)``, ``TopK()``) or by
+        name: the wire dtype 'none', 'fp16', 'bf16'; or a compressor with error feedback: 'powersgd', 'topk'.
       bytes_per_pack: Pack size of the all-reduce (0: the strategy's setting).
       split_bytes: Split larger gradients into pieces of this size (0: never).
       tuning: A ``CollectiveTuning`` or its JSON path; supplies
         ``bytes_per_pack`` and ``split_bytes`` (explicit arguments win).
-      rank: PowerSGD's rank (compression='powersgd').
-      density: The share of each gradient's entries sent (compression='topk').
+      rank: PowerSGD's rank, with compression='powersgd' (default 4).
+      density: The share of each gradient's entries sent, with compression='topk' (default 0.01).
 
     Returns:
       An optimizer of a subclass of ``type(optimizer)`` with the same config.
@@ -77,8 +79,9 @@ def with_communication(
     """
     import tf_keras
 
-    if compression != "none" or bytes_per_pack or split_bytes or tuning is not None:
-        refuse_mesh("compression", compression, "with_communication", optimizer=optimizer)
+    named = compression.name if isinstance(compression, Compressor) else compression
+    if named != "none" or bytes_per_pack or split_bytes or tuning is not None:
+        refuse_mesh("compression", named, "with_communication", optimizer=optimizer)
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         raise invalid(
             StrategyError,
@@ -96,8 +99,8 @@ def with_communication(
     config = CollectiveConfig(
         compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes, rank=rank, density=density
     )
-    if config.compression in COMPRESSORS:
-        _check_compressor_strategy(config.compression)
+    if isinstance(config.compressor, ErrorFeedback):
+        _check_compressor_strategy(config.compressor.name)
     base = type(optimizer)
     if issubclass(base, _CommunicationMixin):
         raise invalid(
@@ -142,7 +145,7 @@ class _CommunicationMixin:
     def _tfdist_setup(self, config: CollectiveConfig) -> None:
         # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
         object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
-        if config.compression in COMPRESSORS:
+        if isinstance(config.compressor, ErrorFeedback):
             # The compressors' errors and Q factors, created at the first step, keyed "0", "1"... in order: a
             # dict the optimizer tracks, so checkpoints carry them (tfdist.keras._compressors). Not a list:
             # tf-keras checkpoints a copy of an optimizer's list attributes, made once, so a restore before
@@ -173,11 +176,11 @@ class _CommunicationMixin:
         grads = [pairs[i][0] for i in dense]
         self._tfdist["bytes"] = wire_bytes(grads, config)
         out = list(pairs)
-        if config.compression in COMPRESSORS:
+        if isinstance(config.compressor, ErrorFeedback):
             if sparse and not self._tfdist.get("sparse_logged"):
                 self._tfdist["sparse_logged"] = True
                 _compressors.log_sparse(config, [pairs[i][1] for i in sparse])
-            summed = _compressors.aggregate(self, grads, [pairs[i][1] for i in dense], config)
+            summed = _compressors.aggregate(self, grads, [pairs[i][1] for i in dense], config.compressor, config)
         else:
             summed = all_reduce_sum(grads, config)
         for i, grad in zip(dense, summed):
