@@ -17,8 +17,8 @@ import tensorflow as tf
 from tests.support.records import ID_ONLY, example
 from tfdist.data import DataPosition, TFRecordPipeline, write_tfrecords
 from tfdist.data.order.claims import claim_next, claimed_steps, steps_per_pass
+from tfdist.data.order.epoch import EpochOrder
 from tfdist.data.order.index import epoch_order
-from tfdist.data.order.plan import EpochOrder
 from tfdist.data.records.files import list_files
 from tfdist.errors import DataError
 

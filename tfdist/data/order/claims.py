@@ -9,7 +9,7 @@ of the epoch order: data epoch ``g // steps_per_pass``, step ``g % steps_per_pas
 claimed by exactly one step run, whichever worker runs it, so an epoch of ``steps_per_pass`` steps trains
 every record once.
 
-The order is :class:`~tfdist.data.order.plan.EpochOrder` without windows: a step takes ``b`` consecutive
+The order is :class:`~tfdist.data.order.epoch.EpochOrder` without windows: a step takes ``b`` consecutive
 records of every stream of the epoch's permuted blocks. It is computed in the graph (workers run no
 Python): the block permutation is the same SplitMix64 sort as :func:`~tfdist.data.order.splitmix.permutation`,
 so the coordinator's NumPy order and a worker's graph agree record for record.
@@ -23,7 +23,7 @@ Example (one process: the claims run in order):
     >>> import os, tempfile
     >>> import tensorflow as tf
     >>> from tfdist.data import write_tfrecords
-    >>> from tfdist.data.order.plan import EpochOrder
+    >>> from tfdist.data.order.epoch import EpochOrder
     >>> prefix = os.path.join(tempfile.mkdtemp(), "part")
     >>> paths = write_tfrecords([tf.train.Example() for _ in range(10)], prefix, num_shards=2)
     >>> order = EpochOrder(counts=(5, 5), block=1, streams=2, window=0, seed=4)
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.data.order import splitmix
-from tfdist.data.order.plan import EpochOrder
+from tfdist.data.order.epoch import EpochOrder
 from tfdist.errors import DataError, invalid
 
 __all__: list[str] = []

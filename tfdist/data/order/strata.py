@@ -3,7 +3,7 @@
 Under ``order='resumable'`` with ``class_weights``, each input pipeline draws its records from the class
 groups with the asked mix, and the class of its draw ``k`` is a pure function of ``(seed, worker, k)``: a
 SplitMix64 hash of ``k`` compared with the mix's cumulative thresholds (53-bit integers, so NumPy and the
-graph agree exactly). Each class is read in its own resumable epoch order (:mod:`tfdist.data.order.plan`),
+graph agree exactly). Each class is read in its own resumable epoch order (:mod:`tfdist.data.order.epoch`),
 cut into one stream per pipeline, endlessly. A position of ``(epoch, step)`` is ``k`` draws; a resume
 counts, in NumPy, how many of those draws each class took (no record is read), starts every class there,
 and draws on from ``k``: the same records in the same order as the run that was not interrupted.
@@ -107,7 +107,7 @@ class StrataOrder:
 
     @property
     def stream_lengths(self) -> tuple[int, ...]:
-        """Draws of one epoch of this pipeline (as :class:`~tfdist.data.order.plan.EpochOrder` names it)."""
+        """Draws of one epoch of this pipeline (as :class:`~tfdist.data.order.epoch.EpochOrder` names it)."""
         return (self.share,)
 
     def fingerprint(self) -> dict[str, Any]:

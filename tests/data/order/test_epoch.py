@@ -7,7 +7,7 @@ import collections
 import numpy as np
 import pytest
 
-from tfdist.data.order.plan import EpochOrder
+from tfdist.data.order.epoch import EpochOrder
 from tfdist.errors import DataError
 
 
