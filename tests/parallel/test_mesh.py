@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tfdist.cluster.mesh import DTENSOR_SETTINGS, MESH_VAR
+from tfdist.cluster.mesh_shape import DTENSOR_SETTINGS, MESH_VAR
 from tfdist.errors import StrategyError
 from tfdist.parallel import build_mesh
 
