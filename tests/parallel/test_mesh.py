@@ -1,4 +1,4 @@
-"""build_mesh's checks, before DTensor starts (the meshes themselves run in tests/keras/test_tensor_parallel.py)."""
+"""build_mesh's checks, before DTensor starts (the meshes themselves run in tests/keras/parallel/test_tensor.py)."""
 
 from __future__ import annotations
 
