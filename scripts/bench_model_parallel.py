@@ -162,7 +162,7 @@ def pipeline_task(steps: int, counts: list[int]) -> dict[str, Any]:
 
     for count in counts:
         clock = Clock()
-        model = tk.pipeline_model(layers, stages, input_shape=(PIPE_WIDTH,), micro_batches=count)
+        model = tk.stage_model(layers, stages, input_shape=(PIPE_WIDTH,), micro_batches=count)
         model.compile(optimizer=tf_keras.optimizers.SGD(1e-3), loss="mse")
         model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
         out[str(count)] = statistics.median(clock.times[WARMUP:])

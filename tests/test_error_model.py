@@ -27,7 +27,7 @@ from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
-from tfdist.launch.engines.ray import RayOptions
+from tfdist.launch.engines.ray.engine import RayOptions
 from tfdist.launch.events import KillAt
 from tfdist.strategy.builders import StrategyOptions, resolve_options
 

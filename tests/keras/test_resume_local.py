@@ -127,7 +127,7 @@ def test_resume_input_before_the_backup_works_and_a_changed_order_stops_clearly(
     assert collections.Counter(model.counts.numpy().tolist()) == {3.0: exact_tasks.RECORDS}
     assert before.cursor.position == keras.input_position(1, 0, epochs_per_iteration=1, steps_per_epoch=None)
     with pytest.raises(DataError, match="`pipeline`. Received: 'list'"):
-        keras.ResumeInput([])
+        keras.ResumeInput([])  # type: ignore[arg-type]  # A wrong type on purpose.
 
 
 _EDGES = [240, 360, 440]  # Labels 0-3 by id: 240, 120, 80 and 40 records.

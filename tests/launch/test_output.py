@@ -21,8 +21,8 @@ import time
 
 import pytest
 
+from tfdist.launch.engines._host import TaskHost
 from tfdist.launch.engines._process import LocalProcess
-from tfdist.launch.engines._ray_actor import TaskHost
 from tfdist.launch.output import (
     NoiseFilter,
     OutputSplitter,

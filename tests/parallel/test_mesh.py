@@ -1,4 +1,4 @@
-"""build_mesh's checks, before DTensor starts (the meshes themselves run in tests/keras/test_tensor_parallel.py)."""
+"""build_mesh's checks, before DTensor starts (the meshes themselves run in tests/keras/parallel/test_tensor.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tfdist.cluster.mesh import DTENSOR_SETTINGS, MESH_VAR
+from tfdist.cluster.mesh_shape import DTENSOR_SETTINGS, MESH_VAR
 from tfdist.errors import StrategyError
 from tfdist.parallel import build_mesh
 

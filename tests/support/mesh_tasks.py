@@ -164,7 +164,7 @@ def reference_fit(files: str, steps: int, workdir: str, replicas: int = 1) -> di
     import tensorflow as tf
     import tf_keras
 
-    from tfdist.keras.mesh_input import replica_batches
+    from tfdist.keras.parallel.mesh_input import replica_batches
 
     class DenseAdam(tf_keras.optimizers.Adam):
         def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:

@@ -24,7 +24,7 @@ def make_layers() -> Any:
 def make_embedding_layers() -> Any:
     """Token ids through an embedding (its gradient is sparse) on stage 1, then a Dense pair on stage 2.
 
-    An Embedding first makes the Sequential build at once (it declares its input): pipeline_model remakes
+    An Embedding first makes the Sequential build at once (it declares its input): stage_model remakes
     the layers from their configs, so a built Sequential works too.
     """
     import tf_keras
@@ -73,7 +73,7 @@ def pipeline_fit(steps: int, micro_batches: list[int]) -> dict[str, Any]:
     runs.append(("embedding", micro_batches[-1], make_embedding_layers, _token_data, (8,), "int64"))
     for key, count, layers, data, shape, dtype in runs:
         tf_keras.utils.set_random_seed(0)
-        model = tk.pipeline_model(layers, stages, input_shape=shape, input_dtype=dtype, micro_batches=count)
+        model = tk.stage_model(layers, stages, input_shape=shape, input_dtype=dtype, micro_batches=count)
         init = [w.numpy() for w in model.weights]
         model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
         start = time.perf_counter()
@@ -111,7 +111,7 @@ def pipeline_backup_fit(steps: int, workdir: str, micro_batches: int) -> dict[st
 
     stages = connect_stages()
     tf_keras.utils.set_random_seed(0)
-    model = tk.pipeline_model(make_layers, stages, input_shape=(FEATURES,), micro_batches=micro_batches)
+    model = tk.stage_model(make_layers, stages, input_shape=(FEATURES,), micro_batches=micro_batches)
     init = os.path.join(workdir, "init.npz")
     if not os.path.exists(init):
         np.savez(init, *[w.numpy() for w in model.weights])

@@ -1,4 +1,4 @@
-"""Elastic scenarios on a real two-node Ray on this machine; run by tests/launch/engines/test_ray_elastic.py under `unshare -n`.
+"""Elastic scenarios on a real two-node Ray on this machine; run by tests/launch/engines/ray/test_elastic.py under `unshare -n`.
 
 A multi-node Ray refuses ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the loopback-only, single-node mode), and
 its daemons then bind every interface. So the whole cluster runs in a private network namespace that has
@@ -32,7 +32,7 @@ from ray_helpers import Background, stop_ray_block
 from tfdist.cluster import address as _address
 from tfdist.cluster.probe import can_connect
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines.ray import RayEngine
+from tfdist.launch.engines.ray.engine import RayEngine
 from tfdist.launch.supervisor.runner import run_config
 
 PY = sys.executable

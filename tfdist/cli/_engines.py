@@ -13,7 +13,7 @@ from tfdist.launch.engines.base import Engine
 
 
 def _ray_env(args: argparse.Namespace) -> dict[str, str]:
-    from tfdist.launch.engines.ray import LOOPBACK_VAR, is_local_ray
+    from tfdist.launch.engines.ray.engine import LOOPBACK_VAR, is_local_ray
 
     # Read by Ray at import: a local Ray then binds every daemon to loopback.
     return {LOOPBACK_VAR: "0"} if is_local_ray(args.ray_address) else {}
@@ -21,7 +21,7 @@ def _ray_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _ray_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Engine:
     del parser
-    from tfdist.launch.engines.ray import RayEngine
+    from tfdist.launch.engines.ray.engine import RayEngine
 
     cpus = 1 if args.cpus_per_task is None else args.cpus_per_task
     return RayEngine(
@@ -35,7 +35,7 @@ def _ray_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> En
 
 
 def _spark_engine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Engine:
-    from tfdist.launch.engines.spark import SparkEngine
+    from tfdist.launch.engines.spark.engine import SparkEngine
 
     conf: dict[str, str] = {}
     for item in args.spark_conf:

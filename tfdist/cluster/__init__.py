@@ -3,8 +3,8 @@
 Modules: ``spec`` (:class:`ClusterSpec`, TF_CONFIG), ``_parse`` (reading every form), ``address`` (host:port
 rules, free ports), ``slurm`` and ``jobset`` (what those managers put in the environment), ``probe`` (TCP
 reachability, and why a task does not answer), ``trainable`` (whether a cluster can train: the one rule of
-``build_strategy`` and ``tfdist doctor``), ``mesh`` (a DTensor mesh's shape and each process's ``DTENSOR_*``), ``elastic`` (what a task of an elastic group is told, and the epoch
-boundaries it reports).
+``build_strategy`` and ``tfdist doctor``), ``mesh_shape`` (a DTensor mesh's shape and each process's
+``DTENSOR_*``), ``elastic`` (what a task of an elastic group is told, and the epoch boundaries it reports).
 
 Example:
     >>> from tfdist.cluster import ClusterSpec
@@ -13,7 +13,7 @@ Example:
 """
 
 from tfdist.cluster.address import free_ports
-from tfdist.cluster.mesh import DTENSOR_SETTINGS, MeshShape, dtensor_variables
+from tfdist.cluster.mesh_shape import DTENSOR_SETTINGS, MeshShape, dtensor_variables
 from tfdist.cluster.probe import (
     Reachability,
     can_connect,

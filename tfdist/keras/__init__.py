@@ -7,9 +7,16 @@ ParameterServerStrategy ``fit``. ``tfdist.keras`` therefore offers the
 ``TF_USE_LEGACY_KERAS=1`` (which only works when set before TensorFlow is
 imported; ``tfdist-launch`` sets it for every task), and tfdist's own names.
 
-Both sets are listed explicitly (:data:`KERAS_NAMES`, :data:`TFDIST_NAMES`, and
-``__all__``/``dir()`` show them) and load on first use, so importing this
-module imports neither TensorFlow nor tf-keras.
+Both sets are imported here by name; for anything else import ``tf_keras``
+itself. Importing this module imports tf-keras (and TensorFlow); ``import
+tfdist`` does not, since ``tfdist.keras`` loads on first use.
+
+Modules: callbacks that know the cluster (``cluster_aware``), resuming the input
+where a backup left off (``resume``), ``fit`` inputs (``inputs``), elastic epochs
+(``elastic``), adaptive class weights (``adaptive``), the evaluator side-car
+(``sidecar``), gradient compression (``communication``, ``_compressors``),
+gradient accumulation (``accumulation``), local SGD (``averaging``), embedding
+layout (``embeddings``), and model parallelism (the ``parallel`` package).
 
 Example:
     >>> from tfdist import keras
@@ -21,87 +28,105 @@ Example:
     True
 """
 
-from __future__ import annotations
+from tf_keras import (
+    Input,
+    Model,
+    Sequential,
+    activations,
+    applications,
+    backend,
+    callbacks,
+    constraints,
+    datasets,
+    dtensor,
+    experimental,
+    export,
+    initializers,
+    layers,
+    losses,
+    metrics,
+    mixed_precision,
+    models,
+    optimizers,
+    preprocessing,
+    regularizers,
+    saving,
+    utils,
+)
+from tf_keras import __version__ as __version__
 
-import importlib
-from typing import Any
+from tfdist.keras.accumulation import accumulate_gradients
+from tfdist.keras.adaptive import AdaptiveClassWeights
+from tfdist.keras.averaging import local_sgd
+from tfdist.keras.cluster_aware import PreemptionSafeBackup, ThroughputLogger, cluster_callbacks
+from tfdist.keras.communication import with_communication
+from tfdist.keras.elastic import ElasticEpochs, LinearScaling, membership, per_replica_batch, world_size
+from tfdist.keras.embeddings import EmbeddingShard, EmbeddingTable, embedding_layout, local_weights
+from tfdist.keras.inputs import enable_determinism, fit_input
+from tfdist.keras.parallel import (
+    ShardingReport,
+    mesh_dataset,
+    mesh_optimizer,
+    pipeline_model,
+    replica_batches,
+    shard_model,
+    sharding_report,
+    stage_model,
+)
+from tfdist.keras.resume import ResumeInput, input_position
+from tfdist.keras.sidecar import sidecar_evaluate
 
-# tfdist's helpers: name -> the module defining it.
-TFDIST_NAMES = {
-    "fit_input": "tfdist.keras.inputs",
-    "enable_determinism": "tfdist.keras.inputs",
-    "cluster_callbacks": "tfdist.keras.cluster_aware",
-    "ThroughputLogger": "tfdist.keras.cluster_aware",
-    "PreemptionSafeBackup": "tfdist.keras.cluster_aware",
-    "ResumeInput": "tfdist.keras.resume",
-    "input_position": "tfdist.keras.resume",
-    "sidecar_evaluate": "tfdist.keras.sidecar",
-    "with_communication": "tfdist.keras.communication",
-    "accumulate_gradients": "tfdist.keras.accumulation",
-    "local_sgd": "tfdist.keras.averaging",
-    "embedding_layout": "tfdist.keras.embeddings",
-    "local_weights": "tfdist.keras.embeddings",
-    "EmbeddingShard": "tfdist.keras.embeddings",
-    "EmbeddingTable": "tfdist.keras.embeddings",
-    "AdaptiveClassWeights": "tfdist.keras.adaptive",
-    "ElasticEpochs": "tfdist.keras.elastic",
-    "LinearScaling": "tfdist.keras.elastic",
-    "per_replica_batch": "tfdist.keras.elastic",
-    "world_size": "tfdist.keras.elastic",
-    "membership": "tfdist.keras.elastic",
-    "shard_model": "tfdist.keras.tensor_parallel",
-    "mesh_optimizer": "tfdist.keras.tensor_parallel",
-    "sharding_report": "tfdist.keras.tensor_parallel",
-    "ShardingReport": "tfdist.keras.tensor_parallel",
-    "mesh_dataset": "tfdist.keras.mesh_input",
-    "replica_batches": "tfdist.keras.mesh_input",
-    "pipeline_model": "tfdist.keras.pipeline",
-}
-# The public tf_keras API, passed through unchanged.
-KERAS_NAMES = (
+__all__ = [
+    "AdaptiveClassWeights",
+    "ElasticEpochs",
+    "EmbeddingShard",
+    "EmbeddingTable",
     "Input",
+    "LinearScaling",
     "Model",
+    "PreemptionSafeBackup",
+    "ResumeInput",
     "Sequential",
+    "ShardingReport",
+    "ThroughputLogger",
+    "accumulate_gradients",
     "activations",
     "applications",
     "backend",
     "callbacks",
+    "cluster_callbacks",
     "constraints",
     "datasets",
     "dtensor",
+    "embedding_layout",
+    "enable_determinism",
     "experimental",
     "export",
+    "fit_input",
     "initializers",
+    "input_position",
     "layers",
+    "local_sgd",
+    "local_weights",
     "losses",
+    "membership",
+    "mesh_dataset",
+    "mesh_optimizer",
     "metrics",
     "mixed_precision",
     "models",
     "optimizers",
+    "per_replica_batch",
+    "pipeline_model",
     "preprocessing",
     "regularizers",
+    "replica_batches",
     "saving",
+    "shard_model",
+    "sharding_report",
+    "sidecar_evaluate",
+    "stage_model",
     "utils",
-    "__version__",
-)
-
-__all__ = sorted(TFDIST_NAMES) + [name for name in KERAS_NAMES if not name.startswith("_")]
-
-
-def __getattr__(name: str) -> Any:
-    if name in TFDIST_NAMES:
-        value = getattr(importlib.import_module(TFDIST_NAMES[name]), name)
-    elif name in KERAS_NAMES:
-        value = getattr(importlib.import_module("tf_keras"), name)
-    else:
-        raise AttributeError(
-            f"module 'tfdist.keras' has no attribute {name!r}; it offers tfdist's "
-            f"{sorted(TFDIST_NAMES)} and tf_keras's {list(KERAS_NAMES)}. For anything else "
-            "import tf_keras itself."
-        )
-    globals()[name] = value  # Later lookups skip __getattr__.
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*__all__, "KERAS_NAMES", "TFDIST_NAMES"])
+    "with_communication",
+    "world_size",
+]

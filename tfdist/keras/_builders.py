@@ -1,4 +1,4 @@
-"""Checks the keras helpers share: a model builder (``shard_model``, ``pipeline_model``), and no DTensor mesh
+"""Checks the keras helpers share: a model builder (``shard_model``, ``stage_model``), and no DTensor mesh
 where a helper cannot run on one (``with_communication``'s compressors, ``local_sgd``)."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def fit_input(
 
     - A DTensor ``mesh`` (from ``tfdist.parallel.build_mesh``): a ``DTensorDataset``
       whose processes read disjoint shares along the batch axis and the same share
-      across the model axis (:func:`tfdist.keras.mesh_input.mesh_dataset`).
+      across the model axis (:func:`tfdist.keras.parallel.mesh_input.mesh_dataset`).
 
     - ParameterServerStrategy: a ``DatasetCreator`` over the dataset function;
       ``steps_per_epoch`` is required, as PS ``fit`` cannot know an epoch's end.
@@ -58,7 +58,7 @@ def fit_input(
     import tf_keras
 
     if mesh is not None:
-        from tfdist.keras.mesh_input import mesh_dataset
+        from tfdist.keras.parallel.mesh_input import mesh_dataset
 
         return mesh_dataset(source, mesh)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tfdist._names import describe_choices
 from tfdist._options import GroupedOptions, group
-from tfdist.cluster.mesh import MeshShape
+from tfdist.cluster.mesh_shape import MeshShape
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt, as_tuple
@@ -58,7 +58,7 @@ class Topology:
         workers) beside the cluster; every task gets its address in
         ``TFDIST_DATA_SERVICE``. 0: none.
       mesh: A DTensor device mesh over the chief and workers, ``'model=2'``
-        or ``'batch=2,model=2'`` (see :class:`tfdist.cluster.mesh.MeshShape`):
+        or ``'batch=2,model=2'`` (see :class:`tfdist.cluster.mesh_shape.MeshShape`):
         every process is a DTensor client (its ``DTENSOR_*`` variables and
         ``TFDIST_MESH`` are set), for ``tfdist.parallel.build_mesh()``. None: no mesh.
     """

@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Mapping
 
-from tfdist.cluster.mesh import MeshShape, dtensor_variables
+from tfdist.cluster.mesh_shape import MeshShape, dtensor_variables
 from tfdist.cluster.spec import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
 from tfdist.runtime.logs import DEFAULT_LEVEL, LEVEL_VAR

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfdist import _compat
-from tfdist.cluster.mesh import DTENSOR_SETTINGS, MESH_VAR, MODEL_AXIS, MeshShape
+from tfdist.cluster.mesh_shape import DTENSOR_SETTINGS, MESH_VAR, MODEL_AXIS, MeshShape
 from tfdist.cluster.spec import current_cluster
 from tfdist.errors import RuntimeFailure, StrategyError, invalid
 
@@ -59,7 +59,7 @@ def build_mesh(
 
     Returns:
       The mesh, its axes ordered with ``model_axis`` first where DTensor's input allows (see
-      :meth:`tfdist.cluster.mesh.MeshShape.device_order`).
+      :meth:`tfdist.cluster.mesh_shape.MeshShape.device_order`).
 
     Raises:
       StrategyError: No mesh given, a mesh that does not divide over the processes, a process that is one

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from tests.support.records import ID_ONLY, example
 from tfdist.data import DataPosition, TFRecordPipeline, write_tfrecords
-from tfdist.data.order.claims import claim_next, claimed_steps, graph_permutation, steps_per_pass
+from tfdist.data.order.claims import claim_next, claimed_steps, steps_per_pass
+from tfdist.data.order.epoch import EpochOrder
 from tfdist.data.order.index import epoch_order
-from tfdist.data.order.plan import EpochOrder, permutation
 from tfdist.data.records.files import list_files
 from tfdist.errors import DataError
 
@@ -41,12 +41,6 @@ def _expected_steps(order: EpochOrder, epoch: int, per: int) -> list[set[tuple[i
     streams = [list(order.stream_records(epoch=epoch, stream=j)) for j in range(order.streams)]
     steps = -(-max(len(s) for s in streams) // per)
     return [{r for s in streams for r in s[at * per : (at + 1) * per]} for at in range(steps)]
-
-
-def test_the_graph_permutation_is_numpys_for_any_key() -> None:
-    for n, keys in ((1, (0, 0)), (7, (3, 9)), (1000, (2**40, 5)), (257, (0,))):
-        tensors = [tf.constant(k, tf.int64) if i else k for i, k in enumerate(keys)]  # An int and a tensor.
-        assert graph_permutation(n, *tensors).numpy().tolist() == permutation(n, *keys).tolist()
 
 
 @pytest.mark.parametrize("compression", [None, "GZIP"])

@@ -232,9 +232,9 @@ def test_iterations_read_the_same_at_once_or_window_by_window(
     # A finite iteration computes its windows when it begins (one unshuffled epoch: one reader over its run
     # of files); an endless one (or a huge one) reads window by window. All give the planned order, across
     # epochs, on 1 and 2 workers, and after a resume.
-    from tfdist.data.order import plan, reader
+    from tfdist.data.order import reader
 
-    monkeypatch.setattr(plan, "CHUNK", chunk)
+    monkeypatch.setattr("tfdist.data.order.epoch.CHUNK", chunk)
     listing = list_files([prefixes[compression] + "-*"])
     paths = [f.path for f in listing.files]
     order = epoch_order(

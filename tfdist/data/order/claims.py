@@ -9,9 +9,9 @@ of the epoch order: data epoch ``g // steps_per_pass``, step ``g % steps_per_pas
 claimed by exactly one step run, whichever worker runs it, so an epoch of ``steps_per_pass`` steps trains
 every record once.
 
-The order is :class:`~tfdist.data.order.plan.EpochOrder` without windows: a step takes ``b`` consecutive
+The order is :class:`~tfdist.data.order.epoch.EpochOrder` without windows: a step takes ``b`` consecutive
 records of every stream of the epoch's permuted blocks. It is computed in the graph (workers run no
-Python): the block permutation is the same SplitMix64 sort as :func:`~tfdist.data.order.plan.permutation`,
+Python): the block permutation is the same SplitMix64 sort as :func:`~tfdist.data.order.splitmix.permutation`,
 so the coordinator's NumPy order and a worker's graph agree record for record.
 
 Nothing may read ahead of the claim, or a worker would hold steps another one needs: the reader claims,
@@ -23,7 +23,7 @@ Example (one process: the claims run in order):
     >>> import os, tempfile
     >>> import tensorflow as tf
     >>> from tfdist.data import write_tfrecords
-    >>> from tfdist.data.order.plan import EpochOrder
+    >>> from tfdist.data.order.epoch import EpochOrder
     >>> prefix = os.path.join(tempfile.mkdtemp(), "part")
     >>> paths = write_tfrecords([tf.train.Example() for _ in range(10)], prefix, num_shards=2)
     >>> order = EpochOrder(counts=(5, 5), block=1, streams=2, window=0, seed=4)
@@ -38,7 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tfdist.data.order.plan import _GOLDEN, _M64, EpochOrder
+from tfdist.data.order import splitmix
+from tfdist.data.order.epoch import EpochOrder
 from tfdist.errors import DataError, invalid
 
 __all__: list[str] = []
@@ -46,43 +47,6 @@ __all__: list[str] = []
 MAX_BLOCKS = 1 << 22  # Blocks held as constants in the workers' graph (4M rows, 128 MB).
 _BUFFER = 1 << 18
 _NO_LIMIT = (1 << 63) - 1  # ResourceCountUpTo's bound: claims are bounded by take_while instead.
-
-
-def _u64(value: int) -> Any:
-    import tensorflow as tf
-
-    return tf.constant(value & _M64, tf.uint64)
-
-
-def _mix(x: Any) -> Any:
-    """SplitMix64's finalizer in TF ops (the graph twin of :func:`tfdist.data.order.plan._mix`)."""
-    import tensorflow as tf
-
-    shift, xor = tf.bitwise.right_shift, tf.bitwise.bitwise_xor
-    x = xor(x, shift(x, _u64(30))) * _u64(0xBF58476D1CE4E5B9)
-    x = xor(x, shift(x, _u64(27))) * _u64(0x94D049BB133111EB)
-    return xor(x, shift(x, _u64(31)))
-
-
-def graph_permutation(n: int, *keys: Any) -> Any:
-    """:func:`~tfdist.data.order.plan.permutation` in TF ops; ``keys`` are non-negative ints or int64 tensors.
-
-    Example:
-        >>> import tensorflow as tf
-        >>> from tfdist.data.order.plan import permutation
-        >>> graph_permutation(300, 7, tf.constant(2, tf.int64)).numpy().tolist() == permutation(300, 7, 2).tolist()
-        True
-    """
-    import tensorflow as tf
-
-    key = _u64(0x2545F4914F6CDD1D)
-    for part in keys:
-        part = _u64(part) if isinstance(part, int) else tf.bitcast(tf.cast(part, tf.int64), tf.uint64)
-        key = _mix(tf.bitwise.bitwise_xor(key, part) + _u64(_GOLDEN))
-    ranks = tf.bitcast(tf.range(1, n + 1, dtype=tf.int64), tf.uint64)
-    sort_keys = _mix(tf.bitwise.bitwise_xor(ranks * _u64(_GOLDEN), key))
-    signed = tf.bitcast(tf.bitwise.bitwise_xor(sort_keys, _u64(1 << 63)), tf.int64)  # Unsigned order as signed.
-    return tf.cast(tf.argsort(signed, stable=True), tf.int64)
 
 
 def steps_per_pass(order: EpochOrder, global_batch: int) -> int:
@@ -129,7 +93,7 @@ def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[An
     stream_base, stream_length = tf.constant(bases[:, None] + rel), tf.constant(lengths[:, None] - rel)
 
     def epoch_blocks(epoch: Any) -> tuple[Any, Any]:
-        blocks = tf.gather(table, graph_permutation(n, order.seed, epoch)) if order.shuffle else table
+        blocks = tf.gather(table, splitmix.graph_permutation(n, order.seed, epoch)) if order.shuffle else table
         return blocks, tf.concat([[0], tf.cumsum(blocks[:, 2])], 0)
 
     def step(state: Any, claimed: Any) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 
-from tfdist.data.order.plan import EpochOrder
+from tfdist.data.order.epoch import EpochOrder
 from tfdist.data.records import _framing
 from tfdist.data.records.files import Listing, compression_of
 from tfdist.errors import DataError

@@ -1,4 +1,4 @@
-"""One worker's records in the epoch order of :mod:`tfdist.data.order.plan`, from the cursor's position.
+"""One worker's records in the epoch order of :mod:`tfdist.data.order.epoch`, from the cursor's position.
 
 Each stream's windows (computed by :class:`EpochOrder` in Python) reach a ``tf.data`` graph through
 ``numpy_function`` calls; the graph opens each piece at its byte offset, orders a window and drops what was
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdist import _compat
-from tfdist.data.order.plan import CHUNK, EpochOrder, Window, joined, stream_position
+from tfdist.data.order.epoch import CHUNK, EpochOrder, Window, joined, stream_position
 from tfdist.data.order.position import DataPosition, InputCursor, StreamStarts
 from tfdist.errors import DataError, invalid
 
@@ -135,7 +135,7 @@ class StreamLayout:
 
 
 def _iteration(order: EpochOrder, layout: StreamLayout, starts: StreamStarts, stream: int, at: int) -> Any:
-    """Stream ``stream``'s :class:`~tfdist.data.order.plan.Window` s for one iteration, from the cursor's
+    """Stream ``stream``'s :class:`~tfdist.data.order.epoch.Window` s for one iteration, from the cursor's
     position; ``at`` >= 0 starts it ``at`` steps into epoch 0 instead, endless (a class of stratified draws)."""
     if at >= 0:
         start, per = DataPosition(step=at), None

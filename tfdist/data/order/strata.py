@@ -3,7 +3,7 @@
 Under ``order='resumable'`` with ``class_weights``, each input pipeline draws its records from the class
 groups with the asked mix, and the class of its draw ``k`` is a pure function of ``(seed, worker, k)``: a
 SplitMix64 hash of ``k`` compared with the mix's cumulative thresholds (53-bit integers, so NumPy and the
-graph agree exactly). Each class is read in its own resumable epoch order (:mod:`tfdist.data.order.plan`),
+graph agree exactly). Each class is read in its own resumable epoch order (:mod:`tfdist.data.order.epoch`),
 cut into one stream per pipeline, endlessly. A position of ``(epoch, step)`` is ``k`` draws; a resume
 counts, in NumPy, how many of those draws each class took (no record is read), starts every class there,
 and draws on from ``k``: the same records in the same order as the run that was not interrupted.
@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.data.order.plan import _GOLDEN, _M64, _key, _mix
+from tfdist.data.order import splitmix
 
 __all__: list[str] = []
 
@@ -41,17 +41,15 @@ def thresholds(mix: Sequence[float]) -> Any:
 
 
 def _stream_key(seed: int, worker: int) -> int:
-    return _key(seed, worker, 0x5747)  # A constant part keeps these draws apart from the order's permutations.
+    return splitmix.key(seed, worker, 0x5747)  # A constant part keeps these draws apart from the order's permutations.
 
 
 def class_draws(mix: Sequence[float], *, seed: int, worker: int, start: int, count: int) -> Any:
     """The classes (int64) of draws ``start .. start + count`` of pipeline ``worker``."""
     import numpy as np
 
-    key = np.uint64(_stream_key(seed, worker))
     index = np.arange(start + 1, start + count + 1, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        values = (_mix(index * np.uint64(_GOLDEN) ^ key) >> np.uint64(64 - _BITS)).astype(np.int64)
+    values = (splitmix.hashes(_stream_key(seed, worker), index) >> np.uint64(64 - _BITS)).astype(np.int64)
     return np.searchsorted(thresholds(mix), values, side="right").astype(np.int64)
 
 
@@ -79,18 +77,16 @@ def graph_draws(mix: Sequence[float], *, seed: int, worker: int, start: Any) -> 
     import tensorflow as tf
 
     from tfdist import _compat
-    from tfdist.data.order.claims import _mix as graph_mix
-    from tfdist.data.order.claims import _u64
 
     limits = tf.constant(thresholds(mix), tf.int64)
-    key = _u64(_stream_key(seed, worker))
+    seed_key = _stream_key(seed, worker)
 
     def classes(first: Any) -> Any:
         index = tf.bitcast(tf.range(first + 1, first + 1 + _GRAPH_CHUNK, dtype=tf.int64), tf.uint64)
-        values = tf.bitwise.right_shift(graph_mix(tf.bitwise.bitwise_xor(index * _u64(_GOLDEN), key)), _u64(64 - _BITS))
+        values = tf.bitwise.right_shift(splitmix.graph_hashes(seed_key, index), tf.constant(64 - _BITS, tf.uint64))
         return tf.searchsorted(limits, tf.bitcast(values, tf.int64), side="right", out_type=tf.int64)
 
-    firsts = tf.data.Dataset.range(tf.constant(0, tf.int64), tf.constant(_M64 >> 1, tf.int64), _GRAPH_CHUNK)
+    firsts = tf.data.Dataset.range(tf.constant(0, tf.int64), tf.constant((1 << 63) - 1, tf.int64), _GRAPH_CHUNK)
     return _compat.unbatch_dense(firsts.map(lambda offset: classes(offset + start)))
 
 
@@ -111,7 +107,7 @@ class StrataOrder:
 
     @property
     def stream_lengths(self) -> tuple[int, ...]:
-        """Draws of one epoch of this pipeline (as :class:`~tfdist.data.order.plan.EpochOrder` names it)."""
+        """Draws of one epoch of this pipeline (as :class:`~tfdist.data.order.epoch.EpochOrder` names it)."""
         return (self.share,)
 
     def fingerprint(self) -> dict[str, Any]:

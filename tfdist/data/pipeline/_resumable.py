@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from tfdist._compat import is_variable, single_device_functions
+from tfdist.data.order import splitmix
 from tfdist.data.order.index import epoch_order
-from tfdist.data.order.plan import _key
 from tfdist.data.order.position import InputCursor
 from tfdist.data.order.reader import StreamLayout, default_streams, ordered_records
 from tfdist.data.order.strata import StrataOrder, draw_counts, graph_draws
@@ -224,7 +224,7 @@ def strata(
                 block=pipeline.order_block,
                 streams=count,
                 window=pipeline.shuffle_buffer,
-                seed=_key(seed, i) >> 1,
+                seed=splitmix.key(seed, i) >> 1,
                 shuffle=bool(pipeline.shuffle_buffer),
                 compression=pipeline.compression,
             )

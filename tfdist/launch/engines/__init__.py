@@ -1,7 +1,10 @@
 """Engines place tasks and report their exits: local processes, Ray, Spark; a registry picks one by name.
 
-Modules: ``base`` (the :class:`Engine` interface), ``local`` (the local engine), ``registry``, ``ray``
-and ``spark`` (which import Ray and pyspark only when they place tasks). Users import these names from :mod:`tfdist.launch`.
+Modules: ``base`` (the :class:`Engine` interface), ``local`` (the local engine, with ``_process``, ``_reaper``,
+``_netns`` and ``_ports``), ``registry``, and what the engines that run tasks elsewhere share: ``_host`` (the
+:class:`~tfdist.launch.engines._host.TaskHost` that runs one task's program where it was placed) and
+``_polled`` (an attempt seen from the driver). The packages ``ray`` and ``spark`` import Ray and pyspark only
+when they place tasks. Users import these names from :mod:`tfdist.launch`.
 """
 
 from tfdist.launch.engines.base import Engine, TaskProcess

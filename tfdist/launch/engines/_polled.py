@@ -1,6 +1,6 @@
 """One attempt of a task that runs elsewhere (a Ray actor, a Spark barrier task), seen from the driver.
 
-A :class:`~tfdist.launch.engines._ray_actor.TaskHost` runs the program where the engine placed it; the
+A :class:`~tfdist.launch.engines._host.TaskHost` runs the program where the engine placed it; the
 driver long-polls its ``read`` from a thread, so output lines and the exit code arrive as they happen.
 Subclasses say how to call the host (:meth:`PolledTaskProcess._read`, ``_signal``, ``_stop``) and which
 errors mean the host itself is gone.

@@ -5,7 +5,7 @@ supervisor built, streams its output lines, reports its exit and delivers signal
 restart or stop anything: :func:`tfdist.launch.supervisor.runner.run_config` does, the same way for every engine.
 
 The engines: :class:`~tfdist.launch.engines.local.LocalEngine` (processes on this machine, the default) and
-:class:`~tfdist.launch.engines.ray.RayEngine`; :func:`~tfdist.launch.engines.registry.register_engine` adds one.
+:class:`~tfdist.launch.engines.ray.engine.RayEngine`; :func:`~tfdist.launch.engines.registry.register_engine` adds one.
 
 Example:
     >>> from tfdist.launch import Engine, LocalEngine

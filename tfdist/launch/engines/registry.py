@@ -22,13 +22,13 @@ __all__ = ["register_engine"]
 
 
 def _ray_engine() -> Engine:
-    from tfdist.launch.engines.ray import RayEngine  # Ray itself is imported only when the engine places tasks.
+    from tfdist.launch.engines.ray.engine import RayEngine  # Ray itself is imported only when the engine places tasks.
 
     return RayEngine()
 
 
 def _spark_engine() -> Engine:
-    from tfdist.launch.engines.spark import SparkEngine  # pyspark itself is imported only when tasks are placed.
+    from tfdist.launch.engines.spark.engine import SparkEngine  # pyspark itself is imported only when tasks are placed.
 
     return SparkEngine()
 

@@ -71,11 +71,12 @@ def test_what_cannot_be_a_pipeline_is_refused() -> None:
         connect_stages(None)
     devices = ["/cpu:0", "/cpu:0"]
     with pytest.raises(StrategyError, match="`micro_batches`"):
-        tk.pipeline_model(pipeline_tasks.make_layers, devices, input_shape=(3,), micro_batches=0)
+        tk.stage_model(pipeline_tasks.make_layers, devices, input_shape=(3,), micro_batches=0)
     with pytest.raises(StrategyError, match="one cost per layer \\(4 layers\\)"):
-        tk.pipeline_model(pipeline_tasks.make_layers, devices, input_shape=(3,), costs=[1.0])
+        tk.stage_model(pipeline_tasks.make_layers, devices, input_shape=(3,), costs=[1.0])
     with pytest.raises(StrategyError, match="not `make_layers\\(\\)`"):
-        tk.pipeline_model(pipeline_tasks.make_layers(), devices, input_shape=(3,))
+        tk.stage_model(pipeline_tasks.make_layers(), devices, input_shape=(3,))
+    assert tk.pipeline_model is tk.stage_model  # The technique's name for it.
 
 
 @pytest.mark.multiprocess

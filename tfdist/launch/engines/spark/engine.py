@@ -2,7 +2,7 @@
 
 Spark's barrier mode gang-schedules the stage (all tasks start together, or none); each task picks its TF
 port on its executor's host and phones the driver, which keeps the ports distinct and builds the cluster
-from the reported addresses (see :mod:`tfdist.launch.engines._spark_task` for why not ``allGather``). The supervisor in
+from the reported addresses (see :mod:`tfdist.launch.engines.spark._task` for why not ``allGather``). The supervisor in
 :mod:`tfdist.launch.supervisor.runner` keeps every rule (restarts, fail-fast, fault injection, timeouts,
 environment), as with the other engines: a restarted program starts again in its barrier task, at the same
 address. If Spark relaunches the whole stage (an executor was lost), the new tasks phone again and keep
@@ -35,8 +35,6 @@ from tfdist.cluster.address import is_loopback
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_number
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines import _spark_boot, _spark_session
-from tfdist.launch.engines._spark_link import Channel, Desk, Phoned, SparkTaskProcess
 from tfdist.launch.engines.base import (
     Engine,
     LineSink,
@@ -45,6 +43,8 @@ from tfdist.launch.engines.base import (
     placed_service,
     refuse_network_isolation,
 )
+from tfdist.launch.engines.spark import _boot, _session
+from tfdist.launch.engines.spark._link import Channel, Desk, Phoned, SparkTaskProcess
 
 __all__ = ["SparkEngine", "SparkOptions"]
 
@@ -105,7 +105,7 @@ class SparkEngine(Engine):
         self.options = SparkOptions(**options)
         if spark is not None and self.options.master is not None:
             raise invalid(LaunchError, "master", self.options.master, "None when `spark` is given")
-        _spark_session.import_pyspark()  # Raises EngineError with the install command, before anything starts.
+        _session.import_pyspark()  # Raises EngineError with the install command, before anything starts.
         self._spark, self._owns_session = spark, False
         self._desk: Desk | None = None
         self._stage: threading.Thread | None = None
@@ -144,12 +144,10 @@ class SparkEngine(Engine):
     def _launch(self, tasks: list[str]) -> dict[str, str]:
         options = self.options
         if self._spark is None:
-            self._spark, self._owns_session = _spark_session.session(
-                options.master, options.conf, options.python, len(tasks)
-            )
+            self._spark, self._owns_session = _session.session(options.master, options.conf, options.python, len(tasks))
         spark = self._spark
-        _spark_session.check_dynamic_allocation(spark)
-        _spark_session.wait_for_slots(spark, len(tasks), options.ready_timeout)
+        _session.check_dynamic_allocation(spark)
+        _session.wait_for_slots(spark, len(tasks), options.ready_timeout)
         host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
         desk = self._desk = Desk(host)
         self._index = {task: index for index, task in enumerate(tasks)}
@@ -188,10 +186,10 @@ class SparkEngine(Engine):
         try:
             from pyspark import cloudpickle
 
-            # By value: an executor without tfdist can then still say so (see _spark_boot).
-            cloudpickle.register_pickle_by_value(_spark_boot)
+            # By value: an executor without tfdist can then still say so (see _boot).
+            cloudpickle.register_pickle_by_value(_boot)
             context.setJobGroup(self._group, f"tfdist: {len(tasks)} TF tasks", interruptOnCancel=True)
-            boot = functools.partial(_spark_boot.boot, driver=desk.address, authkey=desk.authkey, tasks=tasks)
+            boot = functools.partial(_boot.boot, driver=desk.address, authkey=desk.authkey, tasks=tasks)
             stage = context.parallelize(range(len(tasks)), len(tasks)).barrier().mapPartitionsWithIndex(boot)
             # The shuffle makes the barrier stage a shuffle-map stage: Spark relaunches such a stage whole when a
             # task of it fails (an executor lost), while a failed barrier *result* stage aborts the job.

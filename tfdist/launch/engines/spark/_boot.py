@@ -1,9 +1,9 @@
 """The first code a Spark barrier task runs: it needs nothing but the standard library.
 
-:class:`~tfdist.launch.engines.spark.SparkEngine` ships :func:`boot` to the executors by value (pyspark's
+:class:`~tfdist.launch.engines.spark.engine.SparkEngine` ships :func:`boot` to the executors by value (pyspark's
 cloudpickle), so that an executor whose Python lacks tfdist can still say so: it phones the driver with the
 interpreter it runs and the import error, instead of failing the stage with a pickling traceback that Spark
-retries. With tfdist importable it hands over to :func:`tfdist.launch.engines._spark_task.serve`.
+retries. With tfdist importable it hands over to :func:`tfdist.launch.engines.spark._task.serve`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def boot(index: int, rows: Iterable[Any], driver: tuple[str, int], authkey: byte
 
     del rows
     try:
-        from tfdist.launch.engines._spark_task import serve
+        from tfdist.launch.engines.spark._task import serve
     except ImportError as err:
         with Client(driver, authkey=authkey) as link:
             link.send(("missing", index, socket.gethostname(), sys.executable, f"{type(err).__name__}: {err}"))

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tfdist.cluster import ClusterSpec
-from tfdist.cluster.mesh import DTENSOR_SETTINGS, MESH_VAR, MeshShape, dtensor_variables, mesh_clients
+from tfdist.cluster.mesh_shape import DTENSOR_SETTINGS, MESH_VAR, MeshShape, dtensor_variables, mesh_clients
 from tfdist.errors import LaunchError, StrategyError
 
 

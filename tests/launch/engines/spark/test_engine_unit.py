@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from tfdist.errors import LaunchError
-from tfdist.launch.engines._ray_actor import TaskHost
-from tfdist.launch.engines._spark_link import Desk, SparkTaskProcess
-from tfdist.launch.engines._spark_task import _accept, _Calls
-from tfdist.launch.engines.spark import SparkOptions
+from tfdist.launch.engines._host import TaskHost
+from tfdist.launch.engines.spark._link import Desk, SparkTaskProcess
+from tfdist.launch.engines.spark._task import _accept, _Calls
+from tfdist.launch.engines.spark.engine import SparkOptions
 from tfdist.launch.output import LineSink
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,7 +66,7 @@ def test_a_task_program_started_through_the_wire_streams_and_exits() -> None:
     control = f"127.0.0.1:{listener.address[1]}"
     lines: list[tuple[str, str]] = []
     sink: LineSink = lambda task, line: lines.append((task, line))  # noqa: E731
-    from tfdist.launch.engines._spark_link import Channel
+    from tfdist.launch.engines.spark._link import Channel
 
     code = "import sys; print('hello'); sys.exit(3)"
     pid = Channel(control, authkey).call("start", [sys.executable, "-c", code], {"PATH": ""}, "/nonexistent")

@@ -1,6 +1,6 @@
 """One tfdist task inside a Spark barrier task: it picks the task's address and serves the driver's calls.
 
-Each barrier task of the stage :class:`~tfdist.launch.engines.spark.SparkEngine` submits runs :func:`serve`:
+Each barrier task of the stage :class:`~tfdist.launch.engines.spark.engine.SparkEngine` submits runs :func:`serve`:
 
 1. it connects to the driver (the *lifeline*) and says hello with its executor's host; the driver answers
    with the address the task had before, when Spark relaunched the stage on the same host;
@@ -9,7 +9,7 @@ Each barrier task of the stage :class:`~tfdist.launch.engines.spark.SparkEngine`
    one port. (Through the driver, not ``BarrierTaskContext.allGather``: every allGather took a full second
    in Spark 4.3, and the driver builds the cluster anyway.)
 3. the driver then starts, reads, signals and stops the task's program there through a
-   :class:`~tfdist.launch.engines._ray_actor.TaskHost`;
+   :class:`~tfdist.launch.engines._host.TaskHost`;
 4. when the driver says quit, or the lifeline breaks (the driver is gone), it stops the program and ends.
 
 The wire is ``multiprocessing.connection`` with the run's random key: only the driver that submitted the
@@ -28,8 +28,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from tfdist.cluster.address import free_ports, join_address, port_is_free, split_address
-from tfdist.launch.engines._ray_actor import TaskHost
-from tfdist.launch.engines._spark_link import BACKLOG
+from tfdist.launch.engines._host import TaskHost
+from tfdist.launch.engines.spark._link import BACKLOG
 
 _log = logging.getLogger("tfdist.launch.spark")
 STOP_GRACE = 5.0  # seconds the program gets after SIGTERM when the driver quits or is gone

@@ -1,19 +1,20 @@
-"""Pipeline parallelism for tf-keras: consecutive layers on S worker tasks, M micro-batches per step, ``fit``.
+"""Pipeline parallelism for tf-keras: consecutive layers in S stages on worker tasks, M micro-batches per step.
 
 In a script launched with ``tfdist-launch --chief --workers 2 --run-on chief`` (the chief runs it, the
 workers serve their devices)::
 
     stages = tfdist.parallel.connect_stages()
-    model = tfdist.keras.pipeline_model(make_layers, stages, input_shape=(784,), micro_batches=4)
+    model = tfdist.keras.stage_model(make_layers, stages, input_shape=(784,), micro_batches=4)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     model.fit(dataset, epochs=3)
 
-:func:`pipeline_model` cuts the layers into ``len(stages)`` consecutive stages of balanced parameter bytes
+:func:`stage_model` cuts the layers into ``len(stages)`` consecutive stages of balanced parameter bytes
 (or the ``costs`` you measured), creates each stage's weights on its device, and trains with one gradient
 tape per stage, so each stage's backward pass runs on its own device too. A step splits the batch into M
 micro-batches; TensorFlow runs stage s of micro-batch m+1 while stage s+1 works on micro-batch m (GPipe's
 schedule), and the gradients are the mean over micro-batches: the same update as the whole batch in one
-process.
+process. ``pipeline_model`` is the same function under the name of the technique ("pipeline" alone, in
+tfdist, is the input pipeline).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from tfdist.errors import StrategyError, invalid, require_int
 from tfdist.keras._builders import require_builder
 from tfdist.parallel.stages import split_layers
 
-__all__ = ["pipeline_model"]
+__all__ = ["pipeline_model", "stage_model"]
 
 _log = logging.getLogger("tfdist.keras")
 
 
-def pipeline_model(
+def stage_model(
     build: Callable[[], Any],
     stages: Sequence[str],
     *,
@@ -73,7 +74,7 @@ def pipeline_model(
         raise invalid(StrategyError, "costs", list(costs), f"one cost per layer ({len(counts)} layers)")
     groups = split_layers(list(costs) if costs is not None else counts, stages=len(stages))
     layers = [cls.from_config(config) for cls, config in configs]  # Fresh, unbuilt: built on their stages.
-    model = _pipeline_class(tf_keras)(
+    model = _staged_class(tf_keras)(
         stage_layers=[[layers[i] for i in group] for group in groups],
         devices=list(stages),
         micro_batches=micro_batches,
@@ -82,7 +83,7 @@ def pipeline_model(
 
     model(tf.zeros((micro_batches, *input_shape), dtype=input_dtype))  # Each stage's weights on its device.
     _log.info(
-        "pipeline_model: %s",
+        "stage_model: %s",
         "; ".join(
             f"stage {s} on {stages[s]}: {[layers[i].name for i in g]} ({int(sum(counts[i] for i in g))} values)"
             for s, g in enumerate(groups)
@@ -121,14 +122,14 @@ def _config(layer: Any) -> dict[str, Any]:
         ) from None
 
 
-def _pipeline_class(tf_keras: Any) -> type:
+def _staged_class(tf_keras: Any) -> type:
     import tensorflow as tf
 
-    class PipelineModel(tf_keras.Model):
+    class StagedModel(tf_keras.Model):
         """Stages of layers, each on its device; one tape per stage and micro-batches in ``train_step``."""
 
         def __init__(self, *, stage_layers: list[list[Any]], devices: list[str], micro_batches: int) -> None:
-            super().__init__(name="pipeline_model")
+            super().__init__(name="staged_model")
             self.stage_layers = stage_layers
             self.devices = devices
             self.micro_batches = micro_batches
@@ -182,4 +183,7 @@ def _pipeline_class(tf_keras: Any) -> type:
             self.compiled_metrics.update_state(y, tf.concat(predictions, axis=0))
             return {metric.name: metric.result() for metric in self.metrics}
 
-    return PipelineModel
+    return StagedModel
+
+
+pipeline_model = stage_model

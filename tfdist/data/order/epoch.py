@@ -14,8 +14,8 @@ streams (``policy='file'``) or a slice of every step (``policy='data'``). A posi
 steps, and a stream seeks to it by opening the block it falls in (a byte offset where the file is
 seekable) and re-reading at most one window.
 
-The permutations come from a 64-bit mixing function of the keys (SplitMix64's finalizer), sorted: the
-same numbers on every platform and NumPy version, so a backup resumes on another machine.
+The permutations are :func:`~tfdist.data.order.splitmix.permutation` of the keys (a SplitMix64 hash,
+sorted): the same numbers on every platform and NumPy version, so a backup resumes on another machine.
 
 Example:
     >>> order = EpochOrder(counts=(5, 3), block=2, streams=2, window=0, seed=1, shuffle=False)
@@ -36,49 +36,12 @@ import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from tfdist.data.order import splitmix
 from tfdist.errors import DataError, invalid
 
 __all__ = ["EpochOrder"]
 
 CHUNK = 4096  # Records per window of an unshuffled stream (one tf.data element each).
-_GOLDEN = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
-
-
-def _mix(x: Any) -> Any:
-    """SplitMix64's finalizer on a uint64 array (wrapping arithmetic)."""
-    import numpy as np
-
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-
-def _key(*parts: int) -> int:
-    """One 64-bit key from integers, order-sensitive."""
-    import numpy as np
-
-    key = np.uint64(0x2545F4914F6CDD1D)
-    for part in parts:
-        with np.errstate(over="ignore"):
-            key = _mix(np.asarray([key ^ np.uint64(part & _M64)], dtype=np.uint64) + np.uint64(_GOLDEN))[0]
-    return int(key)
-
-
-def permutation(n: int, *keys: int) -> Any:
-    """A permutation of ``range(n)`` that depends on ``keys`` only (int64 array).
-
-    Example:
-        >>> permutation(5, 7, 0).tolist() == permutation(5, 7, 0).tolist() != permutation(5, 7, 1).tolist()
-        True
-    """
-    import numpy as np
-
-    seed = np.uint64(_key(*keys))
-    with np.errstate(over="ignore"):
-        sort_keys = _mix((np.arange(n, dtype=np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN) ^ seed)
-    return np.argsort(sort_keys, kind="stable").astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -188,7 +151,7 @@ class EpochOrder:
 
         blocks = self._blocks
         if self.shuffle:
-            blocks = blocks[permutation(len(blocks), self.seed, epoch)]
+            blocks = blocks[splitmix.permutation(len(blocks), self.seed, epoch)]
         starts = np.concatenate([[0], np.cumsum(blocks[:, 2])])
         return blocks, starts
 
@@ -245,7 +208,7 @@ class EpochOrder:
             begin, end = w * self.window, min((w + 1) * self.window, length)
             yield Window(
                 pieces=self._pieces(epoch, base + begin, base + end),
-                order=permutation(end - begin, self.seed, epoch, stream, w),
+                order=splitmix.permutation(end - begin, self.seed, epoch, stream, w),
                 skip=start - begin if w == first else 0,
             )
 
@@ -261,7 +224,7 @@ class EpochOrder:
         return {
             "records": self.num_records,
             "files": len(self.counts),
-            "counts_key": _key(*self.counts) if self.counts else 0,
+            "counts_key": splitmix.key(*self.counts) if self.counts else 0,
             "block": self.block,
             "streams": self.streams,
             "window": self.window,

@@ -36,8 +36,7 @@ from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_int, require_number
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines._ray_actor import TaskHost
-from tfdist.launch.engines._ray_task import CALL_TIMEOUT, RayTaskProcess
+from tfdist.launch.engines._host import TaskHost
 from tfdist.launch.engines.base import (
     Engine,
     LineSink,
@@ -46,6 +45,7 @@ from tfdist.launch.engines.base import (
     placed_service,
     refuse_network_isolation,
 )
+from tfdist.launch.engines.ray._task import CALL_TIMEOUT, RayTaskProcess
 from tfdist.runtime.versions import install_hint
 
 __all__ = ["RayEngine", "RayOptions"]

@@ -1,11 +1,13 @@
-"""The Ray actor that hosts one task: it picks the task's port on its own node and runs the task's program.
+"""The host of one task where an engine placed it (a Ray actor, a Spark barrier task): it runs the task's program.
 
-The actor never imports TensorFlow. It runs the program as a subprocess (in its own session, so signals reach
-grandchildren too), keeps its output lines for the driver to fetch, and reports the exit code. A child is
-also tied to the actor's life: it gets SIGKILL if the actor process dies (Linux parent-death signal).
+The host never imports TensorFlow. It picks the task's port on its own node, runs the program as a subprocess
+(in its own session, so signals reach grandchildren too), keeps its output lines for the driver to fetch, and
+reports the exit code. A child is also tied to the host's life: it gets SIGKILL if the host process dies
+(Linux parent-death signal).
 
-The class is plain Python so that it can be tested without Ray; :func:`tfdist.launch.engines.ray` wraps it
-with ``ray.remote``.
+The class is plain Python, so that it can be tested without Ray or Spark: the Ray engine
+(:mod:`tfdist.launch.engines.ray.engine`) wraps it with ``ray.remote``, a Spark barrier task
+(:mod:`tfdist.launch.engines.spark._task`) serves its calls to the driver.
 
 Example:
     >>> import sys
@@ -192,7 +194,7 @@ class TaskHost:
 
 
 def _node() -> tuple[str, str]:
-    """This node's address and id as Ray sees them (the host name's address outside Ray)."""
+    """This node's address and id as Ray sees them inside a Ray actor; elsewhere the host name's address, no id."""
     try:
         import ray
 

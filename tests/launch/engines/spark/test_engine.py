@@ -30,7 +30,7 @@ from tfdist import ClusterSpec, EngineError, LaunchError, testing
 from tfdist.data import write_tfrecords
 from tfdist.launch import run_function
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines.spark import SparkEngine
+from tfdist.launch.engines.spark.engine import SparkEngine
 from tfdist.launch.events import KillAt
 from tfdist.launch.supervisor.runner import run_config
 

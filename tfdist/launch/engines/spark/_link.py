@@ -4,7 +4,7 @@ Every barrier task connects to the :class:`Desk` (its *lifeline*), says hello, g
 (a relaunched stage), and reports its TF address and control address; the desk answers "again" when another
 task holds that address, so every task's differs. The driver then calls the task's
 control listener: a :class:`Channel` per purpose (the output pump long-polls on its own), so a slow read
-never holds up a signal. See :mod:`tfdist.launch.engines._spark_task` for the other end.
+never holds up a signal. See :mod:`tfdist.launch.engines.spark._task` for the other end.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tfdist.launch.engines.ray import LOOPBACK_VAR
+from tfdist.launch.engines.ray.engine import LOOPBACK_VAR
 
 # Before Ray is imported anywhere in this process: every Ray daemon and worker binds to loopback. The test
 # cluster is loopback-only, so it runs without Ray's token authentication (a join with an explicit address
@@ -41,7 +41,7 @@ from tfdist import ClusterSpec, EngineError, testing
 from tfdist.cluster import address as _address
 from tfdist.cluster.probe import can_connect
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines.ray import RayEngine
+from tfdist.launch.engines.ray.engine import RayEngine
 from tfdist.launch.events import KillAt
 from tfdist.launch.supervisor.runner import run_config
 

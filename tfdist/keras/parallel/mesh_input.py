@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from tfdist import _compat
-from tfdist.cluster.mesh import BATCH_AXIS
+from tfdist.cluster.mesh_shape import BATCH_AXIS
 from tfdist.errors import StrategyError, invalid, require_int
 from tfdist.parallel.mesh import mesh_processes
 
