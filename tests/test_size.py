@@ -25,7 +25,7 @@ ALLOWED = {
     "tfdist/data/pipeline/_resumable.py::strata": 84,
     "tfdist/data/pipeline/tfrecord.py::TFRecordPipeline._finish": 70,
     "tfdist/data/pipeline/tfrecord.py::TFRecordPipeline._records_for": 61,
-    "tfdist/keras/pipeline.py::_pipeline_class": 62,
+    "tfdist/keras/parallel/stages.py::_staged_class": 62,
 }
 
 

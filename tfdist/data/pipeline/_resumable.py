@@ -281,7 +281,6 @@ def strata(
         return tf.data.Dataset.choose_from_datasets(members, picks).take(tf.reshape(take, []))
 
     with single_device_functions():  # Host-CPU input functions (see ordered_records).
-        # Endless draws (num_epochs=None) end in no partial batch: a static batch size, as for every endless input.
         dataset = tf.data.Dataset.from_tensors(0).flat_map(draws).batch(per_step, drop_remainder=epochs is None)
     shown = {k: round(p, 3) for k, p in mix.items()}
     text = (
