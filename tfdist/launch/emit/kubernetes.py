@@ -14,6 +14,7 @@ from typing import Any
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
 from tfdist.launch.environment import server_argv, task_variables
+from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
 
 TFJOB_PORT = 2222
@@ -101,7 +102,7 @@ def _mesh_wrap(config: LaunchConfig) -> list[str] | None:
     """With a mesh, TFJob pods run the command through the TF_CONFIG entry, which adds the DTENSOR_* variables."""
     if config.mesh is None:
         return None
-    return ["python", "-m", "tfdist.launch.tasks.tf_config", "--mesh", config.mesh, "--"]
+    return TaskProgram.TF_CONFIG.argv("--mesh", config.mesh, "--", python="python")
 
 
 def _container(
@@ -288,10 +289,7 @@ def jobset_manifest(
         {"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
         for var, label in _JOBSET_LABELS.items()
     ]
-    wrap = [
-        "python",
-        "-m",
-        "tfdist.launch.tasks.jobset",
+    wrap = TaskProgram.JOBSET.argv(
         "--jobs",
         jobs,
         "--port",
@@ -300,7 +298,8 @@ def jobset_manifest(
         config.run_on,
         *(["--mesh", config.mesh] if config.mesh is not None else []),
         "--",
-    ]
+        python="python",
+    )
     permanent = [code for code in range(1, 256) if not exit_codes.is_retryable(code)]
     replicated = []
     for job, count in counts.items():
