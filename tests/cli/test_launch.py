@@ -1,13 +1,15 @@
 """tfdist-launch's flags are made from the options they set: each is declared once, with its default and help.
 
 LaunchConfig's option groups and the engines' options declare their flags (``tfdist._options.option``); the
-parser is built from them.
+parser is built from them, and docs/launch.md's table of every flag is checked against the parser.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import pathlib
+import re
 
 import pytest
 
@@ -16,6 +18,7 @@ from tfdist.cli import launch as launch_cli
 from tfdist.cli._flags import option_values
 from tfdist.launch import KillAt, LaunchConfig, LoseAt, RayOptions, ReturnAt, SparkOptions, Topology
 
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "launch.md"
 COMMAND = ("python", "train.py")
 
 
@@ -79,3 +82,26 @@ def test_engine_flags_come_from_the_engine_options(options: type) -> None:
 
 def test_every_flag_says_where_it_acts() -> None:
     assert {a.dest for a in _flags()} - {"emit"} == set(launch_cli._ACTS)
+
+
+def _flag_table() -> str:
+    """docs/launch.md's table, as the parser has it."""
+    rows = ["| flag | default | acts with | what it does |", "|---|---|---|---|"]
+    everywhere = launch_cli._RUN | launch_cli._EMITTED
+    for action in _flags():
+        default = "" if action.default in (None, False, [], 0) else f"`{action.default}`"
+        modes = launch_cli._ACTS.get(action.dest, everywhere)
+        acts = "all" if modes >= everywhere else ", ".join(sorted(modes))
+        names = ", ".join(f"`{name}`" for name in action.option_strings)
+        what = (action.help or "").replace("%%", "%").replace("|", "\\|")
+        rows.append(f"| {names} | {default} | {acts} | {what} |")
+    return "\n".join(rows)
+
+
+def test_the_docs_table_lists_every_flag_as_declared() -> None:
+    """If this fails, replace the table under "## Every flag" in docs/launch.md with the one printed."""
+    text = DOCS.read_text(encoding="utf-8")
+    section = text[text.index("## Every flag") :]
+    table = re.search(r"^\| flag .*?(?=\n\n|\Z)", section, re.S | re.M)
+    expected = _flag_table()
+    assert table is not None and table.group(0) == expected, "\n" + expected
