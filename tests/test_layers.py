@@ -4,7 +4,9 @@ The floors are ``tfdist._layers.LAYERS``, next to the code. Uses are read from t
 ``import``/``from ... import`` (at module level or inside a function or ``TYPE_CHECKING`` block) and every
 string that names a tfdist module (``python -m tfdist.launch.tasks.server``; docstrings are prose and
 logger names follow the package, so neither counts), so neither a cycle hidden in a
-function body nor a child process started by module name escapes the rule.
+function body nor a child process started by module name escapes the rule. The programs a launch starts are
+one table, :class:`tfdist.launch.tasks.programs.TaskProgram`, which spells their modules: a use of one of its
+members (``TaskProgram.SERVER``) is a use of that member's module; the table itself only names them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdist"
 
 from tfdist._layers import LAYERS
+from tfdist.launch.tasks.programs import TaskProgram
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -32,6 +35,8 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 MODULES = _modules()
+TABLE = TaskProgram.__module__  # The table of task programs: it names their modules, it does not use them.
+PROGRAMS = {program.name: program.module for program in TaskProgram}
 
 
 def _imports(name: str, path: pathlib.Path) -> set[str]:
@@ -72,11 +77,19 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)
             and id(node) not in docstrings
-            and name != "tfdist._layers"
-        ):  # The rule itself names every floor.
+            and name not in ("tfdist._layers", TABLE)
+        ):  # The rule itself names every floor, the table every task program.
             found |= _named_modules(node.value)
+        elif isinstance(node, ast.Attribute) and _names_table(node.value) and node.attr in PROGRAMS:
+            found.add(PROGRAMS[node.attr])  # TaskProgram.SERVER: starts tfdist.launch.tasks.server.
     found.discard(name)
     return found
+
+
+def _names_table(node: ast.expr) -> bool:
+    """Whether ``node`` is the table of task programs (``TaskProgram`` or ``programs.TaskProgram``)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == TaskProgram.__name__
 
 
 _NAME = r"tfdist(?:\.[A-Za-z_]\w*)+"
@@ -158,7 +171,19 @@ def test_module_names_in_strings_count_as_uses() -> None:
     assert _named_modules("tfdist.data.storage.staging.StagedReads") == {"tfdist.data.storage.staging"}
     assert _named_modules('srun "$PYTHON" -m tfdist.launch.tasks.slurm --x') == {"tfdist.launch.tasks.slurm"}
     assert _named_modules("start it with tfdist.launch.run_server()") == set()  # prose, not a use
-    assert "tfdist.launch.tasks.server" in GRAPH["tfdist.launch.environment"]
+    assert "tfdist.launch.tasks.server" in GRAPH["tfdist.launch.environment"]  # through TaskProgram.SERVER
+
+
+def test_the_table_of_task_programs_is_read() -> None:
+    """Each program's module exists and is spelled in the table's source, where a reader (and grep) finds it."""
+    source = MODULES[TABLE].read_text(encoding="utf-8")
+    for member, module in PROGRAMS.items():
+        assert module in MODULES, f"TaskProgram.{member} names no module: {module}"
+        assert f'{member} = "{module}"' in source, member
+    assert GRAPH[TABLE] == set()  # Naming a program is not using it, or every user of the table would use all.
+    assert "tfdist.launch.tasks.slurm" in GRAPH["tfdist.launch.emit.slurm"]
+    assert "tfdist.launch.tasks.netns" in GRAPH["tfdist.launch.engines._netns"]
+    assert "tfdist.launch.tasks.netns" not in GRAPH["tfdist.launch.emit.slurm"]  # Per member, not per table.
 
 
 def test_no_import_cycles() -> None:

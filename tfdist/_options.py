@@ -18,6 +18,10 @@ after the groups are built: that is the place for rules across groups. A group m
 field names (``ShardOptions.policy`` is the pipeline's ``shard_policy``); errors raised by the group name the
 prefixed argument when it is built from flat arguments.
 
+A field declared with :func:`option` also says how a command line offers it (its help, and its flag where
+that is not ``--`` plus its name); :func:`flagged_options` lists such fields of any dataclass, a grouped
+class's flat ones included, for a CLI to build its flags from (``tfdist-launch``'s are made so).
+
 Example:
     >>> import dataclasses
     >>> from tfdist.errors import LaunchError, require_int
@@ -44,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import typing
 from collections.abc import Callable, Mapping
@@ -52,6 +57,98 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 from tfdist.errors import Error, check_keywords, invalid
 
 G = TypeVar("G")
+_FLAG = "flag"  # The key of a field's Flag in its metadata.
+
+
+class _Own(enum.Enum):
+    DEFAULT = "the option's own default"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Flag:
+    """How a command line offers an option: declared with the option itself (:func:`option`).
+
+    Attributes:
+      help: One line for ``--help``. Other options are named in backticks (`chief`); a CLI shows their flags.
+      name: The flag, where it is not ``--`` plus the option's name with dashes (``--grace`` for
+        ``grace_seconds``; ``--kill`` for ``kills``, one event per flag).
+      metavar: The value's name in ``--help``.
+      choices: The values the flag takes (the option checks them again).
+      cli_default: The flag's default, where a command line's is not the option's own (``tfdist-launch
+        --workers`` is 2, ``Topology.workers`` 1): declared here, so both stand in one place.
+    """
+
+    help: str
+    name: str = ""
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    cli_default: Any = _Own.DEFAULT
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    help: str,
+    flag: str = "",
+    metavar: str | None = None,
+    choices: tuple[str, ...] = (),
+    cli_default: Any = _Own.DEFAULT,
+) -> Any:
+    """A dataclass field with its default (or ``default_factory``) and how a command line offers it (:class:`Flag`).
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Retry:
+        ...     attempts: int = option(3, help="tries before giving up", cli_default=5)
+        >>> Retry().attempts, [(o.name, o.flag_name(), o.default) for o in flagged_options(Retry)]
+        (3, [('attempts', '--attempts', 5)])
+        >>> class Job(GroupedOptions):
+        ...     retry = group(Retry)
+        >>> [(o.name, o.group, o.flag.help) for o in flagged_options(Job)]
+        [('attempts', 'retry', 'tries before giving up')]
+    """
+    about = Flag(help=help, name=flag, metavar=metavar, choices=tuple(choices), cli_default=cli_default)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: about})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlaggedOption:
+    """One field declared with :func:`option`, as a CLI reads it.
+
+    Attributes:
+      name: The keyword argument (a grouped class's flat name).
+      type: Its type, resolved (``int | None``).
+      default: The flag's default: ``cli_default`` if declared, else the option's own.
+      flag: How the command line offers it.
+      group: The option group it belongs to ('' outside groups).
+    """
+
+    name: str
+    type: Any
+    default: Any
+    flag: Flag
+    group: str = ""
+
+    def flag_name(self, prefix: str = "") -> str:
+        """The flag: the declared one, else ``--`` + ``prefix-`` + the name with dashes (``--ray-address``)."""
+        return self.flag.name or "--" + (f"{prefix}-" if prefix else "") + self.name.replace("_", "-")
+
+
+def flagged_options(kind: type) -> tuple[FlaggedOption, ...]:
+    """The fields of the dataclass ``kind`` declared with :func:`option`, in order (see the module docstring)."""
+    hints = _hints(kind)
+    found = []
+    for f in dataclasses.fields(kind):
+        about = f.metadata.get(_FLAG)
+        if isinstance(about, Flag):
+            own = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            default = own if about.cli_default is _Own.DEFAULT else about.cli_default
+            hint = hints.get(f.name, f.type)
+            found.append(
+                FlaggedOption(name=f.name, type=hint, default=default, flag=about, group=f.metadata.get("group", ""))
+            )
+    return tuple(found)
 
 
 class OptionGroup(Generic[G]):
@@ -146,7 +243,7 @@ class GroupedOptions:
                         default_factory=f.default_factory,
                         repr=f.repr,
                         compare=f.compare,
-                        metadata={"group": grp.name},
+                        metadata={**f.metadata, "group": grp.name},
                     ),
                 )
         cls.__annotations__ = annotations

@@ -4,7 +4,9 @@ The options come in five groups, each a frozen dataclass that checks its own fie
 (which tasks), :class:`Supervision` (restarts, time limits, logs, environment), :class:`Faults` (fault
 injection), :class:`Elastic` (losing and regaining workers) and :class:`Network`. :class:`LaunchConfig` holds
 them and takes every field flat, ``LaunchConfig(command=..., workers=2, max_restarts=1)``; its own checks are
-the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags.
+the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags,
+which it makes from each option's declaration (:func:`tfdist._options.option`: its help, and its flag where
+that is not its name, ``--grace``).
 
 Example:
     >>> from tfdist.launch import LaunchConfig
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfdist._names import describe_choices
-from tfdist._options import GroupedOptions, group
+from tfdist._options import GroupedOptions, group, option
 from tfdist.cluster.mesh_shape import MeshShape
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
@@ -46,7 +48,7 @@ class Topology:
     """Which tasks run, and which of them run the command.
 
     Attributes:
-      workers: Worker tasks (>= 1).
+      workers: Worker tasks (>= 1; ``tfdist-launch --workers`` defaults to 2).
       ps: Parameter-server tasks; with ps the run is parameter-server style
         (needs ``chief``: the coordinator).
       chief: Add a chief task.
@@ -63,13 +65,26 @@ class Topology:
         ``TFDIST_MESH`` are set), for ``tfdist.parallel.build_mesh()``. None: no mesh.
     """
 
-    workers: int = 1
-    ps: int = 0
-    chief: bool = False
-    evaluator: bool = False
-    run_on: str = "auto"
-    data_service_workers: int = 0
-    mesh: str | None = None
+    # A bare `tfdist-launch -- CMD` has always run 2 workers; a spec starts from the smallest cluster.
+    workers: int = option(1, help="worker tasks", cli_default=2)
+    ps: int = option(0, help="parameter-server tasks (needs `chief`)")
+    chief: bool = option(False, help="add a chief task")
+    evaluator: bool = option(False, help="add an evaluator task")
+    run_on: str = option(
+        "auto",
+        help="which tasks run the command: auto (the chief and every worker without ps, the chief (coordinator) "
+        "with ps; the others run a TF server), all, or chief",
+        choices=RUN_ON_CHOICES,
+    )
+    data_service_workers: int = option(
+        0, help="start a tf.data service with N workers; tasks get TFDIST_DATA_SERVICE", metavar="N"
+    )
+    mesh: str | None = option(
+        None,
+        help="make chief and workers the clients of a DTensor mesh, e.g. batch=2,model=2 (the model axis spans "
+        "processes); the script calls tfdist.parallel.build_mesh()",
+        metavar="AXIS=N,...",
+    )
 
     def __post_init__(self) -> None:
         for name in ("chief", "evaluator"):
@@ -129,13 +144,18 @@ class Supervision:
         launcher's own ``TFDIST_LOG_LEVEL`` (or ``env``'s), else 'info'.
     """
 
-    max_restarts: int = 0
-    threads_per_task: int | None = None
-    timeout: float | None = None
-    grace_seconds: float = 5.0
-    log_dir: str | None = None
+    max_restarts: int = option(0, help="restarts after task failures")
+    threads_per_task: int | None = option(None, help="intra-op threads per task")
+    timeout: float | None = option(None, help="seconds before every task is killed")
+    grace_seconds: float = option(5.0, help="seconds from SIGTERM to SIGKILL when stopping", flag="--grace")
+    log_dir: str | None = option(None, help="write one log file per task here")
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
-    log_level: str | None = None
+    log_level: str | None = option(
+        None,
+        help="level of the tfdist logger, in the launcher and (TFDIST_LOG_LEVEL) in every task; default "
+        "$TFDIST_LOG_LEVEL, else info",
+        choices=LOG_LEVELS,
+    )
 
     def __post_init__(self) -> None:
         if self.log_level is not None and self.log_level not in LOG_LEVELS:  # Compared, never hashed.
@@ -179,7 +199,13 @@ class Faults:
         ``("worker:1@after=Epoch 3/",)``.
     """
 
-    kills: tuple[KillAt, ...] = ()
+    kills: tuple[KillAt, ...] = option(
+        (),
+        help="SIGKILL a task once (fault injection): worker:1@after='Epoch 3/' when any task prints a line "
+        "matching the regex, or worker:1@20 after 20 s",
+        flag="--kill",
+        metavar="TASK@TRIGGER",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kills", KillAt.many(self.kills))
@@ -201,10 +227,18 @@ class Elastic:
         lost worker is available again.
     """
 
-    min_workers: int | None = None
-    max_workers: int | None = None
-    loses: tuple[LoseAt, ...] = ()
-    returns: tuple[ReturnAt, ...] = ()
+    min_workers: int | None = option(
+        None, help="go on with the workers left when one is lost, down to N; below N the run fails", metavar="N"
+    )
+    max_workers: int | None = option(
+        None, help="returned workers join at the next epoch boundary, up to M (default `workers`)", metavar="M"
+    )
+    loses: tuple[LoseAt, ...] = option(
+        (), help="kill a worker and keep it away; TRIGGER as for `kills`", flag="--lose", metavar="TASK@TRIGGER"
+    )
+    returns: tuple[ReturnAt, ...] = option(
+        (), help="a lost worker is available again; TRIGGER as for `kills`", flag="--return", metavar="TASK@TRIGGER"
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loses", LoseAt.many(self.loses))
@@ -259,7 +293,7 @@ class Network:
     """
 
     host: str = "127.0.0.1"
-    isolate_network: bool = False
+    isolate_network: bool = option(False, help="run the cluster in a private network namespace with only loopback")
 
     def __post_init__(self) -> None:
         require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")

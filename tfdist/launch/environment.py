@@ -17,16 +17,16 @@ from collections.abc import Mapping
 from tfdist.cluster.mesh_shape import MeshShape, dtensor_variables
 from tfdist.cluster.spec import TF_CONFIG_VAR, ClusterSpec, split_task_name
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime.logs import DEFAULT_LEVEL, LEVEL_VAR
 
 TASK_VAR = "TFDIST_TASK"
 _RESTART_VAR = "TFDIST_RESTART"
-_SERVER_MODULE = "tfdist.launch.tasks.server"  # What tasks that run no user code run: a TensorFlow server.
 
 
 def server_argv(python: str = sys.executable) -> list[str]:
     """The TensorFlow server's command line, for tasks that do not run the user's command."""
-    return [python, "-m", _SERVER_MODULE]
+    return TaskProgram.SERVER.argv(python=python)
 
 
 def task_variables(config: LaunchConfig) -> dict[str, str]:

@@ -32,6 +32,7 @@ from tfdist.launch.engines.base import Engine
 from tfdist.launch.results import LaunchResult
 from tfdist.launch.supervisor.runner import run
 from tfdist.launch.tasks.function import PICKLERS, RESULT_PREFIX
+from tfdist.launch.tasks.programs import TaskProgram
 
 __all__ = ["FunctionRun", "run_function"]
 
@@ -130,7 +131,7 @@ def command_for(target: Target, args: Sequence[Any] = ()) -> list[str]:
         encoded = json.dumps(list(args))
     except (TypeError, ValueError) as err:
         raise invalid(LaunchError, "args", args, f"JSON-serializable arguments ({err})") from None
-    return [sys.executable, "-m", "tfdist.launch.tasks.function", *where, encoded]
+    return TaskProgram.FUNCTION.argv(*where, encoded)
 
 
 def values_of(result: LaunchResult) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
 from tfdist.launch.environment import server_argv, task_variables
+from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
 
 TFJOB_PORT = 2222
@@ -101,7 +102,7 @@ def _mesh_wrap(config: LaunchConfig) -> list[str] | None:
     """With a mesh, TFJob pods run the command through the TF_CONFIG entry, which adds the DTENSOR_* variables."""
     if config.mesh is None:
         return None
-    return ["python", "-m", "tfdist.launch.tasks.tf_config", "--mesh", config.mesh, "--"]
+    return TaskProgram.TF_CONFIG.argv("--mesh", config.mesh, "--", python="python")
 
 
 def _container(
@@ -334,10 +335,7 @@ def _label_variables() -> list[dict[str, Any]]:
 def _jobset_entry(config: LaunchConfig, counts: dict[str, int]) -> list[str]:
     """What a JobSet pod runs before the command: tfdist's JobSet entry, which builds TF_CONFIG from the labels."""
     jobs = ",".join(f"{job}={n}" for job, n in counts.items())
-    return [
-        "python",
-        "-m",
-        "tfdist.launch.tasks.jobset",
+    return TaskProgram.JOBSET.argv(
         "--jobs",
         jobs,
         "--port",
@@ -346,7 +344,8 @@ def _jobset_entry(config: LaunchConfig, counts: dict[str, int]) -> list[str]:
         config.run_on,
         *(["--mesh", config.mesh] if config.mesh is not None else []),
         "--",
-    ]
+        python="python",
+    )
 
 
 def _indexed_job(job: str, count: int, *, container: dict[str, Any], subdomain: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
+from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
 
 # Exit codes a rerun cannot fix: tfdist's bad-configuration code, and a command that cannot be run.
@@ -18,6 +19,7 @@ _TIME = re.compile(
     r"^(?:\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(?::\d{1,2}){0,2}"
     r"|UNLIMITED|INFINITE)$"
 )
+_PYTHON = '"$PYTHON"'  # The script's pinned interpreter, as a shell word.
 _PYTHON_NAME = re.compile(r"^python(?:3(?:\.\d+)?)?$")
 _FIRST_FAILURE = r"s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\).*/\1/p"
 
@@ -25,7 +27,7 @@ _FIRST_FAILURE = r"s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit c
 _ELASTIC_SIZE = """\
 # Elastic: the step has as many tasks as the allocation Slurm granted this run (fewer nodes of the
 # --nodes range, or a requeued job given fewer tasks), at most chief + --max-workers.
-TASKS=$("$PYTHON" -m tfdist.launch.tasks.slurm --allocated-tasks {most}) || exit 2
+TASKS=$({size}) || exit 2
 echo "tfdist job: Slurm restart count ${{SLURM_RESTART_COUNT:-0}}: $TASKS tasks on ${{SLURM_JOB_NUM_NODES:-1}} node(s)" >&2"""
 
 
@@ -257,10 +259,11 @@ def _ports(config: LaunchConfig, port_base: int | None) -> str:
         f"PORT_BASE={port_base}"
         if port_base is not None
         else "# This job's ports: a slot of 20000-32767 chosen by SLURM_JOB_ID, the next slot if a port is taken.\n"
-        'PORT_BASE=$("$PYTHON" -m tfdist.launch.tasks.slurm --pick-port-base) || exit 2'
+        f"PORT_BASE=$({TaskProgram.SLURM.shell(_PYTHON, '--pick-port-base')}) || exit 2"
     )
     if config.min_workers is not None:
-        ports += "\n" + _ELASTIC_SIZE.format(most=int(config.chief) + config.max_workers)
+        size = TaskProgram.SLURM.shell(_PYTHON, "--allocated-tasks", str(int(config.chief) + config.max_workers))
+        ports += "\n" + _ELASTIC_SIZE.format(size=size)
     return ports
 
 
@@ -281,8 +284,8 @@ def _step(config: LaunchConfig, jobs: str) -> str:
     if config.min_workers is not None:
         flags.append(f"--min-workers {config.min_workers}")
         srun += ' --ntasks="$TASKS"'
-    task_args = f"-m tfdist.launch.tasks.slurm {' '.join(flags)} -- {command}"
-    return f'{{ {srun} "$PYTHON" ' + task_args + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1'
+    task = TaskProgram.SLURM.shell(_PYTHON, *flags, "--", command)
+    return f"{{ {srun} {task}" + ' 2>&1 1>&3 | tee "$SRUN_LOG" >&2; } 3>&1'
 
 
 def _body(config: LaunchConfig, *, described: str, python: str, tf_log_level: int, ports: str, step: str) -> list[str]:

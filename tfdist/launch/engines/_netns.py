@@ -15,14 +15,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from tfdist.errors import Error, LaunchError, LaunchFailure
+from tfdist.launch.tasks.programs import TaskProgram
 
-_HOLDER = (sys.executable, "-m", "tfdist.launch.tasks.netns")
 _ERRORS: dict[str, type[Error]] = {"LaunchError": LaunchError, "LaunchFailure": LaunchFailure}
 _CLOSE_WAIT = 5.0
 
@@ -77,7 +76,7 @@ class Namespace:
     def __init__(self, *, rootless: bool | None = None) -> None:
         self.rootless = os.geteuid() != 0 if rootless is None else rootless
         self._nsenter = _tool("nsenter")
-        argv = unshare_argv(rootless=self.rootless) + list(_HOLDER)
+        argv = unshare_argv(rootless=self.rootless) + TaskProgram.NETNS.argv()
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
             argv,

@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ from tfdist.launch.supervisor import membership
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
 from tfdist.launch.supervisor._faults import FaultInjector, Fired
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
+from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
 
 _log = logging.getLogger("tfdist.launch")
@@ -76,14 +76,8 @@ class Supervisor:
         if config.data_service_workers:
             address = engine.reserve_address()
             self.base_env["TFDIST_DATA_SERVICE"] = f"grpc://{address}"
-            argv = (
-                sys.executable,
-                "-m",
-                "tfdist.launch.tasks.data_service",
-                "--workers",
-                str(config.data_service_workers),
-                "--port",
-                address.rsplit(":", 1)[1],
+            argv = TaskProgram.DATA_SERVICE.argv(
+                "--workers", str(config.data_service_workers), "--port", address.rsplit(":", 1)[1]
             )
             data_service = TaskRecord(DATA_SERVICE_TASK, argv, _log_path("data-service"))
         workers = tuple(name for name in config.task_names() if name.startswith("worker:"))

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdist._names import describe_choices
+from tfdist._options import option
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_int, require_number
 from tfdist.launch.config import LaunchConfig
@@ -118,12 +119,26 @@ class RayOptions:
         this machine's count). Only without ``address``.
     """
 
-    address: str | None = None
-    cpus_per_task: float = 1.0
-    gpus_per_task: float = 0.0
-    placement: str = "pack"
-    ready_timeout: float = 120.0
-    num_cpus: int | None = None
+    address: str | None = option(
+        None,
+        help="join this Ray cluster ('auto' or host:port) and leave it running; default: start a local Ray for "
+        "the run and stop it afterwards",
+        metavar="ADDR",
+    )
+    cpus_per_task: float = option(1.0, help="CPUs each task reserves", flag="--cpus-per-task")
+    gpus_per_task: float = option(0.0, help="GPUs each task reserves", flag="--gpus")
+    placement: str = option(
+        "pack", help="pack: as few nodes as possible; spread: across nodes", choices=tuple(PLACEMENTS)
+    )
+    ready_timeout: float = option(
+        120.0, help="seconds to wait until the Ray cluster holds every task", metavar="SECONDS"
+    )
+    num_cpus: int | None = option(
+        None,
+        help="CPUs of the local Ray started for the run (default: enough for the job, at least this machine's "
+        "count); not with `address`",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         for name in ("cpus_per_task", "gpus_per_task"):  # finite: nan and inf would reach Ray's scheduler

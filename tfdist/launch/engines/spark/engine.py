@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdist._names import describe_choices
+from tfdist._options import option
 from tfdist.cluster.address import is_loopback
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import EngineError, LaunchError, LaunchFailure, invalid, require_number
@@ -71,10 +72,25 @@ class SparkOptions:
         to report its address.
     """
 
-    master: str | None = None
-    conf: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
-    python: str | None = None
-    ready_timeout: float = 120.0
+    master: str | None = option(
+        None,
+        help="start a Spark session on this master (spark://host:port, yarn, local[N]) and stop it afterwards; "
+        "default: a local[N] session",
+        metavar="URL",
+    )
+    conf: Mapping[str, str] = option(
+        default_factory=lambda: types.MappingProxyType({}),
+        help="a Spark setting of that session, e.g. spark.executor.memory=8g",
+        metavar="KEY=VALUE",
+    )
+    python: str | None = option(
+        None,
+        help="the Python the Spark executors run (it must have tfdist); default $PYSPARK_PYTHON, else this one",
+        metavar="PATH",
+    )
+    ready_timeout: float = option(
+        120.0, help="seconds to wait for free Spark task slots and for every task's address", metavar="SECONDS"
+    )
 
     def __post_init__(self) -> None:
         if self.master is not None and (not isinstance(self.master, str) or not self.master.strip()):
