@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -199,31 +200,14 @@ def write_tfrecords(
         num_shards = _check_frame(examples, path_prefix, num_shards, progress)
     elif to_example is not None:
         raise invalid(DataError, "to_example", to_example, "None unless `examples` is a Spark DataFrame")
-    shards = _check_options(num_shards, compression, partition_by, path_prefix, log_every)
+    layout = _check_options(num_shards, compression, partition_by, path_prefix, log_every)
     _prepare_parent(path_prefix)
     staging = Staging(path_prefix)
     try:
         files, counters, written, seconds = _stage(
-            examples,
-            frame,
-            path_prefix,
-            staging,
-            num_shards=shards,
-            compression=compression,
-            partition_by=partition_by,
-            progress=progress,
-            log_every=log_every,
-            to_example=to_example,
+            examples, frame, staging, layout, progress=progress, log_every=log_every, to_example=to_example
         )
-        manifest = {
-            "prefix": path_prefix,
-            "compression": compression,
-            "partition_by": partition_by,
-            "num_shards": shards,
-            "records": written,
-            "files": files,
-            "classes": dict(counters) if partition_by else None,
-        }
+        manifest = layout.manifest(files, counters, written)
         _replace(path_prefix, staging, manifest)
     except tf.errors.OpError as err:
         raise StorageError(
@@ -236,10 +220,32 @@ def write_tfrecords(
     return sorted(files)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The shards of one write: their prefix, how many (per class), their compression, the label they split by."""
+
+    path_prefix: str
+    num_shards: int
+    compression: str | None
+    partition_by: str | None
+
+    def manifest(self, files: dict[str, dict[str, Any]], counters: dict[str, int], written: int) -> dict[str, Any]:
+        """What the manifest beside the shards records: the layout, and the records per file and class."""
+        return {
+            "prefix": self.path_prefix,
+            "compression": self.compression,
+            "partition_by": self.partition_by,
+            "num_shards": self.num_shards,
+            "records": written,
+            "files": files,
+            "classes": dict(counters) if self.partition_by else None,
+        }
+
+
 def _check_options(
     num_shards: int | None, compression: str | None, partition_by: str | None, path_prefix: str, log_every: int
-) -> int:
-    """Checks the arguments that say what to write where; returns the shard count."""
+) -> _Layout:
+    """Checks the arguments that say what to write where."""
     require_int(DataError, "num_shards", num_shards, minimum=1, maximum=99_999)
     assert num_shards is not None
     if compression not in COMPRESSIONS:
@@ -251,7 +257,7 @@ def _check_options(
     if not isinstance(path_prefix, str) or not path_prefix or path_prefix.endswith("/"):
         raise invalid(DataError, "path_prefix", path_prefix, "a path prefix such as '/data/train'")
     require_int(DataError, "log_every", log_every, minimum=1)
-    return num_shards
+    return _Layout(path_prefix=path_prefix, num_shards=num_shards, compression=compression, partition_by=partition_by)
 
 
 def _prepare_parent(path_prefix: str) -> None:
@@ -315,12 +321,9 @@ def _check_frame(frame: Any, path_prefix: str, num_shards: int | None, progress:
 def _stage(
     examples: Any,
     frame: bool,
-    path_prefix: str,
     staging: Staging,
+    layout: _Layout,
     *,
-    num_shards: int,
-    compression: str | None,
-    partition_by: str | None,
     progress: Progress | None,
     log_every: int,
     to_example: Callable[[Any], Example] | None,
@@ -335,45 +338,29 @@ def _stage(
         start = time.monotonic()
         files, counters, written = dataframe.write_partitions(
             examples,
-            num_shards,
-            path_prefix,
+            layout.num_shards,
+            layout.path_prefix,
             staging.dir,
-            compression=compression,
-            partition_by=partition_by,
+            compression=layout.compression,
+            partition_by=layout.partition_by,
             to_example=to_example,
         )
         staged = files, counters, written, time.monotonic() - start
     else:
-        staged = _write_all(
-            examples,
-            path_prefix,
-            staging,
-            num_shards=num_shards,
-            compression=compression,
-            partition_by=partition_by,
-            progress=progress,
-            log_every=log_every,
-        )
+        staged = _write_all(examples, staging, layout, progress=progress, log_every=log_every)
     if not staged[2]:
         raise invalid(DataError, "examples", [], "at least one example")
     return staged
 
 
 def _write_all(
-    examples: Iterable[Example],
-    path_prefix: str,
-    staging: Staging,
-    *,
-    num_shards: int,
-    compression: str | None,
-    partition_by: str | None,
-    progress: Progress | None,
-    log_every: int,
+    examples: Iterable[Example], staging: Staging, layout: _Layout, *, progress: Progress | None, log_every: int
 ) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, float]:
     """Writes every example into ``staging``; returns (final path -> info, class -> records, records, seconds)."""
     import tensorflow as tf
 
-    options = tf.io.TFRecordOptions(compression_type=compression or "")
+    num_shards, partition_by = layout.num_shards, layout.partition_by
+    options = tf.io.TFRecordOptions(compression_type=layout.compression or "")
     writers: dict[str, list[Any]] = {}
     names: dict[str, list[str]] = {}
     counters: dict[str, int] = {}
@@ -384,8 +371,8 @@ def _write_all(
             record = serialized(example, index)
             group = label_of(record, partition_by, index) if partition_by else ""
             if group not in writers:
-                prefix = group_prefix(path_prefix, partition_by, group)
-                names[group] = [shard_name(prefix, i, num_shards, compression) for i in range(num_shards)]
+                prefix = group_prefix(layout.path_prefix, partition_by, group)
+                names[group] = [shard_name(prefix, i, num_shards, layout.compression) for i in range(num_shards)]
                 if len({n for g in names.values() for n in g}) != sum(len(g) for g in names.values()):
                     raise invalid(
                         DataError,
