@@ -220,7 +220,7 @@ def write_tfrecords(
     return sorted(files)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Layout:
     """The shards of one write: their prefix, how many (per class), their compression, the label they split by."""
 
