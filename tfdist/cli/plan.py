@@ -135,69 +135,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if (args.embedding_values is None) != (args.embedding_touched is None):
-            given = "--embedding-values" if args.embedding_values is not None else "--embedding-touched"
-            raise invalid(
-                PlanError,
-                given,
-                args.embedding_values or args.embedding_touched,
-                "both --embedding-values and --embedding-touched",
-                "Pass both, e.g. --embedding-values 320M --embedding-touched 20k.",
-            )
-
-        def optional(text: str | None, kind: str, default: _Default, flag: str) -> float | _Default:
-            return default if text is None else parse_quantity(text, kind, field=flag)  # "" is an error, not unset.
-
-        shapes = _shapes(args)
-        if args.params is None and shapes is None:
-            raise invalid(
-                PlanError, "--params", None, "a parameter count, or --shapes or --model", "Pass e.g. --params 25.6M."
-            )
-        options = {option: getattr(args, option) for option in _OPTIONS if getattr(args, option) is not None}
-        compressor = compressor_for(_COMPRESSIONS[args.compression].name, options)
-        if isinstance(compressor, TrafficModel) and shapes is None:
-            raise invalid(
-                PlanError,
-                "--compression",
-                args.compression,
-                "--shapes or --model with it (what it sends depends on each weight's shape)",
-                "Pass e.g. --model ResNet50, or --shapes '[[2048, 1000], [1000]]'.",
-            )
-        params = (
-            parse_quantity(args.params, field="--params")
-            if args.params is not None
-            else float(sum(math.prod(s) for s in shapes or []))
-        )
-        plan = Plan(
-            params=params,
-            workers=args.workers,
-            gpus_per_worker=args.gpus_per_worker,
-            bandwidth=parse_quantity(args.bandwidth, "bandwidth", field="--bandwidth"),
-            latency=parse_quantity(args.latency, "time", field="--latency"),
-            device_memory=optional(args.device_memory, "bytes", None, "--device-memory"),
-            optimizer=args.optimizer,
-            bytes_per_value=compressor.value_bytes,
-            ps_shards=args.ps_shards,
-            compute_s=optional(args.compute, "time", None, "--compute"),
-            embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
-            embedding_touched=optional(args.embedding_touched, "count", 0.0, "--embedding-touched"),
-        )
-        compressed = (
-            compressed_traffic(
-                shapes=shapes or [],
-                workers=plan.workers,
-                bandwidth=plan.bandwidth,
-                latency=plan.latency,
-                compression=compressor,
-                memory_bandwidth=(
-                    None
-                    if args.memory_bandwidth is None
-                    else parse_quantity(args.memory_bandwidth, "bandwidth", field="--memory-bandwidth")
-                ),
-            )
-            if isinstance(compressor, TrafficModel)
-            else None
-        )
+        plan, compressed = _plan(args)
     except (PlanError, StrategyError) as err:  # StrategyError: a compressor's option.
         sys.stderr.write(f"tfdist plan: error: {one_line(str(_in_flags(err)))}\n")
         return 2
@@ -206,7 +144,75 @@ def run(args: argparse.Namespace) -> int:
         data["compressed"] = compressed.to_dict()
     if args.json:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")  # Strict JSON: never Infinity or NaN.
-        return 0
+    else:
+        sys.stdout.write(_report(args, data, compressed))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> tuple[Plan, Any]:
+    """The plan of the flags, and the compressor's traffic where it models one (else None)."""
+    if (args.embedding_values is None) != (args.embedding_touched is None):
+        given = "--embedding-values" if args.embedding_values is not None else "--embedding-touched"
+        raise invalid(
+            PlanError,
+            given,
+            args.embedding_values or args.embedding_touched,
+            "both --embedding-values and --embedding-touched",
+            "Pass both, e.g. --embedding-values 320M --embedding-touched 20k.",
+        )
+
+    def optional(text: str | None, kind: str, default: _Default, flag: str) -> float | _Default:
+        return default if text is None else parse_quantity(text, kind, field=flag)  # "" is an error, not unset.
+
+    shapes = _shapes(args)
+    if args.params is None and shapes is None:
+        raise invalid(
+            PlanError, "--params", None, "a parameter count, or --shapes or --model", "Pass e.g. --params 25.6M."
+        )
+    options = {option: getattr(args, option) for option in _OPTIONS if getattr(args, option) is not None}
+    compressor = compressor_for(_COMPRESSIONS[args.compression].name, options)
+    if isinstance(compressor, TrafficModel) and shapes is None:
+        raise invalid(
+            PlanError,
+            "--compression",
+            args.compression,
+            "--shapes or --model with it (what it sends depends on each weight's shape)",
+            "Pass e.g. --model ResNet50, or --shapes '[[2048, 1000], [1000]]'.",
+        )
+    params = (
+        parse_quantity(args.params, field="--params")
+        if args.params is not None
+        else float(sum(math.prod(s) for s in shapes or []))
+    )
+    plan = Plan(
+        params=params,
+        workers=args.workers,
+        gpus_per_worker=args.gpus_per_worker,
+        bandwidth=parse_quantity(args.bandwidth, "bandwidth", field="--bandwidth"),
+        latency=parse_quantity(args.latency, "time", field="--latency"),
+        device_memory=optional(args.device_memory, "bytes", None, "--device-memory"),
+        optimizer=args.optimizer,
+        bytes_per_value=compressor.value_bytes,
+        ps_shards=args.ps_shards,
+        compute_s=optional(args.compute, "time", None, "--compute"),
+        embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
+        embedding_touched=optional(args.embedding_touched, "count", 0.0, "--embedding-touched"),
+    )
+    if not isinstance(compressor, TrafficModel):
+        return plan, None
+    memory = optional(args.memory_bandwidth, "bandwidth", None, "--memory-bandwidth")
+    return plan, compressed_traffic(
+        shapes=shapes or [],
+        workers=plan.workers,
+        bandwidth=plan.bandwidth,
+        latency=plan.latency,
+        compression=compressor,
+        memory_bandwidth=memory,
+    )
+
+
+def _report(args: argparse.Namespace, data: dict[str, Any], compressed: Any) -> str:
+    """The plan as the lines ``tfdist plan`` prints."""
     embedding = ""
     if compressed is not None:
         embedding += (
@@ -227,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             f"{data['embedding_allreduce_bytes'] / 1e6:.3f} MB as a dense all-reduce "
             f"({data['embedding_ratio']:.1f}x)\n"
         )
-    sys.stdout.write(
+    return (
         f"ring all-reduce:   {data['ring_allreduce_s'] * 1e3:10.2f} ms/step\n"
         f"tree all-reduce:   {data['tree_allreduce_s'] * 1e3:10.2f} ms/step\n"
         f"parameter servers: {data['ps_s'] * 1e3:10.2f} ms/step\n"
@@ -242,7 +248,6 @@ def run(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    return 0
 
 
 def _shapes(args: argparse.Namespace) -> list[list[int]] | None:
