@@ -78,7 +78,8 @@ def mesh_dataset(source: Any, mesh: Any, *, batch_axis: str = BATCH_AXIS) -> Any
             "source",
             str(first.element_spec),
             "batches of a static shape (DTensor slices them by shape)",
-            "Pass drop_remainder=True to the pipeline, with a batch_size divisible by the batch axis.",
+            "Read endlessly (num_epochs=None, with steps_per_epoch in fit: every batch is full) or pass "
+            "drop_remainder=True, with a batch_size divisible by the batch axis.",
         )
     per_replica = int(specs[0].shape[0])
     axis = batch_axis if batch_axis in mesh.dim_names else None
