@@ -50,7 +50,7 @@ def _reference(files: str, workdir: Path, replicas: int) -> list[float]:
         text=True,
         timeout=240,
         env=env,
-        cwd=Path(__file__).parents[2],
+        cwd=Path(__file__).parents[3],
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])["losses"]

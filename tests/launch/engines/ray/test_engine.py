@@ -46,7 +46,7 @@ from tfdist.launch.events import KillAt
 from tfdist.launch.supervisor.runner import run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(400)]
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 PY = sys.executable
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV_REPORT = (
