@@ -1,4 +1,4 @@
-"""Elastic scenarios on a real two-node Ray on this machine; run by tests/launch/engines/ray/test_elastic.py under `unshare -n`.
+"""Elastic scenarios on a real two-node Ray on this machine; run by tests/launch/engines/ray/test_two_nodes.py under `unshare -n`.
 
 A multi-node Ray refuses ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the loopback-only, single-node mode), and
 its daemons then bind every interface. So the whole cluster runs in a private network namespace that has
