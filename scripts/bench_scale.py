@@ -115,13 +115,11 @@ def _links(workdir: str, files: int) -> str:
 
 
 def child(mode: str, files: int, workdir: str, build_max: int) -> dict[str, Any]:
-    """One size, in this (fresh) process."""
-    import tensorflow as tf
+    """One size, in this (fresh) process: the order first, before TensorFlow is imported."""
+    import numpy  # noqa: F401 (imported before the baseline)
 
-    from tfdist.data import TFRecordPipeline
     from tfdist.data.order.epoch import EpochOrder
 
-    features = {"id": tf.io.FixedLenFeature([], tf.int64)}
     base, base_anon = _rss()
     out: dict[str, Any] = {"files": files, "records": files * RECORDS}
     started = time.perf_counter()
@@ -131,16 +129,23 @@ def child(mode: str, files: int, workdir: str, build_max: int) -> dict[str, Any]
     out["order_rss_mb"] = _rss()[0] - base
     assert len(first) == 10
     del order, first
+    if mode == "before" and files > build_max:
+        return out
+    import tensorflow as tf
+
+    from tfdist.data import TFRecordPipeline
+
+    features = {"id": tf.io.FixedLenFeature([], tf.int64)}
     if mode == "before":
-        if files <= build_max:
-            pattern = _links(workdir, files)
-            base = _rss()[0]
-            started = time.perf_counter()
-            TFRecordPipeline(
-                files=pattern, batch_size=BATCH, features=features, shuffle_buffer=WINDOW, order_streams=STREAMS, seed=3
-            ).dataset()
-            out["build_s"] = time.perf_counter() - started
-            out["rss_mb"] = _rss()[0] - base
+        pattern = _links(workdir, files)
+        base, base_anon = _rss()
+        started = time.perf_counter()
+        TFRecordPipeline(
+            files=pattern, batch_size=BATCH, features=features, shuffle_buffer=WINDOW, order_streams=STREAMS, seed=3
+        ).dataset()
+        out["build_s"] = time.perf_counter() - started
+        rss, anon = _rss()
+        out["rss_mb"], out["rss_anon_mb"] = rss - base, anon - base_anon
         return out
     index = _index(workdir, files)
     pipeline = TFRecordPipeline(
@@ -183,7 +188,10 @@ def main() -> None:
     os.makedirs(args.workdir, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": args.tree, "TF_CPP_MIN_LOG_LEVEL": "2"}
     rows = []
+    sys.path.insert(0, args.tree)
     for size in (int(s) for s in args.sizes.split(",")):
+        if args.mode == "after":
+            _index(args.workdir, size)  # Here, not in the measured process.
         command = [sys.executable, os.path.abspath(__file__), "--child", str(size), "--mode", args.mode]
         command += ["--workdir", args.workdir, "--build-max", str(args.build_max)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

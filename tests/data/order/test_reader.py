@@ -154,7 +154,7 @@ def test_sources_kept_for_the_process_share_their_order_and_paths(prefixes) -> N
         (new,) = set(reader._SOURCES) - before - {s for s, _ in kept}
         kept.append((new, order))
     sources = [reader._SOURCES[s] for s, _ in kept]
-    assert sources[0]._order == kept[0][1] and sources[0]._order is not kept[2][1]
+    assert sources[0]._order is kept[0][1] is kept[2][1]  # epoch_order gives every build the order made first.
     assert all(s._order is sources[0]._order and s._paths is sources[0]._paths for s in sources)
     # An endless iteration reads window by window through the build's own callables: nothing registered.
     ordered_records(order, layout, InputCursor(epochs_per_iteration=None), paths, compression="")

@@ -107,7 +107,7 @@ def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[An
             moved = splitmix.graph_bijection(tf.minimum(place, whole - 1), whole, order.seed, epoch)
             place = tf.where(place < whole, moved, place)
         records = place * size + inside
-        file = tf.searchsorted(starts, records, side="right") - 1
+        file = tf.searchsorted(starts, records, side="right", out_type=tf.int64) - 1
         # Runs of consecutive records of one file become one piece.
         fresh = tf.concat([[True], (file[1:] != file[:-1]) | (records[1:] != records[:-1] + 1)], 0)
         run = tf.cumsum(tf.cast(fresh, tf.int64)) - 1
@@ -138,9 +138,11 @@ def _locator(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None)
         (names_at, width), (offsets_at, _) = index.places["names"], index.places["offsets"]
         directory = index.root + "/" if index.root else ""
 
-        def entry(at: Any, size: int) -> Any:  # ``size`` bytes of the index from byte ``at``.
-            read = tf.data.FixedLengthRecordDataset(index.path, record_bytes=size, header_bytes=at, buffer_size=size)
-            return read.take(1).get_single_element()
+        def entry(at: Any, size: int) -> Any:  # ``size`` bytes of the index from byte ``at``: one record.
+            read = tf.data.FixedLengthRecordDataset(
+                index.path, size, header_bytes=at, footer_bytes=index.nbytes - at - size, buffer_size=size
+            )
+            return read.get_single_element()
 
         def name_of(file: Any) -> Any:
             name = tf.strings.regex_replace(entry(names_at + file * width, width), "\x00+$", "")

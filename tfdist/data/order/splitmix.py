@@ -199,11 +199,14 @@ def graph_bijection(index: Any, n: int, *keys: Any) -> Any:
             left, right = right, xor(left, both(graph_hashes(k, right), mask))
         return tf.bitwise.bitwise_or(tf.bitwise.left_shift(left, half), right)
 
+    def beyond(x: Any) -> Any:  # Compared as int64: the domain is below 2**63 for any n of blocks.
+        return tf.bitcast(x, tf.int64) >= n
+
     def outside(x: Any) -> Any:
-        return tf.reduce_any(x >= graph_constant(n))
+        return tf.reduce_any(beyond(x))
 
     def walk(x: Any) -> Any:  # Every element walks until all are inside: the ones inside stay put.
-        return (tf.where(x >= graph_constant(n), network(x), x),)
+        return (tf.where(beyond(x), network(x), x),)
 
     start = network(tf.bitcast(index, tf.uint64))
     (done,) = tf.while_loop(outside, walk, (start,))

@@ -90,6 +90,7 @@ class RecordIndex:
       root: The directory the names are relative to ('' when they are full paths).
       places: Where each array starts in the index file (byte offset, item size), for readers that read
         entries by range (parameter-server workers).
+      nbytes: The index file's size.
     """
 
     path: str
@@ -101,6 +102,7 @@ class RecordIndex:
     names: Any = dataclasses.field(repr=False)
     root: str
     places: dict[str, tuple[int, int]] = dataclasses.field(repr=False)
+    nbytes: int = 0
 
     @functools.cached_property
     def paths(self) -> IndexPaths:
@@ -157,9 +159,10 @@ def open_index(path: str) -> RecordIndex:
         body = len(head) + length
         if local:
             raw: Any = np.memmap(path, dtype=np.uint8, mode="r")
-            at = 0
+            at, nbytes = 0, len(raw)
         else:  # Remote: read once into memory (object stores cannot be mapped).
             raw, at = f.read(), body
+            nbytes = body + len(raw)
     arrays = _arrays(header, raw, at)
     directory = os.path.dirname(path) if header.get("relative") else ""
     index = RecordIndex(
@@ -172,6 +175,7 @@ def open_index(path: str) -> RecordIndex:
         names=arrays["names"],
         root=directory,
         places={name: (start, np.dtype(dtype).itemsize) for name, (start, dtype, _) in header["arrays"].items()},
+        nbytes=nbytes,
     )
     with _LOCK:
         _OPEN[stamp] = index
