@@ -40,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from tfdist.data.records.index import SUFFIX, build_index
+    from tfdist.data.order.index import build_index
+    from tfdist.data.records.index import SUFFIX
     from tfdist.errors import DataError, invalid
 
     start = time.monotonic()

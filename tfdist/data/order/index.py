@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from tfdist.data.order.epoch import EpochOrder
 from tfdist.data.records import _framing
 from tfdist.data.records.files import Listing, compression_of
-from tfdist.data.records.index import RecordIndex
-from tfdist.errors import DataError
+from tfdist.data.records.index import RecordIndex, open_index, write_index
+from tfdist.errors import DataError, invalid
 
 __all__: list[str] = []
 
@@ -128,3 +129,60 @@ def epoch_order(
         )
 
     return _made(("listing", tuple(map(id, entries)), block, streams, window, seed, shuffle), make)
+
+
+def build_index(
+    patterns: Sequence[str], path: str, *, grid: int = 256, compression: str | None = "auto"
+) -> RecordIndex:
+    """Lists ``patterns``, counts every file's records and locates every ``grid``-th record, and writes
+    the index to ``path``: the one walk of the record headers the workers then skip.
+
+    Example:
+        >>> import os, tempfile
+        >>> import tensorflow as tf
+        >>> from tfdist.data import write_tfrecords
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = write_tfrecords([tf.train.Example() for _ in range(10)], os.path.join(folder, "part"), num_shards=2)
+        >>> index = build_index([os.path.join(folder, "part-*")], os.path.join(folder, "part.tfindex"), grid=2)
+        >>> index.counts.tolist(), index.offsets.tolist(), os.path.basename(index.paths[1])
+        ([5, 5], [0, 32, 64, 16, 48], 'part-00001-of-00002.tfrecord')
+
+    Local uncompressed files are walked (headers only); other files' counts come from the writer's
+    manifest, else from one full read, and they are read from their start.
+    """
+    import numpy as np
+
+    from tfdist.data.records.files import list_files
+
+    if not isinstance(grid, int) or isinstance(grid, bool) or grid < 1:
+        raise invalid(DataError, "grid", grid, "a positive number of records")
+    listing = list_files(list(patterns))
+    kinds = {compression_of(f.path, compression) or "" for f in listing.files}
+    if len(kinds) > 1:
+        raise invalid(DataError, "compression", sorted(kinds), "one compression for all files of an index")
+    kind = kinds.pop()
+    counts, pieces, start = [], [], 0
+    for info in listing.files:
+        if "://" not in info.path and not kind:
+            count, at = _framing.block_offsets(info.path, grid, (-start) % grid)
+        else:
+            count = info.records if info.records is not None else _framing.check_file(info.path, kind or None).records
+            at = np.full(len(range((-start) % grid, count, grid)), -1, np.int64)
+        counts.append(count)
+        pieces.append(at)
+        start += count
+    offsets = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    directory = os.path.dirname(path)
+    relative = all(os.path.dirname(f.path) == directory for f in listing.files)
+    names = [os.path.basename(f.path) if relative else f.path for f in listing.files]
+    write_index(
+        path,
+        names=np.asarray([n.encode() for n in names], dtype=f"S{max(len(n.encode()) for n in names)}"),
+        counts=np.asarray(counts, np.int64),
+        sizes=np.asarray([f.size for f in listing.files], np.int64),
+        offsets=offsets,
+        grid=grid,
+        compression=kind,
+        relative=relative,
+    )
+    return open_index(path)
