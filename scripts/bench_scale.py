@@ -14,7 +14,8 @@ Each size runs in a fresh Python process (its resident memory is its own), which
                           order_streams=64, seed=3).dataset()``: one worker's pipeline build (MWMS).
   first_batch_s           its first batch in hand (the 64 streams' first windows planned and read).
   ps_build_s, ps_step_s   the same pipeline's ``claimed_dataset_fn`` (parameter servers; the counter is
-                          local here) and the first claimed step read and parsed.
+                          local here) and the first claimed step read and parsed, up to ``--ps-max``
+                          files (past 4M blocks the offsets are read from the index by range: slow).
   rss_mb, rss_anon_mb     resident memory after all that, and its anonymous part (not file pages that
                           the kernel can drop): the growth over the process after imports.
   --mode before (``--tree`` a checkout of main): order_s and order_rss_mb as above, and build_s of a
@@ -114,7 +115,7 @@ def _links(workdir: str, files: int) -> str:
     return os.path.join(folder, "part-*")
 
 
-def child(mode: str, files: int, workdir: str, build_max: int) -> dict[str, Any]:
+def child(mode: str, files: int, workdir: str, build_max: int, ps_max: int) -> dict[str, Any]:
     """One size, in this (fresh) process: the order first, before TensorFlow is imported."""
     import numpy  # noqa: F401 (imported before the baseline)
 
@@ -159,6 +160,10 @@ def child(mode: str, files: int, workdir: str, build_max: int) -> dict[str, Any]
     batch = next(iter(dataset))
     out["first_batch_s"] = time.perf_counter() - started
     assert int(tf.shape(batch["id"])[0]) == BATCH
+    if files > ps_max:  # Past 4M blocks the workers read offsets from the index by range: slow (docs/data.md).
+        rss, anon = _rss()
+        out["rss_mb"], out["rss_anon_mb"] = rss - base, anon - base_anon
+        return out
     started = time.perf_counter()
     dataset_fn = pipeline.claimed_dataset_fn(tf.distribute.get_strategy())
     assert dataset_fn is not None
@@ -180,10 +185,13 @@ def main() -> None:
     parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--mode", choices=("after", "before"), default="after")
     parser.add_argument("--build-max", type=int, default=100_000)
+    parser.add_argument("--ps-max", type=int, default=100_000)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print("RESULT " + json.dumps(child(args.mode, args.child, args.workdir, args.build_max)), flush=True)
+        print(
+            "RESULT " + json.dumps(child(args.mode, args.child, args.workdir, args.build_max, args.ps_max)), flush=True
+        )
         return
     os.makedirs(args.workdir, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": args.tree, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -193,7 +201,7 @@ def main() -> None:
         if args.mode == "after":
             _index(args.workdir, size)  # Here, not in the measured process.
         command = [sys.executable, os.path.abspath(__file__), "--child", str(size), "--mode", args.mode]
-        command += ["--workdir", args.workdir, "--build-max", str(args.build_max)]
+        command += ["--workdir", args.workdir, "--build-max", str(args.build_max), "--ps-max", str(args.ps_max)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:

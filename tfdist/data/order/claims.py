@@ -15,8 +15,9 @@ Python): the block of each position is the same bijection as
 :func:`~tfdist.data.order.splitmix.bijection` (:func:`~tfdist.data.order.splitmix.graph_bijection`),
 so the coordinator's NumPy order and a worker's graph agree record for record, at O(1) per position.
 The files' first records travel in the graph (8 bytes a file); the byte offsets of the blocks and the
-file names too for a listing of up to :data:`MAX_BLOCKS` blocks, else they are read by range from the
-record index (:mod:`tfdist.data.records.index`) a piece at a time.
+file names too for up to :data:`MAX_BLOCKS` blocks, else they are read by range from the record index
+(:mod:`tfdist.data.records.index`) a piece at a time. (That read is correct but slow today: TF's
+``FixedLengthRecordDataset`` reads through the file up to the entry instead of seeking.)
 
 Nothing may read ahead of the claim, or a worker would hold steps another one needs: the reader claims,
 then reads and parses the step's records inside one element; :func:`claim_options` turns off tf.data's
@@ -124,7 +125,7 @@ def _locator(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None)
 
     starts = tf.constant(order.starts, tf.int64)
     grid = order.offset_grid
-    if index is None:
+    if index is None or order.offsets is None or len(order.offsets) <= MAX_BLOCKS:  # Small enough: constants.
         names = tf.constant(list(paths), tf.string)
         table = None if order.offsets is None else tf.constant(order.offsets, tf.int64)
 
