@@ -83,9 +83,11 @@ tfdist_venv() {
   stamp="$VENV/.tfdist-installed"
   want="$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" "$STACK_CONSTRAINTS" | sha1sum | cut -c1-12) [$extras]"
   if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
+    # --no-compile: Python compiles the modules a run imports, when it imports them, instead of pip compiling
+    # all ~19,000 files of the stack up front (pinned install: 43 s of CPU instead of 104 s).
     echo "tfdist: installing tfdist[$extras] into $VENV with $STACK_CONSTRAINTS" \
       "(the first run downloads TensorFlow, ~600 MB)" >&2
-    "$VENV/bin/python" -m pip install --quiet -c "$STACK_CONSTRAINTS" -e "${ROOT}[$extras]"
+    "$VENV/bin/python" -m pip install --quiet --no-compile -c "$STACK_CONSTRAINTS" -e "${ROOT}[$extras]"
     echo "$want" >> "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"
