@@ -6,6 +6,7 @@ MultiWorkerMirroredStrategy (tests/keras/_tasks_keras3.py), on the same global b
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,3 +81,27 @@ def test_several_steps_per_execution_and_batch_backups_are_refused_with_the_reas
         assert f"Keras 3 (keras {value['keras']}) cannot fit under MultiWorkerMirroredStrategy" in steps
         assert "steps_per_execution=2" in steps and "steps_per_execution=1" in steps  # The value and the fix.
         assert "save_freq=4" in refused["save_freq"] and "would train twice" in refused["save_freq"]
+
+
+def test_tensorflows_multi_worker_tutorial_for_keras3_runs_unchanged_under_tfdist_launch(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = str(Path(__file__).parents[1] / "support" / "tutorial_mwms_keras3.py")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "180", "--log-dir", str(tmp_path)]
+        + ["--", sys.executable, script],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    assert sorted(r["task"]["index"] for r in results) == [0, 1]
+    assert {r["replicas"] for r in results} == {2}
+    assert results[0]["weights_sha1"] == results[1]["weights_sha1"]  # The workers agree, bitwise.
+    assert results[0]["loss"] == results[1]["loss"] and results[0]["loss"][1] < results[0]["loss"][0]
