@@ -63,7 +63,7 @@ def test_the_chief_writes_the_callbacks_files_and_every_worker_resumes_from_its_
         assert resumed["epochs_seen"] == list(range(1, EPOCHS))  # Epoch 0 restored from the backup.
         reference = value["reference"]["weights"]
         np.testing.assert_allclose(resumed["weights"], reference, rtol=0, atol=TOLERANCE)
-        assert not resumed["backup_left"]  # Deleted by the chief at the end of the resumed fit.
+    assert not run.values["worker:0"]["resumed"]["backup_left"]  # The chief deleted it at the end of its fit.
     files = run.values["worker:0"]["resumed"]["files_after_first"]
     assert [f for f in files if not f.startswith("tb/")] == [
         "backup/latest.weights.h5",

@@ -266,8 +266,9 @@ def refusal(
             call,
             version,
             f"{kind} with steps_per_execution={steps}",
-            "Keras 3's loop of several steps per call draws the next batch with get_next_as_optional inside a "
-            "tf.while_loop, which fails across workers ('You must feed a value for placeholder tensor')",
+            "Keras 3 runs several steps per call as a tf.while_loop with each step inside a tf.cond, and the "
+            "step's collectives fail there across workers (TF: 'You must feed a value for placeholder tensor "
+            "...while/cond/Placeholder')",
             fix="compile(steps_per_execution=1), or `from tfdist import keras` (tf-keras)",
         )
     if call != "fit":  # fit's own evaluate gets fit's CallbackList, already made chief-only.
