@@ -1,32 +1,40 @@
 """What the tasks of tests/keras/test_keras3.py run (each task imports this file by path).
 
-Each worker trains a Keras 3 model twice on the same global batches: alone (no strategy), then under the
-2-worker MultiWorkerMirroredStrategy that ``tfdist.build_strategy`` built before Keras 3 was imported.
+Each worker trains a Keras 3 model twice on the same global batches (8 records per worker): alone (no
+strategy), then under the MultiWorkerMirroredStrategy that ``tfdist.build_strategy`` built before Keras 3 was imported.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-GLOBAL_BATCH = 16
+PER_WORKER = 8  # Records per worker in a global batch: 16 on 2 workers.
+
+
+def _global_batch() -> int:
+    import tfdist
+
+    return PER_WORKER * tfdist.ClusterSpec.from_tf_config().num_workers
 
 
 def _data() -> tuple[Any, Any, Any, Any]:
+    """8 training and 2 validation global batches."""
     import numpy as np
 
+    batch = _global_batch()
     rng = np.random.default_rng(3)
-    x = rng.normal(size=(160, 8)).astype("float32")
-    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(160, 1))).astype("float32")
-    return x[:128], y[:128], x[128:], y[128:]  # 8 training and 2 validation batches of 16.
+    x = rng.normal(size=(10 * batch, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(10 * batch, 1))).astype("float32")
+    return x[: 8 * batch], y[: 8 * batch], x[8 * batch :], y[8 * batch :]
 
 
 def _dataset(*arrays: Any) -> Any:
-    """Global batches of 16, split record-wise over the workers (DATA sharding: 8 + 8, in order)."""
+    """Global batches split record-wise over the workers (DATA sharding: 8 records each, in order)."""
     import tensorflow as tf
 
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return tf.data.Dataset.from_tensor_slices(arrays).batch(GLOBAL_BATCH).with_options(options)
+    return tf.data.Dataset.from_tensor_slices(arrays).batch(_global_batch()).with_options(options)
 
 
 def _model(keras: Any, steps_per_execution: int = 1) -> Any:
