@@ -6,7 +6,8 @@ MultiWorkerMirroredStrategy with two bugs of ``keras/src/backend/tensorflow/trai
 - ``TensorFlowTrainer._maybe_symbolic_build`` reduces the first batch's nested ``(x, y)`` of ``PerReplica``
   values with ``strategy.reduce("MEAN", ..., axis=None)`` outside a ``tf.function``, only to learn the shapes;
   MultiWorkerMirroredStrategy does not map a reduce over a nested structure (``ValueError: Attempt to convert a
-  value (PerReplica...)``). The fix builds from the first replica's local batch: same shapes, no collective.
+  value (PerReplica...)``). The fix builds from the input's element spec: the same shapes, no collective and
+  no extra iterator (which an input that counts its epochs, as ``TFRecordPipeline`` does, took for one).
 - ``reduce_per_replica``, on its MultiWorkerMirroredStrategy branch only, means scalar metrics with
   ``strategy.reduce("MEAN", v, axis=0)`` (``Invalid reduction dimension 0 for input with 0 dimensions``). The
   fix means them over the replicas with ``axis=None``, as its one-worker branch does.
@@ -187,13 +188,27 @@ def _multi_worker(strategy: Any) -> bool:
 
 
 def _symbolic_build_fix(original: Callable[..., Any], tree: Any) -> Callable[..., Any]:
-    """``_maybe_symbolic_build`` that learns the shapes from the first replica's local batch, not a reduce."""
+    """``_maybe_symbolic_build`` that learns the shapes from the input's element spec, not a reduce of a batch.
+
+    Keras 3's own draws a batch from an extra iterator and reduces it across replicas only for its shapes: the
+    reduce fails across workers, and the extra iterator counts as an epoch to inputs that count them (a
+    ``TFRecordPipeline`` then trained fit's epoch 0 on its data epoch 1). Where the spec does not give plain
+    shapes (a dataset already distributed over several devices), the first replica's local batch does.
+    """
     import tensorflow as tf
+
+    def spec_of(iterator: Any) -> Any:
+        adapter = getattr(iterator, "data_adapter", None)
+        spec = getattr(adapter.get_tf_dataset(), "element_spec", None) if adapter is not None else None
+        leaves = tree.flatten(spec) if spec is not None else []
+        plain = all(isinstance(v, tf.TypeSpec) and hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves)
+        return spec if leaves and plain else None
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         if iterator is not None and getattr(self, "_distribute_strategy", None) is not None:
             strategy = self.distribute_strategy
-            for item in iterator:  # (step, iterator) in Keras 3.10-3.11, (begin, end, iterator) from 3.12.
+            data_batch = spec_of(iterator)
+            for item in iterator if data_batch is None else ():  # (step, it) in 3.10-3.11, (begin, end, it) after.
                 data_batch = tree.map_structure(
                     lambda v: (
                         strategy.experimental_local_results(v)[0]
