@@ -71,8 +71,65 @@ def _train(keras: Any, model: Any, initial: list[Any], epochs: int) -> dict[str,
     }
 
 
-def mwms_equals_one_process(root: str, epochs: int) -> dict[str, Any]:
-    """The one-process run, the 2-worker run, and what is refused across workers, on one worker."""
+def _counted_model(keras: Any, records: int) -> Any:
+    """A linear model on ``x`` whose ``counts`` weight counts the record ids it trained on."""
+    import tensorflow as tf
+
+    class Counted(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(1, kernel_initializer="zeros")
+            # Each replica counts its own and a read sums them (Keras 3's assign_add is an assign, which a
+            # mirrored variable of aggregation sum would double); add_weight takes no synchronization.
+            self.counts = keras.Variable(
+                "zeros", shape=(records,), trainable=False, aggregation="sum", synchronization="on_read", name="counts"
+            )
+
+        def call(self, inputs: Any, training: bool = False) -> Any:
+            if training:
+                ids = tf.cast(inputs["id"], tf.int32)
+                self.counts.assign_add(tf.math.bincount(ids, minlength=records, maxlength=records, dtype=tf.float32))
+            return self.dense(inputs["x"])
+
+    model = Counted()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def _pipeline_fit(keras: Any, strategy: Any, prefix: str, epochs: int) -> dict[str, Any]:
+    """``fit_input(pipeline)`` for a Keras 3 model across workers, and one process over the pipeline's global batches."""
+    import numpy as np
+
+    import tfdist
+    from tests.support import exact_tasks
+    from tfdist.keras import fit_input
+
+    def pipeline() -> Any:
+        return exact_tasks.pipeline(prefix + "-*", num_epochs=1, label_key="y", as_supervised=True)
+
+    reference = _counted_model(keras, exact_tasks.RECORDS)
+    alone = tfdist.ClusterSpec.local(workers=1)  # cluster=None would mean this worker's share, from TF_CONFIG.
+    reference.fit(pipeline().dataset(cluster=alone), epochs=epochs, verbose=0)
+    with strategy.scope():
+        model = _counted_model(keras, exact_tasks.RECORDS)
+    model.fit(fit_input(pipeline(), strategy=strategy), epochs=epochs, verbose=0)
+
+    with strategy.scope():
+        counts = model.counts.numpy()  # The sum over every replica of every worker.
+
+    def weights(trained: Any) -> list[float]:
+        return np.concatenate([w.ravel() for w in trained.dense.get_weights()]).tolist()
+
+    return {
+        "reference": weights(reference),
+        "distributed": weights(model),
+        "counts": sorted(set(counts.tolist())),
+    }
+
+
+def mwms_equals_one_process(root: str, epochs: int, prefix: str = "") -> dict[str, Any]:
+    """The one-process run, the run across workers, and what is refused there, on one worker; with ``prefix``
+    (records of tests/support/exact_tasks.py), ``fit_input(pipeline)`` too."""
     import os
 
     import tfdist
@@ -105,6 +162,7 @@ def mwms_equals_one_process(root: str, epochs: int) -> dict[str, Any]:
         "distributed": distributed,
         "resumed": _resumed(keras, strategy, root, initial, epochs),
         "refused": refused,
+        "pipeline": _pipeline_fit(keras, strategy, prefix, epochs) if prefix else None,
     }
 
 

@@ -22,8 +22,11 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = str(tmp_path_factory.mktemp("keras3"))
-    done = testing.run_cluster(tasks.mwms_equals_one_process, workers=2, timeout=180, args=[root, EPOCHS])
+    from tests.support import exact_tasks
+
+    root, prefix = str(tmp_path_factory.mktemp("keras3")), str(tmp_path_factory.mktemp("records") / "part")
+    exact_tasks.write_data(prefix)
+    done = testing.run_cluster(tasks.mwms_equals_one_process, workers=2, timeout=180, args=[root, EPOCHS, prefix])
     assert done.ok, done.result.summary()
     return done
 
@@ -55,6 +58,14 @@ def test_validation_evaluate_and_predict_equal_one_process(run: Any) -> None:
             assert abs(distributed["evaluate"][key] - number) <= TOLERANCE, key
         assert len(distributed["predict"]) == 32  # Every record once, in the input's order.
         np.testing.assert_allclose(distributed["predict"], reference["predict"], rtol=0, atol=TOLERANCE)
+
+
+def test_fit_input_of_a_pipeline_trains_every_record_once_per_epoch_as_one_process(run: Any) -> None:
+    for value in _both(run):
+        trained = value["pipeline"]
+        assert trained["counts"] == [float(EPOCHS)]  # Every one of the 480 records, once per epoch.
+        np.testing.assert_allclose(trained["distributed"], trained["reference"], rtol=0, atol=TOLERANCE)
+        assert trained["reference"] != [0.0] * 5  # It trained.
 
 
 def test_the_chief_writes_the_callbacks_files_and_every_worker_resumes_from_its_backup(run: Any) -> None:
