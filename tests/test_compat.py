@@ -113,10 +113,19 @@ def test_single_device_functions_mark_what_is_traced_inside_only_and_in_this_thr
 
 KERAS3 = """
 import tempfile
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, numpy as np
-from tfdist import _compat
+keras.__version__ = "3.9.2"  # An older Keras 3, as tfdist sees it: the gate reads keras.__version__.
+import tfdist
 from tfdist import keras as tfdist_keras
 from tfdist.errors import StrategyError
+from keras.src.backend.tensorflow import trainer
+tfdist.build_strategy("default")
+print("FIXED BY DEFAULT", hasattr(trainer.TensorFlowTrainer, "_tfdist_keras3"))  # Nothing distributed: untouched.
+strategy = tfdist.build_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
+print("FIXED BY MIRRORED", trainer.TensorFlowTrainer._tfdist_keras3)
 model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 model.compile("sgd", "mse")
 for callback in (tfdist_keras.ThroughputLogger(global_batch_size=4), tfdist_keras.PreemptionSafeBackup(tempfile.mkdtemp())):
@@ -124,17 +133,21 @@ for callback in (tfdist_keras.ThroughputLogger(global_batch_size=4), tfdist_kera
         model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0, callbacks=[callback])
     except StrategyError as err:
         print("CALLBACK", type(callback).__name__, err.field, "|", err)
-model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)  # No guard yet: Keras 3 fits on one process.
-assert _compat.forbid_keras3_fit("MultiWorkerMirroredStrategy")
-try:
-    model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
-except StrategyError as err:
-    print("ERROR", err.fix, "|", err)
+model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)  # One replica: an older Keras 3 fits.
+with strategy.scope():
+    mirrored = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+mirrored.compile("sgd", "mse")
+for call in (mirrored.fit, mirrored.evaluate):
+    try:
+        call(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
+    except StrategyError as err:
+        print("ERROR", err.fix, "|", err)
 """
 
 
-def test_keras3_fit_under_a_multi_worker_strategy_and_with_tfdist_callbacks_names_the_fix() -> None:
-    """The fit guard; and (issue 26 item 13) tfdist's callbacks given a Keras 3 model: a tfdist error."""
+def test_older_keras3_under_replicas_and_tfdist_callbacks_given_keras3_name_the_fix() -> None:
+    """Keras 3 < 3.10 under 2 replicas refused with the measured reason; (issue 26 item 13) tfdist's callbacks
+    given a Keras 3 model: a tfdist error."""
     import os
     import subprocess
     import sys
@@ -147,8 +160,16 @@ def test_keras3_fit_under_a_multi_worker_strategy_and_with_tfdist_callbacks_name
         env=dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2"),
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "ERROR from tfdist import keras | Keras 3 (keras 3." in done.stdout
-    assert "cannot fit under MultiWorkerMirroredStrategy" in done.stdout and "PerReplica" in done.stdout
+    assert "FIXED BY DEFAULT False" in done.stdout
+    assert "FIXED BY MIRRORED keras 3.9.2: refused under multi-replica strategies (older than 3.10)" in done.stdout
+    errors = [line for line in done.stdout.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 2, done.stdout
+    for line, call in zip(errors, ("fit", "evaluate")):
+        assert line.startswith("ERROR build the model with tf-keras: `from tfdist import keras`"), line
+        assert f"Keras 3 (keras 3.9.2) cannot {call} under MirroredStrategy with 2 replicas" in line
+        assert (
+            "3.4-3.7 miss the per-replica loss scaling" in line and "3.8-3.9 train right but log a wrong loss" in line
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith("CALLBACK ")]
     assert [line.split(" |")[0] for line in lines] == [
         "CALLBACK ThroughputLogger model",
@@ -159,12 +180,36 @@ def test_keras3_fit_under_a_multi_worker_strategy_and_with_tfdist_callbacks_name
     assert "_distribution_strategy" not in done.stdout + done.stderr
 
 
+def test_keras3_fixes_fail_naming_the_keras_version_when_a_name_moved() -> None:
+    from types import SimpleNamespace
+
+    from tfdist._compat.keras3 import REPLACED, check_keras3
+
+    def build(self: object, iterator: object = None, data_batch: object = None) -> None:
+        return None
+
+    moved = SimpleNamespace(TensorFlowTrainer=SimpleNamespace(_maybe_symbolic_build=build))
+    with pytest.raises(StackError, match=r"trainer.TensorFlowTrainer._symbolic_build.*keras 3.16.0 does not") as err:
+        check_keras3(moved, "3.16.0")
+    assert (err.value.field, err.value.value) == ("keras", "keras 3.16.0")
+    assert "from tfdist import keras" in err.value.fix
+    changed = SimpleNamespace(TensorFlowTrainer=SimpleNamespace(_maybe_symbolic_build=lambda self, data: None))
+    with pytest.raises(StackError, match=r"_maybe_symbolic_build\('self', 'iterator', 'data_batch'\)"):
+        check_keras3(changed, "3.16.0")
+    assert set(REPLACED) >= {"reduce_per_replica", "TensorFlowTrainer._maybe_symbolic_build"}
+    assert check_keras3(moved, "3.9.2") == "keras 3.9.2: refused under multi-replica strategies (older than 3.10)"
+    assert check_keras3(moved, "2.17.0") == "no Keras 3 installed"
+
+
 def test_stack_report_names_the_stack_and_its_s3_reader() -> None:
     from tfdist.stack import stack_report
 
     report = stack_report(probe=True)
     assert report.ok, report.problems
     assert report.internals.startswith("ok: all ")
+    assert (
+        report.keras3_fit == f"keras {versions.installed_version('keras')}: fit fixed for MultiWorkerMirroredStrategy"
+    )
     assert report.schemes["s3"] == ("tensorflow-io" if versions.tfio_unavailable_reason() is None else "boto3 (tfdist)")
     text = report.to_text()
     assert f"tensorflow:         {report.tensorflow}" in text and text.endswith("stack: supported")

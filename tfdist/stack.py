@@ -20,6 +20,7 @@ import os
 import sys
 
 from tfdist import _compat
+from tfdist._compat.keras3 import FIRST_RIGHT, OLD_KERAS
 from tfdist.runtime import versions
 
 _TFIO_ONLY = ("hdfs", "az", "oss", "http")
@@ -38,6 +39,7 @@ class StackReport:
       schemes: Remote scheme -> what serves it ('TensorFlow', 'tensorflow-io',
         'boto3 (tfdist)') or 'unavailable: why'.
       internals: 'ok: N resolve', the StackError's text, or 'not probed'.
+      keras3_fit: What Keras 3's fit does under multi-worker strategies here ('not probed' without a probe).
       problems: Why this stack is unsupported (empty: supported).
       warnings: Known traps that apply here.
     """
@@ -55,6 +57,7 @@ class StackReport:
     internals: str
     problems: tuple[str, ...]
     warnings: tuple[str, ...]
+    keras3_fit: str = "not probed"
 
     @property
     def ok(self) -> bool:
@@ -81,6 +84,7 @@ class StackReport:
         ]
         lines += [f"  {scheme + '://':<10} {how}" for scheme, how in self.schemes.items()]
         lines.append(f"internals:          {self.internals}")
+        lines.append(f"Keras 3 fit:        {self.keras3_fit}")
         lines += [f"PROBLEM: {p}" for p in self.problems] + [f"warning: {w}" for w in self.warnings]
         lines.append("stack: supported" if self.ok else "stack: NOT supported")
         return "\n".join(lines)
@@ -97,15 +101,19 @@ def _warnings(
     out = []
     if keras is not None and versions.parse_version(keras) >= (3, 0) and legacy != "1":
         out.append(
-            "tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1). Keras 3 fails model.fit under "
-            "MultiWorkerMirroredStrategy (ValueError: Attempt to convert a value (PerReplica...)) and has no "
-            "ParameterServerStrategy fit. Use `from tfdist import keras` (tf-keras), or set "
-            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow (tfdist-launch sets it)."
+            "tf.keras is Keras 3 here (TF_USE_LEGACY_KERAS is not 1): tfdist's Keras helpers (`from tfdist import "
+            "keras`) are tf-keras's, and Keras 3 has no ParameterServerStrategy fit. Use `from tfdist import "
+            "keras`, or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow (tfdist-launch sets it)."
+        )
+    if keras is not None and (3, 0) <= versions.parse_version(keras) < FIRST_RIGHT:
+        out.append(
+            f"keras {keras} is older than 3.10: {OLD_KERAS}. tfdist refuses its fit under strategies "
+            "of several replicas: pip install 'keras==3.15.1'."
         )
     if keras3_imported:
         out.append(
-            f"this process imported Keras 3 ({keras3_imported}); tfdist makes its fit raise under "
-            "MultiWorkerMirroredStrategy and ParameterServerStrategy."
+            f"this process imported Keras 3 ({keras3_imported}); tfdist.build_strategy fixes its fit under "
+            "MultiWorkerMirroredStrategy (Keras >= 3.10) and refuses it under ParameterServerStrategy."
         )
     if tf is not None and tensorboard is None:
         out.append(
@@ -159,14 +167,15 @@ def stack_report(*, probe: bool = False) -> StackReport:
     problems = [problem] if problem else []
     if tf is not None and versions.parse_version(tf) == (2, 16):
         problems.append("TF 2.16 stalls ~7.5 s at the start of every 2-worker MWMS fit (BUILD_NOTES.md).")
-    internals = "not probed (tfdist doctor --stack probes)"
+    internals = keras3_fit = "not probed (tfdist doctor --stack probes)"
     if probe and not problems:
         from tfdist.errors import StackError
 
         try:
-            internals = f"ok: all {len(_compat.check_internals())} private TF/tf-keras internals resolve"
+            internals = f"ok: all {len(_compat.check_internals())} private TF/tf-keras/Keras 3 internals resolve"
+            keras3_fit = _compat.check_keras3()
         except StackError as err:
-            internals = str(err)
+            internals = keras3_fit = str(err)
             problems.append(str(err))
     return StackReport(
         python=".".join(map(str, sys.version_info[:3])),
@@ -182,4 +191,5 @@ def stack_report(*, probe: bool = False) -> StackReport:
         internals=internals,
         problems=tuple(problems),
         warnings=tuple(_warnings(tf, keras, legacy, tensorboard, tfio, keras3_imported)),
+        keras3_fit=keras3_fit,
     )

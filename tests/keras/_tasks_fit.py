@@ -94,8 +94,28 @@ def mwms_with_cluster_callbacks(root: str, epochs: int) -> dict[str, Any]:
     }
 
 
-def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[str, Any]:
-    """PS fit through fit_input + cluster callbacks on the chief; the evaluator runs the side-car."""
+def _keras3_refusal(strategy: Any) -> dict[str, str]:
+    """A Keras 3 model's fit under the parameter-server strategy: refused (tfdist._compat.keras3)."""
+    import keras as keras3  # Keras 3, imported after build_strategy: guarded as it is imported.
+    import numpy as np
+
+    import tfdist
+
+    with strategy.scope():
+        model = keras3.Sequential([keras3.Input((8,)), keras3.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    try:
+        model.fit(np.zeros((8, 8)), np.zeros((8, 1)), verbose=0)
+    except tfdist.StrategyError as err:
+        return {"keras3_error": str(err)}
+    return {}
+
+
+def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "", keras3: bool = False) -> dict[str, Any]:
+    """PS fit through fit_input + cluster callbacks on the chief; the evaluator runs the side-car.
+
+    With ``keras3``, the chief also tries a Keras 3 model's fit first (refused).
+    """
     import os
 
     import numpy as np
@@ -150,7 +170,7 @@ def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "") -> dict[s
     callbacks = keras.cluster_callbacks(
         backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"], tensorboard_dir=dirs["tb"]
     ) + [record]
-    errors = {}
+    errors = _keras3_refusal(strategy) if keras3 else {}
     for name, source, given_steps in (
         ("missing_steps_error", dataset_fn, None),
         ("dataset_not_function_error", tf.data.Dataset.range(3), steps),

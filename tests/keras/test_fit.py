@@ -54,16 +54,19 @@ class TestDataParallel:
 
 
 class TestParameterServerKeras:
-    def test_fit_input_callbacks_and_evaluator_sidecar(self, tmp_path: Path) -> None:
+    def test_fit_input_callbacks_evaluator_sidecar_and_keras3_refused(self, tmp_path: Path) -> None:
         root = str(tmp_path)
         run = testing.run_cluster(
-            fit_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240, args=[root, 4, 20]
+            fit_tasks.ps_full, workers=2, ps=1, chief=True, evaluator=True, timeout=240, args=[root, 4, 20, "", True]
         )
         assert run.ok, run.result.summary()
         chief = run.values["chief:0"]
         assert chief["loss"][-1] < chief["loss"][0]
         assert "PS fit cannot detect the end of an epoch" in chief["missing_steps_error"]
         assert "Each worker builds its own input" in chief["dataset_not_function_error"]
+        assert "cannot fit under ParameterServerStrategy" in chief["keras3_error"]
+        assert "Keras 3 has no fit that drives a ClusterCoordinator" in chief["keras3_error"]
+        assert "from tfdist import keras" in chief["keras3_error"]
         assert run.values["evaluator:0"] == {"evaluated": True}  # Stopped by itself after ckpt-4.
         evaluations = [line for line in run.output("evaluator:0").splitlines() if "- loss:" in line]
         assert len(evaluations) >= 1  # It may skip checkpoints saved while it evaluated.

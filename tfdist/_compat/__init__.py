@@ -1,10 +1,10 @@
-"""The one place that touches private TensorFlow and tf-keras internals (a package of five modules).
+"""The one place that touches private TensorFlow, tf-keras and Keras 3 internals (a package of six modules).
 
 tfdist supports TensorFlow 2.17 to 2.21, each with the tf-keras of the same
 minor version. Everything tfdist needs beyond their public APIs (private
 attributes, ``tensorflow.python`` classes, overridable private hooks) is
 reached through this package's accessors, so an upgrade has one place to check: ``keras``
-(tf-keras), ``distribute`` (the TF runtime), ``data`` (tf.data), ``saving`` (checkpoint writes), and
+(tf-keras), ``keras3`` (Keras 3's TensorFlow trainer, fixed for multi-worker fit), ``distribute`` (the TF runtime), ``data`` (tf.data), ``saving`` (checkpoint writes), and
 ``checks``, which resolves them all.
 Each accessor either resolves or raises :class:`tfdist.errors.StackError`
 naming the installed versions; :func:`check_internals` resolves all of them
@@ -47,7 +47,6 @@ from tfdist._compat.keras import (
     before_initial_counters,
     callback_base,
     follow_leader_checkpoints,
-    forbid_keras3_fit,
     guard_initial_counters,
     is_dtensor_optimizer,
     is_functional,
@@ -60,6 +59,7 @@ from tfdist._compat.keras import (
     training_state,
     validate_target_and_loss,
 )
+from tfdist._compat.keras3 import check_keras3, prepare_keras3
 from tfdist._compat.saving import merged_after_barrier
 
 __all__ = [
@@ -69,10 +69,10 @@ __all__ = [
     "cached_interleave",
     "callback_base",
     "check_internals",
+    "check_keras3",
     "communication_options",
     "dtensor_initialized",
     "follow_leader_checkpoints",
-    "forbid_keras3_fit",
     "guard_initial_counters",
     "is_dtensor_optimizer",
     "is_functional",
@@ -83,6 +83,7 @@ __all__ = [
     "marked_single_device",
     "merged_after_barrier",
     "per_replica_checkpoint",
+    "prepare_keras3",
     "rebatch_dense",
     "replica_dtensor_dataset",
     "require_tf_keras_model",

@@ -34,6 +34,7 @@ from tfdist._compat.keras import (
     steps_per_execution,
     training_state,
 )
+from tfdist._compat.keras3 import check_keras3
 from tfdist.errors import StackError
 from tfdist.runtime.versions import stack_problem, stack_text
 
@@ -204,6 +205,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "StructuredFunctionWrapper(defun_kwargs=) for single-device dataset functions": _check_single_device,
     "StructuredFunctionWrapper traced once for many interleave datasets": _check_cached_interleave,
     "functional_saver.gen_io_ops.merge_v2_checkpoints (mesh backups merged after a barrier)": _check_deferred_merge,
+    "Keras 3's TensorFlowTrainer._maybe_symbolic_build and reduce_per_replica (its multi-worker fit)": check_keras3,
 }
 
 

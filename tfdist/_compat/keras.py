@@ -2,48 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from tfdist._compat._common import _attr
 from tfdist.runtime.versions import keras3_loaded
-
-
-def forbid_keras3_fit(strategy_name: str) -> bool:
-    """Makes Keras 3's ``Model.fit`` raise a tfdist error naming the fix, if this process imported Keras 3.
-
-    Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy with TF's
-    ``ValueError: Attempt to convert a value (PerReplica...)`` and has no
-    ParameterServerStrategy ``fit``; ``build_strategy`` calls this for those
-    strategies. Returns whether the guard is in place. Keras 3 imported later is
-    not guarded (``tfdist doctor`` warns about it).
-    """
-    version = keras3_loaded()
-    if version is None:
-        return False
-    model = sys.modules["keras"].Model
-    if getattr(model.fit, "_tfdist_guard", False):
-        return True
-
-    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from tfdist.errors import StrategyError
-
-        raise StrategyError(
-            f"Keras 3 (keras {version}) cannot fit under {strategy_name}: under MultiWorkerMirroredStrategy TF "
-            "raises 'Attempt to convert a value (PerReplica...)', and Keras 3 has no ParameterServerStrategy fit. "
-            "Build the model with tf-keras: `from tfdist import keras` (or `import tf_keras as keras`), or set "
-            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
-            field="keras",
-            value=f"keras {version}",
-            expected="tf-keras (Keras 2)",
-            fix="from tfdist import keras",
-        )
-
-    fit._tfdist_guard = True  # type: ignore[attr-defined]
-    model.fit = fit
-    return True
-
 
 # ---- tf-keras callbacks ------------------------------------------------------------------------------------
 

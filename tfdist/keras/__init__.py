@@ -1,7 +1,8 @@
 """The Keras tfdist supports: the tf-keras 2 API (``tf_keras``), plus tfdist's helpers for cluster training.
 
-Keras 3 fails ``fit`` under MultiWorkerMirroredStrategy and does not support
-ParameterServerStrategy ``fit``. ``tfdist.keras`` therefore offers the
+tfdist's helpers are built on tf-keras (Keras 3 fits under MultiWorkerMirroredStrategy once
+``tfdist.build_strategy`` fixed it, but has no ParameterServerStrategy ``fit``; docs/keras.md has what
+works with each). ``tfdist.keras`` offers the
 ``tf_keras`` API (``Sequential``, ``layers``, ``callbacks``, ...), so
 ``from tfdist import keras`` gives the right Keras without setting
 ``TF_USE_LEGACY_KERAS=1`` (which only works when set before TensorFlow is

@@ -199,21 +199,22 @@ def build_strategy(
         _log.info("Cluster: %s", spec.describe())
     strategy = _BUILDERS[kind](opts, spec)
     _log.info("Built %s with %d replica(s) in sync.", type(strategy).__name__, strategy.num_replicas_in_sync)
-    _guard_keras3(strategy)
+    _prepare_keras3(strategy)
     return strategy
 
 
-def _guard_keras3(strategy: tf.distribute.Strategy) -> None:
-    """Keras 3 cannot fit under MWMS or PS: make its fit say so (tfdist._compat.forbid_keras3_fit)."""
+def _prepare_keras3(strategy: tf.distribute.Strategy) -> None:
+    """Keras 3 under a distributing strategy: its multi-worker fit fixed, or refused with the reason.
+
+    See tfdist._compat.keras3: installed now if Keras 3 is imported, else when it is.
+    """
     import tensorflow as tf
 
-    from tfdist._compat import forbid_keras3_fit
+    from tfdist._compat import prepare_keras3
 
-    for cls in (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.ParameterServerStrategy):
-        if isinstance(strategy, cls) and forbid_keras3_fit(cls.__name__):
-            _log.warning(
-                "This process imported Keras 3, whose fit fails under %s; use `from tfdist import keras`.", cls.__name__
-            )
+    kinds = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if isinstance(strategy, (*kinds, tf.distribute.ParameterServerStrategy)):
+        _log.info("Keras 3: %s.", prepare_keras3())
 
 
 def resolve_options(

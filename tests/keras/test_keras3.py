@@ -1,0 +1,118 @@
+"""Keras 3's fit, evaluate and predict on 2 real workers equal a one-process run; what is refused says why.
+
+One cluster run serves every check (CI time): each worker trains the same Keras 3 model alone and under
+MultiWorkerMirroredStrategy (tests/keras/_tasks_keras3.py), on the same global batches of 16 (8 + 8).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.keras import _tasks_keras3 as tasks
+from tfdist import testing
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+EPOCHS = 2
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.support import exact_tasks
+
+    root, prefix = str(tmp_path_factory.mktemp("keras3")), str(tmp_path_factory.mktemp("records") / "part")
+    exact_tasks.write_data(prefix)
+    done = testing.run_cluster(tasks.mwms_equals_one_process, workers=2, timeout=180, args=[root, EPOCHS, prefix])
+    assert done.ok, done.result.summary()
+    return done
+
+
+def _both(run: Any) -> list[dict[str, Any]]:
+    return [run.values["worker:0"], run.values["worker:1"]]
+
+
+def test_per_step_losses_and_weights_equal_one_process(run: Any) -> None:
+    for value in _both(run):
+        assert value["replicas"] == 2
+        reference, distributed = value["reference"], value["distributed"]
+        assert len(distributed["losses"]) == len(reference["losses"]) == 8 * EPOCHS
+        np.testing.assert_allclose(distributed["losses"], reference["losses"], rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(distributed["weights"], reference["weights"], rtol=0, atol=TOLERANCE)
+        assert reference["losses"][-1] < reference["losses"][0]  # It trained.
+    workers = _both(run)
+    assert workers[0]["distributed"]["weights"] == workers[1]["distributed"]["weights"]  # Bitwise.
+
+
+def test_validation_evaluate_and_predict_equal_one_process(run: Any) -> None:
+    for value in _both(run):
+        reference, distributed = value["reference"], value["distributed"]
+        assert set(distributed["history"]) == {"loss", "mae", "val_loss", "val_mae"}
+        for key, values in reference["history"].items():
+            np.testing.assert_allclose(distributed["history"][key], values, rtol=0, atol=TOLERANCE, err_msg=key)
+        assert set(distributed["evaluate"]) == set(reference["evaluate"]) == {"loss", "mae"}
+        for key, number in reference["evaluate"].items():
+            assert abs(distributed["evaluate"][key] - number) <= TOLERANCE, key
+        assert len(distributed["predict"]) == 32  # Every record once, in the input's order.
+        np.testing.assert_allclose(distributed["predict"], reference["predict"], rtol=0, atol=TOLERANCE)
+
+
+def test_fit_input_of_a_pipeline_trains_every_record_once_per_epoch_as_one_process(run: Any) -> None:
+    for value in _both(run):
+        trained = value["pipeline"]
+        assert trained["counts"] == [float(EPOCHS)]  # Every one of the 480 records, once per epoch.
+        np.testing.assert_allclose(trained["distributed"], trained["reference"], rtol=0, atol=TOLERANCE)
+        assert trained["reference"] != [0.0] * 5  # It trained.
+
+
+def test_the_chief_writes_the_callbacks_files_and_every_worker_resumes_from_its_backup(run: Any) -> None:
+    for value in _both(run):
+        resumed = value["resumed"]
+        assert resumed["epochs_seen"] == list(range(1, EPOCHS))  # Epoch 0 restored from the backup.
+        reference = value["reference"]["weights"]
+        np.testing.assert_allclose(resumed["weights"], reference, rtol=0, atol=TOLERANCE)
+    assert not run.values["worker:0"]["resumed"]["backup_left"]  # The chief deleted it at the end of its fit.
+    files = run.values["worker:0"]["resumed"]["files_after_first"]
+    assert [f for f in files if not f.startswith("tb/")] == [
+        "backup/latest.weights.h5",
+        "backup/training_metadata.json",
+        "ckpt/epoch1.keras",
+    ]
+    assert len([f for f in files if f.startswith("tb/train/events.out.tfevents.")]) == 1  # One writer: the chief.
+
+
+def test_several_steps_per_execution_and_batch_backups_are_refused_with_the_reason(run: Any) -> None:
+    for value in _both(run):
+        refused = value["refused"]
+        assert set(refused) == {"steps_per_execution", "save_freq"}
+        steps = refused["steps_per_execution"]
+        assert f"Keras 3 (keras {value['keras']}) cannot fit under MultiWorkerMirroredStrategy" in steps
+        assert "steps_per_execution=2" in steps and "steps_per_execution=1" in steps  # The value and the fix.
+        assert "save_freq=4" in refused["save_freq"] and "would train twice" in refused["save_freq"]
+
+
+def test_tensorflows_multi_worker_tutorial_for_keras3_runs_unchanged_under_tfdist_launch(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = str(Path(__file__).parents[1] / "support" / "tutorial_mwms_keras3.py")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.launch", "--workers", "2", "--timeout", "180", "--log-dir", str(tmp_path)]
+        + ["--", sys.executable, script],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    assert sorted(r["task"]["index"] for r in results) == [0, 1]
+    assert {r["replicas"] for r in results} == {2}
+    assert results[0]["weights_sha1"] == results[1]["weights_sha1"]  # The workers agree, bitwise.
+    assert results[0]["loss"] == results[1]["loss"] and results[0]["loss"][1] < results[0]["loss"][0]
