@@ -21,8 +21,6 @@ ALLOWED = {
     "tfdist/data/pipeline/_resumable.py::claimed": 62,
     "tfdist/data/pipeline/_resumable.py::strata": 84,
     "tfdist/data/pipeline/tfrecord.py::TFRecordPipeline._finish": 70,
-    "tfdist/data/pipeline/tfrecord.py::TFRecordPipeline._records_for": 61,
-    "tfdist/keras/parallel/stages.py::_staged_class": 62,
 }
 
 

@@ -30,13 +30,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from tfdist._options import GroupedOptions, group
 from tfdist.data.order.position import DataPosition, InputCursor
-from tfdist.data.pipeline import _batching, _context, _indexed, _resumable, parsing, reading
+from tfdist.data.pipeline import _batching, _checks, _context, _indexed, _resumable, parsing, reading
 from tfdist.data.pipeline import stratified as stratify
 from tfdist.data.pipeline.options import (
     EpochOptions,
@@ -304,13 +303,10 @@ among ... (did you mean 'shuffle_buffer'?).
         import tensorflow as tf
 
         where = _context.slot(input_context, self.batch_size, cluster=cluster)
-        self._check_cache_path()
+        _checks.check_cache_path(self.cache)
         index = _indexed.index_of(self)
-        if index is not None:  # Nothing listed or walked: the index's arrays (verified when it was built).
-            self._check_features(index.paths[0])
-            records, plan_text = _indexed.records(self, index, where, self._state())
-            _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
-            return records, VerifyReport(), where, False, True
+        if index is not None:
+            return self._indexed_records(index, where)
         listing = self.listing()
         groups = stratify.class_groups(listing, self.label_key) if self.class_weights is not None else {}
         reports: list[VerifyReport] = []
@@ -330,13 +326,7 @@ among ... (did you mean 'shuffle_buffer'?).
             self._state().reading(None, None)  # ResumeInput then says the input cannot resume.
         if layout is not None:
             reports.append(self._verify_share(listing, where))
-            self._check_features(listing.files[0].path if listing.files else None)
-            if _resumable.drawn(self, groups):
-                records, plan_text = _resumable.strata(self, listing, groups, layout, self._state())
-            else:
-                records, plan_text = _resumable.records(self, listing, layout, self._state())
-            known = listing.records([f.path for f in listing.files])
-            self._warn_small_share(None if known is None else known // where.count, where)
+            records, plan_text = self._resumable_records(listing, groups, layout, where)
         elif self.data_service is not None:
             records, plan_text = read_share(self.plan(1, listing), 0), "tf.data service splits the work"
         elif groups:
@@ -361,10 +351,30 @@ among ... (did you mean 'shuffle_buffer'?).
                     num_classes=self.num_classes,
                     where=f"input pipeline {where.index}/{where.count}'s files",
                 )
-            self._warn_small_share(self._share_of(listing.records(plan.files_for(where.index)), plan, where), where)
+            self._warn_small_share(_checks.share_of(listing.records(plan.files_for(where.index)), plan, where), where)
         _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
         report = sum(reports[1:], reports[0]) if reports else VerifyReport()
         return records, report, where, bool(groups), layout is not None
+
+    def _indexed_records(self, index: Any, where: _context.PipelineSlot) -> tuple[Any, VerifyReport, Any, bool, bool]:
+        """Nothing listed or walked: the record index's arrays (verified when it was built)."""
+        self._check_features(index.paths[0])
+        records, plan_text = _indexed.records(self, index, where, self._state())
+        _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
+        return records, VerifyReport(), where, False, True
+
+    def _resumable_records(
+        self, listing: Listing, groups: dict[str, Any], layout: Any, where: _context.PipelineSlot
+    ) -> tuple[Any, str]:
+        """The resumable order's records (stratified draws when there are class groups) and its plan text."""
+        self._check_features(listing.files[0].path if listing.files else None)
+        if _resumable.drawn(self, groups):
+            records, plan_text = _resumable.strata(self, listing, groups, layout, self._state())
+        else:
+            records, plan_text = _resumable.records(self, listing, layout, self._state())
+        known = listing.records([f.path for f in listing.files])
+        self._warn_small_share(None if known is None else known // where.count, where)
+        return records, plan_text
 
     def _check_features(self, path: str | None) -> None:
         """Names a feature spec that does not match the records, from one record of ``path`` (eager builds)."""
@@ -379,52 +389,8 @@ among ... (did you mean 'shuffle_buffer'?).
             num_classes=self.num_classes if self.class_weights is not None else None,
         )
 
-    def _check_cache_path(self) -> None:
-        if isinstance(self.cache, str):
-            import tensorflow as tf
-
-            parent = os.path.dirname(self.cache) or "."
-            if "://" not in parent and not tf.io.gfile.isdir(parent):
-                raise invalid(
-                    DataError,
-                    "cache",
-                    self.cache,
-                    "a file path in an existing directory",
-                    f"Create {parent} first, or pass cache=True to cache in memory.",
-                )
-
-    @staticmethod
-    def _share_of(known: int | None, plan: ShardPlan, where: _context.PipelineSlot) -> int | None:
-        """Records this worker reads of the ``known`` records of its files (None: unknown, or hashed)."""
-        if known is None or plan.policy == "hash":
-            return None
-        if plan.policy == "data":
-            return known // plan.num_workers + (where.index < known % plan.num_workers)
-        return known
-
     def _warn_small_share(self, share: int | None, where: _context.PipelineSlot) -> None:
-        """Logs when this worker's share is smaller than one batch (with drop_remainder: no batch at all)."""
-        if share is None:
-            return
-        if share < where.batch_size and self.num_epochs is not None:
-            if self.drop_remainder:
-                _log.warning(
-                    "Input pipeline %d/%d reads %d record(s), fewer than one batch of %d: with "
-                    "drop_remainder=True it yields no batch at all.",
-                    where.index,
-                    where.count,
-                    share,
-                    where.batch_size,
-                )
-            else:
-                _log.warning(
-                    "Input pipeline %d/%d reads %d record(s), fewer than one batch of %d: each epoch is "
-                    "one partial batch.",
-                    where.index,
-                    where.count,
-                    share,
-                    where.batch_size,
-                )
+        _checks.warn_small_share(share, where, num_epochs=self.num_epochs, drop_remainder=self.drop_remainder)
 
     def _finish(self, records: Any, where: _context.PipelineSlot, *, stratified: bool, resumable: bool) -> Any:
         """Cache, shuffle, repeat, parse, batch, label, service, options, prefetch."""
