@@ -154,36 +154,47 @@ def _staged_class(tf_keras: Any) -> type:
             variables = [[v for layer in group for v in layer.trainable_variables] for group in self.stage_layers]
             sums: list[list[Any]] = [[None] * len(vs) for vs in variables]
             predictions = []
-            last = len(self.stage_layers) - 1
             for m in range(count):
-                tapes, h, loss = [], xs[m], None
-                for s in range(last + 1):
-                    with tf.GradientTape() as tape:
-                        with tf.device(self.devices[s]):
-                            h_in = tf.identity(h)
-                        tape.watch(h_in)
-                        h = self._stage(s, h_in, True)
-                        if s == last:
-                            with tf.device(self.devices[s]):
-                                loss = self.compiled_loss(ys[m], h)
-                    tapes.append((tape, h_in, h))
+                h, grads = _micro_batch(self, tf, xs[m], ys[m], variables)
                 predictions.append(h)
-                upstream = None
-                for s in range(last, -1, -1):
-                    tape, h_in, h_out = tapes[s]
-                    with tf.device(self.devices[s]):
-                        target = loss if s == last else h_out
-                        grads = tape.gradient(target, [h_in, *variables[s]], output_gradients=upstream)
-                        upstream = grads[0]
-                        for i, g in enumerate(grads[1:]):
-                            g = tf.convert_to_tensor(g) / count
-                            sums[s][i] = g if sums[s][i] is None else sums[s][i] + g
+                for s, stage in enumerate(grads):
+                    for i, g in enumerate(stage):
+                        g = tf.convert_to_tensor(g) / count
+                        sums[s][i] = g if sums[s][i] is None else sums[s][i] + g
             pairs = [(g, v) for gs, vs in zip(sums, variables) for g, v in zip(gs, vs)]
             self.optimizer.apply_gradients(pairs)
             self.compiled_metrics.update_state(y, tf.concat(predictions, axis=0))
             return {metric.name: metric.result() for metric in self.metrics}
 
     return StagedModel
+
+
+def _micro_batch(model: Any, tf: Any, x: Any, y: Any, variables: list[list[Any]]) -> tuple[Any, list[list[Any]]]:
+    """One micro-batch through every stage, one tape each, then back: its predictions and each stage's gradients.
+
+    Each stage's input is watched on that stage's device, so the gradient flowing back to a stage is its
+    output's (``output_gradients``) and the stages' gradient work stays on their devices.
+    """
+    tapes, h, loss, last = [], x, None, len(model.stage_layers) - 1
+    for s in range(last + 1):
+        with tf.GradientTape() as tape:
+            with tf.device(model.devices[s]):
+                h_in = tf.identity(h)
+            tape.watch(h_in)
+            h = model._stage(s, h_in, True)
+            if s == last:
+                with tf.device(model.devices[s]):
+                    loss = model.compiled_loss(y, h)
+        tapes.append((tape, h_in, h))
+    grads: list[list[Any]] = [[] for _ in tapes]
+    upstream = None
+    for s in range(last, -1, -1):
+        tape, h_in, h_out = tapes[s]
+        with tf.device(model.devices[s]):
+            target = loss if s == last else h_out
+            found = tape.gradient(target, [h_in, *variables[s]], output_gradients=upstream)
+            upstream, grads[s] = found[0], list(found[1:])
+    return h, grads
 
 
 pipeline_model = stage_model
