@@ -35,6 +35,9 @@ _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 CONF = """\
 # Written by tfdist scripts/slurm_local.py: one node on 127.0.0.1, everything under {dir}.
 ClusterName=tfdist
+# Job ids start here: two local clusters on one machine given distinct ranges never pick the same ports
+# (tfdist's Slurm jobs take their port slot from the job id).
+FirstJobId={first_job_id}
 SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -158,10 +161,17 @@ class LocalSlurm:
                 proc.wait(10)
 
 
-def _write_conf(directory: str, cpus: int) -> None:
+def _write_conf(directory: str, cpus: int, first_job_id: int) -> None:
     for sub in ("state", "spool", "munge"):
         os.makedirs(os.path.join(directory, sub), mode=0o700, exist_ok=True)
-    text = CONF.format(dir=directory, node=NODE, cpus=cpus, ctld_port=_free_port(), slurmd_port=_free_port())
+    text = CONF.format(
+        dir=directory,
+        node=NODE,
+        cpus=cpus,
+        ctld_port=_free_port(),
+        slurmd_port=_free_port(),
+        first_job_id=first_job_id,
+    )
     with open(os.path.join(directory, "slurm.conf"), "w") as f:
         f.write(text)
 
@@ -180,8 +190,10 @@ def _node_state(env: dict[str, str]) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
-def start(directory: str, *, cpus: int = 8, timeout: float = 90.0) -> LocalSlurm:
+def start(directory: str, *, cpus: int = 8, timeout: float = 90.0, first_job_id: int = 1) -> LocalSlurm:
     """Starts munged, slurmctld and slurmd with their state in ``directory``; returns once the node is idle.
+
+    Job ids start at ``first_job_id``: give local clusters that run at the same time ranges far apart.
 
     Raises:
       RuntimeError: A daemon died or the node did not become idle within ``timeout`` (the logs are in
@@ -190,7 +202,7 @@ def start(directory: str, *, cpus: int = 8, timeout: float = 90.0) -> LocalSlurm
     directory = os.path.abspath(directory)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)  # munged refuses directories others can write to.
-    _write_conf(directory, cpus)
+    _write_conf(directory, cpus, first_job_id)
     munge = os.path.join(directory, "munge")
     key = os.path.join(munge, "munge.key")
     if not os.path.exists(key):
@@ -264,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("--dir", default="/tmp/tfdist-slurm", help="state, logs and slurm.conf go here")
     parser.add_argument("--cpus", type=int, default=8, help="CPUs the node claims (default 8)")
+    parser.add_argument("--first-job-id", type=int, default=1, help="the first job id (default 1)")
     args = parser.parse_args(argv)
     if args.action == "stop":
         print(f"stopped {_stop_dir(args.dir)} daemon(s)")
@@ -273,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm_local: {reason}", file=sys.stderr)
         return 1
     try:
-        cluster = start(args.dir, cpus=args.cpus)
+        cluster = start(args.dir, cpus=args.cpus, first_job_id=args.first_job_id)
     except RuntimeError as err:
         print(f"slurm_local: {err}", file=sys.stderr)
         return 1

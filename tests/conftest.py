@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -82,11 +84,32 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     reason = slurm_local.ensure_installed()
     if reason:
         pytest.skip(reason)
-    cluster = slurm_local.start(str(tmp_path_factory.mktemp("slurm")))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    with _id_range("slurm") as first_job_id:
+        cluster = slurm_local.start(str(tmp_path_factory.mktemp("slurm")), first_job_id=first_job_id)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@contextlib.contextmanager
+def _id_range(name: str, ranges: int = 8, width: int = 100) -> Iterator[int]:
+    """The first id of a range no other test session on this machine holds now (``.ci/run`` runs two).
+
+    A tfdist Slurm job takes its port slot from its job id (``tfdist.cluster.slurm.job_port_base``): two
+    local clusters both numbering jobs from 1 would give two jobs running at once the same ports. Range ``k``
+    is held by an exclusive lock on a file of the machine's temporary directory (not TMPDIR, which each
+    session sets to its own) for as long as the session uses it.
+    """
+    for k in range(ranges):
+        with open(f"/tmp/tfdist-tests-{name}-{k}.lock", "w") as held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            yield 1 + k * width
+            return
+    raise RuntimeError(f"all {ranges} {name} id ranges are held by other test sessions")
 
 
 @pytest.fixture(scope="session")
