@@ -248,12 +248,34 @@ def test_ps_fit_survives_a_worker_killed_mid_fit_and_only_it_restarts(ray_head: 
     assert set(values) == {"chief:0"}  # Workers and ps ran tfdist's TF server.
 
 
+# Every process a CLI run starts, its own Ray's daemons included, inherits this variable: those are the run's,
+# whatever other test session (CI runs two at once) starts Ray daemons of its own meanwhile.
+_CLI_MARK = ("TFDIST_TEST_CLI_RUN", f"{os.getpid()}-{time.time_ns()}")
+
+
 def _cli(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
     done = subprocess.run(
-        [PY, "-m", "tfdist.cli.launch", "--engine", "ray", *args], capture_output=True, text=True, timeout=timeout
+        [PY, "-m", "tfdist.cli.launch", "--engine", "ray", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, **dict([_CLI_MARK])),
     )
     return done, time.monotonic() - start
+
+
+def _own_daemons() -> set[int]:
+    """The Ray daemons the CLI runs of this session started (those whose environment has its mark)."""
+    mark = "=".join(_CLI_MARK).encode() + b"\0"
+    own = set()
+    for pid in _processes(_RAY_DAEMONS):
+        try:
+            if mark in Path(f"/proc/{pid}/environ").read_bytes():
+                own.add(pid)
+        except OSError:
+            continue
+    return own
 
 
 def _started_pids(stderr: str) -> list[int]:
@@ -261,7 +283,6 @@ def _started_pids(stderr: str) -> list[int]:
 
 
 def test_cli_local_ray_mwms_identical_weights_and_nothing_left(tmp_path: Path) -> None:
-    daemons_before = _processes(_RAY_DAEMONS)
     done, _ = _cli(
         [
             "--workers",
@@ -287,12 +308,11 @@ def test_cli_local_ray_mwms_identical_weights_and_nothing_left(tmp_path: Path) -
     pids = _started_pids(done.stderr)
     assert len(pids) == 2, done.stderr
     assert_all_gone(pids)
-    assert_all_gone(list(_processes(_RAY_DAEMONS) - daemons_before), within=15)  # The run's own Ray is gone.
+    assert_all_gone(list(_own_daemons()), within=15)  # The run's own Ray is gone.
 
 
 def test_cli_failing_task_fails_the_run_fast_and_nothing_is_left() -> None:
     script = "import os, sys, time\nif os.environ['TFDIST_TASK'] == 'worker:1': sys.exit(7)\ntime.sleep(120)"
-    daemons_before = _processes(_RAY_DAEMONS)
     done, seconds = _cli(["--workers", "3", "--grace", "2", "--timeout", "200", "--", PY, "-c", script], timeout=240)
     assert done.returncode == 7, done.stderr[-3000:]
     assert seconds < 90, seconds  # Ray start-up included; without fail-fast it would take 120 s.
@@ -300,4 +320,4 @@ def test_cli_failing_task_fails_the_run_fast_and_nothing_is_left() -> None:
     pids = _started_pids(done.stderr)
     assert len(pids) == 3, done.stderr
     assert_all_gone(pids)
-    assert_all_gone(list(_processes(_RAY_DAEMONS) - daemons_before), within=15)
+    assert_all_gone(list(_own_daemons()), within=15)
