@@ -127,3 +127,22 @@ def test_the_hosts_close_with_their_namespaces() -> None:
     pids = [hosts.at(a).pid for a in hosts.addresses]
     hosts.close()
     assert_all_gone(pids)
+
+
+# worker:1 (the second host) reads a dataset through the tf.data service, which runs on the first host.
+READ_SERVICE = """
+import json, os
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+    import tensorflow as tf
+    service = os.environ["TFDIST_DATA_SERVICE"]
+    dataset = tf.data.Dataset.range(5).apply(tf.data.experimental.service.distribute("parallel_epochs", service))
+    print("SERVICE", service, sorted(int(v) for v in dataset), flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_the_data_service_runs_on_the_first_host_and_serves_the_others() -> None:
+    result = launch.run([PY, "-c", READ_SERVICE], workers=2, simulate_hosts=2, data_service_workers=1, timeout=150)
+    assert result.exit_code == 0, result.summary()
+    assert re.search(r"^SERVICE grpc://10\.9\.0\.1:\d+ \[0, 1, 2, 3, 4\]$", result.task("worker:1").output, re.M)
