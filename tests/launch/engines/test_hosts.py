@@ -5,7 +5,9 @@ Real processes on real namespaces (this machine can make them: no skip); the Ten
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -122,10 +124,24 @@ def test_hosts_and_links_are_checked_against_the_tasks() -> None:
             LaunchConfig(command=("python",), workers=3, **options)
 
 
-def test_the_hosts_close_with_their_namespaces() -> None:
-    hosts = Hosts([("10.9.0.1", "10mbit"), ("10.9.0.2", None)])
-    pids = [hosts.at(a).pid for a in hosts.addresses]
-    hosts.close()
+@pytest.mark.parametrize("rootless", [False, True])
+def test_hosts_have_their_address_and_shaping_and_close_with_their_namespaces(rootless: bool) -> None:
+    if not rootless and os.geteuid() != 0:
+        pytest.skip("namespaces without a user namespace of their own need root")
+    hosts = Hosts([("10.9.0.1", "10mbit"), ("10.9.0.2", None)], rootless=rootless)
+    try:
+        shown = {
+            address: subprocess.run(
+                hosts.at(address).enter(["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True, text=True
+            ).stdout
+            for address in hosts.addresses
+        }
+        assert "tbf" in shown["10.9.0.1"] and "rate 10Mbit" in shown["10.9.0.1"], shown
+        assert "tbf" not in shown["10.9.0.2"], shown
+        assert hosts.at("10.9.0.2").is_local("10.9.0.2") and not hosts.at("10.9.0.2").is_local("10.9.0.1")
+    finally:
+        pids = [hosts.at(a).pid for a in hosts.addresses]
+        hosts.close()
     assert_all_gone(pids)
 
 
