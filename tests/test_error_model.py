@@ -29,6 +29,7 @@ from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
 from tfdist.launch.engines.ray.engine import RayOptions
 from tfdist.launch.events import KillAt
+from tfdist.launch.network import Link
 from tfdist.strategy.builders import StrategyOptions, resolve_options
 
 HOSTILE: tuple[Any, ...] = (
@@ -85,6 +86,8 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
             "log_dir": None,
             "kills": (),
             "isolate_network": False,
+            "simulate_hosts": 0,
+            "links": (),
             "grace_seconds": 1.0,
             "host": "127.0.0.1",
             "env": {},
@@ -92,6 +95,7 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
         },
     ),
     "KillAt.parse": (KillAt.parse, {"text": "worker:1@after=Epoch 2/"}),
+    "Link.parse": (Link.parse, {"text": "worker:1=100mbit"}),
     "Plan": (
         plan.Plan,
         {
@@ -236,6 +240,9 @@ _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
     (LaunchConfig, {"returns": ["worker:0@after=x"], "min_workers": 1}),
     (LaunchConfig, {"loses": ["chief:0@after=x"], "min_workers": 1, "chief": True}),
     (LaunchConfig, {"min_workers": 1, "isolate_network": True}),
+    (LaunchConfig, {"links": ["1gbit"]}),
+    (LaunchConfig, {"simulate_hosts": 3}),
+    (LaunchConfig, {"simulate_hosts": 1, "links": ["worker:1=fast"]}),
     (LaunchConfig, {"grace_seconds": 1e12}),
     (LaunchConfig, {"timeout": 1e12}),
     (LaunchConfig, {"log_dir": "\0"}),

@@ -16,7 +16,7 @@ import pytest
 from tfdist._options import flagged_options
 from tfdist.cli import launch as launch_cli
 from tfdist.cli._flags import option_values
-from tfdist.launch import KillAt, LaunchConfig, LoseAt, RayOptions, ReturnAt, SparkOptions, Topology
+from tfdist.launch import KillAt, LaunchConfig, Link, LoseAt, RayOptions, ReturnAt, SparkOptions, Topology
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "launch.md"
 COMMAND = ("python", "train.py")
@@ -60,12 +60,20 @@ def test_each_flag_sets_its_option() -> None:
         2,
         "model=2",
     )
+    hosts = _config(["--simulate-hosts", "2", "--link", "1gbit", "--link", "worker:1=100mbit"])
+    assert (hosts.simulate_hosts, hosts.links) == (2, (Link(rate="1gbit"), Link(rate="100mbit", task="worker:1")))
 
 
 def test_flags_are_named_after_their_options_or_declare_their_name() -> None:
     """--grace, --kill, --lose and --return keep their spellings, declared on the fields (one event per flag)."""
     declared = {o.name: o.flag.name for o in flagged_options(LaunchConfig) if o.flag.name}
-    assert declared == {"grace_seconds": "--grace", "kills": "--kill", "loses": "--lose", "returns": "--return"}
+    assert declared == {
+        "grace_seconds": "--grace",
+        "kills": "--kill",
+        "loses": "--lose",
+        "returns": "--return",
+        "links": "--link",
+    }
     for option in flagged_options(LaunchConfig):
         assert launch_cli.FLAGS[option.name] == (option.flag.name or "--" + option.name.replace("_", "-"))
 

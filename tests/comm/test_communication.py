@@ -288,12 +288,16 @@ def test_compressors_and_local_sgd_on_three_workers() -> None:
     assert_all_gone([t.pid for t in cluster.result.tasks])
     assert cluster.ok, cluster.result.summary()
     runs = [cluster.values[f"worker:{i}"] for i in range(3)]
-    for name in ("plain", "powersgd", "topk", "local1", "local4"):
+    for name in ("plain", "powersgd", "powersgd_warm3", "powersgd_all_warm", "topk", "local1", "local4"):
         for other in runs[1:]:
             np.testing.assert_array_equal(runs[0][name]["weights"], other[name]["weights"], err_msg=name)
         loss = runs[0][name]["loss"]
         assert loss[-1] < loss[0] / 2, (name, loss)
     np.testing.assert_allclose(runs[0]["local1"]["weights"], runs[0]["plain"]["weights"], rtol=1e-5, atol=1e-6)
+    # Warming up is TF's plain all-reduce; past it, PowerSGD compresses.
+    warm, plain = runs[0]["powersgd_all_warm"]["weights"], runs[0]["plain"]["weights"]
+    np.testing.assert_allclose(warm, plain, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(runs[0]["powersgd_warm3"]["weights"], plain, rtol=1e-3, atol=1e-4)
     middles = {tuple(r["local4"]["middle"]) for r in runs}
     assert len(middles) == 3  # Three workers, three different weights inside a period.
     assert runs[0]["powersgd"]["bytes"] == 4 * (2 * (8 + 16) + 16 + 16 + 1)

@@ -109,6 +109,25 @@ class TestOnReplicas:
             total = sum(g[w][i] for g in grads for w in range(REPLICAS))
             np.testing.assert_allclose(applied + held, total, atol=5e-4)
 
+    def test_powersgd_warms_up_with_plain_sums_then_compresses_from_its_first_state(self, run: dict) -> None:
+        grads, q0 = compression_tasks.inputs(REPLICAS, STEPS, RANK)
+        warmup, compressed = compression_tasks.WARMUP, [0, 1, 4]
+        later = reference_powersgd(grads[warmup:], q0)  # the paper's steps, from zero errors and the seeded Q
+        for step, got in enumerate(run["warm"]):
+            for replica in range(REPLICAS):
+                assert got["steps"][replica] == [[min(step + 1, warmup)]] * len(compressed)
+                for i, shape in enumerate(SHAPES):
+                    value = np.reshape(got["sums"][replica][i], shape)
+                    want = sum(grads[step][w][i] for w in range(REPLICAS)) if step < warmup else None
+                    want = later[step - warmup]["sums"][i] if want is None else want
+                    np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-4, err_msg=f"{step} {i}")
+                for k, i in enumerate(compressed):
+                    if step < warmup:  # no error kept, the Q factor untouched
+                        assert not np.any(got["errors"][replica][k]) and np.array_equal(got["qs"][replica][k], q0[i])
+                    else:
+                        want_error = later[step - warmup]["errors"][replica][i]
+                        np.testing.assert_allclose(got["errors"][replica][k], want_error, atol=1e-4)
+
     def test_topk_matches_the_reference_and_loses_nothing(self, run: dict) -> None:
         grads, _ = compression_tasks.inputs(REPLICAS, STEPS, RANK)
         for step, (got, want) in enumerate(zip(run["topk"], reference_topk(grads))):
@@ -152,7 +171,26 @@ def test_which_tensors_powersgd_compresses_and_their_bytes() -> None:
     assert 2048 * 1000 / factors > 160  # 168x fewer values for the classifier of ResNet-50.
 
 
+def test_a_minimum_compression_rate_sends_the_matrices_it_would_not_shrink_enough_whole() -> None:
+    assert matrix_shape((16, 8), rank=2) == (16, 8)  # 128 values against 48 in factors: 2.7x
+    assert matrix_shape((16, 8), rank=2, min_compression_rate=2) == (16, 8)
+    assert matrix_shape((16, 8), rank=2, min_compression_rate=2.7) is None
+    assert lowrank_value_count([(16, 8), (2048, 1000)], rank=2, min_compression_rate=3) == (2 * 3048, 128)
+    assert PowerSGD(rank=2, min_compression_rate=3).sent_bytes([(16, 8)]) == 4 * 128
+    assert [s.kind for s in PowerSGD(rank=2, warmup_steps=5).state_slots((16, 8))] == ["error", "q", "steps"]
+    assert PowerSGD(rank=2, warmup_steps=5).state_slots((16, 8))[2].shared
+    assert PowerSGD(rank=2, warmup_steps=5).state_slots((4,)) == ()
+
+
 def test_bad_settings_name_the_field() -> None:
+    for options, field in (
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"warmup_steps": 1.5}, "warmup_steps"),
+        ({"min_compression_rate": 0.5}, "min_compression_rate"),
+        ({"min_compression_rate": float("nan")}, "min_compression_rate"),
+    ):
+        with pytest.raises(StrategyError, match=f"`{field}`"):
+            PowerSGD(**options)
     with pytest.raises(StrategyError, match="`rank`. Received: 0"):
         matrix_shape((8, 8), rank=0)
     for density in (0.0, 1.5, True, "1%"):
@@ -187,7 +225,11 @@ def test_sparse_gradients_are_summed_by_tf_uncompressed_and_logged(caplog: pytes
     assert caplog.text.count("get sparse") == 1  # Once, however often the step is traced.
 
 
-@pytest.mark.parametrize("compression", [PowerSGD(rank=2), TopK()], ids=["powersgd", "topk"])
+@pytest.mark.parametrize(
+    "compression",
+    [PowerSGD(rank=2), PowerSGD(rank=2, warmup_steps=2), TopK()],
+    ids=["powersgd", "powersgd_warmup", "topk"],
+)
 def test_a_checkpoint_read_before_the_first_step_restores_the_state_created_in_it(
     compression: Compressor, tmp_path: Path
 ) -> None:

@@ -273,8 +273,10 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
 
 
 def compressed_fits() -> dict[str, Any]:
-    """PowerSGD, top-k and local SGD fits on whatever number of workers the cluster has (3 in the test)."""
+    """PowerSGD (also after a warm-up), top-k and local SGD fits on whatever number of workers the cluster has
+    (3 in the test)."""
     import tfdist
+    from tfdist.comm import PowerSGD
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring", timeout_seconds=120)
     from tfdist import keras
@@ -282,6 +284,8 @@ def compressed_fits() -> dict[str, Any]:
     fits: dict[str, dict[str, Any]] = {
         "plain": {},
         "powersgd": {"compression": "powersgd", "rank": 2},
+        "powersgd_warm3": {"compression": PowerSGD(rank=2, warmup_steps=3)},
+        "powersgd_all_warm": {"compression": PowerSGD(rank=2, warmup_steps=10**6)},
         "topk": {"compression": "topk", "density": 0.25},
         "local1": {"local": 1},
         "local4": {"local": 4},

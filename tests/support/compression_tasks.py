@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 SHAPES = [(6, 5), (3, 3, 4, 6), (7,), (5, 2), (8, 16)]  # Matrices, a conv kernel, a vector, a thin matrix.
+WARMUP = 2  # PowerSGD's plain steps in the warm-up run
 
 
 def inputs(replicas: int, steps: int, rank: int, seed: int = 0) -> tuple[list[Any], list[Any]]:
@@ -22,11 +23,13 @@ def inputs(replicas: int, steps: int, rank: int, seed: int = 0) -> tuple[list[An
 
 
 def compressed_steps(replicas: int, steps: int, rank: int, density: float) -> dict[str, Any]:
-    """``steps`` of PowerSGD and of top-k on ``replicas`` replicas: sums, errors and Q factors per step."""
+    """``steps`` of PowerSGD, of PowerSGD after ``WARMUP`` plain steps and of top-k on ``replicas`` replicas:
+    sums, errors and Q factors (and the warm-up's step counts) per step."""
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    from tfdist.comm import Collectives, PowerSGD
     from tfdist.comm.powersgd import matrix_shape, powersgd_sum
     from tfdist.comm.topk import topk_sum
 
@@ -51,6 +54,20 @@ def compressed_steps(replicas: int, steps: int, rank: int, density: float) -> di
 
         return strategy.run(replica, args=(step_grads, errors, qs))
 
+    warm = PowerSGD(rank=rank, warmup_steps=WARMUP)
+    collectives = Collectives(all_reduce=reduce, all_gather=gather)
+
+    @tf.function
+    def warm_step(step_grads: Any, errors: Any, qs: Any, counts: Any) -> Any:
+        def replica(g: Any, e: Any, q: Any, c: Any) -> Any:
+            states: list[dict[str, Any]] = [{} for _ in SHAPES]
+            for k, i in enumerate(compressed):
+                states[i] = {"error": e[k], "q": q[k], "steps": c[k]}
+            out, new = warm.step(g, states, collectives)
+            return out, *([new[i][kind] for i in compressed] for kind in ("error", "q", "steps"))
+
+        return strategy.run(replica, args=(step_grads, errors, qs, counts))
+
     @tf.function
     def topk_step(step_grads: Any, errors: Any) -> Any:
         return strategy.run(lambda g, e: topk_sum(g, e, density=density, all_gather=gather), args=(step_grads, errors))
@@ -61,13 +78,17 @@ def compressed_steps(replicas: int, steps: int, rank: int, density: float) -> di
     errors: Any = [tf.zeros(matrix_shape(SHAPES[i], rank=rank)) for i in compressed]
     qs: Any = [tf.constant(q0[i]) for i in compressed]
     top_errors: Any = [tf.zeros(s) for s in SHAPES]
-    out: dict[str, Any] = {"powersgd": [], "topk": []}
+    warm_state: Any = (errors, qs, [tf.zeros([1]) for _ in compressed])
+    out: dict[str, Any] = {"powersgd": [], "topk": [], "warm": []}
     for step in range(steps):
         step_grads = strategy.experimental_distribute_values_from_function(
             lambda ctx, step=step: [tf.constant(g) for g in grads[step][ctx.replica_id_in_sync_group]]
         )
         summed, errors, qs = power_step(step_grads, errors, qs)
         out["powersgd"].append({"sums": local(summed), "errors": local(errors), "qs": local(qs)})
+        warm_summed, *warm_state = warm_step(step_grads, *warm_state)
+        out["warm"].append({"sums": local(warm_summed), "errors": local(warm_state[0]), "qs": local(warm_state[1])})
+        out["warm"][-1]["steps"] = local(warm_state[2])
         top_summed, top_errors = topk_step(step_grads, top_errors)
         out["topk"].append({"sums": local(top_summed), "errors": local(top_errors)})
     return out

@@ -82,7 +82,7 @@ class CollectiveConfig:
         >>> CollectiveConfig().compression
         'none'
         >>> CollectiveConfig(compression="powersgd", rank=2).compressor
-        PowerSGD(rank=2)
+        PowerSGD(rank=2, warmup_steps=0, min_compression_rate=1.0)
     """
 
     compression: str | Compressor = dataclasses.field(default="none", compare=False, repr=False)
@@ -197,13 +197,18 @@ def all_reduce_sum(tensors: Sequence[tf.Tensor], config: CollectiveConfig, conte
             flat = tf.cast(flat, tf.float32) * scale
         if wire is not None:
             flat = tf.cast(flat, wire)
-        if config.split_bytes and int(flat.shape[0]) * flat.dtype.size > config.split_bytes:
+        if (
+            config.split_bytes
+            and flat.shape[0] is not None
+            and int(flat.shape[0]) * flat.dtype.size > config.split_bytes
+        ):
             parts = _split(flat, max(1, config.split_bytes // flat.dtype.size))
         else:
             parts = [flat]
         layout.append(len(parts))
         pieces.extend(parts)
-    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=config.bytes_per_pack)
+    packed = config.bytes_per_pack if all(piece.shape.is_fully_defined() for piece in pieces) else 0  # sizes known
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=packed)
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, pieces, options=options)
     out, start = [], 0
     for tensor, count in zip(tensors, layout):

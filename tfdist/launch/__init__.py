@@ -7,7 +7,7 @@ Example:
     ['worker:0', 'worker:1']
 """
 
-from tfdist.launch.config import Elastic, Faults, LaunchConfig, Network, Supervision, Topology
+from tfdist.launch.config import Elastic, Faults, LaunchConfig, Supervision, Topology
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest, to_yaml, validate_tfjob
 from tfdist.launch.engines import (
     Engine,
@@ -21,6 +21,7 @@ from tfdist.launch.engines import (
 )
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt
 from tfdist.launch.functions import FunctionRun, run_function
+from tfdist.launch.network import Link, Network
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
 from tfdist.launch.supervisor import run, run_config
@@ -33,6 +34,7 @@ __all__ = [
     "KillAt",
     "LaunchConfig",
     "LaunchResult",
+    "Link",
     "LocalEngine",
     "LoseAt",
     "Network",

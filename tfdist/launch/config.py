@@ -2,7 +2,8 @@
 
 The options come in five groups, each a frozen dataclass that checks its own fields: :class:`Topology`
 (which tasks), :class:`Supervision` (restarts, time limits, logs, environment), :class:`Faults` (fault
-injection), :class:`Elastic` (losing and regaining workers) and :class:`Network`. :class:`LaunchConfig` holds
+injection), :class:`Elastic` (losing and regaining workers) and :class:`~tfdist.launch.network.Network`
+(where the tasks listen: :mod:`tfdist.launch.network`). :class:`LaunchConfig` holds
 them and takes every field flat, ``LaunchConfig(command=..., workers=2, max_restarts=1)``; its own checks are
 the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags,
 which it makes from each option's declaration (:func:`tfdist._options.option`: its help, and its flag where
@@ -32,13 +33,14 @@ from tfdist.cluster.mesh_shape import MeshShape
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt, as_tuple
+from tfdist.launch.network import Network
 from tfdist.runtime.logs import LOG_LEVELS
 
 _MAX_THREADS = 4096
 _MAX_TIMEOUT = 366 * 86400.0  # A year.
 _MAX_GRACE = 3600.0
 
-__all__ = ["Elastic", "Faults", "LaunchConfig", "Network", "Supervision", "Topology"]
+__all__ = ["Elastic", "Faults", "LaunchConfig", "Supervision", "Topology"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
 
@@ -283,23 +285,6 @@ class Elastic:
                 )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Network:
-    """Where the tasks listen.
-
-    Attributes:
-      host: Address the tasks use.
-      isolate_network: Run the cluster in a private network namespace.
-    """
-
-    host: str = "127.0.0.1"
-    isolate_network: bool = option(False, help="run the cluster in a private network namespace with only loopback")
-
-    def __post_init__(self) -> None:
-        require_type(LaunchError, "host", self.host, str, "a host name or address, e.g. '127.0.0.1'")
-        require_bool(LaunchError, "isolate_network", self.isolate_network)
-
-
 class LaunchConfig(GroupedOptions, error=LaunchError):
     """A local cluster run: the command, and the option groups it runs with.
 
@@ -317,7 +302,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
       faults: :class:`Faults`: kills.
       elastic: :class:`Elastic`: min_workers, max_workers (default
         ``workers``), loses, returns.
-      network: :class:`Network`: host, isolate_network.
+      network: :class:`~tfdist.launch.network.Network`: host, isolate_network, simulate_hosts, links.
 
     Example:
         >>> config = LaunchConfig(command=("python", "train.py"), workers=3, min_workers=2)
@@ -355,6 +340,8 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
         for kill in self.kills:
             if kill.task not in names:
                 raise invalid(LaunchError, "kills", kill.task, describe_choices(kill.task, names))
+        if self.simulate_hosts:
+            self.network.check_tasks(self.task_names())
         if self.min_workers is not None:
             self._check_elastic()
 
@@ -386,14 +373,9 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
                 "None together with `mesh` (a mesh's shape is fixed)",
                 "Drop `min_workers`; resume on another mesh from a checkpoint instead.",
             )
-        if self.isolate_network:
-            raise invalid(
-                LaunchError,
-                "isolate_network",
-                True,
-                "no elastic options (not supported together yet)",
-                "Drop `isolate_network` or `min_workers`.",
-            )
+        self.network.refuse_namespaces(
+            "no elastic options (not supported together yet)", "Drop `{option}` or `min_workers`."
+        )
         workers = {f"worker:{i}" for i in range(self.workers)}
         for event in self.loses + self.returns:
             if event.task not in workers:

@@ -26,18 +26,20 @@ _ERRORS: dict[str, type[Error]] = {"LaunchError": LaunchError, "LaunchFailure": 
 _CLOSE_WAIT = 5.0
 
 
-def _tool(name: str) -> str:
+def require_tool(name: str, option: str = "isolate_network") -> str:
+    """The path of the command ``name``; LaunchFailure naming ``option`` (what needs it) when it is missing."""
     path = shutil.which(name)
     if path is None:
+        package = "iproute2" if name in ("ip", "tc") else "util-linux"
         raise LaunchFailure(
-            f"`isolate_network` needs the '{name}' command (util-linux); install it, or leave `isolate_network` off.",
-            field="isolate_network",
+            f"`{option}` needs the '{name}' command ({package}); install it, or leave `{option}` off.",
+            field=option,
             value=True,
         )
     return path
 
 
-def unshare_argv(*, rootless: bool | None = None) -> list[str]:
+def unshare_argv(*, rootless: bool | None = None, option: str = "isolate_network") -> list[str]:
     """The ``unshare`` prefix that makes a network namespace here: ``-n`` as root, ``-rn`` otherwise.
 
     Raises:
@@ -45,14 +47,14 @@ def unshare_argv(*, rootless: bool | None = None) -> list[str]:
         disabled).
     """
     rootless = os.geteuid() != 0 if rootless is None else rootless
-    argv = [_tool("unshare"), "-rn" if rootless else "-n"]
+    argv = [require_tool("unshare", option), "-rn" if rootless else "-n"]
     probe = subprocess.run(argv + ["true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         raise LaunchFailure(
-            f"`isolate_network` is unavailable here: `unshare {argv[1]} true` failed with "
+            f"`{option}` is unavailable here: `unshare {argv[1]} true` failed with "
             f"{probe.stderr.strip() or probe.returncode!r}. Run as root or enable unprivileged user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1), or leave `isolate_network` off.",
-            field="isolate_network",
+            f"namespaces (sysctl kernel.unprivileged_userns_clone=1), or leave `{option}` off.",
+            field=option,
             value=True,
         )
     return argv
@@ -71,12 +73,22 @@ class Namespace:
 
     Args:
       rootless: Make it inside a user namespace (``unshare -rn``); default when not running as root.
+      inside: Make it from inside this namespace (a simulated host behind a private bridge): it belongs to
+        that namespace's user namespace, as rootless as it.
+      option: The option that asked for it, named in errors.
     """
 
-    def __init__(self, *, rootless: bool | None = None) -> None:
-        self.rootless = os.geteuid() != 0 if rootless is None else rootless
-        self._nsenter = _tool("nsenter")
-        argv = unshare_argv(rootless=self.rootless) + TaskProgram.NETNS.argv()
+    def __init__(
+        self, *, rootless: bool | None = None, inside: Namespace | None = None, option: str = "isolate_network"
+    ) -> None:
+        self.option = option
+        self._nsenter = require_tool("nsenter", option)
+        if inside is None:
+            self.rootless = os.geteuid() != 0 if rootless is None else rootless
+            argv = unshare_argv(rootless=self.rootless, option=option) + TaskProgram.NETNS.argv()
+        else:  # a namespace of its own, made by a process that runs in ``inside`` (and in its user namespace)
+            self.rootless = inside.rootless
+            argv = inside.enter([require_tool("unshare", option), "-n", *TaskProgram.NETNS.argv()])
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
             argv,
@@ -91,9 +103,9 @@ class Namespace:
             self.pid = int(ready["pid"])
             if os.stat(f"/proc/{self.pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
                 raise LaunchFailure(
-                    "`isolate_network`: the namespace holder runs in the launcher's own network "
+                    f"`{option}`: the namespace holder runs in the launcher's own network "
                     "namespace; nothing would be isolated.",
-                    field="isolate_network",
+                    field=option,
                     value=True,
                 )
         except BaseException:
@@ -107,9 +119,9 @@ class Namespace:
             self._end()
             why = self._proc.stderr.read().strip() if self._proc.stderr is not None else ""
             raise LaunchFailure(
-                f"The private network namespace (`isolate_network`) ended (exit "
+                f"The private network namespace (`{self.option}`) ended (exit "
                 f"{self._proc.returncode}): {why[-2000:] or 'no message'}.",
-                field="isolate_network",
+                field=self.option,
                 value=True,
             )
         return json.loads(line)
@@ -118,7 +130,7 @@ class Namespace:
         with self._lock:
             if self._proc.poll() is not None or self._proc.stdin is None or self._proc.stdin.closed:
                 raise LaunchFailure(
-                    "The private network namespace (`isolate_network`) is closed.", field="isolate_network", value=True
+                    f"The private network namespace (`{self.option}`) is closed.", field=self.option, value=True
                 )
             try:
                 self._proc.stdin.write(json.dumps({"op": op, **arguments}) + "\n")
@@ -151,9 +163,9 @@ class Namespace:
         """``argv`` as a command that runs inside the namespace (``nsenter`` execs it: same pid)."""
         if self._proc.poll() is not None:  # not reaped before: the holder's pid cannot belong to anyone else
             raise LaunchFailure(
-                "The private network namespace (`isolate_network`) is gone: its holder process "
+                f"The private network namespace (`{self.option}`) is gone: its holder process "
                 f"ended (exit {self._proc.returncode}).",
-                field="isolate_network",
+                field=self.option,
                 value=True,
             )
         ns = f"/proc/{self.pid}/ns"

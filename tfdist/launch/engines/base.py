@@ -50,15 +50,11 @@ class TaskProcess(Protocol):
 
 
 def refuse_network_isolation(config: LaunchConfig, engine: str) -> None:
-    """LaunchError when ``config`` asks for a private network namespace, which only the local engine makes."""
-    if config.isolate_network:
-        raise invalid(
-            LaunchError,
-            "isolate_network",
-            True,
-            "the local engine",
-            f"Network namespaces are a local-engine feature; drop `isolate_network` with the {engine} engine.",
-        )
+    """LaunchError when ``config`` asks for private network namespaces, which only the local engine makes."""
+    config.network.refuse_namespaces(
+        "the local engine",
+        f"Network namespaces are a local-engine feature; drop `{{option}}` with the {engine} engine.",
+    )
 
 
 def cluster_of(config: LaunchConfig, addresses: Mapping[str, str]) -> ClusterSpec:

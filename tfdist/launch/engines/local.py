@@ -24,10 +24,11 @@ from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchFailure
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
+from tfdist.launch.engines._hosts import Hosts
 from tfdist.launch.engines._netns import Namespace
 from tfdist.launch.engines._process import LocalProcess
 from tfdist.launch.engines._reaper import Reaper
-from tfdist.launch.engines.base import Engine, TaskProcess
+from tfdist.launch.engines.base import Engine, TaskProcess, cluster_of
 from tfdist.launch.output import LineSink
 
 __all__ = ["LocalEngine"]
@@ -45,6 +46,9 @@ class LocalEngine(Engine):
     network namespace that has only loopback (:mod:`tfdist.launch.engines._netns`): the tasks reach each other
     there, and nothing outside reaches them. The launcher stays outside; the engine picks ports and checks
     them inside the namespace.
+
+    With ``simulate_hosts`` every task runs on its simulated host (:mod:`tfdist.launch.engines._hosts`), at
+    that host's address; the tf.data service on the first host.
     """
 
     name = "local"
@@ -55,28 +59,35 @@ class LocalEngine(Engine):
         self._reaper: Reaper | None = None
         self._grace = 5.0
         self._namespace: Namespace | None = None
+        self._hosts: Hosts | None = None
+        self._task_hosts: dict[str, str] = {}  # task -> its simulated host's address
 
-    @property
-    def _network(self) -> _ports.Ports:
-        """Where the tasks' ports are: the private namespace's, or this machine's."""
+    def _network(self, host: str) -> _ports.Ports:
+        """Where the ports of ``host`` are: its simulated host's, the private namespace's, or this machine's."""
+        if self._hosts is not None and host in self._hosts.addresses:
+            return self._hosts.at(host)
         return self._namespace if self._namespace is not None else _ports.HOST
 
     def place(self, config: LaunchConfig) -> ClusterSpec:
-        """Every task on a free port of ``config.host``; with ``config.isolate_network``, first a private
-        network namespace (LaunchFailure when this machine cannot make one)."""
+        """Every task on a free port of ``config.host``, or of its simulated host; with ``config.isolate_network``,
+        first a private network namespace, with ``config.simulate_hosts`` the hosts (LaunchFailure when this
+        machine cannot make them)."""
         self._host, self._grace = config.host, config.grace_seconds
-        if config.isolate_network and self._namespace is None:
+        tasks = config.task_names()
+        if config.simulate_hosts:
+            if self._hosts is None:
+                self._hosts = Hosts(config.network.hosts(tasks))
+            addresses = self._hosts.addresses
+            self._task_hosts = {task: addresses[config.network.host_of(task, tasks)] for task in tasks}
+            self._host = addresses[0]  # side services (the tf.data service) run on the first host
+        elif config.isolate_network and self._namespace is None:
             self._namespace = Namespace()
-        counts = config.task_counts()
+        hosts = [self._task_hosts.get(task, config.host) for task in tasks]
         for _ in range(_PLACE_TRIES):
-            ports = iter(self._network.pick(sum(counts.values()), config.host))
-            spec = ClusterSpec(
-                jobs={
-                    job: {i: _address.join_address(config.host, next(ports)) for i in range(count)}
-                    for job, count in counts.items()
-                }
-            )
-            taken = [t.address for t in spec.tasks() if not self._network.is_free(*_address.split_address(t.address))]
+            ports = {host: iter(self._network(host).pick(hosts.count(host), host)) for host in dict.fromkeys(hosts)}
+            spec = cluster_of(config, {t: _address.join_address(h, next(ports[h])) for t, h in zip(tasks, hosts)})
+            where = [_address.split_address(t.address) for t in spec.tasks()]
+            taken = [_address.join_address(h, p) for h, p in where if not self._network(h).is_free(h, p)]
             if not taken:
                 return spec
             _log.info("Ports %s were taken before start; picking again.", taken)
@@ -85,17 +96,18 @@ class LocalEngine(Engine):
         )
 
     def reserve_address(self) -> str:
-        return _address.join_address(self._host, self._network.pick(1, self._host)[0])
+        return _address.join_address(self._host, self._network(self._host).pick(1, self._host)[0])
 
     def readdress(self, address: str) -> str:
-        return _ports.readdress(address, self._network)
+        return _ports.readdress(address, self._network(_address.split_address(address)[0]))
 
     def start(self, task: str, argv: Sequence[str], env: Mapping[str, str], on_line: LineSink) -> TaskProcess:
         if self._reaper is None:
             self._reaper = Reaper(grace=self._grace)
         reaper = self._reaper
-        if self._namespace is not None:
-            argv = self._namespace.enter(argv)
+        network = self._network(self._task_hosts.get(task, self._host))
+        if isinstance(network, Namespace):  # a simulated host, or the private namespace
+            argv = network.enter(argv)
         proc = LocalProcess(task, argv, env=env, on_line=on_line, on_exit=reaper.forget)
         if proc.pid is not None:
             reaper.watch(proc.pid)
@@ -108,3 +120,6 @@ class LocalEngine(Engine):
         namespace, self._namespace = self._namespace, None
         if namespace is not None:
             namespace.close()
+        hosts, self._hosts = self._hosts, None
+        if hosts is not None:
+            hosts.close()

@@ -76,8 +76,9 @@ class Supervisor:
         if config.data_service_workers:
             address = engine.reserve_address()
             self.base_env["TFDIST_DATA_SERVICE"] = f"grpc://{address}"
+            host, port = address.rsplit(":", 1)  # the workers report this host (a simulated host's own)
             argv = TaskProgram.DATA_SERVICE.argv(
-                "--workers", str(config.data_service_workers), "--port", address.rsplit(":", 1)[1]
+                "--workers", str(config.data_service_workers), "--host", host, "--port", port
             )
             data_service = TaskRecord(DATA_SERVICE_TASK, argv, _log_path("data-service"))
         workers = tuple(name for name in config.task_names() if name.startswith("worker:"))

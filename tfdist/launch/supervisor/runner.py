@@ -29,6 +29,7 @@ from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine, LineSink
 from tfdist.launch.engines.local import LocalEngine
 from tfdist.launch.engines.registry import engine_for
+from tfdist.launch.network import describe_hosts
 from tfdist.launch.results import LaunchResult, TaskResult
 from tfdist.launch.supervisor._supervisor import StatusSink, Supervisor
 
@@ -104,7 +105,8 @@ def run_config(
 
     With ``config.isolate_network`` the engine (the local one) runs every task in a private network
     namespace that has only loopback; this supervisor stays in the host's network, where no task port can
-    be reached (:mod:`tfdist.launch.engines._netns`).
+    be reached (:mod:`tfdist.launch.engines._netns`). With ``config.simulate_hosts`` it runs them on
+    simulated hosts, private as well (:mod:`tfdist.launch.engines._hosts`).
 
     Args:
       config: What to run.
@@ -121,13 +123,10 @@ def run_config(
     status = on_status or (lambda message: _log.info("%s", message))
     base_env = dict(os.environ if base_env is None else base_env)
     engine = engine or LocalEngine()
-    if config.isolate_network and not engine.isolates_network:
-        raise invalid(
-            LaunchError,
-            "isolate_network",
-            True,
+    if not engine.isolates_network:
+        config.network.refuse_namespaces(
             f"the local engine (not {type(engine).__name__})",
-            "A private network namespace exists on this machine only; leave `isolate_network` off.",
+            "A private network namespace exists on this machine only; leave `{option}` off.",
         )
     with _StopSignals() as signals:
         try:
@@ -145,7 +144,10 @@ def _supervise(
     signals: _StopSignals,
 ) -> LaunchResult:
     spec = engine.place(config)  # with isolate_network, the local engine makes the private namespace here
-    status(ISOLATED if config.isolate_network else EXPOSURE_WARNING)
+    if config.simulate_hosts:
+        status(describe_hosts(config.network, config.task_names()))
+    else:
+        status(ISOLATED if config.isolate_network else EXPOSURE_WARNING)
     supervisor = Supervisor(config, engine, spec, on_line, status, base_env)
     signals.listeners.append(supervisor.request_stop)
     if signals.signum is not None:

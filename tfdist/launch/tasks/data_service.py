@@ -24,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = program.ArgumentParser(prog=PROG)
     parser.add_argument("--workers", type=int, default=1, help=f"service workers, 1 to {MAX_WORKERS}")
     parser.add_argument("--port", type=program.port_number, default=0, help="dispatcher port (0: pick a free one)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address of this task that the workers report to the dispatcher"
+    )
     args = parser.parse_args(argv)
     require_int(
         DataError,
@@ -38,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with LocalDataService(num_workers=args.workers, port=args.port) as service:
+    with LocalDataService(num_workers=args.workers, host=args.host, port=args.port) as service:
         sys.stdout.write(f"tf.data service up at {service.address} with {args.workers} worker(s)\n")
         sys.stdout.flush()
         while not stop.wait(1.0):
