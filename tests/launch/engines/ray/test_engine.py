@@ -250,7 +250,7 @@ def test_ps_fit_survives_a_worker_killed_mid_fit_and_only_it_restarts(ray_head: 
 
 # Every process a CLI run starts, its own Ray's daemons included, inherits this variable: those are the run's,
 # whatever other test session (CI runs two at once) starts Ray daemons of its own meanwhile.
-_CLI_MARK = ("TFDIST_TEST_CLI_RUN", f"{os.getpid()}-{time.time_ns()}")
+_CLI_RUN = f"{os.getpid()}-{time.time_ns()}"
 
 
 def _cli(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, float]:
@@ -260,14 +260,14 @@ def _cli(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, 
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ, **dict([_CLI_MARK])),
+        env=dict(os.environ, TFDIST_TEST_CLI_RUN=_CLI_RUN),
     )
     return done, time.monotonic() - start
 
 
 def _own_daemons() -> set[int]:
     """The Ray daemons the CLI runs of this session started (those whose environment has its mark)."""
-    mark = "=".join(_CLI_MARK).encode() + b"\0"
+    mark = f"TFDIST_TEST_CLI_RUN={_CLI_RUN}\0".encode()
     own = set()
     for pid in _processes(_RAY_DAEMONS):
         try:
