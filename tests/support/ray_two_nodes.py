@@ -181,7 +181,7 @@ def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
         workers=3,
         min_workers=2,
         max_restarts=2,
-        timeout=400,
+        timeout=600,  # Bounds a hold of at most 300 s (ray_elastic_keras.py) on top of the fit.
         grace_seconds=2,
         env={"TF_CPP_MIN_LOG_LEVEL": "2"},
     )

@@ -25,7 +25,7 @@ from tests.support.processes import assert_all_gone
 from tfdist.errors import LaunchFailure
 from tfdist.launch.engines._netns import unshare_argv
 
-pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.multiprocess, pytest.mark.timeout(1200)]
 SCENARIOS = SUPPORT / "ray_two_nodes.py"
 EXTRA_HOST = "127.0.0.2"
 
@@ -43,7 +43,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [*unshare, sys.executable, str(SCENARIOS), str(work)],
         capture_output=True,
         text=True,
-        timeout=560,
+        timeout=1100,  # Bounds: both scenarios (200 s and 600 s), the joins (180 s each), the head.
         start_new_session=True,
     )
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT_JSON ")]
@@ -81,6 +81,8 @@ def test_real_mwms_fit_goes_on_without_the_node_and_grows_back_when_it_joins(run
     run = runs["keras"]
     report = _report(run)
     assert run["exit_code"] == 0, report + "\n".join(o[-1500:] for o in run["outputs"].values())
+    expired = [line for o in run["outputs"].values() for line in o.splitlines() if line.startswith("HOLD EXPIRED")]
+    assert not expired, f"the node did not join within 300 s of its cue: {expired}\n{report}"
     assert run["events"] == ["leave", "join"], report
     # The head holds two 1-CPU workers, the extra node the third: the one that is lost, and placed there again.
     moved = [task for task, address in run["cluster"].items() if address.startswith(EXTRA_HOST + ":")]
