@@ -29,6 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tfdist.data.order.epoch import ORDER_VERSION
 from tfdist.data.order.position import InputCursor, input_position, restart_attempt
 from tfdist.data.order.reader import StreamLayout
 from tfdist.data.pipeline.options import EpochOptions
@@ -85,6 +86,15 @@ class ResumableInput(Protocol):
 
 def _changed(saved: Mapping[str, Any], now: Mapping[str, Any], *, backup: str) -> bool:
     """:meth:`ResumableInput.check_fingerprint` of the order fingerprinted ``now``."""
+    if saved.get("order", 1) != now.get("order", 1):  # Fingerprints before version 2 name none: version 1.
+        raise DataError(
+            f"The backup in {backup} was made reading version {saved.get('order', 1)} of tfdist's resumable "
+            f"order, and this tfdist reads version {now.get('order', 1)}: the same files and options give "
+            "another record order, so resuming would train other records than the ones left. Finish that "
+            "run with the tfdist version that made it, or start a new backup directory.",
+            field="order",
+            value=now.get("order", 1),
+        )
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if changed == ["pipelines"]:  # Stratified draws on another world size: they go on, and say so.
         _log.warning(
@@ -157,8 +167,8 @@ class InputState:
         return None if self._claims is None else int(self._claims.numpy())
 
     def fingerprint(self) -> dict[str, Any] | None:
-        """:meth:`ResumableInput.fingerprint`."""
-        return None if self._order is None else self._order.fingerprint()
+        """:meth:`ResumableInput.fingerprint`, with the version of the order's definition (``order``)."""
+        return None if self._order is None else {**self._order.fingerprint(), "order": ORDER_VERSION}
 
     def check_fingerprint(self, saved: Mapping[str, Any], *, backup: str) -> bool:
         """:meth:`ResumableInput.check_fingerprint`."""
