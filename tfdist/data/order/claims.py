@@ -163,10 +163,39 @@ def claimed_steps(
     """
     import tensorflow as tf
 
-    from tfdist import _compat
-
     _check(order, global_batch)
     spp = steps_per_pass(order, global_batch)
+    n = len(order._blocks)
+    start = (tf.constant(-1, tf.int64), tf.zeros([n, 4], tf.int64), tf.zeros([n + 1], tf.int64))
+    claims = claimed_indices(counter, None if passes is None else passes * spp)
+    pieces = claims.scan(start, tf.autograph.experimental.do_not_convert(_step_pieces(order, global_batch, spp)))
+    return read_steps(pieces, paths, compression=compression, global_batch=global_batch, finish=finish)
+
+
+def claimed_indices(counter: Any, steps: int | None) -> Any:
+    """An endless dataset of the global steps claimed from ``counter`` (the first ``steps`` only: None, all)."""
+    import tensorflow as tf
+
+    plain = tf.autograph.experimental.do_not_convert
+    claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+    claims = claims.map(plain(lambda _: claim_next(counter)))
+    return claims if steps is None else claims.take_while(plain(lambda g: g < steps))
+
+
+def read_steps(
+    pieces: Any,
+    paths: Sequence[str],
+    *,
+    compression: str,
+    global_batch: int,
+    finish: Callable[[Any], Any] | None,
+) -> Any:
+    """Each step's batch from a dataset of its pieces ``(file, byte offset, records to skip, records to take)``,
+    read in order after the claim (:func:`claim_options`)."""
+    import tensorflow as tf
+
+    from tfdist import _compat
+
     files = tf.constant(list(paths), tf.string)
     plain = tf.autograph.experimental.do_not_convert
 
@@ -179,13 +208,6 @@ def claimed_steps(
         records = tf.data.Dataset.from_tensor_slices((file, offset, skip, take)).flat_map(read_piece)
         return finish(records) if finish is not None else records.batch(global_batch)  # The step: one element.
 
-    claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-    claims = claims.map(plain(lambda _: claim_next(counter)))
-    if passes is not None:
-        claims = claims.take_while(plain(lambda g: g < passes * spp))
-    n = len(order._blocks)
-    start = (tf.constant(-1, tf.int64), tf.zeros([n, 4], tf.int64), tf.zeros([n + 1], tf.int64))
-    pieces = claims.scan(start, plain(_step_pieces(order, global_batch, spp)))
     return pieces.flat_map(read_step).with_options(claim_options())
 
 
