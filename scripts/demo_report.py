@@ -5,7 +5,8 @@
 
 scripts/run_demo.sh runs it last. Every number comes from the summaries that scripts/demo.py wrote: the
 per-class validation accuracy as mean ± standard deviation over the seeds, and what ran (strategy,
-workers, the records each worker trained on per epoch as counted in the train step). The picture shows
+workers, the records each worker trained on per epoch and the distinct records an epoch trained, both
+counted in the train step). The picture shows
 the training set's class counts (log scale) above each run's per-class accuracy: bars are the mean
 over seeds, whiskers the lowest and highest seed, dots the seeds.
 """
@@ -66,8 +67,15 @@ def table(runs: list[dict[str, Any]], picture: str | None) -> str:
         )  # The mix is the name.
         lines.append(f"{name}: the chief's log of the train input: {built or '-'}")
         lines.append(f"{name}: records each worker trained on per epoch (counted in the train step): {_records(run)}")
-        if run.get("worker_streams"):
-            lines.append(f"{name}: the workers' first batches, fetched from their inputs: {run['worker_streams']}")
+        distinct = run.get("distinct_records_per_epoch")
+        if distinct:
+            low, high = int(distinct["min"]), int(distinct["max"])
+            draws = run["steps_per_epoch"] * run["global_batch"]
+            lines.append(
+                f"{name}: distinct records trained per epoch (counted in the train step): "
+                + (f"{low}" if low == high else f"{low}-{high}")
+                + f" of {draws} drawn"
+            )
     cell = 24
     lines.append(f"{'':22}" + "".join(f"{_name(run):>{cell}}" for run in runs))
     lines.append(f"{'examples/s':22}" + "".join(f"{run['examples_per_s']:>{cell}}" for run in runs))
