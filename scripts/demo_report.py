@@ -39,6 +39,13 @@ def _records(summary: dict[str, Any]) -> str:
     )
 
 
+def _span(values: Any) -> str:
+    """'LOW-HIGH', or the one value."""
+    values = list(values)
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def _classes(summary: dict[str, Any]) -> list[str]:
     """The classes in numeric order (2 before 10), then the others as text."""
     return sorted(
@@ -67,14 +74,11 @@ def table(runs: list[dict[str, Any]], picture: str | None) -> str:
         )  # The mix is the name.
         lines.append(f"{name}: the chief's log of the train input: {built or '-'}")
         lines.append(f"{name}: records each worker trained on per epoch (counted in the train step): {_records(run)}")
-        distinct = run.get("distinct_records_per_epoch")
-        if distinct:
-            low, high = int(distinct["min"]), int(distinct["max"])
-            draws = run["steps_per_epoch"] * run["global_batch"]
+        epochs = [epoch for seed_run in run["runs"] for epoch in seed_run.get("distinct_records", [])]
+        if epochs:  # [distinct, trained] per epoch of every seed
             lines.append(
                 f"{name}: distinct records trained per epoch (counted in the train step): "
-                + (f"{low}" if low == high else f"{low}-{high}")
-                + f" of {draws} drawn"
+                f"{_span(e[0] for e in epochs)}, of {_span(e[1] for e in epochs)} trained"
             )
     cell = 24
     lines.append(f"{'':22}" + "".join(f"{_name(run):>{cell}}" for run in runs))

@@ -199,7 +199,7 @@ class TestDemo:
         assert "Input pipeline under parameter servers: claimed steps: 800 records" in summary["input_pipelines"][0]
         assert summary["runs"][0]["distinct_records"] == [[800, 800], [800, 800]]
         text = _demo_report().table([summary], None)
-        assert "natural: distinct records trained per epoch (counted in the train step): 800 of 800 drawn" in text
+        assert "natural: distinct records trained per epoch (counted in the train step): 800, of 800 trained" in text
         assert "identical" not in text
 
 
