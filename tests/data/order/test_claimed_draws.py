@@ -57,6 +57,8 @@ def _ids(batches: object, count: int) -> list[list[int]]:
         ("plain", "sqrt", {"shuffle_buffer": 16}),
         ("plain", "balanced", {"shuffle_buffer": 0}),
         ("gzip", {0: 1, 1: 1, 2: 3, 3: 5}, {"shuffle_buffer": 40, "order_block": 3}),
+        # Blocks of 4 that span file ends, read from byte offsets, in windows of 10.
+        ("plain", "balanced", {"shuffle_buffer": 10, "order_block": 4}),
     ],
 )
 def test_each_claimed_step_is_that_step_of_one_pipeline_and_a_seek_resumes_the_draws(

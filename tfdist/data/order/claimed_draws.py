@@ -5,15 +5,16 @@ are the cluster's: whichever worker claims global step ``g`` (:func:`~tfdist.dat
 trains that step's ``B`` draws, so ``E`` epochs of ``S`` steps train exactly the records one process reading
 the same pipeline trains in ``E*S`` batches. The workers run no Python: the class of draw ``k`` is the
 SplitMix64 hash :func:`~tfdist.data.order.strata.graph_classes`, and the record of a class's ``j``-th draw
-is position ``j`` of that class's endless epoch order (epoch ``j // N``, its block permutation and window
-permutation) computed in graph ops, as the NumPy order computes them.
+is position ``j`` of that class's endless epoch order (epoch ``j // N``): its window permutation, then the
+record at that position of the epoch's permuted blocks (:func:`~tfdist.data.order.claims.graph_records`,
+O(1) a draw), computed in graph ops as the NumPy order computes them.
 
 Where a step's draws stand in each class is the count of every earlier draw of that class: each worker
 counts the draws between its claims (hashes only, no record is read), from its last claim on. A restore
 sets the counter and, beside it, the draw counts at the restored step (NumPy, on the coordinator), where a
 worker starting then begins to count.
 
-A step reads each draw's record from the nearest known byte offset before it
+A step reads each draw's record from the nearest known byte offset at or before it
 (:func:`~tfdist.data.order.claims.locator`; a run of consecutive records of one file is one piece): nothing
 is read ahead of the claim.
 
