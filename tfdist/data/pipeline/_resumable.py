@@ -354,8 +354,8 @@ def claimed(
 ) -> tuple[Any, str] | None:
     """Under parameter servers: a dataset function whose workers claim global steps (None: 'buffer' order).
 
-    Built eagerly on the coordinator: the listing, the block tables and the counter (on a ps, told to
-    ``state``) are made here, and every worker's traced dataset reads the steps it claims
+    Built eagerly on the coordinator: the listing, the order (record counts and byte offsets) and the counter
+    (on a ps, told to ``state``) are made here, and every worker's traced dataset reads the steps it claims
     (:mod:`tfdist.data.order.claims`; stratified draws: :mod:`tfdist.data.order.claimed_draws`). An option
     that keeps the claims out raises a DataError naming its fix; ``order='buffer'`` warns once that every
     worker then reads the whole data.
