@@ -142,20 +142,19 @@ def test_a_pipeline_under_a_strategy_gives_a_parsed_claimed_dataset_and_its_curs
     assert pipeline.claimed_steps() == 13 and pipeline.cursor.position == DataPosition()
 
 
-def test_options_without_a_global_order_fall_back_loudly_or_fail_under_resumable(prefixes, caplog) -> None:
+def test_options_without_a_global_order_are_refused_with_the_fix_under_auto_and_resumable(prefixes, caplog) -> None:
     files = prefixes[None] + "-*"
-    hashed = TFRecordPipeline(files=files, batch_size=8, features=ID_ONLY, shard_policy="hash", shard_key="id")
-    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
-        assert hashed.claimed_dataset_fn(tf.distribute.get_strategy()) is None
-    assert "Every worker reads the whole data" in caplog.text and "shard_policy 'hash'" in caplog.text
-    strict = TFRecordPipeline(
-        files=files, batch_size=8, features=ID_ONLY, shard_policy="hash", shard_key="id", order="resumable"
-    )
-    with pytest.raises(DataError, match="order='buffer'") as err:
-        strict.claimed_dataset_fn(tf.distribute.get_strategy())
-    assert err.value.field == "shard_policy"
+    for order in ("auto", "resumable"):  # Before, 'auto' fell back to every worker reading the whole data.
+        hashed = TFRecordPipeline(
+            files=files, batch_size=8, features=ID_ONLY, shard_policy="hash", shard_key="id", order=order
+        )
+        with pytest.raises(DataError, match="order='buffer'") as err:
+            hashed.claimed_dataset_fn(tf.distribute.get_strategy())
+        assert err.value.field == "shard_policy" and err.value.value == "hash"
+        assert "every worker then reads the whole data" in str(err.value) and "Drop shard_policy" in str(err.value)
     plain = TFRecordPipeline(files=files, batch_size=8, features=ID_ONLY, order="buffer")
-    assert plain.claimed_dataset_fn(tf.distribute.get_strategy()) is None
+    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
+        assert plain.claimed_dataset_fn(tf.distribute.get_strategy()) is None
 
 
 def test_a_block_table_too_large_for_the_graph_names_order_block(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,41 +86,78 @@ def _check(order: EpochOrder, global_batch: int, index: RecordIndex | None) -> N
         )
 
 
+def graph_records(order: EpochOrder) -> Callable[[Any, Any], Any]:
+    """A graph function ``(epoch, positions) -> records``: the listing's record (int64) at each position of
+    ``epoch``'s permuted blocks, before windows (:meth:`~tfdist.data.order.epoch.EpochOrder.blocks_at`).
+
+    ``epoch`` is an int64 scalar, or one epoch per position; O(1) per position whatever the data's size.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf
+        >>> order = EpochOrder(counts=(7, 6), block=3, streams=1, window=0, seed=2)
+        >>> at = np.arange(13)
+        >>> want = (order.blocks_at(4, 0, 5)[at // 3] * 3 + at % 3).tolist()
+        >>> graph_records(order)(tf.constant(4, tf.int64), tf.constant(at)).numpy().tolist() == want
+        True
+    """
+    import tensorflow as tf
+
+    size, whole = order.block, order.permuted_blocks
+
+    def records(epoch: Any, positions: Any) -> Any:
+        place, inside = positions // size, positions % size
+        if order.shuffle and whole > 1:  # The last, shorter block stays last.
+            moved = splitmix.graph_bijection(tf.minimum(place, whole - 1), whole, order.seed, epoch)
+            place = tf.where(place < whole, moved, place)
+        return place * size + inside
+
+    return records
+
+
+def graph_runs(file: Any, records: Any) -> tuple[Any, Any]:
+    """Where runs of consecutive records of one file start (a bool mask) and each run's length (int64):
+    each run becomes one piece, read from its first record on.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> fresh, take = graph_runs(tf.constant([0, 0, 1, 1, 1]), tf.constant([3, 4, 9, 10, 2]))
+        >>> fresh.numpy().tolist(), take.numpy().tolist()
+        ([True, False, True, False, True], [2, 2, 1])
+    """
+    import tensorflow as tf
+
+    fresh = tf.concat([[True], (file[1:] != file[:-1]) | (records[1:] != records[:-1] + 1)], 0)
+    run = tf.cumsum(tf.cast(fresh, tf.int64)) - 1
+    return fresh, tf.math.bincount(tf.cast(run, tf.int32), dtype=tf.int64)
+
+
 def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[Any], Any]:
-    """The map function: claimed step -> the step's pieces (file, first record in the file, records)."""
+    """The map function: claimed step -> the step's pieces (file, first record in the listing, records)."""
     import numpy as np
     import tensorflow as tf
 
-    per, size = global_batch // order.streams, order.block
+    per = global_batch // order.streams
     starts = tf.constant(order.starts, tf.int64)  # Each file's first record in the listing (and the total).
     lengths = np.asarray(order.stream_lengths, np.int64)
     bases = np.asarray([j * order.num_records // order.streams for j in range(order.streams)], np.int64)
     rel = np.arange(per, dtype=np.int64)[None, :]  # Position of each record of a step inside its stream.
     stream_base, stream_length = tf.constant(bases[:, None] + rel), tf.constant(lengths[:, None] - rel)
-    whole = order.permuted_blocks
+    records_at = graph_records(order)
 
     def step(claimed: Any) -> Any:
         epoch, at = claimed // spp, claimed % spp
         keep = at * per < stream_length  # The last step of an epoch may take fewer records of a stream.
-        positions = tf.boolean_mask(stream_base + at * per, keep)
-        place, inside = positions // size, positions % size
-        if order.shuffle and whole > 1:  # The last, shorter block stays last.
-            moved = splitmix.graph_bijection(tf.minimum(place, whole - 1), whole, order.seed, epoch)
-            place = tf.where(place < whole, moved, place)
-        records = place * size + inside
+        records = records_at(epoch, tf.boolean_mask(stream_base + at * per, keep))
         file = tf.searchsorted(starts, records, side="right", out_type=tf.int64) - 1
-        # Runs of consecutive records of one file become one piece.
-        fresh = tf.concat([[True], (file[1:] != file[:-1]) | (records[1:] != records[:-1] + 1)], 0)
-        run = tf.cumsum(tf.cast(fresh, tf.int64)) - 1
-        take = tf.math.bincount(tf.cast(run, tf.int32), dtype=tf.int64)
+        fresh, take = graph_runs(file, records)
         return tf.boolean_mask(file, fresh), tf.boolean_mask(records, fresh), take
 
     return step
 
 
-def _locator(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None) -> Callable[[Any, Any], Any]:
-    """(file, first record of the listing) -> (path, byte offset, records to skip there), in graph ops:
-    from constants, or read by range from the record index."""
+def locator(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None) -> Callable[[Any, Any], Any]:
+    """A graph function ``(file, first record of the listing) -> (path, byte offset, records to skip there)``
+    for one piece: from constants, or read by range from the record index."""
     import tensorflow as tf
 
     starts = tf.constant(order.starts, tf.int64)
@@ -211,28 +248,55 @@ def claimed_steps(
     """
     import tensorflow as tf
 
-    from tfdist import _compat
-
     _check(order, global_batch, index)
     spp = steps_per_pass(order, global_batch)
+    claims = claimed_indices(counter, None if passes is None else passes * spp)
+    pieces = claims.map(tf.autograph.experimental.do_not_convert(_step_pieces(order, global_batch, spp)))
+    return read_steps(
+        pieces, locator(order, paths, index), compression=compression, global_batch=global_batch, finish=finish
+    )
+
+
+def claimed_indices(counter: Any, steps: int | None) -> Any:
+    """An endless dataset of the global steps claimed from ``counter`` (the first ``steps`` only: None, all)."""
+    import tensorflow as tf
+
     plain = tf.autograph.experimental.do_not_convert
-    locate = _locator(order, paths, index)
-
-    @plain
-    def read_piece(file: Any, record: Any, take: Any) -> Any:
-        path, offset, skip = locate(file, record)
-        return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(take)
-
-    @plain
-    def read_step(file: Any, record: Any, take: Any) -> Any:
-        records = tf.data.Dataset.from_tensor_slices((file, record, take)).flat_map(read_piece)
-        return finish(records) if finish is not None else records.batch(global_batch)  # The step: one element.
-
     claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
     claims = claims.map(plain(lambda _: claim_next(counter)))
-    if passes is not None:
-        claims = claims.take_while(plain(lambda g: g < passes * spp))
-    pieces = claims.map(plain(_step_pieces(order, global_batch, spp)))
+    return claims if steps is None else claims.take_while(plain(lambda g: g < steps))
+
+
+def read_steps(
+    pieces: Any,
+    locate: Callable[..., Any],
+    *,
+    compression: str,
+    global_batch: int,
+    finish: Callable[[Any], Any] | None,
+) -> Any:
+    """Each step's batch from a dataset of its pieces, read in order after the claim (:func:`claim_options`).
+
+    A step's element is a tuple of vectors, one entry per piece, the last the records to take; ``locate``
+    turns the other entries of one piece (e.g. file and first record, see :func:`locator`) into
+    ``(path, byte offset, records to skip there)``.
+    """
+    import tensorflow as tf
+
+    from tfdist import _compat
+
+    plain = tf.autograph.experimental.do_not_convert
+
+    @plain
+    def read_piece(*piece: Any) -> Any:
+        path, offset, skip = locate(*piece[:-1])
+        return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(piece[-1])
+
+    @plain
+    def read_step(*columns: Any) -> Any:
+        records = tf.data.Dataset.from_tensor_slices(columns).flat_map(read_piece)
+        return finish(records) if finish is not None else records.batch(global_batch)  # The step: one element.
+
     return pieces.flat_map(read_step).with_options(claim_options())
 
 

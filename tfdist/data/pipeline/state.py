@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from tfdist.data.order.epoch import ORDER_VERSION
@@ -139,6 +139,7 @@ class InputState:
         self._order: Any = None  # An EpochOrder or a StrataOrder (None: the last build is not resumable).
         self._layout: StreamLayout | None = None
         self._claims: Any = None  # Under parameter servers: the int64 counter of claimed global steps (on a ps).
+        self._on_seek: Callable[[int], Any] | None = None
 
     @property
     def cursor(self) -> InputCursor:
@@ -149,9 +150,13 @@ class InputState:
         """The last dataset built reads ``order`` with ``layout`` here (None: not in a resumable order)."""
         self._order, self._layout = order, layout
 
-    def claiming(self, order: Any, layout: StreamLayout, counter: Any) -> None:
-        """Parameter-server workers claim the global steps of ``order`` from ``counter`` (a variable on a ps)."""
-        self._order, self._layout, self._claims = order, layout, counter
+    def claiming(
+        self, order: Any, layout: StreamLayout, counter: Any, *, on_seek: Callable[[int], Any] | None = None
+    ) -> None:
+        """Parameter-server workers claim the global steps of ``order`` from ``counter`` (a variable on a ps);
+        ``on_seek(step)`` is told the step a restore sets the counter to (stratified draws set where the
+        draws of each class stand there)."""
+        self._order, self._layout, self._claims, self._on_seek = order, layout, counter, on_seek
         restart = restart_attempt()
         if restart:
             _log.warning(
@@ -191,6 +196,8 @@ class InputState:
             steps = steps_per_epoch or self.steps_per_epoch()
             assert steps is not None, "claiming() set the order"
             claimed = epoch * steps + step
+            if self._on_seek is not None:  # Before the counter: no claim of that step runs without it.
+                self._on_seek(claimed)
             self._claims.assign(claimed)
             if claimed:
                 _log.info("Input resumes at epoch %d, step %d (claimed steps from %d).", epoch, step, claimed)

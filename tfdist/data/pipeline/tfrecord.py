@@ -249,8 +249,9 @@ among ... (did you mean 'shuffle_buffer'?).
 
         Every worker's dataset takes the next global step from one counter on a parameter server when a
         step asks for its batch, so each step of the epoch order is trained once, by whichever worker runs
-        it (:mod:`tfdist.data.order.claims`). None under the 'buffer' order (an option that keeps the
-        resumable order out is logged, or raises under ``order='resumable'``).
+        it (:mod:`tfdist.data.order.claims`); with ``class_weights`` over class groups each step trains the
+        draws of that step of one stream of draws (:mod:`tfdist.data.order.claimed_draws`). None under the
+        'buffer' order (logged once); an option that keeps the claims out raises a DataError naming its fix.
         ``tfdist.keras.fit_input`` calls it; call it on the coordinator, eagerly.
         """
         where = _context.PipelineSlot(index=0, count=1, batch_size=self.batch_size, per_replica=False)
