@@ -8,8 +8,9 @@ and 2 each set the weight initialisation and the input's shuffle and class draws
 worker) prints a progress line per epoch, keeps TensorBoard logs and backups under OUT/seed-N/, evaluates
 per-class accuracy on the validation set after each seed, and writes OUT/summary.json: each seed's
 results, their mean and spread, and what ran - among it the records each worker trained on in each epoch,
-counted in the train step (``records_w0``, ``records_w1`` in the progress line), and the input pipeline
-that the chief's dataset function built (tfdist's own log line).
+counted in the train step (``records_w0``, ``records_w1`` in the progress line), the distinct records each
+epoch trained (counted in the train step by record id, ``--id-key``), and the input pipeline that the
+chief built (tfdist's own log line).
 """
 
 from __future__ import annotations
@@ -71,39 +72,62 @@ def _records_metrics(keras: Any, tf: Any, workers: int, on_ps: bool) -> list[Any
     return [WorkerRecords(w) for w in range(workers)]
 
 
-def _same_streams(strategy: Any, tf: Any, pipeline: Any, workers: int) -> str:
-    """Under ParameterServerStrategy: do the workers' inputs yield the same records in the same order?
+def _id_space(pipeline: Any, id_key: str, tf: Any) -> int:
+    """One more than the largest record id in the files of ``pipeline`` (a TFRecordPipeline): the size of the
+    per-record counts. Reads the ids once (the demo's data is small)."""
+    from tfdist.data.records.files import compression_of
 
-    Runs ``pipeline`` (the train input's files, seed and sampling; labels only) through the coordinator as
-    ``fit`` does, takes a few batches from the workers and compares each worker's first batches by their
-    labels: 'identical', 'different', or 'unknown' (a worker got no batch).
+    spec = {id_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1)}
+    largest = -1
+    for info in pipeline.listing().files:
+        kind = compression_of(info.path, pipeline.compression) or ""
+        for batch in tf.data.TFRecordDataset(info.path, compression_type=kind).batch(4096):
+            largest = max(largest, int(tf.reduce_max(tf.io.parse_example(batch, spec)[id_key])))
+    return largest + 1
+
+
+def _counted(keras: Any, tf: Any, core: Any, *, id_key: str, image_key: str, ids: int) -> Any:
+    """``core`` in a model whose train step adds each record it trains on to ``seen`` (a count per record id,
+    summed over workers and replicas): how many distinct records an epoch trained, counted where they are used.
     """
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # The one Keras' fit uses too.
 
-    @tf.function
-    def per_worker() -> Any:
-        return strategy.distribute_datasets_from_function(pipeline.dataset_fn)
+    class Counted(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.core = core
+            self.seen = self.add_weight(
+                name="seen", shape=(ids,), initializer="zeros", trainable=False, aggregation=tf.VariableAggregation.SUM
+            )
 
-    iterator = iter(coordinator.create_per_worker_dataset(per_worker))
+        def call(self, inputs: Any, training: bool = False) -> Any:
+            return self.core(inputs[image_key], training=training)
 
-    @tf.function
-    def take(iterator: Any) -> Any:
-        return tf.distribute.coordinator.experimental_get_current_worker_index(), next(iterator)[1]
+        def train_step(self, data: Any) -> Any:
+            ids_ = tf.cast(data[0][id_key], tf.int32)
+            self.seen.assign_add(tf.math.bincount(ids_, minlength=ids, maxlength=ids, dtype=tf.float32))
+            return super().train_step(data)
 
-    fetched = [coordinator.schedule(take, args=(iterator,)) for _ in range(4 * workers)]
-    coordinator.join()
-    batches: dict[int, list[list[int]]] = {}
-    for value in fetched:
-        index, labels = value.fetch()
-        batches.setdefault(int(index), []).append(labels.tolist())
-    if len(batches) < 2:
-        return "unknown"
-    first = min(len(b) for b in batches.values())
-    return "identical" if len({repr(b[:first]) for b in batches.values()}) == 1 else "different"
+    return Counted()
 
 
-def _build(keras: Any, classes: int, size: int, image_key: str, metrics: list[Any]) -> Any:
-    model = keras.Sequential(
+class _Distinct:
+    """A callback's hooks: ``seen`` zeroed as each epoch begins, its distinct records kept as it ends."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.per_epoch: list[list[int]] = []
+
+    def begin(self, epoch: int, logs: Any = None) -> None:
+        self.model.seen.assign(self.model.seen * 0)
+
+    def end(self, epoch: int, logs: Any = None) -> None:
+        seen = self.model.seen.numpy()
+        self.per_epoch.append([int((seen > 0).sum()), int(seen.sum())])
+
+
+def _build(keras: Any, classes: int, size: int, image_key: str, metrics: list[Any], counted: Any = None) -> Any:
+    """The small CNN, compiled; ``counted(core)`` wraps it (the train model that counts its records)."""
+    core = keras.Sequential(
         [
             keras.Input((size, size, 3), name=image_key),  # Matches the feature name in the input dict.
             keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
@@ -114,6 +138,7 @@ def _build(keras: Any, classes: int, size: int, image_key: str, metrics: list[An
             keras.layers.Dense(classes),
         ]
     )
+    model = counted(core) if counted is not None else core
     model.compile(
         optimizer=keras.optimizers.Adam(3e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -143,6 +168,9 @@ def main() -> int:
     )
     parser.add_argument("--label-key", default="label")
     parser.add_argument("--image-key", default="image")
+    parser.add_argument(
+        "--id-key", default="id", help="the record id feature: distinct records per epoch are counted by it"
+    )
     parser.add_argument("--image-size", type=int, default=8, help="images are resized to this square size")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=20)
@@ -181,8 +209,10 @@ def main() -> int:
         label_key=args.label_key,
         as_supervised=True,
     )
+    # The train input carries each record's id: the train step counts the records it trains on by it.
+    ids = _id_space(TFRecordPipeline(files=os.path.join(args.data, "train-*"), **common), args.id_key, tf)
+    train_common = {**common, "features": {**features, args.id_key: tf.io.FixedLenFeature([], tf.int64)}}
     runs = []
-    streams = None  # Checked under ParameterServerStrategy only (MWMS workers read their own share of the files).
     for seed in range(args.seeds):
         keras.utils.set_random_seed(seed)  # The weights' initialisation.
         inputs.lines.clear()
@@ -192,36 +222,24 @@ def main() -> int:
             num_epochs=None,
             class_weights=args.class_weights if args.sampling == "stratified" else "natural",
             seed=seed,  # The shuffle and the stratified draws.
-            **common,
+            **train_common,
         )
-        if on_ps and seed == 0 and workers > 1:
-            streams = _same_streams(
-                strategy,
-                tf,
-                TFRecordPipeline(
-                    files=os.path.join(args.data, "train-*"),
-                    batch_size=args.batch,
-                    shuffle_buffer=2048,
-                    num_epochs=None,
-                    class_weights=train.class_weights,
-                    seed=seed,
-                    features={args.label_key: features[args.label_key]},
-                    label_key=args.label_key,
-                    as_supervised=True,
-                ),
-                workers,
-            )
-            inputs.lines.clear()
         with strategy.scope():
             model = _build(
-                keras, args.classes, args.image_size, args.image_key, _records_metrics(keras, tf, workers, on_ps)
+                keras,
+                args.classes,
+                args.image_size,
+                args.image_key,
+                _records_metrics(keras, tf, workers, on_ps),
+                lambda core: _counted(keras, tf, core, id_key=args.id_key, image_key=args.image_key, ids=ids),
             )
+        distinct = _Distinct(model)
         where = os.path.join(args.out, f"seed-{seed}")
         callbacks = keras.cluster_callbacks(
             backup_dir=os.path.join(where, "backup"),
             tensorboard_dir=os.path.join(where, "tensorboard"),
             global_batch_size=args.batch,
-        )
+        ) + [keras.callbacks.LambdaCallback(on_epoch_begin=distinct.begin, on_epoch_end=distinct.end)]
         if chief:
             sys.stdout.write(f"-- seed {seed}\n")
             sys.stdout.flush()
@@ -239,7 +257,7 @@ def main() -> int:
             continue
         # Per-class accuracy on the (balanced) validation set, with a local copy of the trained weights.
         local = _build(keras, args.classes, args.image_size, args.image_key, [])
-        local.set_weights(model.get_weights())
+        local.set_weights(model.core.get_weights())
         val = TFRecordPipeline(files=os.path.join(args.data, "val-*"), drop_remainder=False, seed=seed, **common)
         labels, predictions = [], []
         # A default InputContext: one pipeline over every file (TF_CONFIG would give MWMS's chief its share only).
@@ -264,6 +282,8 @@ def main() -> int:
                 "per_class_accuracy": per_class,
                 # records_per_worker[epoch][worker], as counted in the train steps.
                 "records_per_worker": [[int(counted[w][e]) for w in range(workers)] for e in range(args.epochs)],
+                # distinct_records[epoch]: [records trained at least once, draws], counted in the train steps.
+                "distinct_records": distinct.per_epoch,
                 "input_pipelines": built,
             }
         )
@@ -295,8 +315,8 @@ def main() -> int:
             "mean": [round(statistics.fmean(epoch[w] for epoch in per_epoch)) for w in range(workers)],
         },
         "input_pipelines": runs[0]["input_pipelines"],
-        # Under ParameterServerStrategy: the workers' first batches compared, fetched before seed 0's fit.
-        "worker_streams": streams,
+        # Over every epoch of every seed: the distinct records trained in an epoch (of steps x batch draws).
+        "distinct_records_per_epoch": _spread([float(e[0]) for run in runs for e in run["distinct_records"]]),
         "runs": runs,
     }
     os.makedirs(args.out, exist_ok=True)

@@ -5,7 +5,8 @@
 
 scripts/run_demo.sh runs it last. Every number comes from the summaries that scripts/demo.py wrote: the
 per-class validation accuracy as mean ± standard deviation over the seeds, and what ran (strategy,
-workers, the records each worker trained on per epoch as counted in the train step). The picture shows
+workers, the records each worker trained on per epoch and the distinct records an epoch trained, both
+counted in the train step). The picture shows
 the training set's class counts (log scale) above each run's per-class accuracy: bars are the mean
 over seeds, whiskers the lowest and highest seed, dots the seeds.
 """
@@ -38,6 +39,13 @@ def _records(summary: dict[str, Any]) -> str:
     )
 
 
+def _span(values: Any) -> str:
+    """'LOW-HIGH', or the one value."""
+    values = list(values)
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def _classes(summary: dict[str, Any]) -> list[str]:
     """The classes in numeric order (2 before 10), then the others as text."""
     return sorted(
@@ -66,8 +74,12 @@ def table(runs: list[dict[str, Any]], picture: str | None) -> str:
         )  # The mix is the name.
         lines.append(f"{name}: the chief's log of the train input: {built or '-'}")
         lines.append(f"{name}: records each worker trained on per epoch (counted in the train step): {_records(run)}")
-        if run.get("worker_streams"):
-            lines.append(f"{name}: the workers' first batches, fetched from their inputs: {run['worker_streams']}")
+        epochs = [epoch for seed_run in run["runs"] for epoch in seed_run.get("distinct_records", [])]
+        if epochs:  # [distinct, trained] per epoch of every seed
+            lines.append(
+                f"{name}: distinct records trained per epoch (counted in the train step): "
+                f"{_span(e[0] for e in epochs)}, of {_span(e[1] for e in epochs)} trained"
+            )
     cell = 24
     lines.append(f"{'':22}" + "".join(f"{_name(run):>{cell}}" for run in runs))
     lines.append(f"{'examples/s':22}" + "".join(f"{run['examples_per_s']:>{cell}}" for run in runs))

@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$strategy" in
-  # Under ParameterServerStrategy every worker's dataset function builds one pipeline over all the files.
+  # Under ParameterServerStrategy the workers claim the steps of one pipeline over all the files.
   ps) topology=(--chief --workers 2 --ps 1); pipelines=1 ;;
   mwms) topology=(--workers 2); pipelines=2 ;;
   *) echo "run_demo.sh: --strategy must be ps or mwms, not '$strategy'" >&2; exit 2 ;;

@@ -163,7 +163,9 @@ class TestDemo:
             "mean": [half, half],
         }
         assert "Input pipeline 0/2" in summary["input_pipelines"][0]  # The chief's share of two pipelines.
-        assert summary["worker_streams"] is None
+        # Distinct records an epoch trained, by id, summed over both workers' train steps: at most the data.
+        for seed_run in summary["runs"]:
+            assert all(0 < distinct <= 800 and draws == 800 for distinct, draws in seed_run["distinct_records"])
         first, second = summary["runs"]
         assert first["final_loss"] != second["final_loss"]  # The seed changes initialisation and order.
         accuracy = summary["per_class_accuracy"]["0"]
@@ -195,10 +197,13 @@ class TestDemo:
         # The coordinator hands each step (one global batch) to a free worker: the split varies, the sum does not.
         for epoch in summary["runs"][0]["records_per_worker"]:
             assert sum(epoch) == summary["steps_per_epoch"] * 32, epoch
-        assert "Input pipeline 0/1" in summary["input_pipelines"][0]  # One pipeline over all the files.
-        # tfdist today: one dataset function with one seed for every PS worker, so both read the same records in
-        # the same order. A change that gives PS workers their own order must update this and the README.
-        assert summary["worker_streams"] == "identical"
+        # The workers claim the steps of one pass: an epoch of 25 steps of 32 trains each of the 800 records once
+        # (before, every worker read the same records in the same order: "identical" first batches).
+        assert "Input pipeline under parameter servers: claimed steps: 800 records" in summary["input_pipelines"][0]
+        assert summary["runs"][0]["distinct_records"] == [[800, 800], [800, 800]]
+        text = _demo_report().table([summary], None)
+        assert "natural: distinct records trained per epoch (counted in the train step): 800, of 800 trained" in text
+        assert "identical" not in text
 
 
 class TestPreemption:

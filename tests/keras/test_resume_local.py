@@ -209,6 +209,7 @@ def test_stratified_draws_go_on_after_a_world_size_change_and_say_so(
     # sequences of 2 (one warning), and the order file then records 2, so the next resume is exact again.
     import json
 
+    from tfdist.data.order.epoch import ORDER_VERSION
     from tfdist.data.pipeline.state import InputState
     from tfdist.keras.resume import ORDER_FILE
 
@@ -222,7 +223,7 @@ def test_stratified_draws_go_on_after_a_world_size_change_and_say_so(
 
     backup = tmp_path / "backup"
     backup.mkdir()
-    now = {"stratified": ["0", "1"], "mix": [0.5, 0.5], "seed": 3, "pipelines": 2, "window": 64}
+    now = {"stratified": ["0", "1"], "mix": [0.5, 0.5], "seed": 3, "pipelines": 2, "window": 64, "order": ORDER_VERSION}
     (backup / ORDER_FILE).write_text(json.dumps({**now, "pipelines": 3}))
     state = InputState(epochs_per_iteration=1)  # A TFRecordPipeline's, without the build.
     resume = keras.ResumeInput(state, backup_dir=str(backup))

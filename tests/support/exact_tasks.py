@@ -110,8 +110,9 @@ def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> l
     return [*w.tolist(), float(b)]
 
 
-def counted_model(*, log_ids: bool = False, print_steps: bool = False) -> Any:
-    """A compiled linear model on ``x`` whose ``counts`` weight (aggregation SUM) counts the ids it trained on."""
+def counted_model(*, log_ids: bool = False, print_steps: bool = False, step_tag: str = "") -> Any:
+    """A compiled linear model on ``x`` whose ``counts`` weight (aggregation SUM) counts the ids it trained on;
+    ``print_steps``: each step prints ``STEP n`` (``STEP TAG n`` with a ``step_tag``)."""
     import tensorflow as tf
 
     from tfdist import keras
@@ -133,7 +134,7 @@ def counted_model(*, log_ids: bool = False, print_steps: bool = False) -> Any:
 
         def train_step(self, data: Any) -> Any:
             if print_steps:
-                tf.print("STEP", self.optimizer.iterations, output_stream=sys.stdout)
+                tf.print("STEP", *([step_tag] if step_tag else []), self.optimizer.iterations, output_stream=sys.stdout)
             with tf.GradientTape() as tape:
                 loss = self.compiled_loss(data["y"][:, None], self(data["x"], training=True))
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 VOCAB, TOKENS, CLASSES, RECORDS, BATCH = 64, 8, 4, 512, 32
@@ -153,6 +156,30 @@ def _full(variable: Any, mesh: Any, dtensor: Any) -> Any:
 
     replicated = dtensor.Layout.replicated(mesh, rank=len(variable.shape))
     return dtensor.unpack(dtensor.relayout(tf.convert_to_tensor(variable), replicated))[0].numpy()
+
+
+def reference_losses(files: str, steps: int, workdir: str | Path, replicas: int = 1) -> list[float]:
+    """``reference_fit``'s per-step losses, from a fresh process (no TF_CONFIG, no DTensor client).
+
+    ``workdir`` is the mesh run's: client 0 wrote the initial weights there (``init.json``).
+    """
+    code = (
+        "import json, sys; from tests.support import mesh_tasks; "
+        f"print(json.dumps(mesh_tasks.reference_fit({files!r}, {steps}, {str(workdir)!r}, {replicas})))"
+    )
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses: list[float] = json.loads(done.stdout.strip().splitlines()[-1])["losses"]
+    return losses
 
 
 def reference_fit(files: str, steps: int, workdir: str, replicas: int = 1) -> dict[str, Any]:

@@ -7,10 +7,10 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
-from tfdist.cli import data_report, doctor, plan, quiet
+from tfdist.cli import data_report, doctor, index, plan, quiet
 from tfdist.runtime import logs, program
 
-_SUBCOMMANDS = (doctor, data_report, plan, quiet)
+_SUBCOMMANDS = (doctor, data_report, index, plan, quiet)
 _LOG_LEVEL_HELP = "level of the tfdist logger's lines on stderr (default $TFDIST_LOG_LEVEL, else info)"
 
 

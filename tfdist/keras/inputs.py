@@ -38,7 +38,11 @@ def fit_input(
       A ``TFRecordPipeline`` there reads one pass per data epoch: each worker
       claims the next global step from a counter on a parameter server when
       it runs one (``TFRecordPipeline.claimed_dataset_fn``), so every record is
-      trained once per data epoch whichever worker runs each step.
+      trained once per data epoch whichever worker runs each step; with
+      ``class_weights``, step ``g`` trains the draws of step ``g`` of one
+      stream of stratified draws. Options that cannot be claimed raise a
+      ``DataError`` naming the fix; ``order="buffer"`` reads the whole data
+      on every worker.
     - Mirrored / MultiWorkerMirrored with a ``TFRecordPipeline``: its
       ``dataset()`` (this worker's shard from TF_CONFIG, global batches that
       Keras splits over replicas); no step count needed.

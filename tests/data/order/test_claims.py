@@ -11,6 +11,7 @@ import logging
 import threading
 from collections import Counter
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -49,7 +50,7 @@ def test_each_claim_reads_its_step_of_the_order_over_several_epochs(prefixes, co
     listing = list_files([prefixes[compression] + "-*"])
     paths = [f.path for f in listing.files]
     order = epoch_order(listing, block=2, streams=4, window=0, seed=5, shuffle=shuffle, compression=compression)
-    assert (order.offsets[0] is None) == (compression is not None)  # type: ignore[index]
+    assert (order.offsets is None) == (compression is not None)
     ids = {}
     for f, path in enumerate(paths):  # (file, record) -> id, read in file order
         for i, record in enumerate(tf.data.TFRecordDataset(path, compression_type=compression or "")):
@@ -141,27 +142,26 @@ def test_a_pipeline_under_a_strategy_gives_a_parsed_claimed_dataset_and_its_curs
     assert pipeline.claimed_steps() == 13 and pipeline.cursor.position == DataPosition()
 
 
-def test_options_without_a_global_order_fall_back_loudly_or_fail_under_resumable(prefixes, caplog) -> None:
+def test_options_without_a_global_order_are_refused_with_the_fix_under_auto_and_resumable(prefixes, caplog) -> None:
     files = prefixes[None] + "-*"
-    hashed = TFRecordPipeline(files=files, batch_size=8, features=ID_ONLY, shard_policy="hash", shard_key="id")
-    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
-        assert hashed.claimed_dataset_fn(tf.distribute.get_strategy()) is None
-    assert "Every worker reads the whole data" in caplog.text and "shard_policy 'hash'" in caplog.text
-    strict = TFRecordPipeline(
-        files=files, batch_size=8, features=ID_ONLY, shard_policy="hash", shard_key="id", order="resumable"
-    )
-    with pytest.raises(DataError, match="order='buffer'") as err:
-        strict.claimed_dataset_fn(tf.distribute.get_strategy())
-    assert err.value.field == "shard_policy"
+    for order in ("auto", "resumable"):  # Before, 'auto' fell back to every worker reading the whole data.
+        hashed = TFRecordPipeline(
+            files=files, batch_size=8, features=ID_ONLY, shard_policy="hash", shard_key="id", order=order
+        )
+        with pytest.raises(DataError, match="order='buffer'") as err:
+            hashed.claimed_dataset_fn(tf.distribute.get_strategy())
+        assert err.value.field == "shard_policy" and err.value.value == "hash"
+        assert "every worker then reads the whole data" in str(err.value) and "Drop shard_policy" in str(err.value)
     plain = TFRecordPipeline(files=files, batch_size=8, features=ID_ONLY, order="buffer")
-    assert plain.claimed_dataset_fn(tf.distribute.get_strategy()) is None
+    with caplog.at_level(logging.WARNING, logger="tfdist.data"):
+        assert plain.claimed_dataset_fn(tf.distribute.get_strategy()) is None
 
 
 def test_a_block_table_too_large_for_the_graph_names_order_block(monkeypatch: pytest.MonkeyPatch) -> None:
     from tfdist.data.order import claims
 
     monkeypatch.setattr(claims, "MAX_BLOCKS", 5)
-    order = EpochOrder(counts=(10,), block=1, streams=2, window=0, seed=0)
+    order = EpochOrder(counts=(10,), block=1, streams=2, window=0, seed=0, offsets=np.arange(10))
     counter = tf.Variable(0, dtype=tf.int64)
     with pytest.raises(DataError, match="order_block") as err:
         claimed_steps(order, ["x"], compression="", global_batch=4, counter=counter, passes=1)

@@ -82,6 +82,7 @@ def fit_from_s3(bucket: str) -> dict[str, Any]:
             batch_size=BATCH,
             shuffle_buffer=0,
             num_epochs=None,
+            order="buffer",  # boto3's staged objects are read whole: every worker reads every object.
             **options,
         )
         with strategy.scope():

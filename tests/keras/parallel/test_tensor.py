@@ -8,10 +8,7 @@ Without DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION=0 the batch x model run 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +34,6 @@ def _run(mesh: str, files: str, workdir: Path, **options: Any) -> dict[str, Any]
     return cluster.values
 
 
-def _reference(files: str, workdir: Path, replicas: int) -> list[float]:
-    code = (
-        "import json, sys; from tests.support import mesh_tasks; "
-        f"print(json.dumps(mesh_tasks.reference_fit({files!r}, {STEPS}, {str(workdir)!r}, {replicas})))"
-    )
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=Path(__file__).parents[3],
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])["losses"]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("mesh")
@@ -70,8 +48,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["killed backup left"] = (
         sorted(os.listdir(root / "killed" / "backup")) if (root / "killed" / "backup").exists() else []
     )
-    out["reference"] = _reference(files, root / "model2", 1)
-    out["reference_2"] = _reference(files, root / "batch2_model2", 2)
+    out["reference"] = mesh_tasks.reference_losses(files, STEPS, root / "model2", 1)
+    out["reference_2"] = mesh_tasks.reference_losses(files, STEPS, root / "batch2_model2", 2)
     out["same_init"] = [(root / d / "init.json").read_text() for d in ("model2", "batch2_model2", "killed")]
     # Every record trained on, counted by id in a variable the train step adds to (3 epochs, shuffled).
     for mesh in ("batch=2,model=2", "batch=2"):

@@ -1,8 +1,13 @@
 """An epoch's record order as a function of (seed, epoch, listing) alone, addressable at any position.
 
-The records are cut into **blocks** (runs of ``block`` records of one file). Each epoch:
+The records of all files, in listing order, are cut into **blocks** of ``block`` records (a block may
+span the end of one file and the start of the next; only the last block of the data is shorter). Each
+epoch:
 
-1. the blocks are permuted (seeded by ``(seed, epoch)``; not under ``shuffle=False``);
+1. the blocks are permuted (keyed by ``(seed, epoch)``; not under ``shuffle=False``) by a bijection
+   computed block by block (:func:`~tfdist.data.order.splitmix.bijection`): the ``k``-th block of the
+   epoch is found in O(1), and nothing of the size of the data is built. The last, shorter block (when
+   the records are not a multiple of ``block``) stays last;
 2. the permuted sequence is cut into ``streams`` contiguous **streams** of near-equal length (``n // K`` or
    one more), whatever the number of workers;
 3. each stream is permuted within **windows** of ``window`` records (seeded by ``(seed, epoch, stream,
@@ -12,10 +17,14 @@ Global step ``s`` trains on records ``[s*b, (s+1)*b)`` of every stream (``b = gl
 so the set of records of a step does not depend on how many workers read them: a worker reads whole
 streams (``policy='file'``) or a slice of every step (``policy='data'``). A position is a number of
 steps, and a stream seeks to it by opening the block it falls in (a byte offset where the file is
-seekable) and re-reading at most one window.
+seekable) and re-reading at most one window. What an order holds is the files' record counts and the
+byte offsets of every ``grid``-th record (arrays; memory-mapped from a record index at scale), so a
+worker's cost is that of the records it reads, not of the data.
 
-The permutations are :func:`~tfdist.data.order.splitmix.permutation` of the keys (a SplitMix64 hash,
-sorted): the same numbers on every platform and NumPy version, so a backup resumes on another machine.
+The permutations are SplitMix64 hashes (:mod:`~tfdist.data.order.splitmix`): the same numbers on every
+platform and NumPy version, so a backup resumes on another machine. :data:`ORDER_VERSION` names this
+definition in a backup's fingerprint: version 1 (files cut into blocks each, all blocks sorted by hash)
+gives other orders for the same options.
 
 Example:
     >>> order = EpochOrder(counts=(5, 3), block=2, streams=2, window=0, seed=1, shuffle=False)
@@ -40,6 +49,8 @@ from tfdist.data.order import splitmix
 from tfdist.errors import DataError, invalid
 
 __all__ = ["EpochOrder"]
+
+ORDER_VERSION = 2  # The definition of the order above: a backup of another version reads other records.
 
 CHUNK = 4096  # Records per window of an unshuffled stream (one tf.data element each).
 
@@ -88,33 +99,45 @@ class Window:
     skip: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class EpochOrder:
     """The order of every epoch over files of ``counts`` records (see the module docstring).
 
+    Orders compare and hash by identity (:func:`~tfdist.data.order.index.epoch_order` returns the same
+    object for the same listing and options).
+
     Attributes:
-      counts: Records per file, in listing order.
+      counts: Records per file, in listing order (a sequence or an int64 array).
       block: Records per block (the unit of the per-epoch permutation).
       streams: How many streams each epoch is cut into (fixed for a job: a backup records it).
       window: Records per shuffle window of a stream (0: no record-level shuffle).
       seed: The seed of every permutation.
       shuffle: Permute blocks and windows; False keeps the listing order.
-      offsets: Per file, the byte offset of each block's first record (None for a file read from its start).
+      offsets: The byte offset, in its file, of every ``grid``-th record of the listing (int64 array, -1
+        where the file is read from its start); None: every file is read from its start.
+      grid: Records between two entries of ``offsets`` (0: ``block``).
     """
 
-    counts: tuple[int, ...]
+    counts: Any = dataclasses.field(repr=False)
     block: int
     streams: int
     window: int
     seed: int
     shuffle: bool = True
-    offsets: tuple[tuple[int, ...] | None, ...] | None = None
+    offsets: Any = dataclasses.field(default=None, repr=False)
+    grid: int = 0
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         if self.block < 1:
             raise invalid(DataError, "block", self.block, "at least 1 record per block")
         if self.streams < 1:
             raise invalid(DataError, "streams", self.streams, "at least 1 stream")
+        counts = np.asarray(self.counts, np.int64).reshape(-1)
+        starts = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=starts[1:])
+        object.__setattr__(self, "_starts", starts)
         if self.num_records < self.streams:
             raise invalid(
                 DataError,
@@ -125,35 +148,74 @@ class EpochOrder:
             )
 
     # ------------------------------------------------------------------ blocks
-    @functools.cached_property
+    @property
+    def starts(self) -> Any:
+        """Each file's first record in the listing's record numbering, and the total last (int64, files + 1)."""
+        return self._starts  # type: ignore[attr-defined]
+
+    @property
+    def num_files(self) -> int:
+        """Files of the listing."""
+        return len(self.starts) - 1
+
+    @property
     def num_records(self) -> int:
         """Records in one epoch."""
-        return sum(self.counts)
+        return int(self.starts[-1])
 
-    @functools.cached_property
-    def _blocks(self) -> Any:
-        """(file, first record, count, byte offset or -1) of every block, as int64 columns."""
+    @property
+    def offset_grid(self) -> int:
+        """Records between two entries of ``offsets``."""
+        return self.grid or self.block
+
+    @property
+    def permuted_blocks(self) -> int:
+        """Blocks the permutation moves: the whole ones (a shorter last block stays last)."""
+        return self.num_records // self.block
+
+    def blocks_at(self, epoch: int, first: int, last: int) -> Any:
+        """The listing's blocks at places ``[first, last)`` of ``epoch``'s sequence (int64 array)."""
         import numpy as np
 
-        rows = []
-        for file, count in enumerate(self.counts):
-            starts = range(0, count, self.block)
-            known = self.offsets[file] if self.offsets is not None else None
-            for i, first in enumerate(starts):
-                offset = known[i] if known is not None and i < len(known) else -1
-                rows.append((file, first, min(self.block, count - first), offset))
-        return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        places = np.arange(first, last, dtype=np.int64)
+        whole = self.permuted_blocks
+        if not self.shuffle or whole <= 1:
+            return places
+        moved = places < whole
+        places[moved] = splitmix.bijection(places[moved], whole, self.seed, epoch)
+        return places
 
-    @functools.lru_cache(maxsize=4)  # noqa: B019 (frozen, hashable: the cache lives as long as the order).
-    def _epoch_blocks(self, epoch: int) -> tuple[Any, Any]:
-        """This epoch's blocks in order, and the position of each block's first record in the epoch."""
+    def _piece(self, file: int, record: int, take: int) -> Piece:
+        """Records ``[record, record + take)`` of the listing, all in ``file``: opened at the nearest known
+        byte offset at or before the first (a grid point of this file), else at the file's start."""
+        start = int(self.starts[file])
+        first = record - start
+        offset, skip = 0, first
+        if first and self.offsets is not None:
+            grid = self.offset_grid
+            point = record // grid
+            if point * grid >= start:
+                at = int(self.offsets[point])
+                if at >= 0:
+                    offset, skip = at, record - point * grid
+        return Piece(file=file, first=first, take=take, offset=offset, skip=skip)
+
+    def _pieces(self, epoch: int, begin: int, end: int) -> tuple[Piece, ...]:
+        """The pieces holding epoch positions ``[begin, end)`` (a run of records of one file is one piece)."""
         import numpy as np
 
-        blocks = self._blocks
-        if self.shuffle:
-            blocks = blocks[splitmix.permutation(len(blocks), self.seed, epoch)]
-        starts = np.concatenate([[0], np.cumsum(blocks[:, 2])])
-        return blocks, starts
+        size, starts = self.block, self.starts
+        first = begin // size
+        pieces: list[Piece] = []
+        for place, block in enumerate(self.blocks_at(epoch, first, (end - 1) // size + 1).tolist(), first):
+            lo, hi = max(begin, place * size), min(end, (place + 1) * size)
+            record, stop = block * size + lo - place * size, block * size + hi - place * size
+            while record < stop:
+                file = int(np.searchsorted(starts, record, side="right")) - 1
+                take = min(stop, int(starts[file + 1])) - record
+                pieces.append(self._piece(file, record, take))
+                record += take
+        return joined(pieces)
 
     # ----------------------------------------------------------------- streams
     @functools.cached_property
@@ -161,32 +223,6 @@ class EpochOrder:
         """Records per stream (the same every epoch)."""
         n, k = self.num_records, self.streams
         return tuple((j + 1) * n // k - j * n // k for j in range(k))
-
-    def _pieces(self, epoch: int, begin: int, end: int) -> tuple[Piece, ...]:
-        """The pieces holding epoch positions ``[begin, end)`` (a run of blocks of one file is one piece)."""
-        import numpy as np
-
-        blocks, starts = self._epoch_blocks(epoch)
-        pieces: list[Piece] = []
-        i = int(np.searchsorted(starts, begin, side="right")) - 1
-        at = begin
-        while at < end:
-            file, first, count, offset = (int(v) for v in blocks[i])
-            inside = at - int(starts[i])
-            take = min(count - inside, end - at)
-            seek = offset >= 0  # Open at the block's first record, else at the file's start.
-            pieces.append(
-                Piece(
-                    file=file,
-                    first=first + inside,
-                    take=take,
-                    offset=offset if seek else 0,
-                    skip=inside if seek else first + inside,
-                )
-            )
-            at += take
-            i += 1
-        return joined(pieces)
 
     def windows(self, *, epoch: int, stream: int, start: int = 0) -> Iterator[Window]:
         """Stream ``stream`` of ``epoch`` from its record ``start``, window by window.
@@ -223,14 +259,32 @@ class EpochOrder:
         """What a backup records to check that a resume reads the same order."""
         return {
             "records": self.num_records,
-            "files": len(self.counts),
-            "counts_key": splitmix.key(*self.counts) if self.counts else 0,
+            "files": self.num_files,
+            "counts_key": counts_key(self.starts),
             "block": self.block,
             "streams": self.streams,
             "window": self.window,
             "seed": self.seed,
             "shuffle": self.shuffle,
         }
+
+
+def counts_key(starts: Any) -> int:
+    """A 64-bit key of the files' record counts, in order (vectorized: O(files) NumPy, no Python loop).
+
+    Example:
+        >>> import numpy as np
+        >>> counts_key(np.cumsum([0, 5, 3])) != counts_key(np.cumsum([0, 3, 5]))
+        True
+    """
+    import numpy as np
+
+    counts = np.diff(np.asarray(starts, np.int64)).astype(np.uint64)
+    place = np.arange(1, len(counts) + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        terms = splitmix.hashes(splitmix.key(len(counts)), place * np.uint64(splitmix.GOLDEN) ^ counts)
+        total = int(np.add.reduce(terms, dtype=np.uint64)) if len(counts) else 0
+    return splitmix.key(total, len(counts))
 
 
 def stream_position(order: EpochOrder, stream: int, records: int, *, epochs_per_pass: int | None) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from tfdist import _compat
@@ -179,7 +179,7 @@ class _WindowSource:
 
     def __init__(self, order: EpochOrder, layout: StreamLayout, starts: StreamStarts, paths: Sequence[str]) -> None:
         # A source outlives its build (below): builds over the same data share one order and one list of paths.
-        self._order, self._paths = _shared(order), _shared(tuple(paths))
+        self._order, self._paths = _shared(order), _shared(paths if isinstance(paths, Hashable) else tuple(paths))
         self._layout, self._starts = layout, starts
         self._live: dict[int, Any] = {}
         self._tokens = itertools.count()

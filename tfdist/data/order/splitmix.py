@@ -7,16 +7,22 @@ compute the same numbers in graph ops (:mod:`tfdist.data.order.claims`). Each fu
 
 * :func:`key` folds integers into one 64-bit key, order-sensitive (:func:`graph_key`);
 * :func:`hashes` gives the ``i``-th hash of a key, for an array of ``i`` (:func:`graph_hashes`);
-* :func:`permutation` sorts ``range(n)`` by those hashes (:func:`graph_permutation`).
+* :func:`permutation` sorts ``range(n)`` by those hashes (:func:`graph_permutation`);
+* :func:`bijection` maps positions to a keyed permutation of ``range(n)`` one by one, without
+  materializing it (:func:`graph_bijection`): a Feistel network over the smallest even number of bits
+  that holds ``n``, cycle-walked back into ``range(n)``, so any position costs O(1) whatever ``n``.
 
 The mixing function is SplitMix64's finalizer (wrapping uint64 arithmetic): the same numbers on every
 platform and NumPy or TF version, so a backup resumes on another machine.
 
 Example:
+    >>> import numpy as np
     >>> permutation(8, 3, 0).tolist()
     [1, 2, 0, 6, 3, 4, 7, 5]
     >>> key(1, 2) != key(2, 1)
     True
+    >>> bijection(np.arange(8), 8, 3, 0).tolist()
+    [4, 1, 5, 3, 7, 2, 6, 0]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ __all__: list[str] = []
 GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: SplitMix64's increment.
 MASK64 = (1 << 64) - 1
 _ROOT = 0x2545F4914F6CDD1D  # The key of no integers.
+ROUNDS = 6  # Feistel rounds of a bijection (4 already pass as a pseudo-random permutation; 6 for margin).
 
 
 def mix(x: Any) -> Any:
@@ -127,3 +134,80 @@ def graph_permutation(n: int, *keys: Any) -> Any:
     sort_keys = graph_hashes(graph_key(*keys), tf.bitcast(tf.range(1, n + 1, dtype=tf.int64), tf.uint64))
     signed = tf.bitcast(tf.bitwise.bitwise_xor(sort_keys, graph_constant(1 << 63)), tf.int64)  # Unsigned order.
     return tf.cast(tf.argsort(signed, stable=True), tf.int64)
+
+
+def _halves(n: int) -> int:
+    """Bits per Feistel half for a domain holding ``range(n)``: at most 4n values, so a walk is short."""
+    return max(1, ((n - 1).bit_length() + 1) // 2)
+
+
+def _round_keys(*keys: int) -> list[int]:
+    return [key(*keys, 0xFE15, r) for r in range(ROUNDS)]
+
+
+def bijection(index: Any, n: int, *keys: int) -> Any:
+    """Where positions ``index`` (int64 array, each in ``[0, n)``) go in a permutation of ``range(n)``
+    that depends on ``keys`` only (int64 array): O(1) per position, nothing of size ``n`` is built.
+
+    Example:
+        >>> import numpy as np
+        >>> sorted(bijection(np.arange(1000), 1000, 5, 1).tolist()) == list(range(1000))
+        True
+    """
+    import numpy as np
+
+    x = np.asarray(index, np.int64).astype(np.uint64)
+    if n <= 1:
+        return x.astype(np.int64)
+    half = np.uint64(_halves(n))
+    mask = np.uint64((1 << int(half)) - 1)
+    rounds = _round_keys(*keys)
+    todo = np.ones(x.shape, bool)
+    while todo.any():  # Cycle-walking: apply the network again to what fell outside range(n).
+        y = x[todo]
+        left, right = y >> half, y & mask
+        for k in rounds:
+            left, right = right, left ^ (hashes(k, right) & mask)
+        x[todo] = (left << half) | right
+        todo[todo] = x[todo] >= np.uint64(n)
+    return x.astype(np.int64)
+
+
+def graph_bijection(index: Any, n: int, *keys: Any) -> Any:
+    """:func:`bijection` in TF ops: ``index`` an int64 tensor, ``keys`` non-negative ints or int64 tensors.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf
+        >>> at = np.arange(0, 10**6, 997)
+        >>> graph_bijection(tf.constant(at), 10**6, 7, tf.constant(2, tf.int64)).numpy().tolist() == (
+        ...     bijection(at, 10**6, 7, 2).tolist())
+        True
+    """
+    import tensorflow as tf
+
+    index = tf.cast(index, tf.int64)
+    if n <= 1:
+        return index
+    half = graph_constant(_halves(n))
+    mask = graph_constant((1 << _halves(n)) - 1)
+    rounds = [graph_key(*keys, 0xFE15, r) for r in range(ROUNDS)]
+    shift, xor, both = tf.bitwise.right_shift, tf.bitwise.bitwise_xor, tf.bitwise.bitwise_and
+
+    def network(x: Any) -> Any:
+        left, right = shift(x, half), both(x, mask)
+        for k in rounds:
+            left, right = right, xor(left, both(graph_hashes(k, right), mask))
+        return tf.bitwise.bitwise_or(tf.bitwise.left_shift(left, half), right)
+
+    def beyond(x: Any) -> Any:  # Compared as int64: the domain is below 2**63 for any n of blocks.
+        return tf.bitcast(x, tf.int64) >= n
+
+    def outside(x: Any) -> Any:
+        return tf.reduce_any(beyond(x))
+
+    def walk(x: Any) -> Any:  # Every element walks until all are inside: the ones inside stay put.
+        return (tf.where(beyond(x), network(x), x),)
+
+    start = network(tf.bitcast(index, tf.uint64))
+    (done,) = tf.while_loop(outside, walk, (start,))
+    return tf.bitcast(done, tf.int64)

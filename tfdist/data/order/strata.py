@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.data.order import splitmix
@@ -78,16 +78,34 @@ def graph_draws(mix: Sequence[float], *, seed: int, worker: int, start: Any) -> 
 
     from tfdist import _compat
 
+    classes = graph_classes(mix, seed=seed, worker=worker)
+    firsts = tf.data.Dataset.range(tf.constant(0, tf.int64), tf.constant((1 << 63) - 1, tf.int64), _GRAPH_CHUNK)
+    return _compat.unbatch_dense(firsts.map(lambda offset: classes(offset + start, _GRAPH_CHUNK)))
+
+
+def graph_classes(mix: Sequence[float], *, seed: int, worker: int) -> Callable[[Any, Any], Any]:
+    """A graph function ``(start, count) -> the classes (int64) of draws start .. start + count`` of pipeline
+    ``worker``: :func:`class_draws` in TF ops (int64 scalars or tensors in, no Python at run time).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> classes = graph_classes([0.3, 0.7], seed=2, worker=0)
+        >>> classes(tf.constant(7, tf.int64), 5).numpy().tolist() == class_draws([0.3, 0.7], seed=2, worker=0,
+        ...                                                                          start=7, count=5).tolist()
+        True
+    """
+    import tensorflow as tf
+
     limits = tf.constant(thresholds(mix), tf.int64)
     seed_key = _stream_key(seed, worker)
 
-    def classes(first: Any) -> Any:
-        index = tf.bitcast(tf.range(first + 1, first + 1 + _GRAPH_CHUNK, dtype=tf.int64), tf.uint64)
+    def classes(start: Any, count: Any) -> Any:
+        first = tf.cast(start, tf.int64)
+        index = tf.bitcast(tf.range(first + 1, first + 1 + tf.cast(count, tf.int64), dtype=tf.int64), tf.uint64)
         values = tf.bitwise.right_shift(splitmix.graph_hashes(seed_key, index), tf.constant(64 - _BITS, tf.uint64))
         return tf.searchsorted(limits, tf.bitcast(values, tf.int64), side="right", out_type=tf.int64)
 
-    firsts = tf.data.Dataset.range(tf.constant(0, tf.int64), tf.constant((1 << 63) - 1, tf.int64), _GRAPH_CHUNK)
-    return _compat.unbatch_dense(firsts.map(lambda offset: classes(offset + start)))
+    return classes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

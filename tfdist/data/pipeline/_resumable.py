@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tfdist._compat import is_variable, single_device_functions
@@ -15,6 +16,7 @@ from tfdist.data.order.strata import StrataOrder, draw_counts, graph_draws
 from tfdist.data.pipeline import reading
 from tfdist.data.pipeline._context import PipelineSlot
 from tfdist.data.pipeline.state import InputState
+from tfdist.data.pipeline.stratified import class_groups
 from tfdist.data.records.files import Listing
 from tfdist.data.sampling import resolve_weights
 from tfdist.data.storage import remote
@@ -23,19 +25,26 @@ from tfdist.errors import DataError, invalid
 _log = logging.getLogger("tfdist.data")
 
 
-def _obstacle(pipeline: Any, *, groups: bool, listing: Listing) -> tuple[str, Any, str] | None:
-    """(option, value, why) of the first option that keeps the resumable order out; None when it applies."""
+def _obstacle(pipeline: Any, *, groups: bool, listing: Listing, claimed: bool = False) -> tuple[str, Any, str] | None:
+    """(option, value, why) of the first option that keeps the resumable order (``claimed``: the claimed steps
+    of parameter servers) out; None when it applies."""
     import tensorflow as tf
 
     if pipeline.data_service is not None:
         return "data_service", pipeline.data_service, "the tf.data service hands out its own splits"
     weights = pipeline.class_weights
-    if weights is not None and pipeline.order != "resumable":
+    if weights is not None and pipeline.order != "resumable" and not claimed:
         return "class_weights", weights, "stratified sampling draws its own order (order='resumable' replays it)"
     if weights is not None and not groups:
         return "class_weights", weights, "without class groups (partition_by) the mix is resampled by rejection"
     if weights is not None and is_variable(weights):
-        return "class_weights", "a tf.Variable", "a mix that changes while training cannot be drawn again"
+        why = (
+            "the classes of a claimed step would depend on the mix in force at every step before it, which "
+            "no worker knows"
+            if claimed
+            else "a mix that changes while training cannot be drawn again"
+        )
+        return "class_weights", "a tf.Variable", why
     if pipeline.shard_policy not in ("auto", "file", "data"):
         return "shard_policy", pipeline.shard_policy, "'hash' and 'off' keep no global order to seek in"
     if pipeline.cache:
@@ -197,6 +206,55 @@ def _too_small(pipeline: Any, label: str, records: int | None, count: int) -> Da
     )
 
 
+def _strata_order(
+    pipeline: Any, listing: Listing, groups: dict[str, Any], count: int
+) -> tuple[StrataOrder, list[list[str]]]:
+    """The stratified order of ``count`` input pipelines over the class groups, and each class's files.
+
+    Each class group is its own resumable epoch order, cut into one stream per pipeline.
+    """
+    seed = pipeline.seed or 0
+    labels = list(groups)
+    orders, files = [], []
+    for i, label in enumerate(labels):
+        paths = {path for path, _ in groups[label]}
+        members = tuple(f for f in listing.files if f.path in paths)
+        known = listing.records([f.path for f in members])
+        if known is not None and known < count:
+            raise _too_small(pipeline, label, known, count)
+        try:
+            order = epoch_order(
+                Listing(files=members, local=listing.local),
+                block=pipeline.order_block,
+                streams=count,
+                window=pipeline.shuffle_buffer,
+                seed=splitmix.key(seed, i) >> 1,
+                shuffle=bool(pipeline.shuffle_buffer),
+                compression=pipeline.compression,
+            )
+        except DataError as err:
+            if err.field != "streams":
+                raise
+            raise _too_small(pipeline, label, None, count) from None
+        files.append([f.path for f in members])
+        orders.append(order)
+    counts = {label: order.num_records for label, order in zip(labels, orders)}
+    weights = pipeline.class_weights
+    if isinstance(weights, dict):
+        weights = {str(k): v for k, v in weights.items()}
+    mix = resolve_weights(weights, counts=counts)
+    drawn_order = StrataOrder(
+        labels=tuple(labels),
+        counts=tuple(counts.values()),
+        mix=tuple(mix[label] for label in labels),
+        seed=seed,
+        num_workers=count,
+        share=sum(counts.values()) // count,
+        orders=tuple(orders),
+    )
+    return drawn_order, files
+
+
 def strata(
     pipeline: Any, listing: Listing, groups: dict[str, Any], layout: StreamLayout, state: InputState
 ) -> tuple[Any, str]:
@@ -210,49 +268,14 @@ def strata(
     import tensorflow as tf
 
     count, index, seed = layout.num_workers, layout.worker, pipeline.seed or 0
-    labels = list(groups)
-    orders, readers = [], []
-    for i, label in enumerate(labels):
-        paths = {path for path, _ in groups[label]}
-        files = tuple(f for f in listing.files if f.path in paths)
-        known = listing.records([f.path for f in files])
-        if known is not None and known < count:
-            raise _too_small(pipeline, label, known, count)
-        try:
-            order = epoch_order(
-                Listing(files=files, local=listing.local),
-                block=pipeline.order_block,
-                streams=count,
-                window=pipeline.shuffle_buffer,
-                seed=splitmix.key(seed, i) >> 1,
-                shuffle=bool(pipeline.shuffle_buffer),
-                compression=pipeline.compression,
-            )
-        except DataError as err:
-            if err.field != "streams":
-                raise
-            raise _too_small(pipeline, label, None, count) from None
-        one = StreamLayout(global_batch=count, streams=count, num_workers=count, worker=index, policy="file")
-        names = [f.path for f in files]
-        readers.append((order, one, names, reading.one_compression(names, pipeline.source)))
-        orders.append(order)
-    counts = {label: order.num_records for label, order in zip(labels, orders)}
-    weights = pipeline.class_weights
-    if isinstance(weights, dict):
-        weights = {str(k): v for k, v in weights.items()}
-    mix = resolve_weights(weights, counts=counts)
-    probabilities = [mix[label] for label in labels]
-    share = sum(counts.values()) // count
+    drawn_order, files = _strata_order(pipeline, listing, groups, count)
+    labels, probabilities, share = drawn_order.labels, list(drawn_order.mix), drawn_order.share
+    one = StreamLayout(global_batch=count, streams=count, num_workers=count, worker=index, policy="file")
+    readers = [
+        (order, one, names, reading.one_compression(names, pipeline.source))
+        for order, names in zip(drawn_order.orders, files)
+    ]
     per_step = layout.per_stream
-    drawn_order = StrataOrder(
-        labels=tuple(labels),
-        counts=tuple(counts.values()),
-        mix=tuple(probabilities),
-        seed=seed,
-        num_workers=count,
-        share=share,
-        orders=tuple(orders),
-    )
     state.reading(drawn_order, layout)
     starts, epochs = state.cursor.reads(), state.cursor.epochs_per_iteration
     counted = _Counted(probabilities, seed=seed, worker=index)
@@ -282,7 +305,7 @@ def strata(
 
     with single_device_functions():  # Host-CPU input functions (see ordered_records).
         dataset = tf.data.Dataset.from_tensors(0).flat_map(draws).batch(per_step, drop_remainder=epochs is None)
-    shown = {k: round(p, 3) for k, p in mix.items()}
+    shown = dict(zip(labels, (round(p, 3) for p in probabilities)))
     text = (
         f"resumable stratified draws over {len(labels)} class groups, mix {shown}, {share} draws per epoch "
         f"({per_step} per step here), replayed after a resume"
@@ -290,36 +313,134 @@ def strata(
     return dataset, text
 
 
+# Under parameter servers: how to make each option that keeps the claimed steps out work with them.
+_CLAIM_FIXES = {
+    "data_service": "Drop data_service: the claimed steps read each step's records on the worker that claims it.",
+    "shard_policy": "Drop shard_policy (or pass 'auto'): the claimed steps split the data by step, not by worker.",
+    "cache": "Drop cache: each claimed step reads its records at their byte offsets.",
+    "on_corrupt": "Pass on_corrupt='raise' (verify='all' names a damaged file up front), or copy the files to a "
+    "local disk.",
+}
+
+
+def _claim_fix(field: str, value: Any, why: str) -> str:
+    """How to make the option ``field`` work with parameter-server steps claimed from a counter."""
+    if field == "class_weights" and value == "a tf.Variable":
+        return "Pass fixed class_weights (a name or a dict): each step's draws are then a function of its step."
+    if field == "class_weights":
+        return "Write the files with write_tfrecords(..., partition_by=label_key): one group of files per class."
+    if field == "files" and "boto3" in why:
+        return "Read s3:// through tensorflow-io (TFDIST_S3_READER=tfio) or copy the files to a file system TF opens."
+    if field == "files":
+        return "Write the files with tfdist.data.write_tfrecords, whose manifest holds every file's record count."
+    return _CLAIM_FIXES.get(field, "")
+
+
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _warn_once(message: str, *args: Any) -> None:
+    """Logs ``message`` as a warning the first time this process asks."""
+    with _WARNED_LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    _log.warning(message, *args)
+
+
 def claimed(
     pipeline: Any, listing: Listing, *, strategy: Any, finish: Any, state: InputState
 ) -> tuple[Any, str] | None:
     """Under parameter servers: a dataset function whose workers claim global steps (None: 'buffer' order).
 
-    Built eagerly on the coordinator: the listing, the block table and the counter (on a ps, told to
-    ``state``) are made here, and every worker's traced dataset reads the steps it claims
-    (:mod:`tfdist.data.order.claims`).
+    Built eagerly on the coordinator: the listing, the order (record counts and byte offsets) and the counter
+    (on a ps, told to ``state``) are made here, and every worker's traced dataset reads the steps it claims
+    (:mod:`tfdist.data.order.claims`; stratified draws: :mod:`tfdist.data.order.claimed_draws`). An option
+    that keeps the claims out raises a DataError naming its fix; ``order='buffer'`` warns once that every
+    worker then reads the whole data.
     """
+    if pipeline.order == "buffer":
+        _warn_once(
+            "Input order 'buffer' under parameter servers: every worker reads the whole data, so an epoch of "
+            "steps trains some records more than once and others not at all. Drop order='buffer' to claim "
+            "each step from a counter (each record once per data epoch)."
+        )
+        return None
+    groups = class_groups(listing, pipeline.label_key) if pipeline.class_weights is not None else {}
+    obstacle = _obstacle(pipeline, groups=bool(groups), listing=listing, claimed=True)
+    if obstacle is not None:
+        field, value, why = obstacle
+        raise invalid(
+            DataError,
+            field,
+            value,
+            f"a setting parameter-server steps can claim ({why})",
+            f"{_claim_fix(field, value, why)} Or pass order='buffer': every worker then reads the whole data, "
+            "and an epoch of steps trains some records more than once and others not at all.",
+        )
+    if drawn(pipeline, groups):
+        return _claimed_draws(pipeline, listing, groups, strategy=strategy, finish=finish, state=state)
+    return _claimed_steps(pipeline, listing, strategy=strategy, finish=finish, state=state)
+
+
+def _every_worker(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The dataset function of every parameter-server worker: ``read(*args, **kwargs)``, whatever its
+    InputContext (every worker claims from the same counter)."""
+
+    def dataset_fn(input_context: Any = None) -> Any:
+        del input_context
+        return read(*args, **kwargs)
+
+    return dataset_fn
+
+
+def _claimed_draws(
+    pipeline: Any, listing: Listing, groups: dict[str, Any], *, strategy: Any, finish: Any, state: InputState
+) -> tuple[Any, str]:
+    """Stratified draws under parameter servers: global step ``g`` claims draws ``g*B .. (g+1)*B`` of the
+    draws one pipeline makes (the order of one process reading the pipeline)."""
+    import tensorflow as tf
+
+    from tfdist.data.order.claimed_draws import base_counts, claimed_draws
+
+    order, files = _strata_order(pipeline, listing, groups, 1)
+    compression = reading.one_compression([path for names in files for path in names], pipeline.source)
+    batch = pipeline.batch_size
+    layout = StreamLayout(global_batch=batch, streams=1, num_workers=1, worker=0, policy="file")
+    with strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
+        base = tf.Variable(base_counts(order, 0, batch), dtype=tf.int64, trainable=False, name="tfdist_claimed_draws")
+    state.claiming(order, layout, counter, on_seek=lambda step: base.assign(base_counts(order, step, batch)))
+    dataset_fn = _every_worker(
+        claimed_draws,
+        order,
+        files,
+        compression=compression,
+        global_batch=batch,
+        counter=counter,
+        base=base,
+        passes=pipeline.num_epochs,
+        finish=finish,
+    )
+
+    shown = dict(zip(order.labels, (round(p, 3) for p in order.mix)))
+    text = (
+        f"claimed stratified draws over {len(order.labels)} class groups, mix {shown}: {order.share} draws "
+        f"per data epoch, {-(-order.share // batch)} steps of {batch}; each step is claimed by the worker that "
+        "runs it and trains the draws of that step"
+    )
+    return dataset_fn, text
+
+
+def _claimed_steps(
+    pipeline: Any, listing: Listing, *, strategy: Any, finish: Any, state: InputState
+) -> tuple[Any, str]:
+    """The plain resumable order under parameter servers: each global step reads its records of every stream."""
     import tensorflow as tf
 
     from tfdist.data.order.claims import claimed_steps, steps_per_pass
 
-    if pipeline.order == "buffer":
-        return None
-    obstacle = _obstacle(pipeline, groups=False, listing=listing)
-    if pipeline.class_weights is not None:  # Parameter-server steps claim the plain order, not stratified draws.
-        obstacle = ("class_weights", pipeline.class_weights, "claimed steps read the plain order, not class draws")
-    if obstacle is not None:
-        if pipeline.order == "resumable":
-            raise _refused(obstacle, "then every parameter-server worker reads the whole data each epoch")
-        field, value, why = obstacle
-        _log.warning(
-            "Input order 'buffer' under parameter servers: %s %r: %s. Every worker reads the whole data, so "
-            "an epoch of steps trains some records more than once and others not at all.",
-            field,
-            value,
-            why,
-        )
-        return None
     known = listing.records([f.path for f in listing.files])
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=known)
     # One reader for the whole cluster: checks that the streams divide the batch, and sizes a step's share.
@@ -338,19 +459,16 @@ def claimed(
     with strategy.scope():
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
     state.claiming(order, layout, counter)
-    passes = pipeline.num_epochs
-
-    def dataset_fn(input_context: Any = None) -> Any:
-        del input_context  # Every worker claims from the same counter.
-        return claimed_steps(
-            order,
-            paths,
-            compression=compression,
-            global_batch=pipeline.batch_size,
-            counter=counter,
-            passes=passes,
-            finish=finish,
-        )
+    dataset_fn = _every_worker(
+        claimed_steps,
+        order,
+        paths,
+        compression=compression,
+        global_batch=pipeline.batch_size,
+        counter=counter,
+        passes=pipeline.num_epochs,
+        finish=finish,
+    )
 
     text = (
         f"claimed steps: {order.num_records} records, {steps_per_pass(order, pipeline.batch_size)} steps per "

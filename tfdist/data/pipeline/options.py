@@ -50,6 +50,8 @@ class SourceOptions:
     Attributes:
       files: A glob (or list of globs/paths); local, ``gs://``, or ``s3://``/
         ``hdfs://``/``az://`` through tensorflow-io. A single string is one glob.
+        A path ending in ``.tfindex`` is a record index (``tfdist index``): its files,
+        read in the resumable order without listing them or walking their headers.
       compression: None/'GZIP'/'ZLIB', or 'auto' to detect from the file name.
       on_corrupt: 'raise' a DataError naming the file, or 'skip' the damaged
         part and count what was lost (``TFRecordPipeline.last_report``).

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tfdist.data.order.epoch import ORDER_VERSION
 from tfdist.data.order.position import InputCursor, input_position, restart_attempt
 from tfdist.data.order.reader import StreamLayout
 from tfdist.data.pipeline.options import EpochOptions
@@ -85,6 +86,15 @@ class ResumableInput(Protocol):
 
 def _changed(saved: Mapping[str, Any], now: Mapping[str, Any], *, backup: str) -> bool:
     """:meth:`ResumableInput.check_fingerprint` of the order fingerprinted ``now``."""
+    if saved.get("order", 1) != now.get("order", 1):  # Fingerprints before version 2 name none: version 1.
+        raise DataError(
+            f"The backup in {backup} was made reading version {saved.get('order', 1)} of tfdist's resumable "
+            f"order, and this tfdist reads version {now.get('order', 1)}: the same files and options give "
+            "another record order, so resuming would train other records than the ones left. Finish that "
+            "run with the tfdist version that made it, or start a new backup directory.",
+            field="order",
+            value=now.get("order", 1),
+        )
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if changed == ["pipelines"]:  # Stratified draws on another world size: they go on, and say so.
         _log.warning(
@@ -129,6 +139,7 @@ class InputState:
         self._order: Any = None  # An EpochOrder or a StrataOrder (None: the last build is not resumable).
         self._layout: StreamLayout | None = None
         self._claims: Any = None  # Under parameter servers: the int64 counter of claimed global steps (on a ps).
+        self._on_seek: Callable[[int], Any] | None = None
 
     @property
     def cursor(self) -> InputCursor:
@@ -139,9 +150,13 @@ class InputState:
         """The last dataset built reads ``order`` with ``layout`` here (None: not in a resumable order)."""
         self._order, self._layout = order, layout
 
-    def claiming(self, order: Any, layout: StreamLayout, counter: Any) -> None:
-        """Parameter-server workers claim the global steps of ``order`` from ``counter`` (a variable on a ps)."""
-        self._order, self._layout, self._claims = order, layout, counter
+    def claiming(
+        self, order: Any, layout: StreamLayout, counter: Any, *, on_seek: Callable[[int], Any] | None = None
+    ) -> None:
+        """Parameter-server workers claim the global steps of ``order`` from ``counter`` (a variable on a ps);
+        ``on_seek(step)`` is told the step a restore sets the counter to (stratified draws set where the
+        draws of each class stand there)."""
+        self._order, self._layout, self._claims, self._on_seek = order, layout, counter, on_seek
         restart = restart_attempt()
         if restart:
             _log.warning(
@@ -157,8 +172,8 @@ class InputState:
         return None if self._claims is None else int(self._claims.numpy())
 
     def fingerprint(self) -> dict[str, Any] | None:
-        """:meth:`ResumableInput.fingerprint`."""
-        return None if self._order is None else self._order.fingerprint()
+        """:meth:`ResumableInput.fingerprint`, with the version of the order's definition (``order``)."""
+        return None if self._order is None else {**self._order.fingerprint(), "order": ORDER_VERSION}
 
     def check_fingerprint(self, saved: Mapping[str, Any], *, backup: str) -> bool:
         """:meth:`ResumableInput.check_fingerprint`."""
@@ -181,6 +196,8 @@ class InputState:
             steps = steps_per_epoch or self.steps_per_epoch()
             assert steps is not None, "claiming() set the order"
             claimed = epoch * steps + step
+            if self._on_seek is not None:  # Before the counter: no claim of that step runs without it.
+                self._on_seek(claimed)
             self._claims.assign(claimed)
             if claimed:
                 _log.info("Input resumes at epoch %d, step %d (claimed steps from %d).", epoch, step, claimed)

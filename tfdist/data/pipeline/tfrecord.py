@@ -35,7 +35,7 @@ from typing import Any
 
 from tfdist._options import GroupedOptions, group
 from tfdist.data.order.position import DataPosition, InputCursor
-from tfdist.data.pipeline import _batching, _checks, _context, _resumable, parsing, reading
+from tfdist.data.pipeline import _batching, _checks, _context, _indexed, _resumable, parsing, reading
 from tfdist.data.pipeline import stratified as stratify
 from tfdist.data.pipeline.options import (
     EpochOptions,
@@ -249,11 +249,11 @@ among ... (did you mean 'shuffle_buffer'?).
 
         Every worker's dataset takes the next global step from one counter on a parameter server when a
         step asks for its batch, so each step of the epoch order is trained once, by whichever worker runs
-        it (:mod:`tfdist.data.order.claims`). None under the 'buffer' order (an option that keeps the
-        resumable order out is logged, or raises under ``order='resumable'``).
+        it (:mod:`tfdist.data.order.claims`); with ``class_weights`` over class groups each step trains the
+        draws of that step of one stream of draws (:mod:`tfdist.data.order.claimed_draws`). None under the
+        'buffer' order (logged once); an option that keeps the claims out raises a DataError naming its fix.
         ``tfdist.keras.fit_input`` calls it; call it on the coordinator, eagerly.
         """
-        listing = self.listing()
         where = _context.PipelineSlot(index=0, count=1, batch_size=self.batch_size, per_replica=False)
 
         def finish(records: Any) -> Any:  # A step's serialized records -> its one parsed batch.
@@ -264,6 +264,14 @@ among ... (did you mean 'shuffle_buffer'?).
 
             return records.batch(self.batch_size).map(self._parse_batch)
 
+        index = _indexed.index_of(self)
+        if index is not None:  # Nothing listed or walked: the index's arrays (verified when it was built).
+            dataset_fn, text = _indexed.claimed(self, index, strategy=strategy, finish=finish, state=self._state())
+            self._run.report = VerifyReport()
+            self._check_features(index.paths[0])
+            _log.info("Input pipeline under parameter servers: %s.", text)
+            return dataset_fn
+        listing = self.listing()
         built = _resumable.claimed(self, listing, strategy=strategy, finish=finish, state=self._state())
         if built is None:
             return None
@@ -297,6 +305,9 @@ among ... (did you mean 'shuffle_buffer'?).
 
         where = _context.slot(input_context, self.batch_size, cluster=cluster)
         _checks.check_cache_path(self.cache)
+        index = _indexed.index_of(self)
+        if index is not None:
+            return self._indexed_records(index, where)
         listing = self.listing()
         groups = stratify.class_groups(listing, self.label_key) if self.class_weights is not None else {}
         reports: list[VerifyReport] = []
@@ -345,6 +356,13 @@ among ... (did you mean 'shuffle_buffer'?).
         _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
         report = sum(reports[1:], reports[0]) if reports else VerifyReport()
         return records, report, where, bool(groups), layout is not None
+
+    def _indexed_records(self, index: Any, where: _context.PipelineSlot) -> tuple[Any, VerifyReport, Any, bool, bool]:
+        """Nothing listed or walked: the record index's arrays (verified when it was built)."""
+        self._check_features(index.paths[0])
+        records, plan_text = _indexed.records(self, index, where, self._state())
+        _log.info("Input pipeline %d/%d: %s.", where.index, where.count, plan_text)
+        return records, VerifyReport(), where, False, True
 
     def _resumable_records(
         self, listing: Listing, groups: dict[str, Any], layout: Any, where: _context.PipelineSlot

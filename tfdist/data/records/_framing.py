@@ -320,12 +320,14 @@ def _check_file(path: str, compression: str | None) -> FileCheck | _Walked:
     return _walk(raw, path)
 
 
-def block_offsets(path: str, block: int) -> tuple[int, tuple[int, ...]]:
-    """(records, byte offset of records 0, block, 2*block, ...) of a local, uncompressed TFRecord file.
+def block_offsets(path: str, block: int, phase: int = 0) -> tuple[int, Any]:
+    """(records, byte offsets of records phase, phase + block, ...: int64) of a local, uncompressed TFRecord file.
 
     The headers are walked as :func:`check_file` walks them (CRCs are the verifier's job), or taken from
     the verifier's walk of the same file in this process; a damaged tail ends at the last whole record.
     """
+    import numpy as np
+
     with open(path, "rb") as f:
         stamp = _stamp(f.fileno(), path)
     known = _WALKED.pop(stamp, None)
@@ -333,7 +335,7 @@ def block_offsets(path: str, block: int) -> tuple[int, tuple[int, ...]]:
         walk = _check_file(path, None)
         _WALKED.pop(stamp, None)
         if isinstance(walk, FileCheck):  # Empty (or unreadable as framed records).
-            return walk.records, ()
+            return walk.records, np.zeros(0, np.int64)
         known = (walk.offsets, walk.records)
     offsets, records = known
-    return records, tuple(int(o) for o in offsets[:records:block])
+    return records, np.asarray(offsets[phase:records:block], np.int64)

@@ -23,6 +23,7 @@ import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from tfdist.data.records.index import names_index
 from tfdist.data.records.writer import COMPRESSIONS, prefixes_of, read_manifest
 from tfdist.data.storage import remote
 from tfdist.errors import DataError, Error, StorageError, invalid
@@ -178,6 +179,14 @@ def list_files(patterns: Sequence[str], *, on_corrupt: str = "raise") -> Listing
       DataError: A pattern matches nothing, names a directory, or a manifest is corrupt.
       StorageError: A file cannot be listed or read.
     """
+    index = names_index(patterns)
+    if index is not None:  # The files a record index names, with their counts (one FileInfo each).
+        from tfdist.data.records.index import open_index
+
+        opened = open_index(index)
+        entries = zip(opened.paths, opened.sizes.tolist(), opened.counts.tolist())
+        files = tuple(FileInfo(path=p, size=s, records=c) for p, s, c in entries)
+        return Listing(files=files, local=opened.local and on_local_disk([files[0].path]))
     paths: list[str] = []
     for pattern in patterns:
         matched = _glob(pattern)

@@ -217,7 +217,9 @@ def test_a_mesh_splits_the_model_over_ray_actors(ray_head: str, tmp_path: Path) 
     )
     assert result.exit_code == 0, result.summary()
     first, second = values["worker:0"], values["worker:1"]
-    assert first["losses"] == second["losses"] and first["losses"][-1] < first["losses"][0]
+    assert first["losses"] == second["losses"]
+    # It trains as one process of plain tf-keras does on the same weights and batches.
+    np.testing.assert_allclose(first["losses"], mesh_tasks.reference_losses(files, 8, tmp_path), atol=1e-5, rtol=0)
     assert first["mesh"] == [["model"], [2]]
     for _, whole, here, specs, _ in first["bytes"]:
         assert here == (whole // 2 if "model" in specs else whole)

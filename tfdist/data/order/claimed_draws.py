@@ -1,0 +1,203 @@
+"""Stratified draws under parameter servers: global step ``g`` trains draws ``g*B .. (g+1)*B`` of one stream.
+
+One input pipeline's stratified draws (:mod:`tfdist.data.order.strata`, the sequence of pipeline 0 of 1)
+are the cluster's: whichever worker claims global step ``g`` (:func:`~tfdist.data.order.claims.claim_next`)
+trains that step's ``B`` draws, so ``E`` epochs of ``S`` steps train exactly the records one process reading
+the same pipeline trains in ``E*S`` batches. The workers run no Python: the class of draw ``k`` is the
+SplitMix64 hash :func:`~tfdist.data.order.strata.graph_classes`, and the record of a class's ``j``-th draw
+is position ``j`` of that class's endless epoch order (epoch ``j // N``): its window permutation, then the
+record at that position of the epoch's permuted blocks (:func:`~tfdist.data.order.claims.graph_records`,
+O(1) a draw), computed in graph ops as the NumPy order computes them.
+
+Where a step's draws stand in each class is the count of every earlier draw of that class: each worker
+counts the draws between its claims (hashes only, no record is read), from its last claim on. A restore
+sets the counter and, beside it, the draw counts at the restored step (NumPy, on the coordinator), where a
+worker starting then begins to count.
+
+A step reads each draw's record from the nearest known byte offset at or before it
+(:func:`~tfdist.data.order.claims.locator`; a run of consecutive records of one file is one piece): nothing
+is read ahead of the claim.
+
+Example (one process: the claims run in order):
+    >>> import os, tempfile
+    >>> import tensorflow as tf
+    >>> from tfdist.data import write_tfrecords
+    >>> from tfdist.data.order.epoch import EpochOrder
+    >>> from tfdist.data.order.strata import StrataOrder
+    >>> prefix = os.path.join(tempfile.mkdtemp(), "part")
+    >>> groups = [write_tfrecords([tf.train.Example()] * n, f"{prefix}{n}", num_shards=1) for n in (6, 2)]
+    >>> classes = tuple(EpochOrder(counts=(n,), block=2, streams=1, window=0, seed=1) for n in (6, 2))
+    >>> order = StrataOrder(labels=("a", "b"), counts=(6, 2), mix=(0.5, 0.5), seed=3, num_workers=1, share=8,
+    ...                     orders=classes)
+    >>> counter, base = tf.Variable(0, dtype=tf.int64), tf.Variable([0, 0, 0], dtype=tf.int64)
+    >>> steps = claimed_draws(order, groups, compression="", global_batch=4, counter=counter, base=base,
+    ...                       passes=1)
+    >>> [int(batch.shape[0]) for batch in steps], int(counter.numpy())
+    ([4, 4], 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tfdist.data.order import splitmix
+from tfdist.data.order.claims import MAX_BLOCKS, claimed_indices, graph_records, graph_runs, locator, read_steps
+from tfdist.data.order.epoch import EpochOrder
+from tfdist.data.order.strata import StrataOrder, draw_counts, graph_classes
+from tfdist.errors import DataError, invalid
+
+__all__: list[str] = []
+
+_COUNT_CHUNK = 1 << 20  # Draws a worker counts per graph pass on its way to a claimed step.
+
+
+def base_counts(order: StrataOrder, step: int, global_batch: int) -> list[int]:
+    """What the ``base`` variable of :func:`claimed_draws` holds for a restore at global step ``step``:
+    the first draw of that step, then how many draws before it each class took.
+
+    Example:
+        >>> from tfdist.data.order.epoch import EpochOrder
+        >>> one = EpochOrder(counts=(4,), block=2, streams=1, window=0, seed=1)
+        >>> order = StrataOrder(labels=("a", "b"), counts=(4, 4), mix=(0.5, 0.5), seed=3, num_workers=1,
+        ...                     share=8, orders=(one, one))
+        >>> base_counts(order, 2, 4)
+        [8, 2, 6]
+    """
+    first = step * global_batch
+    return [first, *(int(c) for c in draw_counts(order.mix, seed=order.seed, worker=0, upto=first))]
+
+
+def claimed_draws(
+    order: StrataOrder,
+    class_paths: Sequence[Sequence[str]],
+    *,
+    compression: str,
+    global_batch: int,
+    counter: Any,
+    base: Any,
+    passes: int | None,
+    finish: Callable[[Any], Any] | None = None,
+) -> Any:
+    """One element per claimed global step: the batch of its draws, in draw order.
+
+    Args:
+      order: The stratified order of one pipeline (``num_workers=1``; each class's order one stream).
+      class_paths: Each class's files, in its order's listing order.
+      compression: The files' compression ('' for none).
+      global_batch: Draws per global step.
+      counter: An int64 ``tf.Variable`` (on a parameter server): the next global step to claim.
+      base: An int64 ``tf.Variable`` of ``1 + classes`` values (on a parameter server): :func:`base_counts`
+        of the step the counter was last set to (zeros at the start).
+      passes: Epochs of ``order.share`` draws to take (None: endless).
+      finish: Turns the dataset of a step's serialized records into a dataset of one element, its batch.
+    """
+    import tensorflow as tf
+
+    blocks = sum(0 if one.offsets is None else len(one.offsets) for one in order.orders)
+    if blocks > MAX_BLOCKS:
+        raise invalid(
+            DataError,
+            "order_block",
+            order.orders[0].block,
+            f"blocks of enough records to make at most {MAX_BLOCKS} blocks over the class groups (now {blocks})",
+            "Under parameter servers the byte offsets of the blocks travel to every worker in the graph: use a "
+            "larger order_block.",
+        )
+    limit = None if passes is None else passes * order.share
+    step = _step_pieces(order, [len(paths) for paths in class_paths], global_batch, limit, base)
+    start = (tf.constant(-1, tf.int64), tf.zeros([len(order.orders)], tf.int64))
+    claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch))
+    pieces = claims.scan(start, tf.autograph.experimental.do_not_convert(step))
+    locators = [locator(one, paths, None) for one, paths in zip(order.orders, class_paths)]
+
+    def locate(label: Any, file: Any, record: Any) -> Any:  # A piece of class ``label``: its class's locator.
+        branches = [lambda at=at: at(file, record) for at in locators]
+        return tf.switch_case(tf.cast(label, tf.int32), branches)
+
+    return read_steps(pieces, locate, compression=compression, global_batch=global_batch, finish=finish)
+
+
+def _step_pieces(
+    order: StrataOrder, files: Sequence[int], batch: int, limit: int | None, base: Any
+) -> Callable[[Any, Any], Any]:
+    """The scan function: (the draws counted, each class's count; claimed step) -> the step's pieces
+    (class, file of the class, first record of the class's listing, records)."""
+    import numpy as np
+    import tensorflow as tf
+
+    classes = graph_classes(order.mix, seed=order.seed, worker=0)
+    count = len(order.orders)
+    records_of = [_records(one) for one in order.orders]
+    class_starts = [tf.constant(one.starts, tf.int64) for one in order.orders]  # Each file's first record.
+    firsts = tf.constant(np.concatenate([[0], np.cumsum(files)[:-1]]), tf.int64)  # Files numbered over classes.
+
+    def from_base(first: Any) -> tuple[Any, Any]:
+        saved = tf.raw_ops.ReadVariableOp(resource=base.handle, dtype=tf.int64)
+        zero = (tf.constant(0, tf.int64), tf.zeros([count], tf.int64))
+        return tf.cond(saved[0] <= first, lambda: (saved[0], saved[1:]), lambda: zero)
+
+    def counted(at: Any, counts: Any, first: Any) -> tuple[Any, Any]:
+        """How many draws before ``first`` each class took, counted on from ``at`` (or from the base)."""
+        at, counts = tf.cond((at < 0) | (first < at), lambda: from_base(first), lambda: (at, counts))
+
+        def more(at: Any, counts: Any) -> tuple[Any, Any]:
+            n = tf.minimum(tf.constant(_COUNT_CHUNK, tf.int64), first - at)
+            drawn = tf.cast(classes(at, n), tf.int32)
+            return at + n, counts + tf.math.bincount(drawn, minlength=count, maxlength=count, dtype=tf.int64)
+
+        return tf.while_loop(lambda at, _: at < first, more, (at, counts))
+
+    def step(state: Any, claimed: Any) -> Any:
+        at, counts = state
+        first = claimed * batch
+        at, counts = counted(at, counts, first)
+        size = (
+            tf.constant(batch, tf.int64) if limit is None else tf.minimum(tf.constant(batch, tf.int64), limit - first)
+        )
+        drawn = classes(first, size)
+        taken = tf.one_hot(drawn, count, dtype=tf.int64)
+        # The position of each draw in its class's endless order: that class's draws before it.
+        index = tf.gather(counts, drawn) + tf.gather(tf.cumsum(taken, axis=0, exclusive=True), drawn, batch_dims=1)
+        file, record = tf.zeros(tf.shape(drawn), tf.int64), tf.zeros(tf.shape(drawn), tf.int64)
+        for c, (records, starts) in enumerate(zip(records_of, class_starts)):
+            where = tf.where(tf.equal(drawn, c))
+            found = records(tf.gather_nd(index, where))
+            record = tf.tensor_scatter_nd_update(record, where, found)
+            at = tf.searchsorted(starts, found, side="right", out_type=tf.int64) - 1
+            file = tf.tensor_scatter_nd_update(file, where, at)
+        fresh, take = graph_runs(tf.gather(firsts, drawn) + file, record)  # Runs within one file of one class.
+        pieces = (*(tf.boolean_mask(column, fresh) for column in (drawn, file, record)), take)
+        return (first + size, counts + tf.reduce_sum(taken, 0)), pieces
+
+    return step
+
+
+def _records(order: EpochOrder) -> Callable[[Any], Any]:
+    """A graph function: positions in the class's endless order (stream 0 of every epoch, one after the
+    other) -> the records of the class's listing there (int64)."""
+    import tensorflow as tf
+
+    length, window = order.stream_lengths[0], order.window
+    windowed = bool(order.shuffle and window)
+    windows = -(-length // window) if windowed else 1
+    width = min(window, length)
+    records_at = graph_records(order)
+    plain = tf.autograph.experimental.do_not_convert
+
+    def in_window(keys: Any) -> Any:  # The permutation of window w of epoch e (key e * windows + w), padded.
+        epoch, w = keys // windows, keys % windows
+        size = tf.minimum(tf.constant(window, tf.int64), length - w * window)
+        permuted = splitmix.graph_permutation(size, order.seed, epoch, 0, w)
+        return tf.ensure_shape(tf.pad(permuted, [[0, width - size]]), [width])
+
+    def records(index: Any) -> Any:
+        epoch, at = index // length, index % length
+        if windowed:  # Position `at` of the stream holds position begin + permutation[at - begin] of its window.
+            begin = at // window * window
+            keys, slot = tf.unique(epoch * windows + at // window, out_idx=tf.int64)
+            permutations = tf.map_fn(plain(in_window), keys, fn_output_signature=tf.TensorSpec([width], tf.int64))
+            at = begin + tf.gather_nd(permutations, tf.stack([slot, at - begin], 1))
+        return records_at(epoch, at)  # Stream 0 starts at position 0 of the epoch.
+
+    return records
