@@ -198,6 +198,13 @@ def test_keras3_fixes_fail_naming_the_keras_version_when_a_name_moved() -> None:
         check_keras3(changed, "3.16.0")
     assert set(REPLACED) >= {"reduce_per_replica", "TensorFlowTrainer._maybe_symbolic_build"}
     assert check_keras3(moved, "3.9.2") == "keras 3.9.2: refused under multi-replica strategies (older than 3.10)"
+    gone = SimpleNamespace(reduce_per_replica=None)
+    with pytest.raises(StackError, match=r"TensorFlowTrainer or Trainer.*keras 3.16.0 does not"):
+        check_keras3(gone, "3.16.0")
+    # Keras 3.16 (keras-nightly, which TF 2.22.0rc0 installs) renames the class Trainer; the rest is found there.
+    renamed = SimpleNamespace(Trainer=SimpleNamespace(_maybe_symbolic_build=build))
+    with pytest.raises(StackError, match=r"trainer.TensorFlowTrainer._symbolic_build.*keras 3.16.0 does not"):
+        check_keras3(renamed, "3.16.0")
     assert check_keras3(moved, "2.17.0") == "no Keras 3 installed"
 
 

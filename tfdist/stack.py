@@ -160,7 +160,7 @@ def _schemes(probe: bool) -> dict[str, str]:
 def stack_report(*, probe: bool = False) -> StackReport:
     """The installed stack; ``probe`` also imports TensorFlow, checks file systems and internals."""
     version = versions.installed_version
-    tf, keras, legacy = version("tensorflow"), version("keras"), os.environ.get("TF_USE_LEGACY_KERAS")
+    tf, keras, legacy = version("tensorflow"), versions.keras_version(), os.environ.get("TF_USE_LEGACY_KERAS")
     tensorboard, tfio = version("tensorboard"), version("tensorflow-io")
     keras3_imported = versions.keras3_loaded()  # Before probing, which may import Keras 3 itself.
     problem = versions.stack_problem()

@@ -41,15 +41,17 @@ from typing import Any
 
 from tfdist._compat.keras3_callbacks import chief_only
 from tfdist.errors import StackError, StrategyError
-from tfdist.runtime.versions import installed_version, parse_version
+from tfdist.runtime.versions import keras_version, parse_version
 
 _PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}  # TF's class, by its public name.
 
 FIRST_RIGHT = (3, 10)  # The first Keras 3 whose multi-replica fit equals a one-process run (measured 3.4-3.15).
 TRAINER = "keras.src.backend.tensorflow.trainer"
+# The trainer class of that module: TensorFlowTrainer to 3.15, Trainer in 3.16 (keras-nightly, TF 2.22.0rc0).
+TRAINER_CLASSES = ("TensorFlowTrainer", "Trainer")
 # What the fixes replace or use, with the parameters they are called with (checked by check_keras3).
 REPLACED = {
-    "TensorFlowTrainer._maybe_symbolic_build": ("self", "iterator", "data_batch"),
+    "TensorFlowTrainer._maybe_symbolic_build": ("self", "iterator", "data_batch"),  # Trainer.* in 3.16
     "TensorFlowTrainer._symbolic_build": None,
     "reduce_per_replica": ("values", "strategy", "reduction"),
     "_collective_all_reduce_multi_worker": ("strategy",),
@@ -81,12 +83,23 @@ def _moved(what: str, version: str) -> StackError:
     )
 
 
+def _trainer_class(module: Any, version: str) -> Any:
+    for name in TRAINER_CLASSES:
+        found = getattr(module, name, None)
+        if found is not None:
+            return found
+    raise _moved(" or ".join(TRAINER_CLASSES), version)
+
+
 def _resolve(module: Any, dotted: str, version: str) -> Any:
-    value = module
-    for name in dotted.split("."):
-        value = getattr(value, name, None)
+    first, _, rest = dotted.partition(".")
+    value = _trainer_class(module, version) if first == TRAINER_CLASSES[0] else getattr(module, first, None)
+    for name in rest.split(".") if rest else ():
         if value is None:
-            raise _moved(dotted, version)
+            break
+        value = getattr(value, name, None)
+    if value is None:
+        raise _moved(dotted, version)
     return value
 
 
@@ -96,7 +109,7 @@ def check_keras3(module: Any = None, version: str | None = None) -> str:
     Raises StackError naming the Keras version and the name when one is missing or takes other parameters.
     Imports Keras 3 (and so TensorFlow) when it is installed and right.
     """
-    version = version or installed_version("keras")
+    version = version or keras_version()
     if version is None or parse_version(version) < (3, 0):
         return "no Keras 3 installed"
     if not keras3_right(version):
@@ -121,7 +134,7 @@ def prepare_keras3() -> str:
     ``tfdist.build_strategy`` calls it for mirrored, multi-worker mirrored and parameter-server strategies.
     Returns what it did, for the log. Does nothing without Keras 3 installed.
     """
-    version = installed_version("keras")
+    version = keras_version()
     if version is None or parse_version(version) < (3, 0):
         return "no Keras 3 installed"
     keras = sys.modules.get("keras")
@@ -160,7 +173,7 @@ def install(keras: Any) -> str:
         _log.warning("Keras 3 runs on %s here, not on TensorFlow: tf.distribute strategies do not apply.", backend)
         return f"keras {version} on {backend}: nothing to fix"
     module: Any = importlib.import_module(TRAINER)
-    trainer = module.TensorFlowTrainer
+    trainer = _trainer_class(module, version)
     if getattr(trainer, "_tfdist_keras3", None) is not None:
         return str(trainer._tfdist_keras3)
     if keras3_right(version):

@@ -36,6 +36,24 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+KERAS_DISTRIBUTIONS = ("keras", "keras-nightly")  # TF 2.22.0rc0 depends on keras-nightly; both install `keras`.
+
+
+def keras_version() -> str | None:
+    """The installed version of the ``keras`` package, from whichever distribution installed it, or None.
+
+    Example:
+        >>> v = keras_version()
+        >>> v is None or v[0].isdigit()
+        True
+    """
+    for distribution in KERAS_DISTRIBUTIONS:
+        version = installed_version(distribution)
+        if version is not None:
+            return version
+    return None
+
+
 def stack_text() -> str:
     """'TensorFlow X with tf-keras Y', as installed (None where one is missing)."""
     return f"TensorFlow {installed_version('tensorflow')} with tf-keras {installed_version('tf-keras')}"
