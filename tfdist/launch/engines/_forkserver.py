@@ -56,6 +56,15 @@ def shared_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "TF_CONFIG" and not k.startswith(_TASK_PREFIXES)}
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, which whoever adopted it has not reaped yet, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class ServerGone(Exception):
     """The fork server did not answer: it failed to start, or died."""
 
@@ -256,13 +265,7 @@ class ForkedProcess(GroupProcess):
         self._ended.set()
 
     def _await_orphan(self) -> None:
-        while True:
-            try:
-                os.kill(self._pid, 0)
-            except ProcessLookupError:
-                break
-            except PermissionError:
-                pass
+        while _running(self._pid):
             time.sleep(_ORPHAN_POLL)
         self._on_line(self.task, f"tfdist: the fork server of {self.task} died before it; its exit code is lost.")
         self._code = 1

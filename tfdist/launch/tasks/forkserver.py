@@ -83,6 +83,9 @@ def _run_module(module: str, args: Sequence[str]) -> int:
     """Runs ``module`` as ``__main__`` with ``args``; its exit code as the interpreter would give it."""
     sys.argv = ["-m", *args]  # run_module puts the module's file in sys.argv[0]
     sys.path[0] = os.getcwd()  # what `python -m` puts first
+    # The server's imports may hold the module already (tfdist.launch imports the function runner); as in a
+    # new interpreter, __main__ is a fresh run of it, beside that copy (and runpy does not warn of it).
+    sys.modules.pop(module, None)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         return 0
