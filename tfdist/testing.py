@@ -57,14 +57,5 @@ def run_cluster(
         any task prints that line (fault tests trigger on progress, not time),
         and ``max_restarts=1``.
     """
-    return run_function(
-        target,
-        workers=workers,
-        args=args,
-        ps=ps,
-        chief=chief,
-        evaluator=evaluator,
-        timeout=timeout,
-        preload=preload,
-        **options,
-    )
+    options.update(ps=ps, chief=chief, evaluator=evaluator, timeout=timeout, preload=preload)
+    return run_function(target, workers=workers, args=args, **options)
