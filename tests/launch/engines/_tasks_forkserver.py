@@ -75,9 +75,13 @@ def main(action: str, *args: str) -> None:
 
 def mwms_fit_and_parent(global_batch: int, epochs: int) -> dict[str, Any]:
     """The 2-worker MWMS fit of tests/keras/test_fit.py, and the command line of this task's parent."""
+    import numpy as np
+
     from tests.keras._tasks_fit import equivalence_mwms
 
+    draw = float(np.random.random())  # before the fit seeds NumPy
     value = equivalence_mwms(global_batch, epochs)
+    value["draw"] = draw
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
         value["parent"] = [arg.decode() for arg in f.read().split(b"\0") if arg]
     value["ppid"] = os.getppid()

@@ -216,3 +216,4 @@ def test_a_preloaded_mwms_fit_equals_the_plain_one() -> None:
         assert forked.values[task]["parent"][1:3] == ["-m", TaskProgram.FORKSERVER.module]
         assert plain.values[task]["ppid"] == os.getpid()  # started by this launcher
     assert forked.values["worker:0"]["ppid"] == forked.values["worker:1"]["ppid"]
+    assert forked.values["worker:0"]["draw"] != forked.values["worker:1"]["draw"]  # NumPy reseeded in each fork

@@ -129,6 +129,7 @@ def run_child(request: Mapping[str, Any], out: int, err: int) -> NoReturn:
         os.environ.clear()
         os.environ.update(request["env"])  # This child's own environment: it is a new task.
         _reinstall_logging()
+        _reseed()
         os.chdir(request["cwd"])
         argv = list(request["argv"])
         code = _run_module(argv[2], argv[3:])
@@ -138,6 +139,14 @@ def run_child(request: Mapping[str, Any], out: int, err: int) -> NoReturn:
             traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _reseed() -> None:
+    """NumPy's global generator as a new interpreter has it: seeded afresh (Python's ``random`` reseeds itself
+    after a fork; NumPy's would otherwise repeat the server's sequence in every task)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _reinstall_logging() -> None:
