@@ -228,4 +228,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # No interpreter teardown: with TensorFlow loaded it takes its time, and the server has nothing to clean up.
+    os._exit(main(sys.argv))
