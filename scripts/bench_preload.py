@@ -57,11 +57,13 @@ def _run(mode: str, files: list[str]) -> tuple[float, float, float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--first", choices=("on", "off"), default="on", help="the mode of the first run")
     parser.add_argument("files", nargs="*", default=list(FILES))
     args = parser.parse_args()
     results: dict[str, list[tuple[float, float, float, int]]] = {"on": [], "off": []}
     for repeat in range(args.repeats):
-        for mode in ("on", "off") if repeat % 2 == 0 else ("off", "on"):
+        order = ("on", "off") if args.first == "on" else ("off", "on")
+        for mode in order if repeat % 2 == 0 else order[::-1]:
             results[mode].append(_run(mode, args.files))
             wall, cpu, own, code = results[mode][-1]
             print(
