@@ -150,6 +150,7 @@ def run_function(
     workers: int,
     args: Sequence[Any] = (),
     engine: str | Engine | None = None,
+    preload: bool = True,
     **options: Any,
 ) -> FunctionRun:
     """Runs ``target`` in every command task of a cluster and waits for the end.
@@ -161,11 +162,15 @@ def run_function(
       args: JSON-serializable positional arguments for the function.
       engine: Where the tasks run: 'local' (default), 'ray', 'spark' (the
         active SparkSession), or an Engine such as ``SparkEngine(spark=spark)``.
+      preload: Fork the tasks from a process that has imported TensorFlow
+        once (the local engine's fork server, see ``LaunchConfig.preload``),
+        instead of starting a new interpreter per task: on by default here,
+        since a function task is tfdist's own program. False: new processes.
       **options: The other :func:`tfdist.launch.run` options: ``ps``,
         ``chief``, ``timeout``, ``max_restarts``, ``kills``...
 
     Returns:
       A :class:`FunctionRun`: ``values`` holds each task's return value.
     """
-    result = run(command_for(target, args), workers=workers, engine=engine, **options)
+    result = run(command_for(target, args), workers=workers, engine=engine, preload=preload, **options)
     return FunctionRun(result=result, values=values_of(result))

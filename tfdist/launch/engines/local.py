@@ -24,6 +24,7 @@ from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchFailure
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
+from tfdist.launch.engines._forkserver import ForkedProcess, ForkServers
 from tfdist.launch.engines._hosts import Hosts
 from tfdist.launch.engines._netns import Namespace
 from tfdist.launch.engines._process import LocalProcess
@@ -49,6 +50,9 @@ class LocalEngine(Engine):
 
     With ``simulate_hosts`` every task runs on its simulated host (:mod:`tfdist.launch.engines._hosts`), at
     that host's address; the tf.data service on the first host.
+
+    With ``preload`` (see :meth:`place`) tfdist's own task programs are forked from a fork server that has
+    imported TensorFlow (:mod:`tfdist.launch.engines._forkserver`), except in network namespaces.
     """
 
     name = "local"
@@ -61,6 +65,7 @@ class LocalEngine(Engine):
         self._namespace: Namespace | None = None
         self._hosts: Hosts | None = None
         self._task_hosts: dict[str, str] = {}  # task -> its simulated host's address
+        self._forks: ForkServers | None = None
 
     def _network(self, host: str) -> _ports.Ports:
         """Where the ports of ``host`` are: its simulated host's, the private namespace's, or this machine's."""
@@ -71,8 +76,10 @@ class LocalEngine(Engine):
     def place(self, config: LaunchConfig) -> ClusterSpec:
         """Every task on a free port of ``config.host``, or of its simulated host; with ``config.isolate_network``,
         first a private network namespace, with ``config.simulate_hosts`` the hosts (LaunchFailure when this
-        machine cannot make them)."""
+        machine cannot make them); with ``config.preload`` tasks start through fork servers."""
         self._host, self._grace = config.host, config.grace_seconds
+        if config.preload and self._forks is None:
+            self._forks = ForkServers()
         tasks = config.task_names()
         if config.simulate_hosts:
             if self._hosts is None:
@@ -106,14 +113,20 @@ class LocalEngine(Engine):
             self._reaper = Reaper(grace=self._grace)
         reaper = self._reaper
         network = self._network(self._task_hosts.get(task, self._host))
+        proc: LocalProcess | ForkedProcess | None = None
         if isinstance(network, Namespace):  # a simulated host, or the private namespace
             argv = network.enter(argv)
-        proc = LocalProcess(task, argv, env=env, on_line=on_line, on_exit=reaper.forget)
-        if proc.pid is not None:
-            reaper.watch(proc.pid)
+        elif self._forks is not None:
+            proc = self._forks.start(task, argv, env, on_line, reaper.forget)
+        if proc is None:
+            proc = LocalProcess(task, argv, env=env, on_line=on_line, on_exit=reaper.forget)
+        reaper.watch(proc.pid)
         return proc
 
     def close(self) -> None:
+        forks, self._forks = self._forks, None
+        if forks is not None:
+            forks.close()
         reaper, self._reaper = self._reaper, None
         if reaper is not None:
             reaper.close()

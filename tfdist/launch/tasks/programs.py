@@ -26,6 +26,7 @@ class TaskProgram(enum.Enum):
     JOBSET = "tfdist.launch.tasks.jobset"  # a JobSet pod's entry: its TF_CONFIG from the JobSet labels
     TF_CONFIG = "tfdist.launch.tasks.tf_config"  # a TFJob pod's entry under a mesh: the DTENSOR_* variables
     FUNCTION = "tfdist.launch.tasks.function"  # a Python function as a task
+    FORKSERVER = "tfdist.launch.tasks.forkserver"  # an interpreter with TensorFlow imported that forks tasks
     NETNS = "tfdist.launch.tasks.netns"  # the holder of the local engine's private network namespace
     DATA_SERVICE = "tfdist.launch.tasks.data_service"  # a tf.data service dispatcher and its workers
 
