@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from typing import Any
 
 from tests.keras import _tasks_strata_ps as strata
@@ -160,8 +159,4 @@ def ledger_ps_fits(workdir: str, prefix: str) -> dict[str, Any]:
     lost["ran"], lost["after_return"] = ran_lost.numpy().tolist(), int(flags.numpy()[1])
     lost["numpy"] = [strata.numpy_counts(prefix, "balanced", e * STEPS * exact_tasks.GLOBAL_BATCH) for e in (1, 2, 3)]
     results["lost"] = lost
-    ledger, begin = drawn.claims_ledger(), time.perf_counter()
-    for _ in range(100):  # What the coordinator adds to every step: one read of the claim counts on the ps.
-        ledger.started(0)
-    results["read_ms"] = (time.perf_counter() - begin) * 10
     return results
