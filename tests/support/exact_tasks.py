@@ -110,9 +110,12 @@ def ideal_weights(prefix: str, *, epochs: int, learning_rate: float = 0.05) -> l
     return [*w.tolist(), float(b)]
 
 
-def counted_model(*, log_ids: bool = False, print_steps: bool = False, step_tag: str = "") -> Any:
+def counted_model(
+    *, log_ids: bool = False, print_steps: bool = False, step_tag: str = "", before_step: Any = None
+) -> Any:
     """A compiled linear model on ``x`` whose ``counts`` weight (aggregation SUM) counts the ids it trained on;
-    ``print_steps``: each step prints ``STEP n`` (``STEP TAG n`` with a ``step_tag``)."""
+    ``print_steps``: each step prints ``STEP n`` (``STEP TAG n`` with a ``step_tag``); ``before_step(model)``:
+    an op each step runs before anything else of it (a fault's hold, a straggler's sleep)."""
     import tensorflow as tf
 
     from tfdist import keras
@@ -133,6 +136,10 @@ def counted_model(*, log_ids: bool = False, print_steps: bool = False, step_tag:
             return self.dense(inputs)
 
         def train_step(self, data: Any) -> Any:
+            with tf.control_dependencies([before_step(self)] if before_step is not None else []):
+                return self._step(data)
+
+        def _step(self, data: Any) -> Any:
             if print_steps:
                 tf.print("STEP", *([step_tag] if step_tag else []), self.optimizer.iterations, output_stream=sys.stdout)
             with tf.GradientTape() as tape:

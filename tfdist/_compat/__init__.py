@@ -40,10 +40,13 @@ from tfdist._compat.distribute import (
     replica_dtensor_dataset,
     stop_data_server,
     wait_for_coordinated_peers,
+    watch_closures,
+    worker_count,
 )
 from tfdist._compat.keras import (
     attach_preemption_handler,
     backup_base,
+    backup_checkpoint,
     before_initial_counters,
     callback_base,
     follow_leader_checkpoints,
@@ -65,6 +68,7 @@ from tfdist._compat.saving import merged_after_barrier
 __all__ = [
     "attach_preemption_handler",
     "backup_base",
+    "backup_checkpoint",
     "before_initial_counters",
     "cached_interleave",
     "callback_base",
@@ -99,4 +103,6 @@ __all__ = [
     "unbatch_dense",
     "validate_target_and_loss",
     "wait_for_coordinated_peers",
+    "watch_closures",
+    "worker_count",
 ]

@@ -22,10 +22,12 @@ from tfdist._compat.distribute import (
     _save_spec,
     _sharded_variable_class,
     _trackable_base,
+    check_closure_hooks,
     dtensor_initialized,
 )
 from tfdist._compat.keras import (
     backup_base,
+    backup_checkpoint,
     callback_base,
     is_dtensor_optimizer,
     is_functional,
@@ -66,6 +68,8 @@ def _check_backup_state() -> None:
         _attr(_attr(state.write_checkpoint_manager, "_checkpoint", "mesh backups"), "_write", "mesh backups")
         _attr(model, "_validate_target_and_loss", "accumulate_gradients")
         steps_per_execution(model)
+        if backup_checkpoint(model) is None:
+            raise _missing("Model._training_state", "ResumeInput's claims ledger")
 
 
 def _check_model_kinds() -> None:
@@ -205,6 +209,7 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "StructuredFunctionWrapper(defun_kwargs=) for single-device dataset functions": _check_single_device,
     "StructuredFunctionWrapper traced once for many interleave datasets": _check_cached_interleave,
     "functional_saver.gen_io_ops.merge_v2_checkpoints (mesh backups merged after a barrier)": _check_deferred_merge,
+    "ClusterCoordinator's Worker._process_closure and closure_queue.put_back": check_closure_hooks,
     "Keras 3's TensorFlowTrainer._maybe_symbolic_build and reduce_per_replica (its multi-worker fit)": check_keras3,
 }
 

@@ -228,3 +228,93 @@ def _in_scope(strategy: Any) -> Any:
     if tf.distribute.has_strategy() and tf.distribute.get_strategy() is strategy:
         return contextlib.nullcontext()
     return strategy.scope()
+
+
+class _ClosureWatch:
+    """Wraps a ``ClusterCoordinator``'s ``Worker._process_closure`` methods and its queue's ``put_back``."""
+
+    def __init__(self, cluster: Any) -> None:
+        import functools
+        import threading
+
+        self.started: Callable[[int], Any] | None = None
+        self.failed: Callable[[int, Any], Any] | None = None
+        self._local = threading.local()  # Each Worker runs its closures in a thread of its own.
+        for worker in _attr(cluster, "workers", "claimed steps given back"):
+            run = _attr(worker, "_process_closure", "claimed steps given back")
+            worker._process_closure = functools.partial(self._process, run, worker.worker_index)
+        queue = _attr(cluster, "closure_queue", "claimed steps given back")
+        queue.put_back = functools.partial(self._put_back, _attr(queue, "put_back", "claimed steps given back"))
+
+    def _process(self, run: Callable[[Any], Any], index: int, closure: Any) -> Any:
+        started = self.started
+        self._local.worker, self._local.token = index, started(index) if started is not None else None
+        try:
+            return run(closure)
+        finally:
+            self._local.worker = None
+
+    def _put_back(self, put_back: Callable[[Any], Any], closure: Any) -> Any:
+        index, failed = getattr(self._local, "worker", None), self.failed
+        if index is not None and failed is not None:  # A closure that ran on worker `index` goes back.
+            self._local.token = failed(index, self._local.token)
+        return put_back(closure)
+
+
+def worker_count(strategy: Any) -> int:
+    """Worker tasks of ``strategy``'s cluster: ParameterServerStrategy keeps its resolver private and the
+    count in ``extended._num_workers`` (its ``cluster_resolver`` property is None); 1 for a strategy without
+    a cluster."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        return int(_attr(strategy.extended, "_num_workers", "claimed steps"))
+    resolver = getattr(strategy, "cluster_resolver", None)
+    jobs = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    return max(1, len(jobs.get("worker", ())))
+
+
+def watch_closures(strategy: Any, *, started: Callable[[int], Any], failed: Callable[[int, Any], Any]) -> None:
+    """Hooks into the ``ClusterCoordinator`` of the parameter-server ``strategy`` (made if none yet).
+
+    ``started(worker)`` runs in the coordinator's thread for ``worker`` before each closure runs there;
+    ``failed(worker, token)`` runs when that closure goes back to the queue to run again (its worker
+    failed, or a transient error), before it does, with what ``started`` returned for it, and returns the
+    token a second put-back of the same run gets. A later call replaces both callbacks.
+
+    TF 2.17-2.21 have no hook for either: each ``Worker`` runs ``_process_closure`` in a thread of its own,
+    one closure at a time, and every requeue of a closure goes through the queue's ``put_back``.
+    """
+    import tensorflow as tf
+
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    cluster = _attr(coordinator, "_cluster", "claimed steps given back")
+    watch = getattr(cluster, "_tfdist_watch", None)
+    if watch is None:
+        watch = _ClosureWatch(cluster)
+        cluster._tfdist_watch = watch
+    watch.started, watch.failed = started, failed
+
+
+def check_closure_hooks() -> None:
+    """Raises StackError unless ``Worker`` runs closures through ``_process_closure`` and requeues them
+    through the queue's ``put_back`` (what :func:`watch_closures` wraps)."""
+    import inspect
+
+    import tensorflow as tf
+
+    ps_module = tf.distribute.ParameterServerStrategy.__module__
+    try:
+        from tensorflow.python.distribute.coordinator import cluster_coordinator as module
+    except ImportError:
+        raise _missing("tensorflow.python.distribute.coordinator.cluster_coordinator", "claimed steps") from None
+    worker = inspect.getsource(_attr(module, "Worker", "claimed steps given back"))
+    cluster = inspect.getsource(_attr(module, "Cluster", "claimed steps given back"))
+    coordinator = inspect.getsource(_attr(module, "ClusterCoordinator", "claimed steps given back"))
+    _attr(_attr(module, "_CoordinatedClosureQueue", "claimed steps given back"), "put_back", "claimed steps")
+    needed = ("self._process_closure(closure)", "self._cluster.closure_queue.put_back(closure)")
+    extended = inspect.getsource(_attr(sys.modules[ps_module], "ParameterServerStrategyV2Extended", "claimed steps"))
+    made = "self.workers = [" in cluster and "self._cluster = Cluster(strategy)" in coordinator
+    made = made and "self._num_workers = len(" in extended
+    if not all(text in worker for text in needed) or not made:
+        raise _missing("Worker._process_closure and closure_queue.put_back", "claimed steps given back")

@@ -139,6 +139,17 @@ def restored_counters(model: Any) -> tuple[int, int] | None:
     return int(epoch.numpy()), int(batch.numpy())
 
 
+def backup_checkpoint(model: Any) -> tuple[Any, str | None] | None:
+    """The ``tf.train.Checkpoint`` a ``BackupAndRestore`` saves for ``model`` and the save it restored from
+    (None: none); None without a backup callback. tf-keras 2.17 to 2.21 make it in ``WorkerTrainingState``
+    and keep it only in its checkpoint managers (a later attribute of it is saved and restored with it)."""
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return None
+    manager = _attr(state, "read_checkpoint_manager", "ResumeInput")
+    return manager.checkpoint, manager.latest_checkpoint
+
+
 def resume_counters(model: Any, steps_per_epoch: int | None) -> tuple[int, int]:
     """(epoch, step) fit goes on at after the restore, as tf-keras computes it (0, 0 without a backup)."""
     state = getattr(model, "_training_state", None)

@@ -83,10 +83,19 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
             )
             return
         self._check_order(fingerprint)
+        self._save_claims()
         steps = steps_per_epoch or self.pipeline.steps_per_epoch()
         _compat.guard_initial_counters(self.model, steps)
         epoch, step = _compat.resume_counters(self.model, steps)
         self.pipeline.seek(epoch=epoch, step=step, steps_per_epoch=self.params.get("steps") or steps_per_epoch)
+
+    def _save_claims(self) -> None:
+        """Under parameter servers: the ledger of claimed steps is saved with the backup, and restored from it
+        (the steps a failed run gave back and nobody claimed again yet, and the next fresh step)."""
+        ledger = getattr(self.pipeline, "claims_ledger", lambda: None)()
+        backup = _compat.backup_checkpoint(self.model)
+        if ledger is not None and backup is not None:
+            ledger.restore(*backup)
 
     def _check_order(self, fingerprint: dict[str, Any]) -> None:
         """Records ``fingerprint`` beside the backup, or has the pipeline check the one recorded there."""

@@ -10,7 +10,8 @@ record at that position of the epoch's permuted blocks (:func:`~tfdist.data.orde
 O(1) a draw), computed in graph ops as the NumPy order computes them.
 
 Where a step's draws stand in each class is the count of every earlier draw of that class: each worker
-counts the draws between its claims (hashes only, no record is read), from its last claim on. A restore
+counts the draws between its claims (hashes only, no record is read), from its last claim on (a step
+given back, before it, from the restored step or from the start). A restore
 sets the counter and, beside it, the draw counts at the restored step (NumPy, on the coordinator), where a
 worker starting then begins to count.
 
@@ -78,6 +79,7 @@ def claimed_draws(
     base: Any,
     passes: int | None,
     finish: Callable[[Any], Any] | None = None,
+    worker: Any = 0,
 ) -> Any:
     """One element per claimed global step: the batch of its draws, in draw order.
 
@@ -86,11 +88,13 @@ def claimed_draws(
       class_paths: Each class's files, in its order's listing order.
       compression: The files' compression ('' for none).
       global_batch: Draws per global step.
-      counter: An int64 ``tf.Variable`` (on a parameter server): the next global step to claim.
+      counter: An int64 ``tf.Variable`` (on a parameter server): the next global step to claim; or a
+        :class:`~tfdist.data.order.ledger.StepLedger` (steps given back first, in any order).
       base: An int64 ``tf.Variable`` of ``1 + classes`` values (on a parameter server): :func:`base_counts`
         of the step the counter was last set to (zeros at the start).
       passes: Epochs of ``order.share`` draws to take (None: endless).
       finish: Turns the dataset of a step's serialized records into a dataset of one element, its batch.
+      worker: The claiming worker's index (int64), which a ledger records.
     """
     import tensorflow as tf
 
@@ -107,7 +111,7 @@ def claimed_draws(
     limit = None if passes is None else passes * order.share
     step = _step_pieces(order, [len(paths) for paths in class_paths], global_batch, limit, base)
     start = (tf.constant(-1, tf.int64), tf.zeros([len(order.orders)], tf.int64))
-    claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch))
+    claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch), worker)
     pieces = claims.scan(start, tf.autograph.experimental.do_not_convert(step))
     locators = [locator(one, paths, None) for one, paths in zip(order.orders, class_paths)]
 

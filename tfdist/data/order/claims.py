@@ -7,7 +7,8 @@ Here every worker's dataset takes the next global step ``g`` from one int64 vari
 server (an atomic fetch-and-add, :func:`claim_next`) at the moment a step asks for its batch, and reads step ``g``'s records
 of the epoch order: data epoch ``g // steps_per_pass``, step ``g % steps_per_pass``. Each global step is
 claimed by exactly one step run, whichever worker runs it, so an epoch of ``steps_per_pass`` steps trains
-every record once.
+every record once. Under parameter servers the counter is a :class:`~tfdist.data.order.ledger.StepLedger`'s:
+the steps a failed run had claimed are given back and claimed first, by whichever worker asks next.
 
 The order is :class:`~tfdist.data.order.epoch.EpochOrder` without windows: a step takes ``b`` consecutive
 records of every stream of the epoch's permuted blocks. It is computed in the graph (workers run no
@@ -45,6 +46,7 @@ from typing import Any
 
 from tfdist.data.order import splitmix
 from tfdist.data.order.epoch import EpochOrder
+from tfdist.data.order.ledger import StepLedger, count_up
 from tfdist.data.records.index import RecordIndex
 from tfdist.errors import DataError, invalid
 
@@ -52,7 +54,6 @@ __all__: list[str] = []
 
 MAX_BLOCKS = 1 << 22  # Byte offsets held as constants in the workers' graph (4M, 32 MB); past that, an index.
 _BUFFER = 1 << 18
-_NO_LIMIT = (1 << 63) - 1  # ResourceCountUpTo's bound: claims are bounded by take_while instead.
 
 
 def steps_per_pass(order: EpochOrder, global_batch: int) -> int:
@@ -208,7 +209,8 @@ def claim_next(counter: Any) -> Any:
 
     ``assign_add(1, read_value=True)`` is two ops, an add and a read: two workers' adds can both land
     before either reads, and both then train the same step while the one before it is never claimed.
-    ``ResourceCountUpTo`` reads and increments under the variable's lock in one kernel.
+    ``ResourceCountUpTo`` reads and increments under the variable's lock in one kernel
+    (:func:`~tfdist.data.order.ledger.count_up`).
 
     Example:
         >>> import tensorflow as tf
@@ -216,9 +218,7 @@ def claim_next(counter: Any) -> Any:
         >>> int(claim_next(counter)), int(counter.numpy())
         (5, 6)
     """
-    import tensorflow as tf
-
-    return tf.raw_ops.ResourceCountUpTo(resource=counter.handle, limit=_NO_LIMIT, T=tf.int64)
+    return count_up(counter)
 
 
 def claimed_steps(
@@ -231,6 +231,7 @@ def claimed_steps(
     passes: int | None,
     finish: Callable[[Any], Any] | None = None,
     index: RecordIndex | None = None,
+    worker: Any = 0,
 ) -> Any:
     """One element per claimed global step: the batch of its records (``finish`` makes it, e.g. parsed).
 
@@ -239,31 +240,38 @@ def claimed_steps(
       paths: The files, in the order's listing order.
       compression: The files' compression ('' for none).
       global_batch: Records per global step.
-      counter: An int64 ``tf.Variable`` (on a parameter server under PS): the next global step to claim.
+      counter: An int64 ``tf.Variable`` (on a parameter server under PS): the next global step to claim; or
+        a :class:`~tfdist.data.order.ledger.StepLedger`, whose steps given back are claimed first.
       passes: Data epochs to read (None: endless).
       finish: Turns the dataset of a step's serialized records into a dataset of one element, its batch
         (default: ``records.batch(global_batch)``).
       index: The record index ``order`` and ``paths`` come from: names and byte offsets are read from it
         by range, a piece at a time (None: they travel in the graph).
+      worker: The claiming worker's index (int64; :func:`~tfdist.data.order.ledger.current_worker`), which
+        a ledger records.
     """
     import tensorflow as tf
 
     _check(order, global_batch, index)
     spp = steps_per_pass(order, global_batch)
-    claims = claimed_indices(counter, None if passes is None else passes * spp)
+    claims = claimed_indices(counter, None if passes is None else passes * spp, worker)
     pieces = claims.map(tf.autograph.experimental.do_not_convert(_step_pieces(order, global_batch, spp)))
     return read_steps(
         pieces, locator(order, paths, index), compression=compression, global_batch=global_batch, finish=finish
     )
 
 
-def claimed_indices(counter: Any, steps: int | None) -> Any:
-    """An endless dataset of the global steps claimed from ``counter`` (the first ``steps`` only: None, all)."""
+def claimed_indices(counter: Any, steps: int | None, worker: Any = 0) -> Any:
+    """An endless dataset of the global steps ``worker`` claims from ``counter`` (a variable, or a
+    :class:`~tfdist.data.order.ledger.StepLedger`); ends at the first fresh step past ``steps`` (None: never)."""
     import tensorflow as tf
 
     plain = tf.autograph.experimental.do_not_convert
-    claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-    claims = claims.map(plain(lambda _: claim_next(counter)))
+    if isinstance(counter, StepLedger):
+        claims = counter.steps_for(worker)
+    else:
+        claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+        claims = claims.map(plain(lambda _: claim_next(counter)))
     return claims if steps is None else claims.take_while(plain(lambda g: g < steps))
 
 

@@ -70,29 +70,16 @@ def records(pipeline: Any, index: RecordIndex, where: PipelineSlot, state: Input
 def claimed(pipeline: Any, index: RecordIndex, *, strategy: Any, finish: Any, state: InputState) -> tuple[Any, str]:
     """Under parameter servers: the dataset function whose workers claim global steps, reading names and byte
     offsets from the index by range (nothing of the size of the data travels in the graph but counts)."""
-    import tensorflow as tf
-
-    from tfdist.data.order.claims import claimed_steps, steps_per_pass
+    from tfdist.data.order.claims import steps_per_pass
+    from tfdist.data.pipeline._resumable import claiming_steps
 
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=index.num_records)
     layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
     order = _order(pipeline, index, layout, block=min(pipeline.order_block, layout.per_stream), window=0)
-    with strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
-    state.claiming(order, layout, counter)
-
-    def dataset_fn(input_context: Any = None) -> Any:
-        del input_context  # Every worker claims from the same counter.
-        return claimed_steps(
-            order,
-            index.paths,
-            compression=index.compression,
-            global_batch=pipeline.batch_size,
-            counter=counter,
-            passes=pipeline.num_epochs,
-            finish=finish,
-            index=index,
-        )
+    paths, compression = list(index.paths), index.compression
+    dataset_fn = claiming_steps(
+        pipeline, order, layout, paths, compression, strategy=strategy, finish=finish, state=state, index=index
+    )
 
     text = (
         f"claimed steps from the record index {index.path}: {order.num_records} records, "

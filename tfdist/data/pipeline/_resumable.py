@@ -10,6 +10,7 @@ from typing import Any
 from tfdist._compat import is_variable, single_device_functions
 from tfdist.data.order import splitmix
 from tfdist.data.order.index import epoch_order
+from tfdist.data.order.ledger import StepLedger
 from tfdist.data.order.position import InputCursor
 from tfdist.data.order.reader import StreamLayout, default_streams, ordered_records
 from tfdist.data.order.strata import StrataOrder, draw_counts, graph_draws
@@ -354,8 +355,8 @@ def claimed(
 ) -> tuple[Any, str] | None:
     """Under parameter servers: a dataset function whose workers claim global steps (None: 'buffer' order).
 
-    Built eagerly on the coordinator: the listing, the order (record counts and byte offsets) and the counter
-    (on a ps, told to ``state``) are made here, and every worker's traced dataset reads the steps it claims
+    Built eagerly on the coordinator: the listing, the order (record counts and byte offsets) and the
+    ledger of claims (:mod:`tfdist.data.order.ledger`, on a ps, told to ``state``) are made here, and every worker's traced dataset reads the steps it claims
     (:mod:`tfdist.data.order.claims`; stratified draws: :mod:`tfdist.data.order.claimed_draws`). An option
     that keeps the claims out raises a DataError naming its fix; ``order='buffer'`` warns once that every
     worker then reads the whole data.
@@ -384,17 +385,6 @@ def claimed(
     return _claimed_steps(pipeline, listing, strategy=strategy, finish=finish, state=state)
 
 
-def _every_worker(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """The dataset function of every parameter-server worker: ``read(*args, **kwargs)``, whatever its
-    InputContext (every worker claims from the same counter)."""
-
-    def dataset_fn(input_context: Any = None) -> Any:
-        del input_context
-        return read(*args, **kwargs)
-
-    return dataset_fn
-
-
 def _claimed_draws(
     pipeline: Any, listing: Listing, groups: dict[str, Any], *, strategy: Any, finish: Any, state: InputState
 ) -> tuple[Any, str]:
@@ -408,17 +398,17 @@ def _claimed_draws(
     compression = reading.one_compression([path for names in files for path in names], pipeline.source)
     batch = pipeline.batch_size
     layout = StreamLayout(global_batch=batch, streams=1, num_workers=1, worker=0, policy="file")
+    ledger = StepLedger.of(strategy)
     with strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
         base = tf.Variable(base_counts(order, 0, batch), dtype=tf.int64, trainable=False, name="tfdist_claimed_draws")
-    state.claiming(order, layout, counter, on_seek=lambda step: base.assign(base_counts(order, step, batch)))
-    dataset_fn = _every_worker(
+    state.claiming(order, layout, ledger, on_seek=lambda step: base.assign(base_counts(order, step, batch)))
+    dataset_fn = ledger.dataset_fn(
+        strategy,
         claimed_draws,
         order,
         files,
         compression=compression,
         global_batch=batch,
-        counter=counter,
         base=base,
         passes=pipeline.num_epochs,
         finish=finish,
@@ -437,9 +427,7 @@ def _claimed_steps(
     pipeline: Any, listing: Listing, *, strategy: Any, finish: Any, state: InputState
 ) -> tuple[Any, str]:
     """The plain resumable order under parameter servers: each global step reads its records of every stream."""
-    import tensorflow as tf
-
-    from tfdist.data.order.claims import claimed_steps, steps_per_pass
+    from tfdist.data.order.claims import steps_per_pass
 
     known = listing.records([f.path for f in listing.files])
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=known)
@@ -456,18 +444,8 @@ def _claimed_steps(
     )
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)
-    with strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_claimed_steps")
-    state.claiming(order, layout, counter)
-    dataset_fn = _every_worker(
-        claimed_steps,
-        order,
-        paths,
-        compression=compression,
-        global_batch=pipeline.batch_size,
-        counter=counter,
-        passes=pipeline.num_epochs,
-        finish=finish,
+    dataset_fn = claiming_steps(
+        pipeline, order, layout, paths, compression, strategy=strategy, finish=finish, state=state
     )
 
     text = (
@@ -476,3 +454,34 @@ def _claimed_steps(
         "is claimed by the worker that runs it"
     )
     return dataset_fn, text
+
+
+def claiming_steps(
+    pipeline: Any,
+    order: Any,
+    layout: StreamLayout,
+    paths: list[str],
+    compression: str,
+    *,
+    strategy: Any,
+    finish: Any,
+    state: InputState,
+    index: Any = None,
+) -> Callable[..., Any]:
+    """The dataset function of the workers claiming the steps of ``order`` from a ledger made on ``strategy``
+    (told to ``state``); ``index``: the record index names and offsets are read from."""
+    from tfdist.data.order.claims import claimed_steps
+
+    ledger = StepLedger.of(strategy)
+    state.claiming(order, layout, ledger)
+    return ledger.dataset_fn(
+        strategy,
+        claimed_steps,
+        order,
+        paths,
+        compression=compression,
+        global_batch=pipeline.batch_size,
+        passes=pipeline.num_epochs,
+        finish=finish,
+        index=index,
+    )

@@ -138,7 +138,7 @@ class InputState:
         self._drop_remainder = drop_remainder
         self._order: Any = None  # An EpochOrder or a StrataOrder (None: the last build is not resumable).
         self._layout: StreamLayout | None = None
-        self._claims: Any = None  # Under parameter servers: the int64 counter of claimed global steps (on a ps).
+        self._claims: Any = None  # Under parameter servers: the StepLedger of claimed global steps (on a ps).
         self._on_seek: Callable[[int], Any] | None = None
 
     @property
@@ -151,12 +151,12 @@ class InputState:
         self._order, self._layout = order, layout
 
     def claiming(
-        self, order: Any, layout: StreamLayout, counter: Any, *, on_seek: Callable[[int], Any] | None = None
+        self, order: Any, layout: StreamLayout, ledger: Any, *, on_seek: Callable[[int], Any] | None = None
     ) -> None:
-        """Parameter-server workers claim the global steps of ``order`` from ``counter`` (a variable on a ps);
-        ``on_seek(step)`` is told the step a restore sets the counter to (stratified draws set where the
-        draws of each class stand there)."""
-        self._order, self._layout, self._claims, self._on_seek = order, layout, counter, on_seek
+        """Parameter-server workers claim the global steps of ``order`` from ``ledger`` (a
+        :class:`~tfdist.data.order.ledger.StepLedger` on a ps); ``on_seek(step)`` is told the step a restore
+        sets the counter to (stratified draws set where the draws of each class stand there)."""
+        self._order, self._layout, self._claims, self._on_seek = order, layout, ledger, on_seek
         restart = restart_attempt()
         if restart:
             _log.warning(
@@ -169,7 +169,12 @@ class InputState:
 
     def claimed_steps(self) -> int | None:
         """Global steps the workers claimed so far (read from the ps); None without claimed steps."""
-        return None if self._claims is None else int(self._claims.numpy())
+        return None if self._claims is None else int(self._claims.counter.numpy())
+
+    def claims_ledger(self) -> Any:
+        """The :class:`~tfdist.data.order.ledger.StepLedger` of the claimed steps (None: none), which a
+        backup saves (``tfdist.keras.ResumeInput``)."""
+        return self._claims
 
     def fingerprint(self) -> dict[str, Any] | None:
         """:meth:`ResumableInput.fingerprint`, with the version of the order's definition (``order``)."""
@@ -195,12 +200,13 @@ class InputState:
         if self._claims is not None:  # The next global step to claim.
             steps = steps_per_epoch or self.steps_per_epoch()
             assert steps is not None, "claiming() set the order"
-            claimed = epoch * steps + step
-            if self._on_seek is not None:  # Before the counter: no claim of that step runs without it.
+            claimed = self._claims.resume(epoch * steps + step)  # The backup's ledger, if it held one.
+            if self._on_seek is not None:  # Before a claim: no claim of that step runs without it.
                 self._on_seek(claimed)
-            self._claims.assign(claimed)
-            if claimed:
-                _log.info("Input resumes at epoch %d, step %d (claimed steps from %d).", epoch, step, claimed)
+            again = self._claims.pending()
+            if claimed or again:
+                more = f", given back first: {again}" if again else ""
+                _log.info("Input resumes at epoch %d, step %d (claimed steps from %d%s).", epoch, step, claimed, more)
             return
         position = input_position(
             epoch, step, epochs_per_iteration=self._cursor.epochs_per_iteration, steps_per_epoch=steps_per_epoch

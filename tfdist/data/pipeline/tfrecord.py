@@ -239,6 +239,11 @@ among ... (did you mean 'shuffle_buffer'?).
         """Global steps the parameter-server workers claimed so far; None without claimed steps."""
         return self._state().claimed_steps()
 
+    def claims_ledger(self) -> Any:
+        """Under parameter servers: the ledger of the claimed steps (:mod:`tfdist.data.order.ledger`), which
+        ``tfdist.keras.ResumeInput`` saves with the backup; None without claimed steps."""
+        return self._state().claims_ledger()
+
     # ---------------------------------------------------------------- dataset
     def dataset_fn(self, input_context: Any) -> Any:
         """For ``strategy.distribute_datasets_from_function`` and ParameterServerStrategy ``fit``."""

@@ -1,0 +1,134 @@
+"""The ledger of parameter-server claims in one process: steps given back are claimed again, once each.
+
+The coordinator's part (``started``, ``failed``) is called by hand here; the real runs, where TF's
+ClusterCoordinator calls it as a worker dies, are in tests/keras/test_ledger_ps.py and
+tests/keras/test_resume_ps.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+from tests.support.records import ID_ONLY, example
+from tfdist.data import write_tfrecords
+from tfdist.data.order.claims import claim_options, claimed_steps
+from tfdist.data.order.index import epoch_order
+from tfdist.data.order.ledger import StepLedger
+from tfdist.data.records.files import list_files
+
+
+def _steps(ledger: StepLedger, worker: int) -> Iterator[Any]:
+    """``worker``'s claims, one at a time (nothing claimed ahead, as in the claimed steps' datasets)."""
+    return iter(ledger.steps_for(tf.constant(worker, tf.int64)).with_options(claim_options()))
+
+
+def test_a_failed_run_gives_back_exactly_the_claims_it_made() -> None:
+    ledger = StepLedger(workers=2)
+    one, two = _steps(ledger, 0), _steps(ledger, 1)
+    assert [int(next(one)), int(next(two)), int(next(one))] == [0, 1, 2]
+    since = ledger.started(1)  # A closure starts on worker 1: it claims 3 and 4, then its worker dies.
+    assert [int(next(two)), int(next(two))] == [3, 4]
+    made, steps = ledger.failed(1, since)
+    assert (made, steps) == (3, [3, 4]) and ledger.pending() == [3, 4]
+    assert ledger.failed(1, made) == (3, [])  # The same run put back again: nothing more.
+    assert [int(next(one)) for _ in range(3)] == [3, 4, 5]  # Given back first, in order, then fresh.
+    assert ledger.pending() == [] and int(ledger.counter.numpy()) == 6
+
+
+def test_a_run_that_claimed_nothing_gives_back_nothing() -> None:
+    # A worker lost between two steps: its last claim was trained, and the closure sent to it never claimed.
+    ledger = StepLedger(workers=2)
+    steps = _steps(ledger, 1)
+    assert int(next(steps)) == 0
+    assert ledger.failed(1, ledger.started(1)) == (1, [])
+    assert int(next(_steps(ledger, 0))) == 1
+
+
+def test_unknown_claims_give_back_nothing_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = StepLedger(workers=1)
+    with caplog.at_level(logging.ERROR, logger="tfdist.data"):
+        assert ledger.failed(0, None) == (None, [])
+    assert "a step it claimed is not trained again" in caplog.text
+
+
+def test_concurrent_claims_take_each_step_given_back_once() -> None:
+    # 4 workers claim side by side while the coordinator gives back 150 steps: each fresh step is claimed once,
+    # and each step given back once more, whoever takes it (a claim that loses the race claims a fresh step).
+    ledger = StepLedger(workers=4)
+    got: list[int] = []
+    lock, done = threading.Lock(), threading.Event()
+
+    def claim(worker: int) -> None:
+        steps = _steps(ledger, worker)
+        mine = []
+        while not done.is_set():
+            mine.append(int(next(steps)))
+        mine += [int(next(steps)) for _ in range(50)]  # After the last give-back: 200 claims take them all.
+        with lock:
+            got.extend(mine)
+
+    threads = [threading.Thread(target=claim, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    while int(ledger.counter.numpy()) < 300:
+        time.sleep(0.001)
+    given = list(range(0, 300, 2))
+    for step in given:  # Claimed already; given back as a failed run's claims are, while the others claim.
+        ledger._give_back(step)
+    done.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert ledger.pending() == []
+    assert Counter(got) == Counter(range(int(ledger.counter.numpy()))) + Counter(given)
+
+
+def test_a_backup_saves_the_ledger_and_a_restore_goes_on_with_it(tmp_path) -> None:
+    saved = StepLedger(workers=2)
+    steps = _steps(saved, 0)
+    [next(steps) for _ in range(5)]
+    saved.failed(0, 3)  # Steps 3 and 4 given back, not claimed again before the backup.
+    backup = tf.train.Checkpoint()
+    assert not saved.restore(backup, None)  # Nothing to restore; saved with the backup from now on.
+    path = backup.write(str(tmp_path / "backup"))
+
+    restored = StepLedger(workers=2)
+    assert restored.restore(tf.train.Checkpoint(), path)
+    assert restored.resume(3) == 5 and restored.pending() == [3, 4]
+    again = _steps(restored, 1)
+    assert [int(next(again)) for _ in range(3)] == [3, 4, 5]
+
+    # A backup made before the ledger (or without ResumeInput): the claims go on at fit's step.
+    plain = tf.train.Checkpoint(v=tf.Variable(1)).write(str(tmp_path / "plain"))
+    fresh = StepLedger(workers=2)
+    assert not fresh.restore(tf.train.Checkpoint(), plain)
+    assert fresh.resume(7) == 7 and int(next(_steps(fresh, 0))) == 7
+
+
+def test_claimed_steps_read_a_step_given_back_again(tmp_path) -> None:
+    prefix = str(tmp_path / "part")
+    write_tfrecords((example(i) for i in range(40)), prefix, num_shards=2)
+    listing = list_files([prefix + "-*"])
+    order = epoch_order(listing, block=2, streams=2, window=0, seed=5, shuffle=True, compression=None)
+    ledger = StepLedger(workers=1)
+    paths = [f.path for f in listing.files]
+    batches = iter(claimed_steps(order, paths, compression="", global_batch=4, counter=ledger, passes=1))
+
+    def ids() -> list[int]:
+        return sorted(int(tf.io.parse_single_example(r, ID_ONLY)["id"]) for r in next(batches))
+
+    first = [ids(), ids()]
+    ledger.failed(0, 1)  # Step 1's run failed: it is read again next.
+    assert ids() == first[1]
+    rest = [ids() for _ in range(8)]  # Steps 2..9: the data epoch's other records, each once.
+    assert sorted(i for b in first + rest for i in b) == list(range(40))
+    with pytest.raises(StopIteration):
+        next(batches)

@@ -1,0 +1,162 @@
+"""The chief of ParameterServerStrategy fits where workers come and go (tests/keras/test_ledger_ps.py).
+
+The data is tests/support/exact_tasks.py's 480 records written per class. Two fits from ``fit_input``, one
+after the other on one cluster (a chief, 2 workers, a ps), each with a fresh counted model, and each step
+counted per worker in a variable on the ps (the worker index is TF's ``experimental_get_current_worker_index``):
+
+- ``straggler``: the plain claimed steps (each record once per data epoch), 2 fit epochs of 20 steps. Every
+  step sleeps 100 ms first, 300 ms on worker 1: worker 1 is 3x slower.
+- ``lost``: stratified draws (``"balanced"``), 3 fit epochs of 20 steps. Worker 1's first step at or after
+  the optimizer's step 25 prints ``HOLD lost n`` and sleeps (at most 20 s) before anything else of it: the
+  test's ``LoseAt`` kills it on that line, with the step claimed and not trained. Worker 0's next step
+  prints ``WAIT lost n``, on which the test's ``ReturnAt`` brings worker 1 back, and waits (at most 60 s)
+  until worker 1 took a step: the fit does not end before the returned worker joins the claims. Every
+  step of worker 1 after the hold counts as one after its return.
+
+The chief returns per fit the counts, the steps claimed, the optimizer's iterations and the steps per
+worker, and the counts at each fit epoch's end; for ``lost`` also the NumPy reference of the draws after 1, 2
+and 3 data epochs (tests/keras/_tasks_strata_ps.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from tests.keras import _tasks_strata_ps as strata
+from tests.support import exact_tasks
+
+STEPS = exact_tasks.RECORDS // exact_tasks.GLOBAL_BATCH  # 20 steps per data epoch
+PACE_US = 100_000  # A straggler fit's step sleeps this long, 3x as long on worker 1.
+HOLD_AT = 25  # Worker 1's first step at or after this optimizer step is held for the kill.
+
+
+def _sleep(microseconds: Any) -> Any:
+    """Graph: waits ``microseconds`` on the worker that runs it (tf.data's SleepDataset: no CPU)."""
+    import tensorflow as tf
+
+    one = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
+    slow = tf.raw_ops.SleepDataset(
+        input_dataset=tf.data.experimental.to_variant(one),
+        sleep_microseconds=tf.cast(microseconds, tf.int64),
+        output_types=[tf.int64],
+        output_shapes=[[]],
+    )
+    return tf.data.experimental.from_variant(slow, one.element_spec).get_single_element()
+
+
+def _straggler(ran: Any) -> Any:
+    """The ``before_step`` of the straggler fit: worker 1 sleeps 3x as long; each step counted per worker."""
+    import tensorflow as tf
+
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    slept = _sleep(tf.where(tf.equal(worker, 1), 3 * PACE_US, PACE_US))
+    with tf.control_dependencies([slept]):
+        return ran.assign_add(tf.one_hot(worker, 2, dtype=tf.int64))
+
+
+def _lose_then_return(ran: Any, flags: Any) -> Any:
+    """The ``before_step`` of the lost fit (module docstring); ``flags``: [worker 1 held its step, worker 1's
+    steps since]."""
+    import tensorflow as tf
+
+    def bump(index: int) -> Any:
+        return tf.raw_ops.ResourceScatterAdd(resource=flags.handle, indices=[index], updates=tf.ones([1], tf.int64))
+
+    def model_step(model: Any) -> Any:
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        iterations = model.optimizer.iterations
+        lost, since = flags[0] > 0, flags[1]
+
+        def held() -> Any:
+            with tf.control_dependencies([bump(0)]):
+                said = tf.print("HOLD lost", iterations, output_stream=sys.stdout)
+            with tf.control_dependencies([said]):
+                return _sleep(20_000_000)  # The kill lands within this.
+
+        def wait_for_worker_1() -> Any:  # Worker 0, after the loss, until worker 1 is back and took a step.
+            def more(i: Any) -> Any:
+                with tf.control_dependencies([_sleep(50_000)]):
+                    return i + 1
+
+            said = tf.print("WAIT lost", iterations, output_stream=sys.stdout)
+            with tf.control_dependencies([said]):
+                return tf.while_loop(lambda i: (i < 1200) & tf.equal(flags[1], 0), more, [tf.constant(0, tf.int64)])[0]
+
+        def after_return() -> Any:
+            with tf.control_dependencies([bump(1)]):
+                return tf.constant(0, tf.int64)
+
+        def none() -> Any:
+            return tf.constant(0, tf.int64)
+
+        first = tf.equal(worker, 1) & (iterations >= HOLD_AT) & tf.logical_not(lost)
+        waited = tf.cond(first, held, none)
+        with tf.control_dependencies([waited]):
+            joined = tf.case(
+                [
+                    (lost & tf.equal(worker, 1), after_return),
+                    (lost & tf.equal(worker, 0) & tf.equal(since, 0), wait_for_worker_1),
+                ],
+                default=none,
+            )
+        with tf.control_dependencies([joined]):
+            return ran.assign_add(tf.one_hot(worker, 2, dtype=tf.int64))
+
+    return model_step
+
+
+def _fit(strategy: Any, data: Any, *, tag: str, epochs: int, before_step: Any) -> dict[str, Any]:
+    """One counted fit from ``fit_input(data)``; the counts are also kept at each fit epoch's end (after the
+    coordinator's join: every step of the epoch done)."""
+    from tfdist import keras
+    from tfdist.keras.inputs import fit_input
+
+    with strategy.scope():
+        model = exact_tasks.counted_model(print_steps=True, step_tag=tag, before_step=before_step)
+    by_epoch: list[list[int]] = []
+
+    class Counts(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            by_epoch.append([int(c) for c in model.counts.numpy()])
+            print(f"EPOCH {tag} {epoch}", flush=True)
+
+    x = fit_input(data, strategy=strategy, steps_per_epoch=STEPS)
+    model.fit(x, epochs=epochs, steps_per_epoch=STEPS, verbose=0, callbacks=[Counts()])
+    return {
+        "counts": [int(c) for c in model.counts.numpy()],
+        "by_epoch": by_epoch,
+        "claimed": data.claimed_steps(),
+        "iterations": int(model.optimizer.iterations.numpy()),
+    }
+
+
+def ledger_ps_fits(workdir: str, prefix: str) -> dict[str, Any]:
+    """Runs the straggler fit, then the lost fit (module docstring); returns their results."""
+    import tensorflow as tf
+
+    import tfdist
+
+    del workdir
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("tfdist").setLevel(logging.INFO)
+    strategy = tfdist.build_strategy("auto")
+    assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
+    with strategy.scope():
+        ran = tf.Variable(tf.zeros([2], tf.int64), trainable=False, name="ran_straggler")
+        ran_lost = tf.Variable(tf.zeros([2], tf.int64), trainable=False, name="ran_lost")
+        flags = tf.Variable(tf.zeros([2], tf.int64), trainable=False, name="lost_flags")
+
+    plain = exact_tasks.pipeline(prefix + "-*", num_epochs=None)
+    results: dict[str, Any] = {
+        "straggler": _fit(strategy, plain, tag="straggler", epochs=2, before_step=lambda m: _straggler(ran))
+    }
+    results["straggler"]["ran"] = ran.numpy().tolist()
+
+    drawn = strata._pipeline(prefix, "balanced")
+    lost = _fit(strategy, drawn, tag="lost", epochs=3, before_step=_lose_then_return(ran_lost, flags))
+    lost["ran"], lost["after_return"] = ran_lost.numpy().tolist(), int(flags.numpy()[1])
+    lost["numpy"] = [strata.numpy_counts(prefix, "balanced", e * STEPS * exact_tasks.GLOBAL_BATCH) for e in (1, 2, 3)]
+    results["lost"] = lost
+    return results

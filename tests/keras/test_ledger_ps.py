@@ -1,0 +1,83 @@
+"""Workers come and go under parameter servers without losing a claimed step, counted: one cluster run.
+
+A chief, 2 workers and a ps run two ParameterServerStrategy fits from ``fit_input(pipeline)``, one after
+the other (tests/keras/_tasks_ledger_ps.py): the model counts each record it trains on in a SUM weight
+on the ps, and each worker's steps in a variable there.
+
+- A straggler: worker 1 sleeps 3x as long in every step (300 against 100 ms). The claims balance the load:
+  it takes about a quarter of the steps, and every record is trained exactly once per data epoch.
+- A worker lost with a step claimed, then back: worker 1 is killed (``LoseAt``) while it holds a claimed
+  step it has not trained (it prints ``HOLD`` and sleeps, the kill triggers on that line), and comes back
+  (``ReturnAt`` on worker 0's ``WAIT`` line). The coordinator gives the step back (the claims ledger,
+  tfdist/data/order/ledger.py) and the next claim trains it, in the same data epoch: after each fit epoch
+  the counts of stratified draws equal the NumPy reference of that many data epochs, exactly. The
+  returned worker claims steps again.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import pytest
+
+from tests.keras import _tasks_ledger_ps as tasks
+from tests.support import exact_tasks
+from tests.support.processes import assert_all_gone
+from tfdist import testing
+from tfdist.launch.events import LoseAt, ReturnAt
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+STEPS = tasks.STEPS
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> testing.ClusterRun:
+    workdir = tmp_path_factory.mktemp("ledger-ps")
+    prefix = str(workdir / "part")
+    exact_tasks.write_data(prefix, labels=True)
+    run = testing.run_cluster(
+        tasks.ledger_ps_fits,
+        workers=2,
+        ps=1,
+        chief=True,
+        timeout=480,
+        args=[str(workdir), prefix],
+        min_workers=1,
+        grace_seconds=2,
+        loses=(LoseAt(task="worker:1", after="^HOLD lost "),),
+        returns=(ReturnAt(task="worker:1", after="^WAIT lost "),),
+    )
+    assert_all_gone([task.pid for task in run.result.tasks])
+    assert run.ok, run.result.summary() + run.output("chief:0")[-4000:]
+    return run
+
+
+def test_a_straggler_takes_about_a_quarter_of_the_steps_and_every_record_is_trained_once(run) -> None:
+    value = run.values["chief:0"]["straggler"]
+    # The reference: each record once per data epoch (plain claimed steps), after each of the 2 fit epochs.
+    assert [collections.Counter(c) for c in value["by_epoch"]] == [{1: 480}, {2: 480}], value["by_epoch"]
+    assert value["claimed"] == value["iterations"] == 2 * STEPS
+    fast, slow = value["ran"]
+    assert fast + slow == 2 * STEPS and 0.15 <= slow / (2 * STEPS) <= 0.35, value["ran"]  # measured: see the report
+
+
+def test_a_step_claimed_by_a_lost_worker_is_trained_by_another_in_the_same_data_epoch(run) -> None:
+    value = run.values["chief:0"]["lost"]
+    # Stratified draws: after fit epoch e (a data epoch: 20 steps), the counts of 20*e steps of draws, exactly.
+    # Without the ledger the held step is never trained and its fit epoch claims the next data epoch's first.
+    for epoch, (counts, reference) in enumerate(zip(value["by_epoch"], value["numpy"])):
+        assert counts == reference, epoch
+    assert value["claimed"] == value["iterations"] == 3 * STEPS, value  # No claim beyond the steps fit ran.
+    chief = run.output("chief:0")
+    given = re.findall(r"A step on worker 1 failed with global step\(s\) \[(\d+)\] claimed", chief)
+    assert len(given) == 1 and tasks.HOLD_AT <= int(given[0]) < 2 * STEPS, chief[-4000:]
+    held = re.findall(r"^HOLD lost (\d+)$", run.output("worker:1"), re.M)
+    assert len(held) == 1, held
+
+
+def test_a_returned_worker_joins_the_claims(run) -> None:
+    value = run.values["chief:0"]["lost"]
+    before_loss, after_return = value["ran"][1] - value["after_return"], value["after_return"]
+    assert before_loss >= 1 and after_return >= 1 and sum(value["ran"]) == 3 * STEPS, value["ran"]
+    assert run.output("worker:1").count("TensorFlow server worker:1 up") == 2

@@ -1,0 +1,290 @@
+"""The ledger of parameter-server claims: the steps a failed run claimed are claimed again, by any worker.
+
+Under parameter servers every worker claims the next global step from a counter on a ps
+(:mod:`tfdist.data.order.claims`). TF's ``ClusterCoordinator`` runs one closure at a time per worker and,
+when a worker fails, puts the closure it ran back in the queue for another worker; that run claims a step
+of its own, so the step the failed run had claimed was never trained (or partly: its update may have
+reached the ps). The ledger, on the ps beside the counter, records each worker's claims, and the
+coordinator gives back the claims of a failed run: the next claim, on any worker, takes a step given back
+before a fresh one.
+
+- A claim (the workers' graph, one call to the ps): a step given back if there is one, else the next
+  fresh step; recorded as the claiming worker's (its claim count, and its last :data:`DEPTH` steps).
+- The coordinator (Python, on the chief) reads the claim counts before each closure runs on a worker, and
+  when that closure goes back to the queue it gives back the steps the worker claimed since: the claims of
+  the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
+  claim). A failed run whose update reached the ps before it failed is trained once more: that step only.
+- Given back: a ring of :data:`CAPACITY` steps that the coordinator alone writes, ``available`` (minus the
+  steps given back and not taken yet: a claim takes one with an atomic increment that fails at zero, and
+  then claims a fresh step) and ``taken`` (an atomic fetch-and-add: which one it takes). The coordinator
+  writes the step, then counts it available, so a claim never takes a slot not yet written.
+- A backup saves the counter and the steps given back (:meth:`StepLedger.checkpoint`): a restore goes on
+  with them.
+
+Example (one process, the coordinator's part called by hand):
+    >>> import tensorflow as tf
+    >>> ledger = StepLedger(workers=2)
+    >>> claim = tf.function(lambda worker: ledger.claim(tf.constant(worker, tf.int64)))
+    >>> [int(claim(0)), int(claim(1))]
+    [0, 1]
+    >>> since = ledger.started(1)  # Before a closure on worker 1: it claims step 2, then fails.
+    >>> int(claim(1)), ledger.failed(1, since)[1]
+    (2, [2])
+    >>> [int(claim(0)), int(claim(0))]  # The next claim takes the step given back.
+    [2, 3]
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tfdist import _compat
+from tfdist.errors import DataError, require_int
+
+__all__: list[str] = []
+
+_log = logging.getLogger("tfdist.data")
+
+DEPTH = 32  # Claims per worker the ledger keeps: at least one closure's (fit's steps_per_execution).
+CAPACITY = 1024  # Steps given back and not taken yet.
+NO_LIMIT = (1 << 63) - 1  # ResourceCountUpTo's bound where only the fetch-and-add is wanted.
+
+
+def count_up(variable: Any, limit: int = NO_LIMIT) -> Any:
+    """The int64 ``variable``'s value before an atomic increment; fails (OutOfRange) at ``limit``.
+
+    ``ResourceCountUpTo`` reads and increments under the variable's lock in one kernel: concurrent calls
+    never return the same value (``assign_add`` then a read can).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> counter = tf.Variable(5, dtype=tf.int64)
+        >>> int(count_up(counter)), int(counter.numpy())
+        (5, 6)
+    """
+    import tensorflow as tf
+
+    return tf.raw_ops.ResourceCountUpTo(resource=variable.handle, limit=limit, T=tf.int64)
+
+
+def _read(variable: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=tf.int64)
+
+
+def current_worker() -> Any:
+    """This worker's index (int64) in a dataset function a ``ClusterCoordinator`` traces, else 0.
+
+    TF fills it in when the function runs on a worker (``experimental_get_current_worker_index``).
+    """
+    import tensorflow as tf
+
+    if not tf.inside_function():  # Built eagerly (by hand, or one process): its claims count as worker 0's.
+        _log.warning(
+            "A parameter-server dataset built outside the coordinator's tracing: its claims count as worker 0's."
+        )
+        return tf.constant(0, tf.int64)
+    return tf.distribute.coordinator.experimental_get_current_worker_index()
+
+
+class StepLedger:
+    """The claim counter of parameter-server steps and who claimed what; see the module docstring.
+
+    Made on the coordinator inside ``strategy.scope()``: its variables sit together on one ps.
+
+    Args:
+      workers: Worker tasks of the cluster.
+      name: The counter variable's name (``pipeline.claimed_steps()`` reads it).
+    """
+
+    def __init__(self, *, workers: int, name: str = "tfdist_claimed_steps") -> None:
+        import tensorflow as tf
+
+        self.workers = require_int(DataError, "workers", workers, minimum=1)
+
+        def variable(value: Any, label: str) -> Any:
+            return tf.Variable(value, dtype=tf.int64, trainable=False, name=label)
+
+        self.counter = variable(0, name)  # The next fresh step.
+        with tf.distribute.get_strategy().extended.colocate_vars_with(self.counter):  # One ps, not sharded.
+            self._claims = variable(tf.zeros([workers], tf.int64), "tfdist_claims")
+            self._held = variable(tf.fill([workers * DEPTH], tf.constant(-1, tf.int64)), "tfdist_claims_held")
+            self._back = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_given_back")
+            self._available = variable(0, "tfdist_given_back_available")  # Minus the steps not taken yet.
+            self._taken = variable(0, "tfdist_given_back_taken")
+            self._given = variable(0, "tfdist_given_back_given")
+            self._saved = variable(0, "tfdist_claims_saved")  # 1 in a backup: the restore goes on with it.
+        self._lock = threading.Lock()
+        self._restored = False
+
+    @classmethod
+    def of(cls, strategy: Any, *, name: str = "tfdist_claimed_steps") -> StepLedger:
+        """A ledger for the workers of ``strategy`` (made in its scope: on a ps under parameter servers)."""
+        workers = _compat.worker_count(strategy)
+        with strategy.scope():
+            return cls(workers=workers, name=name)
+
+    def dataset_fn(self, strategy: Any, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        """Every parameter-server worker's dataset function: ``read(*args, counter=self, worker=W, **kwargs)``
+        whatever its InputContext, ``W`` the worker running it. ``fit`` traces it as it starts: from then on
+        the coordinator gives back to this ledger the claims of a closure that fails (:meth:`watch`)."""
+
+        def dataset_fn(input_context: Any = None) -> Any:
+            import tensorflow as tf
+
+            del input_context  # Every worker claims from this ledger.
+            worker = tf.constant(0, tf.int64)
+            if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+                self.watch(strategy)
+                worker = current_worker()
+            return read(*args, counter=self, worker=worker, **kwargs)
+
+        return dataset_fn
+
+    # ------------------------------------------------------------ the workers' graph
+    def claim(self, worker: Any, *, fresh: bool = False) -> Any:
+        """Graph: the step ``worker`` (an int64 scalar) trains next, recorded as its claim: a step given back
+        if any, else the next fresh one (``fresh``: the next fresh one). Fails when another claim took the
+        last step given back between this one's look and its take: claim again with ``fresh=True``."""
+        import tensorflow as tf
+
+        with tf.device(self.counter.device):  # Everything on the ps: one call from the worker.
+            if fresh:
+                step = count_up(self.counter)
+            else:
+                step = tf.cond(_read(self._available) < 0, self._take, lambda: count_up(self.counter))
+            return self._record(worker, step)
+
+    def _take(self) -> Any:
+        import tensorflow as tf
+
+        permitted = count_up(self._available, limit=0)  # Fails when none is left.
+        with tf.control_dependencies([permitted]):
+            which = count_up(self._taken)
+        return tf.gather(_read(self._back), which % CAPACITY)
+
+    def _record(self, worker: Any, step: Any) -> Any:
+        """``step`` as ``worker``'s next claim (only ``worker`` writes its entries: one claim at a time)."""
+        import tensorflow as tf
+
+        made = tf.gather(_read(self._claims), worker)
+        slot = tf.reshape(worker * DEPTH + made % DEPTH, [1])
+        held = tf.raw_ops.ResourceScatterUpdate(resource=self._held.handle, indices=slot, updates=tf.reshape(step, [1]))
+        with tf.control_dependencies([held]):
+            one = tf.ones([1], tf.int64)
+            counted = tf.raw_ops.ResourceScatterAdd(
+                resource=self._claims.handle, indices=tf.reshape(worker, [1]), updates=one
+            )
+        with tf.control_dependencies([counted]):
+            return tf.identity(step)
+
+    def steps_for(self, worker: Any) -> Any:
+        """An endless dataset of the steps ``worker`` claims, one per element (:meth:`claim`)."""
+        import tensorflow as tf
+
+        plain = tf.autograph.experimental.do_not_convert
+        one = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
+
+        def next_claim(_: Any) -> Any:  # A step given back or a fresh one; fresh if another took it first.
+            tried = one.map(plain(lambda _: self.claim(worker))).ignore_errors()
+            return tried.concatenate(one.map(plain(lambda _: self.claim(worker, fresh=True)))).take(1)
+
+        return one.repeat().flat_map(plain(next_claim))
+
+    # ------------------------------------------------------------ the coordinator
+    def started(self, worker: int) -> int | None:
+        """Before a closure runs on ``worker``: the claims it made so far (None: the ps did not answer)."""
+        try:
+            return int(self._claims.numpy()[worker])
+        except Exception as err:
+            _log.warning("Could not read worker %d's claims before its step (%s).", worker, err)
+            return None
+
+    def failed(self, worker: int, since: int | None) -> tuple[int | None, list[int]]:
+        """A closure on ``worker`` failed and goes back to the queue: gives back the steps the worker
+        claimed from its claim ``since`` on (:meth:`started`'s). Returns (the claims now, the steps)."""
+        if since is None:
+            _log.error(
+                "A step on worker %d failed, and which steps it had claimed is unknown (the ps did not answer "
+                "before it ran): a step it claimed is not trained again.",
+                worker,
+            )
+            return None, []
+        try:
+            with self._lock:
+                made = int(self._claims.numpy()[worker])
+                held = self._held.numpy()
+                if made - since > DEPTH:
+                    _log.error(
+                        "Worker %d claimed %d steps in one run; the ledger keeps %d.", worker, made - since, DEPTH
+                    )
+                steps = [int(held[worker * DEPTH + i % DEPTH]) for i in range(max(since, made - DEPTH), made)]
+                for step in steps:
+                    self._give_back(step)
+        except Exception as err:
+            _log.error("Could not give back worker %d's claims (%s): they are not trained again.", worker, err)
+            return since, []
+        if steps:
+            _log.warning(
+                "A step on worker %d failed with global step(s) %s claimed: the next claims take them again.",
+                worker,
+                steps,
+            )
+        return made, steps
+
+    def _give_back(self, step: int) -> None:
+        import tensorflow as tf
+
+        given = int(self._given.numpy())
+        if given - int(self._taken.numpy()) >= CAPACITY:
+            raise DataError(f"More than {CAPACITY} claimed steps were given back and not claimed again.")
+        slot, value = tf.constant([given % CAPACITY], tf.int64), tf.constant([step], tf.int64)
+        tf.raw_ops.ResourceScatterUpdate(resource=self._back.handle, indices=slot, updates=value)
+        self._given.assign(given + 1)
+        self._available.assign_sub(1)  # Last: a claim may take it from now on.
+
+    def pending(self) -> list[int]:
+        """The steps given back and not claimed again yet (coordinator, while no claim runs)."""
+        taken, given, back = int(self._taken.numpy()), int(self._given.numpy()), self._back.numpy()
+        return [int(back[i % CAPACITY]) for i in range(taken, given)]
+
+    def watch(self, strategy: Any) -> None:
+        """The coordinator of the parameter-server ``strategy`` gives back to this ledger the claims of every
+        closure that fails (:func:`tfdist._compat.watch_closures`): the input of the fit that starts."""
+        _compat.watch_closures(strategy, started=self.started, failed=lambda w, since: self.failed(w, since)[0])
+
+    # ------------------------------------------------------------ backups
+    def checkpoint(self) -> Any:
+        """What a backup saves of the ledger (a trackable): the counter and the steps given back."""
+        import tensorflow as tf
+
+        kept = tf.Module(name="tfdist_claims")
+        kept.counter, kept.back, kept.available = self.counter, self._back, self._available
+        kept.taken, kept.given, kept.saved = self._taken, self._given, self._saved
+        return kept
+
+    def restore(self, checkpoint: Any, path: str | None) -> bool:
+        """Saves the ledger with ``checkpoint`` (a backup's ``tf.train.Checkpoint``, as ``tfdist_input``) and
+        restores it from ``path`` (the backup's latest save; None: none). Returns whether it held a ledger."""
+        import tensorflow as tf
+
+        kept = self.checkpoint()
+        self._saved.assign(0)
+        if path:
+            tf.train.Checkpoint(tfdist_input=kept).read(path).expect_partial()
+        self._restored = bool(path) and int(self._saved.numpy()) == 1
+        checkpoint.tfdist_input = kept
+        self._saved.assign(1)  # Saved from now on: a later restore goes on with the ledger.
+        return self._restored
+
+    def resume(self, step: int) -> int:
+        """Where the claims go on after a restore at global step ``step``: the restored ledger's next fresh
+        step when the backup held one (its steps given back are claimed first), else ``step``."""
+        if self._restored:
+            return int(self.counter.numpy())
+        self.counter.assign(step)
+        return step
