@@ -3,11 +3,12 @@
 :func:`resumed_fit` trains a Keras 3 model that counts every record it trains (tests/keras/_tasks_keras3.py's
 ``_counted_model``) for 3 epochs of a ``TFRecordPipeline`` (tests/support/exact_tasks.py's records: 20 global
 steps of 24 per epoch) under MultiWorkerMirroredStrategy, with ``PreemptionSafeBackup(save_freq=4,
-data=pipeline)``. The leader prints ``STEP epoch batch`` after each
+data=pipeline)``, ``ElasticEpochs`` and ``LinearScaling``. The leader prints ``STEP epoch batch`` after each
 step, for the test's progress trigger. In its first attempt worker 1 sends itself SIGTERM after step 9 of
 epoch 0 (the preemption); the test SIGKILLs it in the next attempt (the crash) after the leader printed step 10
 of epoch 1 and waits there, so the kill lands at that step however fast the steps run. The attempt that finishes
-then checks, on the same processes, the start of an epoch at a step.
+then checks, on the same processes, what else Keras 3 models get from tfdist: the communication options,
+gradient accumulation, the refusals, and the start of an epoch at a step, against plain runs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
     import tfdist
     from tests.keras._tasks_keras3 import _counted_model
     from tests.support import exact_tasks
-    from tfdist.keras import PreemptionSafeBackup, fit_input
+    from tfdist.keras import ElasticEpochs, LinearScaling, PreemptionSafeBackup, fit_input
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("tfdist").setLevel(logging.INFO)  # "Input resumes at ..." is what the test looks for.
@@ -51,6 +52,7 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
     data = pipeline()
     with strategy.scope():
         model = _counted_model(keras, exact_tasks.RECORDS)
+    model.optimizer.learning_rate.assign(0.01)  # LinearScaling sets 0.05 = 0.025 x 2 replicas / 1.
 
     class Progress(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -64,8 +66,14 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
             if restart == 0 and task == "worker:1" and (self.epoch, batch) == (0, 9):
                 os.kill(os.getpid(), signal.SIGTERM)  # The backup saves every worker at one step, and exits.
 
-    callbacks = [PreemptionSafeBackup(os.path.join(workdir, "backup"), save_freq=4, data=data), Progress()]
-    model.fit(fit_input(data, strategy=strategy), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    scaling = LinearScaling(0.025, reference_world_size=1)
+    callbacks = [
+        PreemptionSafeBackup(os.path.join(workdir, "backup"), save_freq=4, data=data),
+        ElasticEpochs(),
+        scaling,
+        Progress(),
+    ]
+    history = model.fit(fit_input(data, strategy=strategy), epochs=EPOCHS, verbose=0, callbacks=callbacks)
     with strategy.scope():
         counts = model.counts.numpy()  # The sum over every replica of every worker.
     reference = _counted_model(keras, exact_tasks.RECORDS)  # Uninterrupted, one process, the global batches.
@@ -75,8 +83,63 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
         "counts": [int(c) for c in counts],
         "weights": [float(v) for v in _flat(model.dense)],
         "uninterrupted": [float(v) for v in _flat(reference.dense)],
+        "world_size": history.history.get("world_size"),
+        "learning_rate": [scaling.learning_rate, float(model.optimizer.learning_rate.numpy())],
+        "communication": _communication(keras, strategy),
         "epoch_starts": _epoch_starts(keras),
     }
+
+
+def _communication(keras: Any, strategy: Any) -> dict[str, Any]:
+    """One epoch of tests/keras/_tasks_keras3.py's model and global batches under the strategy: plain, packed,
+    bf16 on the wire, accumulated over 2 micro-batches; and what is refused, with its message."""
+    import tfdist
+    from tests.keras._tasks_keras3 import _data, _dataset
+    from tfdist.keras import accumulate_gradients, with_communication
+
+    x, y, _, _ = _data()
+    keras.utils.set_random_seed(5)
+    initial = _small(keras, keras.optimizers.SGD(0.05)).get_weights()
+    results: dict[str, Any] = {}
+    for name, options in (
+        ("plain", None),
+        ("packed", {"bytes_per_pack": 256, "split_bytes": 128}),
+        ("bf16", {"compression": "bf16"}),
+        ("accumulated", None),
+    ):
+        with strategy.scope():
+            optimizer = keras.optimizers.SGD(0.05)
+            optimizer = optimizer if options is None else with_communication(optimizer, **options)
+            model = _small(keras, optimizer)
+        if name == "accumulated":
+            accumulate_gradients(model, steps=2)
+        model.set_weights(initial)
+        history = model.fit(_dataset(x, y), epochs=1, verbose=0)
+        results[name] = {
+            "weights": _flat(model),
+            "loss": history.history["loss"],
+            "bytes": getattr(model.optimizer, "communication_bytes_per_step", None),
+        }
+    refused: dict[str, str] = {}
+    with strategy.scope():
+        for compression in ("powersgd", "topk"):
+            try:
+                with_communication(keras.optimizers.SGD(0.05), compression=compression)
+            except tfdist.StrategyError as err:
+                refused[compression] = f"{err.field}|{err}"
+        own = _small(keras, keras.optimizers.SGD(0.05, gradient_accumulation_steps=2))
+    try:
+        own.fit(_dataset(x, y), epochs=1, verbose=0)
+    except tfdist.StrategyError as err:
+        refused["gradient_accumulation_steps"] = f"{err.field}|{err}"
+    results["refused"] = refused
+    return results
+
+
+def _small(keras: Any, optimizer: Any) -> Any:
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
 
 
 def _epoch_starts(keras: Any) -> dict[str, list[list[int]]]:

@@ -6,7 +6,8 @@ data=pipeline)``. Worker 1 sends itself SIGTERM in epoch 0 of the first attempt 
 and exits 200), and is SIGKILLed when the leader prints step 10 of epoch 1 in the second; the third attempt
 finishes. Every record must then be counted 3 times, and the weights equal plain SGD computed in numpy over the
 order's steps (``exact_tasks.ideal_weights``: not the code under test) and an uninterrupted one-process Keras 3
-fit.
+fit. The finishing attempt also checks the elastic callbacks, the communication options and gradient
+accumulation with Keras 3 models, and what is refused.
 """
 
 from __future__ import annotations
@@ -70,6 +71,42 @@ def test_a_preemption_and_a_crash_mid_epoch_resume_at_the_next_record(run: Any) 
     # from the step resumed (20 steps an epoch).
     assert crash[0] == crash[2] == "1" and crash[1] == crash[3] and 7 <= int(crash[1]) <= 10, resumed
     assert (20 + int(crash[1]) - int(step)) % 4 == 0, resumed
+
+
+def test_the_elastic_callbacks_work_with_a_keras3_model(run: Any) -> None:
+    for value in _both(run):
+        assert value["world_size"] == [2.0] * len(value["world_size"]) and value["world_size"]  # ElasticEpochs.
+        assert value["learning_rate"] == pytest.approx([0.05, 0.05])  # LinearScaling: 0.025 x 2 / 1, not 0.01.
+
+
+def test_the_communication_options_and_accumulation_work_with_a_keras3_optimizer(run: Any) -> None:
+    for value in _both(run):
+        results = value["communication"]
+        plain = np.array(results["plain"]["weights"])
+        assert results["plain"]["loss"][0] > 0 and results["plain"]["bytes"] is None
+        np.testing.assert_allclose(results["packed"]["weights"], plain, rtol=0, atol=1e-6)  # Sums, re-cut.
+        np.testing.assert_allclose(results["accumulated"]["weights"], plain, rtol=0, atol=1e-5)  # SGD: one batch.
+        np.testing.assert_allclose(results["accumulated"]["loss"], results["plain"]["loss"], rtol=0, atol=1e-5)
+        bf16 = np.array(results["bf16"]["weights"])
+        assert 0 < np.abs(bf16 - plain).max() < 1e-2  # bf16 on the wire: close, not equal.
+        assert results["bf16"]["bytes"] * 2 == results["packed"]["bytes"] == 4 * (8 * 16 + 16 + 16 + 1)
+    workers = _both(run)
+    assert workers[0]["communication"]["bf16"]["weights"] == workers[1]["communication"]["bf16"]["weights"]
+
+
+def test_error_feedback_and_keras3s_own_accumulation_are_refused_with_the_fix(run: Any) -> None:
+    for value in _both(run):
+        refused = dict(value["communication"]["refused"])
+        assert set(refused) == {"powersgd", "topk", "gradient_accumulation_steps"}
+        field, text = refused.pop("gradient_accumulation_steps").split("|", 1)
+        assert field == "gradient_accumulation_steps" and "gradient_accumulation_steps=2" in text, text
+        assert (
+            "`merge_call` called while defining a new graph" in text and "accumulate_gradients(model, steps=2)" in text
+        )
+        for name, message in refused.items():
+            field, text = message.split("|", 1)
+            assert field == "compression" and f"Received: '{name}'" in text, text
+            assert "Keras 3 saves one value per optimizer variable" in text and "compression='bf16'" in text
 
 
 def test_an_epoch_started_at_a_step_numbers_and_counts_its_steps_from_there(run: Any) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist._compat._common import _attr
+from tfdist._compat.keras3 import fixed_keras3_model
 from tfdist.runtime.versions import keras3_loaded
 
 # ---- tf-keras callbacks ------------------------------------------------------------------------------------
@@ -63,12 +64,15 @@ def require_tf_keras_model(model: Any, callback: str, keras3_hint: str = "") -> 
 
 
 class _TfKerasModelsOnly:
-    """Mixin for tfdist's tf-keras callbacks: ``set_model`` refuses a Keras 3 model (require_tf_keras_model)."""
+    """Mixin for tfdist's tf-keras callbacks: ``set_model`` refuses a Keras 3 model (require_tf_keras_model), unless
+    the class works with one (``keras3_models``) and it is a Keras 3 that tfdist fixed (3.10 and later)."""
 
+    keras3_models = False  # True: the callback uses only what both Kerases have (logs, the strategy, the optimizer).
     keras3_hint = ""  # What to use instead with a Keras 3 model, for the refusal.
 
     def set_model(self, model: Any) -> None:
-        require_tf_keras_model(model, type(self).__name__, self.keras3_hint)
+        if not (self.keras3_models and fixed_keras3_model(model)):
+            require_tf_keras_model(model, type(self).__name__, self.keras3_hint)
         super().set_model(model)  # type: ignore[misc]
 
 

@@ -329,7 +329,27 @@ def refusal(
         )
     if call != "fit":  # fit's own evaluate gets fit's CallbackList, already made chief-only.
         return None
+    accumulation = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    if accumulation:
+        return _accumulation_refused(accumulation, version, kind)
     return chief_only(getattr(callbacks, "callbacks", callbacks), strategy, keras, version)
+
+
+def _accumulation_refused(steps: Any, version: str, kind: str) -> StrategyError:
+    fix = (
+        f"an optimizer without gradient_accumulation_steps, and tfdist.keras.accumulate_gradients(model, "
+        f"steps={steps}), which runs the micro-batches inside one step"
+    )
+    return StrategyError(
+        f"Keras 3 (keras {version}) cannot fit under {kind} with an optimizer's gradient_accumulation_steps="
+        f"{steps}: it applies the accumulated gradients once every {steps} steps under a tf.cond, and their "
+        "all-reduce fails there across workers (TF: '`merge_call` called while defining a new graph or a "
+        f"tf.function'). Fix: {fix}.",
+        field="gradient_accumulation_steps",
+        value=steps,
+        expected="no gradient_accumulation_steps across workers",
+        fix=fix,
+    )
 
 
 def _refused(call: str, version: str, where: str, why: str, fix: str | None = None) -> StrategyError:
