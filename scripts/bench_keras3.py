@@ -92,10 +92,7 @@ def main() -> int:
         "median_step_ms": {name: round(value, 2) for name, value in medians.items()},
         "keras3_over_tf_keras": round(medians["keras3"] / medians["tf_keras"], 3),
         "samples_ms": samples,
-        "repeats": args.repeats,
-        "steps": args.steps,
-        "width": args.width,
-        "global_batch": args.batch,
+        "settings": vars(args),
     }
     sys.stdout.write(json.dumps(report) + "\n")
     return 0

@@ -27,7 +27,7 @@ from typing import Any
 
 from tfdist._compat.keras3 import fit_epoch_iterator, install
 from tfdist._compat.keras3_callbacks import restore_then_write_aside
-from tfdist.errors import StackError
+from tfdist._compat.keras3_step import moved
 
 _log = logging.getLogger("tfdist.keras")
 WEIGHTS = "backup-{number}.weights.h5"  # One file per save; the committed metadata names the current one.
@@ -36,18 +36,6 @@ BACKUP_NAMES = ("_load_model", "_save_model", "_should_save_on_batch", "_trainin
 ITERATOR_NAMES = ("steps_per_epoch", "steps_per_execution", "_num_batches", "_steps_seen", "_enumerate_iterator")
 # (epoch, step, steps per epoch or None) -> whether the input goes on at that step.
 OnRestore = Callable[[int, int, Any], bool]
-
-
-def _moved(what: str) -> StackError:
-    version = str(getattr(sys.modules.get("keras"), "__version__", "?"))
-    return StackError(
-        f"tfdist needs Keras 3's {what} to resume fit at the step a backup left off, and keras {version} does not "
-        "have it as tfdist knows it (Keras 3.10 to 3.15).",
-        field="keras",
-        value=f"keras {version}",
-        expected=what,
-        fix="pip install 'keras>=3.10,<=3.15.1', or `from tfdist import keras` (tf-keras)",
-    )
 
 
 def resuming_backup(
@@ -64,7 +52,7 @@ def resuming_backup(
     plain = keras.callbacks.BackupAndRestore(backup_dir)
     for name in BACKUP_NAMES:
         if not hasattr(plain, name):
-            raise _moved(f"BackupAndRestore.{name}")
+            raise moved(f"BackupAndRestore.{name}", "PreemptionSafeBackup")
     backup = _backup_class(keras.callbacks.BackupAndRestore)(
         backup_dir, save_freq=save_freq, on_restore=on_restore, exit_fn=exit_fn
     )
@@ -219,10 +207,10 @@ def start_epoch_at(model: Any, step: int) -> None:
     and an epoch of known length runs only the steps left. Later epochs start at step 0."""
     iterator = fit_epoch_iterator(model)
     if iterator is None:
-        raise _moved("fit's epoch iterator (handed to TensorFlowTrainer._maybe_symbolic_build)")
+        raise moved("fit's epoch iterator (handed to TensorFlowTrainer._maybe_symbolic_build)", "a resume")
     for name in ITERATOR_NAMES:
         if not hasattr(iterator, name):
-            raise _moved(f"{type(iterator).__name__}.{name}")
+            raise moved(f"{type(iterator).__name__}.{name}", "a resume")
     original = type(iterator)._enumerate_iterator
 
     def enumerate_once() -> Iterator[Any]:

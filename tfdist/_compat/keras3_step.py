@@ -24,7 +24,8 @@ UNSCALE = "keras.src.losses.loss"  # Its unscale_loss_for_distribution: what Ker
 Grads = Sequence[Any]
 
 
-def _moved(what: str, needed_by: str) -> StackError:
+def moved(what: str, needed_by: str) -> StackError:
+    """The StackError of a Keras 3 internal that ``needed_by`` uses and the installed Keras 3 lacks."""
     version = str(getattr(sys.modules.get("keras"), "__version__", "?"))
     return StackError(
         f"tfdist needs Keras 3's {what} for {needed_by}, and keras {version} does not have it as tfdist knows it "
@@ -44,58 +45,54 @@ def is_keras3_optimizer(optimizer: Any) -> bool:
 
 
 def reducing_optimizer(
-    optimizer: Any, *, config: Any, reduce: Callable[[Grads], list[Any]], measure: Callable[[Grads], int]
+    optimizer: Any,
+    *,
+    config: Any,
+    reduce: Callable[[Grads], list[Any]],
+    measure: Callable[[Grads], int],
+    reporting: type,
 ) -> Any:
     """A copy of the Keras 3 ``optimizer`` whose dense gradients ``reduce`` sums over the replicas.
 
-    ``config`` is what its ``communication`` property returns; ``measure(grads)`` the bytes its
-    ``communication_bytes_per_step`` reports (None before the first step).
+    ``reporting`` is the caller's mixin that reads ``_tfdist`` (a dict: ``config``, and ``bytes``, which
+    ``measure(grads)`` sets at each step's trace).
     """
     if not callable(getattr(type(optimizer), REDUCE, None)):
-        raise _moved(f"{type(optimizer).__name__}.{REDUCE}", "with_communication")
+        raise moved(f"{type(optimizer).__name__}.{REDUCE}", "with_communication")
     base: Any = type(optimizer)
-    new = _reducing_class(base).from_config(optimizer.get_config())
+    new = _reducing_class(reporting, base).from_config(optimizer.get_config())
     # object.__setattr__: a plain dict, out of Keras' tracking (and so out of its saved weights).
     object.__setattr__(new, "_tfdist", {"config": config, "reduce": reduce, "measure": measure, "bytes": None})
     return new
 
 
 @functools.cache
-def _reducing_class(base: Any) -> Any:
-    class Communicating(base):
-        _tfdist: dict[str, Any]
+def _reducing_class(reporting: Any, base: Any) -> Any:
+    return type(f"Communicating{base.__name__}", (reporting, _Reducing, base), {"__module__": base.__module__})
 
-        @property
-        def communication(self) -> Any:
-            return self._tfdist["config"]
 
-        @property
-        def communication_bytes_per_step(self) -> int | None:
-            return self._tfdist["bytes"]
+class _Reducing:
+    """Keras 3's ``_all_reduce_sum_gradients`` through ``_tfdist["reduce"]`` for the dense gradients."""
 
-        @property
-        def compression_variables(self) -> list[Any]:
-            return []  # The wire casts keep no state.
+    _tfdist: dict[str, Any]
 
-        def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
-            import tensorflow as tf
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
+        import tensorflow as tf
 
-            if not tf.distribute.get_replica_context():
-                return grads_and_vars
-            pairs = list(grads_and_vars)
-            dense = [i for i, (g, _) in enumerate(pairs) if g is not None and not isinstance(g, tf.IndexedSlices)]
-            sparse = [i for i, (g, _) in enumerate(pairs) if isinstance(g, tf.IndexedSlices)]
-            grads = [pairs[i][0] for i in dense]
-            self._tfdist["bytes"] = self._tfdist["measure"](grads)
-            for i, grad in zip(dense, self._tfdist["reduce"](grads) if grads else []):
-                pairs[i] = (grad, pairs[i][1])
-            if sparse:  # IndexedSlices (embedding rows) keep Keras 3's own all-reduce.
-                for i, pair in zip(sparse, super()._all_reduce_sum_gradients([pairs[i] for i in sparse])):
-                    pairs[i] = pair
-            return pairs
-
-    Communicating.__name__ = Communicating.__qualname__ = f"Communicating{base.__name__}"
-    return Communicating
+        if not tf.distribute.get_replica_context():
+            return grads_and_vars
+        pairs = list(grads_and_vars)
+        dense = [i for i, (g, _) in enumerate(pairs) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        sparse = [i for i, (g, _) in enumerate(pairs) if isinstance(g, tf.IndexedSlices)]
+        grads = [pairs[i][0] for i in dense]
+        self._tfdist["bytes"] = self._tfdist["measure"](grads)
+        for i, grad in zip(dense, self._tfdist["reduce"](grads) if grads else []):
+            pairs[i] = (grad, pairs[i][1])
+        if sparse:  # IndexedSlices (embedding rows) keep Keras 3's own all-reduce.
+            merged = super()._all_reduce_sum_gradients([pairs[i] for i in sparse])  # type: ignore[misc]
+            for i, pair in zip(sparse, merged):
+                pairs[i] = pair
+        return pairs
 
 
 def accumulating_train_step(
@@ -107,10 +104,10 @@ def accumulating_train_step(
 
     for name in STEP_NAMES:
         if not hasattr(model, name):
-            raise _moved(f"Model.{name}", "accumulate_gradients")
+            raise moved(f"Model.{name}", "accumulate_gradients")
     unscale = getattr(importlib.import_module(UNSCALE), "unscale_loss_for_distribution", None)
     if unscale is None:
-        raise _moved(f"{UNSCALE}.unscale_loss_for_distribution", "accumulate_gradients")
+        raise moved(f"{UNSCALE}.unscale_loss_for_distribution", "accumulate_gradients")
     keras = sys.modules["keras"]
 
     def train_step(self: Any, data: Any) -> Any:

@@ -230,33 +230,25 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
         if self._keras3 is not None:
             self._keras3.set_params(params)
 
+    def _hook(self, name: str) -> Any:
+        """The Keras 3 backup's hook ``name`` with a Keras 3 model, else tf-keras' ``BackupAndRestore``'s."""
+        return getattr(self._keras3, name) if self._keras3 is not None else getattr(super(), name)
+
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        if self._keras3 is not None:
-            self._keras3.on_epoch_begin(epoch, logs)
-        else:
-            super().on_epoch_begin(epoch, logs)
+        self._hook("on_epoch_begin")(epoch, logs)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         if self._keras3 is None:
             super().on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self._keras3 is not None:
-            self._keras3.on_train_batch_end(batch, logs)
-        else:
-            super().on_train_batch_end(batch, logs)
+        self._hook("on_train_batch_end")(batch, logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self._keras3 is not None:
-            self._keras3.on_epoch_end(epoch, logs)
-        else:
-            super().on_epoch_end(epoch, logs)
+        self._hook("on_epoch_end")(epoch, logs)
 
     def on_train_end(self, logs: Any = None) -> None:
-        if self._keras3 is not None:
-            self._keras3.on_train_end(logs)
-        else:
-            super().on_train_end(logs)
+        self._hook("on_train_end")(logs)
 
     def on_train_begin(self, logs: Any = None) -> None:
         if self._keras3 is not None:

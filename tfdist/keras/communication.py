@@ -119,6 +119,7 @@ def with_communication(
             config=config,
             reduce=lambda grads: all_reduce_sum(list(grads), config),
             measure=lambda grads: wire_bytes(grads, config),
+            reporting=_Reporting,
         )
     # arg-type: mypy does not see a class as Hashable (it checks the unbound object.__hash__); classes hash.
     new = _subclass(base).from_config(optimizer.get_config())  # type: ignore[arg-type]
@@ -160,20 +161,10 @@ def _subclass(base: type) -> type[Any]:
     return type(f"Communicating{base.__name__}", (_CommunicationMixin, base), {"__module__": __name__})
 
 
-class _CommunicationMixin:
-    """Overrides the tf-keras ``Optimizer`` hooks for aggregation and application."""
+class _Reporting:
+    """What an optimizer of :func:`with_communication` tells (tf-keras and Keras 3 alike), from its ``_tfdist``."""
 
-    _tfdist: dict[str, Any]  # Set by _tfdist_setup; an annotation only, no class attribute.
-
-    def _tfdist_setup(self, config: CollectiveConfig) -> None:
-        # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
-        object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
-        if isinstance(config.compressor, ErrorFeedback):
-            # The compressors' errors and Q factors, created at the first step, keyed "0", "1"... in order: a
-            # dict the optimizer tracks, so checkpoints carry them (tfdist.keras._compressors). Not a list:
-            # tf-keras checkpoints a copy of an optimizer's list attributes, made once, so a restore before
-            # the first step would never reach the state created in it.
-            self.tfdist_compression_state: dict[str, Any] = {}
+    _tfdist: dict[str, Any]  # Set by _tfdist_setup (Keras 3: reducing_optimizer); an annotation only.
 
     @property
     def communication(self) -> CollectiveConfig:
@@ -188,6 +179,20 @@ class _CommunicationMixin:
         """The compressor's state variables (each error, each PowerSGD Q), in the order they were created at
         the first step; empty before it, and without a compressor."""
         return list(self._tfdist.get("states", {}).values())
+
+
+class _CommunicationMixin(_Reporting):
+    """Overrides the tf-keras ``Optimizer`` hooks for aggregation and application."""
+
+    def _tfdist_setup(self, config: CollectiveConfig) -> None:
+        # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
+        object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
+        if isinstance(config.compressor, ErrorFeedback):
+            # The compressors' errors and Q factors, created at the first step, keyed "0", "1"... in order: a
+            # dict the optimizer tracks, so checkpoints carry them (tfdist.keras._compressors). Not a list:
+            # tf-keras checkpoints a copy of an optimizer's list attributes, made once, so a restore before
+            # the first step would never reach the state created in it.
+            self.tfdist_compression_state: dict[str, Any] = {}
 
     def aggregate_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         import tensorflow as tf
