@@ -1,11 +1,13 @@
-"""The one place that touches private TensorFlow, tf-keras and Keras 3 internals (a package of six modules).
+"""The one place that touches private TensorFlow, tf-keras and Keras 3 internals.
 
 tfdist supports TensorFlow 2.17 to 2.21, each with the tf-keras of the same
 minor version. Everything tfdist needs beyond their public APIs (private
 attributes, ``tensorflow.python`` classes, overridable private hooks) is
 reached through this package's accessors, so an upgrade has one place to check: ``keras``
-(tf-keras), ``keras3`` (Keras 3's TensorFlow trainer, fixed for multi-worker fit), ``distribute`` (the TF runtime), ``data`` (tf.data), ``saving`` (checkpoint writes), and
-``checks``, which resolves them all.
+(tf-keras), ``keras3`` (Keras 3's TensorFlow trainer, fixed for multi-worker fit), ``keras3_callbacks`` (its
+file-writing callbacks from the chief), ``keras3_resume`` (its backups, resumed at the step they saved),
+``keras3_step`` (its gradient all-reduce and micro-batches), ``distribute`` (the TF runtime), ``data``
+(tf.data), ``saving`` (checkpoint writes), and ``checks``, which resolves them all.
 Each accessor either resolves or raises :class:`tfdist.errors.StackError`
 naming the installed versions; :func:`check_internals` resolves all of them
 (``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
@@ -62,10 +64,13 @@ from tfdist._compat.keras import (
     training_state,
     validate_target_and_loss,
 )
-from tfdist._compat.keras3 import check_keras3, prepare_keras3
+from tfdist._compat.keras3 import check_keras3, fixed_keras3_model, is_keras3_model, prepare_keras3
+from tfdist._compat.keras3_resume import resuming_backup
+from tfdist._compat.keras3_step import accumulating_train_step, is_keras3_optimizer, reducing_optimizer
 from tfdist._compat.saving import merged_after_barrier
 
 __all__ = [
+    "accumulating_train_step",
     "attach_preemption_handler",
     "backup_base",
     "backup_checkpoint",
@@ -76,10 +81,13 @@ __all__ = [
     "check_keras3",
     "communication_options",
     "dtensor_initialized",
+    "fixed_keras3_model",
     "follow_leader_checkpoints",
     "guard_initial_counters",
     "is_dtensor_optimizer",
     "is_functional",
+    "is_keras3_model",
+    "is_keras3_optimizer",
     "is_sharded_variable",
     "is_tf_error",
     "is_variable",
@@ -89,10 +97,12 @@ __all__ = [
     "per_replica_checkpoint",
     "prepare_keras3",
     "rebatch_dense",
+    "reducing_optimizer",
     "replica_dtensor_dataset",
     "require_tf_keras_model",
     "restored_counters",
     "resume_counters",
+    "resuming_backup",
     "saving_before_preemption",
     "single_device_functions",
     "steps_per_execution",

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist._compat._common import _attr
+from tfdist._compat.keras3 import fixed_keras3_model
 from tfdist.runtime.versions import keras3_loaded
 
 # ---- tf-keras callbacks ------------------------------------------------------------------------------------
@@ -34,12 +35,12 @@ def callback_base() -> type:
     return Callback
 
 
-def require_tf_keras_model(model: Any, callback: str) -> None:
+def require_tf_keras_model(model: Any, callback: str, keras3_hint: str = "") -> None:
     """Raises StrategyError when a tfdist callback is given a model that is not tf-keras' (Keras 3's ``tf.keras``).
 
     Keras 3 hands its model to every callback's ``set_model``; a tf-keras
     callback then fails deep inside with ``AttributeError: 'Sequential' object
-    has no attribute '_distribution_strategy'``.
+    has no attribute '_distribution_strategy'``. ``keras3_hint`` ends the message: what works with Keras 3.
     """
     import tf_keras
 
@@ -53,7 +54,8 @@ def require_tf_keras_model(model: Any, callback: str) -> None:
         f"tfdist's {callback} is a tf-keras callback, and the model is a {kind}"
         + (f" (Keras 3, keras {keras3})" if keras3 and type(model).__module__.startswith("keras") else "")
         + ", not a tf_keras.Model. Build the model with tf-keras: `from tfdist import keras` (or "
-        "`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras.",
+        "`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras."
+        + (f" {keras3_hint}" if keras3_hint else ""),
         field="model",
         value=kind,
         expected="a tf_keras.Model",
@@ -62,10 +64,15 @@ def require_tf_keras_model(model: Any, callback: str) -> None:
 
 
 class _TfKerasModelsOnly:
-    """Mixin for tfdist's tf-keras callbacks: ``set_model`` refuses a Keras 3 model (require_tf_keras_model)."""
+    """Mixin for tfdist's tf-keras callbacks: ``set_model`` refuses a Keras 3 model (require_tf_keras_model), unless
+    the class works with one (``keras3_models``) and it is a Keras 3 that tfdist fixed (3.10 and later)."""
+
+    keras3_models = False  # True: the callback uses only what both Kerases have (logs, the strategy, the optimizer).
+    keras3_hint = ""  # What to use instead with a Keras 3 model, for the refusal.
 
     def set_model(self, model: Any) -> None:
-        require_tf_keras_model(model, type(self).__name__)
+        if not (self.keras3_models and fixed_keras3_model(model)):
+            require_tf_keras_model(model, type(self).__name__, self.keras3_hint)
         super().set_model(model)  # type: ignore[misc]
 
 

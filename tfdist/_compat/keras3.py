@@ -36,12 +36,13 @@ import importlib.util
 import inspect
 import logging
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist._compat.keras3_callbacks import chief_only
 from tfdist.errors import StackError, StrategyError
-from tfdist.runtime.versions import keras_version, parse_version
+from tfdist.runtime.versions import keras3_loaded, keras_version, parse_version
 
 _PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}  # TF's class, by its public name.
 
@@ -55,6 +56,7 @@ REPLACED = {
     "TensorFlowTrainer._symbolic_build": None,
     "reduce_per_replica": ("values", "strategy", "reduction"),
     "_collective_all_reduce_multi_worker": ("strategy",),
+    "TFEpochIterator._enumerate_iterator": ("self",),  # Started at a backup's step (keras3_resume).
 }
 GUARDED = ("fit", "evaluate", "predict")
 OLD_KERAS = (
@@ -63,6 +65,37 @@ OLD_KERAS = (
     "right but log a wrong loss"
 )
 _log = logging.getLogger("tfdist._compat.keras3")
+
+
+class _Fits(threading.local):
+    """The fits running in this thread, innermost last: [model, its training epoch iterator (None until built)]."""
+
+    def __init__(self) -> None:
+        self.running: list[list[Any]] = []
+
+
+_FITS = _Fits()
+
+
+def fit_epoch_iterator(model: Any) -> Any:
+    """The epoch iterator of the ``fit`` of ``model`` running in this thread (Keras 3's ``TFEpochIterator``);
+    None outside such a fit (or before Keras 3's ``fit`` made it)."""
+    for fit in reversed(_FITS.running):
+        if fit[0] is model:
+            return fit[1]
+    return None
+
+
+def is_keras3_model(model: Any) -> bool:
+    """Whether ``model`` is a Keras 3 model (``import keras``), not a tf-keras one."""
+    model_class = getattr(sys.modules.get("keras"), "Model", None) if keras3_loaded() else None
+    return model_class is not None and isinstance(model, model_class)
+
+
+def fixed_keras3_model(model: Any) -> bool:
+    """Whether ``model`` is a model of a Keras 3 whose multi-replica fit tfdist fixed (3.10 and later)."""
+    version = keras3_loaded()
+    return version is not None and keras3_right(version) and is_keras3_model(model)
 
 
 def keras3_right(version: str) -> bool:
@@ -218,6 +251,8 @@ def _symbolic_build_fix(original: Callable[..., Any], tree: Any) -> Callable[...
         return spec if leaves and plain else None
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+        if _FITS.running and _FITS.running[-1][0] is self and _FITS.running[-1][1] is None:
+            _FITS.running[-1][1] = iterator  # fit builds right after it made its epoch iterator, before evaluating.
         if iterator is not None and getattr(self, "_distribute_strategy", None) is not None:
             strategy = self.distribute_strategy
             data_batch = spec_of(iterator)
@@ -259,7 +294,13 @@ def _guarded(method: Callable[..., Any], keras: Any, version: str, multi_worker:
         problem = refusal(self, method.__name__, keras, version, multi_worker, callbacks)
         if problem is not None:
             raise problem
-        return method(self, *args, **kwargs)
+        if method.__name__ != "fit":
+            return method(self, *args, **kwargs)
+        _FITS.running.append([self, None])  # fit_epoch_iterator(self) finds the epoch iterator this fit makes.
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _FITS.running.pop()
 
     return guarded
 
@@ -301,7 +342,27 @@ def refusal(
         )
     if call != "fit":  # fit's own evaluate gets fit's CallbackList, already made chief-only.
         return None
+    accumulation = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    if accumulation:
+        return _accumulation_refused(accumulation, version, kind)
     return chief_only(getattr(callbacks, "callbacks", callbacks), strategy, keras, version)
+
+
+def _accumulation_refused(steps: Any, version: str, kind: str) -> StrategyError:
+    fix = (
+        f"an optimizer without gradient_accumulation_steps, and tfdist.keras.accumulate_gradients(model, "
+        f"steps={steps}), which runs the micro-batches inside one step"
+    )
+    return StrategyError(
+        f"Keras 3 (keras {version}) cannot fit under {kind} with an optimizer's gradient_accumulation_steps="
+        f"{steps}: it applies the accumulated gradients once every {steps} steps under a tf.cond, and their "
+        "all-reduce fails there across workers (TF: '`merge_call` called while defining a new graph or a "
+        f"tf.function'). Fix: {fix}.",
+        field="gradient_accumulation_steps",
+        value=steps,
+        expected="no gradient_accumulation_steps across workers",
+        fix=fix,
+    )
 
 
 def _refused(call: str, version: str, where: str, why: str, fix: str | None = None) -> StrategyError:

@@ -5,8 +5,9 @@ MultiWorkerMirroredStrategy every worker wrote the same files (an h5py lock erro
 aborted). :func:`chief_only` does what tf-keras does for its own callbacks: every worker still saves (a save
 may read variables through a collective), the chief where the callback says, the others into a scratch
 directory removed at the end of ``fit``; and every worker's ``BackupAndRestore`` restores the chief's backup.
-Keras 3 restores the epoch of a backup only and ignores a saved batch, so a backup saved within an epoch
-(``save_freq`` a number) is refused: the batches before it would train twice.
+Keras 3 restores the epoch of a backup only and ignores a saved batch, so its ``BackupAndRestore`` saving within
+an epoch (``save_freq`` a number) is refused: the batches before it would train twice. tfdist's backup for
+Keras 3 (:mod:`.keras3_resume`) resumes at the step it saved.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def chief_only(callbacks: Any, strategy: Any, keras: Any, version: str) -> Strat
             if callback.save_freq != "epoch":
                 return _batch_backup(callback.save_freq, version)
             if not chief:
-                _restore_then_write_aside(callback, version)
+                restore_then_write_aside(callback, version)
         elif isinstance(callback, keras.callbacks.ModelCheckpoint) and not chief:
             _write_aside(callback, "filepath", lambda scratch, path: os.path.join(scratch, os.path.basename(path)))
         elif isinstance(callback, keras.callbacks.TensorBoard) and not chief:
@@ -47,8 +48,8 @@ def _batch_backup(save_freq: Any, version: str) -> StrategyError:
         field="save_freq",
         value=save_freq,
         expected="save_freq='epoch' with Keras 3",
-        fix="BackupAndRestore(backup_dir, save_freq='epoch'), or tf-keras's `tfdist.keras.PreemptionSafeBackup`, "
-        "which resumes at the next record",
+        fix="BackupAndRestore(backup_dir, save_freq='epoch'), or tfdist.keras.PreemptionSafeBackup(backup_dir, "
+        f"save_freq={save_freq!r}, data=pipeline), which resumes at the next record",
     )
 
 
@@ -69,7 +70,7 @@ def _write_aside(callback: Any, name: str, aside: Callable[[str, str], str]) -> 
     callback.on_train_end = on_train_end
 
 
-def _restore_then_write_aside(callback: Any, version: str) -> None:
+def restore_then_write_aside(callback: Any, version: str) -> None:
     """A non-chief ``BackupAndRestore``: restores from the chief's backup, then saves into a scratch directory."""
     for name in BACKUP_PATHS:
         if not isinstance(getattr(callback, name, None), str):

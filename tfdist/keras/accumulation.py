@@ -27,9 +27,11 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
+from tfdist import _compat
 from tfdist.errors import StrategyError, invalid, require_int
 
 __all__ = ["accumulate_gradients"]
@@ -39,7 +41,7 @@ def accumulate_gradients(model: Any, *, steps: int) -> Any:
     """Makes ``model.fit`` accumulate gradients over ``steps`` micro-batches per batch.
 
     Args:
-      model: A tf-keras model that uses the standard ``train_step`` (a
+      model: A tf-keras or Keras 3 model that uses the standard ``train_step`` (a
         subclass with its own ``train_step`` is rejected: accumulate there).
       steps: Micro-batches per batch; 1 restores the standard step.
 
@@ -53,7 +55,9 @@ def accumulate_gradients(model: Any, *, steps: int) -> Any:
     import tf_keras
 
     require_int(StrategyError, "steps", steps, minimum=1, fix="Use 1 for no accumulation.")
-    overridden = type(model).train_step is not tf_keras.Model.train_step
+    keras3 = _compat.is_keras3_model(model)
+    standard = sys.modules["keras"].Model.train_step if keras3 else tf_keras.Model.train_step
+    overridden = type(model).train_step is not standard
     if overridden:
         raise invalid(
             StrategyError,
@@ -64,6 +68,9 @@ def accumulate_gradients(model: Any, *, steps: int) -> Any:
         )
     if steps == 1:
         model.__dict__.pop("train_step", None)
+    elif keras3:  # Keras 3's own step on micro-batches (its optimizer's gradient_accumulation_steps applies
+        # every k-th step under a cond, where the all-reduce fails across CPU workers as described below).
+        object.__setattr__(model, "train_step", _compat.accumulating_train_step(model, steps, _micro_batches))
     else:
         object.__setattr__(model, "train_step", types.MethodType(_accumulating_train_step, model))
     object.__setattr__(model, "accumulation_steps", steps)

@@ -21,7 +21,9 @@ from tfdist._compat import (
     attach_preemption_handler,
     backup_base,
     callback_base,
+    fixed_keras3_model,
     guard_initial_counters,
+    resuming_backup,
     saving_before_preemption,
     training_state,
 )
@@ -179,6 +181,12 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     position is part of the backup: after a restore the pipeline resumes at
     the next record of the same order (:class:`~tfdist.keras.resume.ResumeInput`).
 
+    Given a Keras 3 model (keras 3.10 and later), it does the same with Keras 3's own backup files
+    (``tfdist._compat.keras3_resume``): each backup records the step ``fit`` goes on at, the interrupted
+    epoch starts there (Keras 3 alone restores the epoch only), the chief writes, every worker restores the
+    chief's backup, and SIGTERM saves every worker at one step and exits with 200. Without ``data`` a Keras 3
+    fit restarts the interrupted epoch from its first step, with the input.
+
     Args:
       backup_dir: Where the backup lives (shared storage).
       save_freq: Regular backups as in ``BackupAndRestore`` ('epoch', a number
@@ -190,8 +198,62 @@ class PreemptionSafeBackup(backup_base()):  # type: ignore[misc]
     def __init__(self, backup_dir: str, *, save_freq: Any = "epoch", data: Any = None) -> None:
         super().__init__(backup_dir, save_freq=save_freq, save_before_preemption=True)
         self._resume = ResumeInput(data, backup_dir=backup_dir) if data is not None else None
+        self._keras3: Any = None  # With a Keras 3 model: the Keras 3 backup every hook goes to.
+        self._keras3_save_freq = save_freq
+
+    def set_model(self, model: Any) -> None:
+        if not fixed_keras3_model(model):
+            self._keras3 = None
+            super().set_model(model)  # A tf-keras model, or the refusal that names the fix.
+            return
+        if self._keras3 is not None and self._keras3.model is model:
+            return  # Set again for the same fit (Keras 3 does for a CallbackList it is handed): keep its state.
+        self.model = model
+        self._keras3 = resuming_backup(
+            model,
+            self.backup_dir,
+            save_freq=self._keras3_save_freq,
+            on_restore=self._resume_keras3 if self._resume is not None else None,
+            exit_fn=exit_preempted,
+        )
+
+    def _resume_keras3(self, epoch: int, step: int, steps_per_epoch: int | None) -> bool:
+        """Puts the input where a Keras 3 fit goes on after the restore; whether it can."""
+        assert self._resume is not None  # Only passed as on_restore with data.
+        if not self._resume.checked_order():
+            return False
+        self._resume.pipeline.seek(epoch=epoch, step=step, steps_per_epoch=steps_per_epoch)
+        return True
+
+    def set_params(self, params: Any) -> None:
+        super().set_params(params)
+        if self._keras3 is not None:
+            self._keras3.set_params(params)
+
+    def _hook(self, name: str) -> Any:
+        """The Keras 3 backup's hook ``name`` with a Keras 3 model, else tf-keras' ``BackupAndRestore``'s."""
+        return getattr(self._keras3, name) if self._keras3 is not None else getattr(super(), name)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._hook("on_epoch_begin")(epoch, logs)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self._keras3 is None:
+            super().on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._hook("on_train_batch_end")(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._hook("on_epoch_end")(epoch, logs)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._hook("on_train_end")(logs)
 
     def on_train_begin(self, logs: Any = None) -> None:
+        if self._keras3 is not None:
+            self._keras3.on_train_begin(logs)  # Restores; the input is put in place as the first epoch begins.
+            return
         super().on_train_begin(logs)
         self._wire_preemption()
         guard_initial_counters(self.model, None)  # A finite dataset of unknown length resumes, not crashes.

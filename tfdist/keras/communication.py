@@ -1,6 +1,6 @@
 """Cheaper gradient communication for ``model.fit``: compression and packing.
 
-:func:`with_communication` returns a copy of a tf-keras optimizer whose
+:func:`with_communication` returns a copy of a tf-keras or Keras 3 optimizer whose
 gradient all-reduce goes through :func:`tfdist.comm.collective.all_reduce_sum`:
 
 * ``compression='fp16'`` or ``'bf16'`` halves the bytes on the wire. float16
@@ -11,7 +11,8 @@ gradient all-reduce goes through :func:`tfdist.comm.collective.all_reduce_sum`:
   two rank-``r`` factors, ``compression=TopK(density=0.01)`` (or ``'topk'``, ``density=``) only its largest
   entries; each worker keeps what it did not send and adds it to its next gradient (error feedback, any
   :class:`tfdist.comm.ErrorFeedback` compressor of the registry). That state lives in optimizer variables,
-  so checkpoints and backups carry it.
+  so checkpoints and backups carry it (tf-keras optimizers only: a Keras 3 optimizer takes the casts and the
+  packing, and refuses these with a StrategyError).
 * ``bytes_per_pack`` / ``split_bytes`` (or ``tuning=``, the autotuner's JSON)
   set how gradients are cut into all-reduces.
 
@@ -32,6 +33,7 @@ import functools
 import os
 from typing import Any
 
+from tfdist import _compat
 from tfdist.comm.collective import CollectiveConfig, all_reduce_sum, wire_bytes
 from tfdist.comm.compressor import Compressor, ErrorFeedback
 from tfdist.errors import StrategyError, invalid
@@ -54,8 +56,8 @@ def with_communication(
     """A copy of ``optimizer`` that communicates gradients as configured.
 
     Args:
-      optimizer: A tf-keras optimizer (``tf_keras.optimizers.SGD``, ``Adam``...),
-        not yet used. Create it under the strategy's scope, as usual.
+      optimizer: A tf-keras optimizer (``tf_keras.optimizers.SGD``, ``Adam``...) or a Keras 3 one
+        (``keras.optimizers.SGD``...), not yet used. Create it, and call this, under the strategy's scope.
       compression: The gradient compressor, typed (``BFloat16()``, ``PowerSGD(rank=2)``, ``TopK()``) or by
         name: the wire dtype 'none', 'fp16', 'bf16'; or a compressor with error feedback: 'powersgd', 'topk'.
       bytes_per_pack: Pack size of the all-reduce (0: the strategy's setting).
@@ -82,13 +84,14 @@ def with_communication(
     named = compression.name if isinstance(compression, Compressor) else compression
     if named != "none" or bytes_per_pack or split_bytes or tuning is not None:
         refuse_mesh("compression", named, "with_communication", optimizer=optimizer)
-    if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    keras3 = _compat.is_keras3_optimizer(optimizer)
+    if not keras3 and not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         raise invalid(
             StrategyError,
             "optimizer",
             type(optimizer).__name__,
-            "a tf_keras.optimizers.Optimizer",
-            "Pass e.g. tf_keras.optimizers.SGD(...); legacy and Keras 3 optimizers are not supported.",
+            "a tf_keras.optimizers.Optimizer or a Keras 3 optimizer",
+            "Pass e.g. tf_keras.optimizers.SGD(...) or keras.optimizers.SGD(...); legacy optimizers are not supported.",
         )
     if tuning is not None:
         from tfdist.comm.autotune import CollectiveTuning
@@ -100,9 +103,9 @@ def with_communication(
         compression=compression, bytes_per_pack=bytes_per_pack, split_bytes=split_bytes, rank=rank, density=density
     )
     if isinstance(config.compressor, ErrorFeedback):
-        _check_compressor_strategy(config.compressor.name)
+        _check_compressor_strategy(config.compressor.name, keras3=keras3)
     base = type(optimizer)
-    if issubclass(base, _CommunicationMixin):
+    if issubclass(base, _CommunicationMixin) or "_tfdist" in vars(optimizer):
         raise invalid(
             StrategyError,
             "optimizer",
@@ -110,15 +113,36 @@ def with_communication(
             "an optimizer not wrapped yet",
             "Call with_communication on the original optimizer once.",
         )
+    if keras3:
+        return _compat.reducing_optimizer(
+            optimizer,
+            config=config,
+            reduce=lambda grads: all_reduce_sum(list(grads), config),
+            measure=lambda grads: wire_bytes(grads, config),
+            reporting=_Reporting,
+        )
     # arg-type: mypy does not see a class as Hashable (it checks the unbound object.__hash__); classes hash.
     new = _subclass(base).from_config(optimizer.get_config())  # type: ignore[arg-type]
     new._tfdist_setup(config)
     return new
 
 
-def _check_compressor_strategy(compression: str) -> None:
-    """A StrategyError where a compressor cannot run: parameter servers (no all-reduce to replace)."""
+def _check_compressor_strategy(compression: str, *, keras3: bool = False) -> None:
+    """A StrategyError where a compressor cannot run: a Keras 3 optimizer (no place for its per-replica state),
+    parameter servers (no all-reduce to replace)."""
     import tensorflow as tf
+
+    if keras3:
+        raise invalid(
+            StrategyError,
+            "compression",
+            compression,
+            "'none', 'fp16' or 'bf16' with a Keras 3 optimizer (an error-feedback compressor keeps each replica's "
+            "own error between steps; Keras 3 saves one value per optimizer variable, so its backups would merge "
+            "the replicas' errors)",
+            "Use compression='bf16' (or 'fp16') with the Keras 3 optimizer, or build the model with tf-keras "
+            "(`from tfdist import keras`) for PowerSGD and top-k.",
+        )
 
     strategy = tf.distribute.get_strategy()
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
@@ -137,20 +161,10 @@ def _subclass(base: type) -> type[Any]:
     return type(f"Communicating{base.__name__}", (_CommunicationMixin, base), {"__module__": __name__})
 
 
-class _CommunicationMixin:
-    """Overrides the tf-keras ``Optimizer`` hooks for aggregation and application."""
+class _Reporting:
+    """What an optimizer of :func:`with_communication` tells (tf-keras and Keras 3 alike), from its ``_tfdist``."""
 
-    _tfdist: dict[str, Any]  # Set by _tfdist_setup; an annotation only, no class attribute.
-
-    def _tfdist_setup(self, config: CollectiveConfig) -> None:
-        # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
-        object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
-        if isinstance(config.compressor, ErrorFeedback):
-            # The compressors' errors and Q factors, created at the first step, keyed "0", "1"... in order: a
-            # dict the optimizer tracks, so checkpoints carry them (tfdist.keras._compressors). Not a list:
-            # tf-keras checkpoints a copy of an optimizer's list attributes, made once, so a restore before
-            # the first step would never reach the state created in it.
-            self.tfdist_compression_state: dict[str, Any] = {}
+    _tfdist: dict[str, Any]  # Set by _tfdist_setup (Keras 3: reducing_optimizer); an annotation only.
 
     @property
     def communication(self) -> CollectiveConfig:
@@ -165,6 +179,20 @@ class _CommunicationMixin:
         """The compressor's state variables (each error, each PowerSGD Q), in the order they were created at
         the first step; empty before it, and without a compressor."""
         return list(self._tfdist.get("states", {}).values())
+
+
+class _CommunicationMixin(_Reporting):
+    """Overrides the tf-keras ``Optimizer`` hooks for aggregation and application."""
+
+    def _tfdist_setup(self, config: CollectiveConfig) -> None:
+        # object.__setattr__: a plain dict, out of Keras' automatic tracking (and so out of checkpoints).
+        object.__setattr__(self, "_tfdist", {"config": config, "bytes": None})
+        if isinstance(config.compressor, ErrorFeedback):
+            # The compressors' errors and Q factors, created at the first step, keyed "0", "1"... in order: a
+            # dict the optimizer tracks, so checkpoints carry them (tfdist.keras._compressors). Not a list:
+            # tf-keras checkpoints a copy of an optimizer's list attributes, made once, so a restore before
+            # the first step would never reach the state created in it.
+            self.tfdist_compression_state: dict[str, Any] = {}
 
     def aggregate_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         import tensorflow as tf

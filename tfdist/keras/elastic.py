@@ -90,10 +90,14 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
     (which then plots ``world_size`` next to the loss, so a membership change shows on the curves). Without
     tfdist-launch's elastic mode it only adds ``world_size`` to the logs.
 
+    Works with tf-keras and Keras 3 (3.10 and later) models alike.
+
     Args:
       cluster: This task's cluster (a spec or TF_CONFIG); default TF_CONFIG from the environment.
       env: Where to read the TFDIST_* variables; default ``os.environ``.
     """
+
+    keras3_models = True  # It reads and writes the epoch logs only.
 
     def __init__(self, *, cluster: ClusterLike = None, env: Mapping[str, str] | None = None) -> None:
         super().__init__()
@@ -138,11 +142,16 @@ class ElasticEpochs(callback_base()):  # type: ignore[misc]
 class LinearScaling(callback_base()):  # type: ignore[misc]
     """Keeps the per-replica batch: sets the learning rate to ``base_learning_rate * N / reference_world_size``.
 
+    Works with tf-keras and Keras 3 (3.10 and later) models alike; the learning rate must be a number (a
+    variable), not a schedule.
+
     Args:
       base_learning_rate: The rate tuned for ``reference_world_size`` replicas.
       reference_world_size: The world size the rate was tuned for.
       num_replicas: The current replica count; default the strategy's, at the start of training.
     """
+
+    keras3_models = True  # The strategy's replicas and the optimizer's learning-rate variable: both Kerases have them.
 
     def __init__(
         self, base_learning_rate: float, *, reference_world_size: int, num_replicas: int | None = None

@@ -50,6 +50,11 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
       cluster: This task's cluster (a spec or TF_CONFIG); default ``TF_CONFIG`` from the environment.
     """
 
+    keras3_hint = (
+        "With a Keras 3 model use tfdist.keras.PreemptionSafeBackup(backup_dir, save_freq=..., data=pipeline), "
+        "whose backups carry the input position."
+    )
+
     def __init__(self, pipeline: ResumableInput, *, backup_dir: str | None = None, cluster: ClusterLike = None) -> None:
         super().__init__()
         if not isinstance(pipeline, ResumableInput):
@@ -74,6 +79,17 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
         if counters is None:
             _log.warning("ResumeInput found no BackupAndRestore in fit's callbacks: there is no backup to resume.")
             return
+        if not self.checked_order():
+            return
+        self._save_claims()
+        steps = steps_per_epoch or self.pipeline.steps_per_epoch()
+        _compat.guard_initial_counters(self.model, steps)
+        epoch, step = _compat.resume_counters(self.model, steps)
+        self.pipeline.seek(epoch=epoch, step=step, steps_per_epoch=self.params.get("steps") or steps_per_epoch)
+
+    def checked_order(self) -> bool:
+        """Whether the pipeline can go on where a backup left off: it reads in the resumable order, the same as
+        the one recorded beside the backup (a change raises the pipeline's DataError); logs why not."""
         fingerprint = self.pipeline.fingerprint()
         if fingerprint is None:
             _log.warning(
@@ -81,13 +97,9 @@ class ResumeInput(_compat.callback_base()):  # type: ignore[misc]
                 "resumable order (order='buffer', or an option that keeps it out; the pipeline's log says "
                 "which). After a restore the records of the interrupted epoch are read again from its start."
             )
-            return
+            return False
         self._check_order(fingerprint)
-        self._save_claims()
-        steps = steps_per_epoch or self.pipeline.steps_per_epoch()
-        _compat.guard_initial_counters(self.model, steps)
-        epoch, step = _compat.resume_counters(self.model, steps)
-        self.pipeline.seek(epoch=epoch, step=step, steps_per_epoch=self.params.get("steps") or steps_per_epoch)
+        return True
 
     def _save_claims(self) -> None:
         """Under parameter servers: the ledger of claimed steps is saved with the backup, and restored from it
