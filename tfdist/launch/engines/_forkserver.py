@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tfdist.errors import LaunchFailure
 from tfdist.launch.engines._process import GroupProcess
 from tfdist.launch.output import LineSink, read_lines
 from tfdist.launch.tasks import forkserver as protocol
@@ -65,8 +66,8 @@ def _running(pid: int) -> bool:
         return False
 
 
-class ServerGone(Exception):
-    """The fork server did not answer: it failed to start, or died."""
+class ServerGone(LaunchFailure):
+    """The fork server did not answer: it failed to start, or died (the engine then starts tasks plainly)."""
 
 
 class ForkServer:
