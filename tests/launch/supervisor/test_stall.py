@@ -171,8 +171,8 @@ def test_a_worker_asleep_in_its_training_loop_is_named_within_s_and_the_run_stal
     text = "\n".join(line for _, line in statuses)
     result = run.result
     assert (result.reason, result.exit_code, result.failed_task) == (Outcome.STALLED, STALLED, "worker:1"), text
-    where = "a tf.py_function of its step" if loop == "fit" else "outside TensorFlow"
-    assert re.search(rf"^stall: worker:1 stopped: runs Python in {where} .* in _sleep: time.sleep", text, re.M), text
+    where = "in a tf.py_function of its step" if loop == "fit" else "outside TensorFlow"
+    assert re.search(rf"^stall: worker:1 stopped: runs Python {where} .* in _sleep: time.sleep", text, re.M), text
     assert re.search(r"^stall: worker:0 waiting: blocked in TensorFlow", text, re.M), text
     reported = next(at for at, line in statuses if line.startswith("stall: no training task"))
     asleep = _stuck_at(result.task("worker:1").output)
