@@ -7,7 +7,8 @@ reached through this package's accessors, so an upgrade has one place to check: 
 (tf-keras), ``keras3`` (Keras 3's TensorFlow trainer, fixed for multi-worker fit), ``keras3_callbacks`` (its
 file-writing callbacks from the chief), ``keras3_resume`` (its backups, resumed at the step they saved),
 ``keras3_step`` (its gradient all-reduce and micro-batches), ``distribute`` (the TF runtime), ``data``
-(tf.data), ``saving`` (checkpoint writes), and ``checks``, which resolves them all.
+(tf.data), ``saving`` (checkpoint writes), ``frames`` (which Python frames are TensorFlow's), and ``checks``,
+which resolves them all.
 Each accessor either resolves or raises :class:`tfdist.errors.StackError`
 naming the installed versions; :func:`check_internals` resolves all of them
 (``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
