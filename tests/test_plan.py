@@ -236,16 +236,23 @@ def test_cli_embedding_traffic() -> None:
 
 
 def test_compressed_traffic_formulas() -> None:
-    from tfdist.comm import compressed_traffic
+    from tfdist.comm import PowerSGD, compressed_traffic
 
     shapes = [(2048, 1000), (1000,), (3, 3, 64, 64)]  # 2048000 + 1000 + 36864 values
     link: dict[str, Any] = {"workers": 4, "bandwidth": 1e9, "latency": 1e-4}
     ring = lambda b: 2 * 3 * 1e-4 + 2 * 3 / 4 * b / 1e9  # noqa: E731
     power = compressed_traffic(shapes=shapes, compression="powersgd", rank=4, **link)
     p, q, whole = 4 * (2048 + 576), 4 * (1000 + 64), 1000  # The kernel as [576, 64]; the bias whole.
-    assert power.bytes_per_step == 4 * (p + q + whole)
-    assert power.seconds_per_step == pytest.approx(ring(4 * p) + ring(4 * (q + whole)))
+    # After the warm-up, the P factors' all-reduce carries one value of its plain sum (ended).
+    assert power.bytes_per_step == 4 * (p + q + whole + 1)
+    assert power.seconds_per_step == pytest.approx(ring(4 * (p + 1)) + ring(4 * (q + whole)))
     assert power.fewer_bytes == pytest.approx(4 * 2085864 / power.bytes_per_step)
+    # Its first 25 steps sum the matrices whole beside the factors.
+    assert (power.warmup_steps, power.warmup_bytes_per_step) == (25, 4 * (p + 2084864 + q + whole))
+    assert power.warmup_seconds_per_step == pytest.approx(ring(4 * (p + 2084864)) + ring(4 * (q + whole)))
+    cold = compressed_traffic(shapes=shapes, compression=PowerSGD(rank=4, warmup_steps=0), **link)
+    assert cold.bytes_per_step == 4 * (p + q + whole) and cold.warmup_steps == 0
+    assert cold.seconds_per_step == pytest.approx(ring(4 * p) + ring(4 * (q + whole)))
     top = compressed_traffic(shapes=shapes, compression="topk", density=0.01, **link)
     k = 20480 + 10 + 369  # ceil(1% of each)
     assert top.bytes_per_step == 8 * k
@@ -286,8 +293,17 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     done = plan("--compression", "powersgd", "--rank", "4", "--shapes", str(shapes), "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000)
+    assert data["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000 + 1)  # The warm-up's end: one value.
+    assert data["compressed"]["warmup_steps"] == 25
+    assert data["compressed"]["warmup_bytes_per_step"] == 4 * (4 * 3048 + 2048000 + 1000)
     assert data["gradient_bytes"] == 4 * 2049000  # Params from the shapes.
+    # The warm-up and the rate are flags of their own, from PowerSGD's config.
+    cold = plan("--compression", "powersgd", "--warmup-steps", "0", "--shapes", str(shapes), "--json")
+    assert json.loads(cold.stdout)["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000)
+    rate = plan("--compression", "powersgd", "--min-compression-rate", "200", "--shapes", str(shapes), "--json")
+    assert json.loads(rate.stdout)["compressed"]["bytes_per_step"] == 4 * 2049000  # 168x is not 200x: whole.
+    low = plan("--compression", "powersgd", "--min-compression-rate", "0.5", "--shapes", str(shapes))
+    assert low.returncode == 2 and "Invalid value for `--min-compression-rate`. Received: 0.5" in low.stderr
     text = plan("--compression", "local-sgd", "--period", "8", "--shapes", "[[2048, 1000], [1000]]")
     assert text.returncode == 0, text.stderr
     assert "local-sgd:" in text.stdout and "8.0x fewer bytes" in text.stdout
@@ -296,6 +312,8 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     assert costed.returncode == 0, costed.stderr
     # 10 passes over the 2048x1000 matrix's 8.192 MB at 20 GB/s: 4.10 ms.
     assert "+ arithmetic:" in costed.stdout and "4.10 ms/step" in costed.stdout
+    # 8.245 MB per step while it warms up: the matrix whole, beside its factors and the bias.
+    assert "first steps:" in costed.stdout and "8.245 MB/worker step for the first 25 (its warm-up)" in costed.stdout
     wrong = plan("--compression", "powersgd", "--shapes", str(shapes), "--memory-bandwidth", "fast")
     assert wrong.returncode == 2 and "`--memory-bandwidth`. Received: 'fast'" in wrong.stderr
     missing = plan("--compression", "topk", "--params", "25M")

@@ -220,6 +220,12 @@ def _report(args: argparse.Namespace, data: dict[str, Any], compressed: Any) -> 
             f"{compressed.bytes_per_step / 1e6:.3f} MB/worker step ({compressed.fewer_bytes:.1f}x fewer bytes "
             "than float32; the wire only)\n"
         )
+        if compressed.warmup_steps:
+            embedding += (
+                f"{'  first steps:':19}{compressed.warmup_seconds_per_step * 1e3:10.2f} ms/step, "
+                f"{compressed.warmup_bytes_per_step / 1e6:.3f} MB/worker step for the first "
+                f"{compressed.warmup_steps} (its warm-up)\n"
+            )
         if compressed.arithmetic_seconds is None:
             embedding += "                   (add --memory-bandwidth for the compressor's arithmetic)\n"
         else:

@@ -16,7 +16,16 @@ from tfdist.comm.collective import (
     payload_bytes,
     wire_bytes,
 )
-from tfdist.comm.compressor import Collectives, Compressor, ErrorFeedback, Link, StateSlot, TrafficModel, WireCast
+from tfdist.comm.compressor import (
+    Collectives,
+    Compressor,
+    ErrorFeedback,
+    Link,
+    StateSlot,
+    TrafficModel,
+    Warmup,
+    WireCast,
+)
 from tfdist.comm.local_sgd import LocalSGD
 from tfdist.comm.powersgd import PowerSGD, lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
 from tfdist.comm.registry import compressor_for, register_compressor, registered_compressors
@@ -51,6 +60,7 @@ __all__ = [
     "StateSlot",
     "TopK",
     "TrafficModel",
+    "Warmup",
     "WireCast",
     "all_reduce_sum",
     "all_reduce_timer",

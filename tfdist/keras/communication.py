@@ -72,7 +72,7 @@ def with_communication(
       ``communication_bytes_per_step`` tells the bytes each replica hands to the
       gradient all-reduce per applied update, counted from the tensors traced
       into it (None before the first step). ``compression_variables`` lists
-      the compressor's errors and Q factors.
+      the compressor's state (errors, Q factors, PowerSGD's warm-up steps).
 
     Raises:
       StrategyError: An invalid setting, an optimizer that is not a tf-keras
@@ -176,8 +176,8 @@ class _Reporting:
 
     @property
     def compression_variables(self) -> list[Any]:
-        """The compressor's state variables (each error, each PowerSGD Q), in the order they were created at
-        the first step; empty before it, and without a compressor."""
+        """The compressor's state variables (each error, each PowerSGD Q and warm-up count), in the order they
+        were created at the first step; empty before it, and without a compressor."""
         return list(self._tfdist.get("states", {}).values())
 
 
