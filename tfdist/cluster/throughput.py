@@ -44,7 +44,10 @@ class LinkServer:
     """
 
     def __init__(self, port: int, *, host: str = "") -> None:
-        self._socket = socket.create_server((host, port))
+        if not host and socket.has_dualstack_ipv6():  # Every address: IPv6 ones too.
+            self._socket = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        else:
+            self._socket = socket.create_server((host, port))
         self._socket.settimeout(_POLL)
         self._closed = threading.Event()
         self._measured = threading.Event()
