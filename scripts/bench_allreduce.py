@@ -591,7 +591,7 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
     """Each variant measured beside its wire limit (its bytes each way at the link's rate) and the planner's
     prediction at that rate (``tfdist plan --link RATE --choose`` with the memory bandwidth measured in the run;
     unshaped, the rate TCP reached between the hosts), and the planner's choice against the fastest measured."""
-    from tfdist.comm import choose_variant, estimate_variants
+    from tfdist.comm import estimate_variants
     from tfdist.launch import Link
     from tfdist.plan import LAN_LATENCY
 
@@ -620,19 +620,22 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         row["error"] = round(predicted[variant].seconds / times[key] - 1, 3)
         rows.append(row)
     report["rows"] = rows
-    report.update(_link_goals(times, predicted, choose_variant(list(predicted.values())).label))
+    report.update(_link_goals(times, predicted))
     return report
 
 
-def _link_goals(times: dict[str, float], predicted: dict[str, Any], choice: str) -> dict[str, Any]:
-    """The planner's choice against the fastest tfdist variant measured, and the ratios the issue sets goals on."""
+def _link_goals(times: dict[str, float], predicted: dict[str, Any]) -> dict[str, Any]:
+    """The planner's choice among the tfdist variants measured against the fastest of them, and the ratio the
+    issue sets a goal on."""
+    from tfdist.comm import choose_variant
+
     measured = {
         variant: times[key] for key, _, variant in _LINK_ROWS if key in times and key not in ("default", "gloo")
     }
     fastest = min(measured, key=measured.__getitem__)
+    choice = choose_variant([predicted[variant] for variant in measured]).label
     goals: dict[str, Any] = {"choice": choice, "fastest_measured": fastest}
-    if choice in measured:
-        goals["choice_over_fastest"] = round(measured[choice] / measured[fastest], 2)
+    goals["choice_over_fastest"] = round(measured[choice] / measured[fastest], 2)
     if "gloo" in times and "powersgd_r4" in times:
         goals["powersgd_r4_over_gloo"] = round(times["powersgd_r4"] / times["gloo"], 2)
     return goals
@@ -643,8 +646,10 @@ def _markdown(report: dict[str, Any]) -> str:
     head = f"{report['hosts']} hosts, link {report['link']}"
     if "rows" not in report:
         return f"{head}: no rate to compare with (run gloo's peers for the TCP limit)\n"
+    memory = report["memory_bandwidth_GBps"]
     lines = [
-        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), memory {report['memory_bandwidth_GBps'] or 0:.1f} GB/s",
+        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), memory "
+        + (f"{memory:.1f} GB/s" if memory else "bandwidth not measured"),
         "",
         "| variant | ms | wire limit ms | / limit | planner ms | planner error |",
         "|---|---|---|---|---|---|",
