@@ -403,3 +403,56 @@ def test_cli_prints_the_mesh_launch_command() -> None:
     assert "launch:            tfdist-launch --workers 4 --mesh batch=2,model=4 -- python train.py" in done.stdout
     assert "11.2 GiB per device" in done.stdout
     assert "or 4 pipeline stages, one per task (tfdist-launch --chief --workers 4 --run-on chief)" in done.stdout
+
+
+def test_cli_link_takes_the_launchers_rates_with_a_lan_latency() -> None:
+    def plan(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--params", "25.6M", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    link = json.loads(plan("--link", "1gbit", "--json").stdout)
+    same = json.loads(plan("--bandwidth", "1Gbps", "--latency", "50us", "--json").stdout)
+    assert link["ring_allreduce_s"] == same["ring_allreduce_s"] == pytest.approx(2 * 50e-6 + 102.4e6 / 125e6)
+    slow = json.loads(plan("--link", "100MBit", "--latency", "1ms", "--json").stdout)
+    assert slow["ring_allreduce_s"] == pytest.approx(2 * 1e-3 + 102.4e6 / 12.5e6)
+    for args, message in (
+        (("--link", "1 gigabit"), "Invalid value for `--link`. Received: '1 gigabit'. Expected a RATE"),
+        (("--link", "worker:1=1gbit"), "Pass e.g. --link 1gbit."),
+        (("--link", "5bit"), "from 10kbit to 1tbit"),
+        (
+            ("--bandwidth", "1Gbps"),
+            "Invalid value for `--latency`. Received: None. Expected a latency with --bandwidth",
+        ),
+        (("--link", "1gbit", "--bandwidth", "1Gbps"), "not allowed with argument"),
+        ((), "one of the arguments --bandwidth --link is required"),
+    ):
+        done = plan(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -> None:
+    def plan(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    shapes = "[[2048, 1000], [1000], [3, 3, 256, 256]]"
+    data = json.loads(plan("--shapes", shapes, "--choose", "--memory-bandwidth", "2GB/s", "--json").stdout)
+    seconds = {v["variant"]: v["seconds"] for v in data["variants"]}
+    assert list(seconds) == [
+        "none",
+        "bf16",
+        "fp16",
+        "powersgd rank=1",
+        "powersgd rank=2",
+        "powersgd rank=4",
+        "topk density=0.01",
+        "local_sgd period=4",
+    ]
+    assert data["choice"] == min(seconds, key=seconds.__getitem__)
+    assert seconds["bf16"] == pytest.approx(seconds["none"] / 2, rel=0.01)
+    text = plan("--shapes", shapes, "--choose")
+    assert text.returncode == 0, text.stderr
+    assert "  powersgd rank=4 " in text.stdout and "the wire only: add --memory-bandwidth" in text.stdout
+    assert "choice:            powersgd rank=1 (accuracy not priced" in text.stdout
+    missing = plan("--params", "1M", "--choose")
+    assert missing.returncode == 2 and "`--choose`. Received: True. Expected --shapes or --model" in missing.stderr
