@@ -18,6 +18,7 @@ also returns what the tf-keras names and helpers raise there (:func:`_without_tf
 from __future__ import annotations
 
 import importlib.abc
+import importlib.machinery
 import os
 import signal
 import sys
@@ -27,12 +28,21 @@ from typing import Any
 EPOCHS = 3
 
 
-class _NoTfKeras(importlib.abc.MetaPathFinder):
-    """``import tf_keras`` (and its submodules) fails as where tf-keras is not installed."""
+class _NoTfKeras(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import tf_keras`` (and its submodules) fails with the error of a stack without tf-keras.
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name.partition(".")[0] == "tf_keras":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    Its spec has no origin and its loader refuses, rather than ``find_spec`` raising: TensorFlow's own import
+    (2.22) asks ``importlib.util.find_spec("tf_keras")``, and skips a spec without an origin as it skips none.
+    """
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.machinery.ModuleSpec(name, self) if name.partition(".")[0] == "tf_keras" else None
+
+    def create_module(self, spec: Any) -> Any:
+        raise ModuleNotFoundError(f"No module named {spec.name!r}", name=spec.name)
+
+    def exec_module(self, module: Any) -> None:
+        raise AssertionError("create_module refused it")
 
 
 def hide_tf_keras() -> None:
