@@ -110,50 +110,15 @@ class KerasCallback:
     def set_params(self, params: Any) -> None:
         self.params = params
 
-    def on_batch_begin(self, batch: int, logs: Any = None) -> None:
-        """Keras 3's ``on_train_batch_begin`` calls it, as here."""
-
-    def on_batch_end(self, batch: int, logs: Any = None) -> None:
-        """Keras 3's ``on_train_batch_end`` calls it, as here."""
-
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self.on_batch_begin(batch, logs=logs)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.on_batch_end(batch, logs=logs)
 
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        pass
+    def _nothing(self, *args: Any, **kwargs: Any) -> None:
+        """A hook this class does nothing in (a subclass overrides the ones it needs)."""
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        pass
-
-    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-        pass
-
-    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-        pass
-
-    def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
-        pass
-
-    def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
-        pass
-
-    def on_train_begin(self, logs: Any = None) -> None:
-        pass
-
-    def on_train_end(self, logs: Any = None) -> None:
-        pass
-
-    def on_test_begin(self, logs: Any = None) -> None:
-        pass
-
-    def on_test_end(self, logs: Any = None) -> None:
-        pass
-
-    def on_predict_begin(self, logs: Any = None) -> None:
-        pass
-
-    def on_predict_end(self, logs: Any = None) -> None:
-        pass
+    on_batch_begin = on_batch_end = on_epoch_begin = on_epoch_end = _nothing
+    on_train_begin = on_train_end = on_test_begin = on_test_end = on_predict_begin = on_predict_end = _nothing
+    on_test_batch_begin = on_test_batch_end = on_predict_batch_begin = on_predict_batch_end = _nothing
