@@ -79,13 +79,12 @@ def with_communication(
         ``Optimizer``, or a compressor under a strategy it cannot run in
         (parameter servers, a DTensor mesh).
     """
-    import tf_keras
-
     named = compression.name if isinstance(compression, Compressor) else compression
     if named != "none" or bytes_per_pack or split_bytes or tuning is not None:
         refuse_mesh("compression", named, "with_communication", optimizer=optimizer)
     keras3 = _compat.is_keras3_optimizer(optimizer)
-    if not keras3 and not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    tf_keras = _compat.installed_tf_keras()  # None: tf-keras is not installed, only a Keras 3 optimizer can be.
+    if not keras3 and not (tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.Optimizer)):
         raise invalid(
             StrategyError,
             "optimizer",
