@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from tfdist.runtime.watchdog import (
     DUMP_REQUEST,
     REPORT,
+    REPORT_SECONDS,
     STACKS,
     WATCH_VAR,
     StepReport,
@@ -51,8 +52,8 @@ from tfdist.runtime.watchdog import (
     Where,
 )
 
-UNRESPONSIVE_SECONDS = 5.0  # a watchdog that has not reported for this long is silent (it reports every 0.5 s)
-_POLL_SECONDS = 0.5
+UNRESPONSIVE_SECONDS = 10 * REPORT_SECONDS  # a watchdog that has not reported for this long is silent
+_POLL_SECONDS = REPORT_SECONDS  # the reports are read as often as they are written
 _DUMP_WAIT_SECONDS = 3.0
 
 
