@@ -1,18 +1,21 @@
 """Every ```python block in docs/*.md runs as written, unless a `<!-- not-run: reason -->` line precedes it.
 
-Each block runs in its own interpreter (a fresh TensorFlow, as a user's script would have) in a temporary
-directory. A block marked not-run is reported as skipped with its reason, so the reasons stay visible.
+Each block runs in its own process, as ``python -c`` in a temporary directory: forked from the session's fork
+server, which has imported TensorFlow (``tfdist.testing.run_python``), so a block finds what a script finds
+after ``import tensorflow``. A block marked not-run is reported as skipped with its reason, so the reasons stay
+visible.
 """
 
 from __future__ import annotations
 
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
 
 import pytest
+
+from tfdist import testing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -62,8 +65,14 @@ def test_not_run_markers_give_a_reason() -> None:
                 assert _NOT_RUN.search(line), f"{page.name}: malformed marker {line!r}"
 
 
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One HOME for every block: the blocks' environments are then one, and so is their fork server."""
+    return str(tmp_path_factory.mktemp("docs-home"))
+
+
 @pytest.mark.parametrize("where,code,reason", BLOCKS, ids=[block[0] for block in BLOCKS])
-def test_python_block_runs(where: str, code: str, reason: str | None) -> None:
+def test_python_block_runs(where: str, code: str, reason: str | None, home: str) -> None:
     if reason is not None:
         pytest.skip(f"not-run: {reason}")
     with tempfile.TemporaryDirectory(prefix="tfdist-docs-") as tmp:
@@ -72,9 +81,7 @@ def test_python_block_runs(where: str, code: str, reason: str | None) -> None:
             "PATH": "/usr/bin:/bin",
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "TF_USE_LEGACY_KERAS": "1",
-            "HOME": tmp,
+            "HOME": home,
         }
-        done = subprocess.run(
-            [sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True, text=True, timeout=300
-        )
+        done = testing.run_python([sys.executable, "-c", code], cwd=tmp, env=env, timeout=300)
     assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"

@@ -15,7 +15,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import os
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tfdist.launch.engines import _forkserver
@@ -24,7 +26,7 @@ from tfdist.launch.functions import FunctionRun as ClusterRun
 from tfdist.launch.functions import Target, command_for, run_function
 from tfdist.launch.tasks.function import RESULT_PREFIX
 
-__all__ = ["RESULT_PREFIX", "ClusterRun", "KillAt", "command_for", "run_cluster", "shared_fork_servers"]
+__all__ = ["RESULT_PREFIX", "ClusterRun", "KillAt", "command_for", "run_cluster", "run_python", "shared_fork_servers"]
 
 
 @contextlib.contextmanager
@@ -67,10 +69,11 @@ def run_cluster(
       chief: Add a chief.
       evaluator: Add an evaluator.
       args: JSON-serializable positional arguments for the function.
-      preload: Fork the tasks (functions, TF servers) from a process that has
+      preload: Fork the tasks (functions, TF servers, and a command that runs
+        this Python on a script, ``-m`` or ``-c``) from a process that has
         imported TensorFlow once instead of starting a new interpreter each
         (``LaunchConfig.preload``); on by default, which saves most of a test
-        cluster's CPU. A command target still starts as new processes.
+        cluster's CPU.
       **options: More :class:`tfdist.launch.LaunchConfig` fields, e.g.
         ``kills=("worker:1@after=^EPOCH 2 DONE$",)`` to SIGKILL worker 1 once
         any task prints that line (fault tests trigger on progress, not time),
@@ -78,3 +81,29 @@ def run_cluster(
     """
     options.update(ps=ps, chief=chief, evaluator=evaluator, timeout=timeout, preload=preload)
     return run_function(target, workers=workers, args=args, **options)
+
+
+def run_python(
+    argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs a Python command line (``[sys.executable, "-c", CODE]``, ``-m MODULE`` or a script) and returns
+    what ``subprocess.run(argv, capture_output=True, text=True)`` would. Inside :func:`shared_fork_servers` it
+    is forked from a server that has imported TensorFlow, as ``run_cluster``'s tasks are: for a test that runs
+    many scripts or doc snippets, each skips the import. Anything else starts as a new process.
+
+    Args:
+      argv: The command line; forked only if it runs ``sys.executable`` on
+        ``-c``, ``-m`` or a script, with no interpreter option.
+      timeout: Seconds; past them its process group is killed and
+        ``subprocess.TimeoutExpired`` raised.
+      env: Its whole environment (default: this process's).
+      cwd: Its working directory (default: this process's).
+
+    Example:
+        >>> import sys
+        >>> with shared_fork_servers():
+        ...     done = run_python([sys.executable, "-c", "import sys; print(sys.argv[1:])", "a"], timeout=120)
+        >>> done.returncode, done.stdout
+        (0, "['a']\\n")
+    """
+    return _forkserver.run_captured(argv, env=os.environ if env is None else env, cwd=cwd, timeout=timeout)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
+from tfdist import testing
 from tfdist.errors import DataError
 
 
@@ -85,13 +85,10 @@ def test_examples_round_trip_through_the_demo_pipeline(tmp_path: Any) -> None:
 def test_the_script_writes_load_digits_split(tmp_path: Any) -> None:
     pytest.importorskip("sklearn", reason='the demo extra installs scikit-learn: pip install ".[demo]"')
     out = str(tmp_path / "digits")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_digits.py"), "--out", out, "--val-per-class", "20"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = testing.run_python(
+        [sys.executable, str(REPO / "scripts" / "make_digits.py"), "--out", out, "--val-per-class", "20"], timeout=300
     )
+    assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["train_class_counts"] == [140, 104, 78, 58, 43, 32, 24, 18, 13, 10]
     assert (summary["train_records"], summary["val_records"]) == (520, 200)

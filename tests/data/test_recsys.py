@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,10 @@ def _script(name: str) -> Any:
 
 
 def _make_clicks(out: str) -> dict[str, Any]:
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_synthetic_clicks.py"), "--out", out, *SMALL],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    done = testing.run_python(
+        [sys.executable, str(REPO / "scripts" / "make_synthetic_clicks.py"), "--out", out, *SMALL], timeout=300
     )
+    assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(Path(out, "clicks.json").read_text())
 
 
@@ -68,12 +65,7 @@ def test_train_recsys_runs_without_data(tmp_path: Path) -> None:
         assert {p: p.stat().st_mtime_ns for p in Path(train.DEFAULT_DATA).iterdir()} == before
     finally:
         os.chdir(cwd)
-    help_text = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    help_text = testing.run_python([sys.executable, str(REPO / "scripts" / "train_recsys.py"), "--help"], timeout=120)
     assert help_text.returncode == 0, help_text.stderr
     assert "default: generate" in help_text.stdout
 

@@ -109,25 +109,30 @@ def _demo_report() -> Any:
 class TestDemo:
     """scripts/demo.py over seeds under both strategies, and scripts/demo_report.py on what it wrote."""
 
-    def _data(self, root: str) -> None:
-        import subprocess
+    @pytest.fixture(scope="class")
+    def data(self, tmp_path_factory: pytest.TempPathFactory) -> str:
+        """The demo's images, made once for both tests by scripts/make_synthetic_images.py (forked from the
+        session's fork server, which has imported TensorFlow)."""
         import sys
 
+        root = str(tmp_path_factory.mktemp("demo-data"))
         make = [sys.executable, str(REPO / "scripts" / "make_synthetic_images.py"), "--classes", "4", "--size", "32"]
         for args in (
             ["--out", f"{root}/data/train", "--num", "800", "--partition", "--shards", "2"],
             ["--out", f"{root}/data/val", "--num", "200", "--skew", "uniform", "--seed", "1", "--shards", "2"],
         ):
-            subprocess.run(make + args, check=True, capture_output=True, timeout=120)
+            done = testing.run_python(make + args, timeout=120)
+            assert done.returncode == 0, done.stderr[-3000:]
+        return f"{root}/data"
 
-    def _demo(self, root: str, *args: str) -> list[str]:
+    def _demo(self, data: str, root: str, *args: str) -> list[str]:
         import sys
 
         return [
             sys.executable,
             str(REPO / "scripts" / "demo.py"),
             "--data",
-            f"{root}/data",
+            data,
             "--out",
             f"{root}/out",
             "--classes",
@@ -139,10 +144,9 @@ class TestDemo:
             *args,
         ]
 
-    def test_demo_trains_each_seed_and_counts_records_under_mwms(self, tmp_path: Path) -> None:
+    def test_demo_trains_each_seed_and_counts_records_under_mwms(self, data: str, tmp_path: Path) -> None:
         root = str(tmp_path)
-        self._data(root)
-        run = testing.run_cluster(self._demo(root, "--epochs", "2", "--seeds", "2"), workers=2, timeout=240)
+        run = testing.run_cluster(self._demo(data, root, "--epochs", "2", "--seeds", "2"), workers=2, timeout=240)
         assert run.ok, run.result.summary()
         summary = json.loads(Path(f"{root}/out/summary.json").read_text())
         assert (summary["replicas"], summary["workers"], summary["sampling"], summary["seeds"]) == (
@@ -186,10 +190,9 @@ class TestDemo:
         assert f"class 3 ({summary['train_class_counts']['3']} train)" in text
         assert f"picture: {picture}" in text
 
-    def test_demo_counts_what_each_ps_worker_trains_on(self, tmp_path: Path) -> None:
+    def test_demo_counts_what_each_ps_worker_trains_on(self, data: str, tmp_path: Path) -> None:
         root = str(tmp_path)
-        self._data(root)
-        command = self._demo(root, "--epochs", "2", "--seeds", "1", "--sampling", "natural")
+        command = self._demo(data, root, "--epochs", "2", "--seeds", "1", "--sampling", "natural")
         run = testing.run_cluster(command, workers=2, ps=1, chief=True, timeout=240)
         assert run.ok, run.result.summary()
         summary = json.loads(Path(f"{root}/out/summary.json").read_text())
@@ -225,6 +228,7 @@ class TestPreemption:
             "30",
             "--timeout",
             "200",
+            "--preload",
             "--",
             sys.executable,
             "-m",

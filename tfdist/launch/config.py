@@ -146,13 +146,17 @@ class Supervision:
         'info', 'warning', 'error' or 'off'), written to its
         ``TFDIST_LOG_LEVEL`` (see :mod:`tfdist.runtime.logs`). None: the
         launcher's own ``TFDIST_LOG_LEVEL`` (or ``env``'s), else 'info'.
-      preload: Start tfdist's own task programs (``run_function``'s tasks,
-        the TF servers of ps and server-only workers) as forks of a process
-        that has imported TensorFlow (and tf-keras) once, instead of a new
-        interpreter each: a task then starts in a fraction of the time and
-        CPU (tests, restarts). Local engine only, outside network
-        namespaces; a user's command always starts as a new process. Off
-        for ``tfdist-launch``; :func:`tfdist.testing.run_cluster` and
+      preload: Start every task that runs this Python on a module, code or
+        a script (``python -m MODULE``, ``python -c CODE``, ``python
+        train.py``; ``run_function``'s tasks and the TF servers too) as a
+        fork of a process that has imported TensorFlow (and tf-keras) once,
+        instead of a new interpreter each: a task then starts in a fraction
+        of the time and CPU (tests, restarts). The task's code then finds
+        TensorFlow imported: variables it sets for TensorFlow before its own
+        ``import tensorflow`` no longer apply (set them in ``env`` or the
+        launcher's environment). Local engine only, outside network
+        namespaces; other programs start as new processes. Off for
+        ``tfdist-launch``; :func:`tfdist.testing.run_cluster` and
         :func:`tfdist.launch.run_function` turn it on.
     """
 
@@ -170,9 +174,10 @@ class Supervision:
     )
     preload: bool = option(
         False,
-        help="start tfdist's own task programs (run_function's tasks, TF servers) as forks of a process that "
-        "imported TensorFlow before the fork, not each in a new interpreter: starts and restarts cost a fraction "
-        "of the CPU (user commands still start as new processes)",
+        help="start each task that runs this Python on a script, -m or -c (and run_function's tasks, TF "
+        "servers) as a fork of a process that imported TensorFlow before the fork, not in a new interpreter: "
+        "starts and restarts cost a fraction of the CPU (variables a script sets for TensorFlow before "
+        "importing it no longer apply)",
     )
 
     def __post_init__(self) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,12 +184,39 @@ def _start(engine: LocalEngine, argv: list[str]) -> tuple[object, list[str]]:
     return proc, lines
 
 
-def test_the_engine_forks_only_tfdists_own_programs(engine: LocalEngine) -> None:
+_WHERE = "import json, os, sys; print(json.dumps([__name__, sys.argv, sys.path[0], os.getcwd()]))"
+
+
+def test_the_engine_forks_what_runs_this_python_on_a_module_code_or_a_script(
+    engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     forked, lines = _start(engine, _function_argv("lines"))
     assert isinstance(forked, ForkedProcess)
     assert sorted(lines) == [testing.RESULT_PREFIX + "null", "to stderr", "to stdout"]
-    plain, _ = _start(engine, [sys.executable, "-m", TASKS, "lines"])  # a user's command
-    assert isinstance(plain, LocalProcess)
+    script = tmp_path / "where.py"
+    script.write_text(_WHERE + "\n")
+    monkeypatch.chdir(tmp_path)
+    for argv in (
+        [sys.executable, "-m", TASKS, "lines"],  # a user's module
+        [sys.executable, "-c", _WHERE, "a", "b"],
+        [sys.executable, str(script), "a", "b"],
+        [sys.executable, "where.py", "a"],  # a relative path, as a user types it
+    ):
+        proc, lines = _start(engine, argv)
+        assert isinstance(proc, ForkedProcess), argv
+        if argv[1] != "-m":
+            # What a new interpreter says for the same command line (the reference), the fork says too.
+            fresh = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60, check=True)
+            assert json.loads(lines[0]) == json.loads(fresh.stdout), argv
+    for argv in (
+        [sys.executable, "-u", str(script)],  # an interpreter option
+        [sys.executable, str(tmp_path / "missing.py")],  # no such script: Python's own error
+        ["/bin/echo", "hello"],  # another program
+    ):
+        proc = engine.start("worker:0", argv, ENV, lambda task, line: None)
+        assert isinstance(proc, LocalProcess), argv
+        proc.wait(30)
+        proc.release(5)
 
 
 def test_a_dead_server_is_reported_and_tasks_start_as_processes(
@@ -256,3 +284,26 @@ def test_a_preloaded_mwms_fit_equals_the_plain_one() -> None:
         assert plain.values[task]["ppid"] == os.getpid()  # started by this launcher
     assert forked.values["worker:0"]["ppid"] == forked.values["worker:1"]["ppid"]
     assert forked.values["worker:0"]["draw"] != forked.values["worker:1"]["draw"]  # NumPy reseeded in each fork
+
+
+def test_run_python_forks_and_returns_what_subprocess_run_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_forkserver, "ForkServer", functools.partial(ForkServer, preload=False))
+    monkeypatch.setattr(_forkserver, "_shared", None)
+    code = "import os, sys; print('out', sys.argv[1:]); print('err', file=sys.stderr); print(os.getppid()); sys.exit(3)"
+    argv = [sys.executable, "-c", code, "x"]
+    fresh = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60)  # the reference
+    with _forkserver.sharing() as servers:
+        forked = testing.run_python(argv, env=ENV, timeout=60)
+        (server,) = servers._servers.values()
+        assert server is not None
+        assert int(forked.stdout.split()[-1]) == server.pid  # a fork of the server, not a new interpreter
+        assert (forked.returncode, forked.stdout.split()[:2], forked.stderr) == (
+            fresh.returncode,
+            fresh.stdout.split()[:2],
+            fresh.stderr,
+        )
+        sleeper = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]
+        with pytest.raises(subprocess.TimeoutExpired):
+            testing.run_python(sleeper, env=ENV, timeout=2)
+    outside = testing.run_python(argv, env=ENV, timeout=60)  # no shared servers: a new process
+    assert int(outside.stdout.split()[-1]) == os.getpid() and outside.returncode == 3

@@ -1,13 +1,14 @@
 """The launcher's side of the fork server: tasks forked from an interpreter that has imported TensorFlow.
 
 Most of a small task's CPU time is ``import tensorflow``. With ``preload`` (see
-:class:`~tfdist.launch.config.Supervision`) the local engine starts tfdist's own task programs (the function
-runner and the TF server, ``python -m tfdist.launch.tasks.function|server``) through a fork server
-(:mod:`tfdist.launch.tasks.forkserver`) that imported TensorFlow once: each task is a fork of it, in a session
-of its own, with exactly its environment, working directory and output pipes. Tasks whose environments differ
-in more than their own variables (``TF_CONFIG``, ``TFDIST_*``, ``DTENSOR_*``) get another server, up to
-:data:`MAX_SERVERS`; anything else (a user's command, a task in a network namespace) starts as a new process,
-and so does every task once its server could not start or died (logged as a warning).
+:class:`~tfdist.launch.config.Supervision`) the local engine starts every task that runs this Python on a
+module, code or a script (``python -m MODULE``, ``python -c CODE``, ``python SCRIPT``: tfdist's function runner
+and TF server, and a user's training script) through a fork server (:mod:`tfdist.launch.tasks.forkserver`) that
+imported TensorFlow once: each task is a fork of it, in a session of its own, with exactly its environment,
+working directory and output pipes. Tasks whose environments differ in more than their own variables
+(``TF_CONFIG``, ``TFDIST_*``, ``DTENSOR_*``) get another server, up to :data:`MAX_SERVERS`; anything else (another
+program or interpreter, an interpreter option such as ``-u``, a task in a network namespace) starts as a new
+process, and so does every task once its server could not start or died (logged as a warning).
 
 A process that launches many local runs (a test session, a notebook) can keep its servers between runs
 (:func:`sharing`): each run then forks from a server that is already up, instead of starting one and
@@ -15,8 +16,10 @@ importing TensorFlow again.
 
 Example:
     >>> import sys
-    >>> eligible([sys.executable, "-m", "tfdist.launch.tasks.server"]), eligible(["python", "train.py"])
-    (True, False)
+    >>> eligible([sys.executable, "-m", "tfdist.launch.tasks.server"]), eligible([sys.executable, "-c", "pass"])
+    (True, True)
+    >>> eligible([sys.executable, "-u", "train.py"]), eligible(["/usr/bin/env", "python"])
+    (False, False)
     >>> shared_env({"PATH": "/bin", "TF_CONFIG": "{}", "TFDIST_RESTART": "1", "DTENSOR_JOBS": "a"})
     {'PATH': '/bin'}
 """
@@ -28,6 +31,9 @@ import contextlib
 import logging
 import os
 import queue
+import selectors
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,7 +50,6 @@ from tfdist.launch.tasks.programs import TaskProgram
 
 _log = logging.getLogger("tfdist.launch")
 MAX_SERVERS = 3  # per engine (or shared): past these, an idle server ends, or tasks start as new processes
-_PROGRAMS = frozenset({TaskProgram.FUNCTION.module, TaskProgram.SERVER.module})
 _TASK_PREFIXES = ("TFDIST_", "DTENSOR_")
 _PER_CALL = frozenset({"TF_CONFIG", "PYTEST_CURRENT_TEST"})  # a task's own, or pytest's: read by no import
 _SPAWN_SECONDS = 120.0  # for the first reply, which waits for the server's import of TensorFlow
@@ -53,9 +58,19 @@ _GONE = object()  # what the reply queue holds once the server is gone
 
 
 def eligible(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is one of tfdist's task programs that a fork server runs: this Python, ``-m``, the
-    function runner or the TF server."""
-    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in _PROGRAMS
+    """Whether ``argv`` runs this Python (``sys.executable``, by path or found on ``PATH``) on a module, code or
+    a script file with no interpreter option: ``python -m MODULE``, ``python -c CODE``, ``python SCRIPT``."""
+    if len(argv) < 2 or not _this_python(argv[0]):
+        return False
+    if argv[1] in ("-m", "-c"):
+        return len(argv) >= 3
+    return not argv[1].startswith("-") and os.path.isfile(argv[1])
+
+
+def _this_python(program: str) -> bool:
+    if os.sep not in program:
+        program = shutil.which(program) or program
+    return program == sys.executable
 
 
 def shared_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -395,3 +410,73 @@ def sharing() -> Iterator[ForkServers]:
             with _shared_lock:
                 _shared = None
             servers.close()
+
+
+def run_captured(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)``, forked from the shared server of ``env``
+    inside :func:`sharing` when ``argv`` is :func:`eligible`, else a new process. Raises
+    ``subprocess.TimeoutExpired`` (the task's group killed) after ``timeout`` seconds, as ``run`` does."""
+    servers = shared()
+    server = servers._server(env) if servers is not None and eligible(argv) else None
+    pid = None
+    if server is not None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = server.spawn(argv, env, cwd or os.getcwd(), (out_w, err_w))
+        except ServerGone as err:
+            _log.warning("Could not fork %s: %s; starting it as a new process.", argv[:2], err)
+            os.close(out_r)
+            os.close(err_r)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+    if pid is None:
+        return subprocess.run(
+            list(argv), env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    assert server is not None
+    ended = threading.Event()
+    status: list[int | None] = []
+
+    def _ended(code: int | None) -> None:
+        status.append(code)
+        ended.set()
+
+    server.watch(pid, _ended)
+    deadline = time.monotonic() + timeout
+    output = _read_until_eof((out_r, err_r), deadline)
+    if output is None or not ended.wait(max(0.0, deadline - time.monotonic())):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        raise subprocess.TimeoutExpired(list(argv), timeout)
+    code = 1 if status[0] is None else os.waitstatus_to_exitcode(status[0])
+    stdout, stderr = (data.decode("utf-8", "replace") for data in output)
+    return subprocess.CompletedProcess(list(argv), code, stdout, stderr)
+
+
+def _read_until_eof(fds: tuple[int, int], deadline: float) -> tuple[bytes, bytes] | None:
+    """Everything written to both pipes until both close (closing them), or None past ``deadline``."""
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    open_fds = set(fds)
+    try:
+        with selectors.DefaultSelector() as selector:
+            for fd in fds:
+                selector.register(fd, selectors.EVENT_READ)
+            while open_fds:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                for key, _ in selector.select(left):
+                    data = os.read(key.fd, 1 << 16)
+                    if data:
+                        chunks[key.fd].append(data)
+                    else:
+                        selector.unregister(key.fd)
+                        open_fds.discard(key.fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return b"".join(chunks[fds[0]]), b"".join(chunks[fds[1]])

@@ -51,8 +51,9 @@ class LocalEngine(Engine):
     With ``simulate_hosts`` every task runs on its simulated host (:mod:`tfdist.launch.engines._hosts`), at
     that host's address; the tf.data service on the first host.
 
-    With ``preload`` (see :meth:`place`) tfdist's own task programs are forked from a fork server that has
-    imported TensorFlow (:mod:`tfdist.launch.engines._forkserver`), except in network namespaces.
+    With ``preload`` (see :meth:`place`) the tasks that run this Python on a module, code or a script are
+    forked from a fork server that has imported TensorFlow (:mod:`tfdist.launch.engines._forkserver`), except
+    in network namespaces.
     """
 
     name = "local"

@@ -3,9 +3,10 @@
 The local engine starts it as ``python -m tfdist.launch.tasks.forkserver FD`` (with ``preload``, see
 :mod:`tfdist.launch.engines._forkserver`), with the environment its tasks share, FD being its end of a Unix
 ``SOCK_SEQPACKET`` socket pair. It imports ``tensorflow`` (and ``tf_keras`` when ``TF_USE_LEGACY_KERAS`` is
-"1" or "true" and tf-keras is installed) once, then serves requests, one message each: ``{"argv": [python, "-m", MODULE, *ARGS],
-"env": {...}, "cwd": DIR}`` with the task's stdout and stderr write ends attached (``SCM_RIGHTS``). For each it
-forks a child that runs ``MODULE`` as ``python -m`` would (see :func:`run_child`) and replies ``{"pid": PID}``
+"1" or "true" and tf-keras is installed) once, then serves requests, one message each: ``{"argv": ARGV,
+"env": {...}, "cwd": DIR}`` with the task's stdout and stderr write ends attached (``SCM_RIGHTS``), ARGV being
+``[python, "-m", MODULE, *ARGS]``, ``[python, "-c", CODE, *ARGS]`` or ``[python, SCRIPT, *ARGS]``. For each it
+forks a child that runs it as that command line would (see :func:`run_child`) and replies ``{"pid": PID}``
 (or ``{"error": TEXT}``); when a child ends it sends ``{"pid": PID, "status": WAIT_STATUS}``. It exits when
 the launcher's end closes; children still running are then the launcher reaper's.
 
@@ -33,6 +34,7 @@ import socket
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -81,15 +83,27 @@ def _reset_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def _run_module(module: str, args: Sequence[str]) -> int:
-    """Runs ``module`` as ``__main__`` with ``args``; its exit code as the interpreter would give it."""
-    sys.argv = ["-m", *args]  # run_module puts the module's file in sys.argv[0]
-    sys.path[0] = os.getcwd()  # what `python -m` puts first
-    # The server's imports may hold the module already (tfdist.launch imports the function runner); as in a
-    # new interpreter, __main__ is a fresh run of it, beside that copy (and runpy does not warn of it).
-    sys.modules.pop(module, None)
+def _run_main(argv: Sequence[str]) -> int:
+    """Runs ``argv`` (``python -m MODULE ARGS``, ``python -c CODE ARGS`` or ``python SCRIPT ARGS``) as the
+    interpreter would run it as ``__main__``, with its ``sys.argv`` and ``sys.path[0]``; its exit code."""
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if argv[1] == "-m":
+            sys.argv = ["-m", *argv[3:]]  # run_module puts the module's file in sys.argv[0]
+            sys.path[0] = os.getcwd()  # what `python -m` puts first
+            # The server's imports may hold the module already (tfdist.launch imports the function runner); as
+            # in a new interpreter, __main__ is a fresh run of it, beside that copy (and runpy does not warn).
+            sys.modules.pop(argv[2], None)
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        elif argv[1] == "-c":
+            sys.argv = ["-c", *argv[3:]]
+            sys.path[0] = ""
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(argv[2], "<string>", "exec"), main.__dict__)  # the task's own -c code
+        else:
+            sys.argv = list(argv[1:])
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[1]))
+            runpy.run_path(argv[1], run_name="__main__")
         return 0
     except SystemExit as exit_:
         if exit_.code is not None and not isinstance(exit_.code, int):
@@ -118,7 +132,8 @@ def run_child(request: Mapping[str, Any], out: int, err: int) -> NoReturn:
     """In a forked child: becomes the task ``request`` describes (``out``/``err`` its stdout/stderr fds).
 
     Its own session; /dev/null for stdin; a fresh interpreter's signals; exactly the request's environment
-    and working directory; ``sys.argv`` and ``sys.path[0]`` as ``python -m`` sets them. Never returns.
+    and working directory; ``sys.argv`` and ``sys.path[0]`` as ``python -m``, ``-c`` or a script sets them.
+    Never returns.
     """
     code = 1
     try:
@@ -134,7 +149,7 @@ def run_child(request: Mapping[str, Any], out: int, err: int) -> NoReturn:
         _reseed()
         os.chdir(request["cwd"])
         argv = list(request["argv"])
-        code = _run_module(argv[2], argv[3:])
+        code = _run_main(argv)
         _finish()
     except BaseException:
         with contextlib.suppress(BaseException):
