@@ -16,10 +16,17 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import subprocess
 import sys
+from collections.abc import Mapping
 
 SUPPORTED_TF = ((2, 17), (2, 21))  # Inclusive minor range; 2.16 stalls MWMS start-up (BUILD_NOTES.md).
 TFIO_LAST_TF = (2, 17)  # tensorflow-io 0.37.1's file systems have undefined symbols on TF >= 2.18.
+# Exits 0 where the tf-keras distribution is installed, 3 where not: what another interpreter is asked.
+_ASK_TF_KERAS = (
+    "import importlib.metadata as m, sys\n"
+    "try:\n    m.version('tf-keras')\nexcept m.PackageNotFoundError:\n    sys.exit(3)"
+)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -37,6 +44,28 @@ def installed_version(distribution: str) -> str | None:
 
 
 KERAS_DISTRIBUTIONS = ("keras", "keras-nightly")  # TF 2.22.0rc0 depends on keras-nightly; both install `keras`.
+
+
+def tf_keras_installed(python: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the tf-keras distribution is installed: for this interpreter, or for the interpreter ``python``
+    (a path), asked in a child process with ``env`` (its package metadata, as here: nothing imports TensorFlow).
+    An interpreter that cannot answer (it does not start) gets this one's answer.
+
+    Example:
+        >>> import sys
+        >>> tf_keras_installed(sys.executable) == tf_keras_installed()
+        True
+    """
+    here = installed_version("tf-keras") is not None
+    if python is None:
+        return here
+    try:
+        code = subprocess.run(
+            [python, "-c", _ASK_TF_KERAS], env=None if env is None else dict(env), capture_output=True, timeout=60
+        ).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return here
+    return code == 0 if code in (0, 3) else here
 
 
 def keras_version() -> str | None:
