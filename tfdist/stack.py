@@ -211,7 +211,9 @@ def stack_report(*, probe: bool = False) -> StackReport:
     if tf is not None and versions.parse_version(tf) == (2, 16):
         problems.append("TF 2.16 stalls ~7.5 s at the start of every 2-worker MWMS fit (BUILD_NOTES.md).")
     internals = keras3_fit = "not probed (tfdist doctor --stack probes)"
-    if probe and not problems:
+    if probe and problems:
+        internals = "not probed: the stack has a problem (below)"
+    elif probe:
         internals = _internals(problems)
     if probe and tf is not None and keras3_range(keras):
         keras3_fit = _keras3_fit(problems)
