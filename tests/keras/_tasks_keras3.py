@@ -12,9 +12,12 @@ PER_WORKER = 8  # Records per worker in a global batch: 16 on 2 workers, 24 on 3
 
 
 def _global_batch() -> int:
+    """8 records per worker of TF_CONFIG's cluster; 8 in one process (no TF_CONFIG)."""
+    import os
+
     import tfdist
 
-    return PER_WORKER * tfdist.ClusterSpec.from_tf_config().num_workers
+    return PER_WORKER * (tfdist.ClusterSpec.from_tf_config().num_workers if "TF_CONFIG" in os.environ else 1)
 
 
 def _data() -> tuple[Any, Any, Any, Any]:
@@ -137,16 +140,11 @@ def mwms_equals_one_process(root: str, epochs: int, prefix: str = "") -> dict[st
     strategy = tfdist.build_strategy("auto", communication="ring")
     import keras  # Keras 3, imported after build_strategy: fixed as it is imported.
 
-    keras.utils.set_random_seed(5)
-    initial = _model(keras).get_weights()
-    reference = _train(keras, _model(keras), initial, epochs)  # No strategy: one process, global batches.
-    with strategy.scope():
-        model = _model(keras)
-    distributed = _train(keras, model, initial, epochs)
+    both, initial = trained_both_ways(keras, strategy, epochs)
     x, y, _, _ = _data()
     refused = {}
     with strategy.scope():
-        several = _model(keras, steps_per_execution=2)
+        several, model = _model(keras, steps_per_execution=2), _model(keras)
     for name, target, callbacks in (
         ("steps_per_execution", several, []),
         ("save_freq", model, [keras.callbacks.BackupAndRestore(os.path.join(root, "refused"), save_freq=4)]),
@@ -156,14 +154,24 @@ def mwms_equals_one_process(root: str, epochs: int, prefix: str = "") -> dict[st
         except tfdist.StrategyError as err:
             refused[name] = str(err)
     return {
-        "replicas": strategy.num_replicas_in_sync,
+        **both,
         "keras": keras.__version__,
-        "reference": reference,
-        "distributed": distributed,
         "resumed": _resumed(keras, strategy, root, initial, epochs),
         "refused": refused,
         "pipeline": _pipeline_fit(keras, strategy, prefix, epochs) if prefix else None,
     }
+
+
+def trained_both_ways(keras: Any, strategy: Any, epochs: int) -> tuple[dict[str, Any], list[Any]]:
+    """The same model from the same initial weights, trained (fit with validation, evaluate, predict) in one
+    process without a strategy and under ``strategy``, on the same global batches; and those initial weights."""
+    keras.utils.set_random_seed(5)
+    initial = _model(keras).get_weights()
+    reference = _train(keras, _model(keras), initial, epochs)  # No strategy: one process, global batches.
+    with strategy.scope():
+        model = _model(keras)
+    distributed = _train(keras, model, initial, epochs)
+    return {"replicas": strategy.num_replicas_in_sync, "reference": reference, "distributed": distributed}, initial
 
 
 def _resumed(keras: Any, strategy: Any, root: str, initial: list[Any], epochs: int) -> dict[str, Any]:

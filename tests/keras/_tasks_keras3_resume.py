@@ -7,8 +7,9 @@ data=pipeline)``, ``ElasticEpochs`` and ``LinearScaling``. The leader prints ``S
 step, for the test's progress trigger. In its first attempt worker 1 sends itself SIGTERM after step 9 of
 epoch 0 (the preemption); the test SIGKILLs it in the next attempt (the crash) after the leader printed step 10
 of epoch 1 and waits there, so the kill lands at that step however fast the steps run. The attempt that finishes
-then checks, on the same processes, what else Keras 3 models get from tfdist: the communication options,
-gradient accumulation, the refusals, and the start of an epoch at a step, against plain runs.
+then checks, on the same processes, what else Keras 3 models get from tfdist: fit, evaluate and predict equal
+to one process on 2 workers, the communication options, gradient accumulation, the refusals, and the start of
+an epoch at a step, against plain runs.
 
 Every task runs as where tf-keras is not installed (TensorFlow 2.22 has none): :func:`hide_tf_keras` runs
 before anything imports ``tfdist.keras``, so all of the above runs without tf_keras, and the finishing attempt
@@ -48,9 +49,9 @@ class _NoTfKeras(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def hide_tf_keras() -> None:
     """From here on this process imports as if tf-keras were not installed.
 
-    The launcher sets TF_USE_LEGACY_KERAS=1 for every task, so the fork server the task was forked from has
-    imported tf_keras: its modules leave ``sys.modules``. No module of ``tfdist.keras`` is imported yet (checked),
-    so each imports what a stack without tf-keras gives it.
+    The launcher sets TF_USE_LEGACY_KERAS=1 where tf-keras is installed, so the fork server the task was forked
+    from has imported tf_keras there: its modules leave ``sys.modules``. No module of ``tfdist.keras`` is
+    imported yet (checked), so each imports what a stack without tf-keras gives it.
     """
     imported = [name for name in sys.modules if name.startswith("tfdist.keras")]
     assert not imported, f"imported before tf_keras was hidden: {imported}"
@@ -73,7 +74,7 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
     import tensorflow as tf
 
     import tfdist
-    from tests.keras._tasks_keras3 import _counted_model
+    from tests.keras._tasks_keras3 import _counted_model, trained_both_ways
     from tests.support import exact_tasks
     from tfdist.keras import ElasticEpochs, LinearScaling, PreemptionSafeBackup, fit_input
 
@@ -124,6 +125,7 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
         "uninterrupted": [float(v) for v in _flat(reference.dense)],
         "world_size": history.history.get("world_size"),
         "learning_rate": [scaling.learning_rate, float(model.optimizer.learning_rate.numpy())],
+        "one_process": trained_both_ways(keras, strategy, 2)[0],  # As in tests/keras/test_keras3.py (2 epochs).
         "communication": _communication(keras, strategy),
         "epoch_starts": _epoch_starts(keras),
         "without_tf_keras": _without_tf_keras(keras),

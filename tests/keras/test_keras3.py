@@ -2,7 +2,9 @@
 
 One cluster run serves every check (CI time): each worker trains the same Keras 3 model alone and under
 MultiWorkerMirroredStrategy (tests/keras/_tasks_keras3.py), on the same global batches of 24 (8 + 8 + 8).
-3 workers here, 2 in the tutorial's run below and in tests/keras/test_keras3_resume.py: both counts are covered.
+3 workers here; 2 in the tutorial's run below and in tests/keras/test_keras3_resume.py, which checks the same
+numbers with :func:`check_losses_and_weights` and :func:`check_validation_evaluate_and_predict`; and
+MirroredStrategy over 2 logical CPUs of one process.
 """
 
 from __future__ import annotations
@@ -38,14 +40,32 @@ def _all(run: Any) -> list[dict[str, Any]]:
     return [run.values[f"worker:{i}"] for i in range(WORKERS)]
 
 
+def check_losses_and_weights(value: dict[str, Any]) -> None:
+    """``trained_both_ways``'s runs (tests/keras/_tasks_keras3.py): per-step losses and weights equal, to 1e-5."""
+    reference, distributed = value["reference"], value["distributed"]
+    assert len(distributed["losses"]) == len(reference["losses"]) == 8 * EPOCHS
+    np.testing.assert_allclose(distributed["losses"], reference["losses"], rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(distributed["weights"], reference["weights"], rtol=0, atol=TOLERANCE)
+    assert reference["losses"][-1] < reference["losses"][0]  # It trained.
+
+
+def check_validation_evaluate_and_predict(value: dict[str, Any], workers: int) -> None:
+    """``trained_both_ways``'s runs: the validation loss and metric, evaluate and predict equal, to 1e-5."""
+    reference, distributed = value["reference"], value["distributed"]
+    assert set(distributed["history"]) == {"loss", "mae", "val_loss", "val_mae"}
+    for key, values in reference["history"].items():
+        np.testing.assert_allclose(distributed["history"][key], values, rtol=0, atol=TOLERANCE, err_msg=key)
+    assert set(distributed["evaluate"]) == set(reference["evaluate"]) == {"loss", "mae"}
+    for key, number in reference["evaluate"].items():
+        assert abs(distributed["evaluate"][key] - number) <= TOLERANCE, key
+    assert len(distributed["predict"]) == 2 * tasks.PER_WORKER * workers  # Every record once, in order.
+    np.testing.assert_allclose(distributed["predict"], reference["predict"], rtol=0, atol=TOLERANCE)
+
+
 def test_per_step_losses_and_weights_equal_one_process(run: Any) -> None:
     for value in _all(run):
         assert value["replicas"] == WORKERS
-        reference, distributed = value["reference"], value["distributed"]
-        assert len(distributed["losses"]) == len(reference["losses"]) == 8 * EPOCHS
-        np.testing.assert_allclose(distributed["losses"], reference["losses"], rtol=0, atol=TOLERANCE)
-        np.testing.assert_allclose(distributed["weights"], reference["weights"], rtol=0, atol=TOLERANCE)
-        assert reference["losses"][-1] < reference["losses"][0]  # It trained.
+        check_losses_and_weights(value)
     workers = _all(run)
     for other in workers[1:]:
         assert other["distributed"]["weights"] == workers[0]["distributed"]["weights"]  # Bitwise.
@@ -53,15 +73,7 @@ def test_per_step_losses_and_weights_equal_one_process(run: Any) -> None:
 
 def test_validation_evaluate_and_predict_equal_one_process(run: Any) -> None:
     for value in _all(run):
-        reference, distributed = value["reference"], value["distributed"]
-        assert set(distributed["history"]) == {"loss", "mae", "val_loss", "val_mae"}
-        for key, values in reference["history"].items():
-            np.testing.assert_allclose(distributed["history"][key], values, rtol=0, atol=TOLERANCE, err_msg=key)
-        assert set(distributed["evaluate"]) == set(reference["evaluate"]) == {"loss", "mae"}
-        for key, number in reference["evaluate"].items():
-            assert abs(distributed["evaluate"][key] - number) <= TOLERANCE, key
-        assert len(distributed["predict"]) == 2 * tasks.PER_WORKER * WORKERS  # Every record once, in order.
-        np.testing.assert_allclose(distributed["predict"], reference["predict"], rtol=0, atol=TOLERANCE)
+        check_validation_evaluate_and_predict(value, WORKERS)
 
 
 def test_fit_input_of_a_pipeline_trains_every_record_once_per_epoch_as_one_process(run: Any) -> None:
@@ -96,6 +108,43 @@ def test_several_steps_per_execution_and_batch_backups_are_refused_with_the_reas
         assert f"Keras 3 (keras {value['keras']}) cannot fit under MultiWorkerMirroredStrategy" in steps
         assert "steps_per_execution=2" in steps and "steps_per_execution=1" in steps  # The value and the fix.
         assert "save_freq=4" in refused["save_freq"] and "would train twice" in refused["save_freq"]
+
+
+MIRRORED = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tfdist
+strategy = tfdist.build_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
+import keras
+from tests.keras._tasks_keras3 import trained_both_ways
+sys.stdout.write("RESULT " + json.dumps(trained_both_ways(keras, strategy, int(sys.argv[1]))[0]) + "\\n")
+"""
+
+
+def test_under_mirrored_strategy_fit_evaluate_and_predict_equal_one_process() -> None:
+    """One process, MirroredStrategy over 2 logical CPUs: each global batch of 8 split 4 + 4."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    done = subprocess.run(
+        [sys.executable, "-c", MIRRORED, str(EPOCHS)],
+        cwd=Path(__file__).parents[2],
+        env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    value = json.loads(line.split(" ", 1)[1])
+    assert value["replicas"] == 2
+    check_losses_and_weights(value)
+    check_validation_evaluate_and_predict(value, workers=1)
 
 
 def test_tensorflows_multi_worker_tutorial_for_keras3_runs_unchanged_under_tfdist_launch(tmp_path: Path) -> None:

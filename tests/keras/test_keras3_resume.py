@@ -6,8 +6,9 @@ data=pipeline)``. Worker 1 sends itself SIGTERM in epoch 0 of the first attempt 
 and exits 200), and is SIGKILLed when the leader prints step 10 of epoch 1 in the second; the third attempt
 finishes. Every record must then be counted 3 times, and the weights equal plain SGD computed in numpy over the
 order's steps (``exact_tasks.ideal_weights``: not the code under test) and an uninterrupted one-process Keras 3
-fit. The finishing attempt also checks the elastic callbacks, the communication options and gradient
-accumulation with Keras 3 models, and what is refused.
+fit. The finishing attempt also checks that fit (losses, weights, validation), evaluate and predict equal one
+process on 2 workers (the 3-worker checks of tests/keras/test_keras3.py), the elastic callbacks, the
+communication options and gradient accumulation with Keras 3 models, and what is refused.
 
 Every task hides tf_keras before it imports tfdist.keras (``_tasks_keras3_resume.hide_tf_keras``), as where
 tf-keras is not installed (TensorFlow 2.22 has none): all of the above holds without it, and the tf-keras
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.keras import _tasks_keras3_resume as tasks
+from tests.keras.test_keras3 import check_losses_and_weights, check_validation_evaluate_and_predict
 from tests.support import exact_tasks
 from tfdist import testing
 from tfdist.launch.events import KillAt
@@ -76,6 +78,15 @@ def test_a_preemption_and_a_crash_mid_epoch_resume_at_the_next_record(run: Any) 
     # from the step resumed (20 steps an epoch).
     assert crash[0] == crash[2] == "1" and crash[1] == crash[3] and 7 <= int(crash[1]) <= 10, resumed
     assert (20 + int(crash[1]) - int(step)) % 4 == 0, resumed
+
+
+def test_losses_weights_validation_evaluate_and_predict_equal_one_process_on_2_workers(run: Any) -> None:
+    for value in _both(run):
+        assert value["one_process"]["replicas"] == 2
+        check_losses_and_weights(value["one_process"])
+        check_validation_evaluate_and_predict(value["one_process"], workers=2)
+    workers = _both(run)
+    assert workers[0]["one_process"]["distributed"]["weights"] == workers[1]["one_process"]["distributed"]["weights"]
 
 
 def test_the_elastic_callbacks_work_with_a_keras3_model(run: Any) -> None:

@@ -2,8 +2,8 @@
 
 As tutorial_mwms.py, with ``import keras`` (Keras 3) for ``tf.keras`` and the two lines tfdist asks for:
 ``import tfdist`` and ``tfdist.build_strategy("auto")`` for ``tf.distribute.MultiWorkerMirroredStrategy()``.
-Run by tfdist-launch (which sets TF_CONFIG, and TF_USE_LEGACY_KERAS=1: ``tf.keras`` would be tf-keras, so
-the script says ``import keras``). Prints ``RESULT {json}`` with a hash of the weights.
+Run by tfdist-launch (which sets TF_CONFIG, and TF_USE_LEGACY_KERAS=1 where tf-keras is installed: ``tf.keras``
+would be tf-keras there, so the script says ``import keras``). Prints ``RESULT {json}`` with a hash of the weights.
 """
 
 import hashlib

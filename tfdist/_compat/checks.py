@@ -39,7 +39,7 @@ from tfdist._compat.keras import (
 )
 from tfdist._compat.keras3 import check_keras3
 from tfdist.errors import StackError
-from tfdist.runtime.versions import stack_problem, stack_text
+from tfdist.runtime.versions import stack_problem, stack_text, tf_keras_installed
 
 
 def _check_preemption_wiring() -> None:
@@ -193,15 +193,19 @@ def _check_cached_interleave() -> None:
         raise _missing("StructuredFunctionWrapper reused by (Parallel)InterleaveDataset ops", "resumable input")
 
 
-_CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
+# The checks that need tf-keras: skipped where it is not installed (Keras 3 models need none of them).
+_TF_KERAS_CHECKS: dict[str, Callable[[], object]] = {
     "Callback._implements_train_batch_hooks": callback_base,
     "BackupAndRestore._training_state and WorkerTrainingState": _check_backup_state,
+    "tf_keras lazy_variable.lazy_init_scope": lazy_variables,
+    "Model._is_graph_network and Optimizer._mesh": _check_model_kinds,
+}
+_CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its internal is missing.
+    **_TF_KERAS_CHECKS,
     "PreemptionCheckpointHandler._read_checkpoint_manager": _check_preemption_wiring,
     "ShardedVariable": _sharded_variable_class,
     "dtensor accelerator_util.is_initialized": dtensor_initialized,
     "dtensor input_util._DTensorIterator and _pack_iterator_resource_dtensor": _dtensor_input,
-    "tf_keras lazy_variable.lazy_init_scope": lazy_variables,
-    "Model._is_graph_network and Optimizer._mesh": _check_model_kinds,
     "tf.data service servers' _stop": _check_data_service,
     "Trackable._serialize_to_tensors, _restore_from_tensors and SaveSpec": _check_trackable_hooks,
     "Context.wait_at_barrier and coordination_service": _check_coordination_barrier,
@@ -216,19 +220,26 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
         check_py_function_file
     ),
 }
+SKIPPED = "skipped: tf-keras is not installed"
 
 
 def check_internals() -> dict[str, str]:
-    """Resolves every internal tfdist uses; returns name -> 'ok'. Raises StackError on the first that fails."""
+    """Resolves every internal tfdist uses; returns name -> 'ok' (or :data:`SKIPPED` for those of tf-keras where
+    it is not installed). Raises StackError on the first that fails."""
     problem = stack_problem()
     if problem is not None:
         raise StackError(
             problem,
             field="stack",
             value=stack_text(),
-            expected="TF 2.17-2.21 with matching tf-keras",
-            fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras",
+            expected="TF 2.17-2.21 with the tf-keras of its minor, or without tf-keras a Keras 3 from 3.10",
+            fix="pip install 'tensorflow>=2.17,<2.22' and the matching tf-keras (or keras>=3.10)",
         )
-    for check in _CHECKS.values():
-        check()
-    return {name: "ok" for name in _CHECKS}
+    tf_keras = tf_keras_installed()
+    checked = {}
+    for name, check in _CHECKS.items():
+        skip = not tf_keras and name in _TF_KERAS_CHECKS
+        if not skip:
+            check()
+        checked[name] = SKIPPED if skip else "ok"
+    return checked

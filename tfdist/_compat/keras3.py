@@ -42,11 +42,11 @@ from typing import Any
 
 from tfdist._compat.keras3_callbacks import chief_only
 from tfdist.errors import StackError, StrategyError
-from tfdist.runtime.versions import keras3_loaded, keras_version, parse_version
+from tfdist.runtime.versions import KERAS3_MEASURED, keras3_loaded, keras_version, parse_version
 
 _PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}  # TF's class, by its public name.
 
-FIRST_RIGHT = (3, 10)  # The first Keras 3 whose multi-replica fit equals a one-process run (measured 3.4-3.15).
+FIRST_RIGHT = KERAS3_MEASURED[0]  # The first Keras 3 whose multi-replica fit equals a one-process run.
 TRAINER = "keras.src.backend.tensorflow.trainer"
 # The trainer class of that module: TensorFlowTrainer to 3.15, Trainer in 3.16 (keras-nightly, TF 2.22.0rc0).
 TRAINER_CLASSES = ("TensorFlowTrainer", "Trainer")

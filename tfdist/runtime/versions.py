@@ -16,10 +16,20 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import subprocess
 import sys
+from collections.abc import Mapping
 
 SUPPORTED_TF = ((2, 17), (2, 21))  # Inclusive minor range; 2.16 stalls MWMS start-up (BUILD_NOTES.md).
 TFIO_LAST_TF = (2, 17)  # tensorflow-io 0.37.1's file systems have undefined symbols on TF >= 2.18.
+# Keras 3 measured right on several replicas once tfdist fixed its trainer (3.4 to 3.15 tried): the first and
+# the last minor. Older ones train or log wrong; newer ones are fixed where the names the fixes replace resolve.
+KERAS3_MEASURED = ((3, 10), (3, 15))
+# Exits 0 where the tf-keras distribution is installed, 3 where not: what another interpreter is asked.
+_ASK_TF_KERAS = (
+    "import importlib.metadata as m, sys\n"
+    "try:\n    m.version('tf-keras')\nexcept m.PackageNotFoundError:\n    sys.exit(3)"
+)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -37,6 +47,28 @@ def installed_version(distribution: str) -> str | None:
 
 
 KERAS_DISTRIBUTIONS = ("keras", "keras-nightly")  # TF 2.22.0rc0 depends on keras-nightly; both install `keras`.
+
+
+def tf_keras_installed(python: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the tf-keras distribution is installed: for this interpreter, or for the interpreter ``python``
+    (a path), asked in a child process with ``env`` (its package metadata, as here: nothing imports TensorFlow).
+    An interpreter that cannot answer (it does not start) gets this one's answer.
+
+    Example:
+        >>> import sys
+        >>> tf_keras_installed(sys.executable) == tf_keras_installed()
+        True
+    """
+    here = installed_version("tf-keras") is not None
+    if python is None:
+        return here
+    try:
+        code = subprocess.run(
+            [python, "-c", _ASK_TF_KERAS], env=None if env is None else dict(env), capture_output=True, timeout=60
+        ).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return here
+    return code == 0 if code in (0, 3) else here
 
 
 def keras_version() -> str | None:
@@ -60,8 +92,9 @@ def stack_text() -> str:
 
 
 def stack_problem() -> str | None:
-    """Why the installed TF / tf-keras pair is unsupported, or None if it is supported."""
-    tf_version, keras_version = installed_version("tensorflow"), installed_version("tf-keras")
+    """Why the installed stack is unsupported, or None if it is supported: a TensorFlow of tfdist's range with
+    the tf-keras of its minor, or without tf-keras a Keras 3 from 3.10 (Keras 3 models need no tf-keras)."""
+    tf_version, tf_keras = installed_version("tensorflow"), installed_version("tf-keras")
     if tf_version is None:
         return "TensorFlow is not installed: pip install 'tensorflow>=2.17,<2.22'."
     tf_minor = parse_version(tf_version)
@@ -70,11 +103,17 @@ def stack_problem() -> str | None:
             f"TensorFlow {tf_version} is outside tfdist's range 2.17-2.21 (2.16 stalls at the start of a "
             "multi-worker fit). Install e.g. tensorflow==2.21.0 tf-keras==2.21.0."
         )
-    if keras_version is None:
-        return f"tf-keras is not installed: pip install '{tf_keras_pin()}'."
-    if parse_version(keras_version) != tf_minor:
+    if tf_keras is None:
+        keras3 = keras_version()
+        if keras3 is not None and parse_version(keras3) >= KERAS3_MEASURED[0]:
+            return None
         return (
-            f"tf-keras {keras_version} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
+            f"Neither tf-keras nor a Keras 3 from 3.10 is installed (keras: {keras3}): pip install "
+            f"'{tf_keras_pin()}' for tf-keras models (`from tfdist import keras`), or 'keras>=3.10' for Keras 3 models."
+        )
+    if parse_version(tf_keras) != tf_minor:
+        return (
+            f"tf-keras {tf_keras} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
             f"minor version. pip install '{tf_keras_pin()}'."
         )
     return None

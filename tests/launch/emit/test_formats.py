@@ -16,6 +16,7 @@ import yaml
 from tfdist import ClusterSpec
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
+from tfdist.runtime.versions import tf_keras_installed
 
 PS_TOPOLOGY = LaunchConfig(
     command=("python", "train.py", "--epochs", "3"), workers=2, ps=2, chief=True, evaluator=True, max_restarts=3
@@ -58,7 +59,7 @@ def test_tfjob_manifest_parses_and_operator_config_is_accepted() -> None:
     assert chief["command"] == ["python", "train.py", "--epochs", "3"]
     assert worker["command"] == ["python", "-m", "tfdist.launch.tasks.server"]
     assert chief["resources"]["limits"] == {"cpu": "4", "memory": "8Gi"}
-    assert {"name": "TF_USE_LEGACY_KERAS", "value": "1"} in chief["env"]
+    assert ({"name": "TF_USE_LEGACY_KERAS", "value": "1"} in chief["env"]) is tf_keras_installed()
     assert manifest["spec"]["runPolicy"]["backoffLimit"] == 3
     for rtype, count in (("Chief", 1), ("Worker", 2), ("PS", 2), ("Evaluator", 1)):
         for index in range(count):

@@ -26,6 +26,7 @@ from tfdist.errors import LaunchError
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
 from tfdist.runtime import exit_codes
+from tfdist.runtime.versions import tf_keras_installed
 
 PS = LaunchConfig(command=("python", "train.py"), workers=2, ps=1, chief=True, evaluator=True, max_restarts=3)
 MWMS = LaunchConfig(command=("python", "train.py", "--epochs", "3"), workers=3)
@@ -259,14 +260,34 @@ def _pod_env(manifest: dict[str, Any], rjob: dict[str, Any], index: int) -> dict
     return env
 
 
+def test_tf_use_legacy_keras_is_in_a_pod_running_the_command_where_tf_keras_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TFJob pod runs the command itself: the interpreter writing the manifest stands for the image's. A JobSet
+    pod, or a TFJob pod under a mesh, starts through tfdist's entry, which looks at the pod's own interpreter."""
+    from tfdist.launch.emit import kubernetes
+
+    def names(manifest: dict[str, Any]) -> set[str]:
+        pods = [r["template"]["spec"] for r in manifest["spec"].get("tfReplicaSpecs", {}).values()]
+        pods += [r["template"]["spec"]["template"]["spec"] for r in manifest["spec"].get("replicatedJobs", [])]
+        return {var["name"] for pod in pods for container in pod["containers"] for var in container["env"]}
+
+    mesh = LaunchConfig(command=("python", "train.py"), workers=2, mesh="batch=2")
+    for installed in (True, False):
+        monkeypatch.setattr(kubernetes, "tf_keras_installed", lambda value=installed: value)
+        chief = tfjob(PS)["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
+        assert ({"name": "TF_USE_LEGACY_KERAS", "value": "1"} in chief["env"]) is installed
+        assert ("TF_USE_LEGACY_KERAS" in names(tfjob(PS)) | names(tfjob(MWMS))) is installed
+        assert "TF_USE_LEGACY_KERAS" not in names(jobset(PS)) | names(jobset(MWMS)) | names(tfjob(mesh))
+
+
 def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None:
     manifest = jobset(PS, name="rec")
     show = [
         sys.executable,
         "-c",
-        "import os; print(os.environ['TF_CONFIG']); "
+        "import os; print(os.environ['TF_CONFIG']); print(os.environ.get('TF_USE_LEGACY_KERAS')); "
         "print(os.environ['TFDIST_TASK'] + ' ' + os.environ['TFDIST_RESTART'])",
     ]
+    legacy = "1" if tf_keras_installed() else "None"  # The entry looks at the pod's interpreter (this one here).
     seen = {}
     for rjob in manifest["spec"]["replicatedJobs"]:
         for index in range(rjob["template"]["spec"]["completions"]):
@@ -277,7 +298,8 @@ def test_every_jobset_pod_builds_the_same_cluster_from_its_environment() -> None
             env = dict(os.environ, **_pod_env(manifest, rjob, index))
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, done.stderr
-            tf_config, line = done.stdout.strip().splitlines()[-2:]
+            tf_config, keras_setting, line = done.stdout.strip().splitlines()[-3:]
+            assert keras_setting == legacy
             task, restart = line.split()
             assert restart == "2"  # JobSet's restart attempt reaches the task as TFDIST_RESTART.
             spec = ClusterSpec.from_tf_config(tf_config)

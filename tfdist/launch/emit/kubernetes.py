@@ -13,9 +13,10 @@ from typing import Any
 
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
-from tfdist.launch.environment import server_argv, task_variables
+from tfdist.launch.environment import keras_variables, server_argv, task_variables
 from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
+from tfdist.runtime.versions import tf_keras_installed
 
 TFJOB_PORT = 2222
 _CONTAINER = "tensorflow"  # The training operator requires a container of this name.
@@ -115,13 +116,16 @@ def _container(
 ) -> dict[str, Any]:
     runs_command = job in config.cmd_task_types()
     command = list(config.command) if runs_command else server_argv("python")
+    variables = task_variables(config)
     if wrap is not None:
-        command = wrap + list(config.command)
+        command = wrap + list(config.command)  # tfdist's entry adds TF_USE_LEGACY_KERAS where the pod has tf-keras.
+    else:  # The pod runs the command itself: tf-keras here stands for tf-keras in the image.
+        variables.update(keras_variables(tf_keras_installed()))
     container: dict[str, Any] = {
         "name": _CONTAINER,
         "image": image,
         "command": command,
-        "env": [{"name": name, "value": value} for name, value in task_variables(config).items()] + env,
+        "env": [{"name": name, "value": value} for name, value in variables.items()] + env,
         "ports": [{"name": "tfjob-port", "containerPort": TFJOB_PORT}],
     }
     if not _trains(config, job):  # GPUs go where the model trains: not to ps pods, nor a PS coordinator.

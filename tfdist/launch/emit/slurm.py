@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from tfdist.errors import LaunchError, invalid, require_int
 from tfdist.launch.config import LaunchConfig, require_config
+from tfdist.launch.environment import PYTHON_NAME
 from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
 
@@ -20,7 +21,6 @@ _TIME = re.compile(
     r"|UNLIMITED|INFINITE)$"
 )
 _PYTHON = '"$PYTHON"'  # The script's pinned interpreter, as a shell word.
-_PYTHON_NAME = re.compile(r"^python(?:3(?:\.\d+)?)?$")
 _FIRST_FAILURE = r"s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\).*/\1/p"
 
 # How an elastic run sizes its step: from the allocation Slurm granted this run, at most chief + --max-workers.
@@ -274,7 +274,7 @@ def _step(config: LaunchConfig, jobs: str) -> str:
     first task's exit code.
     """
     command = shlex.join(config.command)
-    if _PYTHON_NAME.match(config.command[0]):  # 'python train.py' runs on the pinned interpreter too.
+    if PYTHON_NAME.match(config.command[0]):  # 'python train.py' runs on the pinned interpreter too.
         command = " ".join(['"$PYTHON"', *map(shlex.quote, config.command[1:])])
     flags = [f"--jobs {jobs}"] if jobs else []
     flags += ['--port-base "$PORT_BASE"', '--restart "$attempt"', f"--run-on {shlex.quote(config.run_on)}"]
@@ -297,7 +297,6 @@ def _body(config: LaunchConfig, *, described: str, python: str, tf_log_level: in
         f"PYTHON={shlex.quote(python)}",
         f"MAX_RESTARTS={config.max_restarts}",
         f'export TF_CPP_MIN_LOG_LEVEL="${{TF_CPP_MIN_LOG_LEVEL:-{tf_log_level}}}"',
-        "export TF_USE_LEGACY_KERAS=1",
         "# Every node must run tfdist with this interpreter: check once per node before the real step.",
         'if ! srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" "$PYTHON" -c \'import tfdist\' >&2; then',
         '  echo "tfdist job: error: $PYTHON cannot import tfdist on every node of this job (srun names the node'

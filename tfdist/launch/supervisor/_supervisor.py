@@ -53,6 +53,7 @@ class Supervisor:
     ) -> None:
         self.config, self.engine, self.status = config, engine, status
         self.base_env = dict(base_env)
+        self.tf_keras = environment.tasks_have_tf_keras(config, base_env)  # TF_USE_LEGACY_KERAS=1 only with it.
         # TensorFlow's INFO records and start-up noise stay in the log files, out of the console: every task
         # (servers, the user's command, the data service) imports TF. TF_CPP_MIN_LOG_LEVEL=0 shows them.
         tf_info = _tf_logs.wants_tf_info({**base_env, **config.env})
@@ -128,7 +129,9 @@ class Supervisor:
     def _start(self, task: str) -> None:
         group, record = self.group, self.group.tasks[task]
         tf_task = group.membership.tf_task(task) if self.config.mode == "collective" else task
-        env = environment.child_env(self.base_env, self.config, group.spec, tf_task, record.restarts)
+        env = environment.child_env(
+            self.base_env, self.config, group.spec, tf_task, record.restarts, tf_keras=self.tf_keras
+        )
         env[environment.TASK_VAR] = task  # the launcher's stable name; TF_CONFIG holds this generation's index
         env.update(membership.membership_variables(group.membership, group.full_spec))
         if group.elastic_dir is not None:
