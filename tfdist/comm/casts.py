@@ -24,18 +24,28 @@ class NoCompression(WireCast):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Float16(WireCast):
-    """float16 on the wire (``compression="fp16"``), scaled by a power of two so no partial sum overflows."""
+    """float16 on the wire (``compression="fp16"``), scaled by a power of two so no partial sum overflows.
+
+    Its arithmetic streams every value 10 times (``arithmetic_passes``): the largest magnitude (3), the
+    scale (2), the casts to float16 and back (3) and the scale undone (2).
+    """
 
     name = "fp16"
     value_bytes = 2
     wire_dtype = "float16"
     wire_max = 65504.0
+    arithmetic_passes = 10
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BFloat16(WireCast):
-    """bfloat16 on the wire (``compression="bf16"``): float32's range, no scaling needed."""
+    """bfloat16 on the wire (``compression="bf16"``): float32's range, no scaling needed.
+
+    Its arithmetic streams every value 3 times (``arithmetic_passes``): the casts to bfloat16 and back,
+    each a read of 4 bytes and a write of 2 or the other way round.
+    """
 
     name = "bf16"
     value_bytes = 2
     wire_dtype = "bfloat16"
+    arithmetic_passes = 3
