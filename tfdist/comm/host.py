@@ -165,10 +165,9 @@ def measure_host_rates(
     timer = all_reduce_timer(strategy, shapes, config)
     reduce_seconds = statistics.median(timer() for _ in range(repeats))
     stream_seconds = _stream_seconds(shapes, repeats)
-    local = tf.constant([reduce_seconds, stream_seconds], tf.float64)
-    slowest = strategy.reduce(
-        tf.distribute.ReduceOp.MAX, strategy.experimental_distribute_values_from_function(lambda _: local), axis=None
-    ).numpy()
+    local = tf.constant([[reduce_seconds, stream_seconds]], tf.float64)
+    every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0)
+    slowest = every.numpy().max(axis=0)  # Every worker's times, the slowest of each.
     workers = strategy.num_replicas_in_sync
     moved = 2.0 * (workers - 1) / workers * _MEASURE_BYTES
     wire = moved / link_bandwidth if link_bandwidth else 0.0
