@@ -348,6 +348,8 @@ def tf_link_worker(repeats: int, full: bool, link_bandwidth: float | None) -> di
     host = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats)
     out["host_collective_bandwidth"] = host.collective_bandwidth
     out["host_memory_bandwidth"] = host.memory_bandwidth
+    one_pack = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats, bytes_per_pack=0)
+    out["host_one_pack_bandwidth"] = one_pack.collective_bandwidth
     return out
 
 
@@ -608,8 +610,9 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
     """Each variant measured beside its wire limit (its bytes each way at the link's rate) and the planner's
     prediction at that rate (``tfdist plan --link RATE --choose`` with the host's rates measured in the run as
     ``tfdist doctor --measure-host`` measures them; unshaped, the rate TCP reached between the hosts), and the
-    planner's choice against the fastest measured. TF's default sends one pack, which nothing overlaps (its
-    prediction: overlap 0); gloo's host work is its sums ((N-1)/N of the values, 3 passes each)."""
+    planner's choice against the fastest measured. TF's default sends one pack, which nothing overlaps: its
+    prediction takes the rate measured for one pack, with overlap 0; gloo's host work is its sums ((N-1)/N of
+    the values, 3 passes each)."""
     from tfdist.comm import HostRates, NoCompression, combined_seconds, estimate_variants
     from tfdist.launch import Link
     from tfdist.plan import LAN_LATENCY
@@ -626,12 +629,16 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
     )
     report: dict[str, Any] = {"link": measured["link"], "hosts": hosts, "bandwidth_MBps": bandwidth and bandwidth / 1e6}
     report["host_MBps"] = host.collective_bandwidth / 1e6
+    report["host_one_pack_MBps"] = times.get("host_one_pack_bandwidth", host.collective_bandwidth) / 1e6
     report["memory_bandwidth_GBps"] = host.memory_bandwidth / 1e9
     if bandwidth is None:
         return report
     link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth, "latency": LAN_LATENCY}
     predicted = {e.label: e for e in estimate_variants(host=host, **link)}
-    one_pack = estimate_variants(host=dataclasses.replace(host, overlap=0.0), variants=[NoCompression()], **link)[0]
+    # TF's one pack at the rate measured for it (overlap 0).
+    rate = times.get("host_one_pack_bandwidth", host.collective_bandwidth)
+    one_host = dataclasses.replace(host, collective_bandwidth=rate, overlap=0.0)
+    one_pack = estimate_variants(host=one_host, variants=[NoCompression()], **link)[0]
     without_host = {e.label: e.seconds for e in estimate_variants(memory_bandwidth=host.memory_bandwidth, **link)}
     sums = host.arithmetic_seconds(STREAM_PASSES * (hosts - 1) / hosts, fp32 / 4)
     gloo = combined_seconds(wire=predicted["none"].wire_seconds, host=sums, overlap=host.overlap)
@@ -675,8 +682,8 @@ def _markdown(report: dict[str, Any]) -> str:
     if "rows" not in report:
         return f"{head}: no rate to compare with (run gloo's peers for the TCP limit)\n"
     lines = [
-        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), host: collectives {report['host_MBps']:.0f} MB/s, "
-        f"memory {report['memory_bandwidth_GBps']:.1f} GB/s",
+        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), host: collectives {report['host_MBps']:.0f} MB/s "
+        f"(one pack {report['host_one_pack_MBps']:.0f}), memory {report['memory_bandwidth_GBps']:.1f} GB/s",
         "",
         "| variant | ms | wire limit ms | / limit | planner ms | planner error |",
         "|---|---|---|---|---|---|",
@@ -689,7 +696,8 @@ def _markdown(report: dict[str, Any]) -> str:
     extra = {
         k: v
         for k, v in report.items()
-        if k not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "memory_bandwidth_GBps")
+        if k
+        not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps", "memory_bandwidth_GBps")
     }
     return "\n".join(lines) + "\n\n" + json.dumps(extra) + "\n"
 

@@ -453,10 +453,10 @@ def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -
     on_host = {v["variant"]: v["host_seconds"] for v in data["variants"]}
     assert wire["bf16"] == pytest.approx(wire["none"] / 2, rel=0.01)
     assert on_host["bf16"] == pytest.approx(on_host["none"] / 2, rel=0.01)  # Half the bytes through the host too.
-    assert data["host"] == {"collective_bandwidth": 300e6, "memory_bandwidth": 2e9, "overlap": 0.5}
+    assert data["host"] == {"collective_bandwidth": 300e6, "memory_bandwidth": 2e9, "overlap": 0.25}
     text = plan("--shapes", shapes, "--choose")
     assert text.returncode == 0, text.stderr
-    assert "host:              collectives 300MB/s, memory 10GB/s, 50% of the shorter" in text.stdout
+    assert "host:              collectives 300MB/s, memory 10GB/s, 25% of the shorter" in text.stdout
     assert "(defaults measured on 2 CPU cores: tfdist doctor --measure-host measures yours)" in text.stdout
     assert "  powersgd rank=4 " in text.stdout
     assert "choice:            powersgd rank=1 (accuracy not priced" in text.stdout

@@ -70,8 +70,8 @@ class WireCast(Compressor):
       wire_dtype: The dtype float gradients travel as, or None for their own.
       wire_max: The largest finite value of ``wire_dtype`` when below float32's: the all-reduce then scales
         by a power of two so no partial sum exceeds it (one extra scalar all-reduce of 4 bytes).
-      arithmetic_passes: Reads and writes of every float32 gradient value the casts make per step, in
-        float32 values (a cast to 2 bytes and back: 3): what the planner charges at the memory bandwidth.
+      arithmetic_passes: Reads and writes of every float32 gradient value the casts (and the sums in the
+        wire dtype) cost per step, in float32 values: what the planner charges at the memory bandwidth.
     """
 
     wire_dtype: ClassVar[str | None] = None

@@ -11,7 +11,7 @@ byte on the host, and on two CPU cores it moved 215-320 MB/s between simulated h
 
 and combines them as :func:`combined_seconds`: ``wire + host - overlap * min(wire, host)``. An overlap of 0
 is a sum (nothing of one hides behind the other), 1 the maximum of the two; tfdist's packed all-reduce sits
-between, fitted to the benchmark (:data:`PACKED_OVERLAP`). ``tfdist doctor --probe SECONDS --measure-host``
+between, near the sum, fitted to the benchmark (:data:`PACKED_OVERLAP`). ``tfdist doctor --probe SECONDS --measure-host``
 measures both rates where the tasks run (:func:`measure_host_rates`), ``tfdist plan`` reads them
 (``--collective-bandwidth``, ``--memory-bandwidth``), and without them takes the defaults measured on two
 CPU cores.
@@ -45,12 +45,13 @@ __all__ = ["HostRates", "combined_seconds", "host_seconds", "measure_host_rates"
 DEFAULT_COLLECTIVE_BANDWIDTH = 300e6
 DEFAULT_MEMORY_BANDWIDTH = 10e9
 # How much of the shorter of the wire's and the host's times hides behind the longer in tfdist's packed
-# all-reduce (packs of a few MB, TF's ring), fitted on simulated hosts at 1 Gbit/s and checked at 10 Gbit/s and
-# on 4 hosts (BENCHMARKS.md).
-PACKED_OVERLAP = 0.5
+# all-reduce (packs of a few MB; TF runs a function's collectives one after another, so only the work inside a
+# pack overlaps): fitted at 1 Gbit/s between 2 simulated hosts with the rate measured unshaped (0-0.25 fit),
+# then checked at 10 Gbit/s, unshaped and on 4 hosts (BENCHMARKS.md).
+PACKED_OVERLAP = 0.25
 _log = logging.getLogger("tfdist.comm.host")
-_MEASURE_BYTES = 64 << 20  # What measure_host_rates all-reduces, in packs of _MEASURE_PACK.
-_MEASURE_PACK = 4 << 20
+_MEASURE_BYTES = 64 << 20  # What measure_host_rates all-reduces, in tensors and (by default) packs of MEASURE_PACK.
+MEASURE_PACK = 4 << 20
 _STREAM_PASSES = 3  # a + b: two reads and a write of every value
 
 
@@ -136,33 +137,40 @@ def host_seconds(*, measured: float, wire: float, overlap: float) -> float:
 
 
 def measure_host_rates(
-    strategy: tf.distribute.Strategy, *, link_bandwidth: float | None = None, repeats: int = 3
+    strategy: tf.distribute.Strategy,
+    *,
+    link_bandwidth: float | None = None,
+    repeats: int = 3,
+    bytes_per_pack: int = MEASURE_PACK,
 ) -> HostRates:
     """Measures this cluster's :class:`HostRates`; call on every worker at once (the all-reduce is collective).
 
-    Times tfdist's packed all-reduce of 64 MB of float32 (packs of 4 MB) and a stream of the same bytes
-    through memory, the slowest worker's median of ``repeats``; every worker returns the same rates. The
-    wire's share of the all-reduce is taken out at ``link_bandwidth`` (bytes per second each way, e.g. as
-    ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
+    Times tfdist's packed all-reduce of 64 MB of float32 and a stream of the same bytes through memory, the
+    slowest worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
+    all-reduce is taken out at ``link_bandwidth`` (bytes per second each way, e.g. as ``tfdist doctor
+    --measure-link`` measured it; None: the wire is not the limit).
 
     Args:
       strategy: A MultiWorkerMirroredStrategy built on every worker (one replica per worker).
       link_bandwidth: The link's rate each way, bytes per second, or None.
       repeats: Timed runs of each.
+      bytes_per_pack: The packs' size (tfdist's tuned packing is a few MB); 0 measures TF's default instead,
+        every tensor in one pack, which nothing overlaps (the rates' ``overlap`` is then 0).
 
     Raises:
-      PlanError: ``link_bandwidth`` or ``repeats`` invalid.
+      PlanError: ``link_bandwidth``, ``repeats`` or ``bytes_per_pack`` invalid.
     """
     require_number(PlanError, "link_bandwidth", link_bandwidth, above=0, allow_none=True)
     require_int(PlanError, "repeats", repeats, minimum=1, maximum=100)
+    require_int(PlanError, "bytes_per_pack", bytes_per_pack, minimum=0, fix="0 measures TF's one pack.")
     import tensorflow as tf
 
     from tfdist.comm.autotune import all_reduce_timer
     from tfdist.comm.collective import CollectiveConfig
 
-    shapes = [(_MEASURE_PACK // 4,)] * (_MEASURE_BYTES // _MEASURE_PACK)
-    config = CollectiveConfig(bytes_per_pack=_MEASURE_PACK, split_bytes=_MEASURE_PACK)
-    timer = all_reduce_timer(strategy, shapes, config)
+    shapes = [(MEASURE_PACK // 4,)] * (_MEASURE_BYTES // MEASURE_PACK)
+    config = CollectiveConfig(bytes_per_pack=bytes_per_pack, split_bytes=bytes_per_pack) if bytes_per_pack else None
+    timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
     reduce_seconds = statistics.median(timer() for _ in range(repeats))
     stream_seconds = _stream_seconds(shapes, repeats)
     local = tf.constant([[reduce_seconds, stream_seconds]], tf.float64)
@@ -171,7 +179,8 @@ def measure_host_rates(
     workers = strategy.num_replicas_in_sync
     moved = 2.0 * (workers - 1) / workers * _MEASURE_BYTES
     wire = moved / link_bandwidth if link_bandwidth else 0.0
-    host = host_seconds(measured=float(slowest[0]), wire=wire, overlap=PACKED_OVERLAP)
+    overlap = PACKED_OVERLAP if bytes_per_pack else 0.0
+    host = host_seconds(measured=float(slowest[0]), wire=wire, overlap=overlap)
     if host <= 0:
         _log.warning(
             "The all-reduce took no longer than the wire alone (%.0f ms for %.0f ms at %.3g MB/s): the link is the "
@@ -184,6 +193,7 @@ def measure_host_rates(
     return HostRates(
         collective_bandwidth=moved / host if host > 0 else DEFAULT_COLLECTIVE_BANDWIDTH,
         memory_bandwidth=_STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
+        overlap=overlap,
     )
 
 
