@@ -147,8 +147,8 @@ def measure_host_rates(
 
     Times tfdist's packed all-reduce of 64 MB of float32 and a stream of the same bytes through memory, the
     slowest worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
-    all-reduce is taken out at ``link_bandwidth`` (bytes per second each way, e.g. as ``tfdist doctor
-    --measure-link`` measured it; None: the wire is not the limit).
+    all-reduce is taken out at the slowest ``link_bandwidth`` the workers give (bytes per second each way, e.g.
+    as ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
 
     Args:
       strategy: A MultiWorkerMirroredStrategy built on every worker (one replica per worker).
@@ -173,9 +173,11 @@ def measure_host_rates(
     timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
     reduce_seconds = statistics.median(timer() for _ in range(repeats))
     stream_seconds = _stream_seconds(shapes, repeats)
-    local = tf.constant([[reduce_seconds, stream_seconds]], tf.float64)
-    every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0)
-    slowest = every.numpy().max(axis=0)  # Every worker's times, the slowest of each.
+    local = tf.constant([[reduce_seconds, stream_seconds, link_bandwidth or 0.0]], tf.float64)
+    every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0).numpy()
+    slowest = every.max(axis=0)  # Every worker's times, the slowest of each; and the slowest link given.
+    links = [float(rate) for rate in every[:, 2] if rate > 0]
+    link_bandwidth = min(links) if links else None
     workers = strategy.num_replicas_in_sync
     moved = 2.0 * (workers - 1) / workers * _MEASURE_BYTES
     wire = moved / link_bandwidth if link_bandwidth else 0.0
