@@ -24,12 +24,13 @@ shaped with tc's token bucket: bandwidth only, no latency or loss), the ResNet-5
         --repeats 3 --torch-python PYTHON_WITH_TORCH --json bench-out/allreduce-links.json
 
 For each link in turn: TF's default, tfdist tuned (fp32, bf16, fp16), PowerSGD rank 1/2/4 and top-k 1%
-(each also without its collectives), local SGD k=4 (fit's averaging every 4 steps: its time / 4), the memory
-bandwidth, and torch gloo fp32 in DDP's buckets with the TCP limit (both hosts swapping the list's bytes),
-every process on its simulated host. The table puts each variant beside its wire limit (its bytes each way
-at the link's rate; unshaped, at the rate TCP reached) and the planner's prediction at that rate, and the
-planner's choice (tfdist plan --link RATE --choose) beside the fastest measured. With 3 or 4 hosts: TF's
-default, tuned fp32 and bf16, and gloo. --from-json reports an earlier run's measurements again.
+(each also without its collectives), local SGD k=4 (fit's averaging every 4 steps, in the tuned packs: its
+time / 4), the host's rates as tfdist doctor --measure-host measures them (tfdist's packs, and TF's one
+pack), and torch gloo fp32 in DDP's buckets with the TCP limit (both hosts swapping the list's bytes), every
+process on its simulated host. The table puts each variant beside its wire limit (its bytes each way at the
+link's rate; unshaped, at the rate TCP reached) and the planner's prediction at that rate with those host
+rates, and the planner's choice (tfdist plan --link RATE --choose) beside the fastest measured. With 3 or 4
+hosts: TF's default, tuned fp32 and bf16, and gloo. --from-json reports an earlier run's measurements again.
 """
 
 from __future__ import annotations
