@@ -24,17 +24,19 @@ shaped with tc's token bucket: bandwidth only, no latency or loss), the ResNet-5
         --repeats 3 --torch-python PYTHON_WITH_TORCH --json bench-out/allreduce-links.json
 
 For each link in turn: TF's default, tfdist tuned (fp32, bf16, fp16), PowerSGD rank 1/2/4 and top-k 1%
-(each also without its collectives), local SGD k=4 (fit's averaging every 4 steps: its time / 4), the memory
-bandwidth, and torch gloo fp32 in DDP's buckets with the TCP limit (both hosts swapping the list's bytes),
-every process on its simulated host. The table puts each variant beside its wire limit (its bytes each way
-at the link's rate; unshaped, at the rate TCP reached) and the planner's prediction at that rate, and the
-planner's choice (tfdist plan --link RATE --choose) beside the fastest measured. With 3 or 4 hosts: TF's
-default, tuned fp32 and bf16, and gloo. --from-json reports an earlier run's measurements again.
+(each also without its collectives), local SGD k=4 (fit's averaging every 4 steps, in the tuned packs: its
+time / 4), the host's rates as tfdist doctor --measure-host measures them (tfdist's packs, and TF's one
+pack), and torch gloo fp32 in DDP's buckets with the TCP limit (both hosts swapping the list's bytes), every
+process on its simulated host. The table puts each variant beside its wire limit (its bytes each way at the
+link's rate; unshaped, at the rate TCP reached) and the planner's prediction at that rate with those host
+rates, and the planner's choice (tfdist plan --link RATE --choose) beside the fastest measured. With 3 or 4
+hosts: TF's default, tuned fp32 and bf16, and gloo. --from-json reports an earlier run's measurements again.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -312,14 +314,16 @@ def loopback(repeats: int, sizes: list[int]) -> dict[str, float]:
 LOCAL_SGD_PERIOD = 4
 
 
-def tf_link_worker(repeats: int, full: bool) -> dict[str, Any]:
+def tf_link_worker(repeats: int, full: bool, link_bandwidth: float | None) -> dict[str, Any]:
     """Median seconds per variant on the ResNet-50 list between simulated hosts: TF's default, tuned (the
     autotuner's pack, tuned with bf16) in fp32 and bf16; with ``full`` also fp16, PowerSGD, top-k (each with
-    its arithmetic alone), local SGD's averaging and the memory bandwidth."""
+    its arithmetic alone) and local SGD's averaging (in the tuned packs). And the host's rates as ``tfdist
+    doctor --measure-host`` measures them on a link of ``link_bandwidth`` (bytes/s; None: unshaped)."""
     import tfdist
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
-    from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives
+    from tfdist._compat.distribute import communication_options
+    from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives, measure_host_rates
 
     resnet = resnet50_shapes()
 
@@ -338,8 +342,15 @@ def tf_link_worker(repeats: int, full: bool) -> dict[str, Any]:
         for name, config in _compressed_variants(pack).items():
             out[name] = median(compressed_timer(strategy, resnet, config))
             out[f"{name}_compute"] = median(compressed_timer(strategy, resnet, config, local=True))
+        options = communication_options(strategy)
+        options.bytes_per_pack = pack  # As under build_strategy(tuning=...): the averaging traced in packs.
         out["local_sgd_averaging"] = median(averaging_timer(strategy, resnet))
-        out["stream"] = stream_seconds(resnet, repeats)
+        options.bytes_per_pack = 0
+    host = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats)
+    out["host_collective_bandwidth"] = host.collective_bandwidth
+    out["host_memory_bandwidth"] = host.memory_bandwidth
+    one_pack = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats, bytes_per_pack=0)
+    out["host_one_pack_bandwidth"] = one_pack.collective_bandwidth
     return out
 
 
@@ -401,11 +412,18 @@ def on_hosts(hosts: int, rate: str, repeats: int, torch_python: str | None) -> d
     """Measures every variant between ``hosts`` simulated hosts whose links run at ``rate`` ('none': unshaped);
     per variant the slowest host's median."""
     from tfdist import testing
+    from tfdist.launch import Link
 
     network: dict[str, Any] = {"simulate_hosts": hosts, "links": () if rate == "none" else (rate,)}
     env = {"PYTHONPATH": os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)}
+    link = None if rate == "none" else Link.parse(rate).bits_per_second / 8
     run = testing.run_cluster(
-        "bench_allreduce:tf_link_worker", workers=hosts, timeout=900, args=[repeats, hosts == 2], env=env, **network
+        "bench_allreduce:tf_link_worker",
+        workers=hosts,
+        timeout=900,
+        args=[repeats, hosts == 2, link],
+        env=env,
+        **network,
     )
     if not run.ok:
         raise RuntimeError(run.result.summary() + "\n" + run.output("worker:0")[-3000:])
@@ -591,9 +609,12 @@ def _link_times(measured: dict[str, Any]) -> dict[str, float]:
 
 def link_report(measured: dict[str, Any]) -> dict[str, Any]:
     """Each variant measured beside its wire limit (its bytes each way at the link's rate) and the planner's
-    prediction at that rate (``tfdist plan --link RATE --choose`` with the memory bandwidth measured in the run;
-    unshaped, the rate TCP reached between the hosts), and the planner's choice against the fastest measured."""
-    from tfdist.comm import estimate_variants
+    prediction at that rate (``tfdist plan --link RATE --choose`` with the host's rates measured in the run as
+    ``tfdist doctor --measure-host`` measures them; unshaped, the rate TCP reached between the hosts), and the
+    planner's choice against the fastest measured. TF's default sends one pack, which nothing overlaps: its
+    prediction takes the rate measured for one pack, with overlap 0; gloo's host work is its sums ((N-1)/N of
+    the values, 3 passes each)."""
+    from tfdist.comm import HostRates, NoCompression, combined_seconds, estimate_variants
     from tfdist.launch import Link
     from tfdist.plan import LAN_LATENCY
 
@@ -604,22 +625,35 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         bandwidth = fp32 / tcp if tcp else None
     else:
         bandwidth = Link.parse(measured["link"]).bits_per_second / 8
-    memory = STREAM_PASSES * fp32 / times["stream"] if "stream" in times else None
+    host = HostRates(
+        collective_bandwidth=times["host_collective_bandwidth"], memory_bandwidth=times["host_memory_bandwidth"]
+    )
     report: dict[str, Any] = {"link": measured["link"], "hosts": hosts, "bandwidth_MBps": bandwidth and bandwidth / 1e6}
-    report["memory_bandwidth_GBps"] = memory and memory / 1e9
+    report["host_MBps"] = host.collective_bandwidth / 1e6
+    report["host_one_pack_MBps"] = times.get("host_one_pack_bandwidth", host.collective_bandwidth) / 1e6
+    report["memory_bandwidth_GBps"] = host.memory_bandwidth / 1e9
     if bandwidth is None:
         return report
-    link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth}
-    predicted = {e.label: e for e in estimate_variants(latency=LAN_LATENCY, memory_bandwidth=memory, **link)}
-    limit = {e.label: e.wire_seconds for e in estimate_variants(latency=0.0, **link)}
+    link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth, "latency": LAN_LATENCY}
+    predicted = {e.label: e for e in estimate_variants(host=host, **link)}
+    # TF's one pack at the rate measured for it (overlap 0).
+    rate = times.get("host_one_pack_bandwidth", host.collective_bandwidth)
+    one_host = dataclasses.replace(host, collective_bandwidth=rate, overlap=0.0)
+    one_pack = estimate_variants(host=one_host, variants=[NoCompression()], **link)[0]
+    without_host = {e.label: e.seconds for e in estimate_variants(memory_bandwidth=host.memory_bandwidth, **link)}
+    sums = host.arithmetic_seconds(STREAM_PASSES * (hosts - 1) / hosts, fp32 / 4)
+    gloo = combined_seconds(wire=predicted["none"].wire_seconds, host=sums, overlap=host.overlap)
+    limit = {e.label: e.wire_seconds for e in estimate_variants(**{**link, "latency": 0.0})}
     rows = []
     for key, name, variant in _LINK_ROWS:
         if key not in times:
             continue
+        seconds = {"default": one_pack.seconds, "gloo": gloo}.get(key, predicted[variant].seconds)
         row = {"variant": name, "ms": _ms(times[key]), "limit_ms": _ms(limit[variant])}
         row["over_limit"] = round(times[key] / limit[variant], 2)
-        row["predicted_ms"] = _ms(predicted[variant].seconds)
-        row["error"] = round(predicted[variant].seconds / times[key] - 1, 3)
+        row["predicted_ms"] = _ms(seconds)
+        row["error"] = round(seconds / times[key] - 1, 3)
+        row["error_without_host"] = round(without_host[variant] / times[key] - 1, 3)
         rows.append(row)
     report["rows"] = rows
     report.update(_link_goals(times, predicted))
@@ -648,10 +682,9 @@ def _markdown(report: dict[str, Any]) -> str:
     head = f"{report['hosts']} hosts, link {report['link']}"
     if "rows" not in report:
         return f"{head}: no rate to compare with (run gloo's peers for the TCP limit)\n"
-    memory = report["memory_bandwidth_GBps"]
     lines = [
-        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), memory "
-        + (f"{memory:.1f} GB/s" if memory else "bandwidth not measured"),
+        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), host: collectives {report['host_MBps']:.0f} MB/s "
+        f"(one pack {report['host_one_pack_MBps']:.0f}), memory {report['memory_bandwidth_GBps']:.1f} GB/s",
         "",
         "| variant | ms | wire limit ms | / limit | planner ms | planner error |",
         "|---|---|---|---|---|---|",
@@ -662,7 +695,10 @@ def _markdown(report: dict[str, Any]) -> str:
             f"| {row['predicted_ms']:.1f} | {row['error']:+.0%} |"
         )
     extra = {
-        k: v for k, v in report.items() if k not in ("rows", "link", "hosts", "bandwidth_MBps", "memory_bandwidth_GBps")
+        k: v
+        for k, v in report.items()
+        if k
+        not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps", "memory_bandwidth_GBps")
     }
     return "\n".join(lines) + "\n\n" + json.dumps(extra) + "\n"
 

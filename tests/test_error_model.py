@@ -21,7 +21,17 @@ import pytest
 import tfdist
 from tfdist import errors, launch, plan, testing
 from tfdist.cluster.spec import split_task_name
-from tfdist.comm import LocalSGD, PowerSGD, TopK, compressed_traffic, compressor_for
+from tfdist.comm import (
+    HostRates,
+    LocalSGD,
+    PowerSGD,
+    TopK,
+    combined_seconds,
+    compressed_traffic,
+    compressor_for,
+    estimate_variants,
+    host_seconds,
+)
 from tfdist.comm.autotune import CollectiveTuning
 from tfdist.comm.collective import CollectiveConfig, gradient_value_bytes
 from tfdist.data.sharding import plan_shards
@@ -125,6 +135,13 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "compressed_traffic": (
         compressed_traffic,
         {"shapes": [[8, 8]], "workers": 2, "bandwidth": 1e9, "latency": 1e-4, "compression": "topk", "density": 0.5},
+    ),
+    "HostRates": (HostRates, {"collective_bandwidth": 300e6, "memory_bandwidth": 10e9, "overlap": 0.5}),
+    "combined_seconds": (combined_seconds, {"wire": 0.8, "host": 0.3, "overlap": 0.5}),
+    "host_seconds": (host_seconds, {"measured": 0.95, "wire": 0.8, "overlap": 0.5}),
+    "estimate_variants": (
+        estimate_variants,
+        {"shapes": [[8, 8]], "workers": 2, "bandwidth": 1e9, "latency": 1e-4, "host": HostRates()},
     ),
     "CollectiveTuning": (
         CollectiveTuning,

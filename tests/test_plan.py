@@ -449,10 +449,23 @@ def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -
         "local_sgd period=4",
     ]
     assert data["choice"] == min(seconds, key=seconds.__getitem__)
-    assert seconds["bf16"] == pytest.approx(seconds["none"] / 2, rel=0.01)
+    wire = {v["variant"]: v["wire_seconds"] for v in data["variants"]}
+    on_host = {v["variant"]: v["host_seconds"] for v in data["variants"]}
+    assert wire["bf16"] == pytest.approx(wire["none"] / 2, rel=0.01)
+    assert on_host["bf16"] == pytest.approx(on_host["none"] / 2, rel=0.01)  # Half the bytes through the host too.
+    assert data["host"] == {"collective_bandwidth": 300e6, "memory_bandwidth": 2e9, "overlap": 0.25}
     text = plan("--shapes", shapes, "--choose")
     assert text.returncode == 0, text.stderr
-    assert "  powersgd rank=4 " in text.stdout and "the wire only: add --memory-bandwidth" in text.stdout
+    assert "host:              collectives 300MB/s, memory 10GB/s, 25% of the shorter" in text.stdout
+    assert "(defaults measured on 2 CPU cores: tfdist doctor --measure-host measures yours)" in text.stdout
+    assert "  powersgd rank=4 " in text.stdout
     assert "choice:            powersgd rank=1 (accuracy not priced" in text.stdout
+    # The host's rates as tfdist doctor --measure-host prints them: the fast host leaves bf16 its wire time.
+    measured = plan(
+        "--shapes", shapes, "--choose", "--collective-bandwidth", "100GB/s", "--memory-bandwidth", "9.61GB/s"
+    )
+    assert "collectives 100GB/s, memory 9.61GB/s" in measured.stdout and "defaults measured" not in measured.stdout
+    slow = plan("--shapes", shapes, "--choose", "--collective-bandwidth", "slow")
+    assert slow.returncode == 2 and "Invalid value for `--collective-bandwidth`. Received: 'slow'" in slow.stderr
     missing = plan("--params", "1M", "--choose")
     assert missing.returncode == 2 and "`--choose`. Received: True. Expected --shapes or --model" in missing.stderr

@@ -139,6 +139,36 @@ def test_measure_link_measures_a_shaped_link_between_simulated_hosts() -> None:
         assert 80e6 <= rate <= 120e6, found[1]  # TCP's payload on a 100 Mbit/s token bucket, both ways at once
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_measure_host_times_the_collectives_on_every_task_and_speaks_plans_flags() -> None:
+    command = [sys.executable, "-m", "tfdist.cli.main", "doctor", "--probe", "30", "--measure-link", "--measure-host"]
+    result = launch.run(command, workers=2, timeout=120)
+    assert result.exit_code == 0, result.summary()
+    printed = []
+    for me in (0, 1):
+        output = result.task(f"worker:{me}").output
+        found = re.search(
+            rf"^host worker:{me}: collectives (\S+) each way \(the link's share taken out\), memory (\S+): "
+            r"tfdist plan (--collective-bandwidth \S+ --memory-bandwidth \S+)$",
+            output,
+            re.M,
+        )
+        assert found, output
+        printed.append(found[3])
+    assert printed[0] == printed[1]  # Every task reports the slowest task's rates.
+    plan = subprocess.run(
+        [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", "--shapes", "[[64, 64]]"]
+        + ["--choose", *printed[0].split()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plan.returncode == 0 and "defaults measured" not in plan.stdout, plan.stdout + plan.stderr
+    without = _doctor("--measure-host", tf_config=json.dumps(ClusterSpec.local(workers=2).to_tf_config("worker", 0)))
+    assert without.returncode == 2 and "Pass e.g. --probe 30 --measure-host." in without.stderr, without.stderr
+
+
 # TF_CONFIGs doctor and build_strategy("auto") must judge alike; None: the variable unset.
 VERDICT_CASES = {
     "unset": None,

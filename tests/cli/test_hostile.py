@@ -81,6 +81,8 @@ CLIS: dict[str, tuple[Main, list[str], list[str]]] = {
             "--embedding-values",
             "--optimizer",
             "--compression",
+            "--collective-bandwidth",
+            "--memory-bandwidth",
         ],
     ),
     "data-report": (

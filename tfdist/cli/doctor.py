@@ -6,11 +6,14 @@ import argparse
 import sys
 import time
 
+from tfdist.cli._flags import flag_names
+from tfdist.cli.plan import rate_text
 from tfdist.cluster.address import split_address
 from tfdist.cluster.probe import REFUSED, probe_reachability
 from tfdist.cluster.spec import ClusterSpec, current_cluster
 from tfdist.cluster.throughput import LinkServer, link_peer, measure_link
 from tfdist.cluster.trainable import check_trainable, listening_late
+from tfdist.comm.host import HostRates
 from tfdist.errors import ClusterSpecError, LaunchError, invalid
 from tfdist.launch.network import Link
 from tfdist.runtime.program import finite_float, one_line
@@ -58,6 +61,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "task sends to the next one for a second and reports the rate, as tfdist plan --link takes it",
     )
     parser.add_argument(
+        "--measure-host",
+        action="store_true",
+        help="with --probe, run on every task of a multi_worker_mirrored cluster at once (before training; imports "
+        "TensorFlow): times tfdist's packed all-reduce and a memory stream and reports the rates tfdist plan "
+        "--choose takes (--collective-bandwidth, --memory-bandwidth), the wire's share taken out with "
+        "--measure-link",
+    )
+    parser.add_argument(
         "--stack",
         action="store_true",
         help="report TF, tf-keras, Keras 3, tensorboard, tensorflow-io, which remote schemes work "
@@ -94,10 +105,9 @@ def _load(value: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.probe is not None and not 0 < args.probe <= MAX_PROBE_SECONDS:
         raise invalid(ClusterSpecError, "--probe", args.probe, f"seconds in (0, {MAX_PROBE_SECONDS:g}]")
-    if args.measure_link and args.probe is None:
-        raise invalid(
-            ClusterSpecError, "--measure-link", True, "--probe SECONDS with it", "Pass e.g. --probe 30 --measure-link."
-        )
+    for flag in ("--measure-link", "--measure-host"):
+        if getattr(args, flag[2:].replace("-", "_")) and args.probe is None:
+            raise invalid(ClusterSpecError, flag, True, "--probe SECONDS with it", f"Pass e.g. --probe 30 {flag}.")
     from tfdist.stack import stack_report
 
     if args.stack:
@@ -124,14 +134,17 @@ def run(args: argparse.Namespace) -> int:
     if args.probe is None:
         return EXIT_OK
     if not args.measure_link:
-        return _probe(spec, args.probe)
+        code = _probe(spec, args.probe)
+        return max(code, _measure_host(spec, None)) if args.measure_host and code == EXIT_OK else code
     server = _link_server(spec)  # Before the probe, so the peers' probes find this task listening.
     try:
         code = _probe(spec, args.probe)
-        return max(code, _measure_link(spec, args.probe, server))
+        measured, bits = _measure_link(spec, args.probe, server)
+        code = max(code, measured)
     finally:
         if server is not None:
             server.close()
+    return max(code, _measure_host(spec, bits)) if args.measure_host and code == EXIT_OK else code
 
 
 def _write_cluster(spec: ClusterSpec | None) -> None:
@@ -194,12 +207,13 @@ def _link_server(spec: ClusterSpec | None) -> LinkServer | None:
         return None
 
 
-def _measure_link(spec: ClusterSpec | None, seconds: float, server: LinkServer | None) -> int:
-    """Measures this task's link to the next task, then waits (within ``seconds``) for its own predecessor."""
+def _measure_link(spec: ClusterSpec | None, seconds: float, server: LinkServer | None) -> tuple[int, float | None]:
+    """Measures this task's link to the next task, then waits (within ``seconds``) for its own predecessor;
+    returns the exit code and the rate measured, bits per second."""
     peer = link_peer(spec) if spec else None
     if spec is None or spec.task is None or peer is None:
         sys.stdout.write("link:        nothing to measure, no other task\n")
-        return EXIT_OK
+        return EXIT_OK, None
     deadline = time.monotonic() + seconds
     where = f"{spec.task.name} -> {peer.name}:"  # the ring's direction; the other runs at the same time
     try:
@@ -209,7 +223,7 @@ def _measure_link(spec: ClusterSpec | None, seconds: float, server: LinkServer |
             f"link {where} not measured ({err.strerror or err}): run tfdist doctor --probe SECONDS "
             "--measure-link on every task at once, before training\n"
         )
-        return EXIT_UNREACHABLE
+        return EXIT_UNREACHABLE, None
     try:
         rate = Link.from_bits(bits).rate
         sys.stdout.write(f"link {where} {rate} ({bits / 8e6:.1f} MB/s): tfdist plan --link {rate}\n")
@@ -217,4 +231,28 @@ def _measure_link(spec: ClusterSpec | None, seconds: float, server: LinkServer |
         sys.stdout.write(f"link {where} {bits:.0f} bit/s, below the 10kbit tfdist plan --link takes\n")
     if server is not None:
         server.wait(max(0.0, deadline - time.monotonic()))  # Stay until the predecessor has measured too.
+    return EXIT_OK, bits
+
+
+def _measure_host(spec: ClusterSpec | None, link_bits: float | None) -> int:
+    """Measures the host's rates with every other task at once (a multi_worker_mirrored cluster), printed as
+    ``tfdist plan``'s flags."""
+    if spec is None or spec.task is None or spec.task.type == "evaluator" or spec.num_ps or spec.num_workers < 2:
+        sys.stdout.write(
+            "host:        nothing to measure: --measure-host runs on every task of a multi_worker_mirrored "
+            "cluster (2 or more workers, no ps)\n"
+        )
+        return EXIT_INVALID if spec is not None and spec.num_ps else EXIT_OK
+    from tfdist.comm.host import measure_host_rates
+    from tfdist.strategy import build_strategy
+
+    strategy = build_strategy("multi_worker_mirrored", cluster=spec, communication="ring")
+    rates = measure_host_rates(strategy, link_bandwidth=None if link_bits is None else link_bits / 8)
+    flags = flag_names(HostRates)
+    values = {name: rate_text(getattr(rates, name)) for name in flags}
+    wire = "the link's share taken out" if link_bits else "the wire's share included: add --measure-link"
+    sys.stdout.write(
+        f"host {spec.task.name}: collectives {values['collective_bandwidth']} each way ({wire}), memory "
+        f"{values['memory_bandwidth']}: tfdist plan {' '.join(f'{flags[n]} {v}' for n, v in values.items())}\n"
+    )
     return EXIT_OK

@@ -10,7 +10,10 @@ import os
 import sys
 from typing import Any, TypeVar
 
+from tfdist._options import flagged_options
+from tfdist.cli._flags import flag_names
 from tfdist.comm.compressor import Compressor, TrafficModel
+from tfdist.comm.host import HostRates
 from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.comm.traffic import compressed_traffic
 from tfdist.comm.variants import VariantEstimate, choose_variant, estimate_variants
@@ -50,7 +53,7 @@ _FLAGS = {
     "embedding_values": "--embedding-values",
     "embedding_touched": "--embedding-touched",
     "shapes": "--shapes",
-    "memory_bandwidth": "--memory-bandwidth",
+    **flag_names(HostRates),
     **{option: "--" + option.replace("_", "-") for option in _OPTIONS},
 }
 _EXAMPLES = {
@@ -141,11 +144,16 @@ def _add_compression(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{field.metadata.get('help', option)} (--compression {name}; default {field.default})",
         )
-    parser.add_argument(
-        "--memory-bandwidth",
-        default=None,
-        help=f"memory bandwidth one worker streams, e.g. 15GB/s: adds the compressor's arithmetic ({shaped})",
-    )
+    for opt in flagged_options(HostRates):  # The host's rates, declared with HostRates.
+        parser.add_argument(
+            opt.flag_name(),
+            default=None,
+            metavar="RATE",
+            help=f"{opt.flag.help}; default {rate_text(opt.default)} with --choose, none (the wire only) for "
+            f"--compression ({shaped})"
+            if opt.name == "memory_bandwidth"
+            else f"{opt.flag.help}; --choose only, default {rate_text(opt.default)}",
+        )
     parser.add_argument("--shapes", default=None, help="the trainable weights' shapes: a JSON list, or a JSON file")
     parser.add_argument(
         "--model", default=None, help="a tf_keras.applications model whose weights' shapes to use, e.g. ResNet50"
@@ -153,14 +161,24 @@ def _add_compression(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--choose",
         action="store_true",
-        help="price every variant (fp32, bf16, fp16, PowerSGD rank 1/2/4, top-k 1%%, local SGD k=4) and pick the "
-        "fastest; needs --shapes or --model, and --memory-bandwidth for the compressors' arithmetic",
+        help="price every variant (fp32, bf16, fp16, PowerSGD rank 1/2/4, top-k 1%%, local SGD k=4) on the wire "
+        "and the host (--collective-bandwidth, --memory-bandwidth) and pick the fastest; needs --shapes or --model",
     )
+
+
+def rate_text(bytes_per_second: float) -> str:
+    """A rate in bytes per second as the flags take it, to three digits: '300MB/s', '9.61GB/s'.
+
+    Example:
+        >>> rate_text(313.4e6), rate_text(9.612e9)
+        ('313MB/s', '9.61GB/s')
+    """
+    return f"{bytes_per_second / 1e9:.3g}GB/s" if bytes_per_second >= 1e9 else f"{bytes_per_second / 1e6:.3g}MB/s"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        plan, compressed, variants = _plan(args)
+        plan, compressed, variants, host = _plan(args)
     except (PlanError, StrategyError) as err:  # StrategyError: a compressor's option.
         sys.stderr.write(f"tfdist plan: error: {one_line(str(_in_flags(err)))}\n")
         return 2
@@ -170,10 +188,11 @@ def run(args: argparse.Namespace) -> int:
     if variants:
         data["variants"] = [_variant_dict(v) for v in variants]
         data["choice"] = choose_variant(variants).label
+        data["host"] = dataclasses.asdict(host)
     if args.json:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")  # Strict JSON: never Infinity or NaN.
     else:
-        sys.stdout.write(_report(args, data, compressed) + _variants_report(variants))
+        sys.stdout.write(_report(args, data, compressed) + _variants_report(variants, host, _host_given(args)))
     return 0
 
 
@@ -202,9 +221,9 @@ def _link(args: argparse.Namespace) -> tuple[float, float]:
     return link.bits_per_second / 8, LAN_LATENCY if latency is None else latency
 
 
-def _plan(args: argparse.Namespace) -> tuple[Plan, Any, list[VariantEstimate]]:
-    """The plan of the flags, the compressor's traffic where it models one (else None), and with ``--choose``
-    every variant's estimate."""
+def _plan(args: argparse.Namespace) -> tuple[Plan, Any, list[VariantEstimate], HostRates]:
+    """The plan of the flags, the compressor's traffic where it models one (else None), with ``--choose``
+    every variant's estimate, and the host's rates it priced them with."""
     if (args.embedding_values is None) != (args.embedding_touched is None):
         given = "--embedding-values" if args.embedding_values is not None else "--embedding-touched"
         raise invalid(
@@ -249,17 +268,23 @@ def _plan(args: argparse.Namespace) -> tuple[Plan, Any, list[VariantEstimate]]:
         embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
         embedding_touched=optional(args.embedding_touched, "count", 0.0, "--embedding-touched"),
     )
-    memory = optional(args.memory_bandwidth, "bandwidth", None, "--memory-bandwidth")
-    link: dict[str, Any] = {
-        "workers": plan.workers,
-        "bandwidth": bandwidth,
-        "latency": latency,
-        "memory_bandwidth": memory,
-    }
-    variants = estimate_variants(shapes=shapes or [], **link) if args.choose else []
+    host = HostRates(
+        **{name: parse_quantity(text, "bandwidth", field=_FLAGS[name]) for name, text in _host_given(args).items()}
+    )
+    link: dict[str, Any] = {"workers": plan.workers, "bandwidth": bandwidth, "latency": latency}
+    variants = estimate_variants(shapes=shapes or [], host=host, **link) if args.choose else []
     if not isinstance(compressor, TrafficModel):
-        return plan, None, variants
-    return plan, compressed_traffic(shapes=shapes or [], compression=compressor, **link), variants
+        return plan, None, variants, host
+    memory = host.memory_bandwidth if "memory_bandwidth" in _host_given(args) else None  # Given, or the wire only.
+    traffic = compressed_traffic(shapes=shapes or [], compression=compressor, memory_bandwidth=memory, **link)
+    return plan, traffic, variants, host
+
+
+def _host_given(args: argparse.Namespace) -> dict[str, str]:
+    """The host's rates given as flags, by field."""
+    return {
+        opt.name: getattr(args, opt.name) for opt in flagged_options(HostRates) if getattr(args, opt.name) is not None
+    }
 
 
 def _needs_shapes(flag: str, value: Any, sends: str) -> PlanError:
@@ -278,23 +303,29 @@ def _variant_dict(estimate: VariantEstimate) -> dict[str, Any]:
         "seconds": estimate.seconds,
         "wire_seconds": estimate.wire_seconds,
         "arithmetic_seconds": estimate.arithmetic_seconds,
+        "host_seconds": estimate.host_seconds,
         "bytes_per_step": estimate.bytes_per_step,
     }
 
 
-def _variants_report(variants: list[VariantEstimate]) -> str:
+def _variants_report(variants: list[VariantEstimate], host: HostRates, given: dict[str, str]) -> str:
     """The variants' lines of ``--choose``: each one's time per step, then the fastest."""
     if not variants:
         return ""
-    lines = ["variants:          ms/step (wire + arithmetic), MB/worker step"]
-    for v in variants:
-        arithmetic = "" if v.arithmetic_seconds is None else f" + {v.arithmetic_seconds * 1e3:.2f}"
-        lines.append(
-            f"  {v.label:<17}{v.seconds * 1e3:10.2f} ({v.wire_seconds * 1e3:.2f}{arithmetic}), "
-            f"{v.bytes_per_step / 1e6:.3f}"
+    lines = [
+        f"host:              collectives {rate_text(host.collective_bandwidth)}, memory {rate_text(host.memory_bandwidth)}, "
+        f"{host.overlap:.0%} of the shorter of wire and host hidden",
+        "variants:          ms/step (wire; host: collectives + arithmetic), MB/worker step",
+    ]
+    if len(given) < len(flagged_options(HostRates)):
+        lines.insert(
+            1, "                   (defaults measured on 2 CPU cores: tfdist doctor --measure-host measures yours)"
         )
-    if variants[0].arithmetic_seconds is None:
-        lines.append("                   (the wire only: add --memory-bandwidth for the compressors' arithmetic)")
+    for v in variants:
+        lines.append(
+            f"  {v.label:<17}{v.seconds * 1e3:10.2f} ({v.wire_seconds * 1e3:.2f}; {(v.host_seconds or 0) * 1e3:.2f} + "
+            f"{(v.arithmetic_seconds or 0) * 1e3:.2f}), {v.bytes_per_step / 1e6:.3f}"
+        )
     lines.append(f"choice:            {choose_variant(variants).label} (accuracy not priced: docs/communication.md)")
     return "\n".join(lines) + "\n"
 

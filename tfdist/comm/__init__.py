@@ -1,6 +1,6 @@
 """Gradient communication: collective settings (packing, compression, cost), their autotuning, and the
 compressors, each a typed config in one registry (casts, PowerSGD, top-k with error feedback, local SGD's
-traffic), and the planner's choice among them on a link.
+traffic), the host's rates beside the wire's, and the planner's choice among them on a link.
 
 The Keras wiring (``with_communication``, ``accumulate_gradients``) is in :mod:`tfdist.keras`.
 """
@@ -26,6 +26,7 @@ from tfdist.comm.compressor import (
     Warmup,
     WireCast,
 )
+from tfdist.comm.host import HostRates, combined_seconds, host_seconds, measure_host_rates
 from tfdist.comm.local_sgd import LocalSGD
 from tfdist.comm.powersgd import PowerSGD, lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
 from tfdist.comm.registry import compressor_for, register_compressor, registered_compressors
@@ -55,6 +56,7 @@ __all__ = [
     "Compressor",
     "ErrorFeedback",
     "Float16",
+    "HostRates",
     "Link",
     "LocalSGD",
     "NoCompression",
@@ -69,12 +71,15 @@ __all__ = [
     "all_reduce_timer",
     "autotune_collectives",
     "choose_variant",
+    "combined_seconds",
     "compressed_traffic",
     "compressor_for",
     "estimate_variants",
     "gradient_value_bytes",
+    "host_seconds",
     "lowrank_value_count",
     "matrix_shape",
+    "measure_host_rates",
     "orthogonalize",
     "payload_bytes",
     "powersgd_sum",

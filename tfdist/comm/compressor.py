@@ -70,10 +70,13 @@ class WireCast(Compressor):
       wire_dtype: The dtype float gradients travel as, or None for their own.
       wire_max: The largest finite value of ``wire_dtype`` when below float32's: the all-reduce then scales
         by a power of two so no partial sum exceeds it (one extra scalar all-reduce of 4 bytes).
+      arithmetic_passes: Reads and writes of every float32 gradient value the casts (and the sums in the
+        wire dtype) cost per step, in float32 values: what the planner charges at the memory bandwidth.
     """
 
     wire_dtype: ClassVar[str | None] = None
     wire_max: ClassVar[float | None] = None
+    arithmetic_passes: ClassVar[int] = 0
 
     def payload_bytes(self, tensors: Sequence[Any]) -> int:
         """Bytes of ``tensors`` (anything with a static ``shape`` and a ``dtype``) in ``wire_dtype``."""

@@ -114,12 +114,7 @@ def compressed_traffic(
     named = {key: value for key, value in given.items() if value is not None}
     compressor = cast(TrafficModel, compressor_for(compression, named, kind=TrafficModel, error=PlanError))
     link = Link(workers=workers, bandwidth=bandwidth, latency=latency)  # Validates the link as the planner does.
-    if (
-        not isinstance(shapes, (list, tuple))
-        or not shapes
-        or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes)
-    ):
-        raise invalid(PlanError, "shapes", shapes, "a list of weight shapes, each a list of positive integers")
+    check_shapes(shapes)
     require_number(
         PlanError,
         "memory_bandwidth",
@@ -144,6 +139,16 @@ def compressed_traffic(
         warmup_bytes_per_step=warmup.sent_bytes,
         warmup_seconds_per_step=warmup.seconds,
     )
+
+
+def check_shapes(shapes: Any) -> None:
+    """Raises a :class:`PlanError` unless ``shapes`` is a non-empty list of shapes of positive integers."""
+    if (
+        not isinstance(shapes, (list, tuple))
+        or not shapes
+        or not all(isinstance(s, (list, tuple)) and all(_dimension(d) for d in s) for s in shapes)
+    ):
+        raise invalid(PlanError, "shapes", shapes, "a list of weight shapes, each a list of positive integers")
 
 
 def _dimension(value: Any) -> bool:

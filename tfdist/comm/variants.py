@@ -29,11 +29,12 @@ from collections.abc import Sequence
 
 from tfdist.comm.casts import BFloat16, Float16, NoCompression
 from tfdist.comm.compressor import Compressor, TrafficModel, WireCast
+from tfdist.comm.host import HostRates, combined_seconds
 from tfdist.comm.local_sgd import LocalSGD
 from tfdist.comm.powersgd import PowerSGD
 from tfdist.comm.topk import TopK
-from tfdist.comm.traffic import compressed_traffic
-from tfdist.errors import PlanError, invalid
+from tfdist.comm.traffic import check_shapes, compressed_traffic
+from tfdist.errors import PlanError, invalid, require_type
 from tfdist.plan import Plan
 
 __all__ = ["VARIANTS", "VariantEstimate", "choose_variant", "estimate_variants"]
@@ -59,14 +60,20 @@ class VariantEstimate:
       bytes_per_step: Bytes one worker hands to the collectives per step (local SGD: its all-reduce spread
         over its period).
       wire_seconds: The collectives' time per step on the link.
-      arithmetic_seconds: The compressor's arithmetic per step at the memory bandwidth (None: not given; a
-        cast on the wire counts as none).
+      arithmetic_seconds: The casts' or the compressor's arithmetic per step at the memory bandwidth (None:
+        not given).
+      host_seconds: The host's work in the same collectives, their bytes at the host's collective bandwidth
+        (None: not given; see :class:`tfdist.comm.HostRates`).
+      overlap: The share of the shorter of the wire's and the host's times (its collectives and arithmetic)
+        hidden behind the longer.
     """
 
     compressor: Compressor
     bytes_per_step: float
     wire_seconds: float
     arithmetic_seconds: float | None = None
+    host_seconds: float | None = None
+    overlap: float = 0.0
 
     @property
     def label(self) -> str:
@@ -76,8 +83,11 @@ class VariantEstimate:
 
     @property
     def seconds(self) -> float:
-        """The wire and the arithmetic (the collectives wait for it, and it for them)."""
-        return self.wire_seconds + (self.arithmetic_seconds or 0.0)
+        """The wire and the host (its collectives' work and the arithmetic), combined as
+        :func:`tfdist.comm.combined_seconds` with :attr:`overlap` (0: the collectives wait for the arithmetic,
+        and it for them)."""
+        host = (self.host_seconds or 0.0) + (self.arithmetic_seconds or 0.0)
+        return combined_seconds(wire=self.wire_seconds, host=host, overlap=self.overlap)
 
 
 def estimate_variants(
@@ -88,6 +98,7 @@ def estimate_variants(
     latency: float,
     memory_bandwidth: float | None = None,
     variants: Sequence[Compressor] = VARIANTS,
+    host: HostRates | None = None,
 ) -> list[VariantEstimate]:
     """Each variant's time per step for gradients of ``shapes`` on ``workers`` machines, in ``variants``' order.
 
@@ -96,52 +107,83 @@ def estimate_variants(
       workers: Machines in the all-reduce.
       bandwidth: Each machine's link, bytes per second each way.
       latency: One message's latency, seconds.
-      memory_bandwidth: Bytes per second one worker streams through memory: adds the compressors'
-        arithmetic (see :func:`tfdist.comm.compressed_traffic`); None leaves it out.
+      memory_bandwidth: Bytes per second one worker streams through memory: adds the casts' and the
+        compressors' arithmetic (see :func:`tfdist.comm.compressed_traffic`); None leaves it out. Refused
+        with ``host``, which has its own.
       variants: The compressors to price (wire casts and traffic models).
+      host: The host's rates: adds each variant's collectives at its collective bandwidth and its arithmetic
+        at its memory bandwidth, combined with the wire by its overlap; None prices the wire (and the
+        arithmetic at ``memory_bandwidth``) alone.
 
     Raises:
       PlanError: An invalid link, shapes or memory bandwidth, or a variant the model cannot price.
     """
+    if host is not None and memory_bandwidth is not None:
+        raise invalid(
+            PlanError,
+            "memory_bandwidth",
+            memory_bandwidth,
+            "None with `host`",
+            "Pass it as HostRates(memory_bandwidth=...).",
+        )
+    check_shapes(shapes)
+    require_type(PlanError, "host", host, (HostRates, type(None)), "HostRates or None")
+    require_type(PlanError, "variants", variants, (list, tuple), "a list of compressors")
+    memory = host.memory_bandwidth if host is not None else memory_bandwidth
     estimates = []
     for compressor in variants:
-        if isinstance(compressor, TrafficModel):
-            traffic = compressed_traffic(
-                shapes=shapes,
-                workers=workers,
-                bandwidth=bandwidth,
-                latency=latency,
-                compression=compressor,
-                memory_bandwidth=memory_bandwidth,
-            )
+        sent, wire, arithmetic = _priced(compressor, shapes, workers, bandwidth, latency, memory)
+        if host is None:
             estimates.append(
                 VariantEstimate(
-                    compressor=compressor,
-                    bytes_per_step=traffic.bytes_per_step,
-                    wire_seconds=traffic.seconds_per_step,
-                    arithmetic_seconds=traffic.arithmetic_seconds,
+                    compressor=compressor, bytes_per_step=sent, wire_seconds=wire, arithmetic_seconds=arithmetic
                 )
             )
-        elif isinstance(compressor, WireCast):
-            values = float(sum(math.prod(int(d) for d in shape) for shape in shapes))
-            plan = Plan(
-                params=values,
-                workers=workers,
-                bandwidth=bandwidth,
-                latency=latency,
-                bytes_per_value=compressor.value_bytes,
+            continue
+        # The host's own work: the same collectives' bytes at its collective bandwidth, with no latency.
+        on_host = _priced(compressor, shapes, workers, host.collective_bandwidth, 0.0, None)[1]
+        estimates.append(
+            VariantEstimate(
+                compressor=compressor,
+                bytes_per_step=sent,
+                wire_seconds=wire,
+                arithmetic_seconds=arithmetic,
+                host_seconds=on_host,
+                overlap=host.overlap,
             )
-            estimates.append(
-                VariantEstimate(
-                    compressor=compressor,
-                    bytes_per_step=plan.gradient_bytes,
-                    wire_seconds=plan.ring_allreduce_s,
-                    arithmetic_seconds=None if memory_bandwidth is None else 0.0,
-                )
-            )
-        else:
-            raise invalid(PlanError, "variants", compressor, "wire casts or compressors with a traffic model")
+        )
     return estimates
+
+
+def _priced(
+    compressor: Compressor,
+    shapes: Sequence[Sequence[int]],
+    workers: int,
+    bandwidth: float,
+    latency: float,
+    memory_bandwidth: float | None,
+) -> tuple[float, float, float | None]:
+    """(bytes per step, the collectives' seconds, the arithmetic's seconds or None) of one variant on a link."""
+    if isinstance(compressor, TrafficModel):
+        traffic = compressed_traffic(
+            shapes=shapes,
+            workers=workers,
+            bandwidth=bandwidth,
+            latency=latency,
+            compression=compressor,
+            memory_bandwidth=memory_bandwidth,
+        )
+        return traffic.bytes_per_step, traffic.seconds_per_step, traffic.arithmetic_seconds
+    if isinstance(compressor, WireCast):
+        values = float(sum(math.prod(int(d) for d in shape) for shape in shapes))
+        plan = Plan(
+            params=values, workers=workers, bandwidth=bandwidth, latency=latency, bytes_per_value=compressor.value_bytes
+        )
+        arithmetic = None
+        if memory_bandwidth is not None:
+            arithmetic = compressor.arithmetic_passes * 4.0 * values / memory_bandwidth
+        return plan.gradient_bytes, plan.ring_allreduce_s, arithmetic
+    raise invalid(PlanError, "variants", compressor, "wire casts or compressors with a traffic model")
 
 
 def choose_variant(estimates: Sequence[VariantEstimate]) -> VariantEstimate:

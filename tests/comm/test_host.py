@@ -1,0 +1,118 @@
+"""The host's share of a step in the planner: its collectives' rate and its arithmetic, beside the wire."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from tfdist.comm import (
+    BFloat16,
+    Float16,
+    HostRates,
+    NoCompression,
+    PowerSGD,
+    combined_seconds,
+    compressed_traffic,
+    estimate_variants,
+    host_seconds,
+    measure_host_rates,
+)
+from tfdist.comm.host import DEFAULT_COLLECTIVE_BANDWIDTH, DEFAULT_MEMORY_BANDWIDTH, PACKED_OVERLAP
+from tfdist.comm.variants import choose_variant
+from tfdist.errors import PlanError
+from tfdist.plan import Plan
+
+# About the ResNet-50 gradient list's size (25.6M values) in a few tensors.
+SHAPES = [(3, 3, 512, 512)] * 10 + [(2048, 1000), (1000,)]
+VALUES = 10 * 9 * 512 * 512 + 2048 * 1000 + 1000
+ONE_GBIT: dict[str, Any] = {"workers": 2, "bandwidth": 125e6, "latency": 50e-6}
+
+
+def test_combined_is_a_sum_a_maximum_or_between() -> None:
+    assert combined_seconds(wire=0.8, host=0.3, overlap=0.0) == pytest.approx(1.1)
+    assert combined_seconds(wire=0.8, host=0.3, overlap=1.0) == pytest.approx(0.8)
+    assert combined_seconds(wire=0.1, host=0.3, overlap=1.0) == pytest.approx(0.3)
+    assert combined_seconds(wire=0.8, host=0.3, overlap=0.5) == pytest.approx(0.95)
+    assert combined_seconds(wire=0.0, host=0.3, overlap=0.5) == pytest.approx(0.3)  # No wire: the host alone.
+
+
+@pytest.mark.parametrize("overlap", sorted({0.0, 0.25, 0.5, PACKED_OVERLAP, 0.9, 1.0}))
+def test_host_seconds_inverts_the_combination(overlap: float) -> None:
+    for wire, host in itertools.product((0.0, 0.05, 0.4, 0.8), (0.01, 0.2, 0.8, 1.5)):
+        if overlap == 1.0 and host <= wire:
+            continue  # The longer alone counts: a host shorter than the wire leaves no trace.
+        measured = combined_seconds(wire=wire, host=host, overlap=overlap)
+        assert host_seconds(measured=measured, wire=wire, overlap=overlap) == pytest.approx(host), (wire, host)
+    assert host_seconds(measured=0.5, wire=0.8, overlap=overlap) == 0.0  # Faster than the wire: not told.
+
+
+def test_host_rates_have_measured_defaults_and_refuse_what_cannot_be() -> None:
+    host = HostRates()
+    assert (host.collective_bandwidth, host.memory_bandwidth, host.overlap) == (
+        DEFAULT_COLLECTIVE_BANDWIDTH,
+        DEFAULT_MEMORY_BANDWIDTH,
+        PACKED_OVERLAP,
+    )
+    assert host.collective_seconds(300e6) == pytest.approx(1.0)
+    assert host.arithmetic_seconds(3, 25e6) == pytest.approx(3 * 4 * 25e6 / DEFAULT_MEMORY_BANDWIDTH)
+    bad: dict[str, Any]
+    for bad in ({"collective_bandwidth": 0}, {"memory_bandwidth": -1e9}, {"overlap": 1.5}, {"overlap": "x"}):
+        with pytest.raises(PlanError, match=f"`{next(iter(bad))}`") as caught:
+            HostRates(**bad)
+        assert caught.value.field == next(iter(bad))
+        assert isinstance(caught.value, ValueError)
+    with pytest.raises(PlanError, match="tfdist doctor --probe 30 --measure-host"):
+        HostRates(collective_bandwidth=float("inf"))
+    for call in (
+        lambda: combined_seconds(wire=-1.0, host=0.1, overlap=0.5),
+        lambda: host_seconds(measured=0.1, wire=0.1, overlap=2),
+    ):
+        with pytest.raises(PlanError):
+            call()
+
+
+def test_measure_host_rates_checks_its_arguments_before_tensorflow() -> None:
+    with pytest.raises(PlanError, match="`link_bandwidth`"):
+        measure_host_rates(None, link_bandwidth=0)
+    with pytest.raises(PlanError, match="`repeats`"):
+        measure_host_rates(None, repeats=0)
+
+
+def test_a_variant_pays_its_collectives_on_the_host_as_on_a_link_of_that_rate() -> None:
+    host = HostRates(collective_bandwidth=300e6, memory_bandwidth=10e9, overlap=0.5)
+    found = {e.label: e for e in estimate_variants(shapes=SHAPES, host=host, **ONE_GBIT)}
+    fp32 = Plan(params=VALUES, workers=2, bandwidth=300e6, latency=0.0)
+    assert found["none"].host_seconds == pytest.approx(fp32.ring_allreduce_s)  # 102 MB each way at 300 MB/s
+    assert found["none"].arithmetic_seconds == 0.0
+    assert found["bf16"].host_seconds == pytest.approx(fp32.ring_allreduce_s / 2)
+    assert found["bf16"].arithmetic_seconds == pytest.approx(BFloat16.arithmetic_passes * 4 * VALUES / 10e9)
+    assert Float16.arithmetic_passes > BFloat16.arithmetic_passes > NoCompression.arithmetic_passes == 0
+    wire, on_host = found["none"].wire_seconds, found["none"].host_seconds or 0.0
+    assert found["none"].seconds == pytest.approx(wire + on_host - 0.5 * min(wire, on_host))
+    power = compressed_traffic(shapes=SHAPES, compression=PowerSGD(rank=4), memory_bandwidth=10e9, **ONE_GBIT)
+    assert found["powersgd rank=4"].arithmetic_seconds == power.arithmetic_seconds  # One memory model for both.
+    assert found["powersgd rank=4"].wire_seconds == power.seconds_per_step
+    assert 0 < (found["powersgd rank=4"].host_seconds or 0) < power.seconds_per_step  # No latency on the host.
+
+
+def test_without_host_rates_the_wire_and_the_arithmetic_add_up_as_before() -> None:
+    plain = estimate_variants(shapes=SHAPES, memory_bandwidth=10e9, **ONE_GBIT)
+    assert all(e.host_seconds is None and e.overlap == 0.0 for e in plain)
+    assert all(e.seconds == pytest.approx(e.wire_seconds + (e.arithmetic_seconds or 0.0)) for e in plain)
+    with pytest.raises(PlanError, match="`memory_bandwidth`. Received: 10000000000.0. Expected None with `host`"):
+        estimate_variants(shapes=SHAPES, memory_bandwidth=10e9, host=HostRates(), **ONE_GBIT)
+
+
+def test_a_slow_host_moves_the_choice_where_the_wire_alone_would_not() -> None:
+    fast_link = {**ONE_GBIT, "bandwidth": 100e9}  # 800 Gbit/s: the wire is never the limit.
+    quick_host = HostRates(collective_bandwidth=100e9, memory_bandwidth=1e9)
+    assert choose_variant(estimate_variants(shapes=SHAPES, host=quick_host, **fast_link)).label == "none"
+    slow_host = HostRates(collective_bandwidth=100e6, memory_bandwidth=10e9)
+    # The host's copies now cost what a slow link would: the fewest bytes win again.
+    assert choose_variant(estimate_variants(shapes=SHAPES, host=slow_host, **fast_link)).label == "powersgd rank=1"
+    # On 2 CPU cores at 10 Gbit/s the host, not the wire, decides TF's collectives' time (measured: 4-5x the wire).
+    ten_gbit = {**ONE_GBIT, "bandwidth": 1.25e9}
+    bf16 = estimate_variants(shapes=SHAPES, host=HostRates(), variants=[BFloat16()], **ten_gbit)[0]
+    assert bf16.seconds > 4 * bf16.wire_seconds

@@ -1,0 +1,229 @@
+"""What a task's host adds to the wire: the collectives' own work per byte, and the arithmetic.
+
+A link's rate is not the only limit: TensorFlow's RING all-reduce over gRPC copies, frames and sums every
+byte on the host, and on two CPU cores it moved 215-320 MB/s between simulated hosts whatever the link
+(BENCHMARKS.md). So the planner charges each variant two times per step, each worker's:
+
+* the **wire**: the alpha-beta time of its collectives on the link (:class:`tfdist.plan.Plan`);
+* the **host**: the same collectives' bytes at :attr:`HostRates.collective_bandwidth` (the rate the
+  collective implementation moves bytes at when the wire is not the limit), plus its arithmetic at
+  :attr:`HostRates.memory_bandwidth` (the casts' and compressors' passes over the gradients).
+
+and combines them as :func:`combined_seconds`: ``wire + host - overlap * min(wire, host)``. An overlap of 0
+is a sum (nothing of one hides behind the other), 1 the maximum of the two; tfdist's packed all-reduce sits
+between, near the sum, fitted to the benchmark (:data:`PACKED_OVERLAP`). ``tfdist doctor --probe SECONDS --measure-host``
+measures both rates where the tasks run (:func:`measure_host_rates`), ``tfdist plan`` reads them
+(``--collective-bandwidth``, ``--memory-bandwidth``), and without them takes the defaults measured on two
+CPU cores.
+
+Example:
+    >>> host = HostRates(collective_bandwidth=300e6, memory_bandwidth=10e9)
+    >>> round(host.collective_seconds(100e6) * 1e3, 1)  # 100 MB each way through the host's collectives
+    333.3
+    >>> round(combined_seconds(wire=0.8, host=0.3, overlap=0.5), 2)  # 0.8 s on the wire, half the host's hidden
+    0.95
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfdist._options import option
+from tfdist.errors import PlanError, require_int, require_number
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["HostRates", "combined_seconds", "host_seconds", "measure_host_rates"]
+
+# Measured between 2 simulated hosts on 2 shared CPU cores (BENCHMARKS.md): tfdist's packed RING all-reduce
+# moved about 300 MB/s each way per task with the wire out of the way, and a task streamed ~10 GB/s.
+DEFAULT_COLLECTIVE_BANDWIDTH = 300e6
+DEFAULT_MEMORY_BANDWIDTH = 10e9
+# How much of the shorter of the wire's and the host's times hides behind the longer in tfdist's packed
+# all-reduce (packs of a few MB; TF runs a function's collectives one after another, so only the work inside a
+# pack overlaps): fitted at 1 Gbit/s between 2 simulated hosts with the rate measured unshaped (0-0.25 fit),
+# then checked at 10 Gbit/s, unshaped and on 4 hosts (BENCHMARKS.md).
+PACKED_OVERLAP = 0.25
+_log = logging.getLogger("tfdist.comm.host")
+_MEASURE_BYTES = 64 << 20  # What measure_host_rates all-reduces, in tensors and (by default) packs of MEASURE_PACK.
+MEASURE_PACK = 4 << 20
+_STREAM_PASSES = 3  # a + b: two reads and a write of every value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostRates:
+    """How fast one task's host moves bytes through its collectives and through memory.
+
+    Attributes:
+      collective_bandwidth: Bytes per second each way one task's all-reduce moves when the wire is not the
+        limit (TF's RING over gRPC, tfdist's packs): what the host's copies, framing and sums allow.
+      memory_bandwidth: Bytes per second one task streams through memory (all tasks at once): the rate of
+        the casts' and the compressors' arithmetic.
+      overlap: The share of the shorter of the wire's and the host's times hidden behind the longer, from 0
+        (they add up) to 1 (the longer alone counts).
+
+    Example:
+        >>> HostRates(collective_bandwidth=0)
+        Traceback (most recent call last):
+        ...
+        tfdist.errors.PlanError: Invalid value for `collective_bandwidth`. Received: 0. Expected a number > 0. \
+Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures it.
+    """
+
+    collective_bandwidth: float = option(
+        DEFAULT_COLLECTIVE_BANDWIDTH,
+        help="bytes per second each way a task's all-reduce moves when the wire is not the limit, e.g. 300MB/s "
+        "(tfdist doctor --measure-host measures it)",
+    )
+    memory_bandwidth: float = option(
+        DEFAULT_MEMORY_BANDWIDTH,
+        help="bytes per second a task streams through memory, e.g. 10GB/s: the casts' and compressors' arithmetic",
+    )
+    overlap: float = PACKED_OVERLAP
+
+    def __post_init__(self) -> None:
+        for name in ("collective_bandwidth", "memory_bandwidth"):
+            require_number(
+                PlanError,
+                name,
+                getattr(self, name),
+                above=0,
+                fix="Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures it.",
+            )
+        require_number(
+            PlanError, "overlap", self.overlap, minimum=0, maximum=1, fix="0 adds the times up, 1 takes the longer."
+        )
+
+    def collective_seconds(self, moved: float) -> float:
+        """The host's time for collectives that move ``moved`` bytes each way (a ring all-reduce of S bytes on
+        N workers moves ``2(N-1)/N * S``)."""
+        return moved / self.collective_bandwidth
+
+    def arithmetic_seconds(self, passes: float, values: float) -> float:
+        """The time of ``passes`` reads or writes of ``values`` float32 values through memory."""
+        return passes * 4.0 * values / self.memory_bandwidth
+
+
+def combined_seconds(*, wire: float, host: float, overlap: float) -> float:
+    """A step's time from the wire's and the host's: ``wire + host - overlap * min(wire, host)``.
+
+    Example:
+        >>> combined_seconds(wire=1.0, host=0.5, overlap=0.0), combined_seconds(wire=1.0, host=0.5, overlap=1.0)
+        (1.5, 1.0)
+    """
+    _check_times(wire=wire, host=host, overlap=overlap)
+    return wire + host - overlap * min(wire, host)
+
+
+def host_seconds(*, measured: float, wire: float, overlap: float) -> float:
+    """The host's time that, with the wire's, gives ``measured`` (:func:`combined_seconds` inverted); 0 when
+    the wire alone takes as long (then the wire is the limit and the host's time cannot be told).
+
+    Example:
+        >>> round(host_seconds(measured=0.95, wire=0.8, overlap=0.5), 3), host_seconds(measured=1.2, wire=0.1, overlap=0.5)
+        (0.3, 1.15)
+    """
+    _check_times(measured=measured, wire=wire, overlap=overlap)
+    if measured <= wire:
+        return 0.0
+    if measured >= (2.0 - overlap) * wire:  # The host is the longer: all of the wire's time but the overlap shows.
+        return measured - (1.0 - overlap) * wire
+    return (measured - wire) / (1.0 - overlap)  # The wire is the longer (overlap < 1 here).
+
+
+def measure_host_rates(
+    strategy: tf.distribute.Strategy,
+    *,
+    link_bandwidth: float | None = None,
+    repeats: int = 3,
+    bytes_per_pack: int = MEASURE_PACK,
+) -> HostRates:
+    """Measures this cluster's :class:`HostRates`; call on every worker at once (the all-reduce is collective).
+
+    Times tfdist's packed all-reduce of 64 MB of float32 and a stream of the same bytes through memory, the
+    slowest worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
+    all-reduce is taken out at the slowest ``link_bandwidth`` the workers give (bytes per second each way, e.g.
+    as ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
+
+    Args:
+      strategy: A MultiWorkerMirroredStrategy built on every worker (one replica per worker).
+      link_bandwidth: The link's rate each way, bytes per second, or None.
+      repeats: Timed runs of each.
+      bytes_per_pack: The packs' size (tfdist's tuned packing is a few MB); 0 measures TF's default instead,
+        every tensor in one pack, which nothing overlaps (the rates' ``overlap`` is then 0).
+
+    Raises:
+      PlanError: ``link_bandwidth``, ``repeats`` or ``bytes_per_pack`` invalid.
+    """
+    require_number(PlanError, "link_bandwidth", link_bandwidth, above=0, allow_none=True)
+    require_int(PlanError, "repeats", repeats, minimum=1, maximum=100)
+    require_int(PlanError, "bytes_per_pack", bytes_per_pack, minimum=0, fix="0 measures TF's one pack.")
+    import tensorflow as tf
+
+    from tfdist.comm.autotune import all_reduce_timer
+    from tfdist.comm.collective import CollectiveConfig
+
+    shapes = [(MEASURE_PACK // 4,)] * (_MEASURE_BYTES // MEASURE_PACK)
+    config = CollectiveConfig(bytes_per_pack=bytes_per_pack, split_bytes=bytes_per_pack) if bytes_per_pack else None
+    timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
+    reduce_seconds = statistics.median(timer() for _ in range(repeats))
+    stream_seconds = _stream_seconds(shapes, repeats)
+    local = tf.constant([[reduce_seconds, stream_seconds, link_bandwidth or 0.0]], tf.float64)
+    every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0).numpy()
+    slowest = every.max(axis=0)  # Every worker's times, the slowest of each; and the slowest link given.
+    links = [float(rate) for rate in every[:, 2] if rate > 0]
+    link_bandwidth = min(links) if links else None
+    workers = strategy.num_replicas_in_sync
+    moved = 2.0 * (workers - 1) / workers * _MEASURE_BYTES
+    wire = moved / link_bandwidth if link_bandwidth else 0.0
+    overlap = PACKED_OVERLAP if bytes_per_pack else 0.0
+    host = host_seconds(measured=float(slowest[0]), wire=wire, overlap=overlap)
+    if host <= 0:
+        _log.warning(
+            "The all-reduce took no longer than the wire alone (%.0f ms for %.0f ms at %.3g MB/s): the link is the "
+            "limit, and the collectives' own rate cannot be told; keeping %.3g MB/s. Measure on a faster link.",
+            slowest[0] * 1e3,
+            wire * 1e3,
+            (link_bandwidth or 0) / 1e6,
+            DEFAULT_COLLECTIVE_BANDWIDTH / 1e6,
+        )
+    return HostRates(
+        collective_bandwidth=moved / host if host > 0 else DEFAULT_COLLECTIVE_BANDWIDTH,
+        memory_bandwidth=_STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
+        overlap=overlap,
+    )
+
+
+def _check_times(**values: float) -> None:
+    for name, value in values.items():
+        if name == "overlap":
+            require_number(PlanError, name, value, minimum=0, maximum=1)
+        else:
+            require_number(PlanError, name, value, minimum=0, fix="Seconds, e.g. 0.25.")
+
+
+def _stream_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> float:
+    """Median seconds of ``a + b`` over float32 tensors of ``shapes`` (two reads and a write of each value)."""
+    import time
+
+    import tensorflow as tf
+
+    a = [tf.ones(s) for s in shapes]
+    b = [tf.ones(s) for s in shapes]
+
+    @tf.function
+    def add() -> Any:
+        return [x + y for x, y in zip(a, b)]
+
+    def once() -> float:
+        start = time.perf_counter()
+        add()[-1].numpy()
+        return time.perf_counter() - start
+
+    once()
+    return statistics.median(once() for _ in range(max(repeats, 5)))
