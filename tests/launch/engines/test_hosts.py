@@ -145,6 +145,34 @@ def test_hosts_have_their_address_and_shaping_and_close_with_their_namespaces(ro
     assert_all_gone(pids)
 
 
+def test_a_hosts_link_is_cut_and_mended_and_shaped_and_given_its_own_rate_back() -> None:
+    hosts = Hosts([("10.9.0.1", "10mbit"), ("10.9.0.2", None)], rootless=True)
+
+    def shown(address: str, *argv: str) -> str:
+        namespace = hosts._switch if address == "switch" else hosts.at(address)
+        return subprocess.run(namespace.enter(list(argv)), capture_output=True, text=True, check=True).stdout
+
+    try:
+        hosts.cut("10.9.0.2")
+        assert "state DOWN" in shown("switch", "ip", "link", "show", "h1")  # the bridge port: nothing passes
+        assert "NO-CARRIER" in shown("10.9.0.2", "ip", "link", "show", "eth0")  # the host's end sees it
+        assert "state DOWN" not in shown("switch", "ip", "link", "show", "h0")
+        hosts.cut("10.9.0.2", False)
+        assert "NO-CARRIER" not in shown("10.9.0.2", "ip", "link", "show", "eth0")
+        hosts.shape("10.9.0.2", "1mbit")  # both ends of an unshaped link, then unshaped again
+        assert "rate 1Mbit" in shown("switch", "tc", "qdisc", "show", "dev", "h1")
+        assert "rate 1Mbit" in shown("10.9.0.2", "tc", "qdisc", "show", "dev", "eth0")
+        hosts.shape("10.9.0.2", None)
+        assert "tbf" not in shown("10.9.0.2", "tc", "qdisc", "show", "dev", "eth0")
+        assert "tbf" not in shown("switch", "tc", "qdisc", "show", "dev", "h1")
+        hosts.shape("10.9.0.1", "2mbit")  # a shaped link, then its own rate again
+        hosts.shape("10.9.0.1", None)
+        assert "rate 10Mbit" in shown("10.9.0.1", "tc", "qdisc", "show", "dev", "eth0")
+        assert "rate 10Mbit" in shown("switch", "tc", "qdisc", "show", "dev", "h0")
+    finally:
+        hosts.close()
+
+
 # worker:1 (the second host) reads a dataset through the tf.data service, which runs on the first host.
 READ_SERVICE = """
 import json, os
