@@ -255,7 +255,6 @@ _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
     (LaunchConfig, {"max_workers": 2}),
     (LaunchConfig, {"returns": ["worker:0@after=x"], "min_workers": 1}),
     (LaunchConfig, {"loses": ["chief:0@after=x"], "min_workers": 1, "chief": True}),
-    (LaunchConfig, {"min_workers": 1, "isolate_network": True}),
     (LaunchConfig, {"partitions": ["worker:1@after=x,for=5"]}),
     (LaunchConfig, {"slow_links": ["worker:1=10mbit"]}),
     (LaunchConfig, {"simulate_hosts": 2, "partitions": ["worker:2@after=x"]}),

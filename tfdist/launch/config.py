@@ -366,9 +366,6 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
                 "None together with `mesh` (a mesh's shape is fixed)",
                 "Drop `min_workers`; resume on another mesh from a checkpoint instead.",
             )
-        self.network.refuse_namespaces(
-            "no elastic options (not supported together yet)", "Drop `{option}` or `min_workers`."
-        )
         workers = {f"worker:{i}" for i in range(self.workers)}
         for event in self.loses + self.returns:
             if event.task not in workers:
