@@ -1,4 +1,10 @@
-"""Elastic MultiWorkerMirroredStrategy training through tfdist-launch: 3 -> 2 -> 3 workers, real TensorFlow."""
+"""Elastic MultiWorkerMirroredStrategy training through tfdist-launch: 3 -> 2 -> 3 workers, real TensorFlow.
+
+worker:2 leaves after epoch 1 and comes back at epoch 3 in two ways: killed and returned by the launcher
+(``loses``, ``returns``), or cut off on simulated hosts (``partitions``: its host's link goes down, and comes
+back on a line). A cut worker is alive but unreachable: its peers fail of the coordination service's missed
+heartbeats, and the launcher loses the unreachable worker, not them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +25,7 @@ from tfdist import launch
 PY = sys.executable
 SCRIPT = str(SUPPORT / "elastic_keras_train.py")
 RECORDS = 48  # as in the script
+EPOCHS = 6
 EPOCH_LINE = re.compile(r"^EPOCH (\d+) world (\S+) seen (\S+) id_sum (\S+) id_sq (\S+) kernel (.*)$", re.M)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -35,12 +43,13 @@ def _final(output: str) -> np.ndarray:
     return np.array(lines[0].split()[1:], float)
 
 
-def test_three_to_two_to_three_workers_keeps_the_global_batch(tmp_path: Path) -> None:
-    epochs = 6
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The uninterrupted one-process run's output."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    reference = subprocess.run(
-        [PY, SCRIPT, str(tmp_path / "reference"), str(epochs)],
+    done = subprocess.run(
+        [PY, SCRIPT, str(tmp_path_factory.mktemp("reference")), str(EPOCHS)],
         env=env,
         text=True,
         stdout=subprocess.PIPE,
@@ -48,18 +57,30 @@ def test_three_to_two_to_three_workers_keeps_the_global_batch(tmp_path: Path) ->
         timeout=300,
         check=False,
     )
-    assert reference.returncode == 0, reference.stdout[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:]
+    return done.stdout
+
+
+# Printed by the group of 2 once the boundary of epoch 2 is recorded: worker:2 comes back and joins at the next, 3.
+BACK = "^BEGIN 3 generation 1$"
+FAULTS: dict[str, dict[str, Any]] = {
+    "lost": {"loses": ["worker:2@after=^EPOCH 1 "], "returns": [f"worker:2@after={BACK}"]},
+    "cut": {"simulate_hosts": 3, "partitions": [f"worker:2@after=^EPOCH 1 ,until={BACK}"]},
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_three_to_two_to_three_workers_keeps_the_global_batch(tmp_path: Path, reference: str, fault: str) -> None:
+    epochs = EPOCHS
     statuses: list[str] = []
     result = launch.run(
         [PY, SCRIPT, str(tmp_path / "elastic"), str(epochs)],
         workers=3,
         min_workers=2,
-        loses=["worker:2@after=^EPOCH 1 "],
-        # Printed by the group of 2 once the boundary of epoch 2 is recorded: worker:2 joins at the next, 3.
-        returns=["worker:2@after=^BEGIN 3 generation 1$"],
         timeout=600,
         grace_seconds=2,
         on_status=statuses.append,
+        **FAULTS[fault],
     )
     leader = result.task("worker:0").output
     assert result.exit_code == 0, result.summary() + "\n" + "\n".join(statuses) + leader[-3000:]
@@ -83,10 +104,16 @@ def test_three_to_two_to_three_workers_keeps_the_global_batch(tmp_path: Path) ->
     # uninterrupted one-process run: the weights after every epoch and at the end agree up to float32
     # summation order in the all-reduce (a few ulps per step; 24 SGD steps on values of order 1 stay far
     # below 1e-5). A wrong batch split, a skipped or repeated record or a lost update moves them by > 1e-3.
-    expected = _epochs(reference.stdout)
+    expected = _epochs(reference)
     assert [e[0] for e in expected] == list(range(epochs))
     for got, want in zip(seen, expected):
         np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-6, err_msg=f"epoch {got[0]}")
-    np.testing.assert_allclose(_final(leader), _final(reference.stdout), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_final(leader), _final(reference), rtol=1e-5, atol=1e-6)
     assert np.abs(_final(leader)).max() > 0.1, "the model did not train"
+    if fault == "cut":  # lost as its peers failed of it (not one of them), back with its link
+        lost = [s for s in statuses if s.startswith("elastic: losing")]
+        assert len(lost) == 1 and re.match(r"elastic: losing worker:2 \(its link is cut; worker:[01] exited", lost[0])
+        assert any(re.match(r"elastic: worker:2 is available again \(its link is back after", s) for s in statuses)
+        assert "heartbeat timeout" in result.task("worker:0").output + result.task("worker:1").output
+        assert result.task("worker:0").restarts == 2 and result.task("worker:2").restarts == 1  # no restart spent
     assert_all_gone([t.pid for t in result.tasks])
