@@ -260,11 +260,17 @@ def test_impairments_apply_end_and_blame_the_unreachable() -> None:
     assert not impairments.end(end, "at 7.0s") and impairments.cut_off() == ["worker:1"]
     assert second_end is not None and impairments.end(second_end, "after worker:0 printed /^B$/ (9.0s)")
     assert impairments.cut_off() == []
+    assert engine.calls == [("cut", "worker:1", True), ("cut", "worker:1", True), ("cut", "worker:1", False)]
+    # One cut per host: worker:2's replaces chief:0's (they share a host), and ending chief:0's does nothing.
+    on_host = PartitionAt(task="chief:0", seconds=1, for_seconds=1)
+    on_host_end = impairments.start(on_host, "at 1.0s", 1.0)
+    assert impairments.start(PartitionAt(task="worker:2", seconds=1.5), "at 1.5s", 1.5) is None  # to the end
+    assert on_host_end is not None and not impairments.end(on_host_end, "at 2.0s")
+    assert impairments.cut_off() == ["chief:0", "worker:2"]
+    engine.calls.clear()
     slow = SlowLink(task="chief:0", rate="10mbit")
     assert impairments.start(slow, "at 0.0s", 0.0) is None  # to the end of the run
-    assert engine.calls == [("cut", "worker:1", True), ("cut", "worker:1", True), ("cut", "worker:1", False)] + [
-        ("shape", "chief:0", "10mbit")
-    ]
+    assert engine.calls == [("shape", "chief:0", "10mbit")]
     assert statuses[-1] == (
         "fault injection: chief:0's link slowed to 10mbit (host 10.9.0.2: chief:0, worker:2) at 0.0s; to the end "
         "of the run"

@@ -135,18 +135,22 @@ class Impairments:
     ) -> None:
         self._config, self._engine, self._status = config, engine, status
         self._throttle = Throttle(proc_of)
-        self._active: dict[tuple[type, str], tuple[LastingFault, float]] = {}  # (kind, task) -> (fault, since)
-        self._cut: set[str] = set()  # tasks whose fault cut their host's link
+        # (kind, where: a straggler's task, the first task of a link's host) -> (the fault, since when)
+        self._active: dict[tuple[type, str], tuple[LastingFault, float]] = {}
+
+    def _key(self, event: LastingFault) -> tuple[type, str]:
+        """Where ``event`` acts: one fault of a kind at a time there (a later one replaces it)."""
+        return type(event), event.task if isinstance(event, Straggler) else self.on_host_of(event.task)[0]
 
     def start(self, event: LastingFault, when: str, elapsed: float) -> Ends | None:
-        """Applies ``event`` (fired ``when``, ``elapsed`` s into the run); returns what ends it, if anything."""
-        self._active[type(event), event.task] = (event, time.monotonic())  # a later one of a kind replaces it
+        """Applies ``event`` (fired ``when``, ``elapsed`` s into the run); returns what ends it, if anything.
+        A fault of the same kind at the same place (a task, a host's link) is replaced by it."""
+        self._active[self._key(event)] = (event, time.monotonic())
         if isinstance(event, Straggler):
             self._throttle.set(event.task, event.fraction)
             what = f"{event.task} runs {event.fraction:.0%} of the time (SIGSTOP/SIGCONT every {PERIOD:g} s)"
         elif isinstance(event, PartitionAt):
             address = self._engine.cut_link(event.task, True)
-            self._cut.add(event.task)
             what = f"{event.task}'s link cut ({self._host(event.task, address)})"
         else:
             assert isinstance(event, SlowLink)
@@ -158,17 +162,16 @@ class Impairments:
     def end(self, end: Ends, when: str) -> bool:
         """Ends the fault of ``end``, unless a later fault of its kind replaced it; True when it ended."""
         event = end.of
-        active = self._active.get((type(event), event.task))
+        active = self._active.get(self._key(event))
         if active is None or active[0] is not event:
             return False
-        del self._active[type(event), event.task]
+        del self._active[self._key(event)]
         lasted = f"after {time.monotonic() - active[1]:.1f} s ({when})"
         if isinstance(event, Straggler):
             self._throttle.set(event.task, None)
             self._status(f"fault injection: {event.task} runs all the time again {lasted}")
         elif isinstance(event, PartitionAt):
             address = self._engine.cut_link(event.task, False)
-            self._cut.discard(event.task)
             self._status(f"fault injection: {event.task}'s link is back ({self._host(event.task, address)}) {lasted}")
         else:
             address = self._engine.shape_link(event.task, None)
@@ -191,7 +194,12 @@ class Impairments:
 
     def cut_off(self) -> list[str]:
         """Every task whose host's link is cut now, in launch order."""
-        cut = {t for task in self._cut for t in self.on_host_of(task)}
+        cut = {
+            t
+            for event, _ in self._active.values()
+            if isinstance(event, PartitionAt)
+            for t in self.on_host_of(event.task)
+        }
         return [task for task in self._config.task_names() if task in cut]
 
     def blame(self, failed: str, code: int, *, elastic_workers: Sequence[str]) -> tuple[str, ...]:
