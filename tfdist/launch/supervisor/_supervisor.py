@@ -411,9 +411,11 @@ class Supervisor:
             if code == 0 and runs_cmd:
                 self.status(f"{task} finished")
                 continue
-            workers = group.membership.workers if group.elastic_dir is not None else ()
+            # A collective regroup restarts the peer that failed of an unreachable worker; that worker leaves.
+            regroups = group.elastic_dir is not None and self.config.mode == "collective"
+            workers = group.membership.workers if regroups else ()
             cut = self.impairments.blame(task, code, elastic_workers=workers) if code != 0 else ()
-            if cut:  # an unreachable worker, not its peer that failed of it, leaves the group
+            if cut:
                 return self._lose(cut[0], f"(its link is cut; {task} exited with {code})", cut[1:])
             # A task whose place is gone (its Ray node left) cannot restart there: no restart is spent on it.
             unstartable = group.unstartable.pop(task, None)
