@@ -209,12 +209,22 @@ class Supervisor:
                 return ending
         return None
 
-    def _impair(self, fired: Fired) -> None:
-        """A fault that lasts begins (a straggler, a cut or slow link); its end is injected in turn."""
+    def _impair(self, fired: Fired) -> Ending | None:
+        """A fault that lasts begins (a straggler, a cut or slow link); its end is injected in turn.
+
+        TensorFlow's parameter-server coordinator sets no deadline on a worker's RPCs: it never learns that a
+        worker was cut off, and its fit may wait for it even after the link is back. So an elastic
+        parameter-server run loses a cut worker at once (as a preempted one) and it returns with its link.
+        """
         assert isinstance(fired.event, (Straggler, PartitionAt, SlowLink))
         end = self.impairments.start(fired.event, fired.when, fired.at)
         if end is not None:
             self.faults.add(end)
+        if isinstance(fired.event, PartitionAt) and self.config.mode == "parameter_server" and self.group.elastic_dir:
+            cut = [t for t in self.impairments.on_host_of(fired.event.task) if t in self.group.membership.workers]
+            if cut:
+                return self._lose(cut[0], "(its link is cut: the coordinator cannot reach it)", cut[1:])
+        return None
 
     def _end_impairment(self, fired: Fired) -> None:
         """A fault that lasts ends; a worker lost because its link was cut returns with its link."""
