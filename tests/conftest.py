@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3-compatible server on loopback, process-leak checks."""
+"""Shared fixtures: a real S3-compatible server on loopback, process-leak checks, fork servers kept for the
+session (every local run with ``preload`` forks its tasks from an interpreter that imported TF already)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ S3_KEYS = {
     "S3_USE_HTTPS": "0",
     "S3_VERIFY_SSL": "0",
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_servers() -> Iterator[None]:
+    from tfdist import testing
+
+    with testing.shared_fork_servers():
+        yield
 
 
 @pytest.fixture(scope="session")

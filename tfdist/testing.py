@@ -14,15 +14,34 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tfdist.launch.engines import _forkserver
 from tfdist.launch.events import KillAt
 from tfdist.launch.functions import FunctionRun as ClusterRun
 from tfdist.launch.functions import Target, command_for, run_function
 from tfdist.launch.tasks.function import RESULT_PREFIX
 
-__all__ = ["RESULT_PREFIX", "ClusterRun", "KillAt", "command_for", "run_cluster"]
+__all__ = ["RESULT_PREFIX", "ClusterRun", "KillAt", "command_for", "run_cluster", "shared_fork_servers"]
+
+
+@contextlib.contextmanager
+def shared_fork_servers() -> Iterator[None]:
+    """Inside the block, the local runs of this process (``run_cluster``, ``run_function``, a
+    ``LaunchConfig`` with ``preload``) fork their tasks from fork servers kept between runs: a run no longer
+    starts an interpreter and imports TensorFlow before its first task. For a test session or a notebook
+    that runs many clusters; the servers end with the block (tasks still running go on, reaped by their run).
+
+    Example:
+        >>> import sys
+        >>> with shared_fork_servers():
+        ...     [run_cluster("platform:python_version", workers=1, timeout=120).ok for _ in range(2)]
+        [True, True]
+    """
+    with _forkserver.sharing():
+        yield
 
 
 def run_cluster(

@@ -29,6 +29,7 @@ from tfdist.launch import (
     Straggler,
     Topology,
 )
+from tfdist.launch.inspection import STALL_SECONDS
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "launch.md"
 COMMAND = ("python", "train.py")
@@ -81,6 +82,15 @@ def test_each_flag_sets_its_option() -> None:
     assert faults.partitions == (PartitionAt(task="worker:1", after="^STEP 5$", for_seconds=20),)
     assert faults.slow_links == (SlowLink(task="worker:0", rate="10mbit"),)
     assert faults.stragglers == (Straggler(task="worker:1", fraction=0.25, after="^STEP 9$", until="^EPOCH 1$"),)
+
+
+def test_stall_seconds_alone_is_its_declared_bare_value() -> None:
+    """--stall-seconds is off by default, 300 given alone, S given with a value (also before another flag)."""
+    assert _config([]).stall_seconds is None
+    assert _config(["--stall-seconds"]).stall_seconds == STALL_SECONDS == 300.0
+    assert _config(["--stall-seconds", "--workers", "3"]).stall_seconds == STALL_SECONDS
+    assert _config(["--stall-seconds", "45"]).stall_seconds == 45.0
+    assert [o.name for o in flagged_options(LaunchConfig) if o.flag.takes_bare] == ["stall_seconds"]
 
 
 def test_flags_are_named_after_their_options_or_declare_their_name() -> None:

@@ -22,6 +22,7 @@ from tfdist.launch.engines import (
 from tfdist.launch.events import KillAt, LoseAt, PartitionAt, ReturnAt, SlowLink, Straggler
 from tfdist.launch.faults import Faults
 from tfdist.launch.functions import FunctionRun, run_function
+from tfdist.launch.inspection import Inspection
 from tfdist.launch.network import Link, Network
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
@@ -32,6 +33,7 @@ __all__ = [
     "Engine",
     "Faults",
     "FunctionRun",
+    "Inspection",
     "KillAt",
     "LaunchConfig",
     "LaunchResult",

@@ -43,6 +43,43 @@ def test_a_failed_run_gives_back_exactly_the_claims_it_made() -> None:
     assert ledger.pending() == [] and int(ledger.counter.numpy()) == 6
 
 
+def test_a_claim_cut_in_the_middle_is_given_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker dies while the ps runs its claim: the ps cancels the rest of the call, so the step was taken
+    # (the counter moved) but never recorded as the worker's claim, nor accounted.
+    from tfdist.data.order import ledger as module
+    from tfdist.data.order.ledger import count_up
+
+    monkeypatch.setattr(module, "SETTLE", (0.0,))
+    ledger = StepLedger(workers=2)
+    one = _steps(ledger, 0)
+    assert int(next(one)) == 0
+    since = ledger.started(1)
+    assert int(count_up(ledger.counter)) == 1  # Worker 1's claim, cut right after it took fresh step 1.
+    assert ledger.orphans() == ([1], [])
+    made, steps = ledger.failed(1, since)
+    assert (made, steps) == (0, [1]) and ledger.pending() == [1]
+    assert ledger.orphans() == ([], []) and ledger.failed(1, made) == (0, [])  # Given back once.
+    # A take cut the same way: step 1 given back, taken (both counters moved), never recorded.
+    assert int(count_up(ledger._available, limit=0)) == -1 and int(count_up(ledger._taken)) == 0
+    assert ledger.orphans() == ([], [0])
+    assert ledger.failed(1, made) == (0, [1])
+    assert [int(next(one)) for _ in range(2)] == [1, 2]  # Step 1 once more, then fresh.
+    assert ledger.orphans() == ([], [])
+
+
+def test_a_claim_in_flight_on_a_live_worker_is_not_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfdist.data.order import ledger as module
+    from tfdist.data.order.ledger import count_up
+
+    ledger = StepLedger(workers=2)
+    assert int(count_up(ledger.counter)) == 0  # Worker 0's claim took step 0; its record is on its way.
+    accounted = threading.Timer(0.2, lambda: module._mark(ledger._fresh, tf.constant(0, tf.int64)))
+    monkeypatch.setattr(module, "SETTLE", (1.0,))
+    accounted.start()
+    assert ledger.failed(1, ledger.started(1)) == (0, [])
+    accounted.join()
+
+
 def test_a_run_that_claimed_nothing_gives_back_nothing() -> None:
     # A worker lost between two steps: its last claim was trained, and the closure sent to it never claimed.
     ledger = StepLedger(workers=2)

@@ -71,6 +71,20 @@ def test_a_message_carries_its_file_descriptors() -> None:
     assert protocol.receive_message(server) == (None, [])
 
 
+def test_the_preload_goes_on_without_tf_keras(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+
+    def import_module(name: str) -> None:  # A stack without tf-keras (TensorFlow 2.22).
+        imported.append(name)
+        if name == "tf_keras":
+            raise ModuleNotFoundError("No module named 'tf_keras'", name=name)
+
+    monkeypatch.setattr(protocol.importlib, "import_module", import_module)
+    protocol.preload({"TF_USE_LEGACY_KERAS": "1"})  # The launcher's setting: the server starts all the same.
+    protocol.preload({"TF_USE_LEGACY_KERAS": "0"})
+    assert imported == ["tensorflow", "tf_keras", "tensorflow"]
+
+
 @pytest.mark.parametrize(
     ("args", "code", "last_line"),
     [
@@ -154,6 +168,7 @@ def _function_argv(*args: str) -> list[str]:
 def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalEngine]:
     """A local engine with ``preload`` whose fork servers skip the import of TensorFlow."""
     monkeypatch.setattr(_forkserver, "ForkServer", functools.partial(ForkServer, preload=False))
+    monkeypatch.setattr(_forkserver, "_shared", None)  # Its own servers, not the session's.
     local = LocalEngine()
     local.place(LaunchConfig(command=("python",), workers=1, preload=True))
     yield local
@@ -202,6 +217,30 @@ def test_a_server_that_cannot_start_is_reported(
     proc, _ = _start(engine, _function_argv("exit", "0"))
     assert isinstance(proc, LocalProcess)
     assert "could not start the fork server: no such file; tasks start as new processes." in caplog.text
+
+
+def test_runs_inside_sharing_fork_from_servers_kept_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_forkserver, "ForkServer", functools.partial(ForkServer, preload=False))
+    monkeypatch.setattr(_forkserver, "_shared", None)
+    monkeypatch.setattr(_forkserver, "MAX_SERVERS", 1)
+    other = {**ENV, "TFDIST_TEST_OTHER": "1", "PYTEST_CURRENT_TEST": "another test"}  # The same server.
+    with _forkserver.sharing() as servers:
+        seen = []
+        for env in (ENV, other, {**ENV, "LANG": "C.UTF-8-other"}):
+            local = LocalEngine()
+            local.place(LaunchConfig(command=("python",), workers=1, preload=True))
+            try:
+                proc = local.start("worker:0", _function_argv("exit", "0"), env, lambda task, line: None)
+                assert isinstance(proc, ForkedProcess) and proc.wait(30) == 0
+                proc.release(5)
+            finally:
+                local.close()  # The run ends; its server stays.
+            (server,) = [s for s in servers._servers.values() if s is not None]
+            assert server.alive
+            seen.append(server)
+    assert seen[0] is seen[1]  # A task's own variables and pytest's do not make another server.
+    assert seen[2] is not seen[0] and not seen[0].alive  # Another environment: the idle server made room.
+    assert not seen[2].alive  # All end with the block.
 
 
 @pytest.mark.multiprocess

@@ -18,6 +18,11 @@ before a fresh one.
   steps given back and not taken yet: a claim takes one with an atomic increment that fails at zero, and
   then claims a fresh step) and ``taken`` (an atomic fetch-and-add: which one it takes). The coordinator
   writes the step, then counts it available, so a claim never takes a slot not yet written.
+- A claim cut in the middle (its worker died while the ps ran it: the ps cancels what is left of the call)
+  may have taken a step without recording it as the worker's. Each claim marks its step as accounted last
+  (a ring of fresh steps, a ring of takes): the coordinator, when a run fails, also gives back the steps
+  taken and never accounted (:meth:`StepLedger.orphans`), once they stay so for :data:`SETTLE` seconds (a
+  live worker's claim accounts for its step within milliseconds).
 - A backup saves the counter and the steps given back (:meth:`StepLedger.checkpoint`): a restore goes on
   with them.
 
@@ -49,7 +54,8 @@ __all__: list[str] = []
 _log = logging.getLogger("tfdist.data")
 
 DEPTH = 32  # Claims per worker the ledger keeps: at least one closure's (fit's steps_per_execution).
-CAPACITY = 1024  # Steps given back and not taken yet.
+CAPACITY = 1024  # Steps given back and not taken yet; also the fresh steps and takes checked for orphans.
+SETTLE = (1.0, 2.0)  # Seconds between the looks that find a claim cut in the middle (it stays unaccounted).
 NO_LIMIT = (1 << 63) - 1  # ResourceCountUpTo's bound where only the fetch-and-add is wanted.
 
 
@@ -91,6 +97,16 @@ def current_worker() -> Any:
     return tf.distribute.coordinator.experimental_get_current_worker_index()
 
 
+def _mark(ring: Any, index: Any) -> Any:
+    """Graph or eager: ``ring[index % CAPACITY] = index`` (int64 ``index``): accounted."""
+    import tensorflow as tf
+
+    slot = tf.reshape(index % CAPACITY, [1])
+    marked = tf.raw_ops.ResourceScatterUpdate(resource=ring.handle, indices=slot, updates=tf.reshape(index, [1]))
+    with tf.control_dependencies([marked]):
+        return tf.identity(index)
+
+
 class StepLedger:
     """The claim counter of parameter-server steps and who claimed what; see the module docstring.
 
@@ -118,8 +134,11 @@ class StepLedger:
             self._taken = variable(0, "tfdist_given_back_taken")
             self._given = variable(0, "tfdist_given_back_given")
             self._saved = variable(0, "tfdist_claims_saved")  # 1 in a backup: the restore goes on with it.
+            self._fresh = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_fresh_accounted")
+            self._took = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_takes_accounted")
         self._lock = threading.Lock()
         self._restored = False
+        self._floors = (0, 0)  # The first fresh step and take the rings account for (a restore moves them).
 
     @classmethod
     def of(cls, strategy: Any, *, name: str = "tfdist_claimed_steps") -> StepLedger:
@@ -152,12 +171,15 @@ class StepLedger:
         last step given back between this one's look and its take: claim again with ``fresh=True``."""
         import tensorflow as tf
 
+        def fresh_step() -> Any:
+            return count_up(self.counter), tf.constant(-1, tf.int64)
+
         with tf.device(self.counter.device):  # Everything on the ps: one call from the worker.
             if fresh:
-                step = count_up(self.counter)
+                step, which = fresh_step()
             else:
-                step = tf.cond(_read(self._available) < 0, self._take, lambda: count_up(self.counter))
-            return self._record(worker, step)
+                step, which = tf.cond(_read(self._available) < 0, self._take, fresh_step)
+            return self._record(worker, step, which)
 
     def _take(self) -> Any:
         import tensorflow as tf
@@ -165,10 +187,11 @@ class StepLedger:
         permitted = count_up(self._available, limit=0)  # Fails when none is left.
         with tf.control_dependencies([permitted]):
             which = count_up(self._taken)
-        return tf.gather(_read(self._back), which % CAPACITY)
+        return tf.gather(_read(self._back), which % CAPACITY), which
 
-    def _record(self, worker: Any, step: Any) -> Any:
-        """``step`` as ``worker``'s next claim (only ``worker`` writes its entries: one claim at a time)."""
+    def _record(self, worker: Any, step: Any, which: Any) -> Any:
+        """``step`` as ``worker``'s next claim (only ``worker`` writes its entries: one claim at a time), then
+        accounted: in the ring of fresh steps, or of takes (``which``, -1 for a fresh step)."""
         import tensorflow as tf
 
         made = tf.gather(_read(self._claims), worker)
@@ -180,6 +203,8 @@ class StepLedger:
                 resource=self._claims.handle, indices=tf.reshape(worker, [1]), updates=one
             )
         with tf.control_dependencies([counted]):
+            accounted = tf.cond(which < 0, lambda: _mark(self._fresh, step), lambda: _mark(self._took, which))
+        with tf.control_dependencies([accounted]):
             return tf.identity(step)
 
     def steps_for(self, worker: Any) -> Any:
@@ -225,6 +250,7 @@ class StepLedger:
                 steps = [int(held[worker * DEPTH + i % DEPTH]) for i in range(max(since, made - DEPTH), made)]
                 for step in steps:
                     self._give_back(step)
+                steps += self._give_back_orphans(exclude=steps)
         except Exception as err:
             _log.error("Could not give back worker %d's claims (%s): they are not trained again.", worker, err)
             return since, []
@@ -235,6 +261,43 @@ class StepLedger:
                 steps,
             )
         return made, steps
+
+    def orphans(self) -> tuple[list[int], list[int]]:
+        """(fresh steps, take indices) claimed and not accounted yet: claims in flight, or cut in the middle
+        (coordinator; the rings hold the last :data:`CAPACITY` of each since the last restore)."""
+        counter, taken = int(self.counter.numpy()), int(self._taken.numpy())
+        fresh, took = self._fresh.numpy(), self._took.numpy()
+        first_fresh, first_take = self._floors
+        lost = [s for s in range(max(first_fresh, counter - CAPACITY), counter) if fresh[s % CAPACITY] != s]
+        cut = [i for i in range(max(first_take, taken - CAPACITY), taken) if took[i % CAPACITY] != i]
+        return lost, cut
+
+    def _give_back_orphans(self, *, exclude: list[int]) -> list[int]:
+        """Gives back the steps of claims cut in the middle (unaccounted at every look of :data:`SETTLE`), but
+        those in ``exclude`` (given back already), and accounts for them; returns them."""
+        import time
+
+        import tensorflow as tf
+
+        lost, cut = self.orphans()
+        for pause in SETTLE:
+            if not lost and not cut:
+                return []
+            time.sleep(pause)  # A live worker's claim in flight accounts for its step meanwhile.
+            now_lost, now_cut = self.orphans()
+            lost, cut = [s for s in lost if s in now_lost], [i for i in cut if i in now_cut]
+        back = self._back.numpy()
+        steps = [s for s in lost + [int(back[i % CAPACITY]) for i in cut] if s not in exclude]
+        for ring, indices in ((self._fresh, lost), (self._took, cut)):
+            for index in indices:
+                _mark(ring, tf.constant(index, tf.int64))
+        for step in steps:
+            self._give_back(step)
+        if steps:
+            _log.warning(
+                "Claims cut in the middle had taken global step(s) %s: the next claims take them again.", steps
+            )
+        return steps
 
     def _give_back(self, step: int) -> None:
         import tensorflow as tf
@@ -277,6 +340,7 @@ class StepLedger:
         if path:
             tf.train.Checkpoint(tfdist_input=kept).read(path).expect_partial()
         self._restored = bool(path) and int(self._saved.numpy()) == 1
+        self._floors = (int(self.counter.numpy()), int(self._taken.numpy()))  # The rings are not saved.
         checkpoint.tfdist_input = kept
         self._saved.assign(1)  # Saved from now on: a later restore goes on with the ledger.
         return self._restored
@@ -287,4 +351,5 @@ class StepLedger:
         if self._restored:
             return int(self.counter.numpy())
         self.counter.assign(step)
+        self._floors = (step, self._floors[1])
         return step

@@ -9,6 +9,10 @@ in more than their own variables (``TF_CONFIG``, ``TFDIST_*``, ``DTENSOR_*``) ge
 :data:`MAX_SERVERS`; anything else (a user's command, a task in a network namespace) starts as a new process,
 and so does every task once its server could not start or died (logged as a warning).
 
+A process that launches many local runs (a test session, a notebook) can keep its servers between runs
+(:func:`sharing`): each run then forks from a server that is already up, instead of starting one and
+importing TensorFlow again.
+
 Example:
     >>> import sys
     >>> eligible([sys.executable, "-m", "tfdist.launch.tasks.server"]), eligible(["python", "train.py"])
@@ -20,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tfdist.errors import LaunchFailure
@@ -38,9 +43,10 @@ from tfdist.launch.tasks import forkserver as protocol
 from tfdist.launch.tasks.programs import TaskProgram
 
 _log = logging.getLogger("tfdist.launch")
-MAX_SERVERS = 3  # per engine: environments beyond these start their tasks as new processes
+MAX_SERVERS = 3  # per engine (or shared): past these, an idle server ends, or tasks start as new processes
 _PROGRAMS = frozenset({TaskProgram.FUNCTION.module, TaskProgram.SERVER.module})
 _TASK_PREFIXES = ("TFDIST_", "DTENSOR_")
+_PER_CALL = frozenset({"TF_CONFIG", "PYTEST_CURRENT_TEST"})  # a task's own, or pytest's: read by no import
 _SPAWN_SECONDS = 120.0  # for the first reply, which waits for the server's import of TensorFlow
 _ORPHAN_POLL = 0.1
 _GONE = object()  # what the reply queue holds once the server is gone
@@ -54,7 +60,7 @@ def eligible(argv: Sequence[str]) -> bool:
 
 def shared_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` without one task's own variables: what a fork server is started with, and keyed by."""
-    return {k: v for k, v in env.items() if k != "TF_CONFIG" and not k.startswith(_TASK_PREFIXES)}
+    return {k: v for k, v in env.items() if k not in _PER_CALL and not k.startswith(_TASK_PREFIXES)}
 
 
 def _running(pid: int) -> bool:
@@ -182,6 +188,12 @@ class ForkServer:
             raise ServerGone(f"the fork server could not fork: {reply['error']}")
         return int(reply["pid"])
 
+    @property
+    def idle(self) -> bool:
+        """Whether no task it forked is still watched (ending it then disturbs no run)."""
+        with self._state:
+            return not self._watchers
+
     def watch(self, pid: int, watcher: Callable[[int | None], None]) -> None:
         """``watcher(wait_status)`` once task ``pid`` ends; ``watcher(None)`` if the server dies first."""
         with self._state:
@@ -298,8 +310,10 @@ class ForkServers:
         shared = shared_env(env)
         key = tuple(sorted(shared.items()))
         with self._lock:
-            if key not in self._servers:
-                if len(self._servers) >= MAX_SERVERS:
+            if key in self._servers:
+                self._servers[key] = self._servers.pop(key)  # The most recently used last.
+            else:
+                if len(self._servers) >= MAX_SERVERS and not self._end_an_idle_server():
                     return None
                 try:
                     self._servers[key] = ForkServer(shared)
@@ -329,6 +343,17 @@ class ForkServers:
             _log.warning("Could not fork %s: %s; starting it as a new process.", task, err)
             return None
 
+    def _end_an_idle_server(self) -> bool:
+        """Ends the least recently used server that has no task running (or forgets a failed one); whether
+        there was one. Under ``self._lock``."""
+        for key, server in self._servers.items():
+            if server is None or not server.alive or server.idle:
+                del self._servers[key]
+                if server is not None:
+                    server.close()
+                return True
+        return False
+
     def close(self) -> None:
         """Ends every server (their tasks run on, watched by the engine's reaper); idempotent."""
         with self._lock:
@@ -336,3 +361,37 @@ class ForkServers:
         for server in servers:
             if server is not None:
                 server.close()
+
+
+_shared: ForkServers | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> ForkServers | None:
+    """The fork servers every local engine of this process uses inside :func:`sharing`; None outside it."""
+    return _shared
+
+
+@contextlib.contextmanager
+def sharing() -> Iterator[ForkServers]:
+    """Inside the block, every local run with ``preload`` in this process forks its tasks from the same
+    servers, kept between runs (at most :data:`MAX_SERVERS`, one per shared environment); they end with the
+    block. Nested blocks share the outer block's servers.
+
+    Example:
+        >>> with sharing() as servers, sharing() as inner:
+        ...     shared() is servers is inner
+        True
+    """
+    global _shared
+    with _shared_lock:
+        outer = _shared
+        servers = outer if outer is not None else ForkServers()
+        _shared = servers
+    try:
+        yield servers
+    finally:
+        if outer is None:
+            with _shared_lock:
+                _shared = None
+            servers.close()

@@ -23,7 +23,7 @@ from tfdist.cluster import address as _address
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import LaunchFailure
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.engines import _ports
+from tfdist.launch.engines import _forkserver, _ports
 from tfdist.launch.engines._forkserver import ForkedProcess, ForkServers
 from tfdist.launch.engines._hosts import Hosts
 from tfdist.launch.engines._netns import Namespace
@@ -80,7 +80,7 @@ class LocalEngine(Engine):
         machine cannot make them); with ``config.preload`` tasks start through fork servers."""
         self._host, self._grace = config.host, config.grace_seconds
         if config.preload and self._forks is None:
-            self._forks = ForkServers()
+            self._forks = _forkserver.shared() or ForkServers()  # Kept between runs inside sharing().
         tasks = config.task_names()
         if config.simulate_hosts:
             if self._hosts is None:
@@ -141,7 +141,7 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         forks, self._forks = self._forks, None
-        if forks is not None:
+        if forks is not None and forks is not _forkserver.shared():
             forks.close()
         reaper, self._reaper = self._reaper, None
         if reaper is not None:
