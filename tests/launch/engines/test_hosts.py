@@ -5,18 +5,22 @@ Real processes on real namespaces (this machine can make them: no skip); the Ten
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.launch.engines import _tasks_hosts
 from tests.support.processes import assert_all_gone
 from tfdist import LaunchError, launch, testing
-from tfdist.launch import LaunchConfig, Link
+from tfdist.launch import LaunchConfig, Link, Outcome
 from tfdist.launch.engines._hosts import Hosts
+from tfdist.runtime import STALLED
 
 PY = sys.executable
 MB = 1 << 20
@@ -79,16 +83,51 @@ def test_a_shaped_link_carries_its_rate_and_each_task_has_its_own_address() -> N
     assert_all_gone([t.pid for t in result.tasks])
 
 
+def _hosts_line(output: str) -> str:
+    found = re.search(r"^HOSTS (.*)$", output, re.M)
+    assert found is not None, output[-3000:]
+    return found[1]
+
+
+# Above the longest gap between two steps before the cut (2.8 s with 3 busy loops beside the run), below the
+# 8.6-9.4 s after which TensorFlow's coordination service fails the cut task's peers (no stall then).
+STALL_SECONDS = 5.0
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_multi_worker_mirrored_on_simulated_hosts() -> None:
-    run = testing.run_cluster(_tasks_hosts.mwms_fit, workers=2, simulate_hosts=2, links=("1gbit",), timeout=200)
-    assert run.ok, run.result.summary()
-    values = [run.values[f"worker:{i}"] for i in range(2)]
+def test_multi_worker_mirrored_on_simulated_hosts_and_a_cut_link_named_by_the_stall_inspector(
+    tmp_path: Path,
+) -> None:
+    """Two workers fit on their own hosts; then worker:1's link is cut for good in a second fit, which stalls:
+    the stall inspector names worker:1 (the supervisor cut it) and worker:0 waiting on it, S seconds later."""
+    statuses: list[tuple[float, str]] = []
+    run = testing.run_cluster(
+        _tasks_hosts.mwms_fit_until_cut,
+        workers=2,
+        simulate_hosts=2,
+        links=("1gbit",),
+        partitions=("worker:1@after=^STEP 3$",),
+        stall_seconds=STALL_SECONDS,
+        log_dir=str(tmp_path),
+        timeout=200,
+        grace_seconds=1,  # the stalled tasks wait inside TensorFlow: a SIGTERM lands only when they fail
+        on_status=lambda line: statuses.append((time.time(), line)),
+    )
+    result, text = run.result, "\n".join(line for _, line in statuses)
+    values = [json.loads(_hosts_line(run.output(f"worker:{i}"))) for i in range(2)]
     assert [v["address"] for v in values] == ["10.9.0.1", "10.9.0.2"]
     assert all(v["own"] and v["others_own"] == [] for v in values), values  # each its own, no other's
     assert all(v["replicas"] == 2 for v in values)
-    assert_all_gone([t.pid for t in run.result.tasks])
+    assert (result.reason, result.exit_code, result.failed_task) == (Outcome.STALLED, STALLED, "worker:1"), text
+    assert re.search(r"^stall: worker:1 stopped: its link is cut$", text, re.M), text
+    assert re.search(r"^stall: worker:0 waiting: blocked in TensorFlow", text, re.M), text
+    cut = next(at for at, line in statuses if line.startswith("fault injection: worker:1's link cut (host 10.9.0.2"))
+    reported = next(at for at, line in statuses if line.startswith("stall: no training task"))
+    assert STALL_SECONDS - 1 <= reported - cut <= STALL_SECONDS + 3, (reported - cut, text)
+    assert "stall: stopping the run (worker:1 stopped)" in text
+    assert all("Thread" in (tmp_path / f"worker-{i}.stacks").read_text() for i in range(2))
+    assert_all_gone([t.pid for t in result.tasks])
 
 
 @pytest.mark.multiprocess
