@@ -87,6 +87,9 @@ def test_a_cut_worker_is_lost_and_returns_with_its_link_and_every_record_is_trai
     # the epoch's end while it is cut (the coordinator waits for the cut worker's step; it never learns of the
     # cut, and waited past its end in 2 of 4 runs). The launcher loses the cut worker (its server killed) and
     # starts it again with its link; the coordinator, now told, reschedules the cut step (the claims ledger).
+    # A claim the cut stops on the ps after its counter moved is never recorded as worker:1's: the ledger
+    # gives that step back as unaccounted. Before it did, the fit ran out of input one step early ("End of
+    # sequence") in 3 of 24 runs beside 3 busy loops; 40 of 40 passed with it.
     statuses: list[str] = []
     run = _run(
         data,
