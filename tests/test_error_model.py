@@ -38,7 +38,7 @@ from tfdist.data.sharding import plan_shards
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import formats as emit
 from tfdist.launch.engines.ray.engine import RayOptions
-from tfdist.launch.events import KillAt
+from tfdist.launch.events import KillAt, PartitionAt, SlowLink, Straggler
 from tfdist.launch.network import Link
 from tfdist.strategy.builders import StrategyOptions, resolve_options
 
@@ -95,6 +95,9 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
             "timeout": 5.0,
             "log_dir": None,
             "kills": (),
+            "stragglers": (),
+            "partitions": (),
+            "slow_links": (),
             "isolate_network": False,
             "simulate_hosts": 0,
             "links": (),
@@ -105,6 +108,9 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
         },
     ),
     "KillAt.parse": (KillAt.parse, {"text": "worker:1@after=Epoch 2/"}),
+    "PartitionAt.parse": (PartitionAt.parse, {"text": "worker:1@after=Epoch 2/,for=20"}),
+    "SlowLink.parse": (SlowLink.parse, {"text": "worker:1=100mbit@after=Epoch 2/,until=Epoch 3/"}),
+    "Straggler.parse": (Straggler.parse, {"text": "worker:1=0.25@20"}),
     "Link.parse": (Link.parse, {"text": "worker:1=100mbit"}),
     "Plan": (
         plan.Plan,
@@ -245,7 +251,17 @@ def test_errors_carry_what_they_report() -> None:
         result.task("worker:9")
 
 
-_LAUNCH_CALLS = ("LaunchConfig", "KillAt.parse", "tf_configs", "tfjob_manifest", "jobset_manifest", "slurm_script")
+_LAUNCH_CALLS = (
+    "LaunchConfig",
+    "KillAt.parse",
+    "PartitionAt.parse",
+    "SlowLink.parse",
+    "Straggler.parse",
+    "tf_configs",
+    "tfjob_manifest",
+    "jobset_manifest",
+    "slurm_script",
+)
 # Bad input that only rules across arguments (or across LaunchConfig's option groups) catch.
 _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
     (LaunchConfig, {"ps": 1}),
@@ -256,7 +272,12 @@ _BAD_LAUNCH_INPUT: list[tuple[Callable[..., Any], dict[str, Any]]] = [
     (LaunchConfig, {"max_workers": 2}),
     (LaunchConfig, {"returns": ["worker:0@after=x"], "min_workers": 1}),
     (LaunchConfig, {"loses": ["chief:0@after=x"], "min_workers": 1, "chief": True}),
-    (LaunchConfig, {"min_workers": 1, "isolate_network": True}),
+    (LaunchConfig, {"partitions": ["worker:1@after=x,for=5"]}),
+    (LaunchConfig, {"slow_links": ["worker:1=10mbit"]}),
+    (LaunchConfig, {"simulate_hosts": 2, "partitions": ["worker:2@after=x"]}),
+    (LaunchConfig, {"stragglers": ["ps:0=0.5"]}),
+    (LaunchConfig, {"stragglers": ["worker:1=1.5"]}),
+    (LaunchConfig, {"partitions": ["worker:1@after=x,for=5,until=y"]}),
     (LaunchConfig, {"links": ["1gbit"]}),
     (LaunchConfig, {"simulate_hosts": 3}),
     (LaunchConfig, {"simulate_hosts": 1, "links": ["worker:1=fast"]}),

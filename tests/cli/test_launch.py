@@ -16,7 +16,19 @@ import pytest
 from tfdist._options import flagged_options
 from tfdist.cli import launch as launch_cli
 from tfdist.cli._flags import option_values
-from tfdist.launch import KillAt, LaunchConfig, Link, LoseAt, RayOptions, ReturnAt, SparkOptions, Topology
+from tfdist.launch import (
+    KillAt,
+    LaunchConfig,
+    Link,
+    LoseAt,
+    PartitionAt,
+    RayOptions,
+    ReturnAt,
+    SlowLink,
+    SparkOptions,
+    Straggler,
+    Topology,
+)
 from tfdist.launch.inspection import STALL_SECONDS
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "launch.md"
@@ -63,6 +75,13 @@ def test_each_flag_sets_its_option() -> None:
     )
     hosts = _config(["--simulate-hosts", "2", "--link", "1gbit", "--link", "worker:1=100mbit"])
     assert (hosts.simulate_hosts, hosts.links) == (2, (Link(rate="1gbit"), Link(rate="100mbit", task="worker:1")))
+    faults = _config(
+        ["--simulate-hosts", "2", "--partition", "worker:1@after=^STEP 5$,for=20", "--slow-link", "worker:0=10mbit"]
+        + ["--straggler", "worker:1=0.25@after=^STEP 9$,until=^EPOCH 1$"]
+    )
+    assert faults.partitions == (PartitionAt(task="worker:1", after="^STEP 5$", for_seconds=20),)
+    assert faults.slow_links == (SlowLink(task="worker:0", rate="10mbit"),)
+    assert faults.stragglers == (Straggler(task="worker:1", fraction=0.25, after="^STEP 9$", until="^EPOCH 1$"),)
 
 
 def test_stall_seconds_alone_is_its_declared_bare_value() -> None:
@@ -75,11 +94,15 @@ def test_stall_seconds_alone_is_its_declared_bare_value() -> None:
 
 
 def test_flags_are_named_after_their_options_or_declare_their_name() -> None:
-    """--grace, --kill, --lose and --return keep their spellings, declared on the fields (one event per flag)."""
+    """--grace, --kill, --lose, --return and the faults keep their spellings, declared on the fields (one event
+    per flag)."""
     declared = {o.name: o.flag.name for o in flagged_options(LaunchConfig) if o.flag.name}
     assert declared == {
         "grace_seconds": "--grace",
         "kills": "--kill",
+        "stragglers": "--straggler",
+        "partitions": "--partition",
+        "slow_links": "--slow-link",
         "loses": "--lose",
         "returns": "--return",
         "links": "--link",

@@ -5,7 +5,8 @@ after the other on one cluster (a chief, 2 workers, a ps), each with a fresh cou
 counted per worker in a variable on the ps (the worker index is TF's ``experimental_get_current_worker_index``):
 
 - ``straggler``: the plain claimed steps (each record once per data epoch), 2 fit epochs of 20 steps. Every
-  step sleeps 100 ms first, 300 ms on worker 1: worker 1 is 3x slower.
+  step first computes for about 50 ms of CPU, the same on both workers; the test makes worker 1 a straggler
+  (a :class:`~tfdist.launch.Straggler` fault: it runs a quarter of the time) for this fit.
 - ``lost``: stratified draws (``"balanced"``), 3 fit epochs of 20 steps. Worker 1's first step at or after
   the optimizer's step 25 prints ``HOLD lost n`` and sleeps (at most 20 s) before anything else of it: the
   test's ``LoseAt`` kills it on that line, with the step claimed and not trained. Worker 0's next step
@@ -28,7 +29,7 @@ from tests.keras import _tasks_strata_ps as strata
 from tests.support import exact_tasks
 
 STEPS = exact_tasks.RECORDS // exact_tasks.GLOBAL_BATCH  # 20 steps per data epoch
-PACE_US = 100_000  # A straggler fit's step sleeps this long, 3x as long on worker 1.
+BUSY = 1000  # A straggler fit's step first multiplies 128x128 matrices this many times: ~50 ms of CPU.
 HOLD_AT = 25  # Worker 1's first step at or after this optimizer step is held for the kill.
 
 
@@ -46,13 +47,23 @@ def _sleep(microseconds: Any) -> Any:
     return tf.data.experimental.from_variant(slow, one.element_spec).get_single_element()
 
 
+def _busy(iterations: int) -> Any:
+    """Graph: about ``iterations`` / 20 ms of CPU on the worker that runs it (chained 128x128 matmuls)."""
+    import tensorflow as tf
+
+    def body(i: Any, x: Any) -> Any:
+        return i + 1, tf.tanh(tf.matmul(x, x) * 0.01)
+
+    start = [tf.constant(0), tf.fill([128, 128], 0.5)]
+    return tf.reduce_sum(tf.while_loop(lambda i, x: i < iterations, body, start)[1])
+
+
 def _straggler(ran: Any) -> Any:
-    """The ``before_step`` of the straggler fit: worker 1 sleeps 3x as long; each step counted per worker."""
+    """The ``before_step`` of the straggler fit: the same CPU work on every worker; each step counted per worker."""
     import tensorflow as tf
 
     worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-    slept = _sleep(tf.where(tf.equal(worker, 1), 3 * PACE_US, PACE_US))
-    with tf.control_dependencies([slept]):
+    with tf.control_dependencies([_busy(BUSY)]):
         return ran.assign_add(tf.one_hot(worker, 2, dtype=tf.int64))
 
 

@@ -170,11 +170,16 @@ _ACTS: dict[str, frozenset[str]] = {
     "mesh": _RUN | _JOBS,
     "max_restarts": _RUN | _JOBS,
     **dict.fromkeys(
-        ("threads_per_task", "timeout", "log_dir", "kills", "grace_seconds", "data_service_workers", "engine"), _RUN
+        ("threads_per_task", "timeout", "log_dir", "kills", "stragglers", "grace_seconds", "data_service_workers"),
+        _RUN,
     ),
+    "engine": _RUN,
     # The console is the supervisor's, whichever engine reads the output; TFDIST_LOG_LEVEL is a run's child env.
     **dict.fromkeys(("console", "log_level"), _RUN),
-    **dict.fromkeys(("isolate_network", "simulate_hosts", "links", "preload", "stall_seconds"), frozenset({"local"})),
+    **dict.fromkeys(
+        ("isolate_network", "simulate_hosts", "links", "partitions", "slow_links", "preload", "stall_seconds"),
+        frozenset({"local"}),
+    ),
     **{  # An engine's own flags act on that engine (the flags it shares with the emitters are listed below).
         dest(opt, name): frozenset({name})
         for name, engine in ENGINE_FLAGS.items()

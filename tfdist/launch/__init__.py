@@ -7,7 +7,7 @@ Example:
     ['worker:0', 'worker:1']
 """
 
-from tfdist.launch.config import Elastic, Faults, LaunchConfig, Supervision, Topology
+from tfdist.launch.config import Elastic, LaunchConfig, Supervision, Topology
 from tfdist.launch.emit import jobset_manifest, slurm_script, tf_configs, tfjob_manifest, to_yaml, validate_tfjob
 from tfdist.launch.engines import (
     Engine,
@@ -19,7 +19,8 @@ from tfdist.launch.engines import (
     TaskProcess,
     register_engine,
 )
-from tfdist.launch.events import KillAt, LoseAt, ReturnAt
+from tfdist.launch.events import KillAt, LoseAt, PartitionAt, ReturnAt, SlowLink, Straggler
+from tfdist.launch.faults import Faults
 from tfdist.launch.functions import FunctionRun, run_function
 from tfdist.launch.inspection import Inspection
 from tfdist.launch.network import Link, Network
@@ -41,11 +42,14 @@ __all__ = [
     "LoseAt",
     "Network",
     "Outcome",
+    "PartitionAt",
     "RayEngine",
     "RayOptions",
     "ReturnAt",
+    "SlowLink",
     "SparkEngine",
     "SparkOptions",
+    "Straggler",
     "Supervision",
     "TaskProcess",
     "TaskResult",

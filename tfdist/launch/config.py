@@ -1,10 +1,11 @@
 """What to launch: a validated, frozen description of a local cluster run.
 
 The options come in six groups, each a frozen dataclass that checks its own fields: :class:`Topology`
-(which tasks), :class:`Supervision` (restarts, time limits, logs, environment), :class:`Faults` (fault
-injection), :class:`Elastic` (losing and regaining workers), :class:`~tfdist.launch.network.Network`
-(where the tasks listen: :mod:`tfdist.launch.network`) and :class:`~tfdist.launch.inspection.Inspection`
-(the stall inspector: :mod:`tfdist.launch.inspection`). :class:`LaunchConfig` holds
+(which tasks), :class:`Supervision` (restarts, time limits, logs, environment),
+:class:`~tfdist.launch.faults.Faults` (fault injection: :mod:`tfdist.launch.faults`), :class:`Elastic`
+(losing and regaining workers), :class:`~tfdist.launch.network.Network` (where the tasks listen:
+:mod:`tfdist.launch.network`) and :class:`~tfdist.launch.inspection.Inspection` (the stall inspector:
+:mod:`tfdist.launch.inspection`). :class:`LaunchConfig` holds
 them and takes every field flat, ``LaunchConfig(command=..., workers=2, max_restarts=1)``; its own checks are
 the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags,
 which it makes from each option's declaration (:func:`tfdist._options.option`: its help, and its flag where
@@ -33,7 +34,8 @@ from tfdist._options import GroupedOptions, group, option
 from tfdist.cluster.mesh_shape import MeshShape
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
-from tfdist.launch.events import KillAt, LoseAt, ReturnAt, as_tuple
+from tfdist.launch.events import LoseAt, ReturnAt, as_tuple
+from tfdist.launch.faults import Faults
 from tfdist.launch.inspection import Inspection
 from tfdist.launch.network import Network
 from tfdist.runtime.logs import LOG_LEVELS
@@ -42,7 +44,7 @@ _MAX_THREADS = 4096
 _MAX_TIMEOUT = 366 * 86400.0  # A year.
 _MAX_GRACE = 3600.0
 
-__all__ = ["Elastic", "Faults", "LaunchConfig", "Supervision", "Topology"]
+__all__ = ["Elastic", "LaunchConfig", "Supervision", "Topology"]
 
 RUN_ON_CHOICES = ("auto", "all", "chief")
 
@@ -215,27 +217,6 @@ class Supervision:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Faults:
-    """Fault injection for tests of recovery.
-
-    Attributes:
-      kills: :class:`KillAt` values or their text form, e.g.
-        ``("worker:1@after=Epoch 3/",)``.
-    """
-
-    kills: tuple[KillAt, ...] = option(
-        (),
-        help="SIGKILL a task once (fault injection): worker:1@after='Epoch 3/' when any task prints a line "
-        "matching the regex, or worker:1@20 after 20 s",
-        flag="--kill",
-        metavar="TASK@TRIGGER",
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kills", KillAt.many(self.kills))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class Elastic:
     """Elastic training: the group goes on when workers leave, and grows back when they return.
 
@@ -321,7 +302,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
         data_service_workers, mesh.
       supervision: :class:`Supervision`: max_restarts, threads_per_task,
         timeout, grace_seconds, log_dir, env, log_level, preload.
-      faults: :class:`Faults`: kills.
+      faults: :class:`~tfdist.launch.faults.Faults`: kills, stragglers, partitions, slow_links.
       elastic: :class:`Elastic`: min_workers, max_workers (default
         ``workers``), loses, returns.
       network: :class:`~tfdist.launch.network.Network`: host, isolate_network, simulate_hosts, links.
@@ -360,10 +341,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
         if not command:
             raise invalid(LaunchError, "command", [], "a program to run (argv), e.g. ('python', 'train.py')")
         object.__setattr__(self, "command", command)
-        names = set(self.task_names())
-        for kill in self.kills:
-            if kill.task not in names:
-                raise invalid(LaunchError, "kills", kill.task, describe_choices(kill.task, names))
+        self.faults.check(self.task_names(), simulate_hosts=self.simulate_hosts)
         if self.simulate_hosts:
             self.network.check_tasks(self.task_names())
         if self.min_workers is not None:
@@ -398,9 +376,6 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
                 "None together with `mesh` (a mesh's shape is fixed)",
                 "Drop `min_workers`; resume on another mesh from a checkpoint instead.",
             )
-        self.network.refuse_namespaces(
-            "no elastic options (not supported together yet)", "Drop `{option}` or `min_workers`."
-        )
         workers = {f"worker:{i}" for i in range(self.workers)}
         for event in self.loses + self.returns:
             if event.task not in workers:

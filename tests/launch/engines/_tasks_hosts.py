@@ -9,6 +9,8 @@ from typing import Any
 
 from tests.support.cluster_tasks import _regression_dataset, _small_model, ps_fit
 
+STEPS_ON = 1000  # the second fit's steps: far more than the test lets it take
+
 
 def _binds(host: str) -> bool:
     """Whether ``host`` is an address of this task's own network (a socket can bind it)."""
@@ -28,8 +30,13 @@ def addresses() -> dict[str, Any]:
     return {"address": me, "own": _binds(me), "others_own": sorted(o for o in others if _binds(o))}
 
 
-def mwms_fit() -> dict[str, Any]:
-    """A short MultiWorkerMirroredStrategy fit (RING all-reduce over the hosts' links)."""
+def mwms_fit_until_cut() -> dict[str, Any]:
+    """A short MultiWorkerMirroredStrategy fit (RING all-reduce over the hosts' links), then one that steps on.
+
+    After the first fit each task prints ``HOSTS`` and what it saw as JSON (its address, the replicas, the
+    loss); the second prints ``STEP n`` after each of its steps, for the test to cut a link on: it stalls
+    there, and the launcher's stall inspector ends the run (it ends by itself after ``STEPS_ON`` steps).
+    """
     import tfdist
 
     strategy = tfdist.build_strategy("auto", communication="ring")
@@ -38,7 +45,15 @@ def mwms_fit() -> dict[str, Any]:
     with strategy.scope():
         model = _small_model(keras)
     history = model.fit(_regression_dataset(), epochs=1, steps_per_epoch=4, verbose=0)
-    return {**addresses(), "replicas": strategy.num_replicas_in_sync, "loss": history.history["loss"]}
+    seen = {**addresses(), "replicas": strategy.num_replicas_in_sync, "loss": history.history["loss"]}
+    print("HOSTS " + json.dumps(seen), flush=True)
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            print(f"STEP {batch}", flush=True)
+
+    model.fit(_regression_dataset().repeat(), epochs=1, steps_per_epoch=STEPS_ON, verbose=0, callbacks=[Steps()])
+    return seen
 
 
 def ps_coordinator() -> dict[str, Any]:

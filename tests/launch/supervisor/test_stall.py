@@ -1,5 +1,6 @@
 """The stall inspector: its decision (no processes), a whole run of tasks that fake TensorFlow's frames (no
-TensorFlow), and real MultiWorkerMirroredStrategy runs where worker:1 stops inside its training loop."""
+TensorFlow), and real MultiWorkerMirroredStrategy runs where worker:1 stops inside its training loop. A cut link
+is named in the MultiWorkerMirroredStrategy run on simulated hosts (tests/launch/engines/test_hosts.py)."""
 
 from __future__ import annotations
 

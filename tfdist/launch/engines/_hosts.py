@@ -8,6 +8,10 @@ an ``eth0`` whose other end is a port of the bridge, and its address (``10.9.0.1
 link of that rate, and a transfer between two hosts runs at the slower of their links. Nothing of it is
 reachable from this machine's network; it is gone when the namespaces' holders end (:meth:`Hosts.close`).
 
+Network faults act on a host's link while the run goes on: :meth:`Hosts.cut` takes its bridge port down
+(every packet to and from the host is dropped; its ``eth0`` loses carrier, its connections stay open) and up
+again; :meth:`Hosts.shape` gives both ends another rate, and the host's own back.
+
 Example (not run here: it needs ``unshare``, ``ip`` and ``tc``)::
 
     hosts = Hosts([("10.9.0.1", "1gbit"), ("10.9.0.2", None)])
@@ -33,15 +37,15 @@ _MIN_BURST = 128 * 1024  # bytes the bucket holds: at least two GSO segments...
 _BURST_SECONDS = 0.004  # ...and 4 ms at the rate, so a fast link is not held back by timer resolution
 
 
-def tbf(device: str, rate: str, bits_per_second: int) -> str:
-    """The ``tc`` command (batch form) that shapes ``device`` to ``rate``.
+def tbf(device: str, rate: str, bits_per_second: int, verb: str = "add") -> str:
+    """The ``tc`` command (batch form) that shapes ``device`` to ``rate`` (``verb`` 'replace': shapes it again).
 
     Example:
         >>> tbf("eth0", "1gbit", 10**9)
         'qdisc add dev eth0 root tbf rate 1gbit burst 500000 latency 50ms'
     """
     burst = max(_MIN_BURST, round(bits_per_second / 8 * _BURST_SECONDS))
-    return f"qdisc add dev {device} root tbf rate {rate} burst {burst} latency {_LATENCY}"
+    return f"qdisc {verb} dev {device} root tbf rate {rate} burst {burst} latency {_LATENCY}"
 
 
 def _run(namespace: Namespace, argv: Sequence[str], commands: Sequence[str]) -> None:
@@ -71,6 +75,9 @@ class Hosts:
 
     def __init__(self, hosts: Sequence[tuple[str, str | None]], *, rootless: bool | None = None) -> None:
         ip, tc = require_tool("ip", OPTION), require_tool("tc", OPTION)
+        self._ip, self._tc = ip, tc
+        self._rates = dict(hosts)  # each host's own rate
+        self._shaped = {address for address, rate in hosts if rate is not None}  # hosts with a tbf now
         self._switch = Namespace(rootless=rootless, option=OPTION)
         self._hosts: dict[str, Namespace] = {}
         try:
@@ -111,6 +118,29 @@ class Hosts:
     def at(self, address: str) -> Namespace:
         """The host whose address is ``address`` (KeyError for another)."""
         return self._hosts[address]
+
+    def _port(self, address: str) -> str:
+        """The bridge port of the host at ``address`` (the other end of its ``eth0``)."""
+        return f"h{list(self._hosts).index(address)}"
+
+    def cut(self, address: str, cut: bool = True) -> None:
+        """Cuts the link of the host at ``address`` (its bridge port down: nothing passes, either way), or mends
+        it (``cut`` False); LaunchFailure if ``ip`` fails."""
+        _run(self._switch, [self._ip, "-batch", "-"], [f"link set {self._port(address)} {'down' if cut else 'up'}"])
+
+    def shape(self, address: str, rate: str | None) -> None:
+        """Shapes both ends of the link of the host at ``address`` to ``rate``; None: to its own rate again
+        (unshaped, if it had none). LaunchFailure if ``tc`` fails."""
+        rate = rate or self._rates[address]
+        ends = ((self._switch, self._port(address)), (self._hosts[address], "eth0"))
+        if rate is None and address in self._shaped:
+            for namespace, device in ends:
+                _run(namespace, [self._tc, "-batch", "-"], [f"qdisc del dev {device} root"])
+            self._shaped.discard(address)
+        elif rate is not None:
+            for namespace, device in ends:
+                _run(namespace, [self._tc, "-batch", "-"], [tbf(device, rate, _bits(rate), verb="replace")])
+            self._shaped.add(address)
 
     def close(self) -> None:
         """Ends every host's holder, then the switch's: the namespaces, bridge and links go with them."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
 from tfdist.cluster.spec import ClusterSpec
-from tfdist.errors import LaunchError, invalid
+from tfdist.errors import LaunchError, LaunchFailure, invalid
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines import _ports
 from tfdist.launch.output import LineSink
@@ -137,6 +137,24 @@ class Engine(abc.ABC):
         this machine's network, other machines' addresses kept as they are (their engine picked them).
         """
         return _ports.readdress(address, _ports.HOST)
+
+    def cut_link(self, task: str, cut: bool) -> str:
+        """Cuts the link of the simulated host ``task`` runs on (``partitions``), or mends it (``cut`` False);
+        returns that host's address. Only engines with simulated hosts can.
+
+        Raises:
+          LaunchFailure: This engine has no simulated hosts, or the link could not be changed.
+        """
+        raise LaunchFailure(f"The {self.name} engine has no simulated hosts: no link to cut.", field="partitions")
+
+    def shape_link(self, task: str, rate: str | None) -> str:
+        """Shapes the link of the simulated host ``task`` runs on to ``rate`` (``slow_links``); None: to its own
+        rate again. Returns that host's address. Only engines with simulated hosts can.
+
+        Raises:
+          LaunchFailure: This engine has no simulated hosts, or the link could not be changed.
+        """
+        raise LaunchFailure(f"The {self.name} engine has no simulated hosts: no link to slow.", field="slow_links")
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default.
         """Frees the engine's resources after the run; idempotent."""

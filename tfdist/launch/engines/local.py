@@ -49,7 +49,8 @@ class LocalEngine(Engine):
     them inside the namespace.
 
     With ``simulate_hosts`` every task runs on its simulated host (:mod:`tfdist.launch.engines._hosts`), at
-    that host's address; the tf.data service on the first host.
+    that host's address; the tf.data service on the first host. A host's link can be cut and shaped while
+    the run goes on (:meth:`cut_link`, :meth:`shape_link`: the network faults).
 
     With ``preload`` (see :meth:`place`) the tasks that run this Python on a module, code or a script are
     forked from a fork server that has imported TensorFlow (:mod:`tfdist.launch.engines._forkserver`), except
@@ -123,6 +124,21 @@ class LocalEngine(Engine):
             proc = LocalProcess(task, argv, env=env, on_line=on_line, on_exit=reaper.forget)
         reaper.watch(proc.pid)
         return proc
+
+    def _simulated_host(self, task: str) -> tuple[Hosts, str]:
+        if self._hosts is None or task not in self._task_hosts:
+            raise LaunchFailure(f"{task} runs on no simulated host (`simulate_hosts`): no link to change.")
+        return self._hosts, self._task_hosts[task]
+
+    def cut_link(self, task: str, cut: bool) -> str:
+        hosts, address = self._simulated_host(task)
+        hosts.cut(address, cut)
+        return address
+
+    def shape_link(self, task: str, rate: str | None) -> str:
+        hosts, address = self._simulated_host(task)
+        hosts.shape(address, rate)
+        return address
 
     def close(self) -> None:
         forks, self._forks = self._forks, None

@@ -1,4 +1,5 @@
-"""The fault injections of a run (``kills``, ``loses``, ``returns``): which are due, by time or by output.
+"""The fault injections of a run (``kills``, ``loses``, ``returns``, the faults that last and their ends): which
+are due, by time or by output.
 
 Example:
     >>> from tfdist.launch import KillAt, LoseAt
@@ -19,7 +20,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
-from tfdist.launch.events import KillAt
+from tfdist.launch.events import FaultEvent
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,13 +30,15 @@ class Fired:
     Attributes:
       event: The injection.
       when: When it fired, in words.
+      at: Seconds into the run when the supervisor took it.
       seen: What ``FaultInjector``'s ``snapshot`` returned the moment it fired (the supervisor's: the epoch
         boundaries recorded by then). For a progress trigger that is as the matching line was read, not a
         supervisor pass later, so a return does not miss a boundary the training recorded in between.
     """
 
-    event: KillAt
+    event: FaultEvent
     when: str
+    at: float = 0.0
     seen: frozenset[str] = frozenset()
 
 
@@ -44,17 +47,30 @@ class FaultInjector:
     (of any task) that its regular expression matches.
 
     Args:
-      events: The run's :class:`~tfdist.launch.events.KillAt` values (``LoseAt`` and ``ReturnAt`` included).
+      events: The run's events (:mod:`tfdist.launch.events`): ``kills``, ``loses``, ``returns`` and the faults
+        of :class:`~tfdist.launch.faults.Faults`; more come with :meth:`add` (the end of a fault that lasts).
       snapshot: Called the moment an event fires (from a reader thread, for a progress trigger); its value
         comes back as :attr:`Fired.seen`.
     """
 
-    def __init__(self, events: Sequence[KillAt], *, snapshot: Callable[[], frozenset[str]] = frozenset) -> None:
-        self._timed = sorted((e for e in events if e.seconds is not None), key=lambda e: e.seconds or 0.0)
-        self._by_line = [e for e in events if e.after is not None]
-        self._fired: queue.SimpleQueue[tuple[KillAt, str, frozenset[str]]] = queue.SimpleQueue()
+    def __init__(self, events: Sequence[FaultEvent], *, snapshot: Callable[[], frozenset[str]] = frozenset) -> None:
+        self._timed: list[FaultEvent] = []
+        self._by_line: list[FaultEvent] = []
+        self._fired: queue.SimpleQueue[tuple[FaultEvent, str, frozenset[str]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._snapshot = snapshot
+        for event in events:
+            self.add(event)
+
+    def add(self, event: FaultEvent) -> None:
+        """One more event: a timed one fires when the run is ``event.seconds`` old, a triggered one after the
+        next line that matches it."""
+        with self._lock:
+            if event.seconds is not None:
+                self._timed.append(event)
+                self._timed.sort(key=lambda e: e.seconds or 0.0)  # stable: events due together keep their order
+            else:
+                self._by_line.append(event)
 
     def on_line(self, task: str, line: str) -> None:
         """Checks one output line of ``task`` (from any task's reader thread) against the triggers left."""
@@ -73,8 +89,9 @@ class FaultInjector:
         """The events due ``elapsed`` seconds into the run, timed first, then those fired by lines in order."""
         fired = []
         while self._timed and elapsed >= (self._timed[0].seconds or 0.0):
-            fired.append(Fired(event=self._timed.pop(0), when=f"at {elapsed:.1f}s", seen=self._snapshot()))
+            fired.append(Fired(event=self._timed.pop(0), when=f"at {elapsed:.1f}s", at=elapsed, seen=self._snapshot()))
         while not self._fired.empty():
             event, source, seen = self._fired.get()
-            fired.append(Fired(event=event, when=f"after {source} printed /{event.after}/ ({elapsed:.1f}s)", seen=seen))
+            when = f"after {source} printed /{event.after}/ ({elapsed:.1f}s)"
+            fired.append(Fired(event=event, when=when, at=elapsed, seen=seen))
         return fired

@@ -2,7 +2,8 @@
 
 Its whole state is one :class:`~tfdist.launch.supervisor._group.Group`, changed only here; the elastic rules
 (:mod:`~tfdist.launch.supervisor._elastic`), the fault injections (:mod:`~tfdist.launch.supervisor._faults`)
-and the stall inspector (:mod:`~tfdist.launch.supervisor._stall`) answer it with values.
+and the stall inspector (:mod:`~tfdist.launch.supervisor._stall`) answer it with values; the faults that last
+are applied by :mod:`~tfdist.launch.supervisor._impair`.
 :mod:`tfdist.launch.supervisor.runner` builds it and runs it to the end.
 """
 
@@ -23,11 +24,12 @@ from tfdist.launch import environment
 from tfdist.launch import output as _tf_logs
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.engines.base import Engine, LineSink
-from tfdist.launch.events import KillAt, LoseAt, ReturnAt
+from tfdist.launch.events import FaultEvent, KillAt, LoseAt, PartitionAt, ReturnAt, SlowLink, Straggler
 from tfdist.launch.supervisor import membership
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
 from tfdist.launch.supervisor._faults import FaultInjector, Fired
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
+from tfdist.launch.supervisor._impair import Ends, Impairments
 from tfdist.launch.supervisor._stall import StallInspector
 from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
@@ -58,15 +60,19 @@ class Supervisor:
         # (servers, the user's command, the data service) imports TF. TF_CPP_MIN_LOG_LEVEL=0 shows them.
         tf_info = _tf_logs.wants_tf_info({**base_env, **config.env})
         self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
-        self.faults = FaultInjector(config.kills + config.loses + config.returns, snapshot=self._boundaries_on_disk)
+        events = config.faults.events() + config.loses + config.returns
+        self.faults = FaultInjector(events, snapshot=self._boundaries_on_disk)
         self.rules = ElasticRules(config)
+        self.impairments = Impairments(config, engine, status, lambda task: self.group.tasks[task].proc)
         self.stall = (
             None if config.stall_seconds is None else StallInspector(config.stall_seconds, config.log_dir, status)
         )
-        self._on_event: dict[type[KillAt], Callable[[Fired], Ending | None]] = {
+        self._on_event: dict[type[FaultEvent], Callable[[Fired], Ending | None]] = {
             KillAt: lambda fired: self._kill(fired.event.task, fired.when),
             LoseAt: lambda fired: self._lose(fired.event.task, fired.when),
             ReturnAt: lambda fired: self._return(fired.event.task, fired.when, recorded=fired.seen),
+            **dict.fromkeys((Straggler, PartitionAt, SlowLink), self._impair),
+            Ends: self._end_impairment,
         }
 
         def _log_path(name: str) -> str | None:
@@ -194,6 +200,7 @@ class Supervisor:
             proc.release(max(0.0, drain - time.monotonic()))
 
     def stop_all(self) -> None:
+        self.impairments.close()  # stragglers run again, so that the SIGTERM lands
         group = self.group
         self.stop(list(group.tasks.values())[::-1] + ([group.data_service] if group.data_service else []))
         for record in group.records():
@@ -214,6 +221,31 @@ class Supervisor:
                 return ending
         return None
 
+    def _impair(self, fired: Fired) -> Ending | None:
+        """A fault that lasts begins (a straggler, a cut or slow link); its end is injected in turn.
+
+        TensorFlow's parameter-server coordinator sets no deadline on a worker's RPCs: it never learns that a
+        worker was cut off, and its fit may wait for it even after the link is back. So an elastic
+        parameter-server run loses a cut worker at once (as a preempted one) and it returns with its link.
+        """
+        assert isinstance(fired.event, (Straggler, PartitionAt, SlowLink))
+        end = self.impairments.start(fired.event, fired.when, fired.at)
+        if end is not None:
+            self.faults.add(end)
+        if isinstance(fired.event, PartitionAt) and self.config.mode == "parameter_server" and self.group.elastic_dir:
+            cut = [t for t in self.impairments.on_host_of(fired.event.task) if t in self.group.membership.workers]
+            if cut:
+                return self._lose(cut[0], "(its link is cut: the coordinator cannot reach it)", cut[1:])
+        return None
+
+    def _end_impairment(self, fired: Fired) -> None:
+        """A fault that lasts ends; a worker lost because its link was cut returns with its link."""
+        assert isinstance(fired.event, Ends)
+        if self.impairments.end(fired.event, fired.when) and isinstance(fired.event.of, PartitionAt):
+            for task in self.impairments.on_host_of(fired.event.task):
+                if task in self.group.away:
+                    self._return(task, f"(its link is back {fired.when})")
+
     def _kill(self, task: str, when: str) -> None:
         self.status(f"fault injection: SIGKILL {task} {when}")
         proc = self.group.tasks[task].proc
@@ -232,7 +264,8 @@ class Supervisor:
             for name, record in group.tasks.items()
             if group.membership.trains(name) and record.proc is not None and record.proc.pid and record.poll() is None
         }
-        stall = self.stall.check(now, running)
+        cut = {task: "its link is cut" for task in self.impairments.cut_off()}
+        stall = self.stall.check(now, running, evidence=cut)
         if stall is None:
             return None
         self.stall.report(stall, running)
@@ -423,6 +456,12 @@ class Supervisor:
             if code == 0 and runs_cmd:
                 self.status(f"{task} finished")
                 continue
+            # A collective regroup restarts the peer that failed of an unreachable worker; that worker leaves.
+            regroups = group.elastic_dir is not None and self.config.mode == "collective"
+            workers = group.membership.workers if regroups else ()
+            cut = self.impairments.blame(task, code, elastic_workers=workers) if code != 0 else ()
+            if cut:
+                return self._lose(cut[0], f"(its link is cut; {task} exited with {code})", cut[1:])
             # A task whose place is gone (its Ray node left) cannot restart there: no restart is spent on it.
             unstartable = group.unstartable.pop(task, None)
             node_left = code != 0 and unstartable is None and self.engine.lost(task)
