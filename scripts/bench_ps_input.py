@@ -1,0 +1,311 @@
+"""Benchmark: parameter-server fit records/s, claimed steps (the default) vs order="buffer" vs TF's tutorial style.
+
+    .venv/bin/python scripts/bench_ps_input.py [--sizes 64,224] [--num 6000] [--batch 64] [--rounds 3]
+                                               [--steps 40] [--epochs 3] [--shuffle-buffer 64] [--workdir DIR]
+
+One cluster (chief, 2 workers, 1 ps; ``tfdist.launch.run_function``, the local engine) fits a tiny conv net
+(Conv2D 8 filters 5x5 stride 4, ReLU, global average pooling, Dense over the 8 classes; SGD, softmax
+cross-entropy), so the input path is what is measured, on ``--num`` synthetic JPEGs per size
+(scripts/make_synthetic_images.py, 8 classes whose frequencies halve), decoded and resized to ``scale`` x
+size, written in 16 files and again with ``partition_by="label"`` (16 files per class). Variants, one fit each
+of ``--epochs`` epochs of ``--steps`` steps of global batch ``--batch``, every one shuffling by
+``--shuffle-buffer`` (the tutorial's ``shuffle(64)``) and reading endlessly:
+
+  default        ``fit_input(TFRecordPipeline(...))``: each worker claims the next global step from the
+                 ledger on the ps (tfdist.data.order.claims, ledger.py) and reads that step's records;
+  buffer         the same pipeline with ``order="buffer"``: every worker reads all of the data through
+                 TF's readers and shuffle buffer (a ``DatasetCreator`` over ``pipeline.dataset_fn``);
+  tutorial       TF's PS tutorial: a tf-keras ``DatasetCreator`` over plain tf.data (``TFRecordDataset``,
+                 shuffle, repeat, shard, one parse-and-decode map, batch, ``prefetch(2)``);
+  default_sqrt   ``default`` with ``class_weights="sqrt"`` on the partitioned files: claimed stratified
+                 draws (tfdist.data.order.claimed_draws);
+  buffer_sqrt    the same in ``order="buffer"`` (the buffer sampler on every worker).
+
+The tutorial style has no stratified form; ``default_sqrt`` is also compared to its plain run. Records/s of a
+fit: the records of epochs 2.. over the time from the end of the first epoch to the end of the last (PS fit
+joins the closures at each epoch end). The rounds alternate: the variants of a size run one after the
+other, in reverse order every other round. The ratios are medians of the per-round ratios (each pairs two
+fits of one round). In the chief, ``StepLedger.started`` (the ps read the coordinator makes before each
+closure under claimed steps) is timed over the fits' epochs 2..: median, 90th percentile and count.
+Prints a Markdown table (for BENCHMARKS.md), then everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# Each ratio's two variants run next to each other in a round.
+VARIANTS = ("tutorial", "buffer", "default", "default_sqrt", "buffer_sqrt")
+RATIOS = {  # name -> (numerator, denominator, goal)
+    "default / buffer, plain": ("default", "buffer", 0.95),
+    "default_sqrt / buffer_sqrt": ("default_sqrt", "buffer_sqrt", 0.95),
+    "default / tutorial": ("default", "tutorial", None),
+    "default_sqrt / tutorial (its plain)": ("default_sqrt", "tutorial", None),
+    "default_sqrt / default": ("default_sqrt", "default", None),
+}
+CLASSES = 8
+
+
+def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
+    """The 16 plain files and the partitioned prefix of ``size`` px images (written once per workdir)."""
+    import tensorflow as tf
+    from make_synthetic_images import examples
+
+    from tfdist.data import write_tfrecords
+
+    plain, part = os.path.join(work, f"plain{size}-{num}"), os.path.join(work, f"part{size}-{num}")
+    if not tf.io.gfile.glob(plain + "-0*"):
+        data = list(examples(num, CLASSES, size, "long-tail", 0))
+        write_tfrecords(data, plain, num_shards=16)
+        write_tfrecords(data, part, num_shards=16, partition_by="label")
+    return sorted(tf.io.gfile.glob(plain + "-0*")), part + "-*"
+
+
+def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Runs in the chief: every round's fits; records/s per size and variant, and the ledger's reads."""
+    import logging
+    import time
+
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist import keras
+    from tfdist.data import TFRecordPipeline
+    from tfdist.data.order.ledger import StepLedger
+    from tfdist.keras.inputs import fit_input
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    strategy = tfdist.build_strategy("auto")
+    assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
+    batch, steps, epochs, shuffle = settings["batch"], settings["steps"], settings["epochs"], settings["shuffle"]
+
+    reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.started call.
+    claiming = [False]  # Whether the fit running claims steps.
+    started = StepLedger.started
+
+    def timed_started(self: StepLedger, worker: int) -> int | None:
+        if not claiming[0]:  # The hook stays on the coordinator after a claimed fit: no read in the others.
+            return None
+        begin = time.perf_counter()
+        try:
+            return started(self, worker)
+        finally:
+            reads.append((begin, time.perf_counter() - begin))
+
+    StepLedger.started = timed_started  # type: ignore[method-assign]
+
+    def variants(files: list[str], part: str, out: int) -> dict[str, Any]:
+        spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+        def pipeline(paths: Any, **options: Any) -> Any:
+            made = TFRecordPipeline(
+                files=paths,
+                features=spec,
+                batch_size=batch,
+                image_key="image",
+                image_size=(out, out),
+                label_key="label",
+                as_supervised=True,
+                num_epochs=None,
+                shuffle_buffer=shuffle,
+                seed=0,
+                **options,
+            )
+            return lambda: fit_input(made, strategy=strategy, steps_per_epoch=steps)
+
+        def tutorial_fn(input_context: Any) -> Any:  # TF's PS tutorial, with a parse-and-decode map.
+            def parse(record: Any) -> Any:
+                features = tf.io.parse_single_example(record, spec)
+                image = tf.image.resize(tf.io.decode_jpeg(features["image"], channels=3), (out, out)) / 255.0
+                return {"image": image}, features["label"]
+
+            dataset = tf.data.TFRecordDataset(files)
+            dataset = (dataset.shuffle(shuffle) if shuffle else dataset).repeat()
+            dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+            dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+            return dataset.batch(input_context.get_per_replica_batch_size(batch)).prefetch(2)
+
+        return {
+            "tutorial": lambda: keras.utils.experimental.DatasetCreator(tutorial_fn),
+            "buffer": pipeline(files, order="buffer"),
+            "default": pipeline(files),
+            "default_sqrt": pipeline(part, class_weights="sqrt"),
+            "buffer_sqrt": pipeline(part, class_weights="sqrt", order="buffer"),
+        }
+
+    def fit(make_input: Any, out: int, claims: bool) -> tuple[float, list[float]]:
+        with strategy.scope():
+            image = keras.Input((out, out, 3), name="image")
+            hidden = keras.layers.Conv2D(8, 5, strides=4, activation="relu")(image)
+            logits = keras.layers.Dense(CLASSES)(keras.layers.GlobalAveragePooling2D()(hidden))
+            model = keras.Model({"image": image}, logits)
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+        ends: list[float] = []
+        record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
+        reads.clear()
+        claiming[0] = claims
+        model.fit(make_input(), epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[record])
+        claiming[0] = False
+        rate = (epochs - 1) * steps * batch / (ends[-1] - ends[0])
+        return rate, [seconds * 1e3 for begin, seconds in reads if begin > ends[0]]
+
+    made = {size: variants(files, part, round(size * settings["scale"])) for size, (files, part) in data.items()}
+    names = [name for name in VARIANTS if name in settings["variants"]]
+    rates: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
+    read_ms: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
+    for round_ in range(settings["rounds"]):
+        for size in data:
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                rate, ms = fit(made[size][name], round(int(size) * settings["scale"]), name.startswith("default"))
+                rates[size][name].append(round(rate, 1))
+                read_ms[size][name].extend(ms)
+                print(f"ROUND {round_} {size} px {name}: {rate:,.0f} records/s", flush=True)
+    return {
+        "rates": rates,
+        "ledger_reads": {s: {n: _spread(v) for n, v in by.items() if v} for s, by in read_ms.items()},
+    }
+
+
+def _spread(ms: list[float]) -> dict[str, float]:
+    """Median, 90th percentile and count of the ledger's read times (ms)."""
+    ordered = sorted(ms)
+    return {
+        "median_ms": round(statistics.median(ordered), 3),
+        "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 3),
+        "count": len(ordered),
+    }
+
+
+def _summary(rates: dict[str, list[float]]) -> dict[str, Any]:
+    """Per variant the median, min and max records/s; per ratio the median of the per-round ratios."""
+    out: dict[str, Any] = {
+        "records_per_s": {
+            name: {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v)), "runs": v}
+            for name, v in rates.items()
+        },
+        "ratios": {},
+    }
+    for name, (top, bottom, goal) in RATIOS.items():
+        if top in rates and bottom in rates:
+            paired = [a / b for a, b in zip(rates[top], rates[bottom])]
+            median = statistics.median(paired)
+            out["ratios"][name] = {
+                "median": round(median, 3),
+                "min": round(min(paired), 3),
+                "max": round(max(paired), 3),
+                "goal": goal,
+                "met": goal is not None and median >= goal,
+            }
+    return out
+
+
+def _table(report: dict[str, Any]) -> str:
+    """Markdown: records/s per variant and size, the ratios, and the ledger's read per closure."""
+    sizes = report["sizes"]
+    head = "| | " + " | ".join(f"{k} px" for k in sizes) + " |\n|---|" + "---|" * len(sizes) + "\n"
+    first = next(iter(sizes.values()))
+    rows = [
+        f"| {name} | "
+        + " | ".join(
+            f"{s['records_per_s'][name]['median']:,} ({s['records_per_s'][name]['min']:,}-"
+            f"{s['records_per_s'][name]['max']:,})"
+            for s in sizes.values()
+        )
+        + " |"
+        for name in first["records_per_s"]
+    ]
+    rows += [
+        f"| {name}{'' if RATIOS[name][2] is None else f' (goal >= {RATIOS[name][2]})'} | "
+        + " | ".join(
+            ("**{:.3f}x**" if s["ratios"][name]["met"] else "{:.3f}x").format(s["ratios"][name]["median"])
+            + f" ({s['ratios'][name]['min']:.2f}-{s['ratios'][name]['max']:.2f})"
+            for s in sizes.values()
+        )
+        + " |"
+        for name in first["ratios"]
+    ]
+    rows += [
+        f"| ledger read per closure, {name} | "
+        + " | ".join(
+            f"{s['ledger_reads'][name]['median_ms']:.2f} ms (p90 {s['ledger_reads'][name]['p90_ms']:.2f}; "
+            f"{s['ledger_reads'][name]['count']} reads)"
+            for s in sizes.values()
+        )
+        + " |"
+        for name in first["ledger_reads"]
+    ]
+    return (
+        "records/s after the first epoch, median (min-max) of the rounds; ratios: median (min-max) of the "
+        "per-round ratios\n\n" + head + "\n".join(rows) + "\n\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64,224", help="JPEG sizes (px), comma-separated")
+    parser.add_argument("--scale", type=float, default=0.75, help="decode and resize to this fraction of the size")
+    parser.add_argument("--num", type=int, default=6000, help="JPEGs per size")
+    parser.add_argument("--batch", type=int, default=64, help="global batch")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (the first is not measured)")
+    parser.add_argument("--shuffle-buffer", type=int, default=64, help="records; 0: no shuffling")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole cluster run")
+    args = parser.parse_args(argv)
+    chosen = args.variants.split(",")
+    if args.epochs < 2 or min(args.rounds, args.steps, args.batch, args.num) < 1 or not set(chosen) <= set(VARIANTS):
+        parser.error("--epochs must be at least 2; --rounds, --steps, --batch, --num positive; --variants known")
+    import tensorflow as tf
+
+    from tfdist.launch import run_function
+
+    work = args.workdir or tempfile.mkdtemp(prefix="tfdist-bench-ps-")
+    data = {str(size): _write(work, args.num, int(size)) for size in args.sizes.split(",")}
+    settings = {
+        "batch": args.batch,
+        "steps": args.steps,
+        "epochs": args.epochs,
+        "shuffle": args.shuffle_buffer,
+        "scale": args.scale,
+        "rounds": args.rounds,
+        "variants": chosen,
+    }
+    run = run_function(_chief, workers=2, ps=1, chief=True, timeout=args.timeout, args=[data, settings])
+    if not run.ok:
+        sys.stderr.write(run.result.summary() + "\n" + run.output("chief:0")[-5000:] + "\n")
+        return 1
+    value = run.values["chief:0"]
+    report = {
+        "cluster": "chief, 2 workers, 1 ps (local engine)",
+        "tensorflow": tf.__version__,
+        "settings": vars(args),
+        "sizes": {
+            f"{size}->{round(int(size) * args.scale)}": {
+                **_summary(value["rates"][size]),
+                "ledger_reads": value["ledger_reads"][size],
+            }
+            for size in data
+        },
+    }
+    sys.stdout.write(_table(report) + json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    from tfdist import exit_cleanly
+
+    exit_cleanly(main)
