@@ -45,12 +45,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Each ratio's two variants run next to each other in a round.
 VARIANTS = ("tutorial", "buffer", "default", "default_sqrt", "buffer_sqrt")
-RATIOS = {  # name -> (numerator, denominator, goal)
-    "default / buffer, plain": ("default", "buffer", 0.95),
-    "default_sqrt / buffer_sqrt": ("default_sqrt", "buffer_sqrt", 0.95),
-    "default / tutorial": ("default", "tutorial", None),
-    "default_sqrt / tutorial (its plain)": ("default_sqrt", "tutorial", None),
-    "default_sqrt / default": ("default_sqrt", "default", None),
+RATIOS = {  # name -> (numerator, denominator, goal); the tutorial style has no stratified form: its plain.
+    "default/buffer": ("default", "buffer", 0.95),
+    "default_sqrt/buffer_sqrt": ("default_sqrt", "buffer_sqrt", 0.95),
+    "default/tutorial": ("default", "tutorial", None),
+    "default_sqrt/tutorial": ("default_sqrt", "tutorial", None),
+    "default_sqrt/default": ("default_sqrt", "default", None),
 }
 CLASSES = 8
 
@@ -212,43 +212,40 @@ def _summary(rates: dict[str, list[float]]) -> dict[str, Any]:
 
 
 def _table(report: dict[str, Any]) -> str:
-    """Markdown: records/s per variant and size, the ratios, and the ledger's read per closure."""
-    sizes = report["sizes"]
-    head = "| | " + " | ".join(f"{k} px" for k in sizes) + " |\n|---|" + "---|" * len(sizes) + "\n"
-    first = next(iter(sizes.values()))
+    """Markdown, one row per size and input (plain, stratified): records/s of each variant, the ratios, and
+    the ledger's read per closure (for BENCHMARKS.md)."""
+
+    def cell(numbers: dict[str, Any], name: str) -> str:
+        if name not in numbers:
+            return "-"
+        got = numbers[name]
+        if "goal" in got:
+            text = f"{got['median']:.3f}x ({got['min']:.2f}-{got['max']:.2f})"
+            return f"**{text}**" if got["met"] else text
+        if "median_ms" in got:
+            return f"{got['median_ms']:.2f} ms ({got['p90_ms']:.2f}; {got['count']})"
+        return f"{got['median']:,} ({got['min']:,}-{got['max']:,})"
+
     rows = [
-        f"| {name} | "
-        + " | ".join(
-            f"{s['records_per_s'][name]['median']:,} ({s['records_per_s'][name]['min']:,}-"
-            f"{s['records_per_s'][name]['max']:,})"
-            for s in sizes.values()
-        )
-        + " |"
-        for name in first["records_per_s"]
+        '| input | default (claimed) | `order="buffer"` | tutorial style | default / buffer (goal >= 0.95) | '
+        "default / tutorial | ledger read per closure (p90; reads) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    rows += [
-        f"| {name}{'' if RATIOS[name][2] is None else f' (goal >= {RATIOS[name][2]})'} | "
-        + " | ".join(
-            ("**{:.3f}x**" if s["ratios"][name]["met"] else "{:.3f}x").format(s["ratios"][name]["median"])
-            + f" ({s['ratios'][name]['min']:.2f}-{s['ratios'][name]['max']:.2f})"
-            for s in sizes.values()
-        )
-        + " |"
-        for name in first["ratios"]
-    ]
-    rows += [
-        f"| ledger read per closure, {name} | "
-        + " | ".join(
-            f"{s['ledger_reads'][name]['median_ms']:.2f} ms (p90 {s['ledger_reads'][name]['p90_ms']:.2f}; "
-            f"{s['ledger_reads'][name]['count']} reads)"
-            for s in sizes.values()
-        )
-        + " |"
-        for name in first["ledger_reads"]
-    ]
+    for size, numbers in report["sizes"].items():
+        rates, ratios, reads = numbers["records_per_s"], numbers["ratios"], numbers["ledger_reads"]
+        for kind, suffix in (("plain", ""), ('`class_weights="sqrt"`', "_sqrt")):
+            cells = [
+                cell(rates, "default" + suffix),
+                cell(rates, "buffer" + suffix),
+                cell(rates, "tutorial") if not suffix else "no stratified form",
+                cell(ratios, f"default{suffix}/buffer{suffix}"),
+                cell(ratios, f"default{suffix}/tutorial"),
+                cell(reads, "default" + suffix),
+            ]
+            rows.append(f"| {size} px, {kind} | " + " | ".join(cells) + " |")
     return (
         "records/s after the first epoch, median (min-max) of the rounds; ratios: median (min-max) of the "
-        "per-round ratios\n\n" + head + "\n".join(rows) + "\n\n"
+        "per-round ratios (bold: the goal is met)\n\n" + "\n".join(rows) + "\n\n"
     )
 
 
