@@ -21,6 +21,13 @@ of ``--epochs`` epochs of ``--steps`` steps of global batch ``--batch``, every o
                  draws (tfdist.data.order.claimed_draws);
   buffer_sqrt    the same in ``order="buffer"`` (the buffer sampler on every worker).
 
+Where the claims' time goes (``--variants`` adds them):
+
+  tutorial_serial  the tutorial style with nothing read ahead of a step, as under claims: a serial map, no
+                   prefetch, tfdist's ``claim_options`` and ``claim_input_options`` (no per-worker buffer);
+  default_noread   ``default`` without the coordinator's read of the ledger before each closure (the hook
+                   returns at once: what a failed closure gives back is then unknown; fine in a benchmark).
+
 The tutorial style has no stratified form; ``default_sqrt`` is also compared to its plain run. Records/s of a
 fit: the records of epochs 2.. over the time from the end of the first epoch to the end of the last (PS fit
 joins the closures at each epoch end). The rounds alternate: the variants of a size run one after the
@@ -43,14 +50,19 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# Each ratio's two variants run next to each other in a round.
+# Each ratio's two variants run next to each other in a round; the last two only when asked (--variants).
 VARIANTS = ("tutorial", "buffer", "default", "default_sqrt", "buffer_sqrt")
+DIAGNOSTICS = ("tutorial_serial", "default_noread")
+ORDER = ("tutorial_serial", "tutorial", "buffer", "default", "default_noread", "default_sqrt", "buffer_sqrt")
 RATIOS = {  # name -> (numerator, denominator, goal); the tutorial style has no stratified form: its plain.
     "default/buffer": ("default", "buffer", 0.95),
     "default_sqrt/buffer_sqrt": ("default_sqrt", "buffer_sqrt", 0.95),
     "default/tutorial": ("default", "tutorial", None),
     "default_sqrt/tutorial": ("default_sqrt", "tutorial", None),
     "default_sqrt/default": ("default_sqrt", "default", None),
+    "tutorial_serial/tutorial": ("tutorial_serial", "tutorial", None),  # What reading nothing ahead costs.
+    "default_noread/tutorial_serial": ("default_noread", "tutorial_serial", None),  # The claims, but the read.
+    "default/default_noread": ("default", "default_noread", None),  # The chief's read before each closure.
 }
 CLASSES = 8
 
@@ -80,6 +92,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     import tfdist
     from tfdist import keras
     from tfdist.data import TFRecordPipeline
+    from tfdist.data.order.claims import claim_input_options, claim_options
     from tfdist.data.order.ledger import StepLedger
     from tfdist.keras.inputs import fit_input
 
@@ -89,11 +102,12 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     batch, steps, epochs, shuffle = settings["batch"], settings["steps"], settings["epochs"], settings["shuffle"]
 
     reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.started call.
-    claiming = [False]  # Whether the fit running claims steps.
+    timing = [False]  # Whether the fit running reads the ledger before each closure (and is timed).
     started = StepLedger.started
 
     def timed_started(self: StepLedger, worker: int) -> int | None:
-        if not claiming[0]:  # The hook stays on the coordinator after a claimed fit: no read in the others.
+        # The hook stays on the coordinator after a claimed fit: no read in the others (nor in default_noread).
+        if not timing[0]:
             return None
         begin = time.perf_counter()
         try:
@@ -122,7 +136,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
             )
             return lambda: fit_input(made, strategy=strategy, steps_per_epoch=steps)
 
-        def tutorial_fn(input_context: Any) -> Any:  # TF's PS tutorial, with a parse-and-decode map.
+        def tutorial_fn(input_context: Any, serial: bool = False) -> Any:  # TF's PS tutorial, with a decode map.
             def parse(record: Any) -> Any:
                 features = tf.io.parse_single_example(record, spec)
                 image = tf.image.resize(tf.io.decode_jpeg(features["image"], channels=3), (out, out)) / 255.0
@@ -131,18 +145,26 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
             dataset = tf.data.TFRecordDataset(files)
             dataset = (dataset.shuffle(shuffle) if shuffle else dataset).repeat()
             dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-            dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-            return dataset.batch(input_context.get_per_replica_batch_size(batch)).prefetch(2)
+            dataset = dataset.map(parse, num_parallel_calls=None if serial else tf.data.AUTOTUNE)
+            dataset = dataset.batch(input_context.get_per_replica_batch_size(batch))
+            return dataset.with_options(claim_options()) if serial else dataset.prefetch(2)
+
+        def serial() -> Any:  # Nothing read ahead of a step, as under claims: no prefetch, no parallel map.
+            return keras.utils.experimental.DatasetCreator(
+                lambda context: tutorial_fn(context, serial=True), input_options=claim_input_options()
+            )
 
         return {
             "tutorial": lambda: keras.utils.experimental.DatasetCreator(tutorial_fn),
+            "tutorial_serial": serial,
             "buffer": pipeline(files, order="buffer"),
             "default": pipeline(files),
+            "default_noread": pipeline(files),
             "default_sqrt": pipeline(part, class_weights="sqrt"),
             "buffer_sqrt": pipeline(part, class_weights="sqrt", order="buffer"),
         }
 
-    def fit(make_input: Any, out: int, claims: bool) -> tuple[float, list[float]]:
+    def fit(make_input: Any, out: int, timed: bool) -> tuple[float, list[float]]:
         with strategy.scope():
             image = keras.Input((out, out, 3), name="image")
             hidden = keras.layers.Conv2D(8, 5, strides=4, activation="relu")(image)
@@ -155,20 +177,22 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         ends: list[float] = []
         record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
         reads.clear()
-        claiming[0] = claims
+        timing[0] = timed
         model.fit(make_input(), epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[record])
-        claiming[0] = False
+        timing[0] = False
         rate = (epochs - 1) * steps * batch / (ends[-1] - ends[0])
         return rate, [seconds * 1e3 for begin, seconds in reads if begin > ends[0]]
 
-    made = {size: variants(files, part, round(size * settings["scale"])) for size, (files, part) in data.items()}
-    names = [name for name in VARIANTS if name in settings["variants"]]
+    made = {size: variants(files, part, round(int(size) * settings["scale"])) for size, (files, part) in data.items()}
+    names = [name for name in ORDER if name in settings["variants"]]
     rates: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
     read_ms: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
     for round_ in range(settings["rounds"]):
         for size in data:
             for name in names if round_ % 2 == 0 else names[::-1]:
-                rate, ms = fit(made[size][name], round(int(size) * settings["scale"]), name.startswith("default"))
+                rate, ms = fit(
+                    made[size][name], round(int(size) * settings["scale"]), name in ("default", "default_sqrt")
+                )
                 rates[size][name].append(round(rate, 1))
                 read_ms[size][name].extend(ms)
                 print(f"ROUND {round_} {size} px {name}: {rate:,.0f} records/s", flush=True)
@@ -243,9 +267,17 @@ def _table(report: dict[str, Any]) -> str:
                 cell(reads, "default" + suffix),
             ]
             rows.append(f"| {size} px, {kind} | " + " | ".join(cells) + " |")
+    where = [
+        f"{size} px: "
+        + "; ".join(f"{name} {cell(numbers['records_per_s'], name)}" for name in DIAGNOSTICS)
+        + "; "
+        + "; ".join(f"{name} {cell(numbers['ratios'], name)}" for name in list(RATIOS)[-3:])
+        for size, numbers in report["sizes"].items()
+        if all(name in numbers["records_per_s"] for name in DIAGNOSTICS)
+    ]
     return (
         "records/s after the first epoch, median (min-max) of the rounds; ratios: median (min-max) of the "
-        "per-round ratios (bold: the goal is met)\n\n" + "\n".join(rows) + "\n\n"
+        "per-round ratios (bold: the goal is met)\n\n" + "\n".join(rows + [""] + where) + "\n\n"
     )
 
 
@@ -259,12 +291,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (the first is not measured)")
     parser.add_argument("--shuffle-buffer", type=int, default=64, help="records; 0: no shuffling")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS + DIAGNOSTICS)
+    )
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole cluster run")
     args = parser.parse_args(argv)
     chosen = args.variants.split(",")
-    if args.epochs < 2 or min(args.rounds, args.steps, args.batch, args.num) < 1 or not set(chosen) <= set(VARIANTS):
+    if (
+        args.epochs < 2
+        or min(args.rounds, args.steps, args.batch, args.num) < 1
+        or not set(chosen) <= set(VARIANTS + DIAGNOSTICS)
+    ):
         parser.error("--epochs must be at least 2; --rounds, --steps, --batch, --num positive; --variants known")
     import tensorflow as tf
 
