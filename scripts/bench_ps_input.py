@@ -28,6 +28,9 @@ Where the claims' time goes (``--variants`` adds them):
   default_noread   ``default`` without the coordinator's read of the ledger before each closure (the hook
                    returns at once: what a failed closure gives back is then unknown; fine in a benchmark).
 
+``--alone`` also times every reader alone in the launching process before the cluster starts (no model, no
+cluster; the claimed ones claim from a ledger in that process): wall and CPU ms per step.
+
 The tutorial style has no stratified form; ``default_sqrt`` is also compared to its plain run. Records/s of a
 fit: the records of epochs 2.. over the time from the end of the first epoch to the end of the last (PS fit
 joins the closures at each epoch end). The rounds alternate: the variants of a size run one after the
@@ -82,6 +85,66 @@ def _write(work: str, num: int, size: int) -> tuple[list[str], str]:
     return sorted(tf.io.gfile.glob(plain + "-0*")), part + "-*"
 
 
+def _sources(files: list[str], part: str, size: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """Each variant's input: a ``TFRecordPipeline``, or (the tutorial style) a dataset function."""
+    import functools
+
+    import tensorflow as tf
+
+    from tfdist.data import TFRecordPipeline
+
+    out = round(size * settings["scale"])
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def pipeline(paths: Any, **options: Any) -> Any:
+        return TFRecordPipeline(
+            files=paths,
+            features=spec,
+            batch_size=settings["batch"],
+            image_key="image",
+            image_size=(out, out),
+            label_key="label",
+            as_supervised=True,
+            num_epochs=None,
+            shuffle_buffer=settings["shuffle"],
+            seed=0,
+            **options,
+        )
+
+    tutorial = functools.partial(_tutorial, files, spec, out, settings["batch"], settings["shuffle"])
+    return {
+        "tutorial": tutorial,
+        "tutorial_serial": functools.partial(tutorial, serial=True),
+        "buffer": pipeline(files, order="buffer"),
+        "default": pipeline(files),
+        "default_noread": pipeline(files),
+        "default_sqrt": pipeline(part, class_weights="sqrt"),
+        "buffer_sqrt": pipeline(part, class_weights="sqrt", order="buffer"),
+    }
+
+
+def _tutorial(
+    files: list[str], spec: Any, out: int, batch: int, shuffle: int, input_context: Any, *, serial: bool = False
+) -> Any:
+    """TF's PS tutorial's dataset function, with a parse-and-decode map; ``serial``: nothing read ahead of a step,
+    as under claims (a serial map, no prefetch, tfdist's ``claim_options``)."""
+    import tensorflow as tf
+
+    from tfdist.data.order.claims import claim_options
+
+    def parse(record: Any) -> Any:
+        features = tf.io.parse_single_example(record, spec)
+        image = tf.image.resize(tf.io.decode_jpeg(features["image"], channels=3), (out, out)) / 255.0
+        return {"image": image}, features["label"]
+
+    dataset = tf.data.TFRecordDataset(files)
+    dataset = (dataset.shuffle(shuffle) if shuffle else dataset).repeat()
+    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    dataset = dataset.map(parse, num_parallel_calls=None if serial else tf.data.AUTOTUNE)
+    dataset = dataset.batch(input_context.get_per_replica_batch_size(batch))
+    return dataset.with_options(claim_options()) if serial else dataset.prefetch(2)
+
+
 def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """Runs in the chief: every round's fits; records/s per size and variant, and the ledger's reads."""
     import logging
@@ -92,14 +155,14 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     import tfdist
     from tfdist import keras
     from tfdist.data import TFRecordPipeline
-    from tfdist.data.order.claims import claim_input_options, claim_options
+    from tfdist.data.order.claims import claim_input_options
     from tfdist.data.order.ledger import StepLedger
     from tfdist.keras.inputs import fit_input
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     strategy = tfdist.build_strategy("auto")
     assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
-    batch, steps, epochs, shuffle = settings["batch"], settings["steps"], settings["epochs"], settings["shuffle"]
+    batch, steps, epochs = settings["batch"], settings["steps"], settings["epochs"]
 
     reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.started call.
     timing = [False]  # Whether the fit running reads the ledger before each closure (and is timed).
@@ -117,52 +180,11 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
 
     StepLedger.started = timed_started  # type: ignore[method-assign]
 
-    def variants(files: list[str], part: str, out: int) -> dict[str, Any]:
-        spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
-
-        def pipeline(paths: Any, **options: Any) -> Any:
-            made = TFRecordPipeline(
-                files=paths,
-                features=spec,
-                batch_size=batch,
-                image_key="image",
-                image_size=(out, out),
-                label_key="label",
-                as_supervised=True,
-                num_epochs=None,
-                shuffle_buffer=shuffle,
-                seed=0,
-                **options,
-            )
-            return lambda: fit_input(made, strategy=strategy, steps_per_epoch=steps)
-
-        def tutorial_fn(input_context: Any, serial: bool = False) -> Any:  # TF's PS tutorial, with a decode map.
-            def parse(record: Any) -> Any:
-                features = tf.io.parse_single_example(record, spec)
-                image = tf.image.resize(tf.io.decode_jpeg(features["image"], channels=3), (out, out)) / 255.0
-                return {"image": image}, features["label"]
-
-            dataset = tf.data.TFRecordDataset(files)
-            dataset = (dataset.shuffle(shuffle) if shuffle else dataset).repeat()
-            dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-            dataset = dataset.map(parse, num_parallel_calls=None if serial else tf.data.AUTOTUNE)
-            dataset = dataset.batch(input_context.get_per_replica_batch_size(batch))
-            return dataset.with_options(claim_options()) if serial else dataset.prefetch(2)
-
-        def serial() -> Any:  # Nothing read ahead of a step, as under claims: no prefetch, no parallel map.
-            return keras.utils.experimental.DatasetCreator(
-                lambda context: tutorial_fn(context, serial=True), input_options=claim_input_options()
-            )
-
-        return {
-            "tutorial": lambda: keras.utils.experimental.DatasetCreator(tutorial_fn),
-            "tutorial_serial": serial,
-            "buffer": pipeline(files, order="buffer"),
-            "default": pipeline(files),
-            "default_noread": pipeline(files),
-            "default_sqrt": pipeline(part, class_weights="sqrt"),
-            "buffer_sqrt": pipeline(part, class_weights="sqrt", order="buffer"),
-        }
+    def made(source: Any, name: str) -> Any:
+        if isinstance(source, TFRecordPipeline):
+            return lambda: fit_input(source, strategy=strategy, steps_per_epoch=steps)
+        options = claim_input_options() if name == "tutorial_serial" else None  # No per-worker buffer either.
+        return lambda: keras.utils.experimental.DatasetCreator(source, input_options=options)
 
     def fit(make_input: Any, out: int, timed: bool) -> tuple[float, list[float]]:
         with strategy.scope():
@@ -183,16 +205,18 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         rate = (epochs - 1) * steps * batch / (ends[-1] - ends[0])
         return rate, [seconds * 1e3 for begin, seconds in reads if begin > ends[0]]
 
-    made = {size: variants(files, part, round(int(size) * settings["scale"])) for size, (files, part) in data.items()}
+    inputs = {
+        size: {name: made(source, name) for name, source in _sources(files, part, int(size), settings).items()}
+        for size, (files, part) in data.items()
+    }
     names = [name for name in ORDER if name in settings["variants"]]
     rates: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
     read_ms: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
     for round_ in range(settings["rounds"]):
         for size in data:
             for name in names if round_ % 2 == 0 else names[::-1]:
-                rate, ms = fit(
-                    made[size][name], round(int(size) * settings["scale"]), name in ("default", "default_sqrt")
-                )
+                out = round(int(size) * settings["scale"])
+                rate, ms = fit(inputs[size][name], out, name in ("default", "default_sqrt"))
                 rates[size][name].append(round(rate, 1))
                 read_ms[size][name].extend(ms)
                 print(f"ROUND {round_} {size} px {name}: {rate:,.0f} records/s", flush=True)
@@ -200,6 +224,45 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         "rates": rates,
         "ledger_reads": {s: {n: _spread(v) for n, v in by.items() if v} for s, by in read_ms.items()},
     }
+
+
+def _alone(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each variant's reader alone in this process (no cluster, no model): wall and CPU (all threads) ms per
+    step over ``steps`` steps after the first, medians of the rounds; the claimed readers on a local ledger."""
+    import time
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    names = [name for name in ORDER if name in settings["variants"] and name != "default_noread"]
+    found: dict[str, dict[str, dict[str, float]]] = {}
+    for size, (files, part) in data.items():
+        sources = _sources(files, part, int(size), settings)
+
+        def dataset(name: str, sources: dict[str, Any] = sources) -> Any:
+            if name.startswith("default"):  # The claimed reader, claiming from a ledger in this process.
+                return sources[name].claimed_dataset_fn(strategy)(None)
+            if name.startswith("buffer"):
+                return sources[name].dataset(tf.distribute.InputContext())
+            return sources[name](tf.distribute.InputContext())
+
+        wall: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(settings["rounds"]):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                iterator = iter(dataset(name))
+                next(iterator)
+                began, cpu_began = time.perf_counter(), time.process_time()
+                for _ in range(settings["steps"]):
+                    next(iterator)
+                wall[name].append((time.perf_counter() - began) * 1e3 / settings["steps"])
+                cpu[name].append((time.process_time() - cpu_began) * 1e3 / settings["steps"])
+                del iterator
+        found[size] = {
+            name: {"wall_ms": round(statistics.median(wall[name]), 2), "cpu_ms": round(statistics.median(cpu[name]), 2)}
+            for name in names
+        }
+    return found
 
 
 def _spread(ms: list[float]) -> dict[str, float]:
@@ -275,6 +338,14 @@ def _table(report: dict[str, Any]) -> str:
         for size, numbers in report["sizes"].items()
         if all(name in numbers["records_per_s"] for name in DIAGNOSTICS)
     ]
+    where += [
+        f"{size} px alone, ms per step (CPU ms): "
+        + "; ".join(
+            f"{name} {got['wall_ms']:.1f} ({got['cpu_ms']:.1f})" for name, got in numbers["alone_ms_per_step"].items()
+        )
+        for size, numbers in report["sizes"].items()
+        if "alone_ms_per_step" in numbers
+    ]
     return (
         "records/s after the first epoch, median (min-max) of the rounds; ratios: median (min-max) of the "
         "per-round ratios (bold: the goal is met)\n\n" + "\n".join(rows + [""] + where) + "\n\n"
@@ -295,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS + DIAGNOSTICS)
     )
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
+    parser.add_argument("--alone", action="store_true", help="also time each reader alone in this process")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole cluster run")
     args = parser.parse_args(argv)
     chosen = args.variants.split(",")
@@ -319,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": args.rounds,
         "variants": chosen,
     }
+    alone = _alone(data, settings) if args.alone else {}
     run = run_function(_chief, workers=2, ps=1, chief=True, timeout=args.timeout, args=[data, settings])
     if not run.ok:
         sys.stderr.write(run.result.summary() + "\n" + run.output("chief:0")[-5000:] + "\n")
@@ -332,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{size}->{round(int(size) * args.scale)}": {
                 **_summary(value["rates"][size]),
                 "ledger_reads": value["ledger_reads"][size],
+                **({"alone_ms_per_step": alone[size]} if alone else {}),
             }
             for size in data
         },
