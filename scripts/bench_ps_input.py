@@ -1,7 +1,8 @@
 """Benchmark: parameter-server fit records/s, claimed steps (the default) vs order="buffer" vs TF's tutorial style.
 
     .venv/bin/python scripts/bench_ps_input.py [--sizes 64,224] [--num 6000] [--batch 64] [--rounds 3]
-                                               [--steps 40] [--epochs 3] [--shuffle-buffer 64] [--workdir DIR]
+                                               [--steps 40] [--epochs 3] [--shuffle-buffer 64] [--variants ...]
+                                               [--alone] [--workdir DIR]
 
 One cluster (chief, 2 workers, 1 ps; ``tfdist.launch.run_function``, the local engine) fits a tiny conv net
 (Conv2D 8 filters 5x5 stride 4, ReLU, global average pooling, Dense over the 8 classes; SGD, softmax
@@ -21,7 +22,7 @@ of ``--epochs`` epochs of ``--steps`` steps of global batch ``--batch``, every o
                  draws (tfdist.data.order.claimed_draws);
   buffer_sqrt    the same in ``order="buffer"`` (the buffer sampler on every worker).
 
-Where the claims' time goes (``--variants`` adds them):
+Where the claims' time goes:
 
   tutorial_serial  the tutorial style with nothing read ahead of a step, as under claims: a serial map, no
                    prefetch, tfdist's ``claim_options`` and ``claim_input_options`` (no per-worker buffer);
@@ -29,7 +30,9 @@ Where the claims' time goes (``--variants`` adds them):
                    returns at once: what a failed closure gives back is then unknown; fine in a benchmark).
 
 ``--alone`` also times every reader alone in the launching process before the cluster starts (no model, no
-cluster; the claimed ones claim from a ledger in that process): wall and CPU ms per step.
+cluster; the claimed ones claim from a ledger in that process), and in the chief before the fits the claimed
+readers with their ledger on the ps (``default@ps``: each claim a call to the ps, as from a worker) and the
+claims alone (``claims@ps``): wall and CPU ms per step.
 
 The tutorial style has no stratified form; ``default_sqrt`` is also compared to its plain run. Records/s of a
 fit: the records of epochs 2.. over the time from the end of the first epoch to the end of the last (PS fit
@@ -53,9 +56,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# Each ratio's two variants run next to each other in a round; the last two only when asked (--variants).
-VARIANTS = ("tutorial", "buffer", "default", "default_sqrt", "buffer_sqrt")
 DIAGNOSTICS = ("tutorial_serial", "default_noread")
+# The run order of a round (reversed every other round): each ratio's two variants run next to each other.
 ORDER = ("tutorial_serial", "tutorial", "buffer", "default", "default_noread", "default_sqrt", "buffer_sqrt")
 RATIOS = {  # name -> (numerator, denominator, goal); the tutorial style has no stratified form: its plain.
     "default/buffer": ("default", "buffer", 0.95),
@@ -205,10 +207,9 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         rate = (epochs - 1) * steps * batch / (ends[-1] - ends[0])
         return rate, [seconds * 1e3 for begin, seconds in reads if begin > ends[0]]
 
-    inputs = {
-        size: {name: made(source, name) for name, source in _sources(files, part, int(size), settings).items()}
-        for size, (files, part) in data.items()
-    }
+    sources = {size: _sources(files, part, int(size), settings) for size, (files, part) in data.items()}
+    inputs = {size: {name: made(source, name) for name, source in by.items()} for size, by in sources.items()}
+    remote = {size: _per_step(_on_the_ps(by, strategy, settings), settings) for size, by in sources.items()}
     names = [name for name in ORDER if name in settings["variants"]]
     rates: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
     read_ms: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
@@ -222,47 +223,77 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
                 print(f"ROUND {round_} {size} px {name}: {rate:,.0f} records/s", flush=True)
     return {
         "rates": rates,
+        "on_the_ps": remote if settings["alone"] else {},
         "ledger_reads": {s: {n: _spread(v) for n, v in by.items() if v} for s, by in read_ms.items()},
     }
 
 
-def _alone(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """Each variant's reader alone in this process (no cluster, no model): wall and CPU (all threads) ms per
-    step over ``steps`` steps after the first, medians of the rounds; the claimed readers on a local ledger."""
-    import time
+def _on_the_ps(sources: dict[str, Any], strategy: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """With ``alone``, in the chief: the claimed readers read there with their ledger on the ps (every claim a
+    call to the ps, as from a worker), and the claims alone (``claims@ps``)."""
+    if not settings["alone"]:
+        return {}
+    names = [name for name in ("default", "default_sqrt") if name in settings["variants"]]
+    makers: dict[str, Any] = {
+        f"{name}@ps": lambda name=name: sources[name].claimed_dataset_fn(strategy)(None) for name in names
+    }
+    if names:
 
+        def claims() -> Any:
+            import tensorflow as tf
+
+            sources[names[0]].claimed_dataset_fn(strategy)
+            return sources[names[0]].claims_ledger().steps_for(tf.constant(0, tf.int64))
+
+        makers["claims@ps"] = claims
+    return makers
+
+
+def _alone(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each variant's reader alone in this process (no cluster, no model), the claimed ones on a local ledger."""
     import tensorflow as tf
 
     strategy = tf.distribute.get_strategy()
-    names = [name for name in ORDER if name in settings["variants"] and name != "default_noread"]
-    found: dict[str, dict[str, dict[str, float]]] = {}
+    found = {}
     for size, (files, part) in data.items():
         sources = _sources(files, part, int(size), settings)
-
-        def dataset(name: str, sources: dict[str, Any] = sources) -> Any:
+        makers = {}
+        for name in ORDER:
+            if name not in settings["variants"] or name == "default_noread":
+                continue
+            source = sources[name]
             if name.startswith("default"):  # The claimed reader, claiming from a ledger in this process.
-                return sources[name].claimed_dataset_fn(strategy)(None)
-            if name.startswith("buffer"):
-                return sources[name].dataset(tf.distribute.InputContext())
-            return sources[name](tf.distribute.InputContext())
-
-        wall: dict[str, list[float]] = {name: [] for name in names}
-        cpu: dict[str, list[float]] = {name: [] for name in names}
-        for round_ in range(settings["rounds"]):
-            for name in names if round_ % 2 == 0 else names[::-1]:
-                iterator = iter(dataset(name))
-                next(iterator)
-                began, cpu_began = time.perf_counter(), time.process_time()
-                for _ in range(settings["steps"]):
-                    next(iterator)
-                wall[name].append((time.perf_counter() - began) * 1e3 / settings["steps"])
-                cpu[name].append((time.process_time() - cpu_began) * 1e3 / settings["steps"])
-                del iterator
-        found[size] = {
-            name: {"wall_ms": round(statistics.median(wall[name]), 2), "cpu_ms": round(statistics.median(cpu[name]), 2)}
-            for name in names
-        }
+                makers[name] = lambda source=source: source.claimed_dataset_fn(strategy)(None)
+            elif name.startswith("buffer"):
+                makers[name] = lambda source=source: source.dataset(tf.distribute.InputContext())
+            else:
+                makers[name] = lambda source=source: source(tf.distribute.InputContext())
+        found[size] = _per_step(makers, settings)
     return found
+
+
+def _per_step(makers: dict[str, Any], settings: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Wall and CPU (this process, all threads) ms per step of each maker's dataset over ``steps`` steps after
+    the first, medians of the rounds (alternating)."""
+    import time
+
+    names = list(makers)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(settings["rounds"]):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            iterator = iter(makers[name]())
+            next(iterator)
+            began, cpu_began = time.perf_counter(), time.process_time()
+            for _ in range(settings["steps"]):
+                next(iterator)
+            wall[name].append((time.perf_counter() - began) * 1e3 / settings["steps"])
+            cpu[name].append((time.process_time() - cpu_began) * 1e3 / settings["steps"])
+            del iterator
+    return {
+        name: {"wall_ms": round(statistics.median(wall[name]), 2), "cpu_ms": round(statistics.median(cpu[name]), 2)}
+        for name in names
+    }
 
 
 def _spread(ms: list[float]) -> dict[str, float]:
@@ -363,18 +394,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (the first is not measured)")
     parser.add_argument("--shuffle-buffer", type=int, default=64, help="records; 0: no shuffling")
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS + DIAGNOSTICS)
+        "--variants", default=",".join(ORDER), help="comma-separated, of: " + ", ".join(ORDER) + " (default: all)"
     )
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
     parser.add_argument("--alone", action="store_true", help="also time each reader alone in this process")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole cluster run")
     args = parser.parse_args(argv)
     chosen = args.variants.split(",")
-    if (
-        args.epochs < 2
-        or min(args.rounds, args.steps, args.batch, args.num) < 1
-        or not set(chosen) <= set(VARIANTS + DIAGNOSTICS)
-    ):
+    if args.epochs < 2 or min(args.rounds, args.steps, args.batch, args.num) < 1 or not set(chosen) <= set(ORDER):
         parser.error("--epochs must be at least 2; --rounds, --steps, --batch, --num positive; --variants known")
     import tensorflow as tf
 
@@ -390,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": args.scale,
         "rounds": args.rounds,
         "variants": chosen,
+        "alone": args.alone,
     }
     alone = _alone(data, settings) if args.alone else {}
     run = run_function(_chief, workers=2, ps=1, chief=True, timeout=args.timeout, args=[data, settings])
@@ -405,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{size}->{round(int(size) * args.scale)}": {
                 **_summary(value["rates"][size]),
                 "ledger_reads": value["ledger_reads"][size],
-                **({"alone_ms_per_step": alone[size]} if alone else {}),
+                **({"alone_ms_per_step": {**alone[size], **value["on_the_ps"][size]}} if alone else {}),
             }
             for size in data
         },
