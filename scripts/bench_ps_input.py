@@ -398,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
     parser.add_argument("--alone", action="store_true", help="also time each reader alone in this process")
+    parser.add_argument("--log-dir", default=None, help="one log file per task here (the chief's: ROUND lines)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole cluster run")
     args = parser.parse_args(argv)
     chosen = args.variants.split(",")
@@ -420,7 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "alone": args.alone,
     }
     alone = _alone(data, settings) if args.alone else {}
-    run = run_function(_chief, workers=2, ps=1, chief=True, timeout=args.timeout, args=[data, settings])
+    run = run_function(
+        _chief, workers=2, ps=1, chief=True, timeout=args.timeout, args=[data, settings], log_dir=args.log_dir
+    )
     if not run.ok:
         sys.stderr.write(run.result.summary() + "\n" + run.output("chief:0")[-5000:] + "\n")
         return 1
