@@ -16,6 +16,20 @@ With 2 workers (the default) one run measures, side by side:
     communicated with the tuned packing, decompressed, new error and Q), with their wire bytes, the
     arithmetic alone, and the collectives' share against tfdist.comm.compressed_traffic's prediction.
 With --workers 3 or 4 it measures only TF's default all-reduce and fits the cost model there.
+
+Where the wire is the limit: on simulated hosts (the launcher's network namespaces on a private bridge, links
+shaped with tc's token bucket: bandwidth only, no latency or loss), the ResNet-50 list only:
+
+    .venv/bin/python scripts/bench_allreduce.py --simulate-hosts 2 --link 1gbit --link 10gbit --link none \
+        --repeats 3 --torch-python PYTHON_WITH_TORCH --json bench-out/allreduce-links.json
+
+For each link in turn: TF's default, tfdist tuned (fp32, bf16, fp16), PowerSGD rank 1/2/4 and top-k 1%
+(each also without its collectives), local SGD k=4 (fit's averaging every 4 steps: its time / 4), the memory
+bandwidth, and torch gloo fp32 in DDP's buckets with the TCP limit (both hosts swapping the list's bytes),
+every process on its simulated host. The table puts each variant beside its wire limit (its bytes each way
+at the link's rate; unshaped, at the rate TCP reached) and the planner's prediction at that rate, and the
+planner's choice (tfdist plan --link RATE --choose) beside the fastest measured. With 3 or 4 hosts: TF's
+default, tuned fp32 and bf16, and gloo. --from-json reports an earlier run's measurements again.
 """
 
 from __future__ import annotations
@@ -134,11 +148,13 @@ def stream_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
 
 
 def _compressed_variants(pack: int) -> dict[str, Any]:
-    """PowerSGD at ranks 1, 2 and 4 and top-k at 1%, with the tuned packing for what they all-reduce."""
+    """PowerSGD at ranks 1, 2 and 4 and top-k at 1%, with the tuned packing for what they all-reduce. PowerSGD
+    without its warm-up: the timed steps are the compressed ones that follow it."""
     from tfdist.comm import CollectiveConfig, PowerSGD, TopK
 
     variants = {
-        f"powersgd_r{r}": CollectiveConfig(compression=PowerSGD(rank=r), bytes_per_pack=pack) for r in (1, 2, 4)
+        f"powersgd_r{r}": CollectiveConfig(compression=PowerSGD(rank=r, warmup_steps=0), bytes_per_pack=pack)
+        for r in (1, 2, 4)
     }
     variants["topk_1pct"] = CollectiveConfig(compression=TopK(density=0.01), bytes_per_pack=pack)
     return variants
@@ -190,23 +206,31 @@ def compressed_timer(
 
 
 # ----------------------------------------------------------------------------- gloo and loopback peers
-def _gloo_child(rank: int, port: int, repeats: int) -> None:
+def _gloo_times(rank: int, world: int, init_method: str, repeats: int, sizes: list[int]) -> dict[str, float]:
+    """Median seconds of gloo's all_reduce per size and of the ResNet-50 list (in DDP's buckets; with sizes,
+    one all_reduce per tensor too), float32."""
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     out: dict[str, float] = {}
-    for size in SIZES:
+    for size in sizes:
         tensor = torch.ones(size // 4)
         out[str(size)] = _median_time(functools.partial(dist.all_reduce, tensor), repeats, before=dist.barrier)
     total = sum(math.prod(s) for s in resnet50_shapes())
     buckets = [torch.ones(min(DDP_BUCKET_BYTES // 4, total - i)) for i in range(0, total, DDP_BUCKET_BYTES // 4)]
     out["resnet50"] = _median_time(lambda: [dist.all_reduce(b) for b in buckets], repeats, before=dist.barrier)
-    tensors = [torch.ones(math.prod(s)) for s in resnet50_shapes()]
-    out["resnet50_per_tensor"] = _median_time(
-        lambda: [dist.all_reduce(t) for t in tensors], repeats, before=dist.barrier
-    )
+    if sizes:
+        tensors = [torch.ones(math.prod(s)) for s in resnet50_shapes()]
+        out["resnet50_per_tensor"] = _median_time(
+            lambda: [dist.all_reduce(t) for t in tensors], repeats, before=dist.barrier
+        )
     dist.destroy_process_group()
+    return out
+
+
+def _gloo_child(rank: int, port: int, repeats: int) -> None:
+    out = _gloo_times(rank, 2, f"tcp://127.0.0.1:{port}", repeats, SIZES)
     if rank == 0:
         sys.stdout.write(json.dumps(out) + "\n")
 
@@ -282,6 +306,123 @@ def loopback(repeats: int, sizes: list[int]) -> dict[str, float]:
                 }
         finally:
             child.wait(timeout=120)
+
+
+# ----------------------------------------------------------------------------- simulated hosts (--simulate-hosts)
+LOCAL_SGD_PERIOD = 4
+
+
+def tf_link_worker(repeats: int, full: bool) -> dict[str, Any]:
+    """Median seconds per variant on the ResNet-50 list between simulated hosts: TF's default, tuned (the
+    autotuner's pack, tuned with bf16) in fp32 and bf16; with ``full`` also fp16, PowerSGD, top-k (each with
+    its arithmetic alone), local SGD's averaging and the memory bandwidth."""
+    import tfdist
+
+    strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
+    from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives
+
+    resnet = resnet50_shapes()
+
+    def median(once: Callable[[], float]) -> float:
+        return statistics.median(once() for _ in range(repeats))
+
+    out: dict[str, Any] = {"default": median(all_reduce_timer(strategy, resnet, None))}
+    pack = autotune_collectives(strategy, resnet, compression="bf16", repeats=3).bytes_per_pack
+    out["bytes_per_pack"] = pack
+    for name, compression in (("tuned_fp32", "none"), ("tuned_bf16", "bf16"), ("tuned_fp16", "fp16"))[
+        : 3 if full else 2
+    ]:
+        config = CollectiveConfig(compression=compression, bytes_per_pack=pack, split_bytes=pack)
+        out[name] = median(all_reduce_timer(strategy, resnet, config))
+    if full:
+        for name, config in _compressed_variants(pack).items():
+            out[name] = median(compressed_timer(strategy, resnet, config))
+            out[f"{name}_compute"] = median(compressed_timer(strategy, resnet, config, local=True))
+        out["local_sgd_averaging"] = median(averaging_timer(strategy, resnet))
+        out["stream"] = stream_seconds(resnet, repeats)
+    return out
+
+
+def averaging_timer(strategy: Any, shapes: list[tuple[int, ...]]) -> Callable[[], float]:
+    """Local SGD's averaging as ``fit`` runs it every period (``tfdist.keras.local_sgd``, slots left out): TF's
+    all-reduce of the mean of weights of ``shapes``, assigned on every replica. Each call runs it once."""
+    import tensorflow as tf
+
+    from tfdist.keras.averaging import _Averaging
+
+    with strategy.scope():
+        weights = [tf.Variable(tf.ones(s)) for s in shapes]
+    averaging = _Averaging(types.SimpleNamespace(weights=weights, optimizer=None), strategy, False)
+
+    def once() -> float:
+        start = time.perf_counter()
+        averaging()
+        weights[-1].numpy()
+        return time.perf_counter() - start
+
+    once()
+    return once
+
+
+def _gloo_task(prefix: str, repeats: int) -> None:
+    """A simulated host's torch peer, started by the launcher (TF_CONFIG names the hosts): on 2 hosts first the
+    TCP limit (both swap the ResNet-50 list's float32 bytes at once), then gloo; prints its medians."""
+    spec = json.loads(os.environ["TF_CONFIG"])
+    me, workers = spec["task"]["index"], spec["cluster"]["worker"]
+    out: dict[str, float] = {}
+    if len(workers) == 2:
+        nbytes = 4 * sum(math.prod(s) for s in resnet50_shapes())
+        host, port = workers[1].rsplit(":", 1)
+        buffers = _buffers([nbytes])
+        if me == 1:
+            with socket.create_server((host, int(port))) as server:
+                conn, _ = server.accept()
+        else:
+            conn = _connect(host, int(port))
+        with conn:
+            out["tcp_exchange"] = _median_time(functools.partial(_exchange, conn, nbytes, buffers), repeats)
+    out.update(_gloo_times(me, len(workers), f"tcp://{workers[0]}", repeats, []))
+    sys.stdout.write(prefix + json.dumps(out) + "\n")
+
+
+def _connect(host: str, port: int, seconds: float = 60.0) -> socket.socket:
+    """A connection to ``host:port``, retried while the peer starts."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=seconds)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def on_hosts(hosts: int, rate: str, repeats: int, torch_python: str | None) -> dict[str, Any]:
+    """Measures every variant between ``hosts`` simulated hosts whose links run at ``rate`` ('none': unshaped);
+    per variant the slowest host's median."""
+    from tfdist import testing
+
+    network: dict[str, Any] = {"simulate_hosts": hosts, "links": () if rate == "none" else (rate,)}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)}
+    run = testing.run_cluster(
+        "bench_allreduce:tf_link_worker", workers=hosts, timeout=900, args=[repeats, hosts == 2], env=env, **network
+    )
+    if not run.ok:
+        raise RuntimeError(run.result.summary() + "\n" + run.output("worker:0")[-3000:])
+    measured: dict[str, Any] = {"link": rate, "hosts": hosts, "tf": _slowest(run.values)}
+    if torch_python:
+        command = [torch_python, __file__, "--gloo-task", testing.RESULT_PREFIX, "--repeats", str(repeats)]
+        env["GLOO_SOCKET_IFNAME"] = "eth0"  # the simulated host's link (gloo would look up the machine's name)
+        run = testing.run_cluster(command, workers=hosts, timeout=600, env=env, **network)
+        if not run.ok:
+            raise RuntimeError(run.result.summary() + "\n" + run.output("worker:0")[-3000:])
+        measured["gloo"] = _slowest(run.values)
+    return measured
+
+
+def _slowest(values: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per case the slowest task's time: a collective ends when the slowest worker has its result."""
+    return {case: max(v[case] for v in values.values()) for case in values["worker:0"]}
 
 
 # ----------------------------------------------------------------------------- report
@@ -407,16 +548,161 @@ def ratios(
     return report
 
 
+def _simulated(args: argparse.Namespace) -> int:
+    """``--simulate-hosts``: measures each ``--link`` rate in turn (or reads ``--from-json``), then reports."""
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            measured = json.load(f)["measured"]
+    else:
+        torch_python = None if args.no_gloo else args.torch_python
+        measured = [on_hosts(args.simulate_hosts, rate, args.repeats, torch_python) for rate in args.link or ["none"]]
+    tables = [link_report(m) for m in measured]
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"measured": measured, "tables": tables}, indent=1) + "\n")
+    sys.stdout.write("\n".join(_markdown(table) for table in tables))
+    return 0
+
+
+# Each measured variant: its key in the measurements, its name in the table, the planner's variant it is.
+_LINK_ROWS = (
+    ("default", "TF default (fp32, one pack)", "none"),
+    ("tuned_fp32", "tfdist tuned fp32", "none"),
+    ("tuned_bf16", "tfdist tuned bf16", "bf16"),
+    ("tuned_fp16", "tfdist tuned fp16", "fp16"),
+    ("gloo", "gloo fp32, DDP buckets", "none"),
+    ("powersgd_r1", "PowerSGD rank 1", "powersgd rank=1"),
+    ("powersgd_r2", "PowerSGD rank 2", "powersgd rank=2"),
+    ("powersgd_r4", "PowerSGD rank 4", "powersgd rank=4"),
+    ("topk_1pct", "top-k 1%", "topk density=0.01"),
+    ("local_sgd", f"local SGD k={LOCAL_SGD_PERIOD}", f"local_sgd period={LOCAL_SGD_PERIOD}"),
+)
+
+
+def _link_times(measured: dict[str, Any]) -> dict[str, float]:
+    """Seconds per step of every variant measured: local SGD's averaging spread over its period."""
+    times = {key: value for key, value in measured["tf"].items() if key != "bytes_per_pack"}
+    if "local_sgd_averaging" in times:
+        times["local_sgd"] = times["local_sgd_averaging"] / LOCAL_SGD_PERIOD
+    if "gloo" in measured:
+        times["gloo"] = measured["gloo"]["resnet50"]
+    return times
+
+
+def link_report(measured: dict[str, Any]) -> dict[str, Any]:
+    """Each variant measured beside its wire limit (its bytes each way at the link's rate) and the planner's
+    prediction at that rate (``tfdist plan --link RATE --choose`` with the memory bandwidth measured in the run;
+    unshaped, the rate TCP reached between the hosts), and the planner's choice against the fastest measured."""
+    from tfdist.comm import estimate_variants
+    from tfdist.launch import Link
+    from tfdist.plan import LAN_LATENCY
+
+    times, hosts, shapes = _link_times(measured), measured["hosts"], resnet50_shapes()
+    fp32 = 4 * sum(math.prod(s) for s in shapes)
+    if measured["link"] == "none":
+        tcp = measured.get("gloo", {}).get("tcp_exchange")
+        bandwidth = fp32 / tcp if tcp else None
+    else:
+        bandwidth = Link.parse(measured["link"]).bits_per_second / 8
+    memory = STREAM_PASSES * fp32 / times["stream"] if "stream" in times else None
+    report: dict[str, Any] = {"link": measured["link"], "hosts": hosts, "bandwidth_MBps": bandwidth and bandwidth / 1e6}
+    report["memory_bandwidth_GBps"] = memory and memory / 1e9
+    if bandwidth is None:
+        return report
+    link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth}
+    predicted = {e.label: e for e in estimate_variants(latency=LAN_LATENCY, memory_bandwidth=memory, **link)}
+    limit = {e.label: e.wire_seconds for e in estimate_variants(latency=0.0, **link)}
+    rows = []
+    for key, name, variant in _LINK_ROWS:
+        if key not in times:
+            continue
+        row = {"variant": name, "ms": _ms(times[key]), "limit_ms": _ms(limit[variant])}
+        row["over_limit"] = round(times[key] / limit[variant], 2)
+        row["predicted_ms"] = _ms(predicted[variant].seconds)
+        row["error"] = round(predicted[variant].seconds / times[key] - 1, 3)
+        rows.append(row)
+    report["rows"] = rows
+    report.update(_link_goals(times, predicted))
+    return report
+
+
+def _link_goals(times: dict[str, float], predicted: dict[str, Any]) -> dict[str, Any]:
+    """The planner's choice among the tfdist variants measured against the fastest of them, and the ratio the
+    issue sets a goal on."""
+    from tfdist.comm import choose_variant
+
+    measured = {
+        variant: times[key] for key, _, variant in _LINK_ROWS if key in times and key not in ("default", "gloo")
+    }
+    fastest = min(measured, key=measured.__getitem__)
+    choice = choose_variant([predicted[variant] for variant in measured]).label
+    goals: dict[str, Any] = {"choice": choice, "fastest_measured": fastest}
+    goals["choice_over_fastest"] = round(measured[choice] / measured[fastest], 2)
+    if "gloo" in times and "powersgd_r4" in times:
+        goals["powersgd_r4_over_gloo"] = round(times["powersgd_r4"] / times["gloo"], 2)
+    return goals
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    """One link's table as BENCHMARKS.md shows it."""
+    head = f"{report['hosts']} hosts, link {report['link']}"
+    if "rows" not in report:
+        return f"{head}: no rate to compare with (run gloo's peers for the TCP limit)\n"
+    memory = report["memory_bandwidth_GBps"]
+    lines = [
+        f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), memory "
+        + (f"{memory:.1f} GB/s" if memory else "bandwidth not measured"),
+        "",
+        "| variant | ms | wire limit ms | / limit | planner ms | planner error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"| {row['variant']} | {row['ms']:.1f} | {row['limit_ms']:.1f} | {row['over_limit']:.2f}x "
+            f"| {row['predicted_ms']:.1f} | {row['error']:+.0%} |"
+        )
+    extra = {
+        k: v for k, v in report.items() if k not in ("rows", "link", "hosts", "bandwidth_MBps", "memory_bandwidth_GBps")
+    }
+    return "\n".join(lines) + "\n\n" + json.dumps(extra) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2, choices=(2, 3, 4))
     parser.add_argument("--no-gloo", action="store_true", help="skip torch (when the bench extra is missing)")
     parser.add_argument("--json", help="also write the report here")
+    parser.add_argument(
+        "--simulate-hosts",
+        type=int,
+        default=0,
+        choices=(0, 2, 3, 4),
+        metavar="N",
+        help="run the workers (and gloo's ranks) on N simulated hosts, the ResNet-50 list only",
+    )
+    parser.add_argument(
+        "--link",
+        action="append",
+        default=None,
+        metavar="RATE",
+        help="with --simulate-hosts: the hosts' link rate, as tfdist-launch --link takes it (1gbit, 10gbit), or "
+        "none (unshaped); repeat it for several rates, one after the other (default: none)",
+    )
+    parser.add_argument(
+        "--torch-python", default=sys.executable, help="the Python that has torch, for gloo's ranks (default: this)"
+    )
+    parser.add_argument("--from-json", help="with --simulate-hosts: report the measurements of an earlier --json")
     parser.add_argument("--gloo-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--gloo-task", help=argparse.SUPPRESS)
     parser.add_argument("--loopback-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gloo_task is not None:
+        _gloo_task(args.gloo_task, args.repeats)
+        return 0
+    if args.simulate_hosts:
+        return _simulated(args)
     if args.gloo_child:
         rank, port = args.gloo_child
         _gloo_child(rank, port, args.repeats)

@@ -1,6 +1,7 @@
 """Benchmark: what gradient compression costs in accuracy, on real data, 2 workers, several seeds.
 
     .venv/bin/python scripts/bench_compression_quality.py [--seeds 3] [--epochs 30] [--json PATH] [--plot PNG]
+        [--warmups 0,25,50,100]
 
 The data is scikit-learn's handwritten digits (``load_digits``: 1,797 8x8 scans, shipped inside the
 wheel; the ``demo`` extra installs it), split once into 1,437 training and 360 test images (stratified,
@@ -10,8 +11,9 @@ workers, with every variant in the same processes, one after the other, per seed
 
   fp32           the plain optimizer (TF's float32 all-reduce)
   bf16           with_communication(compression="bf16")
-  powersgd_rR    with_communication(compression="powersgd", rank=R), R = 1, 2, 4
-  powersgd_r4_warm100  with_communication(compression=PowerSGD(rank=4, warmup_steps=100)): 100 plain steps first
+  powersgd_rR    with_communication(compression="powersgd", rank=R), R = 1, 2, 4: PowerSGD's defaults, so
+                 its first 25 steps are a warm-up of plain all-reduce
+  powersgd_r4_warm0    with_communication(compression=PowerSGD(rank=4, warmup_steps=0)): compressed from step 1
   topk_1pct      with_communication(compression="topk", density=0.01)
   local_sgd_k4   local_sgd(model, period=4): local steps, weights and momentum averaged every 4 steps
 
@@ -19,7 +21,11 @@ Reported per variant: the final test accuracy and loss (mean and min-max over se
 accuracy after the first 200 steps (short training: the weights of step 200, evaluated after the run), the
 test accuracy after every epoch (mean over seeds), and the median seconds per epoch (the slower worker).
 Goals: PowerSGD rank 4 within 1 percentage point of fp32's accuracy (issue 28); within 1.5x of fp32's
-test loss after 200 steps (issue 49).
+test loss after 200 steps with the default warm-up (issue 49).
+
+``--warmups 0,25,50,100`` runs fp32 and PowerSGD ranks 1 and 4 with each of those warm-ups instead (the
+measurement behind the default warm-up), and reports each one's test loss after 200 steps over fp32's,
+per seed and of the means.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "powersgd_r1": {"compression": "powersgd", "rank": 1},
     "powersgd_r2": {"compression": "powersgd", "rank": 2},
     "powersgd_r4": {"compression": "powersgd", "rank": 4},
-    "powersgd_r4_warm100": {"compression": "powersgd", "rank": 4, "warmup_steps": 100},
+    "powersgd_r4_warm0": {"compression": "powersgd", "rank": 4, "warmup_steps": 0},
     "topk_1pct": {"compression": "topk", "density": 0.01},
     "local_sgd_k4": {"period": 4},  # keras.local_sgd(model, period=4): weights averaged every 4 steps.
 }
@@ -59,8 +65,18 @@ def _digits() -> tuple[Any, Any, Any, Any]:
     return x_train, np.asarray(y_train), x_test, np.asarray(y_test)
 
 
-def worker(seeds: list[int], epochs: int) -> dict[str, Any]:
-    """Every variant for every seed on this worker; returns per variant and seed the curves and timings."""
+def sweep(warmups: list[int]) -> dict[str, dict[str, Any]]:
+    """The variants of ``--warmups``: fp32, and PowerSGD ranks 1 and 4 with each warm-up."""
+    variants: dict[str, dict[str, Any]] = {"fp32": {}}
+    for rank in (1, 4):
+        for steps in warmups:
+            variants[f"powersgd_r{rank}_warm{steps}"] = {"compression": "powersgd", "rank": rank, "warmup_steps": steps}
+    return variants
+
+
+def worker(seeds: list[int], epochs: int, variants: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Every variant (default :data:`VARIANTS`) for every seed on this worker; returns per variant and seed the
+    curves and timings."""
     import tensorflow as tf
 
     import tfdist
@@ -74,7 +90,7 @@ def worker(seeds: list[int], epochs: int) -> dict[str, Any]:
     test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(GLOBAL_BATCH).with_options(options)
     out: dict[str, Any] = {}
     for seed in seeds:
-        for name, settings in VARIANTS.items():
+        for name, settings in (variants or VARIANTS).items():
             keras.utils.set_random_seed(seed)
             train = (
                 tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -139,7 +155,7 @@ def _snapshot(keras: Any, model: Any, into: list[Any]) -> Any:
 
 
 def _compression(settings: dict[str, Any]) -> dict[str, Any]:
-    """with_communication's arguments for a variant: a PowerSGD with a warm-up is built typed."""
+    """with_communication's arguments for a variant: a PowerSGD with its warm-up given is built typed."""
     if "warmup_steps" not in settings:
         return settings
     from tfdist.comm import PowerSGD
@@ -150,7 +166,7 @@ def _compression(settings: dict[str, Any]) -> dict[str, Any]:
 def summary(values: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     """Per variant: final accuracy and loss over seeds, the mean accuracy curve, seconds per epoch."""
     rows = {}
-    for name in VARIANTS:
+    for name in next(iter(values.values())):
         runs = [[v[name][str(s)] for v in values.values()] for s in seeds]  # Per seed, every worker's run.
         finals = [r[0]["test_accuracy"][-1] for r in runs]
         losses = [r[0]["test_loss"][-1] for r in runs]
@@ -173,6 +189,8 @@ def summary(values: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
             ),
             "bytes_per_step": runs[0][0]["bytes_per_step"],  # None: TF's own all-reduce (fp32, local SGD).
         }
+    if "powersgd_r4" not in rows:  # A --warmups sweep: each variant's short loss over fp32's.
+        return {"variants": rows, "short_loss_over_fp32": _ratios(values, seeds)}
     fp32 = rows["fp32"]["accuracy_mean"]
     goals = {
         "PowerSGD r4 accuracy - fp32 accuracy, points (goal >= -1)": round(
@@ -183,6 +201,20 @@ def summary(values: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
         ),
     }
     return {"variants": rows, "goals": goals}
+
+
+def _ratios(values: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """Per variant, its test loss after ``SHORT_STEPS`` steps over fp32's: per seed, and of the means."""
+    first = next(iter(values.values()))  # Every worker evaluates the same weights.
+    fp32 = [first["fp32"][str(s)]["short_loss"] for s in seeds]
+    out = {}
+    for name, runs in first.items():
+        short = [runs[str(s)]["short_loss"] for s in seeds]
+        out[name] = {
+            "per_seed": [round(a / b, 3) for a, b in zip(short, fp32)],
+            "of_means": round(statistics.mean(short) / statistics.mean(fp32), 3),
+        }
+    return out
 
 
 def plot(report: dict[str, Any], path: str) -> None:
@@ -210,6 +242,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--json", help="also write the report here")
     parser.add_argument("--plot", help="write the accuracy curves as a PNG here")
+    parser.add_argument("--warmups", help="PowerSGD warm-ups to compare instead, e.g. 0,25,50,100")
     args = parser.parse_args()
     from tfdist import testing
 
@@ -218,7 +251,7 @@ def main() -> int:
         "bench_compression_quality:worker",
         workers=2,
         timeout=3600,
-        args=[seeds, args.epochs],
+        args=[seeds, args.epochs, sweep([int(w) for w in args.warmups.split(",")]) if args.warmups else None],
         env={"PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))},
     )
     if not run.ok:
@@ -231,7 +264,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(text + "\n")
-    if args.plot:
+    if args.plot and not args.warmups:
         plot(report, args.plot)
     return 0
 

@@ -296,7 +296,7 @@ def test_launch_config_options_come_in_groups() -> None:
     from tfdist.launch.config import Elastic, Topology
 
     groups = LaunchConfig.option_groups()
-    assert list(groups) == ["topology", "supervision", "faults", "elastic", "network"]
+    assert list(groups) == ["topology", "supervision", "faults", "elastic", "network", "inspection"]
     flat = [f.name for kind in groups.values() for f in dataclasses.fields(kind)]
     assert LaunchConfig.option_names() == ("command", *flat)  # Each option declared once, in its group.
     assert [f.name for f in dataclasses.fields(cast(Any, LaunchConfig))] == list(LaunchConfig.option_names())

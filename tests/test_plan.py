@@ -236,16 +236,23 @@ def test_cli_embedding_traffic() -> None:
 
 
 def test_compressed_traffic_formulas() -> None:
-    from tfdist.comm import compressed_traffic
+    from tfdist.comm import PowerSGD, compressed_traffic
 
     shapes = [(2048, 1000), (1000,), (3, 3, 64, 64)]  # 2048000 + 1000 + 36864 values
     link: dict[str, Any] = {"workers": 4, "bandwidth": 1e9, "latency": 1e-4}
     ring = lambda b: 2 * 3 * 1e-4 + 2 * 3 / 4 * b / 1e9  # noqa: E731
     power = compressed_traffic(shapes=shapes, compression="powersgd", rank=4, **link)
     p, q, whole = 4 * (2048 + 576), 4 * (1000 + 64), 1000  # The kernel as [576, 64]; the bias whole.
-    assert power.bytes_per_step == 4 * (p + q + whole)
-    assert power.seconds_per_step == pytest.approx(ring(4 * p) + ring(4 * (q + whole)))
+    # After the warm-up, the P factors' all-reduce carries one value of its plain sum (ended).
+    assert power.bytes_per_step == 4 * (p + q + whole + 1)
+    assert power.seconds_per_step == pytest.approx(ring(4 * (p + 1)) + ring(4 * (q + whole)))
     assert power.fewer_bytes == pytest.approx(4 * 2085864 / power.bytes_per_step)
+    # Its first 25 steps sum the matrices whole beside the factors.
+    assert (power.warmup_steps, power.warmup_bytes_per_step) == (25, 4 * (p + 2084864 + q + whole))
+    assert power.warmup_seconds_per_step == pytest.approx(ring(4 * (p + 2084864)) + ring(4 * (q + whole)))
+    cold = compressed_traffic(shapes=shapes, compression=PowerSGD(rank=4, warmup_steps=0), **link)
+    assert cold.bytes_per_step == 4 * (p + q + whole) and cold.warmup_steps == 0
+    assert cold.seconds_per_step == pytest.approx(ring(4 * p) + ring(4 * (q + whole)))
     top = compressed_traffic(shapes=shapes, compression="topk", density=0.01, **link)
     k = 20480 + 10 + 369  # ceil(1% of each)
     assert top.bytes_per_step == 8 * k
@@ -286,8 +293,17 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     done = plan("--compression", "powersgd", "--rank", "4", "--shapes", str(shapes), "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000)
+    assert data["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000 + 1)  # The warm-up's end: one value.
+    assert data["compressed"]["warmup_steps"] == 25
+    assert data["compressed"]["warmup_bytes_per_step"] == 4 * (4 * 3048 + 2048000 + 1000)
     assert data["gradient_bytes"] == 4 * 2049000  # Params from the shapes.
+    # The warm-up and the rate are flags of their own, from PowerSGD's config.
+    cold = plan("--compression", "powersgd", "--warmup-steps", "0", "--shapes", str(shapes), "--json")
+    assert json.loads(cold.stdout)["compressed"]["bytes_per_step"] == 4 * (4 * 3048 + 1000)
+    rate = plan("--compression", "powersgd", "--min-compression-rate", "200", "--shapes", str(shapes), "--json")
+    assert json.loads(rate.stdout)["compressed"]["bytes_per_step"] == 4 * 2049000  # 168x is not 200x: whole.
+    low = plan("--compression", "powersgd", "--min-compression-rate", "0.5", "--shapes", str(shapes))
+    assert low.returncode == 2 and "Invalid value for `--min-compression-rate`. Received: 0.5" in low.stderr
     text = plan("--compression", "local-sgd", "--period", "8", "--shapes", "[[2048, 1000], [1000]]")
     assert text.returncode == 0, text.stderr
     assert "local-sgd:" in text.stdout and "8.0x fewer bytes" in text.stdout
@@ -296,6 +312,8 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     assert costed.returncode == 0, costed.stderr
     # 10 passes over the 2048x1000 matrix's 8.192 MB at 20 GB/s: 4.10 ms.
     assert "+ arithmetic:" in costed.stdout and "4.10 ms/step" in costed.stdout
+    # 8.245 MB per step while it warms up: the matrix whole, beside its factors and the bias.
+    assert "first steps:" in costed.stdout and "8.245 MB/worker step for the first 25 (its warm-up)" in costed.stdout
     wrong = plan("--compression", "powersgd", "--shapes", str(shapes), "--memory-bandwidth", "fast")
     assert wrong.returncode == 2 and "`--memory-bandwidth`. Received: 'fast'" in wrong.stderr
     missing = plan("--compression", "topk", "--params", "25M")
@@ -385,3 +403,56 @@ def test_cli_prints_the_mesh_launch_command() -> None:
     assert "launch:            tfdist-launch --workers 4 --mesh batch=2,model=4 -- python train.py" in done.stdout
     assert "11.2 GiB per device" in done.stdout
     assert "or 4 pipeline stages, one per task (tfdist-launch --chief --workers 4 --run-on chief)" in done.stdout
+
+
+def test_cli_link_takes_the_launchers_rates_with_a_lan_latency() -> None:
+    def plan(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--params", "25.6M", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    link = json.loads(plan("--link", "1gbit", "--json").stdout)
+    same = json.loads(plan("--bandwidth", "1Gbps", "--latency", "50us", "--json").stdout)
+    assert link["ring_allreduce_s"] == same["ring_allreduce_s"] == pytest.approx(2 * 50e-6 + 102.4e6 / 125e6)
+    slow = json.loads(plan("--link", "100MBit", "--latency", "1ms", "--json").stdout)
+    assert slow["ring_allreduce_s"] == pytest.approx(2 * 1e-3 + 102.4e6 / 12.5e6)
+    for args, message in (
+        (("--link", "1 gigabit"), "Invalid value for `--link`. Received: '1 gigabit'. Expected a RATE"),
+        (("--link", "worker:1=1gbit"), "Pass e.g. --link 1gbit."),
+        (("--link", "5bit"), "from 10kbit to 1tbit"),
+        (
+            ("--bandwidth", "1Gbps"),
+            "Invalid value for `--latency`. Received: None. Expected a latency with --bandwidth",
+        ),
+        (("--link", "1gbit", "--bandwidth", "1Gbps"), "not allowed with argument"),
+        ((), "one of the arguments --bandwidth --link is required"),
+    ):
+        done = plan(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -> None:
+    def plan(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    shapes = "[[2048, 1000], [1000], [3, 3, 256, 256]]"
+    data = json.loads(plan("--shapes", shapes, "--choose", "--memory-bandwidth", "2GB/s", "--json").stdout)
+    seconds = {v["variant"]: v["seconds"] for v in data["variants"]}
+    assert list(seconds) == [
+        "none",
+        "bf16",
+        "fp16",
+        "powersgd rank=1",
+        "powersgd rank=2",
+        "powersgd rank=4",
+        "topk density=0.01",
+        "local_sgd period=4",
+    ]
+    assert data["choice"] == min(seconds, key=seconds.__getitem__)
+    assert seconds["bf16"] == pytest.approx(seconds["none"] / 2, rel=0.01)
+    text = plan("--shapes", shapes, "--choose")
+    assert text.returncode == 0, text.stderr
+    assert "  powersgd rank=4 " in text.stdout and "the wire only: add --memory-bandwidth" in text.stdout
+    assert "choice:            powersgd rank=1 (accuracy not priced" in text.stdout
+    missing = plan("--params", "1M", "--choose")
+    assert missing.returncode == 2 and "`--choose`. Received: True. Expected --shapes or --model" in missing.stderr

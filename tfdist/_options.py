@@ -76,6 +76,8 @@ class Flag:
       choices: The values the flag takes (the option checks them again).
       cli_default: The flag's default, where a command line's is not the option's own (``tfdist-launch
         --workers`` is 2, ``Topology.workers`` 1): declared here, so both stand in one place.
+      bare: The value of the flag given without one (``--stall-seconds`` alone is 300); by default the flag
+        needs a value.
     """
 
     help: str
@@ -83,6 +85,12 @@ class Flag:
     metavar: str | None = None
     choices: tuple[str, ...] = ()
     cli_default: Any = _Own.DEFAULT
+    bare: Any = _Own.DEFAULT
+
+    @property
+    def takes_bare(self) -> bool:
+        """Whether the flag may be given without a value (then it is :attr:`bare`)."""
+        return self.bare is not _Own.DEFAULT
 
 
 def option(
@@ -94,6 +102,7 @@ def option(
     metavar: str | None = None,
     choices: tuple[str, ...] = (),
     cli_default: Any = _Own.DEFAULT,
+    bare: Any = _Own.DEFAULT,
 ) -> Any:
     """A dataclass field with its default (or ``default_factory``) and how a command line offers it (:class:`Flag`).
 
@@ -108,7 +117,7 @@ def option(
         >>> [(o.name, o.group, o.flag.help) for o in flagged_options(Job)]
         [('attempts', 'retry', 'tries before giving up')]
     """
-    about = Flag(help=help, name=flag, metavar=metavar, choices=tuple(choices), cli_default=cli_default)
+    about = Flag(help=help, name=flag, metavar=metavar, choices=tuple(choices), cli_default=cli_default, bare=bare)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: about})
 
 

@@ -21,6 +21,7 @@ from tfdist._names import describe_choices
 from tfdist.errors import PlanError, invalid, require_int, require_number, require_type
 
 __all__ = [
+    "LAN_LATENCY",
     "OPTIMIZER_SLOTS",
     "EmbeddingTraffic",
     "Plan",
@@ -30,6 +31,9 @@ __all__ = [
     "parse_quantity",
 ]
 
+# A message's latency on a local network (a switch or two; tfdist plan --link's default): what a ring all-reduce
+# step waits besides the bytes. Whole-gradient all-reduces of megabytes hardly feel it.
+LAN_LATENCY = 50e-6
 # Extra per-parameter state each optimizer keeps (in copies of the weights).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2}
 _SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}  # "b": a billion, for counts ('7B').

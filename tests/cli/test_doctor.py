@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from tfdist import ClusterSpec
+import pytest
+
+from tfdist import ClusterSpec, launch
 from tfdist.cluster.probe import probe_tasks
+from tfdist.launch import Link
 
 
 def _doctor(*args: str, tf_config: str | None = None) -> subprocess.CompletedProcess:
@@ -92,6 +95,48 @@ def test_probe_under_parameter_servers_needs_the_servers_up_and_names_dns() -> N
         assert "probe chief:0      host up" in done.stdout
         assert "not listening yet: chief:0 - under parameter_server the chief" in done.stdout
         assert "this task:   runs a TensorFlow server, not the training program" in done.stdout
+
+
+def test_measure_link_runs_on_every_task_and_speaks_plans_units() -> None:
+    addresses = [t.address for t in ClusterSpec.local(workers=2).tasks()]
+    configs = [json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}}) for i in (0, 1)]
+    argv = [sys.executable, "-m", "tfdist.cli.main", "doctor", "--probe", "20", "--measure-link"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    tasks = [subprocess.Popen(argv, env={**env, "TF_CONFIG": c}, stdout=subprocess.PIPE, text=True) for c in configs]
+    outputs = [task.communicate(timeout=60)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    for me, peer, output in ((0, 1, outputs[0]), (1, 0, outputs[1])):
+        found = re.search(
+            rf"^link worker:{me} -> worker:{peer}: (\S+) \([\d.]+ MB/s\): tfdist plan --link (\S+)$", output, re.M
+        )
+        assert found and found.group(1) == found.group(2), output
+        plan = subprocess.run(
+            [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--params", "1M", "--link", found[1]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert plan.returncode == 0, plan.stderr
+    alone = _doctor("--probe", "0.5", "--measure-link", tf_config=configs[0])
+    assert alone.returncode == 3, alone.stdout  # Nobody measures back: named, with what to run.
+    assert "link worker:0 -> worker:1: not measured (" in alone.stdout
+    assert "on every task at once, before training" in alone.stdout
+    without = _doctor("--measure-link", tf_config=configs[0])
+    assert without.returncode == 2 and "Pass e.g. --probe 30 --measure-link." in without.stderr, without.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_measure_link_measures_a_shaped_link_between_simulated_hosts() -> None:
+    command = [sys.executable, "-m", "tfdist.cli.main", "doctor", "--probe", "30", "--measure-link"]
+    result = launch.run(command, workers=2, simulate_hosts=2, links=("100mbit",), timeout=120)
+    assert result.exit_code == 0, result.summary()
+    for me, peer in ((0, 1), (1, 0)):
+        output = result.task(f"worker:{me}").output
+        found = re.search(rf"^link worker:{me} -> worker:{peer}: (\S+) ", output, re.M)
+        assert found, output
+        rate = Link.parse(found[1]).bits_per_second
+        assert 80e6 <= rate <= 120e6, found[1]  # TCP's payload on a 100 Mbit/s token bucket, both ways at once
 
 
 # TF_CONFIGs doctor and build_strategy("auto") must judge alike; None: the variable unset.

@@ -17,6 +17,7 @@ from tfdist._options import flagged_options
 from tfdist.cli import launch as launch_cli
 from tfdist.cli._flags import option_values
 from tfdist.launch import KillAt, LaunchConfig, Link, LoseAt, RayOptions, ReturnAt, SparkOptions, Topology
+from tfdist.launch.inspection import STALL_SECONDS
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "launch.md"
 COMMAND = ("python", "train.py")
@@ -62,6 +63,15 @@ def test_each_flag_sets_its_option() -> None:
     )
     hosts = _config(["--simulate-hosts", "2", "--link", "1gbit", "--link", "worker:1=100mbit"])
     assert (hosts.simulate_hosts, hosts.links) == (2, (Link(rate="1gbit"), Link(rate="100mbit", task="worker:1")))
+
+
+def test_stall_seconds_alone_is_its_declared_bare_value() -> None:
+    """--stall-seconds is off by default, 300 given alone, S given with a value (also before another flag)."""
+    assert _config([]).stall_seconds is None
+    assert _config(["--stall-seconds"]).stall_seconds == STALL_SECONDS == 300.0
+    assert _config(["--stall-seconds", "--workers", "3"]).stall_seconds == STALL_SECONDS
+    assert _config(["--stall-seconds", "45"]).stall_seconds == 45.0
+    assert [o.name for o in flagged_options(LaunchConfig) if o.flag.takes_bare] == ["stall_seconds"]
 
 
 def test_flags_are_named_after_their_options_or_declare_their_name() -> None:

@@ -31,7 +31,7 @@ def _orthogonalize(p: Any) -> Any:
 
 def reference_powersgd(grads: list, q0: list) -> list[dict[str, Any]]:
     """The algorithm of the paper, in float64 NumPy: per step the sums, each replica's errors, the Qs."""
-    views = [matrix_shape(s, rank=RANK) for s in SHAPES]
+    views = [matrix_shape(s, rank=RANK, min_compression_rate=compression_tasks.RATE) for s in SHAPES]
     errors = [[np.zeros(v) if v else None for v in views] for _ in range(REPLICAS)]
     qs: list[Any] = [None if q is None else q.astype("float64") for q in q0]
     steps = []
@@ -85,7 +85,11 @@ class TestOnReplicas:
 
     def test_powersgd_matches_the_reference_step_by_step(self, run: dict) -> None:
         grads, q0 = compression_tasks.inputs(REPLICAS, STEPS, RANK)
-        compressed = [i for i, s in enumerate(SHAPES) if matrix_shape(s, rank=RANK) is not None]
+        compressed = [
+            i
+            for i, s in enumerate(SHAPES)
+            if matrix_shape(s, rank=RANK, min_compression_rate=compression_tasks.RATE) is not None
+        ]
         assert compressed == [0, 1, 4]  # (6, 5), the conv kernel and (8, 16); the vector and (5, 2) go whole.
         for step, (got, want) in enumerate(zip(run["powersgd"], reference_powersgd(grads, q0))):
             for replica in range(REPLICAS):  # Every replica applies the same sum.
@@ -174,12 +178,19 @@ def test_which_tensors_powersgd_compresses_and_their_bytes() -> None:
 def test_a_minimum_compression_rate_sends_the_matrices_it_would_not_shrink_enough_whole() -> None:
     assert matrix_shape((16, 8), rank=2) == (16, 8)  # 128 values against 48 in factors: 2.7x
     assert matrix_shape((16, 8), rank=2, min_compression_rate=2) == (16, 8)
+    # The default rate is torch's 2: 30 values against 22 in factors (1.4x) go whole, unless asked for.
+    assert matrix_shape((6, 5), rank=2) is None and matrix_shape((6, 5), rank=2, min_compression_rate=1) == (6, 5)
+    assert matrix_shape((4, 4), rank=1) is None  # 16 against 8: exactly 2x is not more.
+    assert PowerSGD(rank=2).state_slots((6, 5)) == () and PowerSGD(rank=2, min_compression_rate=1).state_slots((6, 5))
     assert matrix_shape((16, 8), rank=2, min_compression_rate=2.7) is None
     assert lowrank_value_count([(16, 8), (2048, 1000)], rank=2, min_compression_rate=3) == (2 * 3048, 128)
     assert PowerSGD(rank=2, min_compression_rate=3).sent_bytes([(16, 8)]) == 4 * 128
     assert [s.kind for s in PowerSGD(rank=2, warmup_steps=5).state_slots((16, 8))] == ["error", "q", "steps"]
     assert PowerSGD(rank=2, warmup_steps=5).state_slots((16, 8))[2].shared
     assert PowerSGD(rank=2, warmup_steps=5).state_slots((4,)) == ()
+    # A warm-up by default (25 steps), none when asked: then no step count is kept either.
+    assert [s.kind for s in PowerSGD(rank=2).state_slots((16, 8))] == ["error", "q", "steps"]
+    assert [s.kind for s in PowerSGD(rank=2, warmup_steps=0).state_slots((16, 8))] == ["error", "q"]
 
 
 def test_bad_settings_name_the_field() -> None:
@@ -188,6 +199,9 @@ def test_bad_settings_name_the_field() -> None:
         ({"warmup_steps": 1.5}, "warmup_steps"),
         ({"min_compression_rate": 0.5}, "min_compression_rate"),
         ({"min_compression_rate": float("nan")}, "min_compression_rate"),
+        ({"min_compression_rate": "2"}, "min_compression_rate"),
+        ({"warmup_steps": 2**24 + 1}, "warmup_steps"),
+        ({"warmup_steps": True}, "warmup_steps"),
     ):
         with pytest.raises(StrategyError, match=f"`{field}`"):
             PowerSGD(**options)
@@ -227,7 +241,12 @@ def test_sparse_gradients_are_summed_by_tf_uncompressed_and_logged(caplog: pytes
 
 @pytest.mark.parametrize(
     "compression",
-    [PowerSGD(rank=2), PowerSGD(rank=2, warmup_steps=2), TopK()],
+    # Rate 1: the 4x16 kernel (64 values against 40 in factors) is compressed.
+    [
+        PowerSGD(rank=2, warmup_steps=0, min_compression_rate=1),
+        PowerSGD(rank=2, warmup_steps=2, min_compression_rate=1),
+        TopK(),
+    ],
     ids=["powersgd", "powersgd_warmup", "topk"],
 )
 def test_a_checkpoint_read_before_the_first_step_restores_the_state_created_in_it(
@@ -296,8 +315,8 @@ def test_one_worker_trains_and_counts_its_bytes() -> None:
 
     x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
     y = x @ np.ones((8, 1), "float32")
-    for compression, options, sent in (
-        ("powersgd", {"rank": 2}, 2 * (8 + 16) + 16 + 16 + 1),
+    for compression, options, sent in (  # 32 steps: PowerSGD's 25 of warm-up, then 7 compressed.
+        ("powersgd", {"rank": 2}, 2 * (8 + 16) + 16 + 16 + 1 + 1),  # And one value: the warm-up's sum, ended.
         ("topk", {}, 2 + 1 + 1 + 1),
     ):
         keras.utils.set_random_seed(1)
@@ -347,7 +366,7 @@ def test_powersgd_under_mixed_precision_trains_like_float32() -> None:
             keras.mixed_precision.set_global_policy("float32")
     assert losses[0][-1] < losses[0][0] / 2
     np.testing.assert_allclose(losses[1], losses[0], rtol=2e-2)
-    assert states == [["float32", "float32"]] * 2
+    assert states == [["float32", "float32", "float32"]] * 2  # Error, Q and the warm-up's steps.
 
 
 def test_topk_of_large_tensors_is_exact_with_ties_and_zeros() -> None:

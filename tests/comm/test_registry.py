@@ -59,12 +59,15 @@ NAMED: dict[str, dict[str, Any]] = {
     "local_sgd_4": {"compression": "local_sgd", "period": 4},
     "local_sgd_1": {"compression": "local_sgd", "period": 1},
 }
+# PowerSGD as the name tables had it: no warm-up, every matrix the factors shrink at all (its defaults since
+# are a 25-step warm-up and a rate of 2: test_powersgd_defaults_...).
+PINNED_POWERSGD: dict[str, Any] = {"warmup_steps": 0, "min_compression_rate": 1}
 TYPED: dict[str, Compressor] = {
     "none": NoCompression(),
     "fp16": Float16(),
     "bf16": BFloat16(),
-    "powersgd_r1": PowerSGD(rank=1),
-    "powersgd_r4": PowerSGD(rank=4),
+    "powersgd_r1": PowerSGD(rank=1, **PINNED_POWERSGD),
+    "powersgd_r4": PowerSGD(rank=4, **PINNED_POWERSGD),
     "topk_1pct": TopK(density=0.01),
     "topk_25pct": TopK(density=0.25),
     "local_sgd_4": LocalSGD(period=4),
@@ -144,12 +147,18 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+def _as_pinned(compressor: Compressor) -> Compressor:
+    """``compressor`` with the options the name tables had (PowerSGD's :data:`PINNED_POWERSGD`)."""
+    return dataclasses.replace(compressor, **PINNED_POWERSGD) if isinstance(compressor, PowerSGD) else compressor
+
+
 @pytest.mark.parametrize("key", sorted(WIRE), ids="/".join)
 def test_wire_bytes_are_what_the_name_tables_gave(key: tuple[str, str]) -> None:
     shapes, config = key
     for dtype, pinned in zip(("float32", "float64"), WIRE[key]):
         tensors = [np.zeros(shape, dtype) for shape in SHAPES[shapes]]
-        assert wire_bytes(tensors, CollectiveConfig(**NAMED[config])) == pinned
+        named = CollectiveConfig(**NAMED[config]).compressor
+        assert wire_bytes(tensors, CollectiveConfig(compression=_as_pinned(named))) == pinned
         assert wire_bytes(tensors, CollectiveConfig(compression=TYPED[config])) == pinned
         assert CollectiveConfig(compression=TYPED[config]).compressor.wire_bytes(tensors) == pinned
 
@@ -158,8 +167,9 @@ def test_wire_bytes_are_what_the_name_tables_gave(key: tuple[str, str]) -> None:
 def test_traffic_is_what_the_name_tables_gave(key: tuple[str, int, str]) -> None:
     shapes, workers, config = key
     link: dict[str, Any] = {"workers": workers, "bandwidth": 1.25e9, "latency": 5e-5, "memory_bandwidth": 2e10}
-    for compression in (NAMED[config], {"compression": TYPED[config]}):
-        traffic = compressed_traffic(shapes=SHAPES[shapes], **link, **compression)
+    named = compressor_for(NAMED[config]["compression"], {k: v for k, v in NAMED[config].items() if k != "compression"})
+    for compression in (_as_pinned(named), TYPED[config]):
+        traffic = compressed_traffic(shapes=SHAPES[shapes], **link, compression=compression)  # type: ignore[arg-type]
         got = (traffic.bytes_per_step, traffic.seconds_per_step, traffic.fewer_bytes, traffic.arithmetic_seconds)
         assert got == pytest.approx(TRAFFIC[key], rel=1e-12, abs=1e-18)
     compressor = TYPED[config]
@@ -183,7 +193,41 @@ def test_the_built_in_names_and_numbers_are_those_of_the_old_tables() -> None:
     assert (Float16.wire_max, BFloat16.wire_max) == (65504.0, None)  # Only float16 is range-scaled.
     # The defaults CollectiveConfig and compressed_traffic had for every compression.
     assert (PowerSGD().rank, TopK().density, LocalSGD().period) == (4, 0.01, 4)
+    assert (PowerSGD().warmup_steps, PowerSGD().min_compression_rate) == (25, 2.0)  # Added since: torch's rate.
     assert wire_bytes([], CollectiveConfig(compression="fp16")) == 0  # No tensors: no range scalar either.
+
+
+def test_powersgd_defaults_warm_up_and_send_the_matrices_they_would_not_halve_whole() -> None:
+    # Rate 2: the MLP's 8x16 kernel is 128 values against 96 in rank-4 factors, so everything goes whole,
+    # as without compression (and there is no warm-up to end); at rank 1 (24 values) it is compressed.
+    link = Link(workers=2, bandwidth=1.25e9, latency=5e-5)
+    assert PowerSGD(rank=4).sent_bytes(SHAPES["mlp"]) == WIRE[("mlp", "none")][0]
+    assert PowerSGD(rank=4).warmup(SHAPES["mlp"], link).steps == 0
+    # After the warm-up, one value more than the name tables: the warm-up's sum, ended, in the P factors'
+    # all-reduce (its seconds charged there).
+    for shapes in ("mlp", "conv"):
+        pinned = TRAFFIC[(shapes, 2, "powersgd_r1")]
+        assert PowerSGD(rank=1).sent_bytes(SHAPES[shapes]) == pinned[0] + 4
+        assert PowerSGD(rank=1).seconds(SHAPES[shapes], link) == pytest.approx(pinned[1] + 4 / 1.25e9, rel=1e-12)
+    # The small set: 4x4 at rank 1 is 16 values against 8, exactly 2x: whole. 6x5 (11 against 30) compressed.
+    assert PowerSGD(rank=1).sent_bytes(SHAPES["small"]) == 4 * (16 + 11 + 3 + 1)
+    # During the warm-up: every compressed matrix whole beside the factors (2 workers: one all-reduce each
+    # of P with the plain sum, and of Q with the tensors sent whole).
+    warm = PowerSGD(rank=4).warmup(SHAPES["conv"], link)
+    p, q, whole, matrices = 4 * (576 + 147 + 2048), 4 * (128 + 64 + 1000), 128 + 1000, 73728 + 9408 + 2048000
+    assert (warm.steps, warm.sent_bytes) == (25, 4.0 * (p + matrices + q + whole))
+    assert warm.seconds == pytest.approx(link.ring(4.0 * (p + matrices)) + link.ring(4.0 * (q + whole)), rel=1e-12)
+    traffic = compressed_traffic(
+        shapes=SHAPES["conv"], workers=2, bandwidth=1.25e9, latency=5e-5, compression="powersgd"
+    )
+    assert (traffic.warmup_steps, traffic.warmup_bytes_per_step) == (25, warm.sent_bytes)
+    assert traffic.to_dict()["warmup_seconds_per_step"] == warm.seconds
+    assert (
+        compressed_traffic(
+            shapes=SHAPES["conv"], workers=2, bandwidth=1.25e9, latency=5e-5, compression="topk"
+        ).warmup_steps
+        == 0
+    )
 
 
 def test_a_typed_config_and_its_name_with_options_are_the_same_config() -> None:

@@ -9,16 +9,54 @@ epoch 0 (the preemption); the test SIGKILLs it in the next attempt (the crash) a
 of epoch 1 and waits there, so the kill lands at that step however fast the steps run. The attempt that finishes
 then checks, on the same processes, what else Keras 3 models get from tfdist: the communication options,
 gradient accumulation, the refusals, and the start of an epoch at a step, against plain runs.
+
+Every task runs as where tf-keras is not installed (TensorFlow 2.22 has none): :func:`hide_tf_keras` runs
+before anything imports ``tfdist.keras``, so all of the above runs without tf_keras, and the finishing attempt
+also returns what the tf-keras names and helpers raise there (:func:`_without_tf_keras`).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import signal
+import sys
 import time
 from typing import Any
 
 EPOCHS = 3
+
+
+class _NoTfKeras(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import tf_keras`` (and its submodules) fails with the error of a stack without tf-keras.
+
+    Its spec has no origin and its loader refuses, rather than ``find_spec`` raising: TensorFlow's own import
+    (2.22) asks ``importlib.util.find_spec("tf_keras")``, and skips a spec without an origin as it skips none.
+    """
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.machinery.ModuleSpec(name, self) if name.partition(".")[0] == "tf_keras" else None
+
+    def create_module(self, spec: Any) -> Any:
+        raise ModuleNotFoundError(f"No module named {spec.name!r}", name=spec.name)
+
+    def exec_module(self, module: Any) -> None:
+        raise AssertionError("create_module refused it")
+
+
+def hide_tf_keras() -> None:
+    """From here on this process imports as if tf-keras were not installed.
+
+    The launcher sets TF_USE_LEGACY_KERAS=1 for every task, so the fork server the task was forked from has
+    imported tf_keras: its modules leave ``sys.modules``. No module of ``tfdist.keras`` is imported yet (checked),
+    so each imports what a stack without tf-keras gives it.
+    """
+    imported = [name for name in sys.modules if name.startswith("tfdist.keras")]
+    assert not imported, f"imported before tf_keras was hidden: {imported}"
+    for name in [name for name in sys.modules if name.partition(".")[0] == "tf_keras"]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _NoTfKeras())
 
 
 def _flat(model: Any) -> list[float]:
@@ -29,6 +67,7 @@ def _flat(model: Any) -> list[float]:
 
 def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
     """The fit (see the module), then, in the attempt that finishes, the other checks."""
+    hide_tf_keras()
     import logging
 
     import tensorflow as tf
@@ -87,7 +126,35 @@ def resumed_fit(workdir: str, prefix: str) -> dict[str, Any]:
         "learning_rate": [scaling.learning_rate, float(model.optimizer.learning_rate.numpy())],
         "communication": _communication(keras, strategy),
         "epoch_starts": _epoch_starts(keras),
+        "without_tf_keras": _without_tf_keras(keras),
     }
+
+
+def _without_tf_keras(keras: Any) -> dict[str, Any]:
+    """What the tf-keras names and helpers raise without tf-keras (the error's class, field and message), and
+    whether anything imported tf_keras in this process."""
+    import tempfile
+
+    import numpy as np
+
+    import tfdist
+    from tfdist import keras as tfdist_keras
+
+    model = _small(keras, keras.optimizers.SGD(0.05))  # No strategy: refused before anything runs.
+    data = (np.ones((8, 8), "float32"), np.ones((8, 1), "float32"))
+    uses = {
+        "Sequential": lambda: tfdist_keras.Sequential(),
+        "layers.Dense": lambda: tfdist_keras.layers.Dense(1),
+        "cluster_callbacks": lambda: tfdist_keras.cluster_callbacks(backup_dir=tempfile.mkdtemp()),
+        "ThroughputLogger": lambda: model.fit(*data, verbose=0, callbacks=[tfdist_keras.ThroughputLogger(8)]),
+    }
+    raised: dict[str, Any] = {}
+    for name, use in uses.items():
+        try:
+            use()
+        except tfdist.Error as err:
+            raised[name] = [type(err).__name__, err.field, err.fix, str(err)]
+    return {"raised": raised, "tf_keras_imported": "tf_keras" in sys.modules}
 
 
 def _communication(keras: Any, strategy: Any) -> dict[str, Any]:

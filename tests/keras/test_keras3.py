@@ -1,7 +1,8 @@
-"""Keras 3's fit, evaluate and predict on 2 real workers equal a one-process run; what is refused says why.
+"""Keras 3's fit, evaluate and predict on 3 real workers equal a one-process run; what is refused says why.
 
 One cluster run serves every check (CI time): each worker trains the same Keras 3 model alone and under
-MultiWorkerMirroredStrategy (tests/keras/_tasks_keras3.py), on the same global batches of 16 (8 + 8).
+MultiWorkerMirroredStrategy (tests/keras/_tasks_keras3.py), on the same global batches of 24 (8 + 8 + 8).
+3 workers here, 2 in the tutorial's run below and in tests/keras/test_keras3_resume.py: both counts are covered.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import pytest
 from tests.keras import _tasks_keras3 as tasks
 from tfdist import testing
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 EPOCHS = 2
 TOLERANCE = 1e-5
+WORKERS = 3
 
 
 @pytest.fixture(scope="module")
@@ -26,29 +28,31 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     root, prefix = str(tmp_path_factory.mktemp("keras3")), str(tmp_path_factory.mktemp("records") / "part")
     exact_tasks.write_data(prefix)
-    done = testing.run_cluster(tasks.mwms_equals_one_process, workers=2, timeout=180, args=[root, EPOCHS, prefix])
+    done = testing.run_cluster(tasks.mwms_equals_one_process, workers=WORKERS, timeout=240, args=[root, EPOCHS, prefix])
     assert done.ok, done.result.summary()
     return done
 
 
-def _both(run: Any) -> list[dict[str, Any]]:
-    return [run.values["worker:0"], run.values["worker:1"]]
+def _all(run: Any) -> list[dict[str, Any]]:
+    assert set(run.values) == {f"worker:{i}" for i in range(WORKERS)}
+    return [run.values[f"worker:{i}"] for i in range(WORKERS)]
 
 
 def test_per_step_losses_and_weights_equal_one_process(run: Any) -> None:
-    for value in _both(run):
-        assert value["replicas"] == 2
+    for value in _all(run):
+        assert value["replicas"] == WORKERS
         reference, distributed = value["reference"], value["distributed"]
         assert len(distributed["losses"]) == len(reference["losses"]) == 8 * EPOCHS
         np.testing.assert_allclose(distributed["losses"], reference["losses"], rtol=0, atol=TOLERANCE)
         np.testing.assert_allclose(distributed["weights"], reference["weights"], rtol=0, atol=TOLERANCE)
         assert reference["losses"][-1] < reference["losses"][0]  # It trained.
-    workers = _both(run)
-    assert workers[0]["distributed"]["weights"] == workers[1]["distributed"]["weights"]  # Bitwise.
+    workers = _all(run)
+    for other in workers[1:]:
+        assert other["distributed"]["weights"] == workers[0]["distributed"]["weights"]  # Bitwise.
 
 
 def test_validation_evaluate_and_predict_equal_one_process(run: Any) -> None:
-    for value in _both(run):
+    for value in _all(run):
         reference, distributed = value["reference"], value["distributed"]
         assert set(distributed["history"]) == {"loss", "mae", "val_loss", "val_mae"}
         for key, values in reference["history"].items():
@@ -56,12 +60,12 @@ def test_validation_evaluate_and_predict_equal_one_process(run: Any) -> None:
         assert set(distributed["evaluate"]) == set(reference["evaluate"]) == {"loss", "mae"}
         for key, number in reference["evaluate"].items():
             assert abs(distributed["evaluate"][key] - number) <= TOLERANCE, key
-        assert len(distributed["predict"]) == 32  # Every record once, in the input's order.
+        assert len(distributed["predict"]) == 2 * tasks.PER_WORKER * WORKERS  # Every record once, in order.
         np.testing.assert_allclose(distributed["predict"], reference["predict"], rtol=0, atol=TOLERANCE)
 
 
 def test_fit_input_of_a_pipeline_trains_every_record_once_per_epoch_as_one_process(run: Any) -> None:
-    for value in _both(run):
+    for value in _all(run):
         trained = value["pipeline"]
         assert trained["counts"] == [float(EPOCHS)]  # Every one of the 480 records, once per epoch.
         np.testing.assert_allclose(trained["distributed"], trained["reference"], rtol=0, atol=TOLERANCE)
@@ -69,7 +73,7 @@ def test_fit_input_of_a_pipeline_trains_every_record_once_per_epoch_as_one_proce
 
 
 def test_the_chief_writes_the_callbacks_files_and_every_worker_resumes_from_its_backup(run: Any) -> None:
-    for value in _both(run):
+    for value in _all(run):
         resumed = value["resumed"]
         assert resumed["epochs_seen"] == list(range(1, EPOCHS))  # Epoch 0 restored from the backup.
         reference = value["reference"]["weights"]
@@ -85,7 +89,7 @@ def test_the_chief_writes_the_callbacks_files_and_every_worker_resumes_from_its_
 
 
 def test_several_steps_per_execution_and_batch_backups_are_refused_with_the_reason(run: Any) -> None:
-    for value in _both(run):
+    for value in _all(run):
         refused = value["refused"]
         assert set(refused) == {"steps_per_execution", "save_freq"}
         steps = refused["steps_per_execution"]

@@ -8,6 +8,10 @@ finishes. Every record must then be counted 3 times, and the weights equal plain
 order's steps (``exact_tasks.ideal_weights``: not the code under test) and an uninterrupted one-process Keras 3
 fit. The finishing attempt also checks the elastic callbacks, the communication options and gradient
 accumulation with Keras 3 models, and what is refused.
+
+Every task hides tf_keras before it imports tfdist.keras (``_tasks_keras3_resume.hide_tf_keras``), as where
+tf-keras is not installed (TensorFlow 2.22 has none): all of the above holds without it, and the tf-keras
+names and helpers raise errors that name the install.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tests.keras import _tasks_keras3_resume as tasks
 from tests.support import exact_tasks
 from tfdist import testing
 from tfdist.launch.events import KillAt
+from tfdist.runtime.versions import tf_keras_pin
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 EPOCHS = tasks.EPOCHS
@@ -116,3 +121,21 @@ def test_an_epoch_started_at_a_step_numbers_and_counts_its_steps_from_there(run:
         # is sized when its input runs out, counting the 3 steps before the start.
         assert starts["unknown_length"] == [[3, 4, 5, 6, 7], list(range(8)), list(range(8))]
         assert starts["steps_per_epoch"] == [[3, 4, 5, 6, 7], list(range(8)), list(range(8))]
+
+
+def test_without_tf_keras_the_keras3_helpers_work_and_the_tf_keras_names_name_the_install(run: Any) -> None:
+    install = f"pip install '{tf_keras_pin()}'"  # TensorFlow's minor.
+    for value in _both(run):
+        without = value["without_tf_keras"]
+        assert without["tf_keras_imported"] is False  # The fit, its callbacks and the checks above imported none.
+        raised = without["raised"]
+        assert set(raised) == {"Sequential", "layers.Dense", "cluster_callbacks", "ThroughputLogger"}
+        for name in ("Sequential", "layers.Dense", "cluster_callbacks"):
+            kind, field, fix, text = raised[name]
+            assert (kind, field, fix) == ("StackError", "tf_keras", install), raised[name]
+            assert f"tfdist.keras.{name.split('.')[0]} needs tf-keras, which is not importable here" in text, text
+            assert "No module named 'tf_keras'" in text and f"Install it: {install}." in text, text
+            assert "fit_input, PreemptionSafeBackup, ElasticEpochs, LinearScaling" in text, text
+        kind, field, fix, text = raised["ThroughputLogger"]  # A tf-keras callback given a Keras 3 model.
+        assert (kind, field) == ("StrategyError", "model") and fix.startswith(install), raised["ThroughputLogger"]
+        assert "ThroughputLogger is a tf-keras callback" in text and f"{install} (tf-keras is not importable" in text

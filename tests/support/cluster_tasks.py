@@ -139,7 +139,7 @@ def _comm_fit(
     *,
     batch: int,
     epochs: int,
-    compression: str = "",
+    compression: Any = "",
     accumulate: int = 1,
     tuning: str = "",
     state_dir: str = "",
@@ -226,20 +226,22 @@ def communication_checks(tuning_path: str) -> dict[str, Any]:
     )
     from tfdist import keras
     from tfdist._compat import communication_options
+    from tfdist.comm import PowerSGD, TopK
     from tfdist.comm.autotune import CollectiveTuning, autotune_collectives
 
     out: dict[str, Any] = {
         name: _comm_fit(keras, strategy, batch=64, epochs=4, compression=name) for name in ("none", "fp16", "bf16")
     }
     state_dir = os.path.dirname(tuning_path)
-    for name, compressor in (("powersgd", {"rank": 2}), ("topk", {"density": 0.25})):
+    # PowerSGD from the first step (its default warm-up would take 25 of these 32 steps).
+    for name, compressor in (("powersgd", PowerSGD(rank=2, warmup_steps=0)), ("topk", TopK(density=0.25))):
         out[name] = _comm_fit(
-            keras, strategy, batch=64, epochs=4, compression=name, state_dir=os.path.join(state_dir, name), **compressor
+            keras, strategy, batch=64, epochs=4, compression=compressor, state_dir=os.path.join(state_dir, name)
         )
     out["local1"] = _comm_fit(keras, strategy, batch=64, epochs=4, local=1)
     out["local4"] = _comm_fit(keras, strategy, batch=64, epochs=4, local=4)
     out["accumulate4_powersgd"] = _comm_fit(
-        keras, strategy, batch=128, epochs=3, accumulate=4, compression="powersgd", rank=2
+        keras, strategy, batch=128, epochs=3, accumulate=4, compression=PowerSGD(rank=2, warmup_steps=0)
     )
     out["plain"] = _comm_fit(keras, strategy, batch=64, epochs=4)
     out["batch128"] = _comm_fit(keras, strategy, batch=128, epochs=3)
@@ -283,7 +285,7 @@ def compressed_fits() -> dict[str, Any]:
 
     fits: dict[str, dict[str, Any]] = {
         "plain": {},
-        "powersgd": {"compression": "powersgd", "rank": 2},
+        "powersgd": {"compression": PowerSGD(rank=2, warmup_steps=0)},
         "powersgd_warm3": {"compression": PowerSGD(rank=2, warmup_steps=3)},
         "powersgd_all_warm": {"compression": PowerSGD(rank=2, warmup_steps=10**6)},
         "topk": {"compression": "topk", "density": 0.25},

@@ -6,8 +6,10 @@ attributes, ``tensorflow.python`` classes, overridable private hooks) is
 reached through this package's accessors, so an upgrade has one place to check: ``keras``
 (tf-keras), ``keras3`` (Keras 3's TensorFlow trainer, fixed for multi-worker fit), ``keras3_callbacks`` (its
 file-writing callbacks from the chief), ``keras3_resume`` (its backups, resumed at the step they saved),
-``keras3_step`` (its gradient all-reduce and micro-batches), ``distribute`` (the TF runtime), ``data``
-(tf.data), ``saving`` (checkpoint writes), and ``checks``, which resolves them all.
+``keras3_step`` (its gradient all-reduce and micro-batches), ``keras_optional`` (tf-keras where it
+imports, what stands for it where it does not), ``distribute`` (the TF runtime), ``data`` (tf.data),
+``saving`` (checkpoint writes), ``frames`` (which Python frames are TensorFlow's), and ``checks``, which
+resolves them all.
 Each accessor either resolves or raises :class:`tfdist.errors.StackError`
 naming the installed versions; :func:`check_internals` resolves all of them
 (``tests/test_compat.py`` runs it on both CI stacks, ``tfdist doctor`` reports it).
@@ -67,9 +69,11 @@ from tfdist._compat.keras import (
 from tfdist._compat.keras3 import check_keras3, fixed_keras3_model, is_keras3_model, prepare_keras3
 from tfdist._compat.keras3_resume import resuming_backup
 from tfdist._compat.keras3_step import accumulating_train_step, is_keras3_optimizer, reducing_optimizer
+from tfdist._compat.keras_optional import TfKerasMissing, installed_tf_keras, tf_keras_module
 from tfdist._compat.saving import merged_after_barrier
 
 __all__ = [
+    "TfKerasMissing",
     "accumulating_train_step",
     "attach_preemption_handler",
     "backup_base",
@@ -84,6 +88,7 @@ __all__ = [
     "fixed_keras3_model",
     "follow_leader_checkpoints",
     "guard_initial_counters",
+    "installed_tf_keras",
     "is_dtensor_optimizer",
     "is_functional",
     "is_keras3_model",
@@ -107,6 +112,7 @@ __all__ = [
     "single_device_functions",
     "steps_per_execution",
     "stop_data_server",
+    "tf_keras_module",
     "tfrecord_reader",
     "tfrecord_reader_at",
     "training_state",

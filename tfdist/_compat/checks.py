@@ -25,6 +25,7 @@ from tfdist._compat.distribute import (
     check_closure_hooks,
     dtensor_initialized,
 )
+from tfdist._compat.frames import check_py_function_file
 from tfdist._compat.keras import (
     backup_base,
     backup_checkpoint,
@@ -211,6 +212,9 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "functional_saver.gen_io_ops.merge_v2_checkpoints (mesh backups merged after a barrier)": _check_deferred_merge,
     "ClusterCoordinator's Worker._process_closure and closure_queue.put_back": check_closure_hooks,
     "Keras 3's TensorFlowTrainer._maybe_symbolic_build and reduce_per_replica (its multi-worker fit)": check_keras3,
+    "tf.py_function's Python called from tensorflow/python/ops/script_ops.py (the stall inspector)": (
+        check_py_function_file
+    ),
 }
 
 

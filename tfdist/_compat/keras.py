@@ -1,4 +1,9 @@
-"""tf-keras internals: its callback and backup classes, training state and fit counters."""
+"""tf-keras internals: its callback and backup classes, training state and fit counters.
+
+Where tf-keras does not import (TensorFlow 2.22), the callback and backup bases are :mod:`.keras_optional`'s
+:class:`~tfdist._compat.keras_optional.KerasCallback`: Keras 3 models keep the callbacks that work with them,
+and any other model is refused naming the install.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from typing import Any
 
 from tfdist._compat._common import _attr
 from tfdist._compat.keras3 import fixed_keras3_model
-from tfdist.runtime.versions import keras3_loaded
+from tfdist._compat.keras_optional import KerasCallback, installed_tf_keras
+from tfdist.runtime.versions import keras3_loaded, tf_keras_pin
 
 # ---- tf-keras callbacks ------------------------------------------------------------------------------------
 
@@ -18,9 +24,11 @@ def callback_base() -> type:
     Subclasses override ``wants_train_batch_hooks()`` instead of
     ``_implements_train_batch_hooks`` (which tf-keras asks to decide whether to
     call ``on_train_batch_*``; they are forbidden under ParameterServerStrategy).
+    Where tf-keras does not import, a :class:`KerasCallback` that wants every batch hook.
     """
-    import tf_keras
-
+    tf_keras = installed_tf_keras()
+    if tf_keras is None:
+        return _CallbackWithoutTfKeras
     base = tf_keras.callbacks.Callback
     hook = _attr(base, "_implements_train_batch_hooks", "ThroughputLogger's per-batch timing")
 
@@ -41,25 +49,27 @@ def require_tf_keras_model(model: Any, callback: str, keras3_hint: str = "") -> 
     Keras 3 hands its model to every callback's ``set_model``; a tf-keras
     callback then fails deep inside with ``AttributeError: 'Sequential' object
     has no attribute '_distribution_strategy'``. ``keras3_hint`` ends the message: what works with Keras 3.
+    Where tf-keras does not import, every model is refused, and the message and the fix name the install.
     """
-    import tf_keras
-
-    if model is None or isinstance(model, tf_keras.Model):
+    tf_keras = installed_tf_keras()
+    if model is None or (tf_keras is not None and isinstance(model, tf_keras.Model)):
         return
     from tfdist.errors import StrategyError
 
     kind = f"{type(model).__module__}.{type(model).__qualname__}"
     keras3 = keras3_loaded()
+    pip = f"pip install '{tf_keras_pin()}'"
+    install = "" if tf_keras is not None else f"{pip} (tf-keras is not importable here), "
     raise StrategyError(
         f"tfdist's {callback} is a tf-keras callback, and the model is a {kind}"
         + (f" (Keras 3, keras {keras3})" if keras3 and type(model).__module__.startswith("keras") else "")
-        + ", not a tf_keras.Model. Build the model with tf-keras: `from tfdist import keras` (or "
+        + f", not a tf_keras.Model. Build the model with tf-keras: {install}`from tfdist import keras` (or "
         "`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras."
         + (f" {keras3_hint}" if keras3_hint else ""),
         field="model",
         value=kind,
         expected="a tf_keras.Model",
-        fix="from tfdist import keras",
+        fix="from tfdist import keras" if tf_keras is not None else f"{pip}, then from tfdist import keras",
     )
 
 
@@ -77,13 +87,35 @@ class _TfKerasModelsOnly:
 
 
 def backup_base() -> type:
-    """``tf_keras.callbacks.BackupAndRestore``, refusing a model that is not tf-keras' (Keras 3's)."""
-    import tf_keras
+    """``tf_keras.callbacks.BackupAndRestore``, refusing a model that is not tf-keras' (Keras 3's).
 
-    class BackupAndRestore(_TfKerasModelsOnly, tf_keras.callbacks.BackupAndRestore):
+    Where tf-keras does not import, a :class:`KerasCallback` that keeps ``backup_dir`` and ``save_freq``.
+    """
+    tf_keras = installed_tf_keras()
+    if tf_keras is None:
+        return _BackupWithoutTfKeras
+
+    base = tf_keras.callbacks.BackupAndRestore
+
+    class BackupAndRestore(_TfKerasModelsOnly, base):  # type: ignore[misc, valid-type]
         pass
 
     return BackupAndRestore
+
+
+class _CallbackWithoutTfKeras(_TfKerasModelsOnly, KerasCallback):
+    """:func:`callback_base` where tf-keras does not import."""
+
+    def wants_train_batch_hooks(self) -> bool:
+        return True
+
+
+class _BackupWithoutTfKeras(_TfKerasModelsOnly, KerasCallback):
+    """:func:`backup_base` where tf-keras does not import: what tfdist's backup reads of tf-keras' arguments."""
+
+    def __init__(self, backup_dir: str, save_freq: Any = "epoch", save_before_preemption: bool = False) -> None:
+        super().__init__()
+        self.backup_dir, self.save_freq = backup_dir, save_freq
 
 
 def training_state(backup: Any) -> Any:

@@ -5,7 +5,8 @@ Each field of a dataclass declared with ``option(default, help=...)`` is one fla
 with the field's default (or its declared ``cli_default``; :class:`DefaultsShown` shows it in ``--help``) and
 help, and read as its type says: ``bool`` is
 a switch, ``int`` an integer, ``float`` a finite number, a tuple a repeatable flag, a mapping a repeatable
-``KEY=VALUE`` flag. :func:`option_values` turns the parsed flags back into the dataclass's keyword arguments.
+``KEY=VALUE`` flag; a flag that declares a ``bare`` value may be given without one (``--stall-seconds``
+alone is 300). :func:`option_values` turns the parsed flags back into the dataclass's keyword arguments.
 
 Example:
     >>> import dataclasses
@@ -123,6 +124,8 @@ def _reading(opt: FlaggedOption, flag: str) -> dict[str, Any]:
     if kind not in (int, float, str):
         raise TypeError(f"option {opt.name!r} of type {opt.type} has no flag form")
     types_ = {int: int, float: program.finite_float, str: None}
+    if opt.flag.takes_bare:  # `--stall-seconds` alone, or with a value
+        reading = {**reading, "nargs": "?", "const": opt.flag.bare}
     return {**reading, "type": types_[kind], "default": opt.default}
 
 

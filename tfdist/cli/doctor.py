@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
+from tfdist.cluster.address import split_address
 from tfdist.cluster.probe import REFUSED, probe_reachability
 from tfdist.cluster.spec import ClusterSpec, current_cluster
+from tfdist.cluster.throughput import LinkServer, link_peer, measure_link
 from tfdist.cluster.trainable import check_trainable, listening_late
-from tfdist.errors import ClusterSpecError, invalid
+from tfdist.errors import ClusterSpecError, LaunchError, invalid
+from tfdist.launch.network import Link
 from tfdist.runtime.program import finite_float, one_line
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE = 0, 2, 3
@@ -48,6 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "the chief under parameter_server)",
     )
     parser.add_argument(
+        "--measure-link",
+        action="store_true",
+        help="with --probe, run on every task at once (before training: it listens on the task's port): each "
+        "task sends to the next one for a second and reports the rate, as tfdist plan --link takes it",
+    )
+    parser.add_argument(
         "--stack",
         action="store_true",
         help="report TF, tf-keras, Keras 3, tensorboard, tensorflow-io, which remote schemes work "
@@ -84,6 +94,10 @@ def _load(value: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.probe is not None and not 0 < args.probe <= MAX_PROBE_SECONDS:
         raise invalid(ClusterSpecError, "--probe", args.probe, f"seconds in (0, {MAX_PROBE_SECONDS:g}]")
+    if args.measure_link and args.probe is None:
+        raise invalid(
+            ClusterSpecError, "--measure-link", True, "--probe SECONDS with it", "Pass e.g. --probe 30 --measure-link."
+        )
     from tfdist.stack import stack_report
 
     if args.stack:
@@ -107,7 +121,17 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in stack.problems + stack.warnings:
         sys.stdout.write(f"  {'PROBLEM' if line in stack.problems else 'warning'}: {line}\n")
-    return EXIT_OK if args.probe is None else _probe(spec, args.probe)
+    if args.probe is None:
+        return EXIT_OK
+    if not args.measure_link:
+        return _probe(spec, args.probe)
+    server = _link_server(spec)  # Before the probe, so the peers' probes find this task listening.
+    try:
+        code = _probe(spec, args.probe)
+        return max(code, _measure_link(spec, args.probe, server))
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _write_cluster(spec: ClusterSpec | None) -> None:
@@ -152,4 +176,45 @@ def _probe(spec: ClusterSpec | None, seconds: float) -> int:
             "(on Kubernetes a pod's name resolves only once the pod exists)?\n"
         )
         return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
+def _link_server(spec: ClusterSpec | None) -> LinkServer | None:
+    """A server on this task's port for the peer that measures its link to this task; None when the port is
+    taken (the task's own server runs) or there is no task."""
+    task = spec.task if spec else None
+    if task is None:
+        return None
+    try:
+        return LinkServer(split_address(task.address)[1])
+    except OSError as err:
+        sys.stdout.write(
+            f"link:        cannot listen on {task.address} ({err.strerror or err}): is training running?\n"
+        )
+        return None
+
+
+def _measure_link(spec: ClusterSpec | None, seconds: float, server: LinkServer | None) -> int:
+    """Measures this task's link to the next task, then waits (within ``seconds``) for its own predecessor."""
+    peer = link_peer(spec) if spec else None
+    if spec is None or spec.task is None or peer is None:
+        sys.stdout.write("link:        nothing to measure, no other task\n")
+        return EXIT_OK
+    deadline = time.monotonic() + seconds
+    where = f"{spec.task.name} -> {peer.name}:"  # the ring's direction; the other runs at the same time
+    try:
+        bits = measure_link(peer.address, timeout=seconds)
+    except OSError as err:
+        sys.stdout.write(
+            f"link {where} not measured ({err.strerror or err}): run tfdist doctor --probe SECONDS "
+            "--measure-link on every task at once, before training\n"
+        )
+        return EXIT_UNREACHABLE
+    try:
+        rate = Link.from_bits(bits).rate
+        sys.stdout.write(f"link {where} {rate} ({bits / 8e6:.1f} MB/s): tfdist plan --link {rate}\n")
+    except LaunchError:
+        sys.stdout.write(f"link {where} {bits:.0f} bit/s, below the 10kbit tfdist plan --link takes\n")
+    if server is not None:
+        server.wait(max(0.0, deadline - time.monotonic()))  # Stay until the predecessor has measured too.
     return EXIT_OK

@@ -174,7 +174,7 @@ _ACTS: dict[str, frozenset[str]] = {
     ),
     # The console is the supervisor's, whichever engine reads the output; TFDIST_LOG_LEVEL is a run's child env.
     **dict.fromkeys(("console", "log_level"), _RUN),
-    **dict.fromkeys(("isolate_network", "simulate_hosts", "links", "preload"), frozenset({"local"})),
+    **dict.fromkeys(("isolate_network", "simulate_hosts", "links", "preload", "stall_seconds"), frozenset({"local"})),
     **{  # An engine's own flags act on that engine (the flags it shares with the emitters are listed below).
         dest(opt, name): frozenset({name})
         for name, engine in ENGINE_FLAGS.items()

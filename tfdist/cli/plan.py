@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 from tfdist.comm.compressor import Compressor, TrafficModel
 from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.comm.traffic import compressed_traffic
-from tfdist.errors import Error, PlanError, StrategyError, invalid
-from tfdist.plan import OPTIMIZER_SLOTS, Plan, parse_quantity
+from tfdist.comm.variants import VariantEstimate, choose_variant, estimate_variants
+from tfdist.errors import Error, LaunchError, PlanError, StrategyError, invalid
+from tfdist.launch.network import Link
+from tfdist.plan import LAN_LATENCY, OPTIMIZER_SLOTS, Plan, parse_quantity
 from tfdist.runtime.program import one_line
 
 _Default = TypeVar("_Default", float, None)  # optional()'s default: a float gives a float.
@@ -92,10 +94,39 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--gpus-per-worker", type=int, default=1, help="devices per machine (replicas = workers x this)"
     )
-    parser.add_argument("--bandwidth", required=True, help="per-machine link, e.g. 10Gbps or 1.25GB/s")
-    parser.add_argument("--latency", required=True, help="message latency, e.g. 50us")
+    _add_link(parser)
     parser.add_argument("--device-memory", default=None, help="memory per device, e.g. 16GiB")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
+    _add_compression(parser)
+    parser.add_argument("--ps-shards", type=int, default=None, help="parameter servers (default: --workers)")
+    parser.add_argument("--compute", default=None, help="compute time per step, e.g. 120ms")
+    parser.add_argument(
+        "--embedding-values",
+        default=None,
+        help="of --params, the values in embedding tables (rows x dim, all tables), e.g. 320M",
+    )
+    parser.add_argument(
+        "--embedding-touched", default=None, help="values in the distinct rows one worker's batch reads, e.g. 20k"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def _add_link(parser: argparse.ArgumentParser) -> None:
+    """The link's flags: ``--bandwidth`` and ``--latency``, or ``--link`` (latency default a LAN's)."""
+    link = parser.add_mutually_exclusive_group(required=True)
+    link.add_argument("--bandwidth", help="per-machine link, e.g. 10Gbps or 1.25GB/s")
+    link.add_argument(
+        "--link",
+        metavar="RATE",
+        help="per-machine link, each way, as tfdist-launch --link and tfdist doctor --measure-link write it: "
+        f"1gbit, 100mbit (latency default {LAN_LATENCY * 1e6:g}us)",
+    )
+    parser.add_argument("--latency", help="message latency, e.g. 50us (required with --bandwidth)")
+
+
+def _add_compression(parser: argparse.ArgumentParser) -> None:
+    """The compressors' flags (each option its own), the weights' shapes, and ``--choose``."""
     shaped = ", ".join(name for name, cls in _COMPRESSIONS.items() if issubclass(cls, TrafficModel))
     parser.add_argument(
         "--compression",
@@ -119,38 +150,61 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--model", default=None, help="a tf_keras.applications model whose weights' shapes to use, e.g. ResNet50"
     )
-    parser.add_argument("--ps-shards", type=int, default=None, help="parameter servers (default: --workers)")
-    parser.add_argument("--compute", default=None, help="compute time per step, e.g. 120ms")
     parser.add_argument(
-        "--embedding-values",
-        default=None,
-        help="of --params, the values in embedding tables (rows x dim, all tables), e.g. 320M",
+        "--choose",
+        action="store_true",
+        help="price every variant (fp32, bf16, fp16, PowerSGD rank 1/2/4, top-k 1%%, local SGD k=4) and pick the "
+        "fastest; needs --shapes or --model, and --memory-bandwidth for the compressors' arithmetic",
     )
-    parser.add_argument(
-        "--embedding-touched", default=None, help="values in the distinct rows one worker's batch reads, e.g. 20k"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        plan, compressed = _plan(args)
+        plan, compressed, variants = _plan(args)
     except (PlanError, StrategyError) as err:  # StrategyError: a compressor's option.
         sys.stderr.write(f"tfdist plan: error: {one_line(str(_in_flags(err)))}\n")
         return 2
     data = plan.to_dict()
     if compressed is not None:
         data["compressed"] = compressed.to_dict()
+    if variants:
+        data["variants"] = [_variant_dict(v) for v in variants]
+        data["choice"] = choose_variant(variants).label
     if args.json:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")  # Strict JSON: never Infinity or NaN.
     else:
-        sys.stdout.write(_report(args, data, compressed))
+        sys.stdout.write(_report(args, data, compressed) + _variants_report(variants))
     return 0
 
 
-def _plan(args: argparse.Namespace) -> tuple[Plan, Any]:
-    """The plan of the flags, and the compressor's traffic where it models one (else None)."""
+def _link(args: argparse.Namespace) -> tuple[float, float]:
+    """(bandwidth in bytes/s, latency in s) of ``--link`` (and ``--latency``, default a LAN's), or of
+    ``--bandwidth`` and ``--latency``."""
+    latency = None if args.latency is None else parse_quantity(args.latency, "time", field="--latency")
+    if args.link is None:
+        if latency is None:
+            raise invalid(
+                PlanError, "--latency", None, "a latency with --bandwidth", "Pass e.g. --latency 50us, or --link 1gbit."
+            )
+        return parse_quantity(args.bandwidth, "bandwidth", field="--bandwidth"), latency
+    try:
+        link = Link.parse(args.link)
+    except LaunchError:
+        link = None
+    if link is None or link.task is not None:
+        raise invalid(
+            PlanError,
+            "--link",
+            args.link,
+            "a RATE: a number and bit, kbit, mbit, gbit or tbit, from 10kbit to 1tbit",
+            "Pass e.g. --link 1gbit.",
+        )
+    return link.bits_per_second / 8, LAN_LATENCY if latency is None else latency
+
+
+def _plan(args: argparse.Namespace) -> tuple[Plan, Any, list[VariantEstimate]]:
+    """The plan of the flags, the compressor's traffic where it models one (else None), and with ``--choose``
+    every variant's estimate."""
     if (args.embedding_values is None) != (args.embedding_touched is None):
         given = "--embedding-values" if args.embedding_values is not None else "--embedding-touched"
         raise invalid(
@@ -171,25 +225,22 @@ def _plan(args: argparse.Namespace) -> tuple[Plan, Any]:
         )
     options = {option: getattr(args, option) for option in _OPTIONS if getattr(args, option) is not None}
     compressor = compressor_for(_COMPRESSIONS[args.compression].name, options)
-    if isinstance(compressor, TrafficModel) and shapes is None:
-        raise invalid(
-            PlanError,
-            "--compression",
-            args.compression,
-            "--shapes or --model with it (what it sends depends on each weight's shape)",
-            "Pass e.g. --model ResNet50, or --shapes '[[2048, 1000], [1000]]'.",
-        )
+    if shapes is None and isinstance(compressor, TrafficModel):
+        raise _needs_shapes("--compression", args.compression, "it sends")
+    if shapes is None and args.choose:
+        raise _needs_shapes("--choose", True, "each variant sends")
     params = (
         parse_quantity(args.params, field="--params")
         if args.params is not None
         else float(sum(math.prod(s) for s in shapes or []))
     )
+    bandwidth, latency = _link(args)
     plan = Plan(
         params=params,
         workers=args.workers,
         gpus_per_worker=args.gpus_per_worker,
-        bandwidth=parse_quantity(args.bandwidth, "bandwidth", field="--bandwidth"),
-        latency=parse_quantity(args.latency, "time", field="--latency"),
+        bandwidth=bandwidth,
+        latency=latency,
         device_memory=optional(args.device_memory, "bytes", None, "--device-memory"),
         optimizer=args.optimizer,
         bytes_per_value=compressor.value_bytes,
@@ -198,17 +249,54 @@ def _plan(args: argparse.Namespace) -> tuple[Plan, Any]:
         embedding_values=optional(args.embedding_values, "count", 0.0, "--embedding-values"),
         embedding_touched=optional(args.embedding_touched, "count", 0.0, "--embedding-touched"),
     )
-    if not isinstance(compressor, TrafficModel):
-        return plan, None
     memory = optional(args.memory_bandwidth, "bandwidth", None, "--memory-bandwidth")
-    return plan, compressed_traffic(
-        shapes=shapes or [],
-        workers=plan.workers,
-        bandwidth=plan.bandwidth,
-        latency=plan.latency,
-        compression=compressor,
-        memory_bandwidth=memory,
+    link: dict[str, Any] = {
+        "workers": plan.workers,
+        "bandwidth": bandwidth,
+        "latency": latency,
+        "memory_bandwidth": memory,
+    }
+    variants = estimate_variants(shapes=shapes or [], **link) if args.choose else []
+    if not isinstance(compressor, TrafficModel):
+        return plan, None, variants
+    return plan, compressed_traffic(shapes=shapes or [], compression=compressor, **link), variants
+
+
+def _needs_shapes(flag: str, value: Any, sends: str) -> PlanError:
+    return invalid(
+        PlanError,
+        flag,
+        value,
+        f"--shapes or --model with it (what {sends} depends on each weight's shape)",
+        "Pass e.g. --model ResNet50, or --shapes '[[2048, 1000], [1000]]'.",
     )
+
+
+def _variant_dict(estimate: VariantEstimate) -> dict[str, Any]:
+    return {
+        "variant": estimate.label,
+        "seconds": estimate.seconds,
+        "wire_seconds": estimate.wire_seconds,
+        "arithmetic_seconds": estimate.arithmetic_seconds,
+        "bytes_per_step": estimate.bytes_per_step,
+    }
+
+
+def _variants_report(variants: list[VariantEstimate]) -> str:
+    """The variants' lines of ``--choose``: each one's time per step, then the fastest."""
+    if not variants:
+        return ""
+    lines = ["variants:          ms/step (wire + arithmetic), MB/worker step"]
+    for v in variants:
+        arithmetic = "" if v.arithmetic_seconds is None else f" + {v.arithmetic_seconds * 1e3:.2f}"
+        lines.append(
+            f"  {v.label:<17}{v.seconds * 1e3:10.2f} ({v.wire_seconds * 1e3:.2f}{arithmetic}), "
+            f"{v.bytes_per_step / 1e6:.3f}"
+        )
+    if variants[0].arithmetic_seconds is None:
+        lines.append("                   (the wire only: add --memory-bandwidth for the compressors' arithmetic)")
+    lines.append(f"choice:            {choose_variant(variants).label} (accuracy not priced: docs/communication.md)")
+    return "\n".join(lines) + "\n"
 
 
 def _report(args: argparse.Namespace, data: dict[str, Any], compressed: Any) -> str:
@@ -220,6 +308,12 @@ def _report(args: argparse.Namespace, data: dict[str, Any], compressed: Any) -> 
             f"{compressed.bytes_per_step / 1e6:.3f} MB/worker step ({compressed.fewer_bytes:.1f}x fewer bytes "
             "than float32; the wire only)\n"
         )
+        if compressed.warmup_steps:
+            embedding += (
+                f"{'  first steps:':19}{compressed.warmup_seconds_per_step * 1e3:10.2f} ms/step, "
+                f"{compressed.warmup_bytes_per_step / 1e6:.3f} MB/worker step for the first "
+                f"{compressed.warmup_steps} (its warm-up)\n"
+            )
         if compressed.arithmetic_seconds is None:
             embedding += "                   (add --memory-bandwidth for the compressor's arithmetic)\n"
         else:

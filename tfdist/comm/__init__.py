@@ -1,6 +1,6 @@
 """Gradient communication: collective settings (packing, compression, cost), their autotuning, and the
 compressors, each a typed config in one registry (casts, PowerSGD, top-k with error feedback, local SGD's
-traffic).
+traffic), and the planner's choice among them on a link.
 
 The Keras wiring (``with_communication``, ``accumulate_gradients``) is in :mod:`tfdist.keras`.
 """
@@ -16,7 +16,16 @@ from tfdist.comm.collective import (
     payload_bytes,
     wire_bytes,
 )
-from tfdist.comm.compressor import Collectives, Compressor, ErrorFeedback, Link, StateSlot, TrafficModel, WireCast
+from tfdist.comm.compressor import (
+    Collectives,
+    Compressor,
+    ErrorFeedback,
+    Link,
+    StateSlot,
+    TrafficModel,
+    Warmup,
+    WireCast,
+)
 from tfdist.comm.local_sgd import LocalSGD
 from tfdist.comm.powersgd import PowerSGD, lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
 from tfdist.comm.registry import compressor_for, register_compressor, registered_compressors
@@ -28,6 +37,7 @@ from tfdist.comm.traffic import (
     CompressedTraffic,
     compressed_traffic,
 )
+from tfdist.comm.variants import VARIANTS, VariantEstimate, choose_variant, estimate_variants
 
 __all__ = [
     "ARITHMETIC_PASSES",
@@ -36,6 +46,7 @@ __all__ = [
     "GRADIENT_COMPRESSIONS",
     "POWERSGD_FLOOR_PASSES",
     "TRAFFIC_KINDS",
+    "VARIANTS",
     "BFloat16",
     "CollectiveConfig",
     "CollectiveTuning",
@@ -51,12 +62,16 @@ __all__ = [
     "StateSlot",
     "TopK",
     "TrafficModel",
+    "VariantEstimate",
+    "Warmup",
     "WireCast",
     "all_reduce_sum",
     "all_reduce_timer",
     "autotune_collectives",
+    "choose_variant",
     "compressed_traffic",
     "compressor_for",
+    "estimate_variants",
     "gradient_value_bytes",
     "lowrank_value_count",
     "matrix_shape",

@@ -82,7 +82,7 @@ class CollectiveConfig:
         >>> CollectiveConfig().compression
         'none'
         >>> CollectiveConfig(compression="powersgd", rank=2).compressor
-        PowerSGD(rank=2, warmup_steps=0, min_compression_rate=1.0)
+        PowerSGD(rank=2, warmup_steps=25, min_compression_rate=2.0)
     """
 
     compression: str | Compressor = dataclasses.field(default="none", compare=False, repr=False)
@@ -132,14 +132,15 @@ def payload_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
 
 def wire_bytes(tensors: Sequence[Any], config: CollectiveConfig) -> int:
     """Bytes one replica hands to the collectives per step for ``tensors``: the payload, plus fp16's float32
-    range scalar; PowerSGD's factors and whole tensors, or top-k's values and int32 indices.
+    range scalar; PowerSGD's factors and whole tensors (and after its warm-up one value of it), or top-k's
+    values and int32 indices.
 
     Example:
         >>> import numpy as np
         >>> wire_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="fp16"))
         2004
         >>> wire_bytes([np.zeros([512, 256], np.float32)], CollectiveConfig(compression="powersgd", rank=4))
-        12288
+        12292
         >>> wire_bytes([np.zeros([1000], np.float32)], CollectiveConfig(compression="topk", density=0.01))
         80
     """

@@ -9,8 +9,9 @@ apart by type:
 * :class:`WireCast` sends every value, cast to ``wire_dtype`` (``none``, ``fp16``, ``bf16``). Its step is
   :func:`tfdist.comm.all_reduce_sum`; the planner models it through ``value_bytes``.
 * :class:`TrafficModel` sends something that depends on each weight's shape: ``sent_bytes``, ``seconds``
-  and ``streamed_values`` model it for :func:`tfdist.comm.compressed_traffic`. Local SGD is one; its step is
-  the Keras helper that averages the weights.
+  and ``streamed_values`` model it for :func:`tfdist.comm.compressed_traffic` (and ``warmup`` its first
+  steps, where they send otherwise: PowerSGD's plain warm-up). Local SGD is one; its step is the Keras
+  helper that averages the weights.
 * :class:`ErrorFeedback` is a traffic model whose step runs in the gradient all-reduce: it declares the
   state it keeps per gradient (:class:`StateSlot`) and sums the gradients in :meth:`ErrorFeedback.step`
   (PowerSGD, top-k), as a torch DDP communication hook holds its state and its hook in one object.
@@ -18,8 +19,8 @@ apart by type:
 Example:
     >>> from tfdist.comm import Link, PowerSGD
     >>> power = PowerSGD(rank=4)
-    >>> power.sent_bytes([(2048, 1000), (1000,)])  # Two rank-4 factors and the bias, float32.
-    52768.0
+    >>> power.sent_bytes([(2048, 1000), (1000,)])  # Two rank-4 factors, the bias, the warm-up's end: float32.
+    52772.0
     >>> round(power.seconds([(2048, 1000)], Link(workers=2, bandwidth=1e9, latency=1e-4)) * 1e3, 3)
     0.449
 """
@@ -35,7 +36,7 @@ from typing import Any, ClassVar
 from tfdist.errors import StrategyError, invalid
 from tfdist.plan import Plan
 
-__all__ = ["Collectives", "Compressor", "ErrorFeedback", "Link", "StateSlot", "TrafficModel", "WireCast"]
+__all__ = ["Collectives", "Compressor", "ErrorFeedback", "Link", "StateSlot", "TrafficModel", "Warmup", "WireCast"]
 
 Shapes = Sequence[Sequence[int]]
 Collective = Callable[[Sequence[Any]], Sequence[Any]]  # A list of tensors in, their reduction out.
@@ -108,6 +109,26 @@ class TrafficModel(Compressor):
     @abc.abstractmethod
     def streamed_values(self, shapes: Shapes) -> float:
         """The values its arithmetic streams through memory per step."""
+
+    def warmup(self, shapes: Shapes, link: Link) -> Warmup:
+        """Its first steps, if they send otherwise than :meth:`sent_bytes` and :meth:`seconds` say (those
+        model the steps after them); none by default."""
+        return Warmup(steps=0, sent_bytes=0.0, seconds=0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Warmup:
+    """The first steps of a compressor that send otherwise than the rest (PowerSGD's plain warm-up).
+
+    Attributes:
+      steps: How many there are (0: none).
+      sent_bytes: Bytes one worker hands to the collectives in each.
+      seconds: The collectives' time of each.
+    """
+
+    steps: int
+    sent_bytes: float
+    seconds: float
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

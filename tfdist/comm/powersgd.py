@@ -12,7 +12,8 @@ instead of itself. On every replica ``w``, with ``M_w`` the gradient plus the er
 
 Over any number of steps nothing is lost: the updates applied plus the errors the replicas hold equal the
 sum of every gradient (the tests check it against a NumPy reference). Tensors that are not matrices, or
-too small to gain (``r * (n + m) >= n * m``), are summed whole.
+that the factors would not make ``min_compression_rate`` times smaller (``rate * r * (n + m) >= n * m``),
+are summed whole; so is every gradient in the first ``warmup_steps`` steps.
 
 :class:`PowerSGD` is the compressor as the registry knows it (``compression="powersgd"``): its rank, the
 bytes and time it costs, its state and its step. Which tensors are compressed, and the bytes a step moves:
@@ -22,7 +23,7 @@ Example:
     ((576, 128), None, None)
     >>> lowrank_value_count([(3, 3, 64, 128), (128,)], rank=4)
     (2816, 128)
-    >>> PowerSGD(rank=4).sent_bytes([(3, 3, 64, 128), (128,)])  # Float32 factors, the bias whole.
+    >>> PowerSGD(rank=4, warmup_steps=0).sent_bytes([(3, 3, 64, 128), (128,)])  # Float32 factors, the bias.
     11776.0
 """
 
@@ -33,7 +34,17 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfdist.comm.compressor import Collective, Collectives, ErrorFeedback, Link, Shapes, States, StateSlot, Step
+from tfdist.comm.compressor import (
+    Collective,
+    Collectives,
+    ErrorFeedback,
+    Link,
+    Shapes,
+    States,
+    StateSlot,
+    Step,
+    Warmup,
+)
 from tfdist.errors import StrategyError, require_int, require_number
 
 if TYPE_CHECKING:
@@ -43,6 +54,9 @@ __all__ = ["PowerSGD", "lowrank_value_count", "matrix_shape", "orthogonalize", "
 
 EPSILON = 1e-8  # Added to a column's norm: a zero column stays zero instead of becoming NaN.
 _MAX_WARMUP = 2**24  # steps a float32 counter holds exactly
+# Compress a matrix only if its factors are more than this many times smaller (torch's default): below it, a
+# matrix saves less than half its bytes on the wire and still costs the whole arithmetic and its error.
+MIN_COMPRESSION_RATE = 2.0
 
 
 def check_rank(rank: int) -> int:
@@ -63,7 +77,9 @@ def check_rate(min_compression_rate: float) -> float:
     return float(min_compression_rate)
 
 
-def matrix_shape(shape: Sequence[int], *, rank: int, min_compression_rate: float = 1.0) -> tuple[int, int] | None:
+def matrix_shape(
+    shape: Sequence[int], *, rank: int, min_compression_rate: float = MIN_COMPRESSION_RATE
+) -> tuple[int, int] | None:
     """The ``(n, m)`` matrix a gradient of ``shape`` is compressed as, or None if it is summed whole.
 
     A tensor of rank 2 or more is seen as ``[prod(shape[:-1]), shape[-1]]`` (TF kernels keep their output
@@ -86,7 +102,7 @@ def matrix_shape(shape: Sequence[int], *, rank: int, min_compression_rate: float
 
 
 def lowrank_value_count(
-    shapes: Sequence[Sequence[int]], *, rank: int, min_compression_rate: float = 1.0
+    shapes: Sequence[Sequence[int]], *, rank: int, min_compression_rate: float = MIN_COMPRESSION_RATE
 ) -> tuple[int, int]:
     """(values in the P and Q factors, values summed whole) one replica all-reduces per step for ``shapes``."""
     factors = whole = 0
@@ -123,7 +139,7 @@ def powersgd_sum(
     *,
     rank: int,
     all_reduce: Collective,
-    min_compression_rate: float = 1.0,
+    min_compression_rate: float = MIN_COMPRESSION_RATE,
     warm: tf.Tensor | None = None,
 ) -> tuple[list[tf.Tensor], list[tf.Tensor | None], list[tf.Tensor | None]]:
     """One step of PowerSGD over ``grads``: their sum over the replicas, and the state for the next step.
@@ -133,9 +149,9 @@ def powersgd_sum(
     list of tensors over the replicas (two calls: the P factors, then the Q factors with the whole tensors).
 
     With ``warm`` (a boolean scalar, the same on every replica), a True step is a warm-up step: every
-    gradient is summed whole (a third all-reduce, of every matrix), and the errors and Q factors stay as
-    they are. The collectives cannot sit in a branch (``tf.cond``) under a strategy, so every step makes
-    all three; the third sends one value per step once ``warm`` is False (its length is dynamic).
+    gradient is summed whole, and the errors and Q factors stay as they are. The collectives cannot sit in
+    a branch (``tf.cond``) under a strategy, so every step makes both calls, and the first also carries the
+    compressed gradients as one tensor of dynamic length: all of them while ``warm``, one value after.
 
     Returns:
       The summed gradients (as ``grads``' shapes and dtypes), the new errors and the new Q factors.
@@ -146,15 +162,16 @@ def powersgd_sum(
     _check_state(grads, views, errors, qs)
     compressed = [i for i, view in enumerate(views) if view is not None]
     whole = [i for i, view in enumerate(views) if view is None]
-    matrices = {}
-    for i in compressed:
-        n, m = views[i]  # type: ignore[misc]
-        matrices[i] = tf.reshape(tf.cast(grads[i], tf.float32), [n, m]) + errors[i]
+    plain = {i: tf.reshape(tf.cast(grads[i], tf.float32), views[i]) for i in compressed}
+    matrices = {i: plain[i] + errors[i] for i in compressed}
     ps = [tf.matmul(matrices[i], qs[i]) for i in compressed]
-    ps = [orthogonalize(p) for p in all_reduce(ps)] if ps else []
+    warming = warm is not None and bool(compressed)
+    first = ps + ([_warm_flat([plain[i] for i in compressed], warm)] if warming else [])
+    first = list(all_reduce(first)) if first else []
+    ps = [orthogonalize(p) for p in first[: len(ps)]]
     local_qs = [tf.matmul(matrices[i], p, transpose_a=True) for i, p in zip(compressed, ps)]
     summed = list(all_reduce(local_qs + [grads[i] for i in whole])) if local_qs or whole else []
-    plain = _warm_sums([matrices[i] for i in compressed], all_reduce, warm) if warm is not None and compressed else []
+    sums = _warm_sums(first[-1], [plain[i] for i in compressed], warm) if warming else []
     out: list[tf.Tensor] = list(grads)
     new_errors: list[tf.Tensor | None] = [None] * len(grads)
     new_qs: list[tf.Tensor | None] = [None] * len(grads)
@@ -163,10 +180,10 @@ def powersgd_sum(
         new_errors[i] = matrices[i] - tf.matmul(p, q_local, transpose_b=True)
         new_qs[i] = q_sum
         total = tf.matmul(p, q_sum, transpose_b=True)
-        if plain:  # a warm-up step keeps the state and applies the plain sum
+        if sums:  # a warm-up step keeps the state and applies the plain sum
             new_errors[i] = tf.where(warm, errors[i], new_errors[i])
             new_qs[i] = tf.where(warm, qs[i], q_sum)
-            total = tf.where(warm, plain[k], total)
+            total = tf.where(warm, sums[k], total)
         out[i] = tf.cast(tf.reshape(total, tf.shape(grads[i])), grads[i].dtype)
     for k, i in enumerate(whole):
         out[i] = summed[len(compressed) + k]
@@ -190,15 +207,21 @@ def _check_state(
             )
 
 
-def _warm_sums(matrices: Sequence[tf.Tensor], all_reduce: Collective, warm: tf.Tensor) -> list[tf.Tensor]:
-    """The plain sums of ``matrices`` while ``warm``; else anything of their shapes, for one value sent."""
+def _warm_flat(matrices: Sequence[tf.Tensor], warm: tf.Tensor) -> tf.Tensor:
+    """``matrices`` flattened into one tensor while ``warm``; else its first value (one value sent)."""
+    import tensorflow as tf
+
+    flat = tf.concat([tf.reshape(m, [-1]) for m in matrices], axis=0)
+    return flat[: tf.where(warm, tf.shape(flat)[0], 1)]
+
+
+def _warm_sums(sent: tf.Tensor, matrices: Sequence[tf.Tensor], warm: tf.Tensor) -> list[tf.Tensor]:
+    """The plain sums of ``matrices`` from the all-reduced :func:`_warm_flat` while ``warm``; else anything of
+    their shapes."""
     import tensorflow as tf
 
     sizes = [int(m.shape[0]) * int(m.shape[1]) for m in matrices]
-    flat = tf.concat([tf.reshape(m, [-1]) for m in matrices], axis=0)
-    length = tf.where(warm, sum(sizes), 1)
-    sent = all_reduce([flat[:length]])[0]
-    flat = tf.pad(sent, [[0, sum(sizes) - length]])
+    flat = tf.pad(sent, [[0, sum(sizes) - tf.shape(sent)[0]]])
     out, start = [], 0
     for matrix, size in zip(matrices, sizes):
         out.append(tf.reshape(flat[start : start + size], tf.shape(matrix)))
@@ -216,19 +239,23 @@ class PowerSGD(ErrorFeedback):
     (1), ``P Q_w^T`` (1), ``M - P Q_w^T`` (3), ``P Q^T`` (1). Per compressed gradient it keeps the replica's
     error (``[n, m]``) and the warm-start ``Q`` (``[m, rank]``, the same on every replica).
 
-    As torch's PowerSGD hook does, it can start with ``warmup_steps`` steps of plain all-reduce
-    (``start_powerSGD_iter``), and send whole every matrix that the factors would not make more than
-    ``min_compression_rate`` times smaller (torch's ``min_compression_rate``; torch's defaults are 1,000
-    steps and 2). With a warm-up, each compressed gradient also keeps the steps taken so far (``steps``,
-    shared), so a resumed run continues the warm-up where it was; the bytes and times it models are those
-    after the warm-up.
+    As torch's PowerSGD hook does, it starts with ``warmup_steps`` steps of plain all-reduce
+    (``start_powerSGD_iter``), then compresses from zero errors and the seeded ``Q``; and it sends whole
+    every matrix that the factors would not make more than ``min_compression_rate`` times smaller (torch's
+    ``min_compression_rate``). The defaults are 25 steps (torch: 1,000; on the digits benchmark longer
+    warm-ups cost rank 1 loss after 200 steps, and none helped: BENCHMARKS.md) and torch's 2. With a
+    warm-up, each compressed gradient also keeps the steps taken so far (``steps``, shared), so a resumed
+    run continues the warm-up where it was. :meth:`sent_bytes` and :meth:`seconds` model the steps after
+    the warm-up (one value more than without one: the warm-up's sum, ended); :meth:`warmup` the warm-up's.
 
     Example:
-        >>> PowerSGD(rank=2).state_slots((8, 16))[1]
+        >>> PowerSGD(rank=2).state_slots((32, 16))[1]
         StateSlot(kind='q', shape=(16, 2), shared=True, seeded=True)
-        >>> [slot.kind for slot in PowerSGD(rank=2, warmup_steps=100).state_slots((8, 16))]
+        >>> [slot.kind for slot in PowerSGD(rank=2).state_slots((32, 16))]
         ['error', 'q', 'steps']
-        >>> PowerSGD(rank=2, min_compression_rate=3).state_slots((8, 16))  # 128 values, 48 in factors: whole
+        >>> [slot.kind for slot in PowerSGD(rank=2, warmup_steps=0).state_slots((32, 16))]
+        ['error', 'q']
+        >>> PowerSGD(rank=2).state_slots((6, 5))  # 30 values, 22 in factors: not 2 times fewer, sent whole
         ()
     """
 
@@ -237,10 +264,11 @@ class PowerSGD(ErrorFeedback):
 
     rank: int = dataclasses.field(default=4, metadata={"help": "PowerSGD's rank"})
     warmup_steps: int = dataclasses.field(
-        default=0, metadata={"help": "PowerSGD: steps of plain all-reduce before compressing"}
+        default=25, metadata={"help": "PowerSGD: steps of plain all-reduce before compressing"}
     )
     min_compression_rate: float = dataclasses.field(
-        default=1.0, metadata={"help": "PowerSGD: compress a matrix only if its factors are this many times smaller"}
+        default=MIN_COMPRESSION_RATE,
+        metadata={"help": "PowerSGD: compress a matrix only if its factors are this many times smaller"},
     )
 
     def __post_init__(self) -> None:
@@ -248,24 +276,47 @@ class PowerSGD(ErrorFeedback):
         require_int(StrategyError, "warmup_steps", self.warmup_steps, minimum=0, maximum=_MAX_WARMUP)
         object.__setattr__(self, "min_compression_rate", check_rate(self.min_compression_rate))
 
-    def _views(self, shapes: Shapes) -> list[tuple[int, int] | None]:
-        rate = self.min_compression_rate
-        return [matrix_shape([int(d) for d in shape], rank=self.rank, min_compression_rate=rate) for shape in shapes]
+    def _counts(self, shapes: Shapes) -> tuple[int, int, int, int]:
+        """Values per step: in the P factors, in the Q factors, in the tensors sent whole; and in the
+        compressed matrices."""
+        p = q = whole = matrices = 0
+        for shape in shapes:
+            size = math.prod(int(d) for d in shape)
+            view = matrix_shape(shape, rank=self.rank, min_compression_rate=self.min_compression_rate)
+            if view is None:
+                whole += size
+            else:
+                p, q, matrices = p + self.rank * view[0], q + self.rank * view[1], matrices + size
+        return p, q, whole, matrices
+
+    def _flag(self, matrices: int) -> int:
+        """Values the warm-up's plain sum adds to the P factors' all-reduce after the warm-up (one, if any)."""
+        return 1 if self.warmup_steps and matrices else 0
 
     def sent_bytes(self, shapes: Shapes) -> float:
-        counts = lowrank_value_count(shapes, rank=self.rank, min_compression_rate=self.min_compression_rate)
-        return 4.0 * sum(counts)  # Float32 factors and whole tensors.
+        p, q, whole, matrices = self._counts(shapes)
+        return 4.0 * (p + q + whole + self._flag(matrices))  # Float32 factors and whole tensors.
 
     def seconds(self, shapes: Shapes, link: Link) -> float:
-        views = self._views(shapes)
-        p = sum(self.rank * view[0] for view in views if view is not None)
-        q = sum(self.rank * view[1] for view in views if view is not None)
-        whole = sum(math.prod(int(d) for d in shape) for shape, view in zip(shapes, views) if view is None)
-        return link.ring(4.0 * p) + link.ring(4.0 * (q + whole))
+        p, q, whole, matrices = self._counts(shapes)
+        return link.ring(4.0 * (p + self._flag(matrices))) + link.ring(4.0 * (q + whole))
 
     def streamed_values(self, shapes: Shapes) -> float:
-        views = self._views(shapes)
-        return float(sum(math.prod(int(d) for d in shape) for shape, view in zip(shapes, views) if view is not None))
+        return float(self._counts(shapes)[3])
+
+    def warmup(self, shapes: Shapes, link: Link) -> Warmup:
+        """The warm-up's steps: every compressed matrix whole beside the P factors, the rest as after it.
+
+        Example:
+            >>> PowerSGD(rank=4, warmup_steps=10).warmup([(2048, 1000), (1000,)], Link(workers=2, bandwidth=1e9,
+            ...                                           latency=1e-4)).sent_bytes  # Plain, factors, bias.
+            8244768.0
+        """
+        p, q, whole, matrices = self._counts(shapes)
+        if not self._flag(matrices):
+            return super().warmup(shapes, link)
+        seconds = link.ring(4.0 * (p + matrices)) + link.ring(4.0 * (q + whole))
+        return Warmup(steps=self.warmup_steps, sent_bytes=4.0 * (p + matrices + q + whole), seconds=seconds)
 
     def state_slots(self, shape: Sequence[int]) -> tuple[StateSlot, ...]:
         view = matrix_shape(shape, rank=self.rank, min_compression_rate=self.min_compression_rate)

@@ -8,7 +8,7 @@ class (a subclass of :class:`~tfdist.comm.WireCast`, :class:`~tfdist.comm.Traffi
 
 Example:
     >>> compressor_for("powersgd", {"rank": 2})
-    PowerSGD(rank=2, warmup_steps=0, min_compression_rate=1.0)
+    PowerSGD(rank=2, warmup_steps=25, min_compression_rate=2.0)
     >>> compressor_for("topk", {"rank": 2})
     Traceback (most recent call last):
     ...

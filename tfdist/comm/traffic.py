@@ -54,6 +54,10 @@ class CompressedTraffic:
         ``arithmetic_passes`` over the values it streams), or None when no bandwidth was given.
       total_seconds: ``seconds_per_step`` plus ``arithmetic_seconds`` (the collectives wait for the
         arithmetic, and it for them), or None without a memory bandwidth.
+      warmup_steps: The first steps, which send otherwise (PowerSGD's plain warm-up; 0: none). The other
+        numbers are those of the steps after them.
+      warmup_bytes_per_step: Bytes one worker hands to the collectives in each warm-up step.
+      warmup_seconds_per_step: The collectives' time of each warm-up step.
     """
 
     compression: str
@@ -61,6 +65,9 @@ class CompressedTraffic:
     seconds_per_step: float
     fewer_bytes: float
     arithmetic_seconds: float | None = None
+    warmup_steps: int = 0
+    warmup_bytes_per_step: float = 0.0
+    warmup_seconds_per_step: float = 0.0
 
     @property
     def total_seconds(self) -> float | None:
@@ -88,13 +95,16 @@ def compressed_traffic(
     ``LocalSGD(period=8)``) or by name ('powersgd', 'topk', 'local_sgd') with its option as a keyword:
     ``rank``, ``density`` or ``period`` (each refused with the others). ``memory_bandwidth`` (bytes per
     second one worker streams, e.g. measured with ``tfdist plan``'s ``--memory-bandwidth`` or the
-    benchmark) adds the compressor's arithmetic.
+    benchmark) adds the compressor's arithmetic. A compressor that starts otherwise (PowerSGD's warm-up of
+    plain steps) tells its first steps apart (``warmup_steps``...).
 
     Example:
         >>> t = compressed_traffic(shapes=[(2048, 1000), (1000,)], workers=2, bandwidth=1e9, latency=1e-4,
         ...                        compression="powersgd", rank=4)
         >>> int(t.bytes_per_step), round(t.fewer_bytes), round(t.seconds_per_step * 1e3, 3)
-        (52768, 155, 0.453)
+        (52772, 155, 0.453)
+        >>> t.warmup_steps, int(t.warmup_bytes_per_step), round(t.warmup_seconds_per_step * 1e3, 3)
+        (25, 8244768, 8.645)
         >>> from tfdist.comm import PowerSGD
         >>> round(compressed_traffic(shapes=[(2048, 1000)], workers=2, bandwidth=1e9, latency=1e-4,
         ...                          compression=PowerSGD(), memory_bandwidth=20e9).arithmetic_seconds * 1e3, 3)
@@ -120,6 +130,7 @@ def compressed_traffic(
         "arithmetic out.",
     )
     sent = compressor.sent_bytes(shapes)
+    warmup = compressor.warmup(shapes, link)
     arithmetic = None
     if memory_bandwidth is not None:
         arithmetic = compressor.arithmetic_passes * 4.0 * compressor.streamed_values(shapes) / memory_bandwidth
@@ -129,6 +140,9 @@ def compressed_traffic(
         seconds_per_step=compressor.seconds(shapes, link),
         fewer_bytes=4.0 * sum(math.prod(int(d) for d in s) for s in shapes) / sent,
         arithmetic_seconds=arithmetic,
+        warmup_steps=warmup.steps,
+        warmup_bytes_per_step=warmup.sent_bytes,
+        warmup_seconds_per_step=warmup.seconds,
     )
 
 

@@ -10,9 +10,12 @@ imported; ``tfdist-launch`` sets it for every task), and tfdist's own names.
 
 Both sets are imported here by name; for anything else import ``tf_keras``
 itself. Importing this module imports tf-keras (and TensorFlow); ``import
-tfdist`` does not, since ``tfdist.keras`` loads on first use.
+tfdist`` does not, since ``tfdist.keras`` loads on first use. Where tf-keras
+is not installed (TensorFlow 2.22 has none), this module imports all the same:
+the helpers that work with Keras 3 models work, and a tf-keras name or helper
+raises an error naming ``pip install 'tf-keras==X.Y.*'`` when used.
 
-Modules: callbacks that know the cluster (``cluster_aware``), resuming the input
+Modules: the tf_keras names passed through (``_tf_keras``), callbacks that know the cluster (``cluster_aware``), resuming the input
 where a backup left off (``resume``), ``fit`` inputs (``inputs``), elastic epochs
 (``elastic``), adaptive class weights (``adaptive``), the evaluator side-car
 (``sidecar``), gradient compression (``communication``, ``_compressors``),
@@ -29,7 +32,7 @@ Example:
     True
 """
 
-from tf_keras import (
+from tfdist.keras._tf_keras import (
     Input,
     Model,
     Sequential,
@@ -54,8 +57,7 @@ from tf_keras import (
     saving,
     utils,
 )
-from tf_keras import __version__ as __version__
-
+from tfdist.keras._tf_keras import __version__ as __version__
 from tfdist.keras.accumulation import accumulate_gradients
 from tfdist.keras.adaptive import AdaptiveClassWeights
 from tfdist.keras.averaging import local_sgd

@@ -52,11 +52,12 @@ def accumulate_gradients(model: Any, *, steps: int) -> Any:
       StrategyError: ``steps`` is not an integer >= 1, or the model overrides
         ``train_step``.
     """
-    import tf_keras
-
     require_int(StrategyError, "steps", steps, minimum=1, fix="Use 1 for no accumulation.")
     keras3 = _compat.is_keras3_model(model)
-    standard = sys.modules["keras"].Model.train_step if keras3 else tf_keras.Model.train_step
+    if keras3:
+        standard = sys.modules["keras"].Model.train_step
+    else:
+        standard = _compat.tf_keras_module("accumulate_gradients with a tf-keras model").Model.train_step
     overridden = type(model).train_step is not standard
     if overridden:
         raise invalid(

@@ -57,8 +57,8 @@ def local_sgd(model: Any, *, period: int, average_slots: bool = True) -> Any:
         DTensor mesh.
     """
     import tensorflow as tf
-    import tf_keras
 
+    tf_keras = _compat.tf_keras_module("local_sgd")
     LocalSGD(period=period)  # Validates it (an integer >= 1), as the planner's local SGD.
     optimizer = getattr(model, "optimizer", None)
     refuse_mesh("model", type(model).__name__, "local SGD", optimizer=optimizer)

@@ -25,6 +25,7 @@ from tfdist._compat import (
     guard_initial_counters,
     resuming_backup,
     saving_before_preemption,
+    tf_keras_module,
     training_state,
 )
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
@@ -315,8 +316,7 @@ def cluster_callbacks(
 
     ``cluster`` is this task's cluster (a spec or TF_CONFIG); by default ``TF_CONFIG`` from the environment.
     """
-    import tf_keras
-
+    tf_keras = tf_keras_module("cluster_callbacks")
     spec = resolve_cluster(cluster)
     is_chief = spec is None or spec.is_chief
     callbacks: list[Any] = []

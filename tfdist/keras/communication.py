@@ -72,20 +72,19 @@ def with_communication(
       ``communication_bytes_per_step`` tells the bytes each replica hands to the
       gradient all-reduce per applied update, counted from the tensors traced
       into it (None before the first step). ``compression_variables`` lists
-      the compressor's errors and Q factors.
+      the compressor's state (errors, Q factors, PowerSGD's warm-up steps).
 
     Raises:
       StrategyError: An invalid setting, an optimizer that is not a tf-keras
         ``Optimizer``, or a compressor under a strategy it cannot run in
         (parameter servers, a DTensor mesh).
     """
-    import tf_keras
-
     named = compression.name if isinstance(compression, Compressor) else compression
     if named != "none" or bytes_per_pack or split_bytes or tuning is not None:
         refuse_mesh("compression", named, "with_communication", optimizer=optimizer)
     keras3 = _compat.is_keras3_optimizer(optimizer)
-    if not keras3 and not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    tf_keras = _compat.installed_tf_keras()  # None: tf-keras is not installed, only a Keras 3 optimizer can be.
+    if not keras3 and not (tf_keras is not None and isinstance(optimizer, tf_keras.optimizers.Optimizer)):
         raise invalid(
             StrategyError,
             "optimizer",
@@ -176,8 +175,8 @@ class _Reporting:
 
     @property
     def compression_variables(self) -> list[Any]:
-        """The compressor's state variables (each error, each PowerSGD Q), in the order they were created at
-        the first step; empty before it, and without a compressor."""
+        """The compressor's state variables (each error, each PowerSGD Q and warm-up count), in the order they
+        were created at the first step; empty before it, and without a compressor."""
         return list(self._tfdist.get("states", {}).values())
 
 

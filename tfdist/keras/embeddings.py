@@ -28,6 +28,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from tfdist import _compat
+
 __all__ = ["EmbeddingShard", "EmbeddingTable", "embedding_layout", "local_weights"]
 
 
@@ -80,8 +82,7 @@ class EmbeddingTable:
 
 
 def _embedding_layers(layers: Iterable[Any]) -> Iterable[Any]:
-    import tf_keras
-
+    tf_keras = _compat.tf_keras_module("embedding_layout")
     for layer in layers:
         if isinstance(layer, tf_keras.layers.Embedding):
             yield layer

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+from tfdist import _compat
 from tfdist.errors import StrategyError, invalid
 
 __all__ = ["enable_determinism", "fit_input"]
@@ -59,7 +60,6 @@ def fit_input(
       mesh: A DTensor mesh; the strategy is then not used.
     """
     import tensorflow as tf
-    import tf_keras
 
     if mesh is not None:
         from tfdist.keras.parallel.mesh_input import mesh_dataset
@@ -85,6 +85,7 @@ def fit_input(
                 "a number of steps under ParameterServerStrategy",
                 "PS fit cannot detect the end of an epoch: pass steps_per_epoch=... here and to fit().",
             )
+        tf_keras = _compat.tf_keras_module("fit_input under ParameterServerStrategy")
         claimed = getattr(source, "claimed_dataset_fn", None)
         claimed_fn = claimed(strategy) if claimed is not None else None
         if claimed_fn is not None:
@@ -141,11 +142,17 @@ def enable_determinism(seed: int) -> None:
     """Seeds Python, NumPy and TF and turns on deterministic TF ops, for reproducible runs.
 
     Call it before building the model. Deterministic ops can be slower, and ops
-    without a deterministic kernel then raise instead of running.
+    without a deterministic kernel then raise instead of running. Keras' own generators are seeded too:
+    tf-keras's, or Keras 3's where tf-keras is not installed.
     """
     import tensorflow as tf
-    import tf_keras
 
-    tf_keras.utils.set_random_seed(seed)
+    tf_keras = _compat.installed_tf_keras()
+    if tf_keras is not None:
+        tf_keras.utils.set_random_seed(seed)
+    else:
+        import keras  # Keras 3: the one Keras there.
+
+        keras.utils.set_random_seed(seed)
     tf.config.experimental.enable_op_determinism()
     _log.info("Determinism on: seed %d, deterministic TF ops.", seed)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tfdist import _compat
+
 __all__ = ["sidecar_evaluate"]
 
 _log = logging.getLogger("tfdist.keras")
@@ -33,8 +35,7 @@ def sidecar_evaluate(
       steps: Evaluation steps per checkpoint; None: the whole dataset.
       log_dir: TensorBoard directory for the evaluation metrics.
     """
-    import tf_keras
-
+    tf_keras = _compat.tf_keras_module("sidecar_evaluate")
     callbacks = [tf_keras.callbacks.TensorBoard(log_dir)] if log_dir else []
     evaluator = tf_keras.utils.SidecarEvaluator(
         model, data, checkpoint_dir, steps=steps, max_evaluations=epochs, callbacks=callbacks

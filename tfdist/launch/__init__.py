@@ -21,6 +21,7 @@ from tfdist.launch.engines import (
 )
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt
 from tfdist.launch.functions import FunctionRun, run_function
+from tfdist.launch.inspection import Inspection
 from tfdist.launch.network import Link, Network
 from tfdist.launch.results import LaunchResult, Outcome, TaskResult
 from tfdist.launch.server import run_server
@@ -31,6 +32,7 @@ __all__ = [
     "Engine",
     "Faults",
     "FunctionRun",
+    "Inspection",
     "KillAt",
     "LaunchConfig",
     "LaunchResult",

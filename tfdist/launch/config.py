@@ -1,9 +1,10 @@
 """What to launch: a validated, frozen description of a local cluster run.
 
-The options come in five groups, each a frozen dataclass that checks its own fields: :class:`Topology`
+The options come in six groups, each a frozen dataclass that checks its own fields: :class:`Topology`
 (which tasks), :class:`Supervision` (restarts, time limits, logs, environment), :class:`Faults` (fault
-injection), :class:`Elastic` (losing and regaining workers) and :class:`~tfdist.launch.network.Network`
-(where the tasks listen: :mod:`tfdist.launch.network`). :class:`LaunchConfig` holds
+injection), :class:`Elastic` (losing and regaining workers), :class:`~tfdist.launch.network.Network`
+(where the tasks listen: :mod:`tfdist.launch.network`) and :class:`~tfdist.launch.inspection.Inspection`
+(the stall inspector: :mod:`tfdist.launch.inspection`). :class:`LaunchConfig` holds
 them and takes every field flat, ``LaunchConfig(command=..., workers=2, max_restarts=1)``; its own checks are
 the rules across groups. Errors name the Python argument (``grace_seconds``); only the CLI speaks in flags,
 which it makes from each option's declaration (:func:`tfdist._options.option`: its help, and its flag where
@@ -33,6 +34,7 @@ from tfdist.cluster.mesh_shape import MeshShape
 from tfdist.cluster.spec import MAX_TASKS_PER_JOB, split_task_name, task_counts
 from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 from tfdist.launch.events import KillAt, LoseAt, ReturnAt, as_tuple
+from tfdist.launch.inspection import Inspection
 from tfdist.launch.network import Network
 from tfdist.runtime.logs import LOG_LEVELS
 
@@ -318,6 +320,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
       elastic: :class:`Elastic`: min_workers, max_workers (default
         ``workers``), loses, returns.
       network: :class:`~tfdist.launch.network.Network`: host, isolate_network, simulate_hosts, links.
+      inspection: :class:`~tfdist.launch.inspection.Inspection`: stall_seconds.
 
     Example:
         >>> config = LaunchConfig(command=("python", "train.py"), workers=3, min_workers=2)
@@ -336,6 +339,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
     faults = group(Faults)
     elastic = group(Elastic)
     network = group(Network)
+    inspection = group(Inspection)
 
     def __post_init__(self) -> None:
         """The command, and the rules across groups (each group has checked its own fields)."""
@@ -359,6 +363,7 @@ class LaunchConfig(GroupedOptions, error=LaunchError):
             self.network.check_tasks(self.task_names())
         if self.min_workers is not None:
             self._check_elastic()
+        self.inspection.check_mode(self.mode)
 
     def _check_elastic(self) -> None:
         """Elastic options against the topology and the network."""

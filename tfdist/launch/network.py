@@ -26,7 +26,7 @@ from typing import Any
 
 from tfdist._names import describe_choices
 from tfdist._options import option
-from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_type
+from tfdist.errors import LaunchError, invalid, require_bool, require_int, require_number, require_type
 
 __all__ = ["Link", "Network"]
 
@@ -96,6 +96,28 @@ with RATE a number and bit, kbit, mbit, gbit or tbit, e.g. '1gbit' or 'worker:1=
             return cls(rate=rate, task=task.strip() if sep else None)
         except LaunchError:
             raise invalid(LaunchError, "links", text, _LINK_FORMAT) from None
+
+    @classmethod
+    def from_bits(cls, bits_per_second: float) -> Link:
+        """The link of a measured rate: three significant digits in the largest unit it reaches.
+
+        Example:
+            >>> Link.from_bits(941_234_567).rate, Link.from_bits(1.5e10).rate, Link.from_bits(999_700).rate
+            ('941mbit', '15gbit', '1mbit')
+        """
+        require_number(
+            LaunchError,
+            "bits_per_second",
+            bits_per_second,
+            minimum=_MIN_RATE,
+            maximum=_MAX_RATE,
+            fix="Links run from 10kbit to 1tbit.",
+        )
+        for unit, size in sorted(_UNITS.items(), key=lambda item: -item[1]):
+            value = float(f"{bits_per_second / size:.3g}")
+            if value >= 1:
+                return cls(rate=f"{value:g}{unit}")
+        raise AssertionError("unreachable: the rate is at least 10kbit")
 
     @classmethod
     def many(cls, values: Any) -> tuple[Link, ...]:

@@ -38,6 +38,7 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"  # a task that matters failed for good (restarts used up, too few workers left)
     TIMEOUT = "timeout"  # the run's ``timeout`` passed
     INTERRUPTED = "interrupted"  # SIGINT, SIGTERM, SIGHUP or SIGQUIT stopped the run
+    STALLED = "stalled"  # no training task completed a step for ``stall_seconds``
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,10 +60,12 @@ class LaunchResult:
 
     Attributes:
       exit_code: 0 when every command task succeeded; else the first failing
-        task's code (124 on timeout, 130/143 when interrupted).
+        task's code (124 on timeout, 130/143 when interrupted, 203 stalled).
       reason: How the run ended, an :class:`Outcome` (a string: 'ok',
-        'failed', 'timeout' or 'interrupted'; a plain string is read as one).
-      failed_task: The task that ended the run, if any.
+        'failed', 'timeout', 'interrupted' or 'stalled'; a plain string is
+        read as one).
+      failed_task: The task that ended the run, if any (of a stall: the
+        first task that stopped, if the inspector could tell).
       tasks: Every task's result.
       cluster: The cluster that ran.
     """

@@ -19,6 +19,7 @@ Terminated (SIGTERM)     143  yes        the kubelet on eviction (128 + 15)
 Preempted, backup saved  200  yes        ``PreemptionSafeBackup`` after its SIGTERM save
 Lost a peer              201  yes        ``exit_cleanly`` on TensorFlow's Unavailable/Aborted/DeadlineExceeded
 Too few workers          202  yes        ``tfdist-launch`` when losses leave fewer than ``--min-workers``
+Stalled                  203  yes        ``tfdist-launch --stall-seconds`` when no task completed a step
 ======================  ====  =========  ==========================================
 
 This module is the one place for these rules: :func:`from_exit_value` (what ``sys.exit(value)`` gives),
@@ -51,6 +52,7 @@ __all__ = [
     "NOT_FOUND",
     "OK",
     "PREEMPTED",
+    "STALLED",
     "TIMEOUT",
     "TOO_FEW_WORKERS",
     "is_retryable",
@@ -65,6 +67,9 @@ NOT_FOUND = 127
 PREEMPTED = 200
 LOST_PEER = 201
 TOO_FEW_WORKERS = 202  # An elastic run's losses left fewer workers than min_workers: a rerun with more may do.
+# No training task completed a step for `stall_seconds`: mostly a peer lost in a way TensorFlow waits on forever
+# (a cut link, a frozen process), which is what LOST_PEER says when TensorFlow notices; a rerun may do.
+STALLED = 203
 # TensorFlow errors that mean another task of the cluster went away (names of tf.errors classes).
 PEER_LOST_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError")
 _SIGNALLED = 128  # a death by signal N is 128 + N, as a shell reports it

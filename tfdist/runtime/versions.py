@@ -71,13 +71,28 @@ def stack_problem() -> str | None:
             "multi-worker fit). Install e.g. tensorflow==2.21.0 tf-keras==2.21.0."
         )
     if keras_version is None:
-        return f"tf-keras is not installed: pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
+        return f"tf-keras is not installed: pip install '{tf_keras_pin()}'."
     if parse_version(keras_version) != tf_minor:
         return (
             f"tf-keras {keras_version} does not match TensorFlow {tf_version}: tf-keras must have TensorFlow's "
-            f"minor version. pip install 'tf-keras=={tf_minor[0]}.{tf_minor[1]}.*'."
+            f"minor version. pip install '{tf_keras_pin()}'."
         )
     return None
+
+
+def tf_keras_pin() -> str:
+    """The requirement of the tf-keras that goes with the installed TensorFlow: its minor version.
+
+    Example:
+        >>> pin = tf_keras_pin()
+        >>> pin == "tf-keras" or pin.startswith("tf-keras==2.") and pin.endswith(".*")
+        True
+    """
+    tf_version = installed_version("tensorflow")
+    if tf_version is None:
+        return "tf-keras"
+    major, minor = parse_version(tf_version)
+    return f"tf-keras=={major}.{minor}.*"
 
 
 def install_hint(extra: str) -> str:

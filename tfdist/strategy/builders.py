@@ -20,6 +20,7 @@ from tfdist._names import describe_choices
 from tfdist.cluster.spec import ClusterLike, ClusterSpec, resolve_cluster
 from tfdist.cluster.trainable import check_trainable, cluster_kind
 from tfdist.errors import StrategyError, check_keywords, invalid, require_int, require_number, require_type
+from tfdist.runtime.watchdog import watch_steps
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -172,6 +173,9 @@ def build_strategy(
 ) -> tf.distribute.Strategy:
     """Builds a distribution strategy; call it before any other TensorFlow op.
 
+    Under ``tfdist-launch --stall-seconds`` it also starts the step watchdog the launcher's stall inspector
+    reads (:mod:`tfdist.runtime.watchdog`: a thread that samples this process's stacks); else nothing more.
+
     Args:
       kind: One of :func:`strategy_names`: 'auto', 'default', 'one_device',
         'mirrored', 'multi_worker_mirrored', 'parameter_server'.
@@ -200,6 +204,7 @@ def build_strategy(
     strategy = _BUILDERS[kind](opts, spec)
     _log.info("Built %s with %d replica(s) in sync.", type(strategy).__name__, strategy.num_replicas_in_sync)
     _prepare_keras3(strategy)
+    watch_steps()  # for the launcher's stall inspector, when it asks (`stall_seconds`); else nothing
     return strategy
 
 

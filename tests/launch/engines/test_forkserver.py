@@ -71,6 +71,20 @@ def test_a_message_carries_its_file_descriptors() -> None:
     assert protocol.receive_message(server) == (None, [])
 
 
+def test_the_preload_goes_on_without_tf_keras(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+
+    def import_module(name: str) -> None:  # A stack without tf-keras (TensorFlow 2.22).
+        imported.append(name)
+        if name == "tf_keras":
+            raise ModuleNotFoundError("No module named 'tf_keras'", name=name)
+
+    monkeypatch.setattr(protocol.importlib, "import_module", import_module)
+    protocol.preload({"TF_USE_LEGACY_KERAS": "1"})  # The launcher's setting: the server starts all the same.
+    protocol.preload({"TF_USE_LEGACY_KERAS": "0"})
+    assert imported == ["tensorflow", "tf_keras", "tensorflow"]
+
+
 @pytest.mark.parametrize(
     ("args", "code", "last_line"),
     [

@@ -58,8 +58,7 @@ def stage_model(
     Returns:
       A ``tf_keras.Model``; ``model.stage_of`` maps each layer's name to its stage.
     """
-    import tf_keras
-
+    tf_keras = _compat.tf_keras_module("stage_model")
     require_int(StrategyError, "micro_batches", micro_batches, minimum=1)
     if isinstance(stages, str) or not stages or not all(isinstance(s, str) for s in stages):
         raise invalid(StrategyError, "stages", stages, "a list of device names, one per stage")

@@ -64,8 +64,7 @@ def shard_model(
     Returns:
       The model, its variables DTensor variables with the chosen layouts (see :func:`sharding_report`).
     """
-    import tf_keras
-
+    tf_keras = _compat.tf_keras_module("shard_model")
     require_builder(
         build, returns="a tf-keras model", example="make_model", why="the weights are created under the layouts"
     )
@@ -231,8 +230,7 @@ def mesh_optimizer(name: str, mesh: Any, **kwargs: Any) -> Any:
     """
     if not isinstance(name, str) or name.lower() not in _OPTIMIZER_CLASSES:
         raise invalid(StrategyError, "name", name, describe_choices(name, OPTIMIZERS))
-    import tf_keras
-
+    tf_keras = _compat.tf_keras_module("mesh_optimizer")
     base = getattr(tf_keras.dtensor.experimental.optimizers, _OPTIMIZER_CLASSES[name.lower()])
     accepted = [p for p in inspect.signature(base.__init__).parameters if p not in ("self", "mesh", "kwargs")]
     check_keywords(StrategyError, "kwargs", kwargs, accepted, f"They are {base.__name__}'s own arguments.")

@@ -174,3 +174,8 @@ class Ending:
     @classmethod
     def interrupted(cls, signum: int) -> Ending:
         return cls(outcome=Outcome.INTERRUPTED, exit_code=exit_codes.from_signal(signum))
+
+    @classmethod
+    def stalled(cls, task: str | None) -> Ending:
+        """No training task completed a step for ``stall_seconds``; ``task`` stopped first (None: none is known)."""
+        return cls(outcome=Outcome.STALLED, exit_code=exit_codes.STALLED, failed_task=task)

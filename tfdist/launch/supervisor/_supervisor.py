@@ -1,8 +1,9 @@
 """The supervisor of one launch: starts the tasks on an engine, follows their exits and applies the rules.
 
 Its whole state is one :class:`~tfdist.launch.supervisor._group.Group`, changed only here; the elastic rules
-(:mod:`~tfdist.launch.supervisor._elastic`) and the fault injections (:mod:`~tfdist.launch.supervisor._faults`)
-answer it with values. :mod:`tfdist.launch.supervisor.runner` builds it and runs it to the end.
+(:mod:`~tfdist.launch.supervisor._elastic`), the fault injections (:mod:`~tfdist.launch.supervisor._faults`)
+and the stall inspector (:mod:`~tfdist.launch.supervisor._stall`) answer it with values.
+:mod:`tfdist.launch.supervisor.runner` builds it and runs it to the end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tfdist.launch.supervisor import membership
 from tfdist.launch.supervisor._elastic import ElasticRules, Regroup
 from tfdist.launch.supervisor._faults import FaultInjector, Fired
 from tfdist.launch.supervisor._group import KILLED, Ending, Group, NotStarted, TaskRecord
+from tfdist.launch.supervisor._stall import StallInspector
 from tfdist.launch.tasks.programs import TaskProgram
 from tfdist.runtime import exit_codes
 
@@ -57,6 +59,9 @@ class Supervisor:
         self._console = sink if tf_info else _tf_logs.quiet_sink(sink)
         self.faults = FaultInjector(config.kills + config.loses + config.returns, snapshot=self._boundaries_on_disk)
         self.rules = ElasticRules(config)
+        self.stall = (
+            None if config.stall_seconds is None else StallInspector(config.stall_seconds, config.log_dir, status)
+        )
         self._on_event: dict[type[KillAt], Callable[[Fired], Ending | None]] = {
             KillAt: lambda fired: self._kill(fired.event.task, fired.when),
             LoseAt: lambda fired: self._lose(fired.event.task, fired.when),
@@ -128,6 +133,8 @@ class Supervisor:
         env.update(membership.membership_variables(group.membership, group.full_spec))
         if group.elastic_dir is not None:
             env[cluster_elastic.ELASTIC_DIR_VAR] = group.elastic_dir
+        if self.stall is not None:
+            env.update(self.stall.variables(task, record.restarts))
         try:
             self._launch(record, env)
         except LaunchFailure as err:
@@ -191,6 +198,8 @@ class Supervisor:
                 record.log.close()
         if group.elastic_dir is not None:
             shutil.rmtree(group.elastic_dir, ignore_errors=True)
+        if self.stall is not None:
+            self.stall.close()
 
     # ---- fault injection --------------------------------------------------------------------------------------
 
@@ -207,6 +216,28 @@ class Supervisor:
         proc = self.group.tasks[task].proc
         if proc is not None:
             proc.signal(signal.SIGKILL)
+
+    # ---- the stall inspector ----------------------------------------------------------------------------------
+
+    def _check_stall(self, now: float) -> Ending | None:
+        """With ``stall_seconds``: a stall is reported, then ends the run or (elastic) loses the stopped workers."""
+        group = self.group
+        if self.stall is None:
+            return None
+        running = {  # the training tasks at work, each with its process group
+            name: record.proc.pid
+            for name, record in group.tasks.items()
+            if group.membership.trains(name) and record.proc is not None and record.proc.pid and record.poll() is None
+        }
+        stall = self.stall.check(now, running)
+        if stall is None:
+            return None
+        self.stall.report(stall, running)
+        stuck = stall.stopped
+        if stuck and all(group.elastic_worker(task) for task in stuck):
+            return self._lose(stuck[0], f"(stalled: {stall.why(stuck[0])})", also=stuck[1:])
+        self.status(f"stall: stopping the run ({', '.join(stuck) + ' stopped' if stuck else 'every task waits'})")
+        return Ending.stalled(stuck[0] if stuck else None)
 
     # ---- elastic membership: the rules decide, the supervisor applies -------------------------------------------
 
@@ -355,7 +386,7 @@ class Supervisor:
             if deadline is not None and now >= deadline:
                 self.status(f"timeout after {self.config.timeout:g}s; stopping every task")
                 return Ending.timeout()
-            ending = self._inject_faults(now - t0)
+            ending = self._inject_faults(now - t0) or self._check_stall(now)
             if ending is not None:
                 return ending
             self._check_boundaries()

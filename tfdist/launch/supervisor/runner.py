@@ -128,6 +128,14 @@ def run_config(
             f"the local engine (not {type(engine).__name__})",
             "A private network namespace exists on this machine only; leave `{option}` off.",
         )
+    if config.stall_seconds is not None and not isinstance(engine, LocalEngine):
+        raise invalid(
+            LaunchError,
+            "stall_seconds",
+            config.stall_seconds,
+            f"None on the {engine.name} engine (the stall inspector reads its tasks' reports from local files)",
+            "Drop `stall_seconds`, or run on the local engine.",
+        )
     with _StopSignals() as signals:
         try:
             return _supervise(config, engine, on_line, status, base_env, signals)

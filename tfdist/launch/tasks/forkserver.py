@@ -3,7 +3,7 @@
 The local engine starts it as ``python -m tfdist.launch.tasks.forkserver FD`` (with ``preload``, see
 :mod:`tfdist.launch.engines._forkserver`), with the environment its tasks share, FD being its end of a Unix
 ``SOCK_SEQPACKET`` socket pair. It imports ``tensorflow`` (and ``tf_keras`` when ``TF_USE_LEGACY_KERAS`` is
-"1" or "true") once, then serves requests, one message each: ``{"argv": [python, "-m", MODULE, *ARGS],
+"1" or "true" and tf-keras is installed) once, then serves requests, one message each: ``{"argv": [python, "-m", MODULE, *ARGS],
 "env": {...}, "cwd": DIR}`` with the task's stdout and stderr write ends attached (``SCM_RIGHTS``). For each it
 forks a child that runs ``MODULE`` as ``python -m`` would (see :func:`run_child`) and replies ``{"pid": PID}``
 (or ``{"error": TEXT}``); when a child ends it sends ``{"pid": PID, "status": WAIT_STATUS}``. It exits when
@@ -62,10 +62,12 @@ def receive_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, An
 
 
 def preload(env: Mapping[str, str]) -> None:
-    """Imports what every task imports: ``tensorflow``, and ``tf_keras`` under ``TF_USE_LEGACY_KERAS``."""
+    """Imports what every task imports: ``tensorflow``, and ``tf_keras`` under ``TF_USE_LEGACY_KERAS`` where
+    tf-keras is installed (TensorFlow 2.22 has none: its tasks use Keras 3)."""
     importlib.import_module("tensorflow")
     if env.get("TF_USE_LEGACY_KERAS", "").strip().lower() in _TRUE:
-        importlib.import_module("tf_keras")
+        with contextlib.suppress(ImportError):
+            importlib.import_module("tf_keras")
 
 
 def _reset_signals() -> None:

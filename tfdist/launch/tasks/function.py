@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from tfdist.runtime.clean_exit import exit_cleanly
+from tfdist.runtime.watchdog import watch_steps
 
 RESULT_PREFIX = "TFDIST_RESULT "  # The line a task prints its JSON result behind (read by tfdist.launch.functions).
 # The modules a function may be pickled by value with (tfdist.launch.functions), in the order tried.
@@ -52,6 +53,7 @@ def main() -> int:
         target = module
         for part in function.split("."):
             target = getattr(target, part)
+    watch_steps()  # the stall inspector's watchdog, when the launcher asks for it
     value = target(*json.loads(encoded))
     sys.stdout.write(RESULT_PREFIX + json.dumps(value) + "\n")
     sys.stdout.flush()
