@@ -10,9 +10,10 @@ before a fresh one.
 
 - A claim (the workers' graph, one call to the ps): a step given back if there is one, else the next
   fresh step; recorded as the claiming worker's (its claim count, and its last :data:`DEPTH` steps).
-- The coordinator (Python, on the chief) reads the claim counts before each closure runs on a worker, and
-  when that closure goes back to the queue it gives back the steps the worker claimed since: the claims of
-  the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
+- The coordinator (Python, on the chief) reads the claim counts before each closure that reads the claimed
+  dataset runs on a worker (no other closure: not another fit's, nor one after this fit ended or failed),
+  and when that closure goes back to the queue it gives back the steps the worker claimed since: the claims
+  of the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
   claim). A failed run whose update reached the ps before it failed is trained once more: that step only.
 - Given back: a ring of :data:`CAPACITY` steps that the coordinator alone writes, ``available`` (minus the
   steps given back and not taken yet: a claim takes one with an atomic increment that fails at zero, and
@@ -149,16 +150,24 @@ class StepLedger:
 
     def dataset_fn(self, strategy: Any, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
         """Every parameter-server worker's dataset function: ``read(*args, counter=self, worker=W, **kwargs)``
-        whatever its InputContext, ``W`` the worker running it. ``fit`` traces it as it starts: from then on
-        the coordinator gives back to this ledger the claims of a closure that fails (:meth:`watch`)."""
+        whatever its InputContext, ``W`` the worker running it. Made on the coordinator before ``fit``, which
+        traces it as it starts: the closures that read its dataset tell this ledger when they start and
+        fail (:meth:`hooks`), and no other closure does."""
+        import tensorflow as tf
+
+        watch = None
+        if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+            watch = _compat.watch_closures(strategy)  # Before fit creates the dataset: see attach().
 
         def dataset_fn(input_context: Any = None) -> Any:
-            import tensorflow as tf
-
             del input_context  # Every worker claims from this ledger.
             worker = tf.constant(0, tf.int64)
-            if isinstance(strategy, tf.distribute.ParameterServerStrategy):
-                self.watch(strategy)
+            if watch is not None:
+                if not watch.attach(self.hooks()) and tf.inside_function():
+                    _log.warning(
+                        "A claimed dataset traced outside ClusterCoordinator.create_per_worker_dataset: the "
+                        "claims of a closure that fails on it are not given back."
+                    )
                 worker = current_worker()
             return read(*args, counter=self, worker=worker, **kwargs)
 
@@ -315,10 +324,10 @@ class StepLedger:
         taken, given, back = int(self._taken.numpy()), int(self._given.numpy()), self._back.numpy()
         return [int(back[i % CAPACITY]) for i in range(taken, given)]
 
-    def watch(self, strategy: Any) -> None:
-        """The coordinator of the parameter-server ``strategy`` gives back to this ledger the claims of every
-        closure that fails (:func:`tfdist._compat.watch_closures`): the input of the fit that starts."""
-        _compat.watch_closures(strategy, started=self.started, failed=lambda w, since: self.failed(w, since)[0])
+    def hooks(self) -> _compat.ClosureHooks:
+        """What the coordinator calls around each closure that reads this ledger's claims: :meth:`started`
+        before it runs, :meth:`failed` when it goes back to the queue (:class:`tfdist._compat.distribute.ClosureWatch`)."""
+        return _compat.ClosureHooks(started=self.started, failed=lambda w, since: self.failed(w, since)[0])
 
     # ------------------------------------------------------------ backups
     def checkpoint(self) -> Any:
