@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import pytest
 
 from tfdist import _compat
@@ -109,6 +112,95 @@ def test_single_device_functions_mark_what_is_traced_inside_only_and_in_this_thr
     assert set(_compat.marked_single_device(other[0]).values()) == {False}  # Another thread's dataset.
     assert set(_compat.marked_single_device(outside).values()) == {False}
     assert [int(x) for x in inside] == [int(x) for x in outside] == [0, 0, 2]
+
+
+class _StandInCoordinator:
+    """What ClosureWatch wraps of a ClusterCoordinator: its workers' ``_process_closure`` (a closure marked to
+    fail goes back to the queue, as a lost worker's does), the queue's ``put_back``, ``create_per_worker_dataset``
+    (traces the dataset function) and the per-worker dataset's ``__iter__``."""
+
+    class Dataset:
+        def __iter__(self) -> Any:
+            return _StandInCoordinator.Iterator()
+
+    class Iterator:
+        def __next__(self) -> Any:
+            raise TypeError("next() of a per-worker iterator: pass it to a scheduled function")
+
+    class Closure:
+        def __init__(self, *args: Any, fail: bool = False, **kwargs: Any) -> None:
+            self._args, self._kwargs, self.fail = args, kwargs, fail
+
+    def __init__(self) -> None:
+        queue = types.SimpleNamespace(back=[])
+        queue.put_back = queue.back.append
+        self.ran: list[tuple[int, Any]] = []
+        self._cluster = types.SimpleNamespace(closure_queue=queue, workers=[self._worker(i) for i in range(2)])
+
+    def _worker(self, index: int) -> Any:
+        def process(closure: Any) -> None:
+            self.ran.append((index, closure))
+            if closure.fail:
+                self._cluster.closure_queue.put_back(closure)
+
+        return types.SimpleNamespace(worker_index=index, _process_closure=process)
+
+    def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
+        dataset_fn()
+        return self.Dataset()
+
+    def run(self, worker: int, closure: Any) -> None:
+        self._cluster.workers[worker]._process_closure(closure)
+
+
+def test_closure_hooks_end_with_the_dataset_that_attached_them() -> None:
+    from tfdist._compat.distribute import ClosureHooks, closure_watch
+
+    coordinator = _StandInCoordinator()
+    calls: list[tuple[str, int, Any]] = []
+
+    def started(worker: int) -> str:
+        calls.append(("started", worker, None))
+        return f"token{worker}"
+
+    def failed(worker: int, token: Any) -> str:
+        calls.append(("failed", worker, token))
+        return "again"
+
+    hooks = ClosureHooks(started=started, failed=failed)
+    watch = closure_watch(coordinator)
+    assert closure_watch(coordinator) is watch and not watch.attach(hooks)  # Outside a dataset's creation.
+
+    claimed = coordinator.create_per_worker_dataset(lambda: watch.attach(hooks))
+    assert isinstance(claimed, _StandInCoordinator.Dataset)
+    steps = iter(claimed)
+    coordinator.run(0, coordinator.Closure(steps))
+    coordinator.run(1, coordinator.Closure(x=[steps], fail=True))  # Nested in a keyword: found too.
+    assert calls == [("started", 0, None), ("started", 1, None), ("failed", 1, "token1")]
+    assert len(coordinator._cluster.closure_queue.back) == 1 and len(coordinator.ran) == 2
+
+    # The fit ended: a later one on the same coordinator, with an input that attaches nothing, reads no ledger;
+    # neither does a closure without an input, nor one that fails.
+    calls.clear()
+    later = iter(coordinator.create_per_worker_dataset(lambda: None))
+    coordinator.run(0, coordinator.Closure(later))
+    coordinator.run(1, coordinator.Closure(later, fail=True))
+    coordinator.run(0, coordinator.Closure())
+    assert calls == [] and len(coordinator.ran) == 5 and len(coordinator._cluster.closure_queue.back) == 2
+
+    # A fit that fails while its dataset is made attaches nothing, and leaves no attach open.
+    def broken() -> None:
+        watch.attach(hooks)
+        raise RuntimeError("tracing failed")
+
+    with pytest.raises(RuntimeError, match="tracing failed"):
+        coordinator.create_per_worker_dataset(broken)
+    assert not watch.attach(hooks)
+    coordinator.run(0, coordinator.Closure(iter(coordinator.create_per_worker_dataset(lambda: None))))
+    assert calls == []
+    # The claimed dataset's closures still carry their hooks (its fit's own steps, wherever they run).
+    coordinator.run(1, coordinator.Closure(steps))
+    assert calls == [("started", 1, None)]
 
 
 KERAS3 = """

@@ -14,9 +14,13 @@ counted per worker in a variable on the ps (the worker index is TF's ``experimen
   until worker 1 took a step: the fit does not end before the returned worker joins the claims. Every
   step of worker 1 after the hold counts as one after its return.
 
+Then a third fit on the same coordinator, ``after``: the plain pipeline in ``order="buffer"`` (no claims),
+1 fit epoch of 4 steps.
+
 The chief returns per fit the counts, the steps claimed, the optimizer's iterations and the steps per
 worker, and the counts at each fit epoch's end; for ``lost`` also the NumPy reference of the draws after 1, 2
-and 3 data epochs (tests/keras/_tasks_strata_ps.py).
+and 3 data epochs (tests/keras/_tasks_strata_ps.py); and per fit how many times the coordinator read a
+ledger's claim counts before a closure (``ledger_reads``).
 """
 
 from __future__ import annotations
@@ -143,13 +147,32 @@ def _fit(strategy: Any, data: Any, *, tag: str, epochs: int, before_step: Any) -
     }
 
 
+def _count_reads(reads: dict[str, int], fit: list[str]) -> None:
+    """Counts each call of ``StepLedger.started`` (the coordinator's read before a closure) under the tag
+    ``fit[0]`` of the fit running."""
+    from tfdist.data.order.ledger import StepLedger
+
+    started = StepLedger.started
+
+    def counted(self: StepLedger, worker: int) -> int | None:
+        reads[fit[0]] = reads.get(fit[0], 0) + 1
+        return started(self, worker)
+
+    StepLedger.started = counted  # type: ignore[method-assign]
+
+
 def ledger_ps_fits(workdir: str, prefix: str) -> dict[str, Any]:
-    """Runs the straggler fit, then the lost fit (module docstring); returns their results."""
+    """Runs the straggler fit, the lost fit, then a fit without claims (module docstring); returns their
+    results."""
     import tensorflow as tf
 
     import tfdist
+    from tfdist.keras.inputs import fit_input
 
     del workdir
+    reads: dict[str, int] = {}
+    fit = ["straggler"]
+    _count_reads(reads, fit)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("tfdist").setLevel(logging.INFO)
     strategy = tfdist.build_strategy("auto")
@@ -165,9 +188,18 @@ def ledger_ps_fits(workdir: str, prefix: str) -> dict[str, Any]:
     }
     results["straggler"]["ran"] = ran.numpy().tolist()
 
+    fit[0] = "lost"
     drawn = strata._pipeline(prefix, "balanced")
     lost = _fit(strategy, drawn, tag="lost", epochs=3, before_step=_lose_then_return(ran_lost, flags))
     lost["ran"], lost["after_return"] = ran_lost.numpy().tolist(), int(flags.numpy()[1])
     lost["numpy"] = [strata.numpy_counts(prefix, "balanced", e * STEPS * exact_tasks.GLOBAL_BATCH) for e in (1, 2, 3)]
     results["lost"] = lost
+
+    fit[0] = "after"
+    unclaimed = exact_tasks.pipeline(prefix + "-*", num_epochs=None, order="buffer")
+    with strategy.scope():
+        model = exact_tasks.counted_model()
+    model.fit(fit_input(unclaimed, strategy=strategy, steps_per_epoch=4), epochs=1, steps_per_epoch=4, verbose=0)
+    results["after"] = {"iterations": int(model.optimizer.iterations.numpy())}
+    results["ledger_reads"] = reads
     return results

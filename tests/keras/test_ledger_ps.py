@@ -96,3 +96,12 @@ def test_a_returned_worker_joins_the_claims(run) -> None:
     before_loss, after_return = value["ran"][1] - value["after_return"], value["after_return"]
     assert before_loss >= 1 and after_return >= 1 and sum(value["ran"]) == 3 * STEPS, value["ran"]
     assert run.output("worker:1").count("TensorFlow server worker:1 up") == 2
+
+
+def test_only_the_closures_of_a_claimed_input_read_its_ledger(run) -> None:
+    # One read per closure of each claimed fit (a closure is a step; the lost fit runs the held one again), and
+    # none in a later fit on the same coordinator without claims: the ledger's hooks end with their dataset.
+    reads, value = run.values["chief:0"]["ledger_reads"], run.values["chief:0"]
+    assert value["after"]["iterations"] == 4, value["after"]
+    assert reads.get("straggler") == 2 * STEPS and 3 * STEPS < reads.get("lost", 0) <= 3 * STEPS + 2, reads
+    assert "after" not in reads, reads

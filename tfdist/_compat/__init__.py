@@ -35,6 +35,7 @@ from tfdist._compat.data import (
     unbatch_dense,
 )
 from tfdist._compat.distribute import (
+    ClosureHooks,
     communication_options,
     dtensor_initialized,
     is_sharded_variable,
@@ -73,6 +74,7 @@ from tfdist._compat.keras_optional import TfKerasMissing, installed_tf_keras, tf
 from tfdist._compat.saving import merged_after_barrier
 
 __all__ = [
+    "ClosureHooks",
     "TfKerasMissing",
     "accumulating_train_step",
     "attach_preemption_handler",

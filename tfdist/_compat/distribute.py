@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -230,35 +231,113 @@ def _in_scope(strategy: Any) -> Any:
     return strategy.scope()
 
 
-class _ClosureWatch:
-    """Wraps a ``ClusterCoordinator``'s ``Worker._process_closure`` methods and its queue's ``put_back``."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClosureHooks:
+    """What the coordinator calls around a closure that reads a watched dataset (:meth:`ClosureWatch.attach`).
 
-    def __init__(self, cluster: Any) -> None:
+    ``started(worker)`` runs in the coordinator's thread for ``worker`` before the closure runs there;
+    ``failed(worker, token)`` runs when that closure goes back to the queue to run again (its worker failed,
+    or a transient error), before it does, with what ``started`` returned for it, and returns the token a
+    second put-back of the same run gets.
+    """
+
+    started: Callable[[int], Any]
+    failed: Callable[[int, Any], Any]
+
+
+_HOOKS = "_tfdist_closure_hooks"  # The attribute a watched dataset and its iterators carry their hooks in.
+
+
+class ClosureWatch:
+    """A ``ClusterCoordinator``'s closures, seen through its ``Worker._process_closure`` methods, its queue's
+    ``put_back`` and its ``create_per_worker_dataset``, all wrapped (:func:`closure_watch`).
+
+    A dataset function traced in ``create_per_worker_dataset`` attaches hooks (:meth:`attach`) to the
+    dataset made there; its iterators carry them, and a closure given one runs with them. Other closures
+    (another fit's, an evaluation's) run as TF runs them: the hooks end with the dataset's last closure,
+    whether its fit ended or failed.
+    """
+
+    def __init__(self, coordinator: Any) -> None:
         import functools
         import threading
 
-        self.started: Callable[[int], Any] | None = None
-        self.failed: Callable[[int, Any], Any] | None = None
         self._local = threading.local()  # Each Worker runs its closures in a thread of its own.
+        cluster = _attr(coordinator, "_cluster", "claimed steps given back")
         for worker in _attr(cluster, "workers", "claimed steps given back"):
             run = _attr(worker, "_process_closure", "claimed steps given back")
             worker._process_closure = functools.partial(self._process, run, worker.worker_index)
         queue = _attr(cluster, "closure_queue", "claimed steps given back")
         queue.put_back = functools.partial(self._put_back, _attr(queue, "put_back", "claimed steps given back"))
+        create = _attr(coordinator, "create_per_worker_dataset", "claimed steps given back")
+        coordinator.create_per_worker_dataset = functools.partial(self._create, create)
+
+    def attach(self, hooks: ClosureHooks) -> bool:
+        """While a dataset function is traced in ``create_per_worker_dataset``: the closures given an iterator
+        of the dataset made there run with ``hooks`` (the last attached wins). False (nothing attached)
+        outside ``create_per_worker_dataset``, or in another thread than the one that called it."""
+        asked = getattr(self._local, "asked", None)
+        if asked is None:
+            return False
+        asked.append(hooks)
+        return True
+
+    def _create(self, create: Callable[[Any], Any], dataset_fn: Any) -> Any:
+        outer = getattr(self._local, "asked", None)
+        asked: list[ClosureHooks] = []
+        self._local.asked = asked
+        try:
+            dataset = create(dataset_fn)
+        finally:
+            self._local.asked = outer
+        if asked:
+            _carry_hooks(dataset, asked[-1])
+        return dataset
 
     def _process(self, run: Callable[[Any], Any], index: int, closure: Any) -> Any:
-        started = self.started
-        self._local.worker, self._local.token = index, started(index) if started is not None else None
+        hooks = _hooks_of(closure)
+        self._local.hooks, self._local.worker = hooks, index
+        self._local.token = hooks.started(index) if hooks is not None else None
         try:
             return run(closure)
         finally:
-            self._local.worker = None
+            self._local.hooks = None
 
     def _put_back(self, put_back: Callable[[Any], Any], closure: Any) -> Any:
-        index, failed = getattr(self._local, "worker", None), self.failed
-        if index is not None and failed is not None:  # A closure that ran on worker `index` goes back.
-            self._local.token = failed(index, self._local.token)
+        hooks = getattr(self._local, "hooks", None)
+        if hooks is not None:  # A closure with hooks that ran on this worker's thread goes back to the queue.
+            self._local.token = hooks.failed(self._local.worker, self._local.token)
         return put_back(closure)
+
+
+_CARRIERS: dict[type, type] = {}
+
+
+def _carry_hooks(dataset: Any, hooks: ClosureHooks) -> None:
+    """``dataset`` (a per-worker dataset) hands ``hooks`` to every iterator ``iter(dataset)`` makes: its class
+    becomes a subclass whose ``__iter__`` does (an instance attribute cannot change what ``iter`` calls)."""
+    base = type(dataset)
+    carrier = _CARRIERS.get(base)
+    if carrier is None:
+
+        def __iter__(self: Any) -> Any:
+            iterator = base.__iter__(self)
+            setattr(iterator, _HOOKS, getattr(self, _HOOKS))
+            return iterator
+
+        carrier = _CARRIERS.setdefault(base, type(base.__name__, (base,), {"__iter__": __iter__}))
+    setattr(dataset, _HOOKS, hooks)
+    dataset.__class__ = carrier
+
+
+def _hooks_of(closure: Any) -> ClosureHooks | None:
+    """The hooks of the last watched iterator among ``closure``'s arguments (None: none)."""
+    import tensorflow as tf
+
+    found = None
+    for value in tf.nest.flatten((getattr(closure, "_args", ()), getattr(closure, "_kwargs", {}))):
+        found = getattr(value, _HOOKS, found)
+    return found
 
 
 def worker_count(strategy: Any) -> int:
@@ -274,31 +353,36 @@ def worker_count(strategy: Any) -> int:
     return max(1, len(jobs.get("worker", ())))
 
 
-def watch_closures(strategy: Any, *, started: Callable[[int], Any], failed: Callable[[int, Any], Any]) -> None:
-    """Hooks into the ``ClusterCoordinator`` of the parameter-server ``strategy`` (made if none yet).
+def closure_watch(coordinator: Any) -> ClosureWatch:
+    """The :class:`ClosureWatch` of ``coordinator`` (a ``ClusterCoordinator``), made the first time.
 
-    ``started(worker)`` runs in the coordinator's thread for ``worker`` before each closure runs there;
-    ``failed(worker, token)`` runs when that closure goes back to the queue to run again (its worker
-    failed, or a transient error), before it does, with what ``started`` returned for it, and returns the
-    token a second put-back of the same run gets. A later call replaces both callbacks.
+    Make it before the dataset whose closures it should see is created (for ``fit``: before ``fit``): a
+    dataset function traced in a ``create_per_worker_dataset`` that started unwatched attaches nothing.
 
-    TF 2.17-2.21 have no hook for either: each ``Worker`` runs ``_process_closure`` in a thread of its own,
-    one closure at a time, and every requeue of a closure goes through the queue's ``put_back``.
+    TF 2.17-2.21 have no hook for closures: each ``Worker`` runs ``_process_closure`` in a thread of its own,
+    one closure at a time, and every requeue of a closure goes through the queue's ``put_back``; a closure
+    keeps its arguments in ``_args`` and ``_kwargs``.
     """
-    import tensorflow as tf
-
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     cluster = _attr(coordinator, "_cluster", "claimed steps given back")
     watch = getattr(cluster, "_tfdist_watch", None)
     if watch is None:
-        watch = _ClosureWatch(cluster)
+        watch = ClosureWatch(coordinator)
         cluster._tfdist_watch = watch
-    watch.started, watch.failed = started, failed
+    return watch
+
+
+def watch_closures(strategy: Any) -> ClosureWatch:
+    """The :class:`ClosureWatch` of the ``ClusterCoordinator`` of the parameter-server ``strategy`` (the
+    coordinator made if none yet)."""
+    import tensorflow as tf
+
+    return closure_watch(tf.distribute.coordinator.ClusterCoordinator(strategy))
 
 
 def check_closure_hooks() -> None:
     """Raises StackError unless ``Worker`` runs closures through ``_process_closure`` and requeues them
-    through the queue's ``put_back`` (what :func:`watch_closures` wraps)."""
+    through the queue's ``put_back``, a closure keeps its arguments in ``_args`` and ``_kwargs``, and a per-worker
+    dataset of a function makes its iterators in ``__iter__`` (what :class:`ClosureWatch` relies on)."""
     import inspect
 
     import tensorflow as tf
@@ -306,15 +390,22 @@ def check_closure_hooks() -> None:
     ps_module = tf.distribute.ParameterServerStrategy.__module__
     try:
         from tensorflow.python.distribute.coordinator import cluster_coordinator as module
+        from tensorflow.python.distribute.coordinator import values as values_module
     except ImportError:
         raise _missing("tensorflow.python.distribute.coordinator.cluster_coordinator", "claimed steps") from None
     worker = inspect.getsource(_attr(module, "Worker", "claimed steps given back"))
     cluster = inspect.getsource(_attr(module, "Cluster", "claimed steps given back"))
     coordinator = inspect.getsource(_attr(module, "ClusterCoordinator", "claimed steps given back"))
+    closure = inspect.getsource(_attr(module, "Closure", "claimed steps given back"))
     _attr(_attr(module, "_CoordinatedClosureQueue", "claimed steps given back"), "put_back", "claimed steps")
+    per_worker = _attr(values_module, "PerWorkerDatasetFromDatasetFunction", "claimed steps given back")
     needed = ("self._process_closure(closure)", "self._cluster.closure_queue.put_back(closure)")
     extended = inspect.getsource(_attr(sys.modules[ps_module], "ParameterServerStrategyV2Extended", "claimed steps"))
     made = "self.workers = [" in cluster and "self._cluster = Cluster(strategy)" in coordinator
-    made = made and "self._num_workers = len(" in extended
-    if not all(text in worker for text in needed) or not made:
-        raise _missing("Worker._process_closure and closure_queue.put_back", "claimed steps given back")
+    made = made and "self._num_workers = len(" in extended and "__iter__" in vars(per_worker)
+    kept = "self._args = args" in closure and "self._kwargs = kwargs" in closure
+    if not all(text in worker for text in needed) or not made or not kept:
+        raise _missing(
+            "Worker._process_closure, closure_queue.put_back, Closure._args and PerWorkerDataset.__iter__",
+            "claimed steps given back",
+        )

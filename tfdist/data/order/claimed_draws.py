@@ -51,6 +51,22 @@ from tfdist.errors import DataError, invalid
 __all__: list[str] = []
 
 _COUNT_CHUNK = 1 << 20  # Draws a worker counts per graph pass on its way to a claimed step.
+_LOCATED = 1 << 18  # Byte offsets of a class's records held in the workers' graph at most (2 MB).
+
+
+def draw_grid(records: int | None, block: int) -> int:
+    """Records between two located records (whose byte offsets the workers hold) of a class of ``records``:
+    a draw is read from the nearest located record at or before it, so every one while at most
+    :data:`_LOCATED` are, else every 2nd, 4th, ... record, at most every ``block``-th (unknown counts: that).
+
+    Example:
+        >>> draw_grid(6000, 256), draw_grid(10**7, 256), draw_grid(None, 256)
+        (1, 64, 256)
+    """
+    grid = 1
+    while grid < block and (records is None or records > grid * _LOCATED):
+        grid *= 2
+    return min(grid, block)
 
 
 def base_counts(order: StrataOrder, step: int, global_batch: int) -> list[int]:
@@ -93,7 +109,7 @@ def claimed_draws(
       base: An int64 ``tf.Variable`` of ``1 + classes`` values (on a parameter server): :func:`base_counts`
         of the step the counter was last set to (zeros at the start).
       passes: Epochs of ``order.share`` draws to take (None: endless).
-      finish: Turns the dataset of a step's serialized records into a dataset of one element, its batch.
+      finish: Turns the dataset of the steps' serialized records (one vector per step) into their batches.
       worker: The claiming worker's index (int64), which a ledger records.
     """
     import tensorflow as tf
@@ -112,14 +128,26 @@ def claimed_draws(
     step = _step_pieces(order, [len(paths) for paths in class_paths], global_batch, limit, base)
     start = (tf.constant(-1, tf.int64), tf.zeros([len(order.orders)], tf.int64))
     claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch), worker)
-    pieces = claims.scan(start, tf.autograph.experimental.do_not_convert(step))
+    plain = tf.autograph.experimental.do_not_convert
+    locate = _class_locator(order, class_paths)
+    pieces = claims.scan(start, plain(step)).map(plain(locate))
+    return read_steps(pieces, compression=compression, global_batch=global_batch, finish=finish)
+
+
+def _class_locator(order: StrataOrder, class_paths: Sequence[Sequence[str]]) -> Callable[..., Any]:
+    """A graph function over a step's pieces, ``(class, file of the class, first record of the class's listing,
+    records) -> (path, byte offset, records to skip, records, bytes to read at once)``: each class's pieces
+    located by that class's :func:`~tfdist.data.order.claims.locator`."""
+    import tensorflow as tf
+
     locators = [locator(one, paths, None) for one, paths in zip(order.orders, class_paths)]
 
-    def locate(label: Any, file: Any, record: Any) -> Any:  # A piece of class ``label``: its class's locator.
-        branches = [lambda at=at: at(file, record) for at in locators]
-        return tf.switch_case(tf.cast(label, tf.int32), branches)
+    def locate(label: Any, file: Any, record: Any, take: Any) -> Any:
+        parts = tf.dynamic_partition(tf.range(tf.size(label)), tf.cast(label, tf.int32), len(locators))
+        found = [at(tf.gather(file, p), tf.gather(record, p), tf.gather(take, p)) for at, p in zip(locators, parts)]
+        return tuple(tf.dynamic_stitch(parts, [one[k] for one in found]) for k in range(5))
 
-    return read_steps(pieces, locate, compression=compression, global_batch=global_batch, finish=finish)
+    return locate
 
 
 def _step_pieces(

@@ -53,7 +53,9 @@ from tfdist.errors import DataError, invalid
 __all__: list[str] = []
 
 MAX_BLOCKS = 1 << 22  # Byte offsets held as constants in the workers' graph (4M, 32 MB); past that, an index.
-_BUFFER = 1 << 18
+_BUFFER = 1 << 18  # At most this many bytes read at once for a piece.
+_SLACK = 1 << 10  # At least this many (and this many more than a piece's records hold by their mean size).
+_SAMPLE = 1 << 16  # Offsets that the mean record size is taken from.
 
 
 def steps_per_pass(order: EpochOrder, global_batch: int) -> int:
@@ -156,52 +158,99 @@ def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[An
     return step
 
 
-def locator(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None) -> Callable[[Any, Any], Any]:
-    """A graph function ``(file, first record of the listing) -> (path, byte offset, records to skip there)``
-    for one piece: from constants, or read by range from the record index."""
+def record_bytes(order: EpochOrder) -> float:
+    """Bytes per record of ``order``'s seekable files, from the byte offsets of its grid (90th percentile of
+    the gaps within a file over the first entries; 0.0 where none is known).
+
+    Example:
+        >>> import numpy as np
+        >>> order = EpochOrder(counts=(4, 4), block=2, streams=1, window=0, seed=0, offsets=np.array([0, 40, 0, 60]))
+        >>> record_bytes(order)
+        29.0
+    """
+    import numpy as np
+
+    if order.offsets is None:
+        return 0.0
+    grid = order.offset_grid
+    offsets = np.asarray(order.offsets[: _SAMPLE + 1], np.int64)
+    file = np.searchsorted(order.starts, np.arange(len(offsets), dtype=np.int64) * grid, side="right")
+    same = (file[1:] == file[:-1]) & (offsets[1:] >= 0) & (offsets[:-1] >= 0)
+    gaps = (offsets[1:] - offsets[:-1])[same]
+    return float(np.percentile(gaps, 90)) / grid if len(gaps) else 0.0
+
+
+def locator(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None) -> Callable[[Any, Any, Any], Any]:
+    """A graph function over a step's pieces, ``(file, first record in the listing, records) -> (path, byte
+    offset, records to skip there, records, bytes to read at once)``, 1-D each: names and byte offsets from
+    constants, or read by range from the record index. A piece is read from the nearest known byte offset at
+    or before its first record, in one read of its bytes where the next known offset in its file bounds them
+    (else of about as many bytes as its records hold, at most :data:`_BUFFER`)."""
     import tensorflow as tf
 
-    starts = tf.constant(order.starts, tf.int64)
-    grid = order.offset_grid
-    if index is None or order.offsets is None or len(order.offsets) <= MAX_BLOCKS:  # Small enough: constants.
-        names = tf.constant(list(paths), tf.string)
-        table = None if order.offsets is None else tf.constant(order.offsets, tf.int64)
+    starts, grid = tf.constant(order.starts, tf.int64), order.offset_grid
+    name_of, offset_of = _lookups(order, paths, index)
+    guess = 1.25 * record_bytes(order)
+    last = -1 if order.offsets is None else len(order.offsets) - 1
 
-        def name_of(file: Any) -> Any:
-            return tf.gather(names, file)
-
-        def offset_of(point: Any) -> Any:
-            assert table is not None
-            return tf.gather(table, point)
-    else:
-        (names_at, width), (offsets_at, _) = index.places["names"], index.places["offsets"]
-        directory = index.root + "/" if index.root else ""
-
-        def entry(at: Any, size: int) -> Any:  # ``size`` bytes of the index from byte ``at``: one record.
-            read = tf.data.FixedLengthRecordDataset(
-                index.path, size, header_bytes=at, footer_bytes=index.nbytes - at - size, buffer_size=size
+    def locate(file: Any, record: Any, take: Any) -> Any:
+        first = record - tf.gather(starts, file)
+        if order.offsets is None:  # Every file is read from its start.
+            return (
+                name_of(file),
+                tf.zeros_like(record),
+                first,
+                take,
+                tf.fill(tf.shape(record), tf.constant(_BUFFER, tf.int64)),
             )
-            return read.get_single_element()
-
-        def name_of(file: Any) -> Any:
-            name = tf.strings.regex_replace(entry(names_at + file * width, width), "\x00+$", "")
-            return tf.strings.join([directory, name])
-
-        def offset_of(point: Any) -> Any:
-            return tf.reshape(tf.io.decode_raw(entry(offsets_at + point * 8, 8), tf.int64, little_endian=True), [])
-
-    def locate(file: Any, record: Any) -> Any:
-        start = starts[file]
-        first = record - start
         point = record // grid
-        if order.offsets is None:
-            return name_of(file), tf.constant(0, tf.int64), first
-        seek = (first > 0) & (point * grid >= start)
-        offset = tf.cond(seek, lambda: offset_of(point), lambda: tf.constant(-1, tf.int64))
-        seek = offset >= 0
-        return name_of(file), tf.where(seek, offset, 0), tf.where(seek, record - point * grid, first)
+        at = offset_of(point)
+        seek = (first > 0) & (point * grid >= tf.gather(starts, file)) & (at >= 0)
+        offset, skip = tf.where(seek, at, 0), tf.where(seek, record - point * grid, first)
+        size = tf.cast(tf.math.ceil(tf.cast(skip + take, tf.float64) * guess), tf.int64) + _SLACK
+        if index is None or len(order.offsets) <= MAX_BLOCKS:  # The next known offset: where the bytes end.
+            after = (record + take + grid - 1) // grid
+            bound = offset_of(tf.minimum(after, last))
+            known = (after <= last) & (after * grid < tf.gather(starts, file + 1)) & (bound >= 0)
+            size = tf.where(known, bound - offset, tf.where(guess > 0, size, _BUFFER))
+        return name_of(file), offset, skip, take, tf.clip_by_value(size, tf.constant(_SLACK, tf.int64), _BUFFER)
 
     return locate
+
+
+def _lookups(order: EpochOrder, paths: Sequence[str], index: RecordIndex | None) -> tuple[Any, Any]:
+    """Graph functions ``files -> paths`` and ``grid points -> byte offsets`` (1-D): gathers from constants,
+    or reads by range from the record index (a piece at a time)."""
+    import tensorflow as tf
+
+    if index is None or order.offsets is None or len(order.offsets) <= MAX_BLOCKS:  # Small enough: constants.
+        names = tf.constant(list(paths), tf.string)
+        table = tf.constant(order.offsets if order.offsets is not None else [-1], tf.int64)
+        return (lambda file: tf.gather(names, file)), (lambda point: tf.gather(table, point))
+    (names_at, width), (offsets_at, _) = index.places["names"], index.places["offsets"]
+    directory = index.root + "/" if index.root else ""
+
+    def entry(at: Any, size: int) -> Any:  # ``size`` bytes of the index from byte ``at``: one record.
+        read = tf.data.FixedLengthRecordDataset(
+            index.path, size, header_bytes=at, footer_bytes=index.nbytes - at - size, buffer_size=size
+        )
+        return read.get_single_element()
+
+    def name_of(file: Any) -> Any:
+        def one(at: Any) -> Any:
+            return tf.strings.join(
+                [directory, tf.strings.regex_replace(entry(names_at + at * width, width), "\x00+$", "")]
+            )
+
+        return tf.map_fn(one, file, fn_output_signature=tf.string)
+
+    def offset_of(point: Any) -> Any:
+        def one(at: Any) -> Any:
+            return tf.reshape(tf.io.decode_raw(entry(offsets_at + at * 8, 8), tf.int64, little_endian=True), [])
+
+        return tf.map_fn(one, point, fn_output_signature=tf.int64)
+
+    return name_of, offset_of
 
 
 def claim_next(counter: Any) -> Any:
@@ -243,8 +292,8 @@ def claimed_steps(
       counter: An int64 ``tf.Variable`` (on a parameter server under PS): the next global step to claim; or
         a :class:`~tfdist.data.order.ledger.StepLedger`, whose steps given back are claimed first.
       passes: Data epochs to read (None: endless).
-      finish: Turns the dataset of a step's serialized records into a dataset of one element, its batch
-        (default: ``records.batch(global_batch)``).
+      finish: Turns the dataset of the steps' serialized records (one vector per step) into their batches,
+        one element per step, e.g. parsed by a ``map`` (default: the vectors).
       index: The record index ``order`` and ``paths`` come from: names and byte offsets are read from it
         by range, a piece at a time (None: they travel in the graph).
       worker: The claiming worker's index (int64; :func:`~tfdist.data.order.ledger.current_worker`), which
@@ -255,10 +304,9 @@ def claimed_steps(
     _check(order, global_batch, index)
     spp = steps_per_pass(order, global_batch)
     claims = claimed_indices(counter, None if passes is None else passes * spp, worker)
-    pieces = claims.map(tf.autograph.experimental.do_not_convert(_step_pieces(order, global_batch, spp)))
-    return read_steps(
-        pieces, locator(order, paths, index), compression=compression, global_batch=global_batch, finish=finish
-    )
+    step, locate = _step_pieces(order, global_batch, spp), locator(order, paths, index)
+    pieces = claims.map(tf.autograph.experimental.do_not_convert(lambda claimed: locate(*step(claimed))))
+    return read_steps(pieces, compression=compression, global_batch=global_batch, finish=finish)
 
 
 def claimed_indices(counter: Any, steps: int | None, worker: Any = 0) -> Any:
@@ -275,19 +323,13 @@ def claimed_indices(counter: Any, steps: int | None, worker: Any = 0) -> Any:
     return claims if steps is None else claims.take_while(plain(lambda g: g < steps))
 
 
-def read_steps(
-    pieces: Any,
-    locate: Callable[..., Any],
-    *,
-    compression: str,
-    global_batch: int,
-    finish: Callable[[Any], Any] | None,
-) -> Any:
-    """Each step's batch from a dataset of its pieces, read in order after the claim (:func:`claim_options`).
+def read_steps(pieces: Any, *, compression: str, global_batch: int, finish: Callable[[Any], Any] | None) -> Any:
+    """Each step's batch from a dataset of its located pieces, read in order after the claim
+    (:func:`claim_options`).
 
-    A step's element is a tuple of vectors, one entry per piece, the last the records to take; ``locate``
-    turns the other entries of one piece (e.g. file and first record, see :func:`locator`) into
-    ``(path, byte offset, records to skip there)``.
+    A step's element is a tuple of vectors, one entry per piece: (path, byte offset, records to skip there,
+    records to take, bytes to read at once), as :func:`locator` gives them. Each step's records become one
+    vector, which ``finish`` turns into its batch (None: the vector is the batch).
     """
     import tensorflow as tf
 
@@ -296,16 +338,15 @@ def read_steps(
     plain = tf.autograph.experimental.do_not_convert
 
     @plain
-    def read_piece(*piece: Any) -> Any:
-        path, offset, skip = locate(*piece[:-1])
-        return _compat.tfrecord_reader_at(path, offset, compression, _BUFFER).skip(skip).take(piece[-1])
+    def read_piece(path: Any, offset: Any, skip: Any, take: Any, size: Any) -> Any:
+        return _compat.tfrecord_reader_at(path, offset, compression, size).skip(skip).take(take)
 
     @plain
     def read_step(*columns: Any) -> Any:
-        records = tf.data.Dataset.from_tensor_slices(columns).flat_map(read_piece)
-        return finish(records) if finish is not None else records.batch(global_batch)  # The step: one element.
+        return tf.data.Dataset.from_tensor_slices(columns).flat_map(read_piece).batch(global_batch)  # One element.
 
-    return pieces.flat_map(read_step).with_options(claim_options())
+    steps = pieces.flat_map(read_step)
+    return (steps if finish is None else finish(steps)).with_options(claim_options())
 
 
 def claim_options() -> Any:

@@ -96,14 +96,17 @@ def epoch_order(
     seed: int,
     shuffle: bool,
     compression: str | None,
+    grid: int = 0,
 ) -> EpochOrder:
-    """The :class:`EpochOrder` of every file of ``listing`` (records counted, every ``block``-th located)."""
+    """The :class:`EpochOrder` of every file of ``listing`` (records counted, every ``grid``-th located; 0:
+    every ``block``-th)."""
     import numpy as np
 
+    grid = grid or block
     entries, start = [], 0
     for info in listing.files:  # Each file's entry is cached (by path, size and mtime): a build again is cheap.
         kind = compression_of(info.path, compression) or ""
-        entries.append(_file_index(info.path, info.size, info.records, kind, block, (-start) % block))
+        entries.append(_file_index(info.path, info.size, info.records, kind, grid, (-start) % grid))
         start += entries[-1][0]
     if not start:
         raise DataError(
@@ -115,7 +118,7 @@ def epoch_order(
     def make() -> EpochOrder:
         offsets, at = [], 0
         for count, known in entries:
-            offsets.append(known if known is not None else np.full(len(range((-at) % block, count, block)), -1))
+            offsets.append(known if known is not None else np.full(len(range((-at) % grid, count, grid)), -1))
             at += count
         seekable = any(known is not None for _, known in entries)
         return EpochOrder(
@@ -126,9 +129,10 @@ def epoch_order(
             seed=seed,
             shuffle=shuffle,
             offsets=np.concatenate(offsets).astype(np.int64) if seekable else None,
+            grid=grid,
         )
 
-    return _made(("listing", tuple(map(id, entries)), block, streams, window, seed, shuffle), make)
+    return _made(("listing", tuple(map(id, entries)), block, streams, window, seed, shuffle, grid), make)
 
 
 def build_index(

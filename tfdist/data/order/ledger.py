@@ -10,14 +10,16 @@ before a fresh one.
 
 - A claim (the workers' graph, one call to the ps): a step given back if there is one, else the next
   fresh step; recorded as the claiming worker's (its claim count, and its last :data:`DEPTH` steps).
-- The coordinator (Python, on the chief) reads the claim counts before each closure runs on a worker, and
-  when that closure goes back to the queue it gives back the steps the worker claimed since: the claims of
-  the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
+- The coordinator (Python, on the chief) reads the claim counts before each closure that reads the claimed
+  dataset runs on a worker (no other closure: not another fit's, nor one after this fit ended or failed),
+  and when that closure goes back to the queue it gives back the steps the worker claimed since: the claims
+  of the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
   claim). A failed run whose update reached the ps before it failed is trained once more: that step only.
 - Given back: a ring of :data:`CAPACITY` steps that the coordinator alone writes, ``available`` (minus the
-  steps given back and not taken yet: a claim takes one with an atomic increment that fails at zero, and
-  then claims a fresh step) and ``taken`` (an atomic fetch-and-add: which one it takes). The coordinator
-  writes the step, then counts it available, so a claim never takes a slot not yet written.
+  steps given back and not taken yet) and ``taken`` (an atomic fetch-and-add: which one a claim takes).
+  Takes run one at a time on the ps (a ``tf.CriticalSection``): a claim that sees a step available takes
+  it, one that sees none claims a fresh step, and none fails. The coordinator writes the step, then counts
+  it available, so a claim never takes a slot not yet written.
 - A claim cut in the middle (its worker died while the ps ran it: the ps cancels what is left of the call)
   may have taken a step without recording it as the worker's. Each claim marks its step as accounted last
   (a ring of fresh steps, a ring of takes): the coordinator, when a run fails, also gives back the steps
@@ -136,6 +138,8 @@ class StepLedger:
             self._saved = variable(0, "tfdist_claims_saved")  # 1 in a backup: the restore goes on with it.
             self._fresh = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_fresh_accounted")
             self._took = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_takes_accounted")
+        with tf.device(self.counter.device):
+            self._takes = tf.CriticalSection(name="tfdist_claims_takes")  # One take at a time, on the ps.
         self._lock = threading.Lock()
         self._restored = False
         self._floors = (0, 0)  # The first fresh step and take the rings account for (a restore moves them).
@@ -149,16 +153,24 @@ class StepLedger:
 
     def dataset_fn(self, strategy: Any, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
         """Every parameter-server worker's dataset function: ``read(*args, counter=self, worker=W, **kwargs)``
-        whatever its InputContext, ``W`` the worker running it. ``fit`` traces it as it starts: from then on
-        the coordinator gives back to this ledger the claims of a closure that fails (:meth:`watch`)."""
+        whatever its InputContext, ``W`` the worker running it. Made on the coordinator before ``fit``, which
+        traces it as it starts: the closures that read its dataset tell this ledger when they start and
+        fail (:meth:`hooks`), and no other closure does."""
+        import tensorflow as tf
+
+        watch = None
+        if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+            watch = _compat.watch_closures(strategy)  # Before fit creates the dataset: see attach().
 
         def dataset_fn(input_context: Any = None) -> Any:
-            import tensorflow as tf
-
             del input_context  # Every worker claims from this ledger.
             worker = tf.constant(0, tf.int64)
-            if isinstance(strategy, tf.distribute.ParameterServerStrategy):
-                self.watch(strategy)
+            if watch is not None:
+                if not watch.attach(self.hooks()) and tf.inside_function():
+                    _log.warning(
+                        "A claimed dataset traced outside ClusterCoordinator.create_per_worker_dataset: the "
+                        "claims of a closure that fails on it are not given back."
+                    )
                 worker = current_worker()
             return read(*args, counter=self, worker=worker, **kwargs)
 
@@ -167,31 +179,37 @@ class StepLedger:
     # ------------------------------------------------------------ the workers' graph
     def claim(self, worker: Any, *, fresh: bool = False) -> Any:
         """Graph: the step ``worker`` (an int64 scalar) trains next, recorded as its claim: a step given back
-        if any, else the next fresh one (``fresh``: the next fresh one). Fails when another claim took the
-        last step given back between this one's look and its take: claim again with ``fresh=True``."""
+        if any, else the next fresh one (``fresh``: the next fresh one). One call to the ps, which never fails
+        for want of a step: takes run one at a time there (a critical section), so a take finds the step it
+        saw, and a look that finds none claims a fresh one."""
         import tensorflow as tf
 
         def fresh_step() -> Any:
             return count_up(self.counter), tf.constant(-1, tf.int64)
 
+        def take_or_fresh() -> Any:  # In the critical section: no other take between the look and the take.
+            return tf.cond(_read(self._available) < 0, self._take, fresh_step)
+
+        def taking() -> Any:
+            return self._takes.execute(take_or_fresh, exclusive_resource_access=False)
+
         with tf.device(self.counter.device):  # Everything on the ps: one call from the worker.
             if fresh:
-                step, which = fresh_step()
-            else:
-                step, which = tf.cond(_read(self._available) < 0, self._take, fresh_step)
+                return self._record(worker, count_up(self.counter))
+            step, which = tf.cond(_read(self._available) < 0, taking, fresh_step)
             return self._record(worker, step, which)
 
     def _take(self) -> Any:
         import tensorflow as tf
 
-        permitted = count_up(self._available, limit=0)  # Fails when none is left.
+        permitted = count_up(self._available, limit=0)  # Fails when none is left: never, one take at a time.
         with tf.control_dependencies([permitted]):
             which = count_up(self._taken)
         return tf.gather(_read(self._back), which % CAPACITY), which
 
-    def _record(self, worker: Any, step: Any, which: Any) -> Any:
+    def _record(self, worker: Any, step: Any, which: Any = None) -> Any:
         """``step`` as ``worker``'s next claim (only ``worker`` writes its entries: one claim at a time), then
-        accounted: in the ring of fresh steps, or of takes (``which``, -1 for a fresh step)."""
+        accounted: in the ring of fresh steps, or of takes (``which``, -1 for a fresh step; None: fresh)."""
         import tensorflow as tf
 
         made = tf.gather(_read(self._claims), worker)
@@ -203,7 +221,10 @@ class StepLedger:
                 resource=self._claims.handle, indices=tf.reshape(worker, [1]), updates=one
             )
         with tf.control_dependencies([counted]):
-            accounted = tf.cond(which < 0, lambda: _mark(self._fresh, step), lambda: _mark(self._took, which))
+            if which is None:
+                accounted = _mark(self._fresh, step)
+            else:
+                accounted = tf.cond(which < 0, lambda: _mark(self._fresh, step), lambda: _mark(self._took, which))
         with tf.control_dependencies([accounted]):
             return tf.identity(step)
 
@@ -211,14 +232,8 @@ class StepLedger:
         """An endless dataset of the steps ``worker`` claims, one per element (:meth:`claim`)."""
         import tensorflow as tf
 
-        plain = tf.autograph.experimental.do_not_convert
-        one = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
-
-        def next_claim(_: Any) -> Any:  # A step given back or a fresh one; fresh if another took it first.
-            tried = one.map(plain(lambda _: self.claim(worker))).ignore_errors()
-            return tried.concatenate(one.map(plain(lambda _: self.claim(worker, fresh=True)))).take(1)
-
-        return one.repeat().flat_map(plain(next_claim))
+        claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+        return claims.map(tf.autograph.experimental.do_not_convert(lambda _: self.claim(worker)))
 
     # ------------------------------------------------------------ the coordinator
     def started(self, worker: int) -> int | None:
@@ -315,10 +330,10 @@ class StepLedger:
         taken, given, back = int(self._taken.numpy()), int(self._given.numpy()), self._back.numpy()
         return [int(back[i % CAPACITY]) for i in range(taken, given)]
 
-    def watch(self, strategy: Any) -> None:
-        """The coordinator of the parameter-server ``strategy`` gives back to this ledger the claims of every
-        closure that fails (:func:`tfdist._compat.watch_closures`): the input of the fit that starts."""
-        _compat.watch_closures(strategy, started=self.started, failed=lambda w, since: self.failed(w, since)[0])
+    def hooks(self) -> _compat.ClosureHooks:
+        """What the coordinator calls around each closure that reads this ledger's claims: :meth:`started`
+        before it runs, :meth:`failed` when it goes back to the queue (:class:`tfdist._compat.distribute.ClosureWatch`)."""
+        return _compat.ClosureHooks(started=self.started, failed=lambda w, since: self.failed(w, since)[0])
 
     # ------------------------------------------------------------ backups
     def checkpoint(self) -> Any:

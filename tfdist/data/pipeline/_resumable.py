@@ -9,6 +9,7 @@ from typing import Any
 
 from tfdist._compat import is_variable, single_device_functions
 from tfdist.data.order import splitmix
+from tfdist.data.order.claimed_draws import draw_grid
 from tfdist.data.order.index import epoch_order
 from tfdist.data.order.ledger import StepLedger
 from tfdist.data.order.position import InputCursor
@@ -208,11 +209,12 @@ def _too_small(pipeline: Any, label: str, records: int | None, count: int) -> Da
 
 
 def _strata_order(
-    pipeline: Any, listing: Listing, groups: dict[str, Any], count: int
+    pipeline: Any, listing: Listing, groups: dict[str, Any], count: int, *, drawn: bool = False
 ) -> tuple[StrataOrder, list[list[str]]]:
     """The stratified order of ``count`` input pipelines over the class groups, and each class's files.
 
-    Each class group is its own resumable epoch order, cut into one stream per pipeline.
+    Each class group is its own resumable epoch order, cut into one stream per pipeline; ``drawn`` (claimed
+    draws, read a draw at a time): with the byte offsets of a finer grid of records (:func:`draw_grid`).
     """
     seed = pipeline.seed or 0
     labels = list(groups)
@@ -232,6 +234,7 @@ def _strata_order(
                 seed=splitmix.key(seed, i) >> 1,
                 shuffle=bool(pipeline.shuffle_buffer),
                 compression=pipeline.compression,
+                grid=draw_grid(known, pipeline.order_block) if drawn else 0,
             )
         except DataError as err:
             if err.field != "streams":
@@ -394,7 +397,7 @@ def _claimed_draws(
 
     from tfdist.data.order.claimed_draws import base_counts, claimed_draws
 
-    order, files = _strata_order(pipeline, listing, groups, 1)
+    order, files = _strata_order(pipeline, listing, groups, 1, drawn=True)
     compression = reading.one_compression([path for names in files for path in names], pipeline.source)
     batch = pipeline.batch_size
     layout = StreamLayout(global_batch=batch, streams=1, num_workers=1, worker=0, policy="file")

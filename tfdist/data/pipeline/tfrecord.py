@@ -261,13 +261,20 @@ among ... (did you mean 'shuffle_buffer'?).
         """
         where = _context.PipelineSlot(index=0, count=1, batch_size=self.batch_size, per_replica=False)
 
-        def finish(records: Any) -> Any:  # A step's serialized records -> its one parsed batch.
-            if self.parse_fn is not None:
-                parsed = parsing.parse_elements(records, self.parsing, seed=self.seed, deterministic=True)
-                batch = parsed.batch(self.batch_size)
-                return parsing.supervised(batch, self.label_key) if self.as_supervised else batch
+        def finish(steps: Any) -> Any:  # Each step's serialized records (a vector) -> its parsed batch.
+            if self.parse_fn is None:
+                return steps.map(self._parse_batch)
 
-            return records.batch(self.batch_size).map(self._parse_batch)
+            def parse(records: Any) -> Any:  # A parse_fn takes one record at a time.
+                import tensorflow as tf
+
+                records = tf.data.Dataset.from_tensor_slices(records)
+                return parsing.parse_elements(records, self.parsing, seed=self.seed, deterministic=True).batch(
+                    self.batch_size
+                )
+
+            batches = steps.flat_map(parse)
+            return parsing.supervised(batches, self.label_key) if self.as_supervised else batches
 
         index = _indexed.index_of(self)
         if index is not None:  # Nothing listed or walked: the index's arrays (verified when it was built).
