@@ -99,6 +99,7 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
     from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives
+    from tfdist.comm.host import stream_seconds
 
     def timer(shapes: list[tuple[int, ...]], config: CollectiveConfig | None) -> float:
         once = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, as fit does it.
@@ -123,30 +124,8 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
         # The same arithmetic with no collective (each worker alone, both at once: what the cores cost).
         once = compressed_timer(strategy, resnet, config, local=True)
         out[f"{name}_compute"] = {"resnet50": statistics.median(once() for _ in range(repeats))}
-    out["stream"] = {"resnet50": stream_seconds(resnet, repeats)}
+    out["stream"] = {"resnet50": stream_seconds(resnet, repeats)}  # as doctor --measure-host does
     return out
-
-
-STREAM_PASSES = 3  # stream_seconds' a + b: two reads and a write of every value.
-
-
-def stream_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
-    """Seconds this worker takes to stream float32 tensors of ``shapes`` through memory (both workers at
-    once, as in the runs above): ``a + b``, ``STREAM_PASSES`` passes."""
-    import tensorflow as tf
-
-    rng = tf.random.Generator.from_seed(1)
-    a = [rng.normal(s) for s in shapes]
-    b = [rng.normal(s) for s in shapes]
-
-    @tf.function
-    def add() -> Any:
-        return [x + y for x, y in zip(a, b)]
-
-    def once() -> None:
-        add()[-1].numpy()
-
-    return _median_time(once, max(repeats, 5))
 
 
 def _compressed_variants(pack: int) -> dict[str, Any]:
@@ -478,6 +457,8 @@ def ratios(
     tf_times: dict[str, Any], gloo_times: dict[str, float], limit: dict[str, float], link: tuple[float, float]
 ) -> dict[str, Any]:
     """Speed-ups against TF's default, and times relative to gloo and to the loopback limit."""
+    from tfdist.comm.host import STREAM_PASSES
+
     default = tf_times["default"]
     variants = ("tuned_fp32", "tuned_bf16", "tuned_fp16")
     rows = []
@@ -615,6 +596,7 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
     prediction takes the rate measured for one pack, with overlap 0; gloo's host work is its sums ((N-1)/N of
     the values, 3 passes each)."""
     from tfdist.comm import HostRates, NoCompression, combined_seconds, estimate_variants
+    from tfdist.comm.host import STREAM_PASSES
     from tfdist.launch import Link
     from tfdist.plan import LAN_LATENCY
 

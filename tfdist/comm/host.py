@@ -52,7 +52,7 @@ PACKED_OVERLAP = 0.25
 _log = logging.getLogger("tfdist.comm.host")
 _MEASURE_BYTES = 64 << 20  # What measure_host_rates all-reduces, in tensors and (by default) packs of MEASURE_PACK.
 MEASURE_PACK = 4 << 20
-_STREAM_PASSES = 3  # a + b: two reads and a write of every value
+STREAM_PASSES = 3  # stream_seconds' a + b: two reads and a write of every value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -172,8 +172,8 @@ def measure_host_rates(
     config = CollectiveConfig(bytes_per_pack=bytes_per_pack, split_bytes=bytes_per_pack) if bytes_per_pack else None
     timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
     reduce_seconds = statistics.median(timer() for _ in range(repeats))
-    stream_seconds = _stream_seconds(shapes, repeats)
-    local = tf.constant([[reduce_seconds, stream_seconds, link_bandwidth or 0.0]], tf.float64)
+    streamed = stream_seconds(shapes, repeats)
+    local = tf.constant([[reduce_seconds, streamed, link_bandwidth or 0.0]], tf.float64)
     every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0).numpy()
     slowest = every.max(axis=0)  # Every worker's times, the slowest of each; and the slowest link given.
     links = [float(rate) for rate in every[:, 2] if rate > 0]
@@ -194,7 +194,7 @@ def measure_host_rates(
         )
     return HostRates(
         collective_bandwidth=moved / host if host > 0 else DEFAULT_COLLECTIVE_BANDWIDTH,
-        memory_bandwidth=_STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
+        memory_bandwidth=STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
         overlap=overlap,
     )
 
@@ -207,8 +207,9 @@ def _check_times(**values: float) -> None:
             require_number(PlanError, name, value, minimum=0, fix="Seconds, e.g. 0.25.")
 
 
-def _stream_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> float:
-    """Median seconds of ``a + b`` over float32 tensors of ``shapes`` (two reads and a write of each value)."""
+def stream_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> float:
+    """Median seconds this process takes for ``a + b`` over float32 tensors of ``shapes``: :data:`STREAM_PASSES`
+    passes over memory (two reads and a write of each value), after one warm-up."""
     import time
 
     import tensorflow as tf
