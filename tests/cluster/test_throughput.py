@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tfdist import ClusterSpec
-from tfdist.cluster.throughput import LinkServer, link_peer, measure_link
+from tfdist.cluster.throughput import _ANSWER, LinkServer, link_peer, measure_link
 from tfdist.errors import ClusterSpecError
 
 
@@ -20,6 +20,21 @@ def test_a_measurement_counts_every_byte_and_the_server_knows_it_was_measured() 
         rate = measure_link(f"127.0.0.1:{server.port}", seconds=0.1, timeout=5)
         assert server.wait(5)
     assert 1e8 < rate < 1e12  # Loopback: far above 100 Mbit/s.
+
+
+def test_the_rate_is_the_second_half_of_the_transfer_so_a_slow_start_does_not_lower_it() -> None:
+    block = bytes(1 << 16)
+    with LinkServer(0, host="127.0.0.1") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        start = time.perf_counter()
+        sock.sendall(block)  # A slow start: one block, then nothing for half the time...
+        time.sleep(0.5)
+        while time.perf_counter() - start < 1.0:  # ...then as fast as loopback goes.
+            sock.sendall(block)
+        sock.shutdown(socket.SHUT_WR)
+        got, rate = _ANSWER.unpack(sock.recv(_ANSWER.size, socket.MSG_WAITALL))
+        whole = got * 8 / (time.perf_counter() - start)
+    assert got > 10 * len(block)
+    assert rate > 1.6 * whole  # The whole transfer's average counts the idle half; the rate does not.
 
 
 def test_a_peer_that_starts_late_is_waited_for_and_one_that_never_starts_is_an_error() -> None:

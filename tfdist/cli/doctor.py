@@ -58,7 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--measure-link",
         action="store_true",
         help="with --probe, run on every task at once (before training: it listens on the task's port): each "
-        "task sends to the next one for a second and reports the rate, as tfdist plan --link takes it",
+        "task sends to the next one for two seconds and reports the rate of the second one, as tfdist plan "
+        "--link takes it",
     )
     parser.add_argument(
         "--measure-host",
