@@ -195,7 +195,12 @@ def ps_full(root: str, epochs: int, steps: int, kill_marker: str = "", keras3: b
 
 
 def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: float) -> dict[str, Any]:
-    """MWMS fit whose only backups are preemption saves; logs 'begin EPOCH ITERATIONS' per epoch."""
+    """MWMS fit whose only backups are preemption saves; logs 'begin EPOCH ITERATIONS' per epoch.
+
+    Until the file ``log_path + '.sigterm'`` exists (the test writes it once it sent SIGTERM), each epoch
+    from the fourth on waits for it at its end (at most a minute): the run is still training when the
+    signal comes, however late that is.
+    """
     import os
     import time
 
@@ -208,6 +213,12 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
     with strategy.scope():
         model = _small_model(keras)
 
+    def _end_of_epoch(epoch: int) -> None:
+        time.sleep(epoch_sleep)
+        deadline = time.monotonic() + 60
+        while epoch >= 3 and not os.path.exists(log_path + ".sigterm") and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def _log(kind: str, epoch: int) -> None:
         with open(f"{log_path}.{task.replace(':', '-')}", "a") as f:
             f.write(f"{kind} {epoch} {int(model.optimizer.iterations.numpy())}\n")
@@ -215,7 +226,7 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
     callbacks = [
         keras.PreemptionSafeBackup(backup_dir, save_freq=False),
         keras.callbacks.LambdaCallback(
-            on_epoch_begin=lambda e, logs: _log("begin", e), on_epoch_end=lambda e, logs: time.sleep(epoch_sleep)
+            on_epoch_begin=lambda e, logs: _log("begin", e), on_epoch_end=lambda e, logs: _end_of_epoch(e)
         ),
     ]
     model.fit(_regression_dataset(), epochs=epochs, verbose=0, callbacks=callbacks)
