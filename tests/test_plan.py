@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tfdist import testing
 from tfdist.plan import Plan, PlanError, parse_quantity
 
 GBPS10 = 1.25e9
@@ -105,7 +106,7 @@ def test_invalid() -> None:
 
 
 def test_cli_json_and_errors() -> None:
-    done = subprocess.run(
+    done = testing.run_python(
         [
             sys.executable,
             "-m",
@@ -125,8 +126,6 @@ def test_cli_json_and_errors() -> None:
             "adam",
             "--json",
         ],
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
@@ -141,7 +140,7 @@ def test_cli_json_and_errors() -> None:
     ):
         assert key in data
     assert data["recommendation"] == "data_parallel"
-    bad = subprocess.run(
+    bad = testing.run_python(
         [
             sys.executable,
             "-m",
@@ -156,8 +155,6 @@ def test_cli_json_and_errors() -> None:
             "--latency",
             "50us",
         ],
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert bad.returncode == 2
@@ -170,7 +167,7 @@ def test_cli_errors_name_flags_and_devices_count() -> None:
     def plan(*extra: str) -> subprocess.CompletedProcess[str]:
         base = ["--workers", "4", "--bandwidth", "10Gbps", "--latency", "50us"]
         argv = [sys.executable, "-m", "tfdist.cli.main", "plan", *base, *extra]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return testing.run_python(argv, timeout=60)
 
     for extra, flag, fix in (
         (("--params", "0"), "`--params`", "Pass e.g. --params 7B."),
@@ -210,12 +207,7 @@ def test_cli_embedding_traffic() -> None:
         "--latency",
         "50us",
     ]
-    done = subprocess.run(
-        base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = testing.run_python(base + ["--embedding-values", "320M", "--embedding-touched", "16k", "--json"], timeout=60)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["embedding_ps_bytes"] == 2 * 16e3 * 4
@@ -223,14 +215,9 @@ def test_cli_embedding_traffic() -> None:
     assert data["embedding_ratio"] == 10000.0
     assert data["recommendation"] == "parameter_server"  # Dense all-reduce of 320M values loses.
     assert "embedding rows a batch touches" in " ".join(data["reasons"])
-    text = subprocess.run(
-        base + ["--embedding-values", "320M", "--embedding-touched", "16k"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    text = testing.run_python(base + ["--embedding-values", "320M", "--embedding-touched", "16k"], timeout=60)
     assert "as ps rows" in text.stdout
-    half = subprocess.run(base + ["--embedding-values", "320M"], capture_output=True, text=True, timeout=60)
+    half = testing.run_python(base + ["--embedding-values", "320M"], timeout=60)
     assert half.returncode == 2
     assert "Expected both" in half.stderr
 
@@ -286,7 +273,7 @@ def test_compressed_traffic_formulas() -> None:
 def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     def plan(*args: str) -> subprocess.CompletedProcess[str]:
         base = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--bandwidth", "1.25GB/s"]
-        return subprocess.run([*base, "--latency", "50us", *args], capture_output=True, text=True, timeout=60)
+        return testing.run_python([*base, "--latency", "50us", *args], timeout=60)
 
     shapes = tmp_path / "shapes.json"
     shapes.write_text("[[2048, 1000], [1000]]")
@@ -336,22 +323,18 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
 
 
 def test_cli_compressed_plan_from_a_keras_application() -> None:
-    done = subprocess.run(
+    done = testing.run_python(
         [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--bandwidth", "1.25GB/s", "--latency"]
         + ["50us", "--compression", "powersgd", "--model", "ResNet50", "--json"],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["gradient_bytes"] == 4 * 25_583_592  # tf_keras' ResNet50: its trainable weights.
     assert 50 < data["compressed"]["fewer_bytes"] < 80  # Rank 4: convs and the classifier as factors.
-    wrong = subprocess.run(
+    wrong = testing.run_python(
         [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--bandwidth", "1GB/s", "--latency"]
         + ["50us", "--compression", "topk", "--model", "ResNet51"],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert wrong.returncode == 2 and "Invalid value for `--model`. Received: 'ResNet51'" in wrong.stderr
@@ -396,9 +379,7 @@ def test_cli_prints_the_mesh_launch_command() -> None:
         "--device-memory",
         "16GiB",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "tfdist.cli.main", "plan", *argv], capture_output=True, text=True, timeout=120
-    )
+    done = testing.run_python([sys.executable, "-m", "tfdist.cli.main", "plan", *argv], timeout=120)
     assert done.returncode == 0, done.stderr
     assert "launch:            tfdist-launch --workers 4 --mesh batch=2,model=4 -- python train.py" in done.stdout
     assert "11.2 GiB per device" in done.stdout
@@ -408,7 +389,7 @@ def test_cli_prints_the_mesh_launch_command() -> None:
 def test_cli_link_takes_the_launchers_rates_with_a_lan_latency() -> None:
     def plan(*args: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--params", "25.6M", *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return testing.run_python(argv, timeout=60)
 
     link = json.loads(plan("--link", "1gbit", "--json").stdout)
     same = json.loads(plan("--bandwidth", "1Gbps", "--latency", "50us", "--json").stdout)
@@ -433,7 +414,7 @@ def test_cli_link_takes_the_launchers_rates_with_a_lan_latency() -> None:
 def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -> None:
     def plan(*args: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return testing.run_python(argv, timeout=60)
 
     shapes = "[[2048, 1000], [1000], [3, 3, 256, 256]]"
     data = json.loads(plan("--shapes", shapes, "--choose", "--memory-bandwidth", "2GB/s", "--json").stdout)
