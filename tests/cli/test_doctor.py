@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 
-from tfdist import ClusterSpec, launch
+from tfdist import ClusterSpec, launch, testing
 from tfdist.cluster.probe import probe_tasks
 from tfdist.launch import Link
 
@@ -22,9 +22,7 @@ def _doctor(*args: str, tf_config: str | None = None) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     if tf_config is not None:
         env["TF_CONFIG"] = tf_config
-    return subprocess.run(
-        [sys.executable, "-m", "tfdist.cli.main", "doctor", *args], env=env, capture_output=True, text=True, timeout=60
-    )
+    return testing.run_python([sys.executable, "-m", "tfdist.cli.main", "doctor", *args], env=env, timeout=60)
 
 
 def test_valid_config_prints_role_and_fingerprint() -> None:
@@ -110,10 +108,8 @@ def test_measure_link_runs_on_every_task_and_speaks_plans_units() -> None:
             rf"^link worker:{me} -> worker:{peer}: (\S+) \([\d.]+ MB/s\): tfdist plan --link (\S+)$", output, re.M
         )
         assert found and found.group(1) == found.group(2), output
-        plan = subprocess.run(
+        plan = testing.run_python(
             [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--params", "1M", "--link", found[1]],
-            capture_output=True,
-            text=True,
             timeout=60,
         )
         assert plan.returncode == 0, plan.stderr
@@ -157,11 +153,9 @@ def test_measure_host_times_the_collectives_on_every_task_and_speaks_plans_flags
         assert found, output
         printed.append(found[3])
     assert printed[0] == printed[1]  # Every task reports the slowest task's rates.
-    plan = subprocess.run(
+    plan = testing.run_python(
         [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", "--shapes", "[[64, 64]]"]
         + ["--choose", *printed[0].split()],
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert plan.returncode == 0 and "defaults measured" not in plan.stdout, plan.stdout + plan.stderr
@@ -205,9 +199,7 @@ print("RESULT " + json.dumps(out))
 def test_doctor_and_build_strategy_judge_each_tf_config_alike() -> None:
     texts = {name: c if c is None or isinstance(c, str) else json.dumps(c) for name, c in VERDICT_CASES.items()}
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    done = subprocess.run(
-        [sys.executable, "-c", _BUILD_EACH, json.dumps(texts)], env=env, capture_output=True, text=True, timeout=180
-    )
+    done = testing.run_python([sys.executable, "-c", _BUILD_EACH, json.dumps(texts)], env=env, timeout=180)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, done.stderr[-3000:]
     built = json.loads(line.removeprefix("RESULT "))

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support.records import FEATURES, example
-from tfdist import DataError, StorageError
+from tfdist import DataError, StorageError, testing
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
 from tfdist.data.records._examples import label_name
 from tfdist.data.records.files import list_files
@@ -391,7 +390,7 @@ def test_data_report_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
         [[f"{prefix}-*", "--workers", "2", *args] for args, _ in cases]
         + [[root, "--label-key", "label", "--workers", "2"]]
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = testing.run_python([sys.executable, "-c", script], timeout=300)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [2, 2, 2, 2], done.stderr[-2000:]
     assert done.stdout.strip().splitlines() == ["[2, 2, 2, 2]"]  # No report printed before the error.
     outputs = done.stderr.split("<END>\n")

@@ -7,7 +7,6 @@ import dataclasses
 import gzip
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -20,7 +19,7 @@ import tensorflow as tf
 from tests.support.records import FEATURES
 from tests.support.records import example as _example
 from tests.support.records import ids as _ids
-from tfdist import DataError, StorageError
+from tfdist import DataError, StorageError, testing
 from tfdist.data import TFRecordPipeline, read_manifest, stratified_sample, write_tfrecords
 from tfdist.data.records._framing import check_file, crc32c
 from tfdist.data.report import skew_report
@@ -590,7 +589,7 @@ def test_report_numbers_and_cli(tmp_path: Path) -> None:
     assert skewed.record_imbalance > 1.3
     assert "Workers read unequal shares" in " ".join(skewed.advice())
     png = os.path.join(tmp_path, "skew.png")
-    done = subprocess.run(
+    done = testing.run_python(
         [
             sys.executable,
             "-m",
@@ -609,15 +608,13 @@ def test_report_numbers_and_cli(tmp_path: Path) -> None:
             "--plot",
             png,
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["policy"], sum(data["worker_records"])) == ("hash", 1000)
     assert os.path.getsize(png) > 1000
-    bad = subprocess.run(
+    bad = testing.run_python(
         [
             sys.executable,
             "-m",
@@ -629,8 +626,6 @@ def test_report_numbers_and_cli(tmp_path: Path) -> None:
             "--workers",
             "2",
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert bad.returncode == 2

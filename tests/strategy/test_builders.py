@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import subprocess
 import sys
 import textwrap
 from typing import Any, cast
@@ -12,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 import tfdist
-from tfdist import ClusterSpec, StrategyError
+from tfdist import ClusterSpec, StrategyError, testing
 from tfdist.cluster.trainable import check_trainable
 from tfdist.strategy.builders import StrategyOptions, choose_kind, communication_options, variable_partitioner
 
@@ -193,7 +192,7 @@ def test_building_after_other_ops_says_to_build_first() -> None:
         except tfdist.StrategyError as err:
             print("STRATEGY_ERROR", err)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    out = testing.run_python([sys.executable, "-c", code], timeout=120).stdout
     assert "STRATEGY_ERROR Cannot build the 'multi_worker_mirrored' strategy now" in out
     assert "Build the strategy first thing in main()" in out
 
