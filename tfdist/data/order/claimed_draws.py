@@ -51,20 +51,21 @@ from tfdist.errors import DataError, invalid
 __all__: list[str] = []
 
 _COUNT_CHUNK = 1 << 20  # Draws a worker counts per graph pass on its way to a claimed step.
-_LOCATED = 1 << 18  # Byte offsets of a class's records held in the workers' graph at most (2 MB).
+_LOCATED = 1 << 20  # Byte offsets of located records held in the workers' graph at most, all classes (8 MB).
 
 
-def draw_grid(records: int | None, block: int) -> int:
-    """Records between two located records (whose byte offsets the workers hold) of a class of ``records``:
-    a draw is read from the nearest located record at or before it, so every one while at most
-    :data:`_LOCATED` are, else every 2nd, 4th, ... record, at most every ``block``-th (unknown counts: that).
+def draw_grid(records: int | None, block: int, classes: int = 1) -> int:
+    """Records between two located records (whose byte offsets the workers hold) of one of ``classes``
+    classes, this one of ``records``: a draw is read from the nearest located record at or before it, so
+    every record while the classes' share of :data:`_LOCATED` allows, else every 2nd, 4th, ... record, at
+    most every ``block``-th (unknown counts: that).
 
     Example:
-        >>> draw_grid(6000, 256), draw_grid(10**7, 256), draw_grid(None, 256)
-        (1, 64, 256)
+        >>> draw_grid(6000, 256, 8), draw_grid(10**7, 256, 8), draw_grid(None, 256)
+        (1, 128, 256)
     """
-    grid = 1
-    while grid < block and (records is None or records > grid * _LOCATED):
+    grid, share = 1, max(1, _LOCATED // max(1, classes))
+    while grid < block and (records is None or records > grid * share):
         grid *= 2
     return min(grid, block)
 

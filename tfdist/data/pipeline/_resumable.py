@@ -234,7 +234,7 @@ def _strata_order(
                 seed=splitmix.key(seed, i) >> 1,
                 shuffle=bool(pipeline.shuffle_buffer),
                 compression=pipeline.compression,
-                grid=draw_grid(known, pipeline.order_block) if drawn else 0,
+                grid=draw_grid(known, pipeline.order_block, len(labels)) if drawn else 0,
             )
         except DataError as err:
             if err.field != "streams":
