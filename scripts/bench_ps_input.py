@@ -2,14 +2,15 @@
 
     .venv/bin/python scripts/bench_ps_input.py [--sizes 64,224] [--num 6000] [--batch 64] [--rounds 3]
                                                [--steps 40] [--epochs 3] [--shuffle-buffer 64] [--variants ...]
-                                               [--alone] [--workdir DIR]
+                                               [--steps-per-execution 1] [--alone] [--workdir DIR]
 
 One cluster (chief, 2 workers, 1 ps; ``tfdist.launch.run_function``, the local engine) fits a tiny conv net
 (Conv2D 8 filters 5x5 stride 4, ReLU, global average pooling, Dense over the 8 classes; SGD, softmax
 cross-entropy), so the input path is what is measured, on ``--num`` synthetic JPEGs per size
 (scripts/make_synthetic_images.py, 8 classes whose frequencies halve), decoded and resized to ``scale`` x
 size, written in 16 files and again with ``partition_by="label"`` (16 files per class). Variants, one fit each
-of ``--epochs`` epochs of ``--steps`` steps of global batch ``--batch``, every one shuffling by
+of ``--epochs`` epochs of ``--steps`` steps of global batch ``--batch`` (``--steps-per-execution`` of them per
+closure: TF's PS tutorial compiles with 10), every one shuffling by
 ``--shuffle-buffer`` (the tutorial's ``shuffle(64)``) and reading endlessly:
 
   default        ``fit_input(TFRecordPipeline(...))``: each worker claims the next global step from the
@@ -171,7 +172,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     started = StepLedger.started
 
     def timed_started(self: StepLedger, worker: int) -> int | None:
-        # The hook stays on the coordinator after a claimed fit: no read in the others (nor in default_noread).
+        # Only the closures of a claimed input get here; default_noread's return at once, unread.
         if not timing[0]:
             return None
         begin = time.perf_counter()
@@ -197,14 +198,22 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
             model.compile(
                 optimizer=keras.optimizers.SGD(0.01),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                steps_per_execution=settings["steps_per_execution"],
             )
         ends: list[float] = []
-        record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
+        busy: list[tuple[int, int]] = []
+
+        def ended(epoch: int, logs: Any) -> None:
+            ends.append(time.perf_counter())
+            busy.append(_machine_cpu())
+
+        record = keras.callbacks.LambdaCallback(on_epoch_end=ended)
         reads.clear()
         timing[0] = timed
         model.fit(make_input(), epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[record])
         timing[0] = False
         rate = (epochs - 1) * steps * batch / (ends[-1] - ends[0])
+        shares[0] = (busy[-1][0] - busy[0][0]) / max(1, busy[-1][1] - busy[0][1])
         return rate, [seconds * 1e3 for begin, seconds in reads if begin > ends[0]]
 
     sources = {size: _sources(files, part, int(size), settings) for size, (files, part) in data.items()}
@@ -213,6 +222,8 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     names = [name for name in ORDER if name in settings["variants"]]
     rates: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
     read_ms: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
+    busy_share: dict[str, dict[str, list[float]]] = {size: {name: [] for name in names} for size in data}
+    shares = [0.0]  # The last fit's share of the machine's CPU time busy over epochs 2.. (all tasks, all users).
     for round_ in range(settings["rounds"]):
         for size in data:
             for name in names if round_ % 2 == 0 else names[::-1]:
@@ -220,12 +231,25 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
                 rate, ms = fit(inputs[size][name], out, name in ("default", "default_sqrt"))
                 rates[size][name].append(round(rate, 1))
                 read_ms[size][name].extend(ms)
-                print(f"ROUND {round_} {size} px {name}: {rate:,.0f} records/s", flush=True)
+                busy_share[size][name].append(round(shares[0], 3))
+                print(f"ROUND {round_} {size} px {name}: {rate:,.0f} records/s, cores busy {shares[0]:.0%}", flush=True)
     return {
         "rates": rates,
         "on_the_ps": remote if settings["alone"] else {},
         "ledger_reads": {s: {n: _spread(v) for n, v in by.items() if v} for s, by in read_ms.items()},
+        "cores_busy": {s: {n: statistics.median(v) for n, v in by.items() if v} for s, by in busy_share.items()},
     }
+
+
+def _machine_cpu() -> tuple[int, int]:
+    """(busy, total) clock ticks of this machine's CPUs since boot, from /proc/stat ((0, 0) elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(t) for t in stat.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return sum(ticks) - idle, sum(ticks)
 
 
 def _on_the_ps(sources: dict[str, Any], strategy: Any, settings: dict[str, Any]) -> dict[str, Any]:
@@ -394,6 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (the first is not measured)")
     parser.add_argument("--shuffle-buffer", type=int, default=64, help="records; 0: no shuffling")
     parser.add_argument(
+        "--steps-per-execution", type=int, default=1, help="fit's steps per closure (TF's PS tutorial: 10)"
+    )
+    parser.add_argument(
         "--variants", default=",".join(ORDER), help="comma-separated, of: " + ", ".join(ORDER) + " (default: all)"
     )
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
@@ -402,8 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole cluster run")
     args = parser.parse_args(argv)
     chosen = args.variants.split(",")
-    if args.epochs < 2 or min(args.rounds, args.steps, args.batch, args.num) < 1 or not set(chosen) <= set(ORDER):
-        parser.error("--epochs must be at least 2; --rounds, --steps, --batch, --num positive; --variants known")
+    positive = min(args.rounds, args.steps, args.batch, args.num, args.steps_per_execution)
+    if args.epochs < 2 or positive < 1 or args.steps % args.steps_per_execution or not set(chosen) <= set(ORDER):
+        parser.error(
+            "--epochs must be at least 2; --rounds, --steps, --batch, --num, --steps-per-execution positive, "
+            "the last dividing --steps; --variants known"
+        )
     import tensorflow as tf
 
     from tfdist.launch import run_function
@@ -419,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": args.rounds,
         "variants": chosen,
         "alone": args.alone,
+        "steps_per_execution": args.steps_per_execution,
     }
     alone = _alone(data, settings) if args.alone else {}
     run = run_function(
@@ -436,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{size}->{round(int(size) * args.scale)}": {
                 **_summary(value["rates"][size]),
                 "ledger_reads": value["ledger_reads"][size],
+                "cores_busy": value["cores_busy"][size],
                 **({"alone_ms_per_step": {**alone[size], **value["on_the_ps"][size]}} if alone else {}),
             }
             for size in data
