@@ -23,7 +23,7 @@ import pytest
 
 pyspark_sql = pytest.importorskip("pyspark.sql", reason='pyspark is not installed; pip install ".[spark]"')
 
-from tests.conftest import SPARK_SLOTS as SLOTS
+from tests.conftest import SPARK_CONF
 from tests.support import SUPPORT, exact_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, EngineError, LaunchError, testing
@@ -36,6 +36,7 @@ from tfdist.launch.supervisor.runner import run_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.multiprocess, pytest.mark.timeout(400)]
 PY = sys.executable
+SPARK_CONF_FLAGS = [flag for key, value in SPARK_CONF.items() for flag in ("--spark-conf", f"{key}={value}")]
 ENV_REPORT = (
     "import os, json; print(json.dumps({k: os.environ.get(k) for k in ['TF_CONFIG', 'TF_USE_LEGACY_KERAS', "
     "'TFDIST_TASK', 'TFDIST_RESTART', 'TFDIST_DATA_SERVICE', 'FROM_LAUNCHER']}), os.getcwd())"
@@ -216,7 +217,7 @@ def test_cli_killed_driver_leaves_nothing_running_on_the_executors(spark_cluster
     # and each program is stopped (by its barrier task, or with the task's Python worker by the parent-death signal).
     script = "import time; print('UP', flush=True); time.sleep(300)"
     argv = [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", spark_cluster.master]
-    argv += ["--spark-conf", f"spark.cores.max={SLOTS}", "--workers", "2", "--timeout", "200", "--", PY, "-c", script]
+    argv += [*SPARK_CONF_FLAGS, "--workers", "2", "--timeout", "200", "--", PY, "-c", script]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     pids: list[int] = []
     try:
@@ -236,8 +237,7 @@ def test_cli_killed_driver_leaves_nothing_running_on_the_executors(spark_cluster
 def _cli(master: str, args: list[str], timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
     done = subprocess.run(
-        [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", master]
-        + ["--spark-conf", f"spark.cores.max={SLOTS}", *args],
+        [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", master, *SPARK_CONF_FLAGS, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
