@@ -135,9 +135,12 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
     x = rng.normal(size=(exact_tasks.RECORDS, exact_tasks.FEATURES_DIM)).astype("float32")
     y = x @ np.array([1.0, -2.0, 0.5, 3.0], "float32") + 0.25
     rows = [(i, x[i].tolist(), float(y[i])) for i in range(exact_tasks.RECORDS)]
-    frame = spark_session.createDataFrame(
-        spark_session.sparkContext.parallelize(rows, exact_tasks.FILES), "id long, x array<float>, y float"
-    )
+    # Range-partitioned by id: 40 consecutive records a partition. The rows come from one task, through a shuffle: a
+    # write's task then runs only its writer's Python worker (which imports TF), not a second one feeding it, so the
+    # 12 tasks find the same 6 workers (one a slot), TF imported.
+    rdd = spark_session.sparkContext.parallelize(rows, 1)
+    frame = spark_session.createDataFrame(rdd, "id long, x array<float>, y float")
+    frame = frame.repartitionByRange(exact_tasks.FILES, "id")
     assert len(write_tfrecords(frame, prefix)) == exact_tasks.FILES
     reference = np.array(exact_tasks.ideal_weights(prefix, epochs=3))
     config = LaunchConfig(
