@@ -153,6 +153,9 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
         workers=2,
         timeout=300,
         max_restarts=1,
+        # Held worker:0 outlives the restart's SIGTERM (TF's coordination service takes it as a preemption notice):
+        # its stop waited out the whole default grace of 5 s.
+        grace_seconds=1,
         kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
     )
     result = run_config(config, engine=SparkEngine(spark=spark_session))
