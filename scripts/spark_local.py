@@ -120,8 +120,10 @@ def _kill_session(pid: int, sig: int) -> None:
         pass
 
 
-def _env(directory: str) -> dict[str, str]:
+def _env(directory: str, java_options: str = "") -> dict[str, str]:
     env = dict(os.environ)
+    if java_options:  # spark-class gives SPARK_DAEMON_JAVA_OPTS to the master's and the worker's JVM
+        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} {java_options}".strip()
     env.update(
         SPARK_HOME=spark_home(),
         SPARK_LOCAL_IP=LOOPBACK,
@@ -133,12 +135,12 @@ def _env(directory: str) -> dict[str, str]:
     return env
 
 
-def _spawn(directory: str, name: str, args: list[str]) -> int:
+def _spawn(directory: str, name: str, args: list[str], java_options: str = "") -> int:
     os.makedirs(os.path.join(directory, "logs"), exist_ok=True)
     log = open(os.path.join(directory, "logs", f"{name}.log"), "ab")
     proc = subprocess.Popen(
         [os.path.join(spark_home(), "bin", "spark-class"), *args],
-        env=_env(directory),
+        env=_env(directory, java_options),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -158,8 +160,13 @@ def _workers(ui: str) -> int:
     return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
 
 
-def start(directory: str, *, cores: int = 4, memory: str = "2g", timeout: float = 90.0) -> LocalSpark:
-    """Starts a master and one worker with ``cores`` slots; waits until the worker has registered."""
+def start(
+    directory: str, *, cores: int = 4, memory: str = "2g", timeout: float = 90.0, java_options: str = ""
+) -> LocalSpark:
+    """Starts a master and one worker with ``cores`` slots; waits until the worker has registered.
+
+    ``java_options`` go to the master's and the worker's JVM (after any SPARK_DAEMON_JAVA_OPTS of the environment).
+    """
     os.makedirs(directory, exist_ok=True)
     port, ui_port, worker_ui = _free_port(), _free_port(), _free_port()
     master = f"spark://{LOOPBACK}:{port}"
@@ -170,6 +177,7 @@ def start(directory: str, *, cores: int = 4, memory: str = "2g", timeout: float 
             directory,
             "master",
             [f"{cls}.master.Master", "--host", LOOPBACK, "--port", str(port), "--webui-port", str(ui_port)],
+            java_options,
         )
     ]
     cluster = LocalSpark(master=master, ui=ui, pids=pids, directory=directory)
@@ -190,6 +198,7 @@ def start(directory: str, *, cores: int = 4, memory: str = "2g", timeout: float 
                     "--webui-port",
                     str(worker_ui),
                 ],
+                java_options,
             )
         )
         deadline = time.monotonic() + timeout

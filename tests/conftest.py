@@ -121,6 +121,19 @@ def _id_range(name: str, ranges: int = 8, width: int = 100) -> Iterator[int]:
     raise RuntimeError(f"all {ranges} {name} id ranges are held by other test sessions")
 
 
+# Every JVM of the Spark tests (master, worker, drivers, executors) runs with the client compiler only and the
+# serial collector: their work here is small, and the server compiler's and G1's threads took about half of their
+# CPU at start-up (a tfdist-launch run of two `pass` tasks: 26-33 s of the machine's CPU, 15-16 s with these).
+SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SPARK_SLOTS = 6  # task slots of each Spark application in the tests (spark.cores.max); the cluster has twice as many
+# The settings of every Spark application the tests start: the session below, and tfdist-launch's (--spark-conf).
+SPARK_CONF = {
+    "spark.cores.max": str(SPARK_SLOTS),
+    "spark.driver.extraJavaOptions": SPARK_JAVA_OPTIONS,
+    "spark.executor.extraJavaOptions": SPARK_JAVA_OPTIONS,
+}
+
+
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A real standalone Spark cluster (a master and a worker with 12 slots) on 127.0.0.1.
@@ -131,14 +144,11 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     reason = spark_local.ensure_installed()
     if reason:
         pytest.skip(reason)
-    cluster = spark_local.start(str(tmp_path_factory.mktemp("spark")), cores=12)
+    cluster = spark_local.start(str(tmp_path_factory.mktemp("spark")), cores=12, java_options=SPARK_JAVA_OPTIONS)
     try:
         yield cluster
     finally:
         cluster.stop()
-
-
-SPARK_SLOTS = 6  # task slots of each Spark application in the tests (spark.cores.max); the cluster has twice as many
 
 
 @pytest.fixture(scope="session")
@@ -152,7 +162,8 @@ def spark_session(spark_cluster: Any) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(spark_cluster.master).appName("tfdist-tests")
-    builder = builder.config("spark.cores.max", str(SPARK_SLOTS)).config("spark.ui.showConsoleProgress", "false")
+    for key, value in {**SPARK_CONF, "spark.ui.showConsoleProgress": "false"}.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -28,7 +28,11 @@ def _frame(spark: Any, partitions: int, records: int = exact_tasks.RECORDS) -> A
     rng = np.random.default_rng(0)
     x = rng.normal(size=(records, exact_tasks.FEATURES_DIM)).astype("float32")
     rows = [(i, x[i].tolist(), float(x[i].sum()), exact_tasks.label_of(i), f"r{i}") for i in range(records)]
-    return spark.createDataFrame(spark.sparkContext.parallelize(rows, partitions), SCHEMA)
+    # Range-partitioned by id: consecutive records, as many in each partition. The rows come from one task, through a
+    # shuffle: a write's task then runs only its writer's Python worker (which imports TF), not a second one feeding
+    # it, so the later writes find the same few workers, TF imported.
+    rdd = spark.sparkContext.parallelize(rows, 1)
+    return spark.createDataFrame(rdd, SCHEMA).repartitionByRange(partitions, "id")
 
 
 def _ids_per_epoch(files: str, epochs: int, **options: Any) -> list[collections.Counter[int]]:

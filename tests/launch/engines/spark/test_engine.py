@@ -23,7 +23,7 @@ import pytest
 
 pyspark_sql = pytest.importorskip("pyspark.sql", reason='pyspark is not installed; pip install ".[spark]"')
 
-from tests.conftest import SPARK_SLOTS as SLOTS
+from tests.conftest import SPARK_CONF
 from tests.support import SUPPORT, exact_tasks
 from tests.support.processes import assert_all_gone
 from tfdist import ClusterSpec, EngineError, LaunchError, testing
@@ -36,6 +36,7 @@ from tfdist.launch.supervisor.runner import run_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.multiprocess, pytest.mark.timeout(400)]
 PY = sys.executable
+SPARK_CONF_FLAGS = [flag for key, value in SPARK_CONF.items() for flag in ("--spark-conf", f"{key}={value}")]
 ENV_REPORT = (
     "import os, json; print(json.dumps({k: os.environ.get(k) for k in ['TF_CONFIG', 'TF_USE_LEGACY_KERAS', "
     "'TFDIST_TASK', 'TFDIST_RESTART', 'TFDIST_DATA_SERVICE', 'FROM_LAUNCHER']}), os.getcwd())"
@@ -134,9 +135,12 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
     x = rng.normal(size=(exact_tasks.RECORDS, exact_tasks.FEATURES_DIM)).astype("float32")
     y = x @ np.array([1.0, -2.0, 0.5, 3.0], "float32") + 0.25
     rows = [(i, x[i].tolist(), float(y[i])) for i in range(exact_tasks.RECORDS)]
-    frame = spark_session.createDataFrame(
-        spark_session.sparkContext.parallelize(rows, exact_tasks.FILES), "id long, x array<float>, y float"
-    )
+    # Range-partitioned by id: 40 consecutive records a partition. The rows come from one task, through a shuffle: a
+    # write's task then runs only its writer's Python worker (which imports TF), not a second one feeding it, so the
+    # 12 tasks find the same 6 workers (one a slot), TF imported.
+    rdd = spark_session.sparkContext.parallelize(rows, 1)
+    frame = spark_session.createDataFrame(rdd, "id long, x array<float>, y float")
+    frame = frame.repartitionByRange(exact_tasks.FILES, "id")
     assert len(write_tfrecords(frame, prefix)) == exact_tasks.FILES
     reference = np.array(exact_tasks.ideal_weights(prefix, epochs=3))
     config = LaunchConfig(
@@ -149,6 +153,9 @@ def test_mwms_crash_mid_epoch_restarts_in_the_barrier_tasks_and_resumes_exactly(
         workers=2,
         timeout=300,
         max_restarts=1,
+        # Held worker:0 outlives the restart's SIGTERM (TF's coordination service takes it as a preemption notice):
+        # its stop waited out the whole default grace of 5 s.
+        grace_seconds=1,
         kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
     )
     result = run_config(config, engine=SparkEngine(spark=spark_session))
@@ -216,7 +223,7 @@ def test_cli_killed_driver_leaves_nothing_running_on_the_executors(spark_cluster
     # and each program is stopped (by its barrier task, or with the task's Python worker by the parent-death signal).
     script = "import time; print('UP', flush=True); time.sleep(300)"
     argv = [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", spark_cluster.master]
-    argv += ["--spark-conf", f"spark.cores.max={SLOTS}", "--workers", "2", "--timeout", "200", "--", PY, "-c", script]
+    argv += [*SPARK_CONF_FLAGS, "--workers", "2", "--timeout", "200", "--", PY, "-c", script]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     pids: list[int] = []
     try:
@@ -236,8 +243,7 @@ def test_cli_killed_driver_leaves_nothing_running_on_the_executors(spark_cluster
 def _cli(master: str, args: list[str], timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
     done = subprocess.run(
-        [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", master]
-        + ["--spark-conf", f"spark.cores.max={SLOTS}", *args],
+        [PY, "-m", "tfdist.cli.launch", "--engine", "spark", "--spark-master", master, *SPARK_CONF_FLAGS, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
