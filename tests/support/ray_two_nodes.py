@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ray_helpers import Background, stop_ray_block
+from ray_helpers import STOP_AT_ONCE, Background, stop_ray_block
 
 from tfdist.cluster import address as _address
 from tfdist.cluster.probe import can_connect
@@ -40,6 +39,18 @@ RAY_CLI = os.path.join(os.path.dirname(PY), "ray")
 FAKE = str(Path(__file__).with_name("elastic_fake_train.py"))
 EXTRA_HOST = "127.0.0.2"
 RESULT_PREFIX = "RESULT_JSON "
+
+
+# Usage: -c _WAIT_FOR_NODE ADDRESS HOST SECONDS: exits 0 once the Ray at ADDRESS lists a node at HOST alive.
+_WAIT_FOR_NODE = """
+import ray, sys, time
+ray.init(address=sys.argv[1], log_to_driver=False)
+deadline = time.monotonic() + float(sys.argv[3])
+while sys.argv[2] not in {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}:
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.2)
+"""
 
 
 def _session_pids(leader: int) -> list[int]:
@@ -78,29 +89,14 @@ class TwoNodes:
     def _start(self, args: list[str]) -> subprocess.Popen:
         return subprocess.Popen(
             [RAY_CLI, "start", "--block", "--disable-usage-stats", *args],
-            env=dict(os.environ),
+            env=dict(os.environ, **STOP_AT_ONCE),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
 
-    def _alive_nodes(self) -> list[str]:
-        probe = subprocess.run(
-            [
-                PY,
-                "-c",
-                "import ray, sys\nray.init(address=sys.argv[1], log_to_driver=False)\n"
-                "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))",
-                self.address,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        return probe.stdout.split()
-
-    def join(self) -> None:
-        """Starts the extra node and waits until the cluster lists it alive."""
+    def join(self, wait: bool = True) -> None:
+        """Starts the extra node and (with ``wait``) waits until the cluster lists it alive."""
         self.extra = self._start(
             [
                 f"--address={self.address}",
@@ -109,11 +105,14 @@ class TwoNodes:
                 '--resources={"extra_node": 1}',
             ]
         )
-        deadline = time.monotonic() + 180
-        while EXTRA_HOST not in self._alive_nodes():
-            if time.monotonic() > deadline:
-                raise SystemExit("the extra Ray node did not join")
-            time.sleep(1)
+        if not wait:
+            return
+        # One driver that looks every 0.2 s (a driver's start costs seconds of CPU, on a busy machine).
+        probe = subprocess.run(
+            [PY, "-c", _WAIT_FOR_NODE, self.address, EXTRA_HOST, "180"], capture_output=True, text=True, timeout=240
+        )
+        if probe.returncode:
+            raise SystemExit(f"the extra Ray node did not join: {probe.stderr[-2000:]}")
 
     def leave(self) -> None:
         extra, self.extra = self.extra, None
@@ -171,7 +170,7 @@ def keras_node_leaves_and_joins(nodes: TwoNodes, work: Path) -> dict[str, Any]:
     def _on_status(message: str) -> None:
         statuses.append(message)
         if message.startswith("elastic: membership 1:"):
-            background.once("join", nodes.join)
+            background.once("join", lambda: nodes.join(wait=False))  # its "is available again" is the wait
         if "is available again" in message:
             os.remove(f"{hold}-1")
 
