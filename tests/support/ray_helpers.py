@@ -1,5 +1,5 @@
-"""Driver-side helpers the Ray tests share (no Ray or TensorFlow import): stopping `ray start --block`,
-and actions started in the background from a run's callbacks."""
+"""Driver-side helpers the Ray tests share (no Ray or TensorFlow import): starting and stopping
+`ray start --block`, and actions started in the background from a run's callbacks."""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ import subprocess
 import threading
 from collections.abc import Callable
 
+# For the environment of `ray start --block`: on SIGTERM it stops its daemons at once. By default it first drains
+# its node for up to 30 s (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S), and a node whose actor still runs a task
+# never finishes draining: every stop of such a node would take the whole 30 s.
+STOP_AT_ONCE = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
 
 def stop_ray_block(proc: subprocess.Popen) -> None:
-    """Stops a `ray start --block` started with ``start_new_session=True``: SIGTERM (it stops every daemon it
-    started), then SIGKILL to its whole session after 30 s, and reaps it."""
+    """Stops a `ray start --block` started with ``start_new_session=True`` (and ``STOP_AT_ONCE``): SIGTERM (it
+    stops every daemon it started), then SIGKILL to its whole session after 30 s, and reaps it."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(30)

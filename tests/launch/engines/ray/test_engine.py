@@ -36,7 +36,7 @@ from tests.support import (
     ray_tasks,
 )
 from tests.support.processes import assert_all_gone
-from tests.support.ray_helpers import stop_ray_block
+from tests.support.ray_helpers import STOP_AT_ONCE, stop_ray_block
 from tfdist import ClusterSpec, EngineError, testing
 from tfdist.cluster import address as _address
 from tfdist.cluster.probe import can_connect
@@ -88,7 +88,7 @@ def ray_head() -> Iterator[str]:
             "--disable-usage-stats",
             f"--ray-client-server-port={client_port}",
         ],
-        env=dict(os.environ, **{LOOPBACK_VAR: "0", "RAY_AUTH_MODE": "disabled"}),
+        env=dict(os.environ, **{LOOPBACK_VAR: "0", "RAY_AUTH_MODE": "disabled"}, **STOP_AT_ONCE),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -173,7 +173,7 @@ def test_a_job_the_cluster_cannot_hold_is_an_engine_error(ray_head: str) -> None
     config = LaunchConfig(command=(PY, "-c", "pass"), workers=2)
     start = time.monotonic()
     with pytest.raises(EngineError, match=r"could not hold the job.*cpus-per-task") as caught:
-        run_config(config, engine=RayEngine(address=ray_head, cpus_per_task=64, ready_timeout=3))
+        run_config(config, engine=RayEngine(address=ray_head, cpus_per_task=64, ready_timeout=1))
     assert time.monotonic() - start < 60
     assert caught.value.field == "placement group"
     assert not ray.is_initialized()
@@ -195,6 +195,7 @@ def test_mwms_crash_mid_epoch_resumes_at_the_next_record_on_ray(ray_head: str, t
         workers=2,
         timeout=300,
         max_restarts=1,
+        grace_seconds=1,  # MWMS tasks ignore SIGTERM (TF's preemption notifier): the group restart waits it out.
         kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
         args=(str(tmp_path), prefix, {"shard_policy": "data", "backup": "plain"}),
     )
