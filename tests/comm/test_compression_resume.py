@@ -27,8 +27,15 @@ STEPS = compression_resume_tasks.STEPS
 
 def _run(workdir: Path, prefix: str, **faults: Any) -> dict[str, dict[str, Any]]:
     workdir.mkdir()
+    # A restart stops the worker a kill left after 1 s, not the default 5: it sits in a collective with its
+    # lost peer and TF's preemption notifier takes the SIGTERM, so only the SIGKILL ends it.
     cluster = testing.run_cluster(
-        compression_resume_tasks.compressed_resume_fit, workers=2, args=[str(workdir), prefix], timeout=300, **faults
+        compression_resume_tasks.compressed_resume_fit,
+        workers=2,
+        args=[str(workdir), prefix],
+        timeout=300,
+        grace_seconds=1,
+        **faults,
     )
     assert_all_gone([t.pid for t in cluster.result.tasks])
     assert cluster.ok, cluster.result.summary()

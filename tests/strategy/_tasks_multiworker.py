@@ -38,11 +38,13 @@ def mwms_fit(epochs: int = 3) -> dict[str, Any]:
 
 
 def mwms_backup_fit(
-    backup_dir: str, log_path: str, epochs: int, crash_marker: str = "", epoch_sleep: float = 0.0
+    backup_dir: str, log_path: str, epochs: int, crash_marker: str = "", hold_epoch: int = -1
 ) -> dict[str, Any]:
     """MWMS fit with BackupAndRestore; logs 'restart epoch' per finished epoch; may crash once.
 
     After each epoch's backup it prints ``EPOCH_END task restart epoch`` (fault tests trigger on it).
+    ``hold_epoch``: worker 0 waits after that line for that epoch in its first attempt (the group stalls
+    with it) until the kill the line triggers lands, however slow the machine.
     """
     import os
     import time
@@ -65,7 +67,8 @@ def mwms_backup_fit(
         if crash_marker and task == "worker:1" and epoch == 1 and not os.path.exists(crash_marker):
             open(crash_marker, "w").close()
             os._exit(3)
-        time.sleep(epoch_sleep)
+        if task == "worker:0" and restart == "0" and epoch == hold_epoch:
+            time.sleep(120)  # Killed (with its group) before this ends.
 
     callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=_epoch_end)]
     history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=callbacks)

@@ -114,8 +114,9 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
     }
 
 
-def ready_then_fit(seconds: float) -> dict[str, Any]:
-    """Builds the strategy, prints READY, waits (ports can be probed from outside), then trains."""
+def ready_then_fit(seconds: float, until: str = "") -> dict[str, Any]:
+    """Builds the strategy, prints READY, waits ``seconds`` (ports can be probed from outside; with ``until``,
+    until that file exists, ``seconds`` at most), then trains."""
     import sys
     import time
 
@@ -124,7 +125,9 @@ def ready_then_fit(seconds: float) -> dict[str, Any]:
     strategy = tfdist.build_strategy("auto", communication="ring")
     sys.stdout.write("READY\n")
     sys.stdout.flush()
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (until and os.path.exists(until)):
+        time.sleep(min(0.05, seconds))
     from tfdist import keras
 
     with strategy.scope():

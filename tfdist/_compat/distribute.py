@@ -154,23 +154,34 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
         ids = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)
         return [int(i) for i in strategy.experimental_local_results(ids)]
 
-    class _PerReplica(_trackable_base()):  # type: ignore[misc]
-        def _gathered(self, value: Callable[[int], Any]) -> Any:
-            """``value(replica_id)`` of every replica, gathered over all of them (a collective)."""
-            with _in_scope(strategy):
-                rows = strategy.experimental_distribute_values_from_function(
-                    lambda ctx: tf.expand_dims(value(ctx.replica_id_in_sync_group), 0)
-                )
-                return strategy.gather(rows, axis=0)
+    gathers: dict[str, Any] = {}
 
+    def gathered(name: str, value: Callable[[int], Any]) -> Any:
+        """``value(replica_id)`` of every replica, gathered over all of them (a collective), in a function
+        traced at the first save only: an eager ``gather`` traces one of its own at every call, ~0.1 s each."""
+        if name not in gathers:
+
+            def gather() -> Any:
+                with _in_scope(strategy):
+                    rows = strategy.experimental_distribute_values_from_function(
+                        lambda ctx: tf.expand_dims(value(ctx.replica_id_in_sync_group), 0)
+                    )
+                    return strategy.gather(rows, axis=0)
+
+            gathers[name] = tf.function(gather, autograph=False)
+        return gathers[name]()
+
+    def own(replica: int) -> Any:  # The value of the replica of this process whose global id is ``replica``.
+        return tf.identity(dict(zip(local_ids(), strategy.experimental_local_results(variable)))[replica])
+
+    class _PerReplica(_trackable_base()):  # type: ignore[misc]
         def _serialize_to_tensors(self) -> dict[str, Any]:
             # Callables, as TF's own ON_READ variables: a restore builds these specs too, and must not gather.
             def rows() -> Any:
-                components = dict(zip(local_ids(), strategy.experimental_local_results(variable)))
-                return self._gathered(lambda replica: tf.identity(components[replica]))
+                return gathered("rows", own)
 
             def ids() -> Any:
-                return self._gathered(lambda replica: tf.constant(replica, tf.int64))
+                return gathered("ids", lambda replica: tf.constant(replica, tf.int64))
 
             if _exporting_saved_model():  # Its traced save function cannot reach the replicas' variables.
                 return {}
