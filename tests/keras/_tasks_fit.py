@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.cluster_tasks import _flat_weights, _regression_data, _regression_dataset, _small_model
+from tests.support.cluster_tasks import (
+    _flat_weights,
+    _regression_data,
+    _regression_dataset,
+    _small_model,
+    wait_for_file,
+)
 
 
 def _equivalence_fn(global_batch: int) -> Any:
@@ -215,9 +221,8 @@ def preemptible_fit(backup_dir: str, log_path: str, epochs: int, epoch_sleep: fl
 
     def _end_of_epoch(epoch: int) -> None:
         time.sleep(epoch_sleep)
-        deadline = time.monotonic() + 60
-        while epoch >= 3 and not os.path.exists(log_path + ".sigterm") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if epoch >= 3:
+            wait_for_file(log_path + ".sigterm", 60)
 
     def _log(kind: str, epoch: int) -> None:
         with open(f"{log_path}.{task.replace(':', '-')}", "a") as f:

@@ -114,6 +114,15 @@ def ps_fit(epochs: int = 3, steps: int = 20, epoch_sleep: float = 0.0) -> dict[s
     }
 
 
+def wait_for_file(path: str, seconds: float) -> None:
+    """Waits until ``path`` exists (a test writes it once something happened), ``seconds`` at most."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def ready_then_fit(seconds: float, until: str = "") -> dict[str, Any]:
     """Builds the strategy, prints READY, waits ``seconds`` (ports can be probed from outside; with ``until``,
     until that file exists, ``seconds`` at most), then trains."""
@@ -125,9 +134,10 @@ def ready_then_fit(seconds: float, until: str = "") -> dict[str, Any]:
     strategy = tfdist.build_strategy("auto", communication="ring")
     sys.stdout.write("READY\n")
     sys.stdout.flush()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not (until and os.path.exists(until)):
-        time.sleep(min(0.05, seconds))
+    if until:
+        wait_for_file(until, seconds)
+    else:
+        time.sleep(seconds)
     from tfdist import keras
 
     with strategy.scope():
