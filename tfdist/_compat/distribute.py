@@ -160,15 +160,7 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
         """``value(replica_id)`` of every replica, gathered over all of them (a collective), in a function
         traced at the first save only: an eager ``gather`` traces one of its own at every call, ~0.1 s each."""
         if name not in gathers:
-
-            def gather() -> Any:
-                with _in_scope(strategy):
-                    rows = strategy.experimental_distribute_values_from_function(
-                        lambda ctx: tf.expand_dims(value(ctx.replica_id_in_sync_group), 0)
-                    )
-                    return strategy.gather(rows, axis=0)
-
-            gathers[name] = tf.function(gather, autograph=False)
+            gathers[name] = _traced_gather(strategy, value)
         return gathers[name]()
 
     def own(replica: int) -> Any:  # The value of the replica of this process whose global id is ``replica``.
@@ -209,6 +201,20 @@ def per_replica_checkpoint(variable: Any, strategy: Any, on_resize: Callable[[in
             return tf.group(assigns)
 
     return _PerReplica()
+
+
+def _traced_gather(strategy: Any, value: Callable[[int], Any]) -> Any:
+    """A ``tf.function`` that gathers ``value(replica_id)`` of every replica over all of them (a collective)."""
+    import tensorflow as tf
+
+    def gather() -> Any:
+        with _in_scope(strategy):
+            rows = strategy.experimental_distribute_values_from_function(
+                lambda ctx: tf.expand_dims(value(ctx.replica_id_in_sync_group), 0)
+            )
+            return strategy.gather(rows, axis=0)
+
+    return tf.function(gather, autograph=False)
 
 
 def _exporting_saved_model() -> bool:
