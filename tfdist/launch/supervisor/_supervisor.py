@@ -40,6 +40,16 @@ DATA_SERVICE_TASK = "data-service:0"
 _KILL_WAIT, _DRAIN_SECONDS, _PASS_SECONDS = 10.0, 2.0, 0.05
 
 
+def _restart_delay(restart: int) -> float:
+    """Seconds before restart number ``restart`` (1-based): the first at once (its tasks are reaped, their ports
+    free), then 1, 2, 4... s, at most 10, so that a task that fails at start-up does not spin.
+
+    >>> [_restart_delay(n) for n in (1, 2, 3, 4, 6)]
+    [0.0, 1.0, 2.0, 4.0, 10.0]
+    """
+    return 0.0 if restart <= 1 else min(2.0 ** (restart - 2), 10.0)
+
+
 class Supervisor:
     """The rules every engine shares: start order, fail-fast, restart groups, fault injection, elastic
     membership, stopping. It owns the run's :class:`Group` and is the only one to change it."""
@@ -170,7 +180,7 @@ class Supervisor:
         group = self.group
         group.restarts_used += 1
         names = group.restart_group(task)
-        delay = min(2.0 ** (group.restarts_used - 1), 10.0)
+        delay = _restart_delay(group.restarts_used)
         self.status(
             f"{task} exited with {code}; restart {group.restarts_used}/{self.config.max_restarts} "
             f"of {', '.join(names)} in {delay:.0f}s"
