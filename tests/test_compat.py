@@ -300,6 +300,86 @@ def test_keras3_fixes_fail_naming_the_keras_version_when_a_name_moved() -> None:
     assert check_keras3(moved, "2.17.0") == "no Keras 3 installed"
 
 
+def _hiding(base: type, hidden: str) -> type:
+    """A subclass of ``base`` whose instances lack ``hidden`` once made (an attribute its ``__init__`` sets, or a
+    method), as a Keras 3 that renamed it would make them."""
+
+    class Hiding(base):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            vars(self).pop(hidden, None)
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == hidden and name not in object.__getattribute__(self, "__dict__"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    Hiding.__name__ = Hiding.__qualname__ = base.__name__
+    return Hiding
+
+
+_CHIEF_ONLY = "its callbacks to write from the chief only"
+
+
+@pytest.mark.parametrize(
+    ("owner", "kind", "hidden", "needed_by"),
+    [
+        pytest.param("callbacks", "ModelCheckpoint", "filepath", _CHIEF_ONLY, id="ModelCheckpoint.filepath"),
+        pytest.param("callbacks", "TensorBoard", "log_dir", _CHIEF_ONLY, id="TensorBoard.log_dir"),
+        pytest.param(
+            "callbacks", "BackupAndRestore", "_prev_weights_path", _CHIEF_ONLY, id="BackupAndRestore._prev_weights_path"
+        ),
+        pytest.param(
+            "callbacks",
+            "BackupAndRestore",
+            "_should_save_on_batch",
+            "PreemptionSafeBackup",
+            id="BackupAndRestore._should_save_on_batch",
+        ),
+        pytest.param(
+            "trainer",
+            "TFEpochIterator",
+            "_steps_seen",
+            "PreemptionSafeBackup's resume at a step",
+            id="TFEpochIterator._steps_seen",
+        ),
+        pytest.param("keras", "Sequential", "_loss_tracker", "accumulate_gradients", id="Sequential._loss_tracker"),
+        pytest.param(
+            "optimizers", "SGD", "_all_reduce_sum_gradients", "with_communication", id="SGD._all_reduce_sum_gradients"
+        ),
+    ],
+)
+def test_keras3_features_fail_naming_the_keras_version_when_a_private_name_moved(
+    owner: str, kind: str, hidden: str, needed_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(issue 51) The private Keras 3 names of tfdist's chief-only callbacks, resuming backup and training step are
+    checked with the trainer's (check_keras3: before the fixes are installed, and by `tfdist doctor --stack`)."""
+    import importlib
+
+    import keras
+
+    from tfdist._compat.keras3 import TRAINER, check_keras3
+    from tfdist.stack import _keras3_fit
+
+    trainer, version = importlib.import_module(TRAINER), keras.__version__
+    assert check_keras3(trainer, version, keras) == f"keras {version}: fit fixed for MultiWorkerMirroredStrategy"
+    real = {"keras": keras, "callbacks": keras.callbacks, "optimizers": keras.optimizers, "trainer": trainer}
+    # The optimizer's all-reduce is looked up on its class: a class without it; the rest on instances.
+    moved = type(kind, (), {}) if owner == "optimizers" else _hiding(getattr(real[owner], kind), hidden)
+    fakes = {key: types.SimpleNamespace(**vars(module)) for key, module in real.items()}
+    setattr(fakes[owner], kind, moved)
+    fakes["keras"].callbacks, fakes["keras"].optimizers = fakes["callbacks"], fakes["optimizers"]
+    name = f"optimizers.SGD.{hidden}" if owner == "optimizers" else f"{kind}.{hidden}"
+    with pytest.raises(StackError, match=rf"Keras 3's {name} for {needed_by}, and keras {version} does not") as err:
+        check_keras3(fakes["trainer"], version, fakes["keras"])
+    assert (err.value.field, err.value.value, err.value.expected) == ("keras", f"keras {version}", name)
+    assert "from tfdist import keras" in err.value.fix
+    # `tfdist doctor --stack`'s "Keras 3 fit:" line, on the installed Keras with that name moved.
+    monkeypatch.setattr(real[owner], kind, moved)
+    problems: list[str] = []
+    assert _keras3_fit(problems) == str(err.value) and problems == [str(err.value)]
+
+
 def test_stack_report_names_the_stack_and_its_s3_reader() -> None:
     from tfdist.stack import stack_report
 
