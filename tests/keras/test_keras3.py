@@ -176,5 +176,6 @@ def test_tensorflows_multi_worker_tutorial_for_keras3_runs_unchanged_under_tfdis
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
     assert sorted(r["task"]["index"] for r in results) == [0, 1]
     assert {r["replicas"] for r in results} == {2}
+    assert all(r["keras"].startswith("3.") for r in results), results  # Keras 3 ran it, not tf-keras.
     assert results[0]["weights_sha1"] == results[1]["weights_sha1"]  # The workers agree, bitwise.
     assert results[0]["loss"] == results[1]["loss"] and results[0]["loss"][1] < results[0]["loss"][0]
