@@ -314,7 +314,7 @@ def _hiding(base: type, hidden: str) -> type:
     class Hiding(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            vars(self).pop(hidden, None)
+            self.__dict__.pop(hidden, None)
 
         def __getattribute__(self, name: str) -> Any:
             if name == hidden and name not in object.__getattribute__(self, "__dict__"):
