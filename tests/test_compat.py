@@ -229,17 +229,24 @@ model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)  # One replica: an olde
 with strategy.scope():
     mirrored = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 mirrored.compile("sgd", "mse")
-for call in (mirrored.fit, mirrored.evaluate):
+x, y = np.zeros((4, 2)), np.zeros((4, 1))
+calls = (
+    lambda: mirrored.fit(x, y, verbose=0),
+    lambda: mirrored.evaluate(x, y, verbose=0),
+    lambda: mirrored.predict(x, verbose=0),
+)
+for call in calls:
     try:
-        call(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
+        call()
+        print("RAN")
     except StrategyError as err:
         print("ERROR", err.fix, "|", err)
 """
 
 
 def test_older_keras3_under_replicas_and_tfdist_callbacks_given_keras3_name_the_fix() -> None:
-    """Keras 3 < 3.10 under 2 replicas refused with the measured reason; (issue 26 item 13) tfdist's callbacks
-    given a Keras 3 model: a tfdist error."""
+    """Keras 3 < 3.10 under 2 replicas: fit, evaluate and predict refused with the measured reason; (issue 26
+    item 13) tfdist's callbacks given a Keras 3 model: a tfdist error."""
     import os
     import subprocess
     import sys
@@ -255,8 +262,8 @@ def test_older_keras3_under_replicas_and_tfdist_callbacks_given_keras3_name_the_
     assert "FIXED BY DEFAULT False" in done.stdout
     assert "FIXED BY MIRRORED keras 3.9.2: refused under multi-replica strategies (older than 3.10)" in done.stdout
     errors = [line for line in done.stdout.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 2, done.stdout
-    for line, call in zip(errors, ("fit", "evaluate")):
+    assert len(errors) == 3 and "RAN" not in done.stdout.splitlines(), done.stdout
+    for line, call in zip(errors, ("fit", "evaluate", "predict")):
         assert line.startswith("ERROR build the model with tf-keras: `from tfdist import keras`"), line
         assert f"Keras 3 (keras 3.9.2) cannot {call} under MirroredStrategy with 2 replicas" in line
         assert (
@@ -298,6 +305,86 @@ def test_keras3_fixes_fail_naming_the_keras_version_when_a_name_moved() -> None:
     with pytest.raises(StackError, match=r"trainer.TensorFlowTrainer._symbolic_build.*keras 3.16.0 does not"):
         check_keras3(renamed, "3.16.0")
     assert check_keras3(moved, "2.17.0") == "no Keras 3 installed"
+
+
+def _hiding(base: type, hidden: str) -> type:
+    """A subclass of ``base`` whose instances lack ``hidden`` once made (an attribute its ``__init__`` sets, or a
+    method), as a Keras 3 that renamed it would make them."""
+
+    class Hiding(base):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.__dict__.pop(hidden, None)
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == hidden and name not in object.__getattribute__(self, "__dict__"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    Hiding.__name__ = Hiding.__qualname__ = base.__name__
+    return Hiding
+
+
+_CHIEF_ONLY = "its callbacks to write from the chief only"
+
+
+@pytest.mark.parametrize(
+    ("owner", "kind", "hidden", "needed_by"),
+    [
+        pytest.param("callbacks", "ModelCheckpoint", "filepath", _CHIEF_ONLY, id="ModelCheckpoint.filepath"),
+        pytest.param("callbacks", "TensorBoard", "log_dir", _CHIEF_ONLY, id="TensorBoard.log_dir"),
+        pytest.param(
+            "callbacks", "BackupAndRestore", "_prev_weights_path", _CHIEF_ONLY, id="BackupAndRestore._prev_weights_path"
+        ),
+        pytest.param(
+            "callbacks",
+            "BackupAndRestore",
+            "_should_save_on_batch",
+            "PreemptionSafeBackup",
+            id="BackupAndRestore._should_save_on_batch",
+        ),
+        pytest.param(
+            "trainer",
+            "TFEpochIterator",
+            "_steps_seen",
+            "PreemptionSafeBackup's resume at a step",
+            id="TFEpochIterator._steps_seen",
+        ),
+        pytest.param("keras", "Sequential", "_loss_tracker", "accumulate_gradients", id="Sequential._loss_tracker"),
+        pytest.param(
+            "optimizers", "SGD", "_all_reduce_sum_gradients", "with_communication", id="SGD._all_reduce_sum_gradients"
+        ),
+    ],
+)
+def test_keras3_features_fail_naming_the_keras_version_when_a_private_name_moved(
+    owner: str, kind: str, hidden: str, needed_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(issue 51) The private Keras 3 names of tfdist's chief-only callbacks, resuming backup and training step are
+    checked with the trainer's (check_keras3: before the fixes are installed, and by `tfdist doctor --stack`)."""
+    import importlib
+
+    import keras
+
+    from tfdist._compat.keras3 import TRAINER, check_keras3
+    from tfdist.stack import _keras3_fit
+
+    trainer, version = importlib.import_module(TRAINER), keras.__version__
+    assert check_keras3(trainer, version, keras) == f"keras {version}: fit fixed for MultiWorkerMirroredStrategy"
+    real = {"keras": keras, "callbacks": keras.callbacks, "optimizers": keras.optimizers, "trainer": trainer}
+    # The optimizer's all-reduce is looked up on its class: a class without it; the rest on instances.
+    moved = type(kind, (), {}) if owner == "optimizers" else _hiding(getattr(real[owner], kind), hidden)
+    fakes = {key: types.SimpleNamespace(**vars(module)) for key, module in real.items()}
+    setattr(fakes[owner], kind, moved)
+    fakes["keras"].callbacks, fakes["keras"].optimizers = fakes["callbacks"], fakes["optimizers"]
+    name = f"optimizers.SGD.{hidden}" if owner == "optimizers" else f"{kind}.{hidden}"
+    with pytest.raises(StackError, match=rf"Keras 3's {name} for {needed_by}, and keras {version} does not") as err:
+        check_keras3(fakes["trainer"], version, fakes["keras"])
+    assert (err.value.field, err.value.value, err.value.expected) == ("keras", f"keras {version}", name)
+    assert "from tfdist import keras" in err.value.fix
+    # `tfdist doctor --stack`'s "Keras 3 fit:" line, on the installed Keras with that name moved.
+    monkeypatch.setattr(real[owner], kind, moved)
+    problems: list[str] = []
+    assert _keras3_fit(problems) == str(err.value) and problems == [str(err.value)]
 
 
 def test_stack_report_names_the_stack_and_its_s3_reader() -> None:

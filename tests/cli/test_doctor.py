@@ -273,6 +273,8 @@ def test_stack_report_exits_0_on_a_supported_stack() -> None:
         "stack: supported",
     ):
         assert line in done.stdout
+    # Keras 3's trainer names and those of tfdist's Keras 3 features, resolved (both stacks pin Keras 3.15.1).
+    assert re.search(r"^Keras 3 fit: +keras 3\.\d+\.\d+: fit fixed for MultiWorkerMirroredStrategy$", done.stdout, re.M)
 
 
 def test_the_task_report_ends_with_a_stack_line() -> None:

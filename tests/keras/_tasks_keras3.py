@@ -174,8 +174,30 @@ def trained_both_ways(keras: Any, strategy: Any, epochs: int) -> tuple[dict[str,
     return {"replicas": strategy.num_replicas_in_sync, "reference": reference, "distributed": distributed}, initial
 
 
+def _recording_writes(model: Any, root: str) -> list[str]:
+    """Wraps ``model.save`` and ``model.save_weights`` (what ModelCheckpoint and BackupAndRestore write with) to
+    record each path they write: relative to ``root`` under it, else ``aside:`` and the file's name."""
+    import os
+
+    writes: list[str] = []
+
+    def recording(save: Any) -> Any:
+        def recorded(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            path = os.path.abspath(str(filepath))
+            inside = path.startswith(os.path.abspath(root) + os.sep)
+            writes.append(os.path.relpath(path, root) if inside else f"aside:{os.path.basename(path)}")
+            return save(filepath, *args, **kwargs)
+
+        return recorded
+
+    for name in ("save", "save_weights"):  # This model only, out of Keras' attribute tracking.
+        object.__setattr__(model, name, recording(getattr(model, name)))
+    return writes
+
+
 def _resumed(keras: Any, strategy: Any, root: str, initial: list[Any], epochs: int) -> dict[str, Any]:
-    """A fit of one epoch that keeps its backup, then a fresh model that resumes from the chief's backup."""
+    """A fit of one epoch that keeps its backup (recording the paths this worker wrote), then a fresh model that
+    resumes from the chief's backup."""
     import os
 
     import numpy as np
@@ -185,6 +207,7 @@ def _resumed(keras: Any, strategy: Any, root: str, initial: list[Any], epochs: i
     with strategy.scope():
         first = _model(keras)
     first.set_weights(initial)
+    writes = _recording_writes(first, root)
     writers = [
         keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False),
         keras.callbacks.ModelCheckpoint(saved),
@@ -203,5 +226,6 @@ def _resumed(keras: Any, strategy: Any, root: str, initial: list[Any], epochs: i
         "epochs_seen": seen,
         "weights": np.concatenate([w.ravel() for w in resumed.get_weights()]).tolist(),
         "files_after_first": after_first,
+        "writes": writes,
         "backup_left": os.path.exists(backup),
     }

@@ -161,7 +161,7 @@ def _without_tf_keras(keras: Any) -> dict[str, Any]:
 
 def _communication(keras: Any, strategy: Any) -> dict[str, Any]:
     """One epoch of tests/keras/_tasks_keras3.py's model and global batches under the strategy: plain, packed,
-    bf16 on the wire, accumulated over 2 micro-batches; and what is refused, with its message."""
+    bf16 and fp16 on the wire, accumulated over 2 micro-batches; and what is refused, with its message."""
     import tfdist
     from tests.keras._tasks_keras3 import _data, _dataset
     from tfdist.keras import accumulate_gradients, with_communication
@@ -174,6 +174,7 @@ def _communication(keras: Any, strategy: Any) -> dict[str, Any]:
         ("plain", None),
         ("packed", {"bytes_per_pack": 256, "split_bytes": 128}),
         ("bf16", {"compression": "bf16"}),
+        ("fp16", {"compression": "fp16"}),
         ("accumulated", None),
     ):
         with strategy.scope():

@@ -132,3 +132,47 @@ def test_elastic_epochs_records_each_boundary_after_every_callback_of_its_epoch(
     model.fit(x, y, epochs=5, verbose=0, callbacks=[ElasticEpochs(env=env), stop])
     records = elastic.read_boundaries(stopped, set())
     assert [(r["epoch"], r.get("last", False)) for r in records] == [(0, False), (1, True)]
+
+
+def test_cluster_callbacks_and_resume_input_given_a_keras3_model_name_what_works_with_it(tmp_path: Path) -> None:
+    """(issue 51) cluster_callbacks' callbacks and ResumeInput are tf-keras callbacks: Keras 3's fit hands them its
+    model, and each raises a StrategyError naming what a Keras 3 model uses instead (not tf-keras' AttributeError)
+    before anything is written. A tf-keras model trains with the same callbacks, and they write."""
+    import keras as keras3
+    import numpy as np
+
+    from tests.support import exact_tasks
+    from tfdist import keras
+
+    dirs = {name: str(tmp_path / name) for name in ("backup", "ckpt", "tb")}
+    callbacks = keras.cluster_callbacks(
+        backup_dir=dirs["backup"], checkpoint_dir=dirs["ckpt"], tensorboard_dir=dirs["tb"]
+    )
+    assert [type(c).__name__ for c in callbacks] == ["BackupAndRestore", "ModelCheckpoint", "TensorBoard"]
+    exact_tasks.write_data(str(tmp_path / "part"))
+    resume = keras.ResumeInput(exact_tasks.pipeline(str(tmp_path / "part-*")), backup_dir=dirs["backup"])
+    instead = "tfdist.keras.PreemptionSafeBackup(backup_dir, save_freq=..., data=pipeline)"
+    own = (
+        "With a Keras 3 model, pass Keras 3's own keras.callbacks.BackupAndRestore, ModelCheckpoint and TensorBoard "
+        f"(under a strategy of tfdist.build_strategy they write from the chief only) and {instead}, instead of "
+        "cluster_callbacks."
+    )
+    refusals = [
+        *((c, f"{type(c).__name__} of cluster_callbacks(...)", own) for c in callbacks),
+        (resume, "ResumeInput", f"With a Keras 3 model use {instead}, whose backups carry the input position."),
+    ]
+    model = keras3.Sequential([keras3.Input((2,)), keras3.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
+    for callback, name, hint in refusals:
+        with pytest.raises(StrategyError) as err:
+            model.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
+        text = str(err.value)
+        assert f"tfdist's {name} is a tf-keras callback, and the model is a keras." in text, text
+        assert f"(Keras 3, keras {keras3.__version__})" in text and text.endswith(hint), text
+        assert (err.value.field, err.value.fix) == ("model", "from tfdist import keras")
+    assert not [d for d in dirs.values() if os.path.exists(d)]  # Refused before anything was written.
+    tf_keras_model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    tf_keras_model.compile(optimizer="sgd", loss="mse")
+    tf_keras_model.fit(x, y, epochs=2, verbose=0, callbacks=callbacks)
+    assert {"ckpt-1.index", "ckpt-2.index"} <= set(os.listdir(dirs["ckpt"])) and os.listdir(dirs["tb"])

@@ -98,6 +98,15 @@ def test_the_chief_writes_the_callbacks_files_and_every_worker_resumes_from_its_
         "ckpt/epoch1.keras",
     ]
     assert len([f for f in files if f.startswith("tb/train/events.out.tfevents.")]) == 1  # One writer: the chief.
+    # Who wrote what (each worker's model.save and save_weights, recorded): the chief's checkpoint and backup
+    # files by the chief alone, once; every other worker saved too (a save may read variables through a
+    # collective), outside the run's directory (into tfdist's scratch directory, removed after fit).
+    writes = {task: value["resumed"]["writes"] for task, value in run.values.items()}
+    for path in ("backup/latest.weights.h5", "ckpt/epoch1.keras"):
+        assert [task for task, wrote in sorted(writes.items()) if path in wrote] == ["worker:0"], writes
+    assert sorted(writes["worker:0"]) == ["backup/latest.weights.h5", "ckpt/epoch1.keras"], writes
+    for task in (f"worker:{i}" for i in range(1, WORKERS)):
+        assert sorted(writes[task]) == ["aside:epoch1.keras", "aside:latest.weights.h5"], writes
 
 
 def test_several_steps_per_execution_and_batch_backups_are_refused_with_the_reason(run: Any) -> None:
@@ -167,5 +176,6 @@ def test_tensorflows_multi_worker_tutorial_for_keras3_runs_unchanged_under_tfdis
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
     assert sorted(r["task"]["index"] for r in results) == [0, 1]
     assert {r["replicas"] for r in results} == {2}
+    assert all(r["keras"].startswith("3.") for r in results), results  # Keras 3 ran it, not tf-keras.
     assert results[0]["weights_sha1"] == results[1]["weights_sha1"]  # The workers agree, bitwise.
     assert results[0]["loss"] == results[1]["loss"] and results[0]["loss"][1] < results[0]["loss"][0]

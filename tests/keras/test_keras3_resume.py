@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import re
+import signal
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,10 @@ from tests.keras.test_keras3 import check_losses_and_weights, check_validation_e
 from tests.support import exact_tasks
 from tfdist import testing
 from tfdist.launch.events import KillAt
+from tfdist.runtime import exit_codes
 from tfdist.runtime.versions import tf_keras_pin
+
+KILLED = exit_codes.from_signal(signal.SIGKILL)  # The code the launcher reports for a task it SIGKILLed.
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 EPOCHS = tasks.EPOCHS
@@ -39,6 +43,7 @@ EPOCHS = tasks.EPOCHS
 def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     workdir, prefix = str(tmp_path_factory.mktemp("keras3-resume")), str(tmp_path_factory.mktemp("records") / "part")
     exact_tasks.write_data(prefix)
+    statuses: list[str] = []
     done = testing.run_cluster(
         tasks.resumed_fit,
         workers=2,
@@ -46,19 +51,35 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         max_restarts=2,
         grace_seconds=2,  # The leader, held at the kill's step, is SIGKILLed after it.
         kills=(KillAt(task="worker:1", after="^STEP 1 10$"),),
+        on_status=statuses.append,
         args=[workdir, prefix],
     )
     assert done.ok, done.result.summary() + done.output("worker:0")[-3000:]
     assert set(done.values) == {"worker:0", "worker:1"}, done.output("worker:0")[-3000:]
-    return done, prefix
+    return done, prefix, statuses
 
 
 def _both(run: Any) -> list[dict[str, Any]]:
     return [run[0].values["worker:0"], run[0].values["worker:1"]]
 
 
+def _check_the_launchers_statuses(statuses: list[str]) -> None:
+    """The launcher's own status lines: the first attempt ended preempted (every worker saves and exits 200), the
+    launcher SIGKILLed worker 1 once, when the leader printed step 10 of epoch 1, and that exit restarted the group."""
+    kills = [s for s in statuses if s.startswith("fault injection: ")]
+    assert len(kills) == 1 and kills[0].startswith(
+        "fault injection: SIGKILL worker:1 after worker:0 printed /^STEP 1 10$/"
+    )
+    restarts = [s for s in statuses if re.match(r"^worker:\d exited with -?\d+; restart \d/2 of ", s)]
+    assert len(restarts) == 2, statuses
+    assert re.match(rf"worker:[01] exited with {exit_codes.PREEMPTED}; restart 1/2 of ", restarts[0]), restarts
+    assert restarts[1].startswith(f"worker:1 exited with {KILLED}; restart 2/2 of "), restarts
+    assert statuses.index(restarts[0]) < statuses.index(kills[0]) < statuses.index(restarts[1])
+
+
 def test_a_preemption_and_a_crash_mid_epoch_resume_at_the_next_record(run: Any) -> None:
-    done, prefix = run
+    done, prefix, statuses = run
+    _check_the_launchers_statuses(statuses)
     ideal = np.array(exact_tasks.ideal_weights(prefix, epochs=EPOCHS))
     for value in _both(run):
         assert value["restart"] == 2  # The preemption, then the crash.
@@ -103,11 +124,14 @@ def test_the_communication_options_and_accumulation_work_with_a_keras3_optimizer
         np.testing.assert_allclose(results["packed"]["weights"], plain, rtol=0, atol=1e-6)  # Sums, re-cut.
         np.testing.assert_allclose(results["accumulated"]["weights"], plain, rtol=0, atol=1e-5)  # SGD: one batch.
         np.testing.assert_allclose(results["accumulated"]["loss"], results["plain"]["loss"], rtol=0, atol=1e-5)
-        bf16 = np.array(results["bf16"]["weights"])
+        bf16, fp16 = np.array(results["bf16"]["weights"]), np.array(results["fp16"]["weights"])
         assert 0 < np.abs(bf16 - plain).max() < 1e-2  # bf16 on the wire: close, not equal.
+        assert 0 < np.abs(fp16 - plain).max() < 1e-3  # fp16 (10 bits of mantissa to bf16's 7): closer.
         assert results["bf16"]["bytes"] * 2 == results["packed"]["bytes"] == 4 * (8 * 16 + 16 + 16 + 1)
+        assert results["fp16"]["bytes"] == results["bf16"]["bytes"] + 4  # And its float32 range scale.
     workers = _both(run)
-    assert workers[0]["communication"]["bf16"]["weights"] == workers[1]["communication"]["bf16"]["weights"]
+    for wire in ("bf16", "fp16"):
+        assert workers[0]["communication"][wire]["weights"] == workers[1]["communication"][wire]["weights"], wire
 
 
 def test_error_feedback_and_keras3s_own_accumulation_are_refused_with_the_fix(run: Any) -> None:

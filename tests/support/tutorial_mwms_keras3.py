@@ -1,9 +1,19 @@
 """TensorFlow's "Multi-worker training with Keras" tutorial written for Keras 3, on made-up MNIST-shaped data.
 
-As tutorial_mwms.py, with ``import keras`` (Keras 3) for ``tf.keras`` and the two lines tfdist asks for:
-``import tfdist`` and ``tfdist.build_strategy("auto")`` for ``tf.distribute.MultiWorkerMirroredStrategy()``.
-Run by tfdist-launch (which sets TF_CONFIG, and TF_USE_LEGACY_KERAS=1 where tf-keras is installed: ``tf.keras``
-would be tf-keras there, so the script says ``import keras``). Prints ``RESULT {json}`` with a hash of the weights.
+What differs from the tutorial's ``mnist_setup.py`` and ``main.py`` (tensorflow/docs,
+site/en/tutorials/distribute/multi_worker_with_keras.ipynb), here in one file:
+
+- for tfdist: ``import tfdist`` added, and the line ``strategy = tf.distribute.MultiWorkerMirroredStrategy()``
+  replaced by ``strategy = tfdist.build_strategy("auto")``;
+- for Keras 3: ``import keras`` added and ``keras.`` for ``tf.keras.`` (tfdist-launch sets TF_USE_LEGACY_KERAS=1
+  where tf-keras is installed, and ``tf.keras`` is tf-keras there); ``keras.layers.InputLayer(input_shape=(28,
+  28))`` is the tutorial's (Keras 3.15 still takes ``input_shape``, with a deprecation warning);
+- for CI, as in tutorial_mwms.py (its tf-keras copy): made-up data of MNIST's shapes for the download (1024
+  records, ``shuffle(1024, seed=1)`` for ``shuffle(60000)``), a smaller model and a shorter fit (``Conv2D(8)`` and
+  ``Dense(32)`` for ``Conv2D(32)`` and ``Dense(128)``, learning rate 0.01 for 0.001, 32 records per worker for 64,
+  ``epochs=2, steps_per_epoch=10, verbose=0`` for ``epochs=3, steps_per_epoch=70``),
+  ``keras.utils.set_random_seed(1)`` before the model, and the ``RESULT {json}`` line printed at the end (the task,
+  replicas, Keras version, losses and a hash of the weights).
 """
 
 import hashlib
@@ -28,7 +38,7 @@ def mnist_dataset(batch_size):
 def build_and_compile_cnn_model():
     model = keras.Sequential(
         [
-            keras.layers.InputLayer(shape=(28, 28)),
+            keras.layers.InputLayer(input_shape=(28, 28)),
             keras.layers.Reshape(target_shape=(28, 28, 1)),
             keras.layers.Conv2D(8, 3, activation="relu"),
             keras.layers.Flatten(),

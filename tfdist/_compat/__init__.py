@@ -64,6 +64,7 @@ from tfdist._compat.keras import (
     resume_counters,
     saving_before_preemption,
     steps_per_execution,
+    tf_keras_models_only,
     training_state,
     validate_target_and_loss,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "single_device_functions",
     "steps_per_execution",
     "stop_data_server",
+    "tf_keras_models_only",
     "tf_keras_module",
     "tfrecord_reader",
     "tfrecord_reader_at",

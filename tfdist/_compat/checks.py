@@ -215,7 +215,8 @@ _CHECKS: dict[str, Callable[[], object]] = {  # Each raises StackError when its 
     "StructuredFunctionWrapper traced once for many interleave datasets": _check_cached_interleave,
     "functional_saver.gen_io_ops.merge_v2_checkpoints (mesh backups merged after a barrier)": _check_deferred_merge,
     "ClusterCoordinator's Worker._process_closure and closure_queue.put_back": check_closure_hooks,
-    "Keras 3's TensorFlowTrainer._maybe_symbolic_build and reduce_per_replica (its multi-worker fit)": check_keras3,
+    "Keras 3's TensorFlowTrainer._maybe_symbolic_build and reduce_per_replica (its multi-worker fit), and its "
+    "callbacks', epoch iterator's, optimizer's and model's names tfdist's Keras 3 features use": check_keras3,
     "tf.py_function's Python called from tensorflow/python/ops/script_ops.py (the stall inspector)": (
         check_py_function_file
     ),

@@ -7,6 +7,7 @@ and any other model is refused naming the install.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -79,11 +80,21 @@ class _TfKerasModelsOnly:
 
     keras3_models = False  # True: the callback uses only what both Kerases have (logs, the strategy, the optimizer).
     keras3_hint = ""  # What to use instead with a Keras 3 model, for the refusal.
+    refused_as = ""  # The callback's name in the refusal; default its class's.
 
     def set_model(self, model: Any) -> None:
         if not (self.keras3_models and fixed_keras3_model(model)):
-            require_tf_keras_model(model, type(self).__name__, self.keras3_hint)
+            require_tf_keras_model(model, self.refused_as or type(self).__name__, self.keras3_hint)
         super().set_model(model)  # type: ignore[misc]
+
+
+@functools.cache
+def tf_keras_models_only(base: type, refused_as: str, keras3_hint: str) -> type:
+    """The tf-keras callback class ``base`` (``tf_keras.callbacks.ModelCheckpoint``, ...) whose ``set_model``
+    refuses a model that is not tf-keras' (a Keras 3 model, which Keras 3's ``fit`` hands it) with a
+    StrategyError naming it ``refused_as`` and ending with ``keras3_hint``, instead of tf-keras' AttributeError."""
+    attributes = {"refused_as": refused_as, "keras3_hint": keras3_hint, "__module__": __name__}
+    return type(base.__name__, (_TfKerasModelsOnly, base), attributes)
 
 
 def backup_base() -> type:

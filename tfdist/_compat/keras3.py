@@ -12,15 +12,16 @@ MultiWorkerMirroredStrategy with two bugs of ``keras/src/backend/tensorflow/trai
   ``strategy.reduce("MEAN", v, axis=0)`` (``Invalid reduction dimension 0 for input with 0 dimensions``). The
   fix means them over the replicas with ``axis=None``, as its one-worker branch does.
 
-:func:`prepare_keras3` installs both (once Keras 3 is imported: at once, or when it is imported later), gated
-to Keras 3.10 and later: on 2 workers the per-step losses then equal a one-process run of the same global
-batches within 1e-6. Older Keras 3 trains wrong on several replicas even on one host (3.4-3.7 miss the
-per-replica loss scaling: weights up to 1.0 away from a one-process run; 3.8-3.9 train right and log a wrong
-loss), so its ``fit``, ``evaluate`` and ``predict`` are refused there. So are parameter servers (Keras 3 has no
-``fit`` that drives a ``ClusterCoordinator``) and ``steps_per_execution > 1`` across workers; Keras 3's
-callbacks that write files save from the chief only (:mod:`.keras3_callbacks`). When a replaced name moved, installing raises a
-:class:`tfdist.errors.StackError` naming the Keras version and the name; :func:`check_keras3` is what
-``tfdist doctor --stack`` runs.
+:func:`prepare_keras3` installs both (once Keras 3 is imported: at once, or when it is imported later), gated to
+Keras 3.10 and later: on 2 and 3 workers the per-step losses then equal a one-process run of the same global
+batches to 1e-5 (tests/keras/test_keras3.py; up to 9.5e-7 measured). Older Keras 3 trains wrong on several replicas
+even on one host (3.4-3.7 miss the per-replica loss scaling: weights up to 1.0 away from a one-process run; 3.8-3.9
+train right and log a wrong loss), so its ``fit``, ``evaluate`` and ``predict`` are refused there. So are parameter
+servers (Keras 3 has no ``fit`` that drives a ``ClusterCoordinator``) and ``steps_per_execution > 1`` across
+workers; Keras 3's callbacks that write files save from the chief only (:mod:`.keras3_callbacks`). When a replaced
+name moved, or a private name tfdist's Keras 3 features use (:mod:`.keras3_names`), installing raises a
+:class:`tfdist.errors.StackError` naming the Keras version and the name; :func:`check_keras3` is what ``tfdist
+doctor --stack`` runs.
 
 Example:
     >>> from tfdist._compat import keras3
@@ -41,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist._compat.keras3_callbacks import chief_only
+from tfdist._compat.keras3_names import check_features
 from tfdist.errors import StackError, StrategyError
 from tfdist.runtime.versions import KERAS3_MEASURED, keras3_loaded, keras_version, parse_version
 
@@ -136,8 +138,10 @@ def _resolve(module: Any, dotted: str, version: str) -> Any:
     return value
 
 
-def check_keras3(module: Any = None, version: str | None = None) -> str:
-    """Resolves what the fixes replace in the installed (or given) trainer module; says what fit does with it.
+def check_keras3(module: Any = None, version: str | None = None, keras: Any = None) -> str:
+    """Resolves what the fixes replace in the installed (or given) trainer module, and the private names tfdist's
+    features for Keras 3 models use (:func:`tfdist._compat.keras3_names.check_features`, on objects of the
+    installed or given ``keras`` module); says what fit does with it.
 
     Raises StackError naming the Keras version and the name when one is missing or takes other parameters.
     Imports Keras 3 (and so TensorFlow) when it is installed and right.
@@ -158,6 +162,7 @@ def check_keras3(module: Any = None, version: str | None = None) -> str:
             raise _moved(f"{dotted}{parameters}", version)
     for name in GUARDED:
         _resolve(module, f"TensorFlowTrainer.{name}", version)
+    check_features(keras if keras is not None else importlib.import_module("keras"), module, version)
     return f"keras {version}: fit fixed for MultiWorkerMirroredStrategy"
 
 
@@ -210,7 +215,7 @@ def install(keras: Any) -> str:
     if getattr(trainer, "_tfdist_keras3", None) is not None:
         return str(trainer._tfdist_keras3)
     if keras3_right(version):
-        check_keras3(module, version)
+        check_keras3(module, version, keras)
         trainer._maybe_symbolic_build = _symbolic_build_fix(trainer._maybe_symbolic_build, keras.tree)
         fixed = _reduce_fix(module.reduce_per_replica, module._collective_all_reduce_multi_worker, keras.tree)
         module.reduce_per_replica = fixed  # Looked up as a global by _make_function at each build.

@@ -22,6 +22,8 @@ from tfdist.errors import StackError, StrategyError
 
 # BackupAndRestore's paths (Keras 3.10-3.15), all under its backup_dir.
 BACKUP_PATHS = ("_weights_path", "_training_metadata_path", "_prev_weights_path", "_prev_training_metadata_path")
+# Where ModelCheckpoint and TensorBoard write (their attribute, a string): pointed aside on the other workers.
+WRITE_PATHS = {"ModelCheckpoint": "filepath", "TensorBoard": "log_dir"}
 
 
 def chief_only(callbacks: Any, strategy: Any, keras: Any, version: str) -> StrategyError | None:
@@ -34,9 +36,14 @@ def chief_only(callbacks: Any, strategy: Any, keras: Any, version: str) -> Strat
             if not chief:
                 restore_then_write_aside(callback, version)
         elif isinstance(callback, keras.callbacks.ModelCheckpoint) and not chief:
-            _write_aside(callback, "filepath", lambda scratch, path: os.path.join(scratch, os.path.basename(path)))
+            _write_aside(
+                callback,
+                "ModelCheckpoint",
+                version,
+                lambda scratch, path: os.path.join(scratch, os.path.basename(path)),
+            )
         elif isinstance(callback, keras.callbacks.TensorBoard) and not chief:
-            _write_aside(callback, "log_dir", lambda scratch, path: scratch)
+            _write_aside(callback, "TensorBoard", version, lambda scratch, path: scratch)
     return None
 
 
@@ -53,8 +60,12 @@ def _batch_backup(save_freq: Any, version: str) -> StrategyError:
     )
 
 
-def _write_aside(callback: Any, name: str, aside: Callable[[str, str], str]) -> None:
-    """Points ``callback.<name>`` into a scratch directory for one fit, removed (with what it holds) at its end."""
+def _write_aside(callback: Any, kind: str, version: str, aside: Callable[[str, str], str]) -> None:
+    """Points where ``callback`` (a ``kind``) writes into a scratch directory for one fit, removed (with what it
+    holds) at its end; ``aside(scratch, path told)`` is the path there."""
+    name = WRITE_PATHS[kind]
+    if not isinstance(getattr(callback, name, None), str):
+        raise _moved(f"{kind}.{name}", version)
     told = callback.__dict__.setdefault("_tfdist_told", getattr(callback, name))
     scratch = tempfile.mkdtemp(prefix="tfdist-keras3-")
     setattr(callback, name, aside(scratch, told))

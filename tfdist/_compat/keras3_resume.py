@@ -27,13 +27,11 @@ from typing import Any
 
 from tfdist._compat.keras3 import fit_epoch_iterator, install
 from tfdist._compat.keras3_callbacks import restore_then_write_aside
+from tfdist._compat.keras3_names import BACKUP_NAMES, ITERATOR_NAMES
 from tfdist._compat.keras3_step import moved
 
 _log = logging.getLogger("tfdist.keras")
 WEIGHTS = "backup-{number}.weights.h5"  # One file per save; the committed metadata names the current one.
-# What the backup overrides or calls on Keras 3's BackupAndRestore, and what start_epoch_at uses of its iterator.
-BACKUP_NAMES = ("_load_model", "_save_model", "_should_save_on_batch", "_training_metadata_path", "_weights_path")
-ITERATOR_NAMES = ("steps_per_epoch", "steps_per_execution", "_num_batches", "_steps_seen", "_enumerate_iterator")
 # (epoch, step, steps per epoch or None) -> whether the input goes on at that step.
 OnRestore = Callable[[int, int, Any], bool]
 

@@ -24,9 +24,10 @@ UNSCALE = "keras.src.losses.loss"  # Its unscale_loss_for_distribution: what Ker
 Grads = Sequence[Any]
 
 
-def moved(what: str, needed_by: str) -> StackError:
-    """The StackError of a Keras 3 internal that ``needed_by`` uses and the installed Keras 3 lacks."""
-    version = str(getattr(sys.modules.get("keras"), "__version__", "?"))
+def moved(what: str, needed_by: str, version: str | None = None) -> StackError:
+    """The StackError of a Keras 3 internal that ``needed_by`` uses and Keras 3 ``version`` (by default the one
+    imported) lacks."""
+    version = version or str(getattr(sys.modules.get("keras"), "__version__", "?"))
     return StackError(
         f"tfdist needs Keras 3's {what} for {needed_by}, and keras {version} does not have it as tfdist knows it "
         "(Keras 3.10 to 3.15).",

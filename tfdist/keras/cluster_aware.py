@@ -25,6 +25,7 @@ from tfdist._compat import (
     guard_initial_counters,
     resuming_backup,
     saving_before_preemption,
+    tf_keras_models_only,
     tf_keras_module,
     training_state,
 )
@@ -36,6 +37,12 @@ __all__ = ["PreemptionSafeBackup", "ThroughputLogger", "cluster_callbacks"]
 
 _log = logging.getLogger("tfdist.keras")
 _CHECKPOINT_PATTERN = "ckpt-{epoch}"  # What SidecarEvaluator(max_evaluations=epochs) expects.
+# What cluster_callbacks' tf-keras callbacks say a Keras 3 model should use instead (their refusal's last sentence).
+_KERAS3_INSTEAD = (
+    "With a Keras 3 model, pass Keras 3's own keras.callbacks.BackupAndRestore, ModelCheckpoint and TensorBoard "
+    "(under a strategy of tfdist.build_strategy they write from the chief only) and "
+    "tfdist.keras.PreemptionSafeBackup(backup_dir, save_freq=..., data=pipeline), instead of cluster_callbacks."
+)
 
 
 def _task_name(spec: ClusterSpec | None) -> str:
@@ -315,26 +322,29 @@ def cluster_callbacks(
       position is part of the backup (:class:`~tfdist.keras.resume.ResumeInput`).
 
     ``cluster`` is this task's cluster (a spec or TF_CONFIG); by default ``TF_CONFIG`` from the environment.
+    The callbacks are tf-keras': given a Keras 3 model, ``fit`` raises a StrategyError that names what to use.
     """
     tf_keras = tf_keras_module("cluster_callbacks")
     spec = resolve_cluster(cluster)
     is_chief = spec is None or spec.is_chief
+
+    def tf_keras_only(name: str) -> Any:
+        base = getattr(tf_keras.callbacks, name)
+        return tf_keras_models_only(base, f"{name} of cluster_callbacks(...)", _KERAS3_INSTEAD)
+
     callbacks: list[Any] = []
     if backup_dir:
         if save_before_preemption:
             callbacks.append(PreemptionSafeBackup(backup_dir, data=data))
         else:
-            callbacks.append(tf_keras.callbacks.BackupAndRestore(backup_dir))
+            callbacks.append(tf_keras_only("BackupAndRestore")(backup_dir))
             if data is not None:
                 callbacks.append(ResumeInput(data, backup_dir=backup_dir, cluster=spec))
     if checkpoint_dir:
-        callbacks.append(
-            tf_keras.callbacks.ModelCheckpoint(
-                os.path.join(checkpoint_dir, _CHECKPOINT_PATTERN), save_weights_only=True
-            )
-        )
+        checkpoint = tf_keras_only("ModelCheckpoint")
+        callbacks.append(checkpoint(os.path.join(checkpoint_dir, _CHECKPOINT_PATTERN), save_weights_only=True))
     if tensorboard_dir and is_chief:
-        callbacks.append(tf_keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch"))
+        callbacks.append(tf_keras_only("TensorBoard")(tensorboard_dir, update_freq="epoch"))
     if global_batch_size:
         callbacks.append(ThroughputLogger(global_batch_size, report_dir=report_dir, cluster=spec))
     return callbacks
