@@ -692,8 +692,7 @@ def _markdown(report: dict[str, Any]) -> str:
     extra = {
         k: v
         for k, v in report.items()
-        if k
-        not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps")
+        if k not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps")
         and not k.endswith("_GBps")
     }
     return "\n".join(lines) + "\n\n" + json.dumps(extra) + "\n"

@@ -175,12 +175,13 @@ def test_traffic_is_what_the_name_tables_gave(key: tuple[str, int, str]) -> None
         assert got == pytest.approx(TRAFFIC[key][:3], rel=1e-12, abs=1e-18)
         # The tables' arithmetic was every pass at the memory bandwidth: so is the compute when the thin
         # products run at memory speed, and with the selection's scan of every value taken out.
+        assert isinstance(compression, TrafficModel)
         stream = HostRates(memory_bandwidth=2e10, matmul_bandwidth=2e10)
-        compute = compression.compute_seconds(SHAPES[shapes], stream)  # type: ignore[union-attr]
+        compute = compression.compute_seconds(SHAPES[shapes], stream)
         if isinstance(compression, TopK):
             compute -= stream.select_seconds(sum(math.prod(s) for s in SHAPES[shapes]))
         assert compute == pytest.approx(TRAFFIC[key][3], rel=1e-9, abs=1e-18)
-        assert traffic.arithmetic_seconds == compression.compute_seconds(  # type: ignore[union-attr]
+        assert traffic.arithmetic_seconds == compression.compute_seconds(
             SHAPES[shapes], HostRates(memory_bandwidth=2e10)
         )
     compressor = TYPED[config]

@@ -47,10 +47,11 @@ __all__ = ["HostRates", "combined_seconds", "host_seconds", "measure_host_rates"
 # moved about 300 MB/s each way per task with the wire out of the way, and a task streamed ~10 GB/s.
 DEFAULT_COLLECTIVE_BANDWIDTH = 300e6
 DEFAULT_MEMORY_BANDWIDTH = 10e9
-# Measured the same way (BENCHMARKS.md): top-k's selection scanned ~1 GB/s of float32 magnitudes, and PowerSGD's
-# thin products ([n, m] by [m, 4] and back) streamed their matrices at ~4 GB/s, both well below a plain stream.
-DEFAULT_SELECT_BANDWIDTH = 1e9
-DEFAULT_MATMUL_BANDWIDTH = 4e9
+# Measured the same way on the same 2 cores (2026-12-07): top-k's selection scanned 1.19 GB/s of float32
+# magnitudes and PowerSGD's thin products ([n, m] by [m, 4] and back) streamed 7.0 GB/s beside a 19.8 GB/s
+# stream; the defaults keep those shares of the default stream, as a busier host slows all three alike.
+DEFAULT_SELECT_BANDWIDTH = 0.6e9
+DEFAULT_MATMUL_BANDWIDTH = 3.5e9
 # How much of the shorter of the wire's and the host's times hides behind the longer in tfdist's packed
 # all-reduce (packs of a few MB; TF runs a function's collectives one after another, so only the work inside a
 # pack overlaps): fitted at 1 Gbit/s between 2 simulated hosts with the rate measured unshaped (0-0.25 fit),
@@ -100,11 +101,11 @@ Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures i
     )
     select_bandwidth: float = option(
         DEFAULT_SELECT_BANDWIDTH,
-        help="bytes per second of float32 values top-k's selection scans, e.g. 1GB/s",
+        help="bytes per second of float32 values top-k's selection scans, e.g. 600MB/s",
     )
     matmul_bandwidth: float = option(
         DEFAULT_MATMUL_BANDWIDTH,
-        help="bytes per second of a matrix PowerSGD's thin products stream, e.g. 4GB/s",
+        help="bytes per second of a matrix PowerSGD's thin products stream, e.g. 3.5GB/s",
     )
     overlap: float = PACKED_OVERLAP
 

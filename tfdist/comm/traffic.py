@@ -114,7 +114,7 @@ def compressed_traffic(
         >>> from tfdist.comm import PowerSGD
         >>> round(compressed_traffic(shapes=[(2048, 1000)], workers=2, bandwidth=1e9, latency=1e-4,
         ...                          compression=PowerSGD(), memory_bandwidth=20e9).arithmetic_seconds * 1e3, 3)
-        10.65
+        11.82
     """
     given = {"rank": rank, "density": density, "period": period}
     named = {key: value for key, value in given.items() if value is not None}
@@ -132,7 +132,11 @@ def compressed_traffic(
     )
     if host is not None and memory_bandwidth is not None:
         raise invalid(
-            PlanError, "memory_bandwidth", memory_bandwidth, "None with `host`", "Pass it as HostRates(memory_bandwidth=...)."
+            PlanError,
+            "memory_bandwidth",
+            memory_bandwidth,
+            "None with `host`",
+            "Pass it as HostRates(memory_bandwidth=...).",
         )
     if memory_bandwidth is not None:
         host = HostRates(memory_bandwidth=memory_bandwidth)

@@ -129,7 +129,9 @@ def estimate_variants(
     check_shapes(shapes)
     require_type(PlanError, "host", host, (HostRates, type(None)), "HostRates or None")
     require_type(PlanError, "variants", variants, (list, tuple), "a list of compressors")
-    rates = host if host is not None else None if memory_bandwidth is None else HostRates(memory_bandwidth=memory_bandwidth)
+    rates = (
+        host if host is not None else None if memory_bandwidth is None else HostRates(memory_bandwidth=memory_bandwidth)
+    )
     estimates = []
     for compressor in variants:
         sent, wire, arithmetic = _priced(compressor, shapes, workers, bandwidth, latency, rates)
