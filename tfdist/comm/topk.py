@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from tfdist.comm.host import HostRates
 
-__all__ = ["TopK", "largest", "topk_count", "topk_sum"]
+__all__ = ["TopK", "topk_count", "topk_sum"]
 
 _SAMPLE = 4096  # Values sampled to set the selection threshold of a large tensor.
 
