@@ -328,6 +328,8 @@ def tf_link_worker(repeats: int, full: bool, link_bandwidth: float | None) -> di
     host = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats)
     out["host_collective_bandwidth"] = host.collective_bandwidth
     out["host_memory_bandwidth"] = host.memory_bandwidth
+    out["host_select_bandwidth"] = host.select_bandwidth
+    out["host_matmul_bandwidth"] = host.matmul_bandwidth
     one_pack = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats, bytes_per_pack=0)
     out["host_one_pack_bandwidth"] = one_pack.collective_bandwidth
     return out
@@ -528,7 +530,8 @@ def ratios(
                 row["measured_over_predicted"] = round(tf_times[name]["resnet50"] / (costed.total_seconds or 1.0), 2)
                 if isinstance(config.compressor, PowerSGD):
                     # The physical limit: PowerSGD perfectly fused (7 passes) plus the collectives' prediction.
-                    floor = POWERSGD_FLOOR_PASSES * costed.arithmetic_seconds / PowerSGD.arithmetic_passes
+                    matrices = config.compressor.streamed_values(resnet50_shapes())
+                    floor = POWERSGD_FLOOR_PASSES * 4 * matrices / (stream or 1.0)
                     row["floor_ms"] = _ms(floor + costed.seconds_per_step)
                     if gloo_times:
                         row["floor_over_gloo_ddp"] = round(
@@ -607,13 +610,19 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         bandwidth = fp32 / tcp if tcp else None
     else:
         bandwidth = Link.parse(measured["link"]).bits_per_second / 8
+    # The host's rates as measured (a run from before the compute rates were measured: their defaults).
+    rates = {f: times[f"host_{f}"] for f in ("select_bandwidth", "matmul_bandwidth") if f"host_{f}" in times}
     host = HostRates(
-        collective_bandwidth=times["host_collective_bandwidth"], memory_bandwidth=times["host_memory_bandwidth"]
+        collective_bandwidth=times["host_collective_bandwidth"],
+        memory_bandwidth=times["host_memory_bandwidth"],
+        **rates,
     )
     report: dict[str, Any] = {"link": measured["link"], "hosts": hosts, "bandwidth_MBps": bandwidth and bandwidth / 1e6}
     report["host_MBps"] = host.collective_bandwidth / 1e6
     report["host_one_pack_MBps"] = times.get("host_one_pack_bandwidth", host.collective_bandwidth) / 1e6
     report["memory_bandwidth_GBps"] = host.memory_bandwidth / 1e9
+    report["select_bandwidth_GBps"] = host.select_bandwidth / 1e9
+    report["matmul_bandwidth_GBps"] = host.matmul_bandwidth / 1e9
     if bandwidth is None:
         return report
     link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth, "latency": LAN_LATENCY}
@@ -636,6 +645,9 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         row["predicted_ms"] = _ms(seconds)
         row["error"] = round(seconds / times[key] - 1, 3)
         row["error_without_host"] = round(without_host[variant] / times[key] - 1, 3)
+        if f"{key}_compute" in times:  # A compressor's compute alone, measured and as the planner prices it.
+            row["compute_ms"] = _ms(times[f"{key}_compute"])
+            row["predicted_compute_ms"] = _ms(predicted[variant].arithmetic_seconds or 0.0)
         rows.append(row)
     report["rows"] = rows
     report.update(_link_goals(times, predicted))
@@ -666,7 +678,8 @@ def _markdown(report: dict[str, Any]) -> str:
         return f"{head}: no rate to compare with (run gloo's peers for the TCP limit)\n"
     lines = [
         f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), host: collectives {report['host_MBps']:.0f} MB/s "
-        f"(one pack {report['host_one_pack_MBps']:.0f}), memory {report['memory_bandwidth_GBps']:.1f} GB/s",
+        f"(one pack {report['host_one_pack_MBps']:.0f}), memory {report['memory_bandwidth_GBps']:.1f} GB/s, top-k "
+        f"selection {report['select_bandwidth_GBps']:.2f} GB/s, thin products {report['matmul_bandwidth_GBps']:.1f} GB/s",
         "",
         "| variant | ms | wire limit ms | / limit | planner ms | planner error |",
         "|---|---|---|---|---|---|",
@@ -679,8 +692,8 @@ def _markdown(report: dict[str, Any]) -> str:
     extra = {
         k: v
         for k, v in report.items()
-        if k
-        not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps", "memory_bandwidth_GBps")
+        if k not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps")
+        and not k.endswith("_GBps")
     }
     return "\n".join(lines) + "\n\n" + json.dumps(extra) + "\n"
 

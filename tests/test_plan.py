@@ -223,7 +223,7 @@ def test_cli_embedding_traffic() -> None:
 
 
 def test_compressed_traffic_formulas() -> None:
-    from tfdist.comm import PowerSGD, compressed_traffic
+    from tfdist.comm import HostRates, PowerSGD, compressed_traffic
 
     shapes = [(2048, 1000), (1000,), (3, 3, 64, 64)]  # 2048000 + 1000 + 36864 values
     link: dict[str, Any] = {"workers": 4, "bandwidth": 1e9, "latency": 1e-4}
@@ -254,14 +254,26 @@ def test_compressed_traffic_formulas() -> None:
     with pytest.raises(PlanError, match="`compression`. Received: 'dgc'"):
         compressed_traffic(shapes=shapes, compression="dgc", **link)
     assert power.arithmetic_seconds is None and power.total_seconds is None  # No memory bandwidth given.
-    # With one: the passes over the values each streams (PowerSGD its matrices, top-k everything).
+    # With one: the passes over the values each streams (PowerSGD its matrices, top-k everything), and what is
+    # no stream at the host's other rates, their defaults: PowerSGD's 4 thin products at 3.5 GB/s (6 passes
+    # left at the memory bandwidth), top-k's selection scanning every value once at 600 MB/s.
     fast = {**link, "memory_bandwidth": 2e10}
+    matrices = 2048000 + 36864
     power = compressed_traffic(shapes=shapes, compression="powersgd", rank=4, **fast)
-    assert power.arithmetic_seconds == pytest.approx(10 * 4 * (2048000 + 36864) / 2e10)
-    assert power.total_seconds == pytest.approx(power.seconds_per_step + 10 * 4 * (2048000 + 36864) / 2e10)
+    assert power.arithmetic_seconds == pytest.approx(6 * 4 * matrices / 2e10 + 4 * 4 * matrices / 3.5e9)
+    assert power.total_seconds == pytest.approx(power.seconds_per_step + (power.arithmetic_seconds or 0.0))
     assert power.to_dict()["total_seconds"] == power.total_seconds
     top = compressed_traffic(shapes=shapes, compression="topk", **fast)
-    assert top.arithmetic_seconds == pytest.approx(12 * 4 * 2085864 / 2e10)
+    assert top.arithmetic_seconds == pytest.approx(12 * 4 * 2085864 / 2e10 + 4 * 2085864 / 0.6e9)
+    # Every rate from the host's record: the selection and the products at theirs, the rank not in the price.
+    host = HostRates(memory_bandwidth=2e10, select_bandwidth=5e8, matmul_bandwidth=1e10)
+    slow_select = compressed_traffic(shapes=shapes, compression="topk", host=host, **link)
+    assert slow_select.arithmetic_seconds == pytest.approx(12 * 4 * 2085864 / 2e10 + 4 * 2085864 / 5e8)
+    for rank in (1, 4):
+        ranked = compressed_traffic(shapes=shapes, compression="powersgd", rank=rank, host=host, **link)
+        assert ranked.arithmetic_seconds == pytest.approx(6 * 4 * matrices / 2e10 + 4 * 4 * matrices / 1e10)
+    with pytest.raises(PlanError, match="`memory_bandwidth`. Received: 20000000000.0. Expected None with `host`"):
+        compressed_traffic(shapes=shapes, compression="topk", host=host, **fast)
     local = compressed_traffic(shapes=shapes, compression="local_sgd", period=8, **fast)
     assert local.arithmetic_seconds == pytest.approx(3 * 4 * 2085864 / 8 / 2e10)
     bad_bandwidths: list[Any] = [0, -1.0, float("inf"), True, "15GB/s"]
@@ -297,8 +309,20 @@ def test_cli_compressed_plan_from_shapes_and_its_errors(tmp_path: Path) -> None:
     assert "add --memory-bandwidth" in text.stdout
     costed = plan("--compression", "powersgd", "--shapes", str(shapes), "--memory-bandwidth", "20GB/s")
     assert costed.returncode == 0, costed.stderr
-    # 10 passes over the 2048x1000 matrix's 8.192 MB at 20 GB/s: 4.10 ms.
-    assert "+ arithmetic:" in costed.stdout and "4.10 ms/step" in costed.stdout
+    # The 2048x1000 matrix's 8.192 MB: 6 passes at 20 GB/s and its 4 thin products at the default 3.5 GB/s.
+    assert "+ compute:" in costed.stdout and "11.82 ms/step" in costed.stdout
+    # Products as fast as the stream: the 10 passes at 20 GB/s, 4.10 ms.
+    stream = plan(
+        "--compression",
+        "powersgd",
+        "--shapes",
+        str(shapes),
+        "--memory-bandwidth",
+        "20GB/s",
+        "--matmul-bandwidth",
+        "20GB/s",
+    )
+    assert "+ compute:" in stream.stdout and "4.10 ms/step" in stream.stdout
     # 8.245 MB per step while it warms up: the matrix whole, beside its factors and the bias.
     assert "first steps:" in costed.stdout and "8.245 MB/worker step for the first 25 (its warm-up)" in costed.stdout
     wrong = plan("--compression", "powersgd", "--shapes", str(shapes), "--memory-bandwidth", "fast")
@@ -434,18 +458,40 @@ def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -
     on_host = {v["variant"]: v["host_seconds"] for v in data["variants"]}
     assert wire["bf16"] == pytest.approx(wire["none"] / 2, rel=0.01)
     assert on_host["bf16"] == pytest.approx(on_host["none"] / 2, rel=0.01)  # Half the bytes through the host too.
-    assert data["host"] == {"collective_bandwidth": 300e6, "memory_bandwidth": 2e9, "overlap": 0.25}
+    assert data["host"] == {
+        "collective_bandwidth": 300e6,
+        "memory_bandwidth": 2e9,
+        "select_bandwidth": 0.6e9,
+        "matmul_bandwidth": 3.5e9,
+        "overlap": 0.25,
+    }
+    # top-k's selection at its own rate: a slower one adds its scan of every value, the others unchanged.
+    slower = json.loads(
+        plan(
+            "--shapes", shapes, "--choose", "--memory-bandwidth", "2GB/s", "--select-bandwidth", "0.3GB/s", "--json"
+        ).stdout
+    )
+    again = {v["variant"]: v["seconds"] for v in slower["variants"]}
+    values = 2048000 + 1000 + 3 * 3 * 256 * 256
+    assert again["topk density=0.01"] - seconds["topk density=0.01"] == pytest.approx(4 * values / 0.6e9, rel=1e-6)
+    assert {k: v for k, v in again.items() if k != "topk density=0.01"} == {
+        k: v for k, v in seconds.items() if k != "topk density=0.01"
+    }
     text = plan("--shapes", shapes, "--choose")
     assert text.returncode == 0, text.stderr
-    assert "host:              collectives 300MB/s, memory 10GB/s, 25% of the shorter" in text.stdout
+    assert (
+        "host:              collectives 300MB/s, memory 10GB/s, top-k selection 600MB/s, thin products 3.5GB/s, 25% of "
+        "the shorter" in text.stdout
+    )
     assert "(defaults measured on 2 CPU cores: tfdist doctor --measure-host measures yours)" in text.stdout
     assert "  powersgd rank=4 " in text.stdout
     assert "choice:            powersgd rank=1 (accuracy not priced" in text.stdout
     # The host's rates as tfdist doctor --measure-host prints them: the fast host leaves bf16 its wire time.
-    measured = plan(
-        "--shapes", shapes, "--choose", "--collective-bandwidth", "100GB/s", "--memory-bandwidth", "9.61GB/s"
-    )
-    assert "collectives 100GB/s, memory 9.61GB/s" in measured.stdout and "defaults measured" not in measured.stdout
+    host = ("--collective-bandwidth", "100GB/s", "--memory-bandwidth", "9.61GB/s", "--select-bandwidth", "1.2GB/s")
+    measured = plan("--shapes", shapes, "--choose", *host, "--matmul-bandwidth", "5GB/s")
+    assert "collectives 100GB/s, memory 9.61GB/s, top-k selection 1.2GB/s, thin products 5GB/s" in measured.stdout
+    assert "defaults measured" not in measured.stdout
+    assert "defaults measured" in plan("--shapes", shapes, "--choose", *host).stdout  # One rate left at its default.
     slow = plan("--shapes", shapes, "--choose", "--collective-bandwidth", "slow")
     assert slow.returncode == 2 and "Invalid value for `--collective-bandwidth`. Received: 'slow'" in slow.stderr
     missing = plan("--params", "1M", "--choose")

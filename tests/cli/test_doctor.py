@@ -16,6 +16,7 @@ import pytest
 from tfdist import ClusterSpec, launch, testing
 from tfdist.cluster.probe import probe_tasks
 from tfdist.launch import Link
+from tfdist.plan import parse_quantity
 
 
 def _doctor(*args: str, tf_config: str | None = None) -> subprocess.CompletedProcess:
@@ -145,14 +146,18 @@ def test_measure_host_times_the_collectives_on_every_task_and_speaks_plans_flags
     for me in (0, 1):
         output = result.task(f"worker:{me}").output
         found = re.search(
-            rf"^host worker:{me}: collectives (\S+) each way \(the link's share taken out\), memory (\S+): "
-            r"tfdist plan (--collective-bandwidth \S+ --memory-bandwidth \S+)$",
+            rf"^host worker:{me}: collectives (\S+) each way \(the link's share taken out\), memory (\S+), top-k "
+            r"selection \S+, thin products \S+: tfdist plan (--collective-bandwidth \S+ --memory-bandwidth \S+ "
+            r"--select-bandwidth \S+ --matmul-bandwidth \S+)$",
             output,
             re.M,
         )
         assert found, output
         printed.append(found[3])
     assert printed[0] == printed[1]  # Every task reports the slowest task's rates.
+    rates = dict(zip(printed[0].split()[::2], (parse_quantity(v, "bandwidth") for v in printed[0].split()[1::2])))
+    # The selection builds an index list: compute, well below a plain stream through memory.
+    assert rates["--select-bandwidth"] < rates["--memory-bandwidth"] / 2, rates
     plan = testing.run_python(
         [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", "--shapes", "[[64, 64]]"]
         + ["--choose", *printed[0].split()],

@@ -19,7 +19,13 @@ from tfdist.comm import (
     host_seconds,
     measure_host_rates,
 )
-from tfdist.comm.host import DEFAULT_COLLECTIVE_BANDWIDTH, DEFAULT_MEMORY_BANDWIDTH, PACKED_OVERLAP
+from tfdist.comm.host import (
+    DEFAULT_COLLECTIVE_BANDWIDTH,
+    DEFAULT_MATMUL_BANDWIDTH,
+    DEFAULT_MEMORY_BANDWIDTH,
+    DEFAULT_SELECT_BANDWIDTH,
+    PACKED_OVERLAP,
+)
 from tfdist.comm.variants import choose_variant
 from tfdist.errors import PlanError
 from tfdist.plan import Plan
@@ -57,8 +63,19 @@ def test_host_rates_have_measured_defaults_and_refuse_what_cannot_be() -> None:
     )
     assert host.collective_seconds(300e6) == pytest.approx(1.0)
     assert host.arithmetic_seconds(3, 25e6) == pytest.approx(3 * 4 * 25e6 / DEFAULT_MEMORY_BANDWIDTH)
+    # What is no stream through memory runs slower than one: top-k's selection, PowerSGD's thin products.
+    assert DEFAULT_SELECT_BANDWIDTH < DEFAULT_MATMUL_BANDWIDTH < DEFAULT_MEMORY_BANDWIDTH
+    assert host.select_seconds(25e6) == pytest.approx(4 * 25e6 / DEFAULT_SELECT_BANDWIDTH)
+    assert host.matmul_seconds(4, 25e6) == pytest.approx(4 * 4 * 25e6 / DEFAULT_MATMUL_BANDWIDTH)
     bad: dict[str, Any]
-    for bad in ({"collective_bandwidth": 0}, {"memory_bandwidth": -1e9}, {"overlap": 1.5}, {"overlap": "x"}):
+    for bad in (
+        {"collective_bandwidth": 0},
+        {"memory_bandwidth": -1e9},
+        {"select_bandwidth": 0.0},
+        {"matmul_bandwidth": float("nan")},
+        {"overlap": 1.5},
+        {"overlap": "x"},
+    ):
         with pytest.raises(PlanError, match=f"`{next(iter(bad))}`") as caught:
             HostRates(**bad)
         assert caught.value.field == next(iter(bad))
@@ -116,3 +133,28 @@ def test_a_slow_host_moves_the_choice_where_the_wire_alone_would_not() -> None:
     ten_gbit = {**ONE_GBIT, "bandwidth": 1.25e9}
     bf16 = estimate_variants(shapes=SHAPES, host=HostRates(), variants=[BFloat16()], **ten_gbit)[0]
     assert bf16.seconds > 4 * bf16.wire_seconds
+
+
+def test_each_compressor_prices_its_compute_at_the_rate_of_what_it_does() -> None:
+    matrices = 10 * 9 * 512 * 512 + 2048 * 1000  # What PowerSGD compresses; the bias goes whole.
+    host = HostRates(memory_bandwidth=10e9, select_bandwidth=1e9, matmul_bandwidth=4e9)
+    found = {e.label: e for e in estimate_variants(shapes=SHAPES, host=host, **ONE_GBIT)}
+    # PowerSGD: 6 passes through memory, its 4 thin products at theirs; the same at every rank.
+    power = 6 * 4 * matrices / 10e9 + 4 * 4 * matrices / 4e9
+    for rank in (1, 2, 4):
+        assert found[f"powersgd rank={rank}"].arithmetic_seconds == pytest.approx(power)
+    # Top-k: 12 passes through memory, and its selection scanning every value once.
+    assert found["topk density=0.01"].arithmetic_seconds == pytest.approx(12 * 4 * VALUES / 10e9 + 4 * VALUES / 1e9)
+    # Local SGD and the casts stream only: the new rates leave them as they were.
+    stream_only = HostRates(memory_bandwidth=10e9, select_bandwidth=1.0, matmul_bandwidth=1.0)
+    same = {e.label: e for e in estimate_variants(shapes=SHAPES, host=stream_only, **ONE_GBIT)}
+    for label in ("none", "bf16", "fp16", "local_sgd period=4"):
+        assert same[label].seconds == found[label].seconds
+    # A slower selection moves top-k alone; slower products move every PowerSGD rank alike.
+    slower = HostRates(memory_bandwidth=10e9, select_bandwidth=0.5e9, matmul_bandwidth=2e9)
+    moved = {
+        e.label: e.seconds - found[e.label].seconds for e in estimate_variants(shapes=SHAPES, host=slower, **ONE_GBIT)
+    }
+    assert moved["topk density=0.01"] == pytest.approx(4 * VALUES / 1e9)
+    assert moved["powersgd rank=4"] == pytest.approx(4 * 4 * matrices / 4e9)
+    assert moved["powersgd rank=1"] == pytest.approx(moved["powersgd rank=4"])

@@ -65,9 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--measure-host",
         action="store_true",
         help="with --probe, run on every task of a multi_worker_mirrored cluster at once (before training; imports "
-        "TensorFlow): times tfdist's packed all-reduce and a memory stream and reports the rates tfdist plan "
-        "--choose takes (--collective-bandwidth, --memory-bandwidth), the wire's share taken out with "
-        "--measure-link",
+        "TensorFlow): times tfdist's packed all-reduce, a memory stream, top-k's selection and PowerSGD's thin "
+        "products and reports the rates tfdist plan --choose takes (--collective-bandwidth, --memory-bandwidth, "
+        "--select-bandwidth, --matmul-bandwidth), the wire's share taken out with --measure-link",
     )
     parser.add_argument(
         "--stack",
@@ -254,6 +254,7 @@ def _measure_host(spec: ClusterSpec | None, link_bits: float | None) -> int:
     wire = "the link's share taken out" if link_bits else "the wire's share included: add --measure-link"
     sys.stdout.write(
         f"host {spec.task.name}: collectives {values['collective_bandwidth']} each way ({wire}), memory "
-        f"{values['memory_bandwidth']}: tfdist plan {' '.join(f'{flags[n]} {v}' for n, v in values.items())}\n"
+        f"{values['memory_bandwidth']}, top-k selection {values['select_bandwidth']}, thin products "
+        f"{values['matmul_bandwidth']}: tfdist plan {' '.join(f'{flags[n]} {v}' for n, v in values.items())}\n"
     )
     return EXIT_OK

@@ -56,6 +56,8 @@ _FLAGS = {
     **flag_names(HostRates),
     **{option: "--" + option.replace("_", "-") for option in _OPTIONS},
 }
+# The host's rates a compressor's compute takes besides the memory bandwidth (with --compression as well).
+_COMPUTE_RATES = ("select_bandwidth", "matmul_bandwidth")
 _EXAMPLES = {
     "params": "7B",
     "bandwidth": "10Gbps",
@@ -150,9 +152,10 @@ def _add_compression(parser: argparse.ArgumentParser) -> None:
             default=None,
             metavar="RATE",
             help=f"{opt.flag.help}; default {rate_text(opt.default)} with --choose, none (the wire only) for "
-            f"--compression ({shaped})"
+            f"--compression ({shaped}), where it adds the compressor's compute"
             if opt.name == "memory_bandwidth"
-            else f"{opt.flag.help}; --choose only, default {rate_text(opt.default)}",
+            else f"{opt.flag.help}; default {rate_text(opt.default)}"
+            + ("" if opt.name in _COMPUTE_RATES else ", --choose only"),
         )
     parser.add_argument("--shapes", default=None, help="the trainable weights' shapes: a JSON list, or a JSON file")
     parser.add_argument(
@@ -275,8 +278,8 @@ def _plan(args: argparse.Namespace) -> tuple[Plan, Any, list[VariantEstimate], H
     variants = estimate_variants(shapes=shapes or [], host=host, **link) if args.choose else []
     if not isinstance(compressor, TrafficModel):
         return plan, None, variants, host
-    memory = host.memory_bandwidth if "memory_bandwidth" in _host_given(args) else None  # Given, or the wire only.
-    traffic = compressed_traffic(shapes=shapes or [], compression=compressor, memory_bandwidth=memory, **link)
+    rates = host if "memory_bandwidth" in _host_given(args) else None  # Its compute on the host, or the wire only.
+    traffic = compressed_traffic(shapes=shapes or [], compression=compressor, host=rates, **link)
     return plan, traffic, variants, host
 
 
@@ -314,8 +317,9 @@ def _variants_report(variants: list[VariantEstimate], host: HostRates, given: di
         return ""
     lines = [
         f"host:              collectives {rate_text(host.collective_bandwidth)}, memory {rate_text(host.memory_bandwidth)}, "
+        f"top-k selection {rate_text(host.select_bandwidth)}, thin products {rate_text(host.matmul_bandwidth)}, "
         f"{host.overlap:.0%} of the shorter of wire and host hidden",
-        "variants:          ms/step (wire; host: collectives + arithmetic), MB/worker step",
+        "variants:          ms/step (wire; host: collectives + compute), MB/worker step",
     ]
     if len(given) < len(flagged_options(HostRates)):
         lines.insert(
@@ -346,10 +350,10 @@ def _report(args: argparse.Namespace, data: dict[str, Any], compressed: Any) -> 
                 f"{compressed.warmup_steps} (its warm-up)\n"
             )
         if compressed.arithmetic_seconds is None:
-            embedding += "                   (add --memory-bandwidth for the compressor's arithmetic)\n"
+            embedding += "                   (add --memory-bandwidth for the compressor's compute)\n"
         else:
             embedding += (
-                f"{'  + arithmetic:':19}{compressed.arithmetic_seconds * 1e3:10.2f} ms/step, "
+                f"{'  + compute:':19}{compressed.arithmetic_seconds * 1e3:10.2f} ms/step, "
                 f"{(compressed.total_seconds or 0.0) * 1e3:.2f} ms/step in all\n"
             )
     if "embedding_ratio" in data:

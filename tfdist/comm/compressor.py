@@ -8,8 +8,9 @@ apart by type:
 
 * :class:`WireCast` sends every value, cast to ``wire_dtype`` (``none``, ``fp16``, ``bf16``). Its step is
   :func:`tfdist.comm.all_reduce_sum`; the planner models it through ``value_bytes``.
-* :class:`TrafficModel` sends something that depends on each weight's shape: ``sent_bytes``, ``seconds``
-  and ``streamed_values`` model it for :func:`tfdist.comm.compressed_traffic` (and ``warmup`` its first
+* :class:`TrafficModel` sends something that depends on each weight's shape: ``sent_bytes`` and ``seconds``
+  model its collectives, ``compute_seconds`` its step's compute on a host's measured rates
+  (:class:`~tfdist.comm.HostRates`), for :func:`tfdist.comm.compressed_traffic` (and ``warmup`` its first
   steps, where they send otherwise: PowerSGD's plain warm-up). Local SGD is one; its step is the Keras
   helper that averages the weights.
 * :class:`ErrorFeedback` is a traffic model whose step runs in the gradient all-reduce: it declares the
@@ -33,6 +34,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from tfdist.comm.host import HostRates
 from tfdist.errors import StrategyError, invalid
 from tfdist.plan import Plan
 
@@ -96,7 +98,7 @@ class TrafficModel(Compressor):
 
     Attributes:
       arithmetic_passes: Reads and writes of every value in :meth:`streamed_values` its arithmetic makes per
-        step: what :func:`tfdist.comm.compressed_traffic` charges at the memory bandwidth.
+        step: what :meth:`compute_seconds` charges at the memory bandwidth unless a compressor says otherwise.
     """
 
     arithmetic_passes: ClassVar[int]
@@ -112,6 +114,12 @@ class TrafficModel(Compressor):
     @abc.abstractmethod
     def streamed_values(self, shapes: Shapes) -> float:
         """The values its arithmetic streams through memory per step."""
+
+    def compute_seconds(self, shapes: Shapes, rates: HostRates) -> float:
+        """Its step's compute on a host of ``rates``: by default :attr:`arithmetic_passes` over
+        :meth:`streamed_values` at the memory bandwidth. A compressor whose work is not all a stream through
+        memory (a selection, a matrix product) charges that part at the rate ``rates`` has for it."""
+        return rates.arithmetic_seconds(self.arithmetic_passes, self.streamed_values(shapes))
 
     def warmup(self, shapes: Shapes, link: Link) -> Warmup:
         """Its first steps, if they send otherwise than :meth:`sent_bytes` and :meth:`seconds` say (those

@@ -6,15 +6,18 @@ byte on the host, and on two CPU cores it moved 215-320 MB/s between simulated h
 
 * the **wire**: the alpha-beta time of its collectives on the link (:class:`tfdist.plan.Plan`);
 * the **host**: the same collectives' bytes at :attr:`HostRates.collective_bandwidth` (the rate the
-  collective implementation moves bytes at when the wire is not the limit), plus its arithmetic at
-  :attr:`HostRates.memory_bandwidth` (the casts' and compressors' passes over the gradients).
+  collective implementation moves bytes at when the wire is not the limit), plus its compute: the casts'
+  and compressors' passes over the gradients at :attr:`HostRates.memory_bandwidth`, and what is not a
+  stream through memory at a rate of its own: top-k's selection at :attr:`HostRates.select_bandwidth`,
+  PowerSGD's thin matrix products at :attr:`HostRates.matmul_bandwidth` (each compressor's
+  ``compute_seconds``).
 
 and combines them as :func:`combined_seconds`: ``wire + host - overlap * min(wire, host)``. An overlap of 0
 is a sum (nothing of one hides behind the other), 1 the maximum of the two; tfdist's packed all-reduce sits
 between, near the sum, fitted to the benchmark (:data:`PACKED_OVERLAP`). ``tfdist doctor --probe SECONDS --measure-host``
-measures both rates where the tasks run (:func:`measure_host_rates`), ``tfdist plan`` reads them
-(``--collective-bandwidth``, ``--memory-bandwidth``), and without them takes the defaults measured on two
-CPU cores.
+measures the rates where the tasks run (:func:`measure_host_rates`: each a short TensorFlow micro-benchmark on
+every task at once), ``tfdist plan`` reads them (``--collective-bandwidth``, ``--memory-bandwidth``,
+``--select-bandwidth``, ``--matmul-bandwidth``), and without them takes the defaults measured on two CPU cores.
 
 Example:
     >>> host = HostRates(collective_bandwidth=300e6, memory_bandwidth=10e9)
@@ -44,6 +47,11 @@ __all__ = ["HostRates", "combined_seconds", "host_seconds", "measure_host_rates"
 # moved about 300 MB/s each way per task with the wire out of the way, and a task streamed ~10 GB/s.
 DEFAULT_COLLECTIVE_BANDWIDTH = 300e6
 DEFAULT_MEMORY_BANDWIDTH = 10e9
+# Measured the same way on the same 2 cores (2026-12-07): top-k's selection scanned 1.19 GB/s of float32
+# magnitudes and PowerSGD's thin products ([n, m] by [m, 4] and back) streamed 7.0 GB/s beside a 19.8 GB/s
+# stream; the defaults keep those shares of the default stream, as a busier host slows all three alike.
+DEFAULT_SELECT_BANDWIDTH = 0.6e9
+DEFAULT_MATMUL_BANDWIDTH = 3.5e9
 # How much of the shorter of the wire's and the host's times hides behind the longer in tfdist's packed
 # all-reduce (packs of a few MB; TF runs a function's collectives one after another, so only the work inside a
 # pack overlaps): fitted at 1 Gbit/s between 2 simulated hosts with the rate measured unshaped (0-0.25 fit),
@@ -53,6 +61,9 @@ _log = logging.getLogger("tfdist.comm.host")
 _MEASURE_BYTES = 64 << 20  # What measure_host_rates all-reduces, in tensors and (by default) packs of MEASURE_PACK.
 MEASURE_PACK = 4 << 20
 STREAM_PASSES = 3  # stream_seconds' a + b: two reads and a write of every value
+MATMUL_PASSES = 3  # matmul_seconds' M Q, M^T P and P Q^T: each a pass over every value of M
+MEASURE_RANK = 4  # The factors' rank matmul_seconds times with (PowerSGD's default).
+MEASURE_DENSITY = 0.01  # The share select_seconds selects (top-k's default).
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,6 +75,10 @@ class HostRates:
         limit (TF's RING over gRPC, tfdist's packs): what the host's copies, framing and sums allow.
       memory_bandwidth: Bytes per second one task streams through memory (all tasks at once): the rate of
         the casts' and the compressors' arithmetic.
+      select_bandwidth: Bytes per second of float32 magnitudes top-k's selection (:func:`tfdist.comm.topk.largest`,
+        1%) scans, all tasks at once: a scan that builds an index list is compute, not a stream.
+      matmul_bandwidth: Bytes per second of a matrix a thin product with rank-4 factors (``[n, m] @ [m, 4]``
+        and back, PowerSGD's) streams, all tasks at once.
       overlap: The share of the shorter of the wire's and the host's times hidden behind the longer, from 0
         (they add up) to 1 (the longer alone counts).
 
@@ -84,10 +99,18 @@ Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures i
         DEFAULT_MEMORY_BANDWIDTH,
         help="bytes per second a task streams through memory, e.g. 10GB/s: the casts' and compressors' arithmetic",
     )
+    select_bandwidth: float = option(
+        DEFAULT_SELECT_BANDWIDTH,
+        help="bytes per second of float32 values top-k's selection scans, e.g. 600MB/s",
+    )
+    matmul_bandwidth: float = option(
+        DEFAULT_MATMUL_BANDWIDTH,
+        help="bytes per second of a matrix PowerSGD's thin products stream, e.g. 3.5GB/s",
+    )
     overlap: float = PACKED_OVERLAP
 
     def __post_init__(self) -> None:
-        for name in ("collective_bandwidth", "memory_bandwidth"):
+        for name in ("collective_bandwidth", "memory_bandwidth", "select_bandwidth", "matmul_bandwidth"):
             require_number(
                 PlanError,
                 name,
@@ -107,6 +130,14 @@ Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures i
     def arithmetic_seconds(self, passes: float, values: float) -> float:
         """The time of ``passes`` reads or writes of ``values`` float32 values through memory."""
         return passes * 4.0 * values / self.memory_bandwidth
+
+    def select_seconds(self, values: float) -> float:
+        """The time top-k's selection takes to scan ``values`` float32 magnitudes."""
+        return 4.0 * values / self.select_bandwidth
+
+    def matmul_seconds(self, passes: float, values: float) -> float:
+        """The time of ``passes`` thin products (a rank-few factor) over a matrix of ``values`` float32 values."""
+        return passes * 4.0 * values / self.matmul_bandwidth
 
 
 def combined_seconds(*, wire: float, host: float, overlap: float) -> float:
@@ -145,8 +176,9 @@ def measure_host_rates(
 ) -> HostRates:
     """Measures this cluster's :class:`HostRates`; call on every worker at once (the all-reduce is collective).
 
-    Times tfdist's packed all-reduce of 64 MB of float32 and a stream of the same bytes through memory, the
-    slowest worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
+    Times tfdist's packed all-reduce of 64 MB of float32, a stream of the same bytes through memory, top-k's
+    selection of 1% of them and PowerSGD's thin products over them (:func:`compute_seconds`), the slowest
+    worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
     all-reduce is taken out at the slowest ``link_bandwidth`` the workers give (bytes per second each way, e.g.
     as ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
 
@@ -172,11 +204,11 @@ def measure_host_rates(
     config = CollectiveConfig(bytes_per_pack=bytes_per_pack, split_bytes=bytes_per_pack) if bytes_per_pack else None
     timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
     reduce_seconds = statistics.median(timer() for _ in range(repeats))
-    streamed = stream_seconds(shapes, repeats)
-    local = tf.constant([[reduce_seconds, streamed, link_bandwidth or 0.0]], tf.float64)
+    streamed, selected, products = compute_seconds(shapes, repeats)
+    local = tf.constant([[reduce_seconds, streamed, selected, products, link_bandwidth or 0.0]], tf.float64)
     every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0).numpy()
     slowest = every.max(axis=0)  # Every worker's times, the slowest of each; and the slowest link given.
-    links = [float(rate) for rate in every[:, 2] if rate > 0]
+    links = [float(rate) for rate in every[:, -1] if rate > 0]
     link_bandwidth = min(links) if links else None
     workers = strategy.num_replicas_in_sync
     moved = 2.0 * (workers - 1) / workers * _MEASURE_BYTES
@@ -195,6 +227,8 @@ def measure_host_rates(
     return HostRates(
         collective_bandwidth=moved / host if host > 0 else DEFAULT_COLLECTIVE_BANDWIDTH,
         memory_bandwidth=STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
+        select_bandwidth=_MEASURE_BYTES / float(slowest[2]),
+        matmul_bandwidth=MATMUL_PASSES * _MEASURE_BYTES / float(slowest[3]),
         overlap=overlap,
     )
 
@@ -210,20 +244,48 @@ def _check_times(**values: float) -> None:
 def stream_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> float:
     """Median seconds this process takes for ``a + b`` over float32 tensors of ``shapes``: :data:`STREAM_PASSES`
     passes over memory (two reads and a write of each value), after one warm-up."""
-    import time
-
     import tensorflow as tf
 
     a = [tf.ones(s) for s in shapes]
     b = [tf.ones(s) for s in shapes]
+    return _median_seconds(tf.function(lambda: [x + y for x, y in zip(a, b)]), repeats)
 
-    @tf.function
-    def add() -> Any:
-        return [x + y for x, y in zip(a, b)]
+
+def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[float, float, float]:
+    """Median seconds this process takes, over float32 tensors of ``shapes``, for: a stream (:func:`stream_seconds`);
+    top-k's selection of :data:`MEASURE_DENSITY` of each tensor's magnitudes (the values scanned once); and
+    PowerSGD's thin products with rank-:data:`MEASURE_RANK` factors, each tensor seen as ``[n, 512]``: ``P = M
+    Q``, ``M^T P`` and ``P Q^T`` (:data:`MATMUL_PASSES` over every value)."""
+    import tensorflow as tf
+
+    from tfdist.comm.topk import largest, topk_count
+
+    values = [tf.abs(tf.random.stateless_normal(s, seed=(1, i))) for i, s in enumerate(shapes)]
+    selected = _median_seconds(
+        tf.function(lambda: [largest(v, topk_count(int(v.shape[0]), density=MEASURE_DENSITY)) for v in values]),
+        repeats,
+    )
+    columns = 512
+    matrices = [tf.reshape(v, [-1, columns]) for v in values]
+    q = tf.ones([columns, MEASURE_RANK])
+
+    def products() -> Any:
+        out = []
+        for m in matrices:
+            p = tf.matmul(m, q)
+            out.append(tf.matmul(p, tf.matmul(m, p, transpose_a=True), transpose_b=True))
+        return out
+
+    return stream_seconds(shapes, repeats), selected, _median_seconds(tf.function(products), repeats)
+
+
+def _median_seconds(function: Any, repeats: int) -> float:
+    """Median seconds of ``function()`` (its last output fetched), after one warm-up (the tracing)."""
+    import time
 
     def once() -> float:
         start = time.perf_counter()
-        add()[-1].numpy()
+        function()[-1].numpy()
         return time.perf_counter() - start
 
     once()

@@ -28,6 +28,8 @@ from tfdist.errors import StrategyError, invalid
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from tfdist.comm.host import HostRates
+
 __all__ = ["TopK", "topk_count", "topk_sum"]
 
 _SAMPLE = 4096  # Values sampled to set the selection threshold of a large tensor.
@@ -46,7 +48,7 @@ def topk_count(size: int, *, density: float) -> int:
     return max(1, min(size, math.ceil(density * size)))
 
 
-def _largest(magnitude: tf.Tensor, k: int) -> tf.Tensor:
+def largest(magnitude: tf.Tensor, k: int) -> tf.Tensor:
     """The indices of the ``k`` largest of ``magnitude`` (1-D), as ``tf.math.top_k`` gives them, but fast.
 
     ``top_k`` over millions of values takes ~0.1 s on a CPU. So a strided sample of ``_SAMPLE`` values sets a
@@ -94,7 +96,7 @@ def topk_sum(
     for grad, error in zip(grads, errors):
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1]) + tf.reshape(error, [-1])
         flats.append(flat)
-        picks.append(_largest(tf.abs(flat), topk_count(int(flat.shape[0]), density=density)))
+        picks.append(largest(tf.abs(flat), topk_count(int(flat.shape[0]), density=density)))
     sizes = [int(f.shape[0]) for f in flats]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     wide = tf.int64 if sum(sizes) >= 2**31 else tf.int32
@@ -119,7 +121,9 @@ class TopK(ErrorFeedback):
     Sends a float32 value and an int32 index per entry, in two ring all-gathers (values, indices). Its
     arithmetic streams every gradient 12 times (``arithmetic_passes``): ``g + e`` (3), ``abs`` (2), the
     threshold's mask (1), the scatter-add of what all sent (2), its slices (2), the error with the sent
-    entries zeroed (2); the selection itself is not a memory pass. Each replica keeps its error per gradient.
+    entries zeroed (2). The selection itself (:func:`largest`: the threshold's index list, the candidates'
+    ``top_k``) is compute, not a stream: :meth:`compute_seconds` charges the values it scans at the host's
+    ``select_bandwidth``. Each replica keeps its error per gradient.
     """
 
     name = "topk"
@@ -141,6 +145,11 @@ class TopK(ErrorFeedback):
 
     def streamed_values(self, shapes: Shapes) -> float:
         return float(sum(math.prod(int(d) for d in shape) for shape in shapes))
+
+    def compute_seconds(self, shapes: Shapes, rates: HostRates) -> float:
+        """The memory passes at the memory bandwidth, plus the selection scanning every value once."""
+        values = self.streamed_values(shapes)
+        return rates.arithmetic_seconds(self.arithmetic_passes, values) + rates.select_seconds(values)
 
     def state_slots(self, shape: Sequence[int]) -> tuple[StateSlot, ...]:
         return (StateSlot(kind="error", shape=tuple(int(d) for d in shape)),)

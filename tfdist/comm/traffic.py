@@ -6,11 +6,13 @@ depends on each weight's shape, so these take the shapes, and the link (bandwidt
 :class:`~tfdist.comm.TrafficModel` in :mod:`tfdist.comm.registry`): the bytes it sends, the collectives'
 time, and the values its arithmetic streams.
 
-Given the memory bandwidth of one worker, they also model the compressor's arithmetic, which on CPUs costs
-more than the wire it saves: every step streams the gradients through memory several times. The passes
-counted, each one read or write of every compressed float32 value, are those of tfdist's implementation,
-listed in each compressor's docstring (``PowerSGD`` 10, ``TopK`` 12, ``LocalSGD`` 3 per averaging;
-:data:`ARITHMETIC_PASSES`).
+Given the host's rates (:class:`~tfdist.comm.HostRates`, or the memory bandwidth of one worker alone), they
+also model the compressor's compute, which on CPUs costs more than the wire it saves: every step streams the
+gradients through memory several times, and some of its work is no stream at all. The passes counted, each
+one read or write of every compressed float32 value, are those of tfdist's implementation, listed in each
+compressor's docstring (``PowerSGD`` 10, ``TopK`` 12, ``LocalSGD`` 3 per averaging;
+:data:`ARITHMETIC_PASSES`); each compressor's ``compute_seconds`` prices them, and what runs at another rate
+(top-k's selection at ``select_bandwidth``, PowerSGD's thin products at ``matmul_bandwidth``).
 
 A kernel that fused PowerSGD's steps perfectly would still need 7 (read ``g`` and ``e`` once while
 computing ``M Q``, write ``M``, read it for ``M^T P`` and for the error, write the error and the sum):
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from tfdist.comm.compressor import Link, TrafficModel
+from tfdist.comm.host import HostRates
 from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.errors import PlanError, invalid, require_number
 
@@ -50,8 +53,9 @@ class CompressedTraffic:
         factors with the whole tensors), top-k two ring all-gathers (values, indices), local SGD one ring
         all-reduce of the weights every ``period`` steps.
       fewer_bytes: float32 all-reduce bytes over ``bytes_per_step``.
-      arithmetic_seconds: The compressor's arithmetic per step at the given memory bandwidth (its
-        ``arithmetic_passes`` over the values it streams), or None when no bandwidth was given.
+      arithmetic_seconds: The compressor's compute per step on the given host (its ``compute_seconds``: its
+        ``arithmetic_passes`` over the values it streams, and what runs at another rate), or None when no
+        host or memory bandwidth was given.
       total_seconds: ``seconds_per_step`` plus ``arithmetic_seconds`` (the collectives wait for the
         arithmetic, and it for them), or None without a memory bandwidth.
       warmup_steps: The first steps, which send otherwise (PowerSGD's plain warm-up; 0: none). The other
@@ -88,6 +92,7 @@ def compressed_traffic(
     density: float | None = None,
     period: int | None = None,
     memory_bandwidth: float | None = None,
+    host: HostRates | None = None,
 ) -> CompressedTraffic:
     """The per-step traffic of a compressor on gradients of ``shapes`` (the model's trainable weights).
 
@@ -95,7 +100,8 @@ def compressed_traffic(
     ``LocalSGD(period=8)``) or by name ('powersgd', 'topk', 'local_sgd') with its option as a keyword:
     ``rank``, ``density`` or ``period`` (each refused with the others). ``memory_bandwidth`` (bytes per
     second one worker streams, e.g. measured with ``tfdist plan``'s ``--memory-bandwidth`` or the
-    benchmark) adds the compressor's arithmetic. A compressor that starts otherwise (PowerSGD's warm-up of
+    benchmark) adds the compressor's compute, its other rates the defaults of :class:`~tfdist.comm.HostRates`;
+    ``host`` (refused with ``memory_bandwidth``) gives every rate. A compressor that starts otherwise (PowerSGD's warm-up of
     plain steps) tells its first steps apart (``warmup_steps``...).
 
     Example:
@@ -108,7 +114,7 @@ def compressed_traffic(
         >>> from tfdist.comm import PowerSGD
         >>> round(compressed_traffic(shapes=[(2048, 1000)], workers=2, bandwidth=1e9, latency=1e-4,
         ...                          compression=PowerSGD(), memory_bandwidth=20e9).arithmetic_seconds * 1e3, 3)
-        4.096
+        11.82
     """
     given = {"rank": rank, "density": density, "period": period}
     named = {key: value for key, value in given.items() if value is not None}
@@ -124,11 +130,19 @@ def compressed_traffic(
         fix="Bytes per second (a server core streams about 10-20 GB/s, e.g. 15e9), or None to leave the "
         "arithmetic out.",
     )
+    if host is not None and memory_bandwidth is not None:
+        raise invalid(
+            PlanError,
+            "memory_bandwidth",
+            memory_bandwidth,
+            "None with `host`",
+            "Pass it as HostRates(memory_bandwidth=...).",
+        )
+    if memory_bandwidth is not None:
+        host = HostRates(memory_bandwidth=memory_bandwidth)
     sent = compressor.sent_bytes(shapes)
     warmup = compressor.warmup(shapes, link)
-    arithmetic = None
-    if memory_bandwidth is not None:
-        arithmetic = compressor.arithmetic_passes * 4.0 * compressor.streamed_values(shapes) / memory_bandwidth
+    arithmetic = None if host is None else compressor.compute_seconds(shapes, host)
     return CompressedTraffic(
         compression=compressor.name,
         bytes_per_step=sent,

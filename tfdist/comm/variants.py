@@ -129,10 +129,12 @@ def estimate_variants(
     check_shapes(shapes)
     require_type(PlanError, "host", host, (HostRates, type(None)), "HostRates or None")
     require_type(PlanError, "variants", variants, (list, tuple), "a list of compressors")
-    memory = host.memory_bandwidth if host is not None else memory_bandwidth
+    rates = (
+        host if host is not None else None if memory_bandwidth is None else HostRates(memory_bandwidth=memory_bandwidth)
+    )
     estimates = []
     for compressor in variants:
-        sent, wire, arithmetic = _priced(compressor, shapes, workers, bandwidth, latency, memory)
+        sent, wire, arithmetic = _priced(compressor, shapes, workers, bandwidth, latency, rates)
         if host is None:
             estimates.append(
                 VariantEstimate(
@@ -161,17 +163,13 @@ def _priced(
     workers: int,
     bandwidth: float,
     latency: float,
-    memory_bandwidth: float | None,
+    rates: HostRates | None,
 ) -> tuple[float, float, float | None]:
-    """(bytes per step, the collectives' seconds, the arithmetic's seconds or None) of one variant on a link."""
+    """(bytes per step, the collectives' seconds, the compute's seconds on ``rates`` or None) of one variant on a
+    link."""
     if isinstance(compressor, TrafficModel):
         traffic = compressed_traffic(
-            shapes=shapes,
-            workers=workers,
-            bandwidth=bandwidth,
-            latency=latency,
-            compression=compressor,
-            memory_bandwidth=memory_bandwidth,
+            shapes=shapes, workers=workers, bandwidth=bandwidth, latency=latency, compression=compressor, host=rates
         )
         return traffic.bytes_per_step, traffic.seconds_per_step, traffic.arithmetic_seconds
     if isinstance(compressor, WireCast):
@@ -179,9 +177,7 @@ def _priced(
         plan = Plan(
             params=values, workers=workers, bandwidth=bandwidth, latency=latency, bytes_per_value=compressor.value_bytes
         )
-        arithmetic = None
-        if memory_bandwidth is not None:
-            arithmetic = compressor.arithmetic_passes * 4.0 * values / memory_bandwidth
+        arithmetic = None if rates is None else rates.arithmetic_seconds(compressor.arithmetic_passes, values)
         return plan.gradient_bytes, plan.ring_allreduce_s, arithmetic
     raise invalid(PlanError, "variants", compressor, "wire casts or compressors with a traffic model")
 
