@@ -27,8 +27,8 @@ Where the claims' time goes:
 
   tutorial_serial  the tutorial style with nothing read ahead of a step, as under claims: a serial map, no
                    prefetch, tfdist's ``claim_options`` and ``claim_input_options`` (no per-worker buffer);
-  default_noread   ``default`` without the coordinator's read of the ledger before each closure (the hook
-                   returns at once: what a failed closure gives back is then unknown; fine in a benchmark).
+  default_noread   ``default`` without the ledger's closure hooks (no ``begin`` in the closures' function, no
+                   read before a closure: what a failed closure gives back is then unknown; fine in a benchmark).
 
 ``--alone`` also times every reader alone in the launching process before the cluster starts (no model, no
 cluster; the claimed ones claim from a ledger in that process), and in the chief before the fits the claimed
@@ -39,8 +39,9 @@ The tutorial style has no stratified form; ``default_sqrt`` is also compared to 
 fit: the records of epochs 2.. over the time from the end of the first epoch to the end of the last (PS fit
 joins the closures at each epoch end). The rounds alternate: the variants of a size run one after the
 other, in reverse order every other round. The ratios are medians of the per-round ratios (each pairs two
-fits of one round). In the chief, ``StepLedger.started`` (the ps read the coordinator makes before each
-closure under claimed steps) is timed over the fits' epochs 2..: median, 90th percentile and count.
+fits of one round). In the chief, ``StepLedger.closure_started`` (the coordinator's hook before each closure
+under claimed steps; it reads the ps only when it does not know the closures begun) is timed over the fits'
+epochs 2..: median, 90th percentile and count.
 Prints a Markdown table (for BENCHMARKS.md), then everything as JSON.
 """
 
@@ -156,7 +157,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     import tfdist
-    from tfdist import keras
+    from tfdist import _compat, keras
     from tfdist.data import TFRecordPipeline
     from tfdist.data.order.claims import claim_input_options
     from tfdist.data.order.ledger import StepLedger
@@ -167,21 +168,25 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
     batch, steps, epochs = settings["batch"], settings["steps"], settings["epochs"]
 
-    reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.started call.
-    timing = [False]  # Whether the fit running reads the ledger before each closure (and is timed).
-    started = StepLedger.started
+    reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.closure_started call.
+    timing = [False]  # Whether the fit running keeps the ledger's closure hooks (and is timed).
+    started, hooks = StepLedger.closure_started, StepLedger.hooks
 
     def timed_started(self: StepLedger, worker: int) -> int | None:
-        # Only the closures of a claimed input get here; default_noread's return at once, unread.
-        if not timing[0]:
-            return None
         begin = time.perf_counter()
         try:
             return started(self, worker)
         finally:
             reads.append((begin, time.perf_counter() - begin))
 
-    StepLedger.started = timed_started  # type: ignore[method-assign]
+    def kept_hooks(self: StepLedger) -> Any:
+        # default_noread's closures run no hooks: nothing read before them, no begin in their function.
+        if timing[0]:
+            return hooks(self)
+        return _compat.ClosureHooks(started=lambda worker: None, failed=lambda worker, token: None)
+
+    StepLedger.closure_started = timed_started  # type: ignore[method-assign]
+    StepLedger.hooks = kept_hooks  # type: ignore[method-assign]
 
     def made(source: Any, name: str) -> Any:
         if isinstance(source, TFRecordPipeline):
