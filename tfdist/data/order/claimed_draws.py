@@ -16,8 +16,10 @@ sets the counter and, beside it, the draw counts at the restored step (NumPy, on
 worker starting then begins to count.
 
 A step reads each draw's record from the nearest known byte offset at or before it
-(:func:`~tfdist.data.order.claims.locator`; a run of consecutive records of one file is one piece): nothing
-is read ahead of the claim.
+(:func:`~tfdist.data.order.claims.locator`): the draws of one file at most :data:`SPAN_GAP` records apart are
+one piece, read whole (a step's draws of a class fall in one shuffle window of it: a reader per draw cost
+more than the records between them), and the draws are gathered from the pieces' records. Nothing is read
+ahead of the claim.
 
 Example (one process: the claims run in order):
     >>> import os, tempfile
@@ -43,7 +45,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.data.order import splitmix
-from tfdist.data.order.claims import MAX_BLOCKS, claimed_indices, graph_records, graph_runs, locator, read_steps
+from tfdist.data.order.claims import MAX_BLOCKS, claimed_indices, graph_records, graph_spans, locator, read_steps
 from tfdist.data.order.epoch import EpochOrder
 from tfdist.data.order.strata import StrataOrder, draw_counts, graph_classes
 from tfdist.errors import DataError, invalid
@@ -52,6 +54,7 @@ __all__: list[str] = []
 
 _COUNT_CHUNK = 1 << 20  # Draws a worker counts per graph pass on its way to a claimed step.
 _LOCATED = 1 << 20  # Byte offsets of located records held in the workers' graph at most, all classes (8 MB).
+SPAN_GAP = 32  # Records between two draws of one file read with them rather than by a reader of their own.
 
 
 def draw_grid(records: int | None, block: int, classes: int = 1) -> int:
@@ -131,7 +134,7 @@ def claimed_draws(
     claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch), worker)
     plain = tf.autograph.experimental.do_not_convert
     locate = _class_locator(order, class_paths)
-    pieces = claims.scan(start, plain(step)).map(plain(locate))
+    pieces = claims.scan(start, plain(step)).map(plain(lambda spans, place: (*locate(*spans), place)))
     return read_steps(pieces, compression=compression, global_batch=global_batch, finish=finish)
 
 
@@ -155,7 +158,8 @@ def _step_pieces(
     order: StrataOrder, files: Sequence[int], batch: int, limit: int | None, base: Any
 ) -> Callable[[Any, Any], Any]:
     """The scan function: (the draws counted, each class's count; claimed step) -> the step's pieces
-    (class, file of the class, first record of the class's listing, records)."""
+    (class, file of the class, first record of the class's listing, records) and each draw's place among
+    their records."""
     import numpy as np
     import tensorflow as tf
 
@@ -199,9 +203,10 @@ def _step_pieces(
             record = tf.tensor_scatter_nd_update(record, where, found)
             at = tf.searchsorted(starts, found, side="right", out_type=tf.int64) - 1
             file = tf.tensor_scatter_nd_update(file, where, at)
-        fresh, take = graph_runs(tf.gather(firsts, drawn) + file, record)  # Runs within one file of one class.
-        pieces = (*(tf.boolean_mask(column, fresh) for column in (drawn, file, record)), take)
-        return (first + size, counts + tf.reduce_sum(taken, 0)), pieces
+        # Spans within one file of one class; ``place``: each draw among the spans' records.
+        order, fresh, take, place = graph_spans(tf.gather(firsts, drawn) + file, record, SPAN_GAP)
+        spans = (*(tf.boolean_mask(tf.gather(column, order), fresh) for column in (drawn, file, record)), take)
+        return (first + size, counts + tf.reduce_sum(taken, 0)), (spans, place)
 
     return step
 
