@@ -334,18 +334,26 @@ def claimed_steps(
     return read_steps(pieces, compression=compression, global_batch=global_batch, finish=finish)
 
 
-def claimed_indices(counter: Any, steps: int | None, worker: Any = 0) -> Any:
+def claimed_indices(counter: Any, steps: int | None, worker: Any = 0, *, also: Any = None) -> Any:
     """An endless dataset of the global steps ``worker`` claims from ``counter`` (a variable, or a
-    :class:`~tfdist.data.order.ledger.StepLedger`); ends at the first fresh step past ``steps`` (None: never)."""
+    :class:`~tfdist.data.order.ledger.StepLedger`); ends at the first fresh step past ``steps`` (None: never).
+    With ``also`` (an int64 variable beside the counter), each step and that variable's value, read in the
+    claim's own call to the ps."""
     import tensorflow as tf
 
     plain = tf.autograph.experimental.do_not_convert
+
+    def claim(_: Any) -> Any:
+        step = claim_next(counter)
+        return step if also is None else (step, tf.raw_ops.ReadVariableOp(resource=also.handle, dtype=tf.int64))
+
     if isinstance(counter, StepLedger):
-        claims = counter.steps_for(worker)
+        claims = counter.steps_for(worker, also=also)
     else:
-        claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-        claims = claims.map(plain(lambda _: claim_next(counter)))
-    return claims if steps is None else claims.take_while(plain(lambda g: g < steps))
+        claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat().map(plain(claim))
+    if steps is None:
+        return claims
+    return claims.take_while(plain(lambda g, *_: g < steps))
 
 
 def read_steps(pieces: Any, *, compression: str, global_batch: int, finish: Callable[[Any], Any] | None) -> Any:

@@ -247,12 +247,18 @@ class StepLedger:
             with tf.control_dependencies([counted]):
                 return tf.identity(made)
 
-    def steps_for(self, worker: Any) -> Any:
-        """An endless dataset of the steps ``worker`` claims, one per element (:meth:`claim`)."""
+    def steps_for(self, worker: Any, *, also: Any = None) -> Any:
+        """An endless dataset of the steps ``worker`` claims, one per element (:meth:`claim`); with ``also``
+        (an int64 variable beside the ledger), each claimed step and that variable's value, read in the same
+        call to the ps."""
         import tensorflow as tf
 
+        def claim(_: Any) -> Any:
+            step = self.claim(worker)
+            return step if also is None else (step, _read(also))
+
         claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-        return claims.map(tf.autograph.experimental.do_not_convert(lambda _: self.claim(worker)))
+        return claims.map(tf.autograph.experimental.do_not_convert(claim))
 
     # ------------------------------------------------------------ the coordinator
     def started(self, worker: int) -> int | None:
