@@ -10,11 +10,13 @@ before a fresh one.
 
 - A claim (the workers' graph, one call to the ps): a step given back if there is one, else the next
   fresh step; recorded as the claiming worker's (its claim count, and its last :data:`DEPTH` steps).
-- The coordinator (Python, on the chief) reads the claim counts before each closure that reads the claimed
-  dataset runs on a worker (no other closure: not another fit's, nor one after this fit ended or failed),
-  and when that closure goes back to the queue it gives back the steps the worker claimed since: the claims
-  of the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
-  claim). A failed run whose update reached the ps before it failed is trained once more: that step only.
+- Each closure that reads the claimed dataset (no other closure: not another fit's, nor one after this fit
+  ended or failed) runs :meth:`StepLedger.begin` in its own function before its input: on the ps, the
+  worker's claims so far are noted and the closure counted as begun. The coordinator (Python, on the chief)
+  counts the closures begun as they end, and when one goes back to the queue it gives back the steps the
+  worker claimed since that closure's begin (none when its begin never ran): the claims of the failed run,
+  and only those (TF sends a worker one closure at a time, and nothing reads ahead of a claim). A failed
+  run whose update reached the ps before it failed is trained once more: that step only.
 - Given back: a ring of :data:`CAPACITY` steps that the coordinator alone writes, ``available`` (minus the
   steps given back and not taken yet) and ``taken`` (an atomic fetch-and-add: which one a claim takes).
   Takes run one at a time on the ps (a ``tf.CriticalSection``): a claim that sees a step available takes
