@@ -27,8 +27,10 @@ Where the claims' time goes:
 
   tutorial_serial  the tutorial style with nothing read ahead of a step, as under claims: a serial map, no
                    prefetch, tfdist's ``claim_options`` and ``claim_input_options`` (no per-worker buffer);
-  default_noread   ``default`` without the coordinator's read of the ledger before each closure (the hook
-                   returns at once: what a failed closure gives back is then unknown; fine in a benchmark).
+  default_noread   ``default`` without the ledger's closure hooks (no ``begin`` in the closures' function, no
+                   read before a closure: what a failed closure gives back is then unknown; fine in a benchmark);
+  default_read     ``default`` with the hooks before fde6e8a: the coordinator reads the ledger's claim counts
+                   on the ps before each closure (``StepLedger.started``), no ``begin``.
 
 ``--alone`` also times every reader alone in the launching process before the cluster starts (no model, no
 cluster; the claimed ones claim from a ledger in that process), and in the chief before the fits the claimed
@@ -39,8 +41,9 @@ The tutorial style has no stratified form; ``default_sqrt`` is also compared to 
 fit: the records of epochs 2.. over the time from the end of the first epoch to the end of the last (PS fit
 joins the closures at each epoch end). The rounds alternate: the variants of a size run one after the
 other, in reverse order every other round. The ratios are medians of the per-round ratios (each pairs two
-fits of one round). In the chief, ``StepLedger.started`` (the ps read the coordinator makes before each
-closure under claimed steps) is timed over the fits' epochs 2..: median, 90th percentile and count.
+fits of one round). In the chief, ``StepLedger.closure_started`` (the coordinator's hook before each closure
+under claimed steps; it reads the ps only when it does not know the closures begun) is timed over the fits'
+epochs 2..: median, 90th percentile and count.
 Prints a Markdown table (for BENCHMARKS.md), then everything as JSON.
 """
 
@@ -58,8 +61,18 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DIAGNOSTICS = ("tutorial_serial", "default_noread")
+WITH_HOOKS = {"default": "begin", "default_sqrt": "begin", "default_read": "read"}  # Variant -> its closure hooks.
 # The run order of a round (reversed every other round): each ratio's two variants run next to each other.
-ORDER = ("tutorial_serial", "tutorial", "buffer", "default", "default_noread", "default_sqrt", "buffer_sqrt")
+ORDER = (
+    "tutorial_serial",
+    "tutorial",
+    "buffer",
+    "default",
+    "default_noread",
+    "default_read",
+    "default_sqrt",
+    "buffer_sqrt",
+)
 RATIOS = {  # name -> (numerator, denominator, goal); the tutorial style has no stratified form: its plain.
     "default/buffer": ("default", "buffer", 0.95),
     "default_sqrt/buffer_sqrt": ("default_sqrt", "buffer_sqrt", 0.95),
@@ -68,7 +81,8 @@ RATIOS = {  # name -> (numerator, denominator, goal); the tutorial style has no 
     "default_sqrt/default": ("default_sqrt", "default", None),
     "tutorial_serial/tutorial": ("tutorial_serial", "tutorial", None),  # What reading nothing ahead costs.
     "default_noread/tutorial_serial": ("default_noread", "tutorial_serial", None),  # The claims, but the read.
-    "default/default_noread": ("default", "default_noread", None),  # The chief's read before each closure.
+    "default/default_noread": ("default", "default_noread", None),  # The closures' hooks (begin).
+    "default/default_read": ("default", "default_read", None),  # begin against a read before each closure.
 }
 CLASSES = 8
 
@@ -121,6 +135,7 @@ def _sources(files: list[str], part: str, size: int, settings: dict[str, Any]) -
         "buffer": pipeline(files, order="buffer"),
         "default": pipeline(files),
         "default_noread": pipeline(files),
+        "default_read": pipeline(files),
         "default_sqrt": pipeline(part, class_weights="sqrt"),
         "buffer_sqrt": pipeline(part, class_weights="sqrt", order="buffer"),
     }
@@ -156,7 +171,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     import tfdist
-    from tfdist import keras
+    from tfdist import _compat, keras
     from tfdist.data import TFRecordPipeline
     from tfdist.data.order.claims import claim_input_options
     from tfdist.data.order.ledger import StepLedger
@@ -167,21 +182,29 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     assert isinstance(strategy, tf.distribute.ParameterServerStrategy), type(strategy)
     batch, steps, epochs = settings["batch"], settings["steps"], settings["epochs"]
 
-    reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.started call.
-    timing = [False]  # Whether the fit running reads the ledger before each closure (and is timed).
-    started = StepLedger.started
+    reads: list[tuple[float, float]] = []  # (start, seconds) of each StepLedger.closure_started call.
+    timing = [""]  # The fit running's closure hooks: "begin" (the ledger's), "read" (before fde6e8a), "" none.
+    started, hooks = StepLedger.closure_started, StepLedger.hooks
 
     def timed_started(self: StepLedger, worker: int) -> int | None:
-        # Only the closures of a claimed input get here; default_noread's return at once, unread.
-        if not timing[0]:
-            return None
         begin = time.perf_counter()
         try:
             return started(self, worker)
         finally:
             reads.append((begin, time.perf_counter() - begin))
 
-    StepLedger.started = timed_started  # type: ignore[method-assign]
+    def kept_hooks(self: StepLedger) -> Any:
+        # default_noread's closures run no hooks: nothing read before them, no begin in their function.
+        if timing[0] == "begin":
+            return hooks(self)
+        if timing[0] == "read":
+            return _compat.ClosureHooks(
+                started=self.started, failed=lambda worker, since: self.failed(worker, since)[0]
+            )
+        return _compat.ClosureHooks(started=lambda worker: None, failed=lambda worker, token: None)
+
+    StepLedger.closure_started = timed_started  # type: ignore[method-assign]
+    StepLedger.hooks = kept_hooks  # type: ignore[method-assign]
 
     def made(source: Any, name: str) -> Any:
         if isinstance(source, TFRecordPipeline):
@@ -189,7 +212,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         options = claim_input_options() if name == "tutorial_serial" else None  # No per-worker buffer either.
         return lambda: keras.utils.experimental.DatasetCreator(source, input_options=options)
 
-    def fit(make_input: Any, out: int, timed: bool) -> tuple[float, list[float]]:
+    def fit(make_input: Any, out: int, timed: str) -> tuple[float, list[float]]:
         with strategy.scope():
             image = keras.Input((out, out, 3), name="image")
             hidden = keras.layers.Conv2D(8, 5, strides=4, activation="relu")(image)
@@ -211,7 +234,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         reads.clear()
         timing[0] = timed
         model.fit(make_input(), epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[record])
-        timing[0] = False
+        timing[0] = ""
         rate = (epochs - 1) * steps * batch / (ends[-1] - ends[0])
         shares[0] = (busy[-1][0] - busy[0][0]) / max(1, busy[-1][1] - busy[0][1])
         return rate, [seconds * 1e3 for begin, seconds in reads if begin > ends[0]]
@@ -228,7 +251,7 @@ def _chief(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         for size in data:
             for name in names if round_ % 2 == 0 else names[::-1]:
                 out = round(int(size) * settings["scale"])
-                rate, ms = fit(inputs[size][name], out, name in ("default", "default_sqrt"))
+                rate, ms = fit(inputs[size][name], out, WITH_HOOKS.get(name, ""))
                 rates[size][name].append(round(rate, 1))
                 read_ms[size][name].extend(ms)
                 busy_share[size][name].append(round(shares[0], 3))
@@ -283,7 +306,7 @@ def _alone(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, dict[str
         sources = _sources(files, part, int(size), settings)
         makers = {}
         for name in ORDER:
-            if name not in settings["variants"] or name == "default_noread":
+            if name not in settings["variants"] or name in ("default_noread", "default_read"):
                 continue
             source = sources[name]
             if name.startswith("default"):  # The claimed reader, claiming from a ledger in this process.

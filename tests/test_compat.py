@@ -116,8 +116,9 @@ def test_single_device_functions_mark_what_is_traced_inside_only_and_in_this_thr
 
 class _StandInCoordinator:
     """What ClosureWatch wraps of a ClusterCoordinator: its workers' ``_process_closure`` (a closure marked to
-    fail goes back to the queue, as a lost worker's does), the queue's ``put_back``, ``create_per_worker_dataset``
-    (traces the dataset function) and the per-worker dataset's ``__iter__``."""
+    fail goes back to the queue, as a lost worker's does; one that runs ends with the queue's ``mark_finished``),
+    the queue's ``put_back``, ``create_per_worker_dataset`` (traces the dataset function), ``schedule`` (keeps
+    the function) and the per-worker dataset's ``__iter__``."""
 
     class Dataset:
         def __iter__(self) -> Any:
@@ -132,9 +133,11 @@ class _StandInCoordinator:
             self._args, self._kwargs, self.fail = args, kwargs, fail
 
     def __init__(self) -> None:
-        queue = types.SimpleNamespace(back=[])
+        queue = types.SimpleNamespace(back=[], finished=[])
         queue.put_back = queue.back.append
+        queue.mark_finished = lambda: queue.finished.append(True)
         self.ran: list[tuple[int, Any]] = []
+        self.scheduled: list[Any] = []
         self._cluster = types.SimpleNamespace(closure_queue=queue, workers=[self._worker(i) for i in range(2)])
 
     def _worker(self, index: int) -> Any:
@@ -142,12 +145,17 @@ class _StandInCoordinator:
             self.ran.append((index, closure))
             if closure.fail:
                 self._cluster.closure_queue.put_back(closure)
+            else:
+                self._cluster.closure_queue.mark_finished()
 
         return types.SimpleNamespace(worker_index=index, _process_closure=process)
 
     def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
         dataset_fn()
         return self.Dataset()
+
+    def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> None:
+        self.scheduled.append(fn)
 
     def run(self, worker: int, closure: Any) -> None:
         self._cluster.workers[worker]._process_closure(closure)
@@ -167,7 +175,10 @@ def test_closure_hooks_end_with_the_dataset_that_attached_them() -> None:
         calls.append(("failed", worker, token))
         return "again"
 
-    hooks = ClosureHooks(started=started, failed=failed)
+    def finished(worker: int, token: Any, ok: bool) -> None:
+        calls.append(("finished", worker, (token, ok)))
+
+    hooks = ClosureHooks(started=started, failed=failed, finished=finished)
     watch = closure_watch(coordinator)
     assert closure_watch(coordinator) is watch and not watch.attach(hooks)  # Outside a dataset's creation.
 
@@ -176,7 +187,12 @@ def test_closure_hooks_end_with_the_dataset_that_attached_them() -> None:
     steps = iter(claimed)
     coordinator.run(0, coordinator.Closure(steps))
     coordinator.run(1, coordinator.Closure(x=[steps], fail=True))  # Nested in a keyword: found too.
-    assert calls == [("started", 0, None), ("started", 1, None), ("failed", 1, "token1")]
+    assert calls == [
+        ("started", 0, None),
+        ("finished", 0, ("token0", True)),
+        ("started", 1, None),
+        ("failed", 1, "token1"),  # Put back: not finished.
+    ]
     assert len(coordinator._cluster.closure_queue.back) == 1 and len(coordinator.ran) == 2
 
     # The fit ended: a later one on the same coordinator, with an input that attaches nothing, reads no ledger;
@@ -200,7 +216,33 @@ def test_closure_hooks_end_with_the_dataset_that_attached_them() -> None:
     assert calls == []
     # The claimed dataset's closures still carry their hooks (its fit's own steps, wherever they run).
     coordinator.run(1, coordinator.Closure(steps))
-    assert calls == [("started", 1, None)]
+    assert calls == [("started", 1, None), ("finished", 1, ("token1", True))]
+    # A closure that ends in an error (neither put back nor finished) ends not ok.
+    coordinator._cluster.closure_queue.mark_finished = lambda: None
+    calls.clear()
+    coordinator.run(0, coordinator.Closure(steps))
+    assert calls == [("started", 0, None), ("finished", 0, ("token0", False))]
+
+
+def test_scheduled_functions_of_a_claimed_input_run_begin_first() -> None:
+    import tensorflow as tf
+
+    from tfdist._compat.distribute import ClosureHooks, closure_watch
+
+    coordinator = _StandInCoordinator()
+    begun = tf.Variable(0, dtype=tf.int64)
+    hooks = ClosureHooks(
+        started=lambda worker: None, failed=lambda worker, token: None, begin=lambda worker: begun.assign_add(1)
+    )
+    watch = closure_watch(coordinator)
+    steps = iter(coordinator.create_per_worker_dataset(lambda: watch.attach(hooks)))
+    train = tf.function(lambda x: x * 2)
+    coordinator.schedule(train, args=(steps,))  # The claimed input: wrapped, once per function.
+    coordinator.schedule(train, args=(steps,))
+    coordinator.schedule(train, args=(1,))  # Another input: as it is.
+    first, again, other = coordinator.scheduled
+    assert first is again and first is not train and other is train
+    assert watch._begin_first(train, hooks.begin) is first  # type: ignore[arg-type]
 
 
 KERAS3 = """

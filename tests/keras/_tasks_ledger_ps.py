@@ -19,8 +19,8 @@ Then a third fit on the same coordinator, ``after``: the plain pipeline in ``ord
 
 The chief returns per fit the counts, the steps claimed, the optimizer's iterations and the steps per
 worker, and the counts at each fit epoch's end; for ``lost`` also the NumPy reference of the draws after 1, 2
-and 3 data epochs (tests/keras/_tasks_strata_ps.py); and per fit how many times the coordinator read a
-ledger's claim counts before a closure (``ledger_reads``).
+and 3 data epochs (tests/keras/_tasks_strata_ps.py); and per fit how many times the coordinator's hook ran
+before a closure, and how many of those read the ps (``ledger_reads``).
 """
 
 from __future__ import annotations
@@ -148,17 +148,20 @@ def _fit(strategy: Any, data: Any, *, tag: str, epochs: int, before_step: Any) -
 
 
 def _count_reads(reads: dict[str, int], fit: list[str]) -> None:
-    """Counts each call of ``StepLedger.started`` (the coordinator's read before a closure) under the tag
-    ``fit[0]`` of the fit running."""
+    """Counts each call of ``StepLedger.closure_started`` (the coordinator's hook before a closure) under the tag
+    ``fit[0]`` of the fit running, and under ``fit[0] + ' ps'`` those that read the ps (it did not know the
+    closures begun on that worker)."""
     from tfdist.data.order.ledger import StepLedger
 
-    started = StepLedger.started
+    started = StepLedger.closure_started
 
     def counted(self: StepLedger, worker: int) -> int | None:
         reads[fit[0]] = reads.get(fit[0], 0) + 1
+        if self._runs_known.get(worker) is None:
+            reads[fit[0] + " ps"] = reads.get(fit[0] + " ps", 0) + 1
         return started(self, worker)
 
-    StepLedger.started = counted  # type: ignore[method-assign]
+    StepLedger.closure_started = counted  # type: ignore[method-assign]
 
 
 def ledger_ps_fits(workdir: str, prefix: str) -> dict[str, Any]:

@@ -255,11 +255,16 @@ class ClosureHooks:
     ``started(worker)`` runs in the coordinator's thread for ``worker`` before the closure runs there;
     ``failed(worker, token)`` runs when that closure goes back to the queue to run again (its worker failed,
     or a transient error), before it does, with what ``started`` returned for it, and returns the token a
-    second put-back of the same run gets.
+    second put-back of the same run gets. ``begin`` (optional): a graph function of the worker's index (an
+    int64 tensor) whose op every scheduled function given such a closure's input runs first, before its
+    input is read; ``finished(worker, token, ok)`` (optional): the closure ran to its end (``ok``: without
+    an error), with ``started``'s token.
     """
 
     started: Callable[[int], Any]
     failed: Callable[[int, Any], Any]
+    begin: Callable[[Any], Any] | None = None
+    finished: Callable[[int, Any, bool], Any] | None = None
 
 
 _HOOKS = "_tfdist_closure_hooks"  # The attribute a watched dataset and its iterators carry their hooks in.
@@ -278,6 +283,7 @@ class ClosureWatch:
     def __init__(self, coordinator: Any) -> None:
         import functools
         import threading
+        import weakref
 
         self._local = threading.local()  # Each Worker runs its closures in a thread of its own.
         cluster = _attr(coordinator, "_cluster", "claimed steps given back")
@@ -286,8 +292,11 @@ class ClosureWatch:
             worker._process_closure = functools.partial(self._process, run, worker.worker_index)
         queue = _attr(cluster, "closure_queue", "claimed steps given back")
         queue.put_back = functools.partial(self._put_back, _attr(queue, "put_back", "claimed steps given back"))
+        queue.mark_finished = functools.partial(self._finished, _attr(queue, "mark_finished", "claimed steps"))
         create = _attr(coordinator, "create_per_worker_dataset", "claimed steps given back")
         coordinator.create_per_worker_dataset = functools.partial(self._create, create)
+        coordinator.schedule = functools.partial(self._schedule, _attr(coordinator, "schedule", "claimed steps"))
+        self._begun: Any = weakref.WeakKeyDictionary()  # Scheduled function -> {begin: its wrapped function}.
 
     def attach(self, hooks: ClosureHooks) -> bool:
         """While a dataset function is traced in ``create_per_worker_dataset``: the closures given an iterator
@@ -313,18 +322,57 @@ class ClosureWatch:
 
     def _process(self, run: Callable[[Any], Any], index: int, closure: Any) -> Any:
         hooks = _hooks_of(closure)
-        self._local.hooks, self._local.worker = hooks, index
+        self._local.hooks, self._local.worker, self._local.ended = hooks, index, False
         self._local.token = hooks.started(index) if hooks is not None else None
         try:
             return run(closure)
         finally:
             self._local.hooks = None
+            if hooks is not None and hooks.finished is not None and self._local.ended is not None:
+                hooks.finished(index, self._local.token, self._local.ended)  # Not put back: ended, or failed.
 
     def _put_back(self, put_back: Callable[[Any], Any], closure: Any) -> Any:
         hooks = getattr(self._local, "hooks", None)
         if hooks is not None:  # A closure with hooks that ran on this worker's thread goes back to the queue.
             self._local.token = hooks.failed(self._local.worker, self._local.token)
+            self._local.ended = None  # It runs again: not ended.
         return put_back(closure)
+
+    def _finished(self, mark_finished: Callable[[], Any]) -> Any:
+        if getattr(self._local, "hooks", None) is not None:  # This worker's closure with hooks ran to its end.
+            self._local.ended = True
+        return mark_finished()
+
+    def _schedule(self, schedule: Callable[..., Any], fn: Any, args: Any = None, kwargs: Any = None) -> Any:
+        """``schedule``, the function wrapped to run the hooks' ``begin`` first when its input has hooks."""
+        hooks = _hooks_in((args, kwargs))
+        if hooks is not None and hooks.begin is not None:
+            fn = self._begin_first(fn, hooks.begin)
+        return schedule(fn, args=args, kwargs=kwargs)
+
+    def _begin_first(self, fn: Any, begin: Callable[[Any], Any]) -> Any:
+        """A ``tf.function`` running ``begin(worker index)`` on the worker, then ``fn`` on its inputs, which
+        wait for it (made once per function and ``begin``)."""
+        import tensorflow as tf
+
+        made = self._begun.setdefault(fn, {})
+        if begin not in made:
+
+            def run(*args: Any, **kwargs: Any) -> Any:
+                marked = begin(tf.distribute.coordinator.experimental_get_current_worker_index())
+                with tf.control_dependencies([marked]):  # Nothing of ``fn`` reads its input before it.
+                    args, kwargs = tf.nest.map_structure(_after, (args, kwargs), expand_composites=True)
+                    return fn(*args, **kwargs)
+
+            made[begin] = tf.function(run, autograph=False)
+        return made[begin]
+
+
+def _after(value: Any) -> Any:
+    """A tensor input anew under the control dependencies in force (other values as they are)."""
+    import tensorflow as tf
+
+    return tf.identity(value) if isinstance(value, tf.Tensor) else value
 
 
 _CARRIERS: dict[type, type] = {}
@@ -349,10 +397,15 @@ def _carry_hooks(dataset: Any, hooks: ClosureHooks) -> None:
 
 def _hooks_of(closure: Any) -> ClosureHooks | None:
     """The hooks of the last watched iterator among ``closure``'s arguments (None: none)."""
+    return _hooks_in((getattr(closure, "_args", ()), getattr(closure, "_kwargs", {})))
+
+
+def _hooks_in(values: Any) -> ClosureHooks | None:
+    """The hooks of the last watched iterator in ``values`` (None: none)."""
     import tensorflow as tf
 
     found = None
-    for value in tf.nest.flatten((getattr(closure, "_args", ()), getattr(closure, "_kwargs", {}))):
+    for value in tf.nest.flatten(values):
         found = getattr(value, _HOOKS, found)
     return found
 
@@ -398,7 +451,8 @@ def watch_closures(strategy: Any) -> ClosureWatch:
 
 def check_closure_hooks() -> None:
     """Raises StackError unless ``Worker`` runs closures through ``_process_closure`` and requeues them
-    through the queue's ``put_back``, a closure keeps its arguments in ``_args`` and ``_kwargs``, and a per-worker
+    through the queue's ``put_back`` (or ends them with its ``mark_finished``), ``ClusterCoordinator.schedule``
+    makes its closures through ``Cluster.schedule``, a closure keeps its arguments in ``_args`` and ``_kwargs``, and a per-worker
     dataset of a function makes its iterators in ``__iter__`` (what :class:`ClosureWatch` relies on)."""
     import inspect
 
@@ -414,12 +468,19 @@ def check_closure_hooks() -> None:
     cluster = inspect.getsource(_attr(module, "Cluster", "claimed steps given back"))
     coordinator = inspect.getsource(_attr(module, "ClusterCoordinator", "claimed steps given back"))
     closure = inspect.getsource(_attr(module, "Closure", "claimed steps given back"))
-    _attr(_attr(module, "_CoordinatedClosureQueue", "claimed steps given back"), "put_back", "claimed steps")
+    queue = _attr(module, "_CoordinatedClosureQueue", "claimed steps given back")
+    _attr(queue, "put_back", "claimed steps")
+    _attr(queue, "mark_finished", "claimed steps")
     per_worker = _attr(values_module, "PerWorkerDatasetFromDatasetFunction", "claimed steps given back")
-    needed = ("self._process_closure(closure)", "self._cluster.closure_queue.put_back(closure)")
+    needed = (
+        "self._process_closure(closure)",
+        "self._cluster.closure_queue.put_back(closure)",
+        "self._cluster.closure_queue.mark_finished()",
+    )
     extended = inspect.getsource(_attr(sys.modules[ps_module], "ParameterServerStrategyV2Extended", "claimed steps"))
     made = "self.workers = [" in cluster and "self._cluster = Cluster(strategy)" in coordinator
     made = made and "self._num_workers = len(" in extended and "__iter__" in vars(per_worker)
+    made = made and "self._cluster.schedule(" in coordinator
     kept = "self._args = args" in closure and "self._kwargs = kwargs" in closure
     if not all(text in worker for text in needed) or not made or not kept:
         raise _missing(

@@ -43,6 +43,33 @@ def test_a_failed_run_gives_back_exactly_the_claims_it_made() -> None:
     assert ledger.pending() == [] and int(ledger.counter.numpy()) == 6
 
 
+def test_a_closure_gives_back_the_claims_made_since_its_begin_and_reads_only_then() -> None:
+    # The coordinator's hooks: the closures begun are counted in Python while closures end, and the ps is read
+    # only when a closure fails (and once per worker at the start).
+    ledger = StepLedger(workers=2)
+    begin = tf.function(lambda worker: ledger.begin(tf.constant(worker, tf.int64)))
+    one, two = _steps(ledger, 0), _steps(ledger, 1)
+    assert ledger.closure_started(1) == 0  # Read once.
+    begin(1)
+    assert int(next(two)) == 0
+    ledger.closure_ended(1, 0, True)
+    runs, ledger._runs = ledger._runs, None  # Known now: nothing read (a read would fail).
+    assert ledger.closure_started(1) == 1
+    ledger._runs = runs
+    begin(1)
+    assert [int(next(two)), int(next(two))] == [1, 2]
+    assert ledger.closure_failed(1, 1) == 2 and ledger.pending() == [1, 2]  # Its worker died: steps 1 and 2.
+    assert ledger.closure_failed(1, 2) == 2 and ledger.pending() == [1, 2]  # Put back again: nothing more.
+    # A closure lost before its function ran (no begin): its worker's last claims were trained.
+    assert ledger.closure_started(1) == 2
+    assert [int(next(one)), int(next(one))] == [1, 2]
+    assert ledger.closure_failed(1, 2) == 2 and ledger.pending() == []
+    # A closure that ended in an error: the count is read again before the next one.
+    begin(0)
+    ledger.closure_ended(0, None, False)
+    assert ledger.closure_started(0) == 1 and int(next(one)) == 3
+
+
 def test_a_claim_cut_in_the_middle_is_given_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # A worker dies while the ps runs its claim: the ps cancels the rest of the call, so the step was taken
     # (the counter moved) but never recorded as the worker's claim, nor accounted.

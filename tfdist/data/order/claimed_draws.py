@@ -16,8 +16,10 @@ sets the counter and, beside it, the draw counts at the restored step (NumPy, on
 worker starting then begins to count.
 
 A step reads each draw's record from the nearest known byte offset at or before it
-(:func:`~tfdist.data.order.claims.locator`; a run of consecutive records of one file is one piece): nothing
-is read ahead of the claim.
+(:func:`~tfdist.data.order.claims.locator`): the draws of one file at most :data:`SPAN_GAP` records apart are
+one piece, read whole (a step's draws of a class fall in one shuffle window of it: a reader per draw cost
+more than the records between them), and the draws are gathered from the pieces' records. Nothing is read
+ahead of the claim.
 
 Example (one process: the claims run in order):
     >>> import os, tempfile
@@ -43,7 +45,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist.data.order import splitmix
-from tfdist.data.order.claims import MAX_BLOCKS, claimed_indices, graph_records, graph_runs, locator, read_steps
+from tfdist.data.order.claims import MAX_BLOCKS, claimed_indices, graph_records, graph_spans, locator, read_steps
 from tfdist.data.order.epoch import EpochOrder
 from tfdist.data.order.strata import StrataOrder, draw_counts, graph_classes
 from tfdist.errors import DataError, invalid
@@ -52,6 +54,7 @@ __all__: list[str] = []
 
 _COUNT_CHUNK = 1 << 20  # Draws a worker counts per graph pass on its way to a claimed step.
 _LOCATED = 1 << 20  # Byte offsets of located records held in the workers' graph at most, all classes (8 MB).
+SPAN_GAP = 32  # Records between two draws of one file read with them rather than by a reader of their own.
 
 
 def draw_grid(records: int | None, block: int, classes: int = 1) -> int:
@@ -128,10 +131,12 @@ def claimed_draws(
     limit = None if passes is None else passes * order.share
     step = _step_pieces(order, [len(paths) for paths in class_paths], global_batch, limit, base)
     start = (tf.constant(-1, tf.int64), tf.zeros([len(order.orders)], tf.int64))
-    claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch), worker)
+    # The base comes with each claim, from the same call to the ps: the scan itself runs on the worker alone.
+    claims = claimed_indices(counter, None if limit is None else -(-limit // global_batch), worker, also=base)
     plain = tf.autograph.experimental.do_not_convert
     locate = _class_locator(order, class_paths)
-    pieces = claims.scan(start, plain(step)).map(plain(locate))
+    pieces = claims.scan(start, plain(lambda state, claim: step(state, *claim)))
+    pieces = pieces.map(plain(lambda spans, place: (*locate(*spans), place)))
     return read_steps(pieces, compression=compression, global_batch=global_batch, finish=finish)
 
 
@@ -153,9 +158,10 @@ def _class_locator(order: StrataOrder, class_paths: Sequence[Sequence[str]]) -> 
 
 def _step_pieces(
     order: StrataOrder, files: Sequence[int], batch: int, limit: int | None, base: Any
-) -> Callable[[Any, Any], Any]:
-    """The scan function: (the draws counted, each class's count; claimed step) -> the step's pieces
-    (class, file of the class, first record of the class's listing, records)."""
+) -> Callable[[Any, Any, Any], Any]:
+    """The scan function: (the draws counted, each class's count; claimed step, the base read with it) -> the
+    step's pieces (class, file of the class, first record of the class's listing, records) and each draw's
+    place among their records."""
     import numpy as np
     import tensorflow as tf
 
@@ -165,14 +171,13 @@ def _step_pieces(
     class_starts = [tf.constant(one.starts, tf.int64) for one in order.orders]  # Each file's first record.
     firsts = tf.constant(np.concatenate([[0], np.cumsum(files)[:-1]]), tf.int64)  # Files numbered over classes.
 
-    def from_base(first: Any) -> tuple[Any, Any]:
-        saved = tf.raw_ops.ReadVariableOp(resource=base.handle, dtype=tf.int64)
+    def from_base(first: Any, saved: Any) -> tuple[Any, Any]:
         zero = (tf.constant(0, tf.int64), tf.zeros([count], tf.int64))
         return tf.cond(saved[0] <= first, lambda: (saved[0], saved[1:]), lambda: zero)
 
-    def counted(at: Any, counts: Any, first: Any) -> tuple[Any, Any]:
+    def counted(at: Any, counts: Any, first: Any, saved: Any) -> tuple[Any, Any]:
         """How many draws before ``first`` each class took, counted on from ``at`` (or from the base)."""
-        at, counts = tf.cond((at < 0) | (first < at), lambda: from_base(first), lambda: (at, counts))
+        at, counts = tf.cond((at < 0) | (first < at), lambda: from_base(first, saved), lambda: (at, counts))
 
         def more(at: Any, counts: Any) -> tuple[Any, Any]:
             n = tf.minimum(tf.constant(_COUNT_CHUNK, tf.int64), first - at)
@@ -181,10 +186,10 @@ def _step_pieces(
 
         return tf.while_loop(lambda at, _: at < first, more, (at, counts))
 
-    def step(state: Any, claimed: Any) -> Any:
+    def step(state: Any, claimed: Any, saved: Any) -> Any:
         at, counts = state
         first = claimed * batch
-        at, counts = counted(at, counts, first)
+        at, counts = counted(at, counts, first, saved)
         size = (
             tf.constant(batch, tf.int64) if limit is None else tf.minimum(tf.constant(batch, tf.int64), limit - first)
         )
@@ -199,9 +204,10 @@ def _step_pieces(
             record = tf.tensor_scatter_nd_update(record, where, found)
             at = tf.searchsorted(starts, found, side="right", out_type=tf.int64) - 1
             file = tf.tensor_scatter_nd_update(file, where, at)
-        fresh, take = graph_runs(tf.gather(firsts, drawn) + file, record)  # Runs within one file of one class.
-        pieces = (*(tf.boolean_mask(column, fresh) for column in (drawn, file, record)), take)
-        return (first + size, counts + tf.reduce_sum(taken, 0)), pieces
+        # Spans within one file of one class; ``place``: each draw among the spans' records.
+        order, fresh, take, place = graph_spans(tf.gather(firsts, drawn) + file, record, SPAN_GAP)
+        spans = (*(tf.boolean_mask(tf.gather(column, order), fresh) for column in (drawn, file, record)), take)
+        return (first + size, counts + tf.reduce_sum(taken, 0)), (spans, place)
 
     return step
 
@@ -216,21 +222,41 @@ def _records(order: EpochOrder) -> Callable[[Any], Any]:
     windows = -(-length // window) if windowed else 1
     width = min(window, length)
     records_at = graph_records(order)
-    plain = tf.autograph.experimental.do_not_convert
 
-    def in_window(keys: Any) -> Any:  # The permutation of window w of epoch e (key e * windows + w), padded.
+    def in_windows(keys: Any) -> Any:  # The permutations of windows w of epochs e (keys e * windows + w), one a row.
         epoch, w = keys // windows, keys % windows
         size = tf.minimum(tf.constant(window, tf.int64), length - w * window)
-        permuted = splitmix.graph_permutation(size, order.seed, epoch, 0, w)
-        return tf.ensure_shape(tf.pad(permuted, [[0, width - size]]), [width])
+        return _graph_permutations(width, size, order.seed, epoch, tf.zeros_like(epoch), w)
 
     def records(index: Any) -> Any:
         epoch, at = index // length, index % length
         if windowed:  # Position `at` of the stream holds position begin + permutation[at - begin] of its window.
             begin = at // window * window
             keys, slot = tf.unique(epoch * windows + at // window, out_idx=tf.int64)
-            permutations = tf.map_fn(plain(in_window), keys, fn_output_signature=tf.TensorSpec([width], tf.int64))
-            at = begin + tf.gather_nd(permutations, tf.stack([slot, at - begin], 1))
+            at = begin + tf.gather_nd(in_windows(keys), tf.stack([slot, at - begin], 1))
         return records_at(epoch, at)  # Stream 0 starts at position 0 of the epoch.
 
     return records
+
+
+def _graph_permutations(width: int, sizes: Any, *keys: Any) -> Any:
+    """:func:`~tfdist.data.order.splitmix.graph_permutation` of ``sizes[i]`` under the keys ``keys[j][i]``, one
+    row each (int64 vectors, ``sizes`` at most ``width``), in one pass: row ``i`` is that permutation, then the
+    places from ``sizes[i]`` on.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> rows = _graph_permutations(5, tf.constant([5, 3], tf.int64), 7, tf.constant([2, 4], tf.int64))
+        >>> want = [splitmix.graph_permutation(n, 7, tf.constant(e, tf.int64)).numpy().tolist() for n, e in ((5, 2), (3, 4))]
+        >>> [row[:n] for row, n in zip(rows.numpy().tolist(), (5, 3))] == want
+        True
+    """
+    import tensorflow as tf
+
+    key = splitmix.graph_key(*keys)[:, None]
+    places = tf.bitcast(tf.range(1, width + 1, dtype=tf.int64), tf.uint64)[None, :]
+    hashed = splitmix.graph_hashes(key, places)
+    signed = tf.bitcast(tf.bitwise.bitwise_xor(hashed, splitmix.graph_constant(1 << 63)), tf.int64)
+    beyond = tf.range(width, dtype=tf.int64)[None, :] >= sizes[:, None]
+    signed = tf.where(beyond, tf.constant(tf.int64.max, tf.int64), signed)  # Sorted after the window's places.
+    return tf.cast(tf.argsort(signed, axis=-1, stable=True), tf.int64)

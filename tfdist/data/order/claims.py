@@ -134,6 +134,31 @@ def graph_runs(file: Any, records: Any) -> tuple[Any, Any]:
     return fresh, tf.math.bincount(tf.cast(run, tf.int32), dtype=tf.int64)
 
 
+def graph_spans(file: Any, records: Any, gap: int) -> tuple[Any, Any, Any, Any]:
+    """Spans of one file's records, each next record at most ``gap`` after the last: each span becomes one
+    piece, read whole (the records between those wanted too). Returns the order that sorts the records by
+    file and record, where spans start in that order (a bool mask), each span's length (int64), and each
+    record's place among the spans' records read one span after the other (int64, in the input's order).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> order, fresh, take, place = graph_spans(tf.constant([1, 0, 1, 0]), tf.constant([9, 4, 7, 40]), 8)
+        >>> fresh.numpy().tolist(), take.numpy().tolist(), place.numpy().tolist()
+        ([True, True, True, False], [1, 1, 3], [4, 0, 2, 1])
+    """
+    import tensorflow as tf
+
+    by_record = tf.argsort(records, stable=True)
+    order = tf.gather(by_record, tf.argsort(tf.gather(file, by_record), stable=True))
+    file, records = tf.gather(file, order), tf.gather(records, order)
+    fresh = tf.concat([[True], (file[1:] != file[:-1]) | (records[1:] - records[:-1] > gap)], 0)
+    span = tf.cumsum(tf.cast(fresh, tf.int64)) - 1
+    first = tf.boolean_mask(records, fresh)
+    take = tf.math.segment_max(records, span) - first + 1
+    place = tf.gather(tf.cumsum(take, exclusive=True) - first, span) + records
+    return order, fresh, take, tf.gather(place, tf.math.invert_permutation(order))
+
+
 def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[Any], Any]:
     """The map function: claimed step -> the step's pieces (file, first record in the listing, records)."""
     import numpy as np
@@ -309,18 +334,26 @@ def claimed_steps(
     return read_steps(pieces, compression=compression, global_batch=global_batch, finish=finish)
 
 
-def claimed_indices(counter: Any, steps: int | None, worker: Any = 0) -> Any:
+def claimed_indices(counter: Any, steps: int | None, worker: Any = 0, *, also: Any = None) -> Any:
     """An endless dataset of the global steps ``worker`` claims from ``counter`` (a variable, or a
-    :class:`~tfdist.data.order.ledger.StepLedger`); ends at the first fresh step past ``steps`` (None: never)."""
+    :class:`~tfdist.data.order.ledger.StepLedger`); ends at the first fresh step past ``steps`` (None: never).
+    With ``also`` (an int64 variable beside the counter), each step and that variable's value, read in the
+    claim's own call to the ps."""
     import tensorflow as tf
 
     plain = tf.autograph.experimental.do_not_convert
+
+    def claim(_: Any) -> Any:
+        step = claim_next(counter)
+        return step if also is None else (step, tf.raw_ops.ReadVariableOp(resource=also.handle, dtype=tf.int64))
+
     if isinstance(counter, StepLedger):
-        claims = counter.steps_for(worker)
+        claims = counter.steps_for(worker, also=also)
     else:
-        claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-        claims = claims.map(plain(lambda _: claim_next(counter)))
-    return claims if steps is None else claims.take_while(plain(lambda g: g < steps))
+        claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat().map(plain(claim))
+    if steps is None:
+        return claims
+    return claims.take_while(plain(lambda g, *_: g < steps))
 
 
 def read_steps(pieces: Any, *, compression: str, global_batch: int, finish: Callable[[Any], Any] | None) -> Any:
@@ -328,14 +361,16 @@ def read_steps(pieces: Any, *, compression: str, global_batch: int, finish: Call
     (:func:`claim_options`).
 
     A step's element is a tuple of vectors, one entry per piece: (path, byte offset, records to skip there,
-    records to take, bytes to read at once), as :func:`locator` gives them. Each step's records become one
-    vector, which ``finish`` turns into its batch (None: the vector is the batch).
+    records to take, bytes to read at once), as :func:`locator` gives them, and optionally a sixth: the step's
+    records as places among the pieces' records (pieces that are spans, :func:`graph_spans`). Each step's
+    records become one vector, which ``finish`` turns into its batch (None: the vector is the batch).
     """
     import tensorflow as tf
 
     from tfdist import _compat
 
     plain = tf.autograph.experimental.do_not_convert
+    spans = len(pieces.element_spec) == 6
 
     @plain
     def read_piece(path: Any, offset: Any, skip: Any, take: Any, size: Any) -> Any:
@@ -343,9 +378,15 @@ def read_steps(pieces: Any, *, compression: str, global_batch: int, finish: Call
 
     @plain
     def read_step(*columns: Any) -> Any:
-        return tf.data.Dataset.from_tensor_slices(columns).flat_map(read_piece).batch(global_batch)  # One element.
+        records = tf.data.Dataset.from_tensor_slices(columns[:5]).flat_map(read_piece)
+        if not spans:
+            return records.batch(global_batch)  # One element.
+        whole = records.batch(tf.reduce_sum(columns[3]))  # Every record of the spans: one element.
+        return tf.data.Dataset.zip((whole, tf.data.Dataset.from_tensors(columns[5])))
 
     steps = pieces.flat_map(read_step)
+    if spans:
+        steps = steps.map(plain(tf.gather))  # The wanted records of the spans, in the step's order.
     return (steps if finish is None else finish(steps)).with_options(claim_options())
 
 

@@ -10,11 +10,13 @@ before a fresh one.
 
 - A claim (the workers' graph, one call to the ps): a step given back if there is one, else the next
   fresh step; recorded as the claiming worker's (its claim count, and its last :data:`DEPTH` steps).
-- The coordinator (Python, on the chief) reads the claim counts before each closure that reads the claimed
-  dataset runs on a worker (no other closure: not another fit's, nor one after this fit ended or failed),
-  and when that closure goes back to the queue it gives back the steps the worker claimed since: the claims
-  of the failed run, and only those (TF sends a worker one closure at a time, and nothing reads ahead of a
-  claim). A failed run whose update reached the ps before it failed is trained once more: that step only.
+- Each closure that reads the claimed dataset (no other closure: not another fit's, nor one after this fit
+  ended or failed) runs :meth:`StepLedger.begin` in its own function before its input: on the ps, the
+  worker's claims so far are noted and the closure counted as begun. The coordinator (Python, on the chief)
+  counts the closures begun as they end, and when one goes back to the queue it gives back the steps the
+  worker claimed since that closure's begin (none when its begin never ran): the claims of the failed run,
+  and only those (TF sends a worker one closure at a time, and nothing reads ahead of a claim). A failed
+  run whose update reached the ps before it failed is trained once more: that step only.
 - Given back: a ring of :data:`CAPACITY` steps that the coordinator alone writes, ``available`` (minus the
   steps given back and not taken yet) and ``taken`` (an atomic fetch-and-add: which one a claim takes).
   Takes run one at a time on the ps (a ``tf.CriticalSection``): a claim that sees a step available takes
@@ -138,11 +140,14 @@ class StepLedger:
             self._saved = variable(0, "tfdist_claims_saved")  # 1 in a backup: the restore goes on with it.
             self._fresh = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_fresh_accounted")
             self._took = variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), "tfdist_takes_accounted")
+            self._runs = variable(tf.zeros([workers], tf.int64), "tfdist_claims_runs")  # Closures begun.
+            self._begun = variable(tf.zeros([workers], tf.int64), "tfdist_claims_begun")  # Claims then.
         with tf.device(self.counter.device):
             self._takes = tf.CriticalSection(name="tfdist_claims_takes")  # One take at a time, on the ps.
         self._lock = threading.Lock()
         self._restored = False
         self._floors = (0, 0)  # The first fresh step and take the rings account for (a restore moves them).
+        self._runs_known: dict[int, int | None] = {}  # Per worker: its closures begun, as the coordinator knows.
 
     @classmethod
     def of(cls, strategy: Any, *, name: str = "tfdist_claimed_steps") -> StepLedger:
@@ -228,12 +233,34 @@ class StepLedger:
         with tf.control_dependencies([accounted]):
             return tf.identity(step)
 
-    def steps_for(self, worker: Any) -> Any:
-        """An endless dataset of the steps ``worker`` claims, one per element (:meth:`claim`)."""
+    def begin(self, worker: Any) -> Any:
+        """Graph, first in every closure that reads the claims, before its input: notes the claims ``worker``
+        (an int64 scalar) made so far, then counts the closure as begun (on the ps, in the closure's own
+        function: no call of the coordinator's). Returns the claims noted."""
         import tensorflow as tf
 
+        with tf.device(self.counter.device):
+            slot = tf.reshape(tf.cast(worker, tf.int64), [1])
+            made = tf.gather(_read(self._claims), slot)
+            noted = tf.raw_ops.ResourceScatterUpdate(resource=self._begun.handle, indices=slot, updates=made)
+            with tf.control_dependencies([noted]):
+                one = tf.ones([1], tf.int64)
+                counted = tf.raw_ops.ResourceScatterAdd(resource=self._runs.handle, indices=slot, updates=one)
+            with tf.control_dependencies([counted]):
+                return tf.identity(made)
+
+    def steps_for(self, worker: Any, *, also: Any = None) -> Any:
+        """An endless dataset of the steps ``worker`` claims, one per element (:meth:`claim`); with ``also``
+        (an int64 variable beside the ledger), each claimed step and that variable's value, read in the same
+        call to the ps."""
+        import tensorflow as tf
+
+        def claim(_: Any) -> Any:
+            step = self.claim(worker)
+            return step if also is None else (step, _read(also))
+
         claims = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-        return claims.map(tf.autograph.experimental.do_not_convert(lambda _: self.claim(worker)))
+        return claims.map(tf.autograph.experimental.do_not_convert(claim))
 
     # ------------------------------------------------------------ the coordinator
     def started(self, worker: int) -> int | None:
@@ -331,9 +358,50 @@ class StepLedger:
         return [int(back[i % CAPACITY]) for i in range(taken, given)]
 
     def hooks(self) -> _compat.ClosureHooks:
-        """What the coordinator calls around each closure that reads this ledger's claims: :meth:`started`
-        before it runs, :meth:`failed` when it goes back to the queue (:class:`tfdist._compat.distribute.ClosureWatch`)."""
-        return _compat.ClosureHooks(started=self.started, failed=lambda w, since: self.failed(w, since)[0])
+        """What the coordinator calls around each closure that reads this ledger's claims
+        (:class:`tfdist._compat.distribute.ClosureWatch`): :meth:`closure_started` before it runs,
+        :meth:`closure_failed` when it goes back to the queue, :meth:`closure_ended` when it ends; and the
+        closure's function runs :meth:`begin` first."""
+        return _compat.ClosureHooks(
+            started=self.closure_started, failed=self.closure_failed, begin=self.begin, finished=self.closure_ended
+        )
+
+    def closure_started(self, worker: int) -> int | None:
+        """Before a closure runs on ``worker``: the closures begun there so far (its :meth:`begin` makes one
+        more), read from the ps only when not known (None: the ps did not answer)."""
+        known = self._runs_known.get(worker)
+        if known is None:
+            try:
+                known = int(self._runs.numpy()[worker])
+            except Exception as err:
+                _log.warning("Could not read worker %d's closures before its step (%s).", worker, err)
+                return None
+            self._runs_known[worker] = known
+        return known
+
+    def closure_ended(self, worker: int, begun: int | None, ok: bool) -> None:
+        """The closure ended on ``worker`` without going back to the queue: its function ran, and so did its
+        :meth:`begin`, when ``ok`` (else the count is read again before the next closure)."""
+        self._runs_known[worker] = begun + 1 if ok and begun is not None else None
+
+    def closure_failed(self, worker: int, begun: int | None) -> int | None:
+        """A closure on ``worker`` goes back to the queue: gives back the claims it made, those since its
+        :meth:`begin` when that ran (the count moved past ``begun``), none when it did not (lost before its
+        function ran). Returns the count now: a second put-back of the same run gives back nothing more."""
+        self._runs_known[worker] = None
+        if begun is None:
+            return self.failed(worker, None)[0]
+        try:
+            with self._lock:
+                runs, since = int(self._runs.numpy()[worker]), int(self._begun.numpy()[worker])
+                if runs == begun:  # Its function never ran: no claim of its own.
+                    since = int(self._claims.numpy()[worker])
+        except Exception as err:
+            _log.error("Could not read worker %d's claims (%s): a step it claimed is not trained again.", worker, err)
+            return None
+        self.failed(worker, since)
+        self._runs_known[worker] = runs
+        return runs
 
     # ------------------------------------------------------------ backups
     def checkpoint(self) -> Any:

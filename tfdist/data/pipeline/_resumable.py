@@ -402,7 +402,7 @@ def _claimed_draws(
     batch = pipeline.batch_size
     layout = StreamLayout(global_batch=batch, streams=1, num_workers=1, worker=0, policy="file")
     ledger = StepLedger.of(strategy)
-    with strategy.scope():
+    with strategy.scope(), strategy.extended.colocate_vars_with(ledger.counter):  # Read with each claim.
         base = tf.Variable(base_counts(order, 0, batch), dtype=tf.int64, trainable=False, name="tfdist_claimed_draws")
     state.claiming(order, layout, ledger, on_seek=lambda step: base.assign(base_counts(order, step, batch)))
     dataset_fn = ledger.dataset_fn(
