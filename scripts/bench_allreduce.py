@@ -99,7 +99,7 @@ def tf_worker(repeats: int, full: bool) -> dict[str, Any]:
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
     from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives
-    from tfdist.comm.host import stream_seconds
+    from tfdist.comm.host_probe import stream_seconds
 
     def timer(shapes: list[tuple[int, ...]], config: CollectiveConfig | None) -> float:
         once = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, as fit does it.

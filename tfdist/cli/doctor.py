@@ -244,7 +244,7 @@ def _measure_host(spec: ClusterSpec | None, link_bits: float | None) -> int:
             "cluster (2 or more workers, no ps)\n"
         )
         return EXIT_INVALID if spec is not None and spec.num_ps else EXIT_OK
-    from tfdist.comm.host import measure_host_rates
+    from tfdist.comm.host_probe import measure_host_rates
     from tfdist.strategy import build_strategy
 
     strategy = build_strategy("multi_worker_mirrored", cluster=spec, communication="ring")

@@ -26,7 +26,8 @@ from tfdist.comm.compressor import (
     Warmup,
     WireCast,
 )
-from tfdist.comm.host import HostRates, combined_seconds, host_seconds, measure_host_rates
+from tfdist.comm.host import HostRates, combined_seconds, host_seconds
+from tfdist.comm.host_probe import measure_host_rates
 from tfdist.comm.local_sgd import LocalSGD
 from tfdist.comm.powersgd import PowerSGD, lowrank_value_count, matrix_shape, orthogonalize, powersgd_sum
 from tfdist.comm.registry import compressor_for, register_compressor, registered_compressors

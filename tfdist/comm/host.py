@@ -15,7 +15,7 @@ byte on the host, and on two CPU cores it moved 215-320 MB/s between simulated h
 and combines them as :func:`combined_seconds`: ``wire + host - overlap * min(wire, host)``. An overlap of 0
 is a sum (nothing of one hides behind the other), 1 the maximum of the two; tfdist's packed all-reduce sits
 between, near the sum, fitted to the benchmark (:data:`PACKED_OVERLAP`). ``tfdist doctor --probe SECONDS --measure-host``
-measures the rates where the tasks run (:func:`measure_host_rates`: each a short TensorFlow micro-benchmark on
+measures the rates where the tasks run (:func:`tfdist.comm.host_probe.measure_host_rates`: each a short TensorFlow micro-benchmark on
 every task at once), ``tfdist plan`` reads them (``--collective-bandwidth``, ``--memory-bandwidth``,
 ``--select-bandwidth``, ``--matmul-bandwidth``), and without them takes the defaults measured on two CPU cores.
 
@@ -30,18 +30,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import logging
-import statistics
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfdist._options import option
-from tfdist.errors import PlanError, require_int, require_number
+from tfdist.errors import PlanError, invalid, require_number
 
 if TYPE_CHECKING:
-    import tensorflow as tf
+    pass
 
-__all__ = ["HostRates", "combined_seconds", "host_seconds", "measure_host_rates"]
+__all__ = ["HostRates", "combined_seconds", "host_seconds"]
 
 # Measured between 2 simulated hosts on 2 shared CPU cores (BENCHMARKS.md): tfdist's packed RING all-reduce
 # moved about 300 MB/s each way per task with the wire out of the way, and a task streamed ~10 GB/s.
@@ -57,13 +54,8 @@ DEFAULT_MATMUL_BANDWIDTH = 3.5e9
 # pack overlaps): fitted at 1 Gbit/s between 2 simulated hosts with the rate measured unshaped (0-0.25 fit),
 # then checked at 10 Gbit/s, unshaped and on 4 hosts (BENCHMARKS.md).
 PACKED_OVERLAP = 0.25
-_log = logging.getLogger("tfdist.comm.host")
-_MEASURE_BYTES = 64 << 20  # What measure_host_rates all-reduces, in tensors and (by default) packs of MEASURE_PACK.
-MEASURE_PACK = 4 << 20
 STREAM_PASSES = 3  # stream_seconds' a + b: two reads and a write of every value
 MATMUL_PASSES = 3  # matmul_seconds' M Q, M^T P and P Q^T: each a pass over every value of M
-MEASURE_RANK = 4  # The factors' rank matmul_seconds times with (PowerSGD's default).
-MEASURE_DENSITY = 0.01  # The share select_seconds selects (top-k's default).
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -167,70 +159,24 @@ def host_seconds(*, measured: float, wire: float, overlap: float) -> float:
     return (measured - wire) / (1.0 - overlap)  # The wire is the longer (overlap < 1 here).
 
 
-def measure_host_rates(
-    strategy: tf.distribute.Strategy,
-    *,
-    link_bandwidth: float | None = None,
-    repeats: int = 3,
-    bytes_per_pack: int = MEASURE_PACK,
-) -> HostRates:
-    """Measures this cluster's :class:`HostRates`; call on every worker at once (the all-reduce is collective).
+def given_rates(host: HostRates | None, memory_bandwidth: float | None) -> HostRates | None:
+    """The rates a pricing function was given: ``host``, or a memory bandwidth alone (None: neither).
 
-    Times tfdist's packed all-reduce of 64 MB of float32, a stream of the same bytes through memory, top-k's
-    selection of 1% of them and PowerSGD's thin products over them (:func:`compute_seconds`), the slowest
-    worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
-    all-reduce is taken out at the slowest ``link_bandwidth`` the workers give (bytes per second each way, e.g.
-    as ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
-
-    Args:
-      strategy: A MultiWorkerMirroredStrategy built on every worker (one replica per worker).
-      link_bandwidth: The link's rate each way, bytes per second, or None.
-      repeats: Timed runs of each.
-      bytes_per_pack: The packs' size (tfdist's tuned packing is a few MB); 0 measures TF's default instead,
-        every tensor in one pack, which nothing overlaps (the rates' ``overlap`` is then 0).
+    >>> given_rates(None, 15e9).memory_bandwidth, given_rates(None, None)
+    (15000000000.0, None)
 
     Raises:
-      PlanError: ``link_bandwidth``, ``repeats`` or ``bytes_per_pack`` invalid.
+      PlanError: both given.
     """
-    require_number(PlanError, "link_bandwidth", link_bandwidth, above=0, allow_none=True)
-    require_int(PlanError, "repeats", repeats, minimum=1, maximum=100)
-    require_int(PlanError, "bytes_per_pack", bytes_per_pack, minimum=0, fix="0 measures TF's one pack.")
-    import tensorflow as tf
-
-    from tfdist.comm.autotune import all_reduce_timer
-    from tfdist.comm.collective import CollectiveConfig
-
-    shapes = [(MEASURE_PACK // 4,)] * (_MEASURE_BYTES // MEASURE_PACK)
-    config = CollectiveConfig(bytes_per_pack=bytes_per_pack, split_bytes=bytes_per_pack) if bytes_per_pack else None
-    timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
-    reduce_seconds = statistics.median(timer() for _ in range(repeats))
-    streamed, selected, products = compute_seconds(shapes, repeats)
-    local = tf.constant([[reduce_seconds, streamed, selected, products, link_bandwidth or 0.0]], tf.float64)
-    every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0).numpy()
-    slowest = every.max(axis=0)  # Every worker's times, the slowest of each; and the slowest link given.
-    links = [float(rate) for rate in every[:, -1] if rate > 0]
-    link_bandwidth = min(links) if links else None
-    workers = strategy.num_replicas_in_sync
-    moved = 2.0 * (workers - 1) / workers * _MEASURE_BYTES
-    wire = moved / link_bandwidth if link_bandwidth else 0.0
-    overlap = PACKED_OVERLAP if bytes_per_pack else 0.0
-    host = host_seconds(measured=float(slowest[0]), wire=wire, overlap=overlap)
-    if host <= 0:
-        _log.warning(
-            "The all-reduce took no longer than the wire alone (%.0f ms for %.0f ms at %.3g MB/s): the link is the "
-            "limit, and the collectives' own rate cannot be told; keeping %.3g MB/s. Measure on a faster link.",
-            slowest[0] * 1e3,
-            wire * 1e3,
-            (link_bandwidth or 0) / 1e6,
-            DEFAULT_COLLECTIVE_BANDWIDTH / 1e6,
+    if host is not None and memory_bandwidth is not None:
+        raise invalid(
+            PlanError,
+            "memory_bandwidth",
+            memory_bandwidth,
+            "None with `host`",
+            "Pass it as HostRates(memory_bandwidth=...).",
         )
-    return HostRates(
-        collective_bandwidth=moved / host if host > 0 else DEFAULT_COLLECTIVE_BANDWIDTH,
-        memory_bandwidth=STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
-        select_bandwidth=_MEASURE_BYTES / float(slowest[2]),
-        matmul_bandwidth=MATMUL_PASSES * _MEASURE_BYTES / float(slowest[3]),
-        overlap=overlap,
-    )
+    return HostRates(memory_bandwidth=memory_bandwidth) if memory_bandwidth is not None else host
 
 
 def _check_times(**values: float) -> None:
@@ -239,54 +185,3 @@ def _check_times(**values: float) -> None:
             require_number(PlanError, name, value, minimum=0, maximum=1)
         else:
             require_number(PlanError, name, value, minimum=0, fix="Seconds, e.g. 0.25.")
-
-
-def stream_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> float:
-    """Median seconds this process takes for ``a + b`` over float32 tensors of ``shapes``: :data:`STREAM_PASSES`
-    passes over memory (two reads and a write of each value), after one warm-up."""
-    import tensorflow as tf
-
-    a = [tf.ones(s) for s in shapes]
-    b = [tf.ones(s) for s in shapes]
-    return _median_seconds(tf.function(lambda: [x + y for x, y in zip(a, b)]), repeats)
-
-
-def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[float, float, float]:
-    """Median seconds this process takes, over float32 tensors of ``shapes``, for: a stream (:func:`stream_seconds`);
-    top-k's selection of :data:`MEASURE_DENSITY` of each tensor's magnitudes (the values scanned once); and
-    PowerSGD's thin products with rank-:data:`MEASURE_RANK` factors, each tensor seen as ``[n, 512]``: ``P = M
-    Q``, ``M^T P`` and ``P Q^T`` (:data:`MATMUL_PASSES` over every value)."""
-    import tensorflow as tf
-
-    from tfdist.comm.topk import largest, topk_count
-
-    values = [tf.abs(tf.random.stateless_normal(s, seed=(1, i))) for i, s in enumerate(shapes)]
-    selected = _median_seconds(
-        tf.function(lambda: [largest(v, topk_count(int(v.shape[0]), density=MEASURE_DENSITY)) for v in values]),
-        repeats,
-    )
-    columns = 512
-    matrices = [tf.reshape(v, [-1, columns]) for v in values]
-    q = tf.ones([columns, MEASURE_RANK])
-
-    def products() -> Any:
-        out = []
-        for m in matrices:
-            p = tf.matmul(m, q)
-            out.append(tf.matmul(p, tf.matmul(m, p, transpose_a=True), transpose_b=True))
-        return out
-
-    return stream_seconds(shapes, repeats), selected, _median_seconds(tf.function(products), repeats)
-
-
-def _median_seconds(function: Any, repeats: int) -> float:
-    """Median seconds of ``function()`` (its last output fetched), after one warm-up (the tracing)."""
-    import time
-
-    def once() -> float:
-        start = time.perf_counter()
-        function()[-1].numpy()
-        return time.perf_counter() - start
-
-    once()
-    return statistics.median(once() for _ in range(max(repeats, 5)))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from tfdist.comm.compressor import Link, TrafficModel
-from tfdist.comm.host import HostRates
+from tfdist.comm.host import HostRates, given_rates
 from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.errors import PlanError, invalid, require_number
 
@@ -130,16 +130,7 @@ def compressed_traffic(
         fix="Bytes per second (a server core streams about 10-20 GB/s, e.g. 15e9), or None to leave the "
         "arithmetic out.",
     )
-    if host is not None and memory_bandwidth is not None:
-        raise invalid(
-            PlanError,
-            "memory_bandwidth",
-            memory_bandwidth,
-            "None with `host`",
-            "Pass it as HostRates(memory_bandwidth=...).",
-        )
-    if memory_bandwidth is not None:
-        host = HostRates(memory_bandwidth=memory_bandwidth)
+    host = given_rates(host, memory_bandwidth)
     sent = compressor.sent_bytes(shapes)
     warmup = compressor.warmup(shapes, link)
     arithmetic = None if host is None else compressor.compute_seconds(shapes, host)

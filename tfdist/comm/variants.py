@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from tfdist.comm.casts import BFloat16, Float16, NoCompression
 from tfdist.comm.compressor import Compressor, TrafficModel, WireCast
-from tfdist.comm.host import HostRates, combined_seconds
+from tfdist.comm.host import HostRates, combined_seconds, given_rates
 from tfdist.comm.local_sgd import LocalSGD
 from tfdist.comm.powersgd import PowerSGD
 from tfdist.comm.topk import TopK
@@ -118,20 +118,10 @@ def estimate_variants(
     Raises:
       PlanError: An invalid link, shapes or memory bandwidth, or a variant the model cannot price.
     """
-    if host is not None and memory_bandwidth is not None:
-        raise invalid(
-            PlanError,
-            "memory_bandwidth",
-            memory_bandwidth,
-            "None with `host`",
-            "Pass it as HostRates(memory_bandwidth=...).",
-        )
     check_shapes(shapes)
     require_type(PlanError, "host", host, (HostRates, type(None)), "HostRates or None")
     require_type(PlanError, "variants", variants, (list, tuple), "a list of compressors")
-    rates = (
-        host if host is not None else None if memory_bandwidth is None else HostRates(memory_bandwidth=memory_bandwidth)
-    )
+    rates = given_rates(host, memory_bandwidth)
     estimates = []
     for compressor in variants:
         sent, wire, arithmetic = _priced(compressor, shapes, workers, bandwidth, latency, rates)
