@@ -8,11 +8,6 @@
 # scripts/_venv.sh and scripts/stacks/ say what each installs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
-# Imports write the bytecode of what they import (pip installs with --no-compile, scripts/_venv.sh). Where the
-# environment sets PYTHONDONTWRITEBYTECODE (this machine's shells do), no interpreter would ever cache it, and
-# every new one compiles TensorFlow again: `import tensorflow, tf_keras` took 10-12 s of CPU instead of 3.8 s
-# (pinned), `import tensorflow` 11-12 s instead of 5.2 s (newest).
-unset PYTHONDONTWRITEBYTECODE
 # ray, spark: the Ray and Spark engines' tests (Java for Spark: the spark_cluster fixture installs Debian's
 # openjdk-17-jre-headless when no java is found); demo: scikit-learn, whose bundled digits tests/data/test_digits.py writes
 tfdist_venv test,ray,spark,demo
