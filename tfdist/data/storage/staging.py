@@ -44,6 +44,7 @@ import queue
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -125,6 +126,8 @@ class StagedReads:
 
         self.root = root or stage_root()
         self.timeout = timeout if timeout is not None else _timeout()
+        # Written by the first wait of this dataset that times out: the other files in flight stop waiting too.
+        self._gave_up = os.path.join(self.root, "gaveup", uuid.uuid4().hex)
         urls = sorted(versions)
         names = [staged_name(url, *versions[url]) for url in urls]
         self._names = tf.lookup.StaticHashTable(
@@ -159,45 +162,55 @@ class StagedReads:
         """``local`` once the copy exists: a TF op that blocks, polling between sleeps (graph-safe).
 
         When the op runs, it raises ``tf.errors.InvalidArgumentError`` with the
-        agent's error, or after ``timeout`` seconds with one naming the fix.
+        agent's error, or after ``timeout`` seconds with one naming the fix. The
+        first file of this dataset to time out ends the other files' waits at
+        their next poll (the dataset fails anyway): a reader with no agent fails
+        after one timeout, not one per file in flight, and its iterator's
+        teardown never waits out the rest.
         """
         import tensorflow as tf
 
         _, want = self._paths(url)
         polls = max(1, int(self.timeout / _POLL_S))
 
-        def missing(_: Any) -> Any:
-            found = tf.size(tf.io.matching_files(tf.strings.join([local, "*"]))) > 0
+        def exists(pattern: Any) -> Any:
+            return tf.size(tf.io.matching_files(pattern)) > 0
+
+        def waiting(_: Any) -> Any:
+            found = exists(tf.strings.join([local, "*"]))  # The copy, or its error file.
             # Asked again while missing: the first request may have been served and its copy evicted since.
             again = tf.cond(found, tf.no_op, lambda: tf.io.write_file(want, self._requests.lookup(url)))
             with tf.control_dependencies([again]):
-                return tf.logical_not(found)
+                return tf.logical_not(tf.logical_or(found, exists(self._gave_up)))
 
         attempts = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).concatenate(
             _sleep(tf.data.Dataset.range(1, polls + 1), _POLL_S)
         )
-        waited = attempts.map(missing).take_while(lambda m: m).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+        waited = attempts.map(waiting).take_while(lambda w: w).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
         error = tf.strings.join([local, ".error"])
         with tf.control_dependencies([waited]):  # Looked at after the wait, not in parallel with it.
-            failed = tf.size(tf.io.matching_files(error)) > 0
+            ready = exists(tf.strings.join([local, "*"]))
+            failed = exists(error)
         why = tf.cond(failed, lambda: tf.io.read_file(error), lambda: tf.constant(""))
-        checks = [
-            tf.debugging.Assert(tf.logical_not(failed), ["Staging", url, "failed:", why], summarize=1),
-            tf.debugging.Assert(
-                waited <= polls,
-                [
-                    url,
-                    f"was not staged within {self.timeout:g}s into",
-                    local,
-                    "Is a tfdist staging agent "
-                    "running on this TF server (workers started by tfdist-launch, the tfdist.launch.tasks.server program or "
-                    "tfdist.launch.run_server, `tfdist data-service` or LocalDataService), with "
-                    f"{_STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {_STAGE_TIMEOUT_ENV} "
-                    "for very large objects.",
-                ],
-                summarize=1,
-            ),
-        ]
+        give_up = tf.cond(ready, tf.no_op, lambda: tf.io.write_file(self._gave_up, url))
+        with tf.control_dependencies([give_up]):
+            checks = [
+                tf.debugging.Assert(tf.logical_not(failed), ["Staging", url, "failed:", why], summarize=1),
+                tf.debugging.Assert(
+                    ready,
+                    [
+                        url,
+                        f"was not staged within {self.timeout:g}s into",
+                        local,
+                        "Is a tfdist staging agent "
+                        "running on this TF server (workers started by tfdist-launch, the tfdist.launch.tasks.server "
+                        "program or tfdist.launch.run_server, `tfdist data-service` or LocalDataService), with "
+                        f"{_STAGE_DIR_ENV} the same as on the coordinator ({self.root})? Raise {_STAGE_TIMEOUT_ENV} "
+                        "for very large objects.",
+                    ],
+                    summarize=1,
+                ),
+            ]
         with tf.control_dependencies(checks):
             return tf.identity(local)
 
