@@ -103,7 +103,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 
 @contextlib.contextmanager
 def _id_range(name: str, ranges: int = 8, width: int = 100) -> Iterator[int]:
-    """The first id of a range no other test session on this machine holds now (``.ci/run`` runs two).
+    """The first id of a range no other test session on this machine holds now (pytest-xdist workers, or two checkouts).
 
     A tfdist Slurm job takes its port slot from its job id (``tfdist.cluster.slurm.job_port_base``): two
     local clusters both numbering jobs from 1 would give two jobs running at once the same ports. Range ``k``
