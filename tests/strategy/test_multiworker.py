@@ -14,9 +14,8 @@ import pytest
 
 from tests.strategy import _tasks_multiworker as multiworker_tasks
 from tests.support import cluster_tasks
-from tests.support.processes import assert_all_gone
+from tests.support.processes import assert_all_gone, reaches_own_process
 from tfdist import launch, testing
-from tfdist.cluster.probe import can_connect
 from tfdist.launch.events import KillAt
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
@@ -336,7 +335,7 @@ def test_ports_unreachable_from_outside_while_training_inside(tmp_path: Path) ->
         if line == "READY" and not probes:
             ports = re.findall(r"started \(command, pid \d+, (127\.0\.0\.1:\d+)\)", "\n".join(statuses))
             for address in ports:
-                probes[address] = can_connect(address, timeout=0.5)
+                probes[address] = reaches_own_process(address)
             Path(probed).touch()  # The tasks wait for this before they train.
 
     run = testing.command_for(cluster_tasks.ready_then_fit, [120.0, probed])

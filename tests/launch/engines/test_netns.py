@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import assert_all_gone
+from tests.support.processes import assert_all_gone, descends_from, reaches_own_process
 from tfdist import LaunchError, LaunchFailure, launch
-from tfdist.cluster.probe import can_connect
 from tfdist.launch.engines._netns import Namespace, unshare_argv
 
 PY = sys.executable
@@ -54,14 +53,15 @@ def _namespaces_work() -> None:
 
 
 def _holders() -> list[int]:
-    """Namespace holders alive on this machine (``python -m tfdist.launch.tasks.netns``)."""
+    """Namespace holders alive that this process started (``python -m tfdist.launch.tasks.netns``): another
+    test session's are not this test's to count."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"tfdist.launch.tasks.netns" in cmdline:
+        if b"tfdist.launch.tasks.netns" in cmdline and descends_from(int(pid), os.getpid()):
             found.append(int(pid))
     return found
 
@@ -73,7 +73,7 @@ def _probe_run(tmp_path: Path, isolate: bool) -> tuple[launch.LaunchResult, dict
 
     def _on_line(task: str, line: str) -> None:
         if line.startswith("LISTENING "):  # the task listens now: try it from here, the launcher's network
-            probed[task] = can_connect(line.split()[1], timeout=0.5)
+            probed[task] = reaches_own_process(line.split()[1])
         reached.update([task] if line == "PEER REACHED" else [])
         if len(probed) == len(reached) == 2:
             done.touch()
@@ -135,7 +135,7 @@ def test_a_namespace_holds_what_its_tasks_bind(rootless: bool) -> None:
         try:
             assert task.stdout is not None and task.stdout.readline() == "up\n"
             assert not namespace.is_free("127.0.0.1", port)  # taken in there...
-            assert not can_connect(f"127.0.0.1:{port}", timeout=0.5)  # ...and not reachable from here
+            assert not reaches_own_process(f"127.0.0.1:{port}")  # ...and not reachable from here
         finally:
             task.communicate("")
         assert task.returncode == 0
