@@ -63,6 +63,7 @@ def test_every_weighting_trains_the_draws_of_one_stream_whichever_worker_claims_
     assert run.ok, run.result.summary() + run.output("chief:0")[-3000:]
     values = run.values["chief:0"]
     chief = run.output("chief:0")
+    took = collections.Counter[str]()
     for tag, epochs, steps in tags:
         value = values[tag]
         assert value["claimed"] == value["iterations"] == epochs * steps, (tag, value["claimed"])
@@ -70,7 +71,8 @@ def test_every_weighting_trains_the_draws_of_one_stream_whichever_worker_claims_
         # The reference: one process reading the same pipeline for epochs * steps batches.
         assert value["counts"] == value["one_process"], tag
         ran = _steps_by_worker(run, tag)
-        assert all(ran.values()) and sum(ran.values()) == epochs * steps, (tag, ran)  # Both workers took steps.
+        assert sum(ran.values()) == epochs * steps, (tag, ran)
+        took.update(ran)
         if tag == "natural":  # The plain claimed order: each record once per data epoch.
             assert collections.Counter(value["counts"]) == {epochs: exact_tasks.RECORDS}
             continue
@@ -78,6 +80,10 @@ def test_every_weighting_trains_the_draws_of_one_stream_whichever_worker_claims_
         taken = collections.Counter(exact_tasks.label_of(i) for i, n in enumerate(value["counts"]) for _ in range(n))
         if tag == "balanced":  # The mix holds: a quarter of 1080 draws each, give or take.
             assert all(200 <= n <= 340 for n in taken.values()), taken
+    # Both workers took steps, and the draws were one stream's all the same. Which worker takes a step is the
+    # coordinator's choice: on a busy machine one worker took all 45 steps of a fit once, so it is counted
+    # over the four fits, not in each.
+    assert all(took[worker] > 0 for worker in ("worker:0", "worker:1")), took
     # Before: every worker read the whole data and drew the same batches.
     assert "Every worker reads the whole data" not in chief
     assert "claimed stratified draws over 4 class groups" in chief
