@@ -55,7 +55,10 @@ def test_an_epoch_is_one_pass_whichever_worker_takes_each_step(data: str, tmp_pa
     assert collections.Counter(value["counts"]) == {3: exact_tasks.RECORDS}, value["counts"]
     assert value["claimed"] == value["iterations"] == 3 * STEPS  # Nothing claimed ahead, nothing left over.
     ran = _steps_by_worker(run)
-    assert all(ran.values()) and sum(ran.values()) == 3 * STEPS, ran  # Both workers took steps.
+    # Every step ran once, on one worker or the other: which one is the coordinator's choice, and on a busy
+    # machine one worker can take them all (a stratified fit's 45 steps once went to one worker). The next
+    # test has both workers take steps by construction.
+    assert sum(ran.values()) == 3 * STEPS, ran
     chief = run.output("chief:0")
     assert "claimed steps: 480 records, 20 steps per data epoch of 12 streams" in chief
     assert "The input ends after 60 steps (num_epochs=3 data epochs of 20 steps)" in chief  # Said up front.
