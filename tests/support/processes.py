@@ -7,6 +7,8 @@ import os
 import time
 from collections.abc import Sequence
 
+from tfdist.cluster.probe import can_connect
+
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as gone)."""
@@ -70,8 +72,6 @@ def reaches_own_process(address: str, timeout: float = 0.5) -> bool:
     A bare connect can reach another program that listens on the same port number (another test session's
     task, with pytest-xdist): isolation is broken only if the listener is one of ours.
     """
-    from tfdist.cluster.probe import can_connect
-
     return can_connect(address, timeout=timeout) and any(
         descends_from(pid, os.getpid()) for pid in listeners(int(address.rsplit(":", 1)[1]))
     )

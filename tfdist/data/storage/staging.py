@@ -172,12 +172,13 @@ class StagedReads:
 
         _, want = self._paths(url)
         polls = max(1, int(self.timeout / _POLL_S))
+        copy_or_error = tf.strings.join([local, "*"])
 
         def exists(pattern: Any) -> Any:
             return tf.size(tf.io.matching_files(pattern)) > 0
 
         def waiting(_: Any) -> Any:
-            found = exists(tf.strings.join([local, "*"]))  # The copy, or its error file.
+            found = exists(copy_or_error)
             # Asked again while missing: the first request may have been served and its copy evicted since.
             again = tf.cond(found, tf.no_op, lambda: tf.io.write_file(want, self._requests.lookup(url)))
             with tf.control_dependencies([again]):
@@ -189,7 +190,7 @@ class StagedReads:
         waited = attempts.map(waiting).take_while(lambda w: w).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
         error = tf.strings.join([local, ".error"])
         with tf.control_dependencies([waited]):  # Looked at after the wait, not in parallel with it.
-            ready = exists(tf.strings.join([local, "*"]))
+            ready = exists(copy_or_error)
             failed = exists(error)
         why = tf.cond(failed, lambda: tf.io.read_file(error), lambda: tf.constant(""))
         give_up = tf.cond(ready, tf.no_op, lambda: tf.io.write_file(self._gave_up, url))
