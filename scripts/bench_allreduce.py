@@ -29,8 +29,10 @@ time / 4), the host's rates as tfdist doctor --measure-host measures them (tfdis
 pack), and torch gloo fp32 in DDP's buckets with the TCP limit (both hosts swapping the list's bytes), every
 process on its simulated host. The table puts each variant beside its wire limit (its bytes each way at the
 link's rate; unshaped, at the rate TCP reached) and the planner's prediction at that rate with those host
-rates, and the planner's choice (tfdist plan --link RATE --choose) beside the fastest measured. With 3 or 4
-hosts: TF's default, tuned fp32 and bf16, and gloo. --from-json reports an earlier run's measurements again.
+rates (unshaped, with the wire's share taken out of the collectives' rates at TCP's rate, as tfdist doctor
+--measure-link does), and the planner's choice (tfdist plan --link RATE --choose) beside the fastest
+measured. Every variant on any number of hosts; the TCP limit only on 2 (unshaped needs it). --from-json
+reports an earlier run's measurements again.
 """
 
 from __future__ import annotations
@@ -293,16 +295,17 @@ def loopback(repeats: int, sizes: list[int]) -> dict[str, float]:
 LOCAL_SGD_PERIOD = 4
 
 
-def tf_link_worker(repeats: int, full: bool, link_bandwidth: float | None) -> dict[str, Any]:
+def tf_link_worker(repeats: int, link_bandwidth: float | None) -> dict[str, Any]:
     """Median seconds per variant on the ResNet-50 list between simulated hosts: TF's default, tuned (the
-    autotuner's pack, tuned with bf16) in fp32 and bf16; with ``full`` also fp16, PowerSGD, top-k (each with
-    its arithmetic alone) and local SGD's averaging (in the tuned packs). And the host's rates as ``tfdist
+    autotuner's pack, tuned with bf16) in fp32, bf16 and fp16, PowerSGD, top-k (each with its arithmetic
+    alone) and local SGD's averaging (in the tuned packs). And the host's rates as ``tfdist
     doctor --measure-host`` measures them on a link of ``link_bandwidth`` (bytes/s; None: unshaped)."""
     import tfdist
 
     strategy = tfdist.build_strategy("multi_worker_mirrored", communication="ring")
     from tfdist._compat.distribute import communication_options
     from tfdist.comm import CollectiveConfig, all_reduce_timer, autotune_collectives, measure_host_rates
+    from tfdist.comm.host import RATE_NAMES
 
     resnet = resnet50_shapes()
 
@@ -312,24 +315,18 @@ def tf_link_worker(repeats: int, full: bool, link_bandwidth: float | None) -> di
     out: dict[str, Any] = {"default": median(all_reduce_timer(strategy, resnet, None))}
     pack = autotune_collectives(strategy, resnet, compression="bf16", repeats=3).bytes_per_pack
     out["bytes_per_pack"] = pack
-    for name, compression in (("tuned_fp32", "none"), ("tuned_bf16", "bf16"), ("tuned_fp16", "fp16"))[
-        : 3 if full else 2
-    ]:
+    for name, compression in (("tuned_fp32", "none"), ("tuned_bf16", "bf16"), ("tuned_fp16", "fp16")):
         config = CollectiveConfig(compression=compression, bytes_per_pack=pack, split_bytes=pack)
         out[name] = median(all_reduce_timer(strategy, resnet, config))
-    if full:
-        for name, config in _compressed_variants(pack).items():
-            out[name] = median(compressed_timer(strategy, resnet, config))
-            out[f"{name}_compute"] = median(compressed_timer(strategy, resnet, config, local=True))
-        options = communication_options(strategy)
-        options.bytes_per_pack = pack  # As under build_strategy(tuning=...): the averaging traced in packs.
-        out["local_sgd_averaging"] = median(averaging_timer(strategy, resnet))
-        options.bytes_per_pack = 0
+    for name, config in _compressed_variants(pack).items():
+        out[name] = median(compressed_timer(strategy, resnet, config))
+        out[f"{name}_compute"] = median(compressed_timer(strategy, resnet, config, local=True))
+    options = communication_options(strategy)
+    options.bytes_per_pack = pack  # As under build_strategy(tuning=...): the averaging traced in packs.
+    out["local_sgd_averaging"] = median(averaging_timer(strategy, resnet))
+    options.bytes_per_pack = 0
     host = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats)
-    out["host_collective_bandwidth"] = host.collective_bandwidth
-    out["host_memory_bandwidth"] = host.memory_bandwidth
-    out["host_select_bandwidth"] = host.select_bandwidth
-    out["host_matmul_bandwidth"] = host.matmul_bandwidth
+    out.update({f"host_{name}": getattr(host, name) for name in RATE_NAMES})
     one_pack = measure_host_rates(strategy, link_bandwidth=link_bandwidth, repeats=repeats, bytes_per_pack=0)
     out["host_one_pack_bandwidth"] = one_pack.collective_bandwidth
     return out
@@ -402,7 +399,7 @@ def on_hosts(hosts: int, rate: str, repeats: int, torch_python: str | None) -> d
         "bench_allreduce:tf_link_worker",
         workers=hosts,
         timeout=900,
-        args=[repeats, hosts == 2, link],
+        args=[repeats, link],
         env=env,
         **network,
     )
@@ -597,9 +594,11 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
     ``tfdist doctor --measure-host`` measures them; unshaped, the rate TCP reached between the hosts), and the
     planner's choice against the fastest measured. TF's default sends one pack, which nothing overlaps: its
     prediction takes the rate measured for one pack, with overlap 0; gloo's host work is its sums ((N-1)/N of
-    the values, 3 passes each)."""
+    the values, 3 passes each). Unshaped, the tasks measured their collectives' rates before TCP's rate was
+    known, wire included: the report takes the wire's share out at TCP's rate, as ``tfdist doctor
+    --measure-link --measure-host`` does with the rate it measured."""
     from tfdist.comm import HostRates, NoCompression, combined_seconds, estimate_variants
-    from tfdist.comm.host import STREAM_PASSES
+    from tfdist.comm.host import PACKED_OVERLAP, RATE_NAMES, STREAM_PASSES, host_seconds
     from tfdist.launch import Link
     from tfdist.plan import LAN_LATENCY
 
@@ -610,19 +609,21 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         bandwidth = fp32 / tcp if tcp else None
     else:
         bandwidth = Link.parse(measured["link"]).bits_per_second / 8
-    # The host's rates as measured (a run from before the compute rates were measured: their defaults).
-    rates = {f: times[f"host_{f}"] for f in ("select_bandwidth", "matmul_bandwidth") if f"host_{f}" in times}
-    host = HostRates(
-        collective_bandwidth=times["host_collective_bandwidth"],
-        memory_bandwidth=times["host_memory_bandwidth"],
-        **rates,
-    )
+    if measured["link"] == "none" and bandwidth is not None:
+        for name, overlap in (("host_collective_bandwidth", PACKED_OVERLAP), ("host_one_pack_bandwidth", 0.0)):
+            if name in times:  # Seconds per byte moved, measured with the wire in; the host's share of it.
+                share = host_seconds(measured=1 / times[name], wire=1 / bandwidth, overlap=overlap)
+                times[name] = 1 / share if share > 0 else times[name]
+    # The host's rates as measured (a run from before a rate was measured: its default).
+    host = HostRates(**{name: times[f"host_{name}"] for name in RATE_NAMES if f"host_{name}" in times})
     report: dict[str, Any] = {"link": measured["link"], "hosts": hosts, "bandwidth_MBps": bandwidth and bandwidth / 1e6}
     report["host_MBps"] = host.collective_bandwidth / 1e6
     report["host_one_pack_MBps"] = times.get("host_one_pack_bandwidth", host.collective_bandwidth) / 1e6
     report["memory_bandwidth_GBps"] = host.memory_bandwidth / 1e9
     report["select_bandwidth_GBps"] = host.select_bandwidth / 1e9
+    report["scatter_bandwidth_MBps"] = host.scatter_bandwidth / 1e6
     report["matmul_bandwidth_GBps"] = host.matmul_bandwidth / 1e9
+    report["matvec_bandwidth_GBps"] = host.matvec_bandwidth / 1e9
     if bandwidth is None:
         return report
     link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth, "latency": LAN_LATENCY}
@@ -679,21 +680,23 @@ def _markdown(report: dict[str, Any]) -> str:
     lines = [
         f"{head} ({report['bandwidth_MBps']:.0f} MB/s each way), host: collectives {report['host_MBps']:.0f} MB/s "
         f"(one pack {report['host_one_pack_MBps']:.0f}), memory {report['memory_bandwidth_GBps']:.1f} GB/s, top-k "
-        f"selection {report['select_bandwidth_GBps']:.2f} GB/s, thin products {report['matmul_bandwidth_GBps']:.1f} GB/s",
+        f"selection {report['select_bandwidth_GBps']:.2f} GB/s and scatter {report['scatter_bandwidth_MBps']:.1f} MB/s, "
+        f"thin products {report['matmul_bandwidth_GBps']:.1f} GB/s (rank 1: {report['matvec_bandwidth_GBps']:.1f})",
         "",
-        "| variant | ms | wire limit ms | / limit | planner ms | planner error |",
-        "|---|---|---|---|---|---|",
+        "| variant | ms | wire limit ms | / limit | planner ms | planner error | compute alone ms (priced) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
+        compute = f"{row['compute_ms']:.1f} ({row['predicted_compute_ms']:.1f})" if "compute_ms" in row else ""
         lines.append(
             f"| {row['variant']} | {row['ms']:.1f} | {row['limit_ms']:.1f} | {row['over_limit']:.2f}x "
-            f"| {row['predicted_ms']:.1f} | {row['error']:+.0%} |"
+            f"| {row['predicted_ms']:.1f} | {row['error']:+.0%} | {compute} |"
         )
     extra = {
         k: v
         for k, v in report.items()
         if k not in ("rows", "link", "hosts", "bandwidth_MBps", "host_MBps", "host_one_pack_MBps")
-        and not k.endswith("_GBps")
+        and not k.endswith(("_GBps", "_MBps"))
     }
     return "\n".join(lines) + "\n\n" + json.dumps(extra) + "\n"
 

@@ -256,7 +256,8 @@ def test_compressed_traffic_formulas() -> None:
     assert power.arithmetic_seconds is None and power.total_seconds is None  # No memory bandwidth given.
     # With one: the passes over the values each streams (PowerSGD its matrices, top-k everything), and what is
     # no stream at the host's other rates, their defaults: PowerSGD's 4 thin products at 3.5 GB/s (6 passes
-    # left at the memory bandwidth), top-k's selection scanning every value once at 600 MB/s.
+    # left at the memory bandwidth), top-k's selection scanning every value once at 600 MB/s and its scatter of
+    # every worker's entries at 12 MB/s (11 passes left).
     fast = {**link, "memory_bandwidth": 2e10}
     matrices = 2048000 + 36864
     power = compressed_traffic(shapes=shapes, compression="powersgd", rank=4, **fast)
@@ -264,14 +265,20 @@ def test_compressed_traffic_formulas() -> None:
     assert power.total_seconds == pytest.approx(power.seconds_per_step + (power.arithmetic_seconds or 0.0))
     assert power.to_dict()["total_seconds"] == power.total_seconds
     top = compressed_traffic(shapes=shapes, compression="topk", **fast)
-    assert top.arithmetic_seconds == pytest.approx(12 * 4 * 2085864 / 2e10 + 4 * 2085864 / 0.6e9)
-    # Every rate from the host's record: the selection and the products at theirs, the rank not in the price.
-    host = HostRates(memory_bandwidth=2e10, select_bandwidth=5e8, matmul_bandwidth=1e10)
+    entries = link["workers"] * k  # Every worker's entries, scattered into the sum.
+    assert top.arithmetic_seconds == pytest.approx(11 * 4 * 2085864 / 2e10 + 4 * 2085864 / 0.6e9 + 4 * entries / 12e6)
+    # Every rate from the host's record: the selection, the scatter and the products at theirs; the rank in
+    # the products' price only as rank 1 (matrix-vector products) or more.
+    host = HostRates(
+        memory_bandwidth=2e10, select_bandwidth=5e8, scatter_bandwidth=2e7, matmul_bandwidth=1e10, matvec_bandwidth=2e10
+    )
     slow_select = compressed_traffic(shapes=shapes, compression="topk", host=host, **link)
-    assert slow_select.arithmetic_seconds == pytest.approx(12 * 4 * 2085864 / 2e10 + 4 * 2085864 / 5e8)
-    for rank in (1, 4):
+    assert slow_select.arithmetic_seconds == pytest.approx(
+        11 * 4 * 2085864 / 2e10 + 4 * 2085864 / 5e8 + 4 * entries / 2e7
+    )
+    for rank, products in ((1, 2e10), (2, 1e10), (4, 1e10)):
         ranked = compressed_traffic(shapes=shapes, compression="powersgd", rank=rank, host=host, **link)
-        assert ranked.arithmetic_seconds == pytest.approx(6 * 4 * matrices / 2e10 + 4 * 4 * matrices / 1e10)
+        assert ranked.arithmetic_seconds == pytest.approx(6 * 4 * matrices / 2e10 + 4 * 4 * matrices / products)
     with pytest.raises(PlanError, match="`memory_bandwidth`. Received: 20000000000.0. Expected None with `host`"):
         compressed_traffic(shapes=shapes, compression="topk", host=host, **fast)
     local = compressed_traffic(shapes=shapes, compression="local_sgd", period=8, **fast)
@@ -462,7 +469,9 @@ def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -
         "collective_bandwidth": 300e6,
         "memory_bandwidth": 2e9,
         "select_bandwidth": 0.6e9,
+        "scatter_bandwidth": 12e6,
         "matmul_bandwidth": 3.5e9,
+        "matvec_bandwidth": 4.5e9,
         "overlap": 0.25,
     }
     # top-k's selection at its own rate: a slower one adds its scan of every value, the others unchanged.
@@ -480,16 +489,20 @@ def test_cli_choose_prices_every_variant_and_picks_the_fastest(tmp_path: Path) -
     text = plan("--shapes", shapes, "--choose")
     assert text.returncode == 0, text.stderr
     assert (
-        "host:              collectives 300MB/s, memory 10GB/s, top-k selection 600MB/s, thin products 3.5GB/s, 25% of "
-        "the shorter" in text.stdout
+        "host:              collectives 300MB/s, memory 10GB/s, top-k selection 600MB/s and scatter 12MB/s, thin "
+        "products 3.5GB/s (rank 1: 4.5GB/s), 25% of the shorter" in text.stdout
     )
     assert "(defaults measured on 2 CPU cores: tfdist doctor --measure-host measures yours)" in text.stdout
     assert "  powersgd rank=4 " in text.stdout
     assert "choice:            powersgd rank=1 (accuracy not priced" in text.stdout
     # The host's rates as tfdist doctor --measure-host prints them: the fast host leaves bf16 its wire time.
     host = ("--collective-bandwidth", "100GB/s", "--memory-bandwidth", "9.61GB/s", "--select-bandwidth", "1.2GB/s")
-    measured = plan("--shapes", shapes, "--choose", *host, "--matmul-bandwidth", "5GB/s")
-    assert "collectives 100GB/s, memory 9.61GB/s, top-k selection 1.2GB/s, thin products 5GB/s" in measured.stdout
+    products = ("--scatter-bandwidth", "20MB/s", "--matmul-bandwidth", "5GB/s", "--matvec-bandwidth", "8GB/s")
+    measured = plan("--shapes", shapes, "--choose", *host, *products)
+    assert (
+        "collectives 100GB/s, memory 9.61GB/s, top-k selection 1.2GB/s and scatter 20MB/s, thin products 5GB/s "
+        "(rank 1: 8GB/s)" in measured.stdout
+    )
     assert "defaults measured" not in measured.stdout
     assert "defaults measured" in plan("--shapes", shapes, "--choose", *host).stdout  # One rate left at its default.
     slow = plan("--shapes", shapes, "--choose", "--collective-bandwidth", "slow")

@@ -147,8 +147,9 @@ def test_measure_host_times_the_collectives_on_every_task_and_speaks_plans_flags
         output = result.task(f"worker:{me}").output
         found = re.search(
             rf"^host worker:{me}: collectives (\S+) each way \(the link's share taken out\), memory (\S+), top-k "
-            r"selection \S+, thin products \S+: tfdist plan (--collective-bandwidth \S+ --memory-bandwidth \S+ "
-            r"--select-bandwidth \S+ --matmul-bandwidth \S+)$",
+            r"selection \S+ and scatter \S+, thin products \S+ \(rank 1: \S+\): tfdist plan (--collective-bandwidth "
+            r"\S+ --memory-bandwidth \S+ --select-bandwidth \S+ --scatter-bandwidth \S+ --matmul-bandwidth \S+ "
+            r"--matvec-bandwidth \S+)$",
             output,
             re.M,
         )
@@ -158,6 +159,8 @@ def test_measure_host_times_the_collectives_on_every_task_and_speaks_plans_flags
     rates = dict(zip(printed[0].split()[::2], (parse_quantity(v, "bandwidth") for v in printed[0].split()[1::2])))
     # The selection builds an index list: compute, well below a plain stream through memory.
     assert rates["--select-bandwidth"] < rates["--memory-bandwidth"] / 2, rates
+    # The scatter writes each value to a random place: far below the selection's scan.
+    assert rates["--scatter-bandwidth"] < rates["--select-bandwidth"] / 10, rates
     plan = testing.run_python(
         [sys.executable, "-m", "tfdist.cli.main", "plan", "--workers", "2", "--link", "1gbit", "--shapes", "[[64, 64]]"]
         + ["--choose", *printed[0].split()],

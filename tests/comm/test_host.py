@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -13,6 +14,7 @@ from tfdist.comm import (
     HostRates,
     NoCompression,
     PowerSGD,
+    TopK,
     combined_seconds,
     compressed_traffic,
     estimate_variants,
@@ -137,24 +139,44 @@ def test_a_slow_host_moves_the_choice_where_the_wire_alone_would_not() -> None:
 
 def test_each_compressor_prices_its_compute_at_the_rate_of_what_it_does() -> None:
     matrices = 10 * 9 * 512 * 512 + 2048 * 1000  # What PowerSGD compresses; the bias goes whole.
-    host = HostRates(memory_bandwidth=10e9, select_bandwidth=1e9, matmul_bandwidth=4e9)
+    host = HostRates(
+        memory_bandwidth=10e9, select_bandwidth=1e9, scatter_bandwidth=2e7, matmul_bandwidth=4e9, matvec_bandwidth=8e9
+    )
     found = {e.label: e for e in estimate_variants(shapes=SHAPES, host=host, **ONE_GBIT)}
-    # PowerSGD: 6 passes through memory, its 4 thin products at theirs; the same at every rank.
-    power = 6 * 4 * matrices / 10e9 + 4 * 4 * matrices / 4e9
-    for rank in (1, 2, 4):
+    # PowerSGD: 6 passes through memory, its 4 thin products at theirs: rank 1's matrix-vector products at
+    # the matvec rate, ranks 2 and 4 at the matmul rate.
+    for rank, products in ((1, 8e9), (2, 4e9), (4, 4e9)):
+        power = 6 * 4 * matrices / 10e9 + 4 * 4 * matrices / products
         assert found[f"powersgd rank={rank}"].arithmetic_seconds == pytest.approx(power)
-    # Top-k: 12 passes through memory, and its selection scanning every value once.
-    assert found["topk density=0.01"].arithmetic_seconds == pytest.approx(12 * 4 * VALUES / 10e9 + 4 * VALUES / 1e9)
+    # Top-k: 11 passes through memory, its selection scanning every value once, and the scatter of both
+    # workers' entries (1% of each tensor, rounded up) into their sum.
+    entries = 2 * (10 * 23593 + 20480 + 10)
+    topk = 11 * 4 * VALUES / 10e9 + 4 * VALUES / 1e9 + 4 * entries / 2e7
+    assert found["topk density=0.01"].arithmetic_seconds == pytest.approx(topk)
     # Local SGD and the casts stream only: the new rates leave them as they were.
-    stream_only = HostRates(memory_bandwidth=10e9, select_bandwidth=1.0, matmul_bandwidth=1.0)
+    stream_only = HostRates(
+        memory_bandwidth=10e9, select_bandwidth=1.0, scatter_bandwidth=1.0, matmul_bandwidth=1.0, matvec_bandwidth=1.0
+    )
     same = {e.label: e for e in estimate_variants(shapes=SHAPES, host=stream_only, **ONE_GBIT)}
     for label in ("none", "bf16", "fp16", "local_sgd period=4"):
         assert same[label].seconds == found[label].seconds
-    # A slower selection moves top-k alone; slower products move every PowerSGD rank alike.
-    slower = HostRates(memory_bandwidth=10e9, select_bandwidth=0.5e9, matmul_bandwidth=2e9)
+    # A slower selection or scatter moves top-k alone; slower thin products move ranks 2 and 4 alike, slower
+    # matrix-vector products rank 1 alone.
+    slower = HostRates(
+        memory_bandwidth=10e9, select_bandwidth=0.5e9, scatter_bandwidth=1e7, matmul_bandwidth=2e9, matvec_bandwidth=8e9
+    )
     moved = {
         e.label: e.seconds - found[e.label].seconds for e in estimate_variants(shapes=SHAPES, host=slower, **ONE_GBIT)
     }
-    assert moved["topk density=0.01"] == pytest.approx(4 * VALUES / 1e9)
+    assert moved["topk density=0.01"] == pytest.approx(4 * VALUES / 1e9 + 4 * entries / 2e7)
     assert moved["powersgd rank=4"] == pytest.approx(4 * 4 * matrices / 4e9)
-    assert moved["powersgd rank=1"] == pytest.approx(moved["powersgd rank=4"])
+    assert moved["powersgd rank=2"] == pytest.approx(moved["powersgd rank=4"])
+    assert moved["powersgd rank=1"] == 0
+    slower_matvec = dataclasses.replace(host, matvec_bandwidth=4e9)
+    again = {e.label: e for e in estimate_variants(shapes=SHAPES, host=slower_matvec, **ONE_GBIT)}
+    assert again["powersgd rank=1"].seconds - found["powersgd rank=1"].seconds == pytest.approx(4 * 4 * matrices / 8e9)
+    assert all(again[label].seconds == found[label].seconds for label in found if label != "powersgd rank=1")
+    # Top-k's scatter grows with the workers (each one's entries land in the sum); its other compute does not.
+    four = estimate_variants(shapes=SHAPES, host=host, variants=[TopK()], **{**ONE_GBIT, "workers": 4})[0]
+    more = (four.arithmetic_seconds or 0.0) - (found["topk density=0.01"].arithmetic_seconds or 0.0)
+    assert more == pytest.approx(4 * entries / 2e7)

@@ -254,7 +254,8 @@ def _measure_host(spec: ClusterSpec | None, link_bits: float | None) -> int:
     wire = "the link's share taken out" if link_bits else "the wire's share included: add --measure-link"
     sys.stdout.write(
         f"host {spec.task.name}: collectives {values['collective_bandwidth']} each way ({wire}), memory "
-        f"{values['memory_bandwidth']}, top-k selection {values['select_bandwidth']}, thin products "
-        f"{values['matmul_bandwidth']}: tfdist plan {' '.join(f'{flags[n]} {v}' for n, v in values.items())}\n"
+        f"{values['memory_bandwidth']}, top-k selection {values['select_bandwidth']} and scatter "
+        f"{values['scatter_bandwidth']}, thin products {values['matmul_bandwidth']} (rank 1: "
+        f"{values['matvec_bandwidth']}): tfdist plan {' '.join(f'{flags[n]} {v}' for n, v in values.items())}\n"
     )
     return EXIT_OK

@@ -57,7 +57,7 @@ _FLAGS = {
     **{option: "--" + option.replace("_", "-") for option in _OPTIONS},
 }
 # The host's rates a compressor's compute takes besides the memory bandwidth (with --compression as well).
-_COMPUTE_RATES = ("select_bandwidth", "matmul_bandwidth")
+_COMPUTE_RATES = ("select_bandwidth", "scatter_bandwidth", "matmul_bandwidth", "matvec_bandwidth")
 _EXAMPLES = {
     "params": "7B",
     "bandwidth": "10Gbps",
@@ -317,7 +317,8 @@ def _variants_report(variants: list[VariantEstimate], host: HostRates, given: di
         return ""
     lines = [
         f"host:              collectives {rate_text(host.collective_bandwidth)}, memory {rate_text(host.memory_bandwidth)}, "
-        f"top-k selection {rate_text(host.select_bandwidth)}, thin products {rate_text(host.matmul_bandwidth)}, "
+        f"top-k selection {rate_text(host.select_bandwidth)} and scatter {rate_text(host.scatter_bandwidth)}, thin "
+        f"products {rate_text(host.matmul_bandwidth)} (rank 1: {rate_text(host.matvec_bandwidth)}), "
         f"{host.overlap:.0%} of the shorter of wire and host hidden",
         "variants:          ms/step (wire; host: collectives + compute), MB/worker step",
     ]

@@ -115,10 +115,12 @@ class TrafficModel(Compressor):
     def streamed_values(self, shapes: Shapes) -> float:
         """The values its arithmetic streams through memory per step."""
 
-    def compute_seconds(self, shapes: Shapes, rates: HostRates) -> float:
-        """Its step's compute on a host of ``rates``: by default :attr:`arithmetic_passes` over
-        :meth:`streamed_values` at the memory bandwidth. A compressor whose work is not all a stream through
-        memory (a selection, a matrix product) charges that part at the rate ``rates`` has for it."""
+    def compute_seconds(self, shapes: Shapes, rates: HostRates, *, workers: int) -> float:
+        """Its step's compute on a host of ``rates`` among ``workers``: by default :attr:`arithmetic_passes`
+        over :meth:`streamed_values` at the memory bandwidth. A compressor whose work is not all a stream through
+        memory (a selection, a matrix product, a scatter of what every worker sent) charges that part at the
+        rate ``rates`` has for it."""
+        del workers  # A stream over one's own gradients costs the same among any number.
         return rates.arithmetic_seconds(self.arithmetic_passes, self.streamed_values(shapes))
 
     def warmup(self, shapes: Shapes, link: Link) -> Warmup:

@@ -8,16 +8,18 @@ byte on the host, and on two CPU cores it moved 215-320 MB/s between simulated h
 * the **host**: the same collectives' bytes at :attr:`HostRates.collective_bandwidth` (the rate the
   collective implementation moves bytes at when the wire is not the limit), plus its compute: the casts'
   and compressors' passes over the gradients at :attr:`HostRates.memory_bandwidth`, and what is not a
-  stream through memory at a rate of its own: top-k's selection at :attr:`HostRates.select_bandwidth`,
-  PowerSGD's thin matrix products at :attr:`HostRates.matmul_bandwidth` (each compressor's
-  ``compute_seconds``).
+  stream through memory at a rate of its own: top-k's selection at :attr:`HostRates.select_bandwidth` and
+  its scatter of what every worker sent at :attr:`HostRates.scatter_bandwidth`, PowerSGD's thin matrix
+  products at :attr:`HostRates.matmul_bandwidth` (:attr:`HostRates.matvec_bandwidth` at rank 1; each
+  compressor's ``compute_seconds``).
 
 and combines them as :func:`combined_seconds`: ``wire + host - overlap * min(wire, host)``. An overlap of 0
 is a sum (nothing of one hides behind the other), 1 the maximum of the two; tfdist's packed all-reduce sits
 between, near the sum, fitted to the benchmark (:data:`PACKED_OVERLAP`). ``tfdist doctor --probe SECONDS --measure-host``
 measures the rates where the tasks run (:func:`tfdist.comm.host_probe.measure_host_rates`: each a short TensorFlow micro-benchmark on
 every task at once), ``tfdist plan`` reads them (``--collective-bandwidth``, ``--memory-bandwidth``,
-``--select-bandwidth``, ``--matmul-bandwidth``), and without them takes the defaults measured on two CPU cores.
+``--select-bandwidth``, ``--scatter-bandwidth``, ``--matmul-bandwidth``, ``--matvec-bandwidth``), and without them
+takes the defaults measured on two CPU cores.
 
 Example:
     >>> host = HostRates(collective_bandwidth=300e6, memory_bandwidth=10e9)
@@ -49,6 +51,11 @@ DEFAULT_MEMORY_BANDWIDTH = 10e9
 # stream; the defaults keep those shares of the default stream, as a busier host slows all three alike.
 DEFAULT_SELECT_BANDWIDTH = 0.6e9
 DEFAULT_MATMUL_BANDWIDTH = 3.5e9
+# Measured on the same 2 cores (2026-12-07, one process): rank-1 products (matrix-vector and outer products, a
+# stream each) took 0.77x the time of rank-4 ones, and scattering 512k float32 values at random indices into a
+# 100 MB sum took 86 ms beyond the sum's fill (24 MB/s of values: random writes, not a stream); the same shares.
+DEFAULT_MATVEC_BANDWIDTH = 4.5e9
+DEFAULT_SCATTER_BANDWIDTH = 12e6
 # How much of the shorter of the wire's and the host's times hides behind the longer in tfdist's packed
 # all-reduce (packs of a few MB; TF runs a function's collectives one after another, so only the work inside a
 # pack overlaps): fitted at 1 Gbit/s between 2 simulated hosts with the rate measured unshaped (0-0.25 fit),
@@ -71,6 +78,11 @@ class HostRates:
         1%) scans, all tasks at once: a scan that builds an index list is compute, not a stream.
       matmul_bandwidth: Bytes per second of a matrix a thin product with rank-4 factors (``[n, m] @ [m, 4]``
         and back, PowerSGD's) streams, all tasks at once.
+      matvec_bandwidth: The same with rank-1 factors: matrix-vector and outer products, another kernel than
+        a matrix product's (PowerSGD at rank 1).
+      scatter_bandwidth: Bytes per second of float32 values scattered at random indices into a dense sum, all
+        tasks at once (top-k's sum of what every worker sent): a write per value to a random place, not a
+        stream.
       overlap: The share of the shorter of the wire's and the host's times hidden behind the longer, from 0
         (they add up) to 1 (the longer alone counts).
 
@@ -95,14 +107,22 @@ Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures i
         DEFAULT_SELECT_BANDWIDTH,
         help="bytes per second of float32 values top-k's selection scans, e.g. 600MB/s",
     )
+    scatter_bandwidth: float = option(
+        DEFAULT_SCATTER_BANDWIDTH,
+        help="bytes per second of float32 values top-k scatters into its sum at random indices, e.g. 12MB/s",
+    )
     matmul_bandwidth: float = option(
         DEFAULT_MATMUL_BANDWIDTH,
         help="bytes per second of a matrix PowerSGD's thin products stream, e.g. 3.5GB/s",
     )
+    matvec_bandwidth: float = option(
+        DEFAULT_MATVEC_BANDWIDTH,
+        help="the same at rank 1 (matrix-vector products), e.g. 4.5GB/s",
+    )
     overlap: float = PACKED_OVERLAP
 
     def __post_init__(self) -> None:
-        for name in ("collective_bandwidth", "memory_bandwidth", "select_bandwidth", "matmul_bandwidth"):
+        for name in RATE_NAMES:
             require_number(
                 PlanError,
                 name,
@@ -127,9 +147,18 @@ Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures i
         """The time top-k's selection takes to scan ``values`` float32 magnitudes."""
         return 4.0 * values / self.select_bandwidth
 
-    def matmul_seconds(self, passes: float, values: float) -> float:
-        """The time of ``passes`` thin products (a rank-few factor) over a matrix of ``values`` float32 values."""
-        return passes * 4.0 * values / self.matmul_bandwidth
+    def matmul_seconds(self, passes: float, values: float, *, rank: int = 4) -> float:
+        """The time of ``passes`` thin products with rank-``rank`` factors over a matrix of ``values`` float32
+        values (rank 1 at :attr:`matvec_bandwidth`)."""
+        return passes * 4.0 * values / (self.matvec_bandwidth if rank == 1 else self.matmul_bandwidth)
+
+    def scatter_seconds(self, values: float) -> float:
+        """The time of scattering ``values`` float32 values at random indices into a dense sum (its fill apart)."""
+        return 4.0 * values / self.scatter_bandwidth
+
+
+RATE_NAMES = tuple(field.name for field in dataclasses.fields(HostRates) if field.name != "overlap")
+"""HostRates' rates (its fields but the overlap), in their order: what the probe measures and a run records."""
 
 
 def combined_seconds(*, wire: float, host: float, overlap: float) -> float:

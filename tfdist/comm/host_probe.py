@@ -2,7 +2,7 @@
 
 Each rate is a short TensorFlow micro-benchmark that every worker runs at once: tfdist's packed all-reduce
 (:mod:`tfdist.comm.collective`), a stream through memory, top-k's selection (:mod:`tfdist.comm.selection`)
-and PowerSGD's thin products. Apart from :mod:`tfdist.comm.host`, which the compressors price their steps
+and its scatter into a dense sum, and PowerSGD's thin products at ranks 4 and 1. Apart from :mod:`tfdist.comm.host`, which the compressors price their steps
 with, as the measuring uses the collectives that import those compressors.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfdist.comm.host import (
@@ -45,7 +45,8 @@ def measure_host_rates(
     """Measures this cluster's :class:`HostRates`; call on every worker at once (the all-reduce is collective).
 
     Times tfdist's packed all-reduce of 64 MB of float32, a stream of the same bytes through memory, top-k's
-    selection of 1% of them and PowerSGD's thin products over them (:func:`compute_seconds`), the slowest
+    selection of 1% of them and its scatter of two workers' 1% into their sum, and PowerSGD's thin products over
+    them at ranks 4 and 1 (:func:`compute_seconds`), the slowest
     worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
     all-reduce is taken out at the slowest ``link_bandwidth`` the workers give (bytes per second each way, e.g.
     as ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
@@ -72,8 +73,8 @@ def measure_host_rates(
     config = CollectiveConfig(bytes_per_pack=bytes_per_pack, split_bytes=bytes_per_pack) if bytes_per_pack else None
     timer = all_reduce_timer(strategy, shapes, config)  # None: TF's own all-reduce, one pack.
     reduce_seconds = statistics.median(timer() for _ in range(repeats))
-    streamed, selected, products = compute_seconds(shapes, repeats)
-    local = tf.constant([[reduce_seconds, streamed, selected, products, link_bandwidth or 0.0]], tf.float64)
+    computed = compute_seconds(shapes, repeats)
+    local = tf.constant([[reduce_seconds, *computed, link_bandwidth or 0.0]], tf.float64)
     every = strategy.gather(strategy.experimental_distribute_values_from_function(lambda _: local), axis=0).numpy()
     slowest = every.max(axis=0)  # Every worker's times, the slowest of each; and the slowest link given.
     links = [float(rate) for rate in every[:, -1] if rate > 0]
@@ -97,6 +98,8 @@ def measure_host_rates(
         memory_bandwidth=STREAM_PASSES * _MEASURE_BYTES / float(slowest[1]),
         select_bandwidth=_MEASURE_BYTES / float(slowest[2]),
         matmul_bandwidth=MATMUL_PASSES * _MEASURE_BYTES / float(slowest[3]),
+        matvec_bandwidth=MATMUL_PASSES * _MEASURE_BYTES / float(slowest[4]),
+        scatter_bandwidth=4.0 * _scattered(shapes) / float(slowest[5]),
         overlap=overlap,
     )
 
@@ -104,49 +107,97 @@ def measure_host_rates(
 def stream_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> float:
     """Median seconds this process takes for ``a + b`` over float32 tensors of ``shapes``: :data:`STREAM_PASSES`
     passes over memory (two reads and a write of each value), after one warm-up."""
+    return _interleaved({"stream": _stream(shapes)}, repeats)["stream"]
+
+
+def _stream(shapes: Sequence[tuple[int, ...]]) -> Callable[[], Any]:
     import tensorflow as tf
 
     a = [tf.ones(s) for s in shapes]
     b = [tf.ones(s) for s in shapes]
-    return _median_seconds(tf.function(lambda: [x + y for x, y in zip(a, b)]), repeats)
+    return tf.function(lambda: [x + y for x, y in zip(a, b)])
 
 
-def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[float, float, float]:
-    """Median seconds this process takes, over float32 tensors of ``shapes``, for: a stream (:func:`stream_seconds`);
-    top-k's selection of :data:`MEASURE_DENSITY` of each tensor's magnitudes (the values scanned once); and
-    PowerSGD's thin products with rank-:data:`MEASURE_RANK` factors, each tensor seen as ``[n, 512]``: ``P = M
-    Q``, ``M^T P`` and ``P Q^T`` (:data:`MATMUL_PASSES` over every value)."""
+def _scattered(shapes: Sequence[tuple[int, ...]]) -> int:
+    """The values two workers' top-k of :data:`MEASURE_DENSITY` send for ``shapes``: what the scatter times."""
+    from tfdist.comm.selection import topk_count
+
+    return 2 * sum(topk_count(int(s[0]), density=MEASURE_DENSITY) for s in shapes)
+
+
+def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[float, float, float, float, float]:
+    """Median seconds this process takes, over float32 tensors of ``shapes`` (1-D), for:
+
+    * a stream (:func:`stream_seconds`);
+    * top-k's selection of :data:`MEASURE_DENSITY` of each tensor's magnitudes (the values scanned once);
+    * PowerSGD's thin products with rank-:data:`MEASURE_RANK` factors, each tensor seen as ``[n, 512]``: ``P =
+      M Q``, ``M^T P`` and ``P Q^T`` (:data:`MATMUL_PASSES` over every value); then the same at rank 1;
+    * the scatter of :func:`_scattered` values at random indices into one dense sum of every value, less the
+      same sum with one value scattered (its fill: a stream).
+
+    Each is run once per round, in interleaved rounds (at least 5), and its median over the rounds is kept: a
+    burst of other work on the host then costs each kernel one round, not one kernel all of its runs.
+    """
     import tensorflow as tf
 
     from tfdist.comm.selection import largest, topk_count
 
     values = [tf.abs(tf.random.stateless_normal(s, seed=(1, i))) for i, s in enumerate(shapes)]
-    selected = _median_seconds(
-        tf.function(lambda: [largest(v, topk_count(int(v.shape[0]), density=MEASURE_DENSITY)) for v in values]),
-        repeats,
-    )
     columns = 512
     matrices = [tf.reshape(v, [-1, columns]) for v in values]
-    q = tf.ones([columns, MEASURE_RANK])
 
-    def products() -> Any:
-        out = []
-        for m in matrices:
-            p = tf.matmul(m, q)
-            out.append(tf.matmul(p, tf.matmul(m, p, transpose_a=True), transpose_b=True))
-        return out
+    def products(rank: int) -> Callable[[], Any]:
+        q = tf.ones([columns, rank])
 
-    return stream_seconds(shapes, repeats), selected, _median_seconds(tf.function(products), repeats)
+        def run() -> Any:
+            out = []
+            for m in matrices:
+                p = tf.matmul(m, q)
+                out.append(tf.matmul(p, tf.matmul(m, p, transpose_a=True), transpose_b=True))
+            return out
+
+        return tf.function(run)
+
+    total = sum(int(s[0]) for s in shapes)
+
+    def scatter(count: int) -> Callable[[], Any]:
+        where = tf.random.stateless_uniform([count, 1], seed=(2, count), maxval=total, dtype=tf.int32)
+        sent = tf.ones([count])
+        return tf.function(lambda: [tf.scatter_nd(where, sent, [total])])
+
+    kernels = {
+        "stream": _stream(shapes),
+        "select": tf.function(
+            lambda: [largest(v, topk_count(int(v.shape[0]), density=MEASURE_DENSITY)) for v in values]
+        ),
+        "products": products(MEASURE_RANK),
+        "matvec": products(1),
+        "scatter": scatter(_scattered(shapes)),
+        "fill": scatter(1),
+    }
+    times = _interleaved(kernels, repeats, paired=("scatter", "fill"))
+    return times["stream"], times["select"], times["products"], times["matvec"], max(times["scatter"], 1e-6)
 
 
-def _median_seconds(function: Any, repeats: int) -> float:
-    """Median seconds of ``function()`` (its last output fetched), after one warm-up (the tracing)."""
+def _interleaved(
+    kernels: dict[str, Callable[[], Any]], repeats: int, paired: tuple[str, str] | None = None
+) -> dict[str, float]:
+    """Median seconds of each kernel (its last output fetched) over interleaved rounds, after one warm-up each
+    (the tracing); ``paired`` (a, b): a's time is its median of a - b within each round."""
     import time
 
-    def once() -> float:
+    def once(function: Callable[[], Any]) -> float:
         start = time.perf_counter()
         function()[-1].numpy()
         return time.perf_counter() - start
 
-    once()
-    return statistics.median(once() for _ in range(max(repeats, 5)))
+    for function in kernels.values():
+        once(function)
+    rounds: dict[str, list[float]] = {name: [] for name in kernels}
+    for _ in range(max(repeats, 5)):
+        for name, function in kernels.items():
+            rounds[name].append(once(function))
+    if paired is not None:
+        minuend, subtrahend = paired
+        rounds[minuend] = [a - b for a, b in zip(rounds[minuend], rounds[subtrahend])]
+    return {name: statistics.median(times) for name, times in rounds.items()}

@@ -309,12 +309,15 @@ class PowerSGD(ErrorFeedback):
     def streamed_values(self, shapes: Shapes) -> float:
         return float(self._counts(shapes)[3])
 
-    def compute_seconds(self, shapes: Shapes, rates: HostRates) -> float:
-        """The thin products at the matmul bandwidth, the other passes at the memory bandwidth (the
-        orthogonalization of the ``[n, rank]`` factors is left out: a few ms for ResNet-50 at rank 4)."""
+    def compute_seconds(self, shapes: Shapes, rates: HostRates, *, workers: int) -> float:
+        """The thin products at the matmul bandwidth (at rank 1 the matvec bandwidth), the other passes at the
+        memory bandwidth (the orthogonalization of the ``[n, rank]`` factors is left out: a few ms for
+        ResNet-50 at rank 4). The same among any number of ``workers``."""
+        del workers
         matrices = self.streamed_values(shapes)
         streamed = self.arithmetic_passes - self.matmul_passes
-        return rates.arithmetic_seconds(streamed, matrices) + rates.matmul_seconds(self.matmul_passes, matrices)
+        products = rates.matmul_seconds(self.matmul_passes, matrices, rank=self.rank)
+        return rates.arithmetic_seconds(streamed, matrices) + products
 
     def warmup(self, shapes: Shapes, link: Link) -> Warmup:
         """The warm-up's steps: every compressed matrix whole beside the P factors, the rest as after it.

@@ -79,15 +79,17 @@ class TopK(ErrorFeedback):
     """Top-k (``compression="topk"``): each gradient's largest ``ceil(density * size)`` entries, with error feedback.
 
     Sends a float32 value and an int32 index per entry, in two ring all-gathers (values, indices). Its
-    arithmetic streams every gradient 12 times (``arithmetic_passes``): ``g + e`` (3), ``abs`` (2), the
-    threshold's mask (1), the scatter-add of what all sent (2), its slices (2), the error with the sent
-    entries zeroed (2). The selection itself (:func:`largest`: the threshold's index list, the candidates'
-    ``top_k``) is compute, not a stream: :meth:`compute_seconds` charges the values it scans at the host's
-    ``select_bandwidth``. Each replica keeps its error per gradient.
+    arithmetic streams every gradient 11 times (``arithmetic_passes``): ``g + e`` (3), ``abs`` (2), the
+    threshold's mask (1), the fill of the dense sum of what all sent (1), its slices (2), the error with the
+    sent entries zeroed (2). Two parts are compute, not streams, each priced at the host's rate for it by
+    :meth:`compute_seconds`: the selection (:func:`largest`: the threshold's index list, the candidates'
+    ``top_k``), which scans every value once (``select_bandwidth``), and the scatter of every worker's
+    entries into the sum, a write to a random place each (``scatter_bandwidth``). Each replica keeps its
+    error per gradient.
     """
 
     name = "topk"
-    arithmetic_passes = 12
+    arithmetic_passes = 11
 
     density: float = dataclasses.field(default=0.01, metadata={"help": "top-k's share of entries"})
 
@@ -106,10 +108,20 @@ class TopK(ErrorFeedback):
     def streamed_values(self, shapes: Shapes) -> float:
         return float(sum(math.prod(int(d) for d in shape) for shape in shapes))
 
-    def compute_seconds(self, shapes: Shapes, rates: HostRates) -> float:
-        """The memory passes at the memory bandwidth, plus the selection scanning every value once."""
+    def compute_seconds(self, shapes: Shapes, rates: HostRates, *, workers: int) -> float:
+        """The memory passes at the memory bandwidth, the selection scanning every value once, and the scatter
+        of the entries all ``workers`` sent.
+
+        Example (the scatter grows with the workers, the rest does not):
+            >>> from tfdist.comm.host import HostRates
+            >>> rates = HostRates(memory_bandwidth=10e9, select_bandwidth=1e9, scatter_bandwidth=10e6)
+            >>> [round(TopK().compute_seconds([(1000, 1000)], rates, workers=n) * 1e3, 1) for n in (2, 4)]
+            [16.4, 24.4]
+        """
         values = self.streamed_values(shapes)
-        return rates.arithmetic_seconds(self.arithmetic_passes, values) + rates.select_seconds(values)
+        scattered = workers * self._count(shapes)
+        passes = rates.arithmetic_seconds(self.arithmetic_passes, values)
+        return passes + rates.select_seconds(values) + rates.scatter_seconds(scattered)
 
     def state_slots(self, shape: Sequence[int]) -> tuple[StateSlot, ...]:
         return (StateSlot(kind="error", shape=tuple(int(d) for d in shape)),)

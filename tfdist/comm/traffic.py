@@ -133,7 +133,7 @@ def compressed_traffic(
     host = given_rates(host, memory_bandwidth)
     sent = compressor.sent_bytes(shapes)
     warmup = compressor.warmup(shapes, link)
-    arithmetic = None if host is None else compressor.compute_seconds(shapes, host)
+    arithmetic = None if host is None else compressor.compute_seconds(shapes, host, workers=workers)
     return CompressedTraffic(
         compression=compressor.name,
         bytes_per_step=sent,
