@@ -512,7 +512,7 @@ def ratios(
             row["compute_ms"] = _ms(tf_times[f"{name}_compute"]["resnet50"])
             # The cost model (fitted to TF's default all-reduce above) against what the collectives took.
             row["comm_ms"] = _ms(tf_times[name]["resnet50"] - tf_times[f"{name}_compute"]["resnet50"])
-            costed = compressed_traffic(
+            costed = compressed_traffic(  # The collectives on 2 workers; the compute alone is one worker's.
                 shapes=resnet50_shapes(),
                 workers=2,
                 latency=link[0],
@@ -628,6 +628,8 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         return report
     link = {"shapes": shapes, "workers": hosts, "bandwidth": bandwidth, "latency": LAN_LATENCY}
     predicted = {e.label: e for e in estimate_variants(host=host, **link)}
+    # The compute alone runs without the other workers (its gathers return this worker's entries): one worker's.
+    alone = {e.label: e for e in estimate_variants(host=host, **{**link, "workers": 1})}
     # TF's one pack at the rate measured for it (overlap 0).
     rate = times.get("host_one_pack_bandwidth", host.collective_bandwidth)
     one_host = dataclasses.replace(host, collective_bandwidth=rate, overlap=0.0)
@@ -648,7 +650,7 @@ def link_report(measured: dict[str, Any]) -> dict[str, Any]:
         row["error_without_host"] = round(without_host[variant] / times[key] - 1, 3)
         if f"{key}_compute" in times:  # A compressor's compute alone, measured and as the planner prices it.
             row["compute_ms"] = _ms(times[f"{key}_compute"])
-            row["predicted_compute_ms"] = _ms(predicted[variant].arithmetic_seconds or 0.0)
+            row["predicted_compute_ms"] = _ms(alone[variant].arithmetic_seconds or 0.0)
         rows.append(row)
     report["rows"] = rows
     report.update(_link_goals(times, predicted))

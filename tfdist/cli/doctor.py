@@ -65,9 +65,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--measure-host",
         action="store_true",
         help="with --probe, run on every task of a multi_worker_mirrored cluster at once (before training; imports "
-        "TensorFlow): times tfdist's packed all-reduce, a memory stream, top-k's selection and PowerSGD's thin "
-        "products and reports the rates tfdist plan --choose takes (--collective-bandwidth, --memory-bandwidth, "
-        "--select-bandwidth, --matmul-bandwidth), the wire's share taken out with --measure-link",
+        "TensorFlow): times tfdist's packed all-reduce, a memory stream, top-k's selection and scatter, and PowerSGD's "
+        "thin products at ranks 4 and 1, and reports the rates tfdist plan --choose takes (--collective-bandwidth, "
+        "--memory-bandwidth, --select-bandwidth, --scatter-bandwidth, --matmul-bandwidth, --matvec-bandwidth), the "
+        "wire's share taken out with --measure-link",
     )
     parser.add_argument(
         "--stack",

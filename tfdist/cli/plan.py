@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from tfdist._options import flagged_options
 from tfdist.cli._flags import flag_names
 from tfdist.comm.compressor import Compressor, TrafficModel
-from tfdist.comm.host import HostRates
+from tfdist.comm.host import RATE_NAMES, HostRates
 from tfdist.comm.registry import compressor_for, registered_compressors
 from tfdist.comm.traffic import compressed_traffic
 from tfdist.comm.variants import VariantEstimate, choose_variant, estimate_variants
@@ -57,7 +57,7 @@ _FLAGS = {
     **{option: "--" + option.replace("_", "-") for option in _OPTIONS},
 }
 # The host's rates a compressor's compute takes besides the memory bandwidth (with --compression as well).
-_COMPUTE_RATES = ("select_bandwidth", "scatter_bandwidth", "matmul_bandwidth", "matvec_bandwidth")
+_COMPUTE_RATES = tuple(name for name in RATE_NAMES if name not in ("collective_bandwidth", "memory_bandwidth"))
 _EXAMPLES = {
     "params": "7B",
     "bandwidth": "10Gbps",

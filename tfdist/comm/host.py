@@ -48,10 +48,11 @@ DEFAULT_COLLECTIVE_BANDWIDTH = 300e6
 DEFAULT_MEMORY_BANDWIDTH = 10e9
 # Measured the same way on the same 2 cores (2026-12-07): top-k's selection scanned 1.19 GB/s of float32
 # magnitudes and PowerSGD's thin products ([n, m] by [m, 4] and back) streamed 7.0 GB/s beside a 19.8 GB/s
-# stream; the defaults keep those shares of the default stream, as a busier host slows all three alike.
+# stream; the defaults keep those shares of the default stream, as a busier host slows every rate alike.
 DEFAULT_SELECT_BANDWIDTH = 0.6e9
 DEFAULT_MATMUL_BANDWIDTH = 3.5e9
-# Measured on the same 2 cores (2026-12-07, one process): rank-1 products (matrix-vector and outer products, a
+# Measured on the same 2 cores (2026-12-07, one process alone, where the rates above ran on every task at once:
+# doctor's probes since measured 8-25 MB/s and 1.3-2x): rank-1 products (matrix-vector and outer products, a
 # stream each) took 0.77x the time of rank-4 ones, and scattering 512k float32 values at random indices into a
 # 100 MB sum took 86 ms beyond the sum's fill (24 MB/s of values: random writes, not a stream); the same shares.
 DEFAULT_MATVEC_BANDWIDTH = 4.5e9
@@ -117,7 +118,7 @@ Bytes per second, e.g. 300e6; tfdist doctor --probe 30 --measure-host measures i
     )
     matvec_bandwidth: float = option(
         DEFAULT_MATVEC_BANDWIDTH,
-        help="the same at rank 1 (matrix-vector products), e.g. 4.5GB/s",
+        help="bytes per second of a matrix PowerSGD's rank-1 products (matrix-vector) stream, e.g. 4.5GB/s",
     )
     overlap: float = PACKED_OVERLAP
 

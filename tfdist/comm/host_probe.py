@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfdist.comm.host import (
     DEFAULT_COLLECTIVE_BANDWIDTH,
+    DEFAULT_SCATTER_BANDWIDTH,
     MATMUL_PASSES,
     PACKED_OVERLAP,
     STREAM_PASSES,
@@ -46,8 +47,8 @@ def measure_host_rates(
 
     Times tfdist's packed all-reduce of 64 MB of float32, a stream of the same bytes through memory, top-k's
     selection of 1% of them and its scatter of two workers' 1% into their sum, and PowerSGD's thin products over
-    them at ranks 4 and 1 (:func:`compute_seconds`), the slowest
-    worker's median of ``repeats``; every worker returns the same rates. The wire's share of the
+    them at ranks 4 and 1 (:func:`compute_seconds`): the all-reduce the median of ``repeats`` runs, the compute
+    kernels the medians of interleaved rounds, each the slowest worker's; every worker returns the same rates. The wire's share of the
     all-reduce is taken out at the slowest ``link_bandwidth`` the workers give (bytes per second each way, e.g.
     as ``tfdist doctor --measure-link`` measured it; None: the wire is not the limit).
 
@@ -99,7 +100,7 @@ def measure_host_rates(
         select_bandwidth=_MEASURE_BYTES / float(slowest[2]),
         matmul_bandwidth=MATMUL_PASSES * _MEASURE_BYTES / float(slowest[3]),
         matvec_bandwidth=MATMUL_PASSES * _MEASURE_BYTES / float(slowest[4]),
-        scatter_bandwidth=4.0 * _scattered(shapes) / float(slowest[5]),
+        scatter_bandwidth=_scatter_rate(shapes, float(slowest[5])),
         overlap=overlap,
     )
 
@@ -125,6 +126,20 @@ def _scattered(shapes: Sequence[tuple[int, ...]]) -> int:
     return 2 * sum(topk_count(int(s[0]), density=MEASURE_DENSITY) for s in shapes)
 
 
+def _scatter_rate(shapes: Sequence[tuple[int, ...]], seconds: float) -> float:
+    """The scatter's rate from its time beyond the fill; the default when there was none to tell (a scatter
+    no slower than the fill alone)."""
+    if seconds <= 0:
+        _log.warning(
+            "The scatter took no longer than the sum's fill alone (%.2f ms): its rate cannot be told; keeping "
+            "%.3g MB/s.",
+            seconds * 1e3,
+            DEFAULT_SCATTER_BANDWIDTH / 1e6,
+        )
+        return DEFAULT_SCATTER_BANDWIDTH
+    return 4.0 * _scattered(shapes) / seconds
+
+
 def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[float, float, float, float, float]:
     """Median seconds this process takes, over float32 tensors of ``shapes`` (1-D), for:
 
@@ -133,7 +148,7 @@ def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[fl
     * PowerSGD's thin products with rank-:data:`MEASURE_RANK` factors, each tensor seen as ``[n, 512]``: ``P =
       M Q``, ``M^T P`` and ``P Q^T`` (:data:`MATMUL_PASSES` over every value); then the same at rank 1;
     * the scatter of :func:`_scattered` values at random indices into one dense sum of every value, less the
-      same sum with one value scattered (its fill: a stream).
+      same sum with one value scattered (its fill: a stream), per round.
 
     Each is run once per round, in interleaved rounds (at least 5), and its median over the rounds is kept: a
     burst of other work on the host then costs each kernel one round, not one kernel all of its runs.
@@ -176,7 +191,7 @@ def compute_seconds(shapes: Sequence[tuple[int, ...]], repeats: int) -> tuple[fl
         "fill": scatter(1),
     }
     times = _interleaved(kernels, repeats, paired=("scatter", "fill"))
-    return times["stream"], times["select"], times["products"], times["matvec"], max(times["scatter"], 1e-6)
+    return times["stream"], times["select"], times["products"], times["matvec"], times["scatter"]
 
 
 def _interleaved(

@@ -240,7 +240,8 @@ class PowerSGD(ErrorFeedback):
     streams the compressed matrices 10 times (``arithmetic_passes``): ``g + e`` (3), ``M Q`` (1), ``M^T P``
     (1), ``P Q_w^T`` (1), ``M - P Q_w^T`` (3), ``P Q^T`` (1). The 4 thin products (``matmul_passes``) run
     well below a plain stream on CPUs: :meth:`compute_seconds` charges them at the host's
-    ``matmul_bandwidth``, the other 6 at its memory bandwidth. Per compressed gradient it keeps the replica's
+    ``matmul_bandwidth`` (at rank 1, matrix-vector products, its ``matvec_bandwidth``), the other 6 at its
+    memory bandwidth. Per compressed gradient it keeps the replica's
     error (``[n, m]``) and the warm-start ``Q`` (``[m, rank]``, the same on every replica).
 
     As torch's PowerSGD hook does, it starts with ``warmup_steps`` steps of plain all-reduce

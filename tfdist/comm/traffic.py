@@ -10,9 +10,10 @@ Given the host's rates (:class:`~tfdist.comm.HostRates`, or the memory bandwidth
 also model the compressor's compute, which on CPUs costs more than the wire it saves: every step streams the
 gradients through memory several times, and some of its work is no stream at all. The passes counted, each
 one read or write of every compressed float32 value, are those of tfdist's implementation, listed in each
-compressor's docstring (``PowerSGD`` 10, ``TopK`` 12, ``LocalSGD`` 3 per averaging;
+compressor's docstring (``PowerSGD`` 10, ``TopK`` 11, ``LocalSGD`` 3 per averaging;
 :data:`ARITHMETIC_PASSES`); each compressor's ``compute_seconds`` prices them, and what runs at another rate
-(top-k's selection at ``select_bandwidth``, PowerSGD's thin products at ``matmul_bandwidth``).
+(top-k's selection and scatter at ``select_bandwidth`` and ``scatter_bandwidth``, PowerSGD's thin products at
+``matmul_bandwidth``, ``matvec_bandwidth`` at rank 1).
 
 A kernel that fused PowerSGD's steps perfectly would still need 7 (read ``g`` and ``e`` once while
 computing ``M Q``, write ``M``, read it for ``M^T P`` and for the error, write the error and the sum):
