@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
+import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from tfdist.comm.host import (
     DEFAULT_COLLECTIVE_BANDWIDTH,
     DEFAULT_MATMUL_BANDWIDTH,
     DEFAULT_MEMORY_BANDWIDTH,
+    DEFAULT_SCATTER_BANDWIDTH,
     DEFAULT_SELECT_BANDWIDTH,
     PACKED_OVERLAP,
 )
@@ -180,3 +184,44 @@ def test_each_compressor_prices_its_compute_at_the_rate_of_what_it_does() -> Non
     four = estimate_variants(shapes=SHAPES, host=host, variants=[TopK()], **{**ONE_GBIT, "workers": 4})[0]
     more = (four.arithmetic_seconds or 0.0) - (found["topk density=0.01"].arithmetic_seconds or 0.0)
     assert more == pytest.approx(4 * entries / 2e7)
+
+
+class _Timed:
+    """A fake kernel for the probe's rounds: each call sleeps its next duration and returns a fetchable output."""
+
+    def __init__(self, name: str, seconds: list[float], calls: list[str]) -> None:
+        self.name, self.seconds, self.calls = name, iter(seconds), calls
+
+    def __call__(self) -> list[Any]:
+        self.calls.append(self.name)
+        time.sleep(next(self.seconds))
+        return [types.SimpleNamespace(numpy=lambda: 0.0)]  # As a tensor's output is fetched.
+
+
+def test_the_probe_times_its_kernels_in_interleaved_rounds_and_pairs_the_scatter_with_its_fill() -> None:
+    from tfdist.comm import host_probe
+
+    calls: list[str] = []
+    # One warm-up each, then 5 rounds. The selection meets a burst of other work in one round; the scatter and
+    # its fill in three rounds of five, the same burst for both within a round.
+    kernels: dict[str, Callable[[], Any]] = {
+        "select": _Timed("select", [0.0, 0.01, 0.3, 0.01, 0.01, 0.01], calls),
+        "scatter": _Timed("scatter", [0.0, 0.35, 0.35, 0.35, 0.05, 0.05], calls),
+        "fill": _Timed("fill", [0.0, 0.3, 0.3, 0.3, 0.0, 0.0], calls),
+    }
+    times = host_probe._interleaved(kernels, repeats=3, paired=("scatter", "fill"))  # At least 5 rounds.
+    assert calls == ["select", "scatter", "fill"] * 6  # Interleaved: each round runs every kernel once.
+    assert times["select"] < 0.2  # The burst costs the selection one round, not its median.
+    assert times["fill"] >= 0.3  # Unpaired, a burst in most rounds is the median...
+    assert times["scatter"] < 0.2  # ...paired with the fill round by round, it cancels: the scatter's 0.05 s.
+
+
+def test_a_scatter_the_probe_cannot_tell_from_its_fill_keeps_the_default_rate(caplog: pytest.LogCaptureFixture) -> None:
+    from tfdist.comm import host_probe
+
+    shapes = [(1 << 20,)] * 2  # Two workers' 1% of each: 2 * 2 * 10,486 values.
+    assert host_probe._scatter_rate(shapes, 0.1) == pytest.approx(4 * 2 * 2 * 10486 / 0.1)
+    with caplog.at_level("WARNING", logger="tfdist.comm.host"):
+        assert host_probe._scatter_rate(shapes, -0.001) == DEFAULT_SCATTER_BANDWIDTH
+    assert "no longer than the sum's fill alone (-1.00 ms)" in caplog.text
+    assert f"keeping {DEFAULT_SCATTER_BANDWIDTH / 1e6:.3g} MB/s" in caplog.text
