@@ -10,7 +10,7 @@ counted per worker in a variable on the ps (the worker index is TF's ``experimen
 - ``lost``: stratified draws (``"balanced"``), 3 fit epochs of 20 steps. Worker 1's first step at or after
   the optimizer's step 25 prints ``HOLD lost n`` and sleeps (at most 20 s) before anything else of it: the
   test's ``LoseAt`` kills it on that line, with the step claimed and not trained. Worker 0's next step
-  prints ``WAIT lost n``, on which the test's ``ReturnAt`` brings worker 1 back, and waits (at most 60 s)
+  prints ``WAIT lost n``, on which the test's ``ReturnAt`` brings worker 1 back, and waits (at most 240 s: a restart on a loaded machine took over 60)
   until worker 1 took a step: the fit does not end before the returned worker joins the claims. Every
   step of worker 1 after the hold counts as one after its return.
 
@@ -97,7 +97,7 @@ def _lose_then_return(ran: Any, flags: Any) -> Any:
 
             said = tf.print("WAIT lost", iterations, output_stream=sys.stdout)
             with tf.control_dependencies([said]):
-                return tf.while_loop(lambda i: (i < 1200) & tf.equal(flags[1], 0), more, [tf.constant(0, tf.int64)])[0]
+                return tf.while_loop(lambda i: (i < 4800) & tf.equal(flags[1], 0), more, [tf.constant(0, tf.int64)])[0]
 
         def after_return() -> Any:
             with tf.control_dependencies([bump(1)]):
