@@ -87,3 +87,27 @@ def test_unshuffled_blocks_of_one_file_are_one_piece(offsets: bool) -> None:
     entered = next(order.windows(epoch=0, stream=0, start=19)).pieces
     # Entered mid-file: opened at the block holding record 19 (byte offset 16 here) or at the file's start.
     assert [(p.first, p.take, p.offset, p.skip) for p in entered] == [(19, 21, 16, 3) if offsets else (19, 21, 0, 19)]
+
+
+@pytest.mark.parametrize(
+    ("counts", "block", "streams"),
+    [((17, 17), 2, 4), ((100, 1, 37, 0, 64), 16, 6), ((601,), 8, 7), ((10,) * 12, 3, 12)],
+)
+def test_aligned_streams_start_at_block_borders_and_hold_every_record_once(counts, block, streams) -> None:
+    aligned = EpochOrder(counts=counts, block=block, streams=streams, window=0, seed=5, aligned=True)
+    bases, lengths = aligned.stream_bases, aligned.stream_lengths
+    assert bases[0] == 0 and bases[-1] == sum(counts) and all(b % block == 0 for b in bases[:-1])
+    assert max(lengths) - min(lengths) <= block and sum(lengths) == sum(counts)
+    everything = collections.Counter((f, i) for f, n in enumerate(counts) for i in range(n))
+    for epoch in range(2):
+        records = [r for s in range(streams) for r in aligned.stream_records(epoch=epoch, stream=s)]
+        assert collections.Counter(records) == everything
+    # The same blocks in the same places as without: only where the streams are cut moves.
+    plain = EpochOrder(counts=counts, block=block, streams=streams, window=0, seed=5)
+    assert [r for s in range(streams) for r in plain.stream_records(epoch=1, stream=s)] == records
+    assert aligned.fingerprint() == {**plain.fingerprint(), "aligned": True}
+
+
+def test_aligned_streams_with_fewer_blocks_than_streams_are_cut_by_records() -> None:
+    order = EpochOrder(counts=(7,), block=4, streams=3, window=0, seed=1, aligned=True)  # 2 blocks, 3 streams.
+    assert order.stream_bases == EpochOrder(counts=(7,), block=4, streams=3, window=0, seed=1).stream_bases

@@ -109,3 +109,16 @@ def test_a_backup_of_another_order_version_is_refused_with_the_reason() -> None:
     old = {k: v for k, v in now.items() if k != "order"}  # What tfdist wrote before: no version, version 1.
     with pytest.raises(DataError, match="version 1 of tfdist's resumable order, and this tfdist reads version 2"):
         state.check_fingerprint(old, backup="b")
+
+
+def test_a_parameter_server_backup_of_streams_cut_by_records_is_refused_with_the_reason() -> None:
+    state = InputState(epochs_per_iteration=1)
+    state.reading(EpochOrder(counts=(10,), block=2, streams=2, window=0, seed=0, aligned=True), None)
+    now = state.fingerprint()
+    assert now is not None and now["aligned"] is True and state.check_fingerprint(now, backup="b") is False
+    before = {k: v for k, v in now.items() if k != "aligned"}  # Claimed steps before their streams were aligned.
+    with pytest.raises(DataError, match="cut the epoch's streams by records, and this tfdist cuts them at block"):
+        state.check_fingerprint(before, backup="b")
+    plain = InputState(epochs_per_iteration=1)  # Every other order's fingerprint is as it was: its backups resume.
+    plain.reading(EpochOrder(counts=(10,), block=2, streams=2, window=0, seed=0), None)
+    assert "aligned" not in (plain.fingerprint() or {}) and plain.check_fingerprint(before, backup="b") is False

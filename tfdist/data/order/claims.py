@@ -167,7 +167,7 @@ def _step_pieces(order: EpochOrder, global_batch: int, spp: int) -> Callable[[An
     per = global_batch // order.streams
     starts = tf.constant(order.starts, tf.int64)  # Each file's first record in the listing (and the total).
     lengths = np.asarray(order.stream_lengths, np.int64)
-    bases = np.asarray([j * order.num_records // order.streams for j in range(order.streams)], np.int64)
+    bases = np.asarray(order.stream_bases[:-1], np.int64)
     rel = np.arange(per, dtype=np.int64)[None, :]  # Position of each record of a step inside its stream.
     stream_base, stream_length = tf.constant(bases[:, None] + rel), tf.constant(lengths[:, None] - rel)
     records_at = graph_records(order)

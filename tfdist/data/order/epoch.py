@@ -9,7 +9,8 @@ epoch:
    epoch is found in O(1), and nothing of the size of the data is built. The last, shorter block (when
    the records are not a multiple of ``block``) stays last;
 2. the permuted sequence is cut into ``streams`` contiguous **streams** of near-equal length (``n // K`` or
-   one more), whatever the number of workers;
+   one more), whatever the number of workers; or, ``aligned``, at block borders (near-equal numbers of
+   blocks), so a stream's share of a step is whole blocks when the share is (parameter-server steps);
 3. each stream is permuted within **windows** of ``window`` records (seeded by ``(seed, epoch, stream,
    window)``).
 
@@ -116,6 +117,9 @@ class EpochOrder:
       offsets: The byte offset, in its file, of every ``grid``-th record of the listing (int64 array, -1
         where the file is read from its start); None: every file is read from its start.
       grid: Records between two entries of ``offsets`` (0: ``block``).
+      aligned: Cut the streams at block borders (stream ``K`` at block ``K * B // streams``, ``B`` the blocks
+        of the data, the shorter last one included) instead of at record ``K * n // streams``, when the data
+        has a block for every stream (else as without).
     """
 
     counts: Any = dataclasses.field(repr=False)
@@ -126,6 +130,7 @@ class EpochOrder:
     shuffle: bool = True
     offsets: Any = dataclasses.field(default=None, repr=False)
     grid: int = 0
+    aligned: bool = False
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -219,10 +224,28 @@ class EpochOrder:
 
     # ----------------------------------------------------------------- streams
     @functools.cached_property
+    def stream_bases(self) -> tuple[int, ...]:
+        """Each stream's first position in an epoch's sequence of permuted blocks, and the records last.
+
+        Example:
+            >>> EpochOrder(counts=(13,), block=3, streams=2, window=0, seed=0).stream_bases
+            (0, 6, 13)
+            >>> EpochOrder(counts=(13,), block=3, streams=2, window=0, seed=0, aligned=True).stream_bases
+            (0, 6, 13)
+            >>> EpochOrder(counts=(14,), block=4, streams=3, window=0, seed=0, aligned=True).stream_bases
+            (0, 4, 8, 14)
+        """
+        n, k = self.num_records, self.streams
+        blocks = -(-n // self.block)
+        if not self.aligned or blocks < k:
+            return tuple(j * n // k for j in range(k + 1))
+        return tuple(min(n, j * blocks // k * self.block) for j in range(k + 1))
+
+    @functools.cached_property
     def stream_lengths(self) -> tuple[int, ...]:
         """Records per stream (the same every epoch)."""
-        n, k = self.num_records, self.streams
-        return tuple((j + 1) * n // k - j * n // k for j in range(k))
+        bases = self.stream_bases
+        return tuple(bases[j + 1] - bases[j] for j in range(self.streams))
 
     def windows(self, *, epoch: int, stream: int, start: int = 0) -> Iterator[Window]:
         """Stream ``stream`` of ``epoch`` from its record ``start``, window by window.
@@ -232,8 +255,7 @@ class EpochOrder:
         """
         if not 0 <= stream < self.streams:
             raise invalid(DataError, "stream", stream, f"a stream index in [0, {self.streams})")
-        length = self.stream_lengths[stream]
-        base = stream * self.num_records // self.streams
+        length, base = self.stream_lengths[stream], self.stream_bases[stream]
         if not (self.shuffle and self.window):
             for begin in range(start, length, CHUNK):
                 end = min(begin + CHUNK, length)
@@ -266,6 +288,7 @@ class EpochOrder:
             "window": self.window,
             "seed": self.seed,
             "shuffle": self.shuffle,
+            **({"aligned": True} if self.aligned else {}),  # Absent when not: older backups' records match.
         }
 
 

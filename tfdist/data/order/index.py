@@ -70,10 +70,12 @@ def _made(key: tuple[Any, ...], make: Any) -> EpochOrder:
     return order
 
 
-def indexed_order(index: RecordIndex, *, block: int, streams: int, window: int, seed: int, shuffle: bool) -> EpochOrder:
+def indexed_order(
+    index: RecordIndex, *, block: int, streams: int, window: int, seed: int, shuffle: bool, aligned: bool = False
+) -> EpochOrder:
     """The :class:`EpochOrder` of a record index: its counts and its offsets, mapped, not copied."""
     return _made(
-        ("index", id(index), block, streams, window, seed, shuffle),
+        ("index", id(index), block, streams, window, seed, shuffle, aligned),
         lambda: EpochOrder(
             counts=index.counts,
             block=block,
@@ -83,6 +85,7 @@ def indexed_order(index: RecordIndex, *, block: int, streams: int, window: int, 
             shuffle=shuffle,
             offsets=None if index.compression or not len(index.offsets) else index.offsets,
             grid=index.grid,
+            aligned=aligned,
         ),
     )
 
@@ -97,9 +100,10 @@ def epoch_order(
     shuffle: bool,
     compression: str | None,
     grid: int = 0,
+    aligned: bool = False,
 ) -> EpochOrder:
     """The :class:`EpochOrder` of every file of ``listing`` (records counted, every ``grid``-th located; 0:
-    every ``block``-th)."""
+    every ``block``-th; ``aligned``: streams cut at block borders)."""
     import numpy as np
 
     grid = grid or block
@@ -130,9 +134,11 @@ def epoch_order(
             shuffle=shuffle,
             offsets=np.concatenate(offsets).astype(np.int64) if seekable else None,
             grid=grid,
+            aligned=aligned,
         )
 
-    return _made(("listing", tuple(map(id, entries)), block, streams, window, seed, shuffle, grid), make)
+    key = ("listing", tuple(map(id, entries)), block, streams, window, seed, shuffle, grid, aligned)
+    return _made(key, make)
 
 
 def build_index(

@@ -36,7 +36,9 @@ def index_of(pipeline: Any) -> RecordIndex | None:
     return open_index(path) if path is not None and plain else None
 
 
-def _order(pipeline: Any, index: RecordIndex, layout: StreamLayout, *, block: int, window: int) -> Any:
+def _order(
+    pipeline: Any, index: RecordIndex, layout: StreamLayout, *, block: int, window: int, aligned: bool = False
+) -> Any:
     return indexed_order(
         index,
         block=block,
@@ -44,6 +46,7 @@ def _order(pipeline: Any, index: RecordIndex, layout: StreamLayout, *, block: in
         window=window,
         seed=pipeline.seed or 0,
         shuffle=bool(pipeline.shuffle_buffer),
+        aligned=aligned,
     )
 
 
@@ -75,7 +78,9 @@ def claimed(pipeline: Any, index: RecordIndex, *, strategy: Any, finish: Any, st
 
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=index.num_records)
     layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
-    order = _order(pipeline, index, layout, block=min(pipeline.order_block, layout.per_stream), window=0)
+    # Streams cut at block borders: a step's share of a stream is one block, one piece (but across files).
+    block = min(pipeline.order_block, layout.per_stream)
+    order = _order(pipeline, index, layout, block=block, window=0, aligned=True)
     paths, compression = list(index.paths), index.compression
     dataset_fn = claiming_steps(
         pipeline, order, layout, paths, compression, strategy=strategy, finish=finish, state=state, index=index

@@ -438,12 +438,13 @@ def _claimed_steps(
     layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
     order = epoch_order(
         listing,
-        block=min(pipeline.order_block, layout.per_stream),  # A step's piece of a stream spans at most 2 blocks.
+        block=min(pipeline.order_block, layout.per_stream),  # A step's share of a stream: whole blocks...
         streams=streams,
         window=0,
         seed=pipeline.seed or 0,
         shuffle=bool(pipeline.shuffle_buffer),
         compression=pipeline.compression,
+        aligned=True,  # ...as the streams start at block borders: one piece per stream and step (but across files).
     )
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)

@@ -96,6 +96,16 @@ def _changed(saved: Mapping[str, Any], now: Mapping[str, Any], *, backup: str) -
             value=now.get("order", 1),
         )
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if "aligned" in changed:  # Not an option: how tfdist cuts the streams of parameter-server steps.
+        raise DataError(
+            f"The backup in {backup} was made by a tfdist whose parameter-server steps cut the epoch's streams "
+            f"{'at block borders' if saved.get('aligned') else 'by records'}, and this tfdist cuts them "
+            f"{'at block borders' if now.get('aligned') else 'by records'}: the same files and options give "
+            "other steps, so resuming would train other records than the ones left. Finish that run with the "
+            "tfdist version that made it, or start a new backup directory.",
+            field="order",
+            value=now.get("order", 1),
+        )
     if changed == ["pipelines"]:  # Stratified draws on another world size: they go on, and say so.
         _log.warning(
             "The backup in %s was made by %s input pipelines drawing by class_weights, and %s draw now. "
