@@ -110,4 +110,25 @@ def test_aligned_streams_start_at_block_borders_and_hold_every_record_once(count
 
 def test_aligned_streams_with_fewer_blocks_than_streams_are_cut_by_records() -> None:
     order = EpochOrder(counts=(7,), block=4, streams=3, window=0, seed=1, aligned=True)  # 2 blocks, 3 streams.
-    assert order.stream_bases == EpochOrder(counts=(7,), block=4, streams=3, window=0, seed=1).stream_bases
+    plain = EpochOrder(counts=(7,), block=4, streams=3, window=0, seed=1)
+    assert not order.cut_at_blocks and order.stream_bases == plain.stream_bases
+    assert order.fingerprint() == plain.fingerprint()  # The same order: its backups resume either way.
+
+
+@pytest.mark.parametrize(
+    ("records", "batch", "streams", "order_block"), [(100_000, 4800, 12, 256), (8448, 3072, 8, 256)]
+)
+def test_claimed_steps_cut_at_blocks_only_where_blocks_divide_a_share_and_keep_the_epochs_steps(
+    records, batch, streams, order_block
+) -> None:
+    from tfdist.data.order.claims import steps_per_pass
+    from tfdist.data.order.reader import StreamLayout
+    from tfdist.data.pipeline._resumable import claimed_aligned
+
+    for block_of in (lambda per: min(order_block, per), lambda per: per):  # 256 does not divide 400 or 384.
+        layout = StreamLayout(global_batch=batch, streams=streams, num_workers=1, worker=0, policy="data")
+        block = block_of(layout.per_stream)
+        aligned = claimed_aligned(layout, block)
+        assert aligned == (layout.per_stream % block == 0)
+        order = EpochOrder(counts=(records,), block=block, streams=streams, window=0, seed=2, aligned=aligned)
+        assert steps_per_pass(order, batch) == -(-records // batch)  # Cut at blocks or not, the same steps.

@@ -117,7 +117,7 @@ def test_a_parameter_server_backup_of_streams_cut_by_records_is_refused_with_the
     now = state.fingerprint()
     assert now is not None and now["aligned"] is True and state.check_fingerprint(now, backup="b") is False
     before = {k: v for k, v in now.items() if k != "aligned"}  # Claimed steps before their streams were aligned.
-    with pytest.raises(DataError, match="cut the epoch's streams by records, and this tfdist cuts them at block"):
+    with pytest.raises(DataError, match="streams were cut by records, and this run cuts them at block borders"):
         state.check_fingerprint(before, backup="b")
     plain = InputState(epochs_per_iteration=1)  # Every other order's fingerprint is as it was: its backups resume.
     plain.reading(EpochOrder(counts=(10,), block=2, streams=2, window=0, seed=0), None)

@@ -10,8 +10,8 @@ claimed by exactly one step run, whichever worker runs it, so an epoch of ``step
 every record once. Under parameter servers the counter is a :class:`~tfdist.data.order.ledger.StepLedger`'s:
 the steps a failed run had claimed are given back and claimed first, by whichever worker asks next.
 
-The order is :class:`~tfdist.data.order.epoch.EpochOrder` without windows: a step takes ``b`` consecutive
-records of every stream of the epoch's permuted blocks. It is computed in the graph (workers run no
+The order is :class:`~tfdist.data.order.epoch.EpochOrder` without windows, its streams cut at block borders
+(``aligned``): a step takes ``b`` consecutive records of every stream of the epoch's permuted blocks. It is computed in the graph (workers run no
 Python): the block of each position is the same bijection as
 :func:`~tfdist.data.order.splitmix.bijection` (:func:`~tfdist.data.order.splitmix.graph_bijection`),
 so the coordinator's NumPy order and a worker's graph agree record for record, at O(1) per position.

@@ -10,7 +10,7 @@ epoch:
    the records are not a multiple of ``block``) stays last;
 2. the permuted sequence is cut into ``streams`` contiguous **streams** of near-equal length (``n // K`` or
    one more), whatever the number of workers; or, ``aligned``, at block borders (near-equal numbers of
-   blocks), so a stream's share of a step is whole blocks when the share is (parameter-server steps);
+   blocks), so a stream's share of a step is whole blocks when blocks divide it (parameter-server steps);
 3. each stream is permuted within **windows** of ``window`` records (seeded by ``(seed, epoch, stream,
    window)``).
 
@@ -117,9 +117,9 @@ class EpochOrder:
       offsets: The byte offset, in its file, of every ``grid``-th record of the listing (int64 array, -1
         where the file is read from its start); None: every file is read from its start.
       grid: Records between two entries of ``offsets`` (0: ``block``).
-      aligned: Cut the streams at block borders (stream ``K`` at block ``K * B // streams``, ``B`` the blocks
-        of the data, the shorter last one included) instead of at record ``K * n // streams``, when the data
-        has a block for every stream (else as without).
+      aligned: Cut the streams at block borders (stream ``j`` at block ``j * B // streams``, ``B`` the blocks
+        of the data, the shorter last one included) instead of at record ``j * n // streams``, when the data
+        has a block for every stream (else as without: :attr:`cut_at_blocks`).
     """
 
     counts: Any = dataclasses.field(repr=False)
@@ -223,6 +223,11 @@ class EpochOrder:
         return joined(pieces)
 
     # ----------------------------------------------------------------- streams
+    @property
+    def cut_at_blocks(self) -> bool:
+        """Whether the streams start at block borders: ``aligned``, and a block for every stream."""
+        return self.aligned and -(-self.num_records // self.block) >= self.streams
+
     @functools.cached_property
     def stream_bases(self) -> tuple[int, ...]:
         """Each stream's first position in an epoch's sequence of permuted blocks, and the records last.
@@ -236,9 +241,9 @@ class EpochOrder:
             (0, 4, 8, 14)
         """
         n, k = self.num_records, self.streams
-        blocks = -(-n // self.block)
-        if not self.aligned or blocks < k:
+        if not self.cut_at_blocks:
             return tuple(j * n // k for j in range(k + 1))
+        blocks = -(-n // self.block)
         return tuple(min(n, j * blocks // k * self.block) for j in range(k + 1))
 
     @functools.cached_property
@@ -288,7 +293,7 @@ class EpochOrder:
             "window": self.window,
             "seed": self.seed,
             "shuffle": self.shuffle,
-            **({"aligned": True} if self.aligned else {}),  # Absent when not: older backups' records match.
+            **({"aligned": True} if self.cut_at_blocks else {}),  # Absent when not: older backups match.
         }
 
 

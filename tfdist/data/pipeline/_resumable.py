@@ -426,6 +426,13 @@ def _claimed_draws(
     return dataset_fn, text
 
 
+def claimed_aligned(layout: StreamLayout, block: int) -> bool:
+    """Whether the streams of claimed steps start at block borders: when blocks divide a step's share of a
+    stream, each share is then whole blocks (one piece each, but across files), and a data epoch keeps its
+    ceil(records / batch) steps; else the streams are cut by records (a share spans one block more)."""
+    return layout.per_stream % block == 0
+
+
 def _claimed_steps(
     pipeline: Any, listing: Listing, *, strategy: Any, finish: Any, state: InputState
 ) -> tuple[Any, str]:
@@ -436,15 +443,16 @@ def _claimed_steps(
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=known)
     # One reader for the whole cluster: checks that the streams divide the batch, and sizes a step's share.
     layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
+    block = min(pipeline.order_block, layout.per_stream)
     order = epoch_order(
         listing,
-        block=min(pipeline.order_block, layout.per_stream),  # A step's share of a stream: whole blocks...
+        block=block,
         streams=streams,
         window=0,
         seed=pipeline.seed or 0,
         shuffle=bool(pipeline.shuffle_buffer),
         compression=pipeline.compression,
-        aligned=True,  # ...as the streams start at block borders: one piece per stream and step (but across files).
+        aligned=claimed_aligned(layout, block),
     )
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)

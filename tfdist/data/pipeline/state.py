@@ -96,13 +96,14 @@ def _changed(saved: Mapping[str, Any], now: Mapping[str, Any], *, backup: str) -
             value=now.get("order", 1),
         )
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    if "aligned" in changed:  # Not an option: how tfdist cuts the streams of parameter-server steps.
+    if "aligned" in changed:  # Not an option: how the streams are cut (at block borders for claimed steps).
+        cut = {True: "at block borders", None: "by records"}
         raise DataError(
-            f"The backup in {backup} was made by a tfdist whose parameter-server steps cut the epoch's streams "
-            f"{'at block borders' if saved.get('aligned') else 'by records'}, and this tfdist cuts them "
-            f"{'at block borders' if now.get('aligned') else 'by records'}: the same files and options give "
-            "other steps, so resuming would train other records than the ones left. Finish that run with the "
-            "tfdist version that made it, or start a new backup directory.",
+            f"The backup in {backup} was made reading an order whose streams were cut {cut[saved.get('aligned')]}, "
+            f"and this run cuts them {cut[now.get('aligned')]}: parameter-server steps cut them at block borders "
+            "since tfdist's claimed steps read one piece per stream, other strategies by records. The same files "
+            "and options give other steps, so resuming would train other records than the ones left. Finish that "
+            "run with the tfdist version and strategy that made it, or start a new backup directory.",
             field="order",
             value=now.get("order", 1),
         )
