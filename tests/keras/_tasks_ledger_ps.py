@@ -7,12 +7,16 @@ counted per worker in a variable on the ps (the worker index is TF's ``experimen
 - ``straggler``: the plain claimed steps (each record once per data epoch), 2 fit epochs of 20 steps. Every
   step first computes for about 50 ms of CPU, the same on both workers; the test makes worker 1 a straggler
   (a :class:`~tfdist.launch.Straggler` fault: it runs a quarter of the time) for this fit.
-- ``lost``: stratified draws (``"balanced"``), 3 fit epochs of 20 steps. Worker 1's first step at or after
-  the optimizer's step 25 prints ``HOLD lost n`` and sleeps (at most 20 s) before anything else of it: the
-  test's ``LoseAt`` kills it on that line, with the step claimed and not trained. Worker 0's next step
-  prints ``WAIT lost n``, on which the test's ``ReturnAt`` brings worker 1 back, and waits (at most 240 s: a restart on a loaded machine took over 60)
-  until worker 1 took a step: the fit does not end before the returned worker joins the claims. Every
-  step of worker 1 after the hold counts as one after its return.
+- ``lost``: stratified draws (``"balanced"``), 3 fit epochs of 20 steps. Worker 0's steps first wait (at most
+  240 s) until worker 1 took a step of this fit: a worker slow to make its input (over 5 s on a loaded
+  machine) takes its first step late. Worker 1's first step from the optimizer's step 25 to 49 prints
+  ``HOLD lost n`` and sleeps (at most 20 s) before anything else of it: the test's ``LoseAt`` kills it on that
+  line, with the step claimed and not trained, and its ``ReturnAt`` brings it back on the chief's line that
+  gives the step back. Worker 0's first step after the hold that leaves at least 5 steps of its fit epoch
+  prints ``WAIT lost n`` and waits (at most 240 s) until worker 1 took a step: the fit does not end before
+  the returned worker joins the claims, and the steps left are there for it (a wait in the epoch's last
+  step would wait for nothing: ``join`` schedules no more until it ends). Every step of worker 1 after the
+  hold counts as one after its return.
 
 Then a third fit on the same coordinator, ``after``: the plain pipeline in ``order="buffer"`` (no claims),
 1 fit epoch of 4 steps.
@@ -34,7 +38,9 @@ from tests.support import exact_tasks
 
 STEPS = exact_tasks.RECORDS // exact_tasks.GLOBAL_BATCH  # 20 steps per data epoch
 BUSY = 1000  # A straggler fit's step first multiplies 128x128 matrices this many times: ~50 ms of CPU.
-HOLD_AT = 25  # Worker 1's first step at or after this optimizer step is held for the kill.
+HOLD_AT, HOLD_BEFORE = 25, 50  # Worker 1's first step in this range of optimizer steps is held for the kill.
+LEFT = 5  # Worker 0 waits for the returned worker in a step that leaves at least this many of its fit epoch.
+WAIT_SECONDS = 240  # The longest wait of worker 0 (for worker 1's first step, and for its return).
 
 
 def _sleep(microseconds: Any) -> Any:
@@ -71,6 +77,23 @@ def _straggler(ran: Any) -> Any:
         return ran.assign_add(tf.one_hot(worker, 2, dtype=tf.int64))
 
 
+def _wait_until(done: Any) -> Any:
+    """Graph: waits until ``done()`` (a boolean read each 50 ms) or :data:`WAIT_SECONDS` passed."""
+    import tensorflow as tf
+
+    start = tf.timestamp()
+
+    def more(i: Any) -> Any:
+        with tf.control_dependencies([_sleep(50_000)]):
+            return i + 1
+
+    def waiting(i: Any) -> Any:
+        del i
+        return tf.logical_not(done()) & (tf.timestamp() - start < WAIT_SECONDS)
+
+    return tf.while_loop(waiting, more, [tf.constant(0, tf.int64)])[0]
+
+
 def _lose_then_return(ran: Any, flags: Any) -> Any:
     """The ``before_step`` of the lost fit (module docstring); ``flags``: [worker 1 held its step, worker 1's
     steps since]."""
@@ -84,6 +107,9 @@ def _lose_then_return(ran: Any, flags: Any) -> Any:
         iterations = model.optimizer.iterations
         lost, since = flags[0] > 0, flags[1]
 
+        def first_of_worker_1() -> Any:  # Worker 0, until worker 1 took a step of this fit.
+            return _wait_until(lambda: ran[1] > 0)
+
         def held() -> Any:
             with tf.control_dependencies([bump(0)]):
                 said = tf.print("HOLD lost", iterations, output_stream=sys.stdout)
@@ -91,13 +117,9 @@ def _lose_then_return(ran: Any, flags: Any) -> Any:
                 return _sleep(20_000_000)  # The kill lands within this.
 
         def wait_for_worker_1() -> Any:  # Worker 0, after the loss, until worker 1 is back and took a step.
-            def more(i: Any) -> Any:
-                with tf.control_dependencies([_sleep(50_000)]):
-                    return i + 1
-
             said = tf.print("WAIT lost", iterations, output_stream=sys.stdout)
             with tf.control_dependencies([said]):
-                return tf.while_loop(lambda i: (i < 4800) & tf.equal(flags[1], 0), more, [tf.constant(0, tf.int64)])[0]
+                return _wait_until(lambda: flags[1] > 0)
 
         def after_return() -> Any:
             with tf.control_dependencies([bump(1)]):
@@ -106,13 +128,17 @@ def _lose_then_return(ran: Any, flags: Any) -> Any:
         def none() -> Any:
             return tf.constant(0, tf.int64)
 
-        first = tf.equal(worker, 1) & (iterations >= HOLD_AT) & tf.logical_not(lost)
-        waited = tf.cond(first, held, none)
+        on_0, on_1 = tf.equal(worker, 0), tf.equal(worker, 1)
+        started = tf.cond(on_0 & tf.equal(ran[1], 0), first_of_worker_1, none)
+        first = on_1 & (iterations >= HOLD_AT) & (iterations < HOLD_BEFORE) & tf.logical_not(lost)
+        with tf.control_dependencies([started]):
+            waited = tf.cond(first, held, none)
+        left = STEPS - iterations % STEPS - 1  # The steps of this fit epoch after this one.
         with tf.control_dependencies([waited]):
             joined = tf.case(
                 [
-                    (lost & tf.equal(worker, 1), after_return),
-                    (lost & tf.equal(worker, 0) & tf.equal(since, 0), wait_for_worker_1),
+                    (lost & on_1, after_return),
+                    (lost & on_0 & tf.equal(since, 0) & (left >= LEFT), wait_for_worker_1),
                 ],
                 default=none,
             )
