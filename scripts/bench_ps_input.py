@@ -129,14 +129,15 @@ def _sources(files: list[str], part: str, size: int, settings: dict[str, Any]) -
         )
 
     tutorial = functools.partial(_tutorial, files, spec, out, settings["batch"], settings["shuffle"])
+    streams = {"order_streams": settings["streams"]} if settings.get("streams") else {}
     return {
         "tutorial": tutorial,
         "tutorial_serial": functools.partial(tutorial, serial=True),
         "buffer": pipeline(files, order="buffer"),
-        "default": pipeline(files),
-        "default_noread": pipeline(files),
-        "default_read": pipeline(files),
-        "default_sqrt": pipeline(part, class_weights="sqrt"),
+        "default": pipeline(files, **streams),
+        "default_noread": pipeline(files, **streams),
+        "default_read": pipeline(files, **streams),
+        "default_sqrt": pipeline(part, class_weights="sqrt", **streams),
         "buffer_sqrt": pipeline(part, class_weights="sqrt", order="buffer"),
     }
 
@@ -446,6 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--variants", default=",".join(ORDER), help="comma-separated, of: " + ", ".join(ORDER) + " (default: all)"
     )
+    parser.add_argument(
+        "--order-streams", type=int, default=None, help="order_streams of the claimed variants (default: tfdist's)"
+    )
     parser.add_argument("--workdir", default=None, help="keep the written files here (reused when present)")
     parser.add_argument("--alone", action="store_true", help="also time each reader alone in this process")
     parser.add_argument("--log-dir", default=None, help="one log file per task here (the chief's: ROUND lines)")
@@ -474,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "variants": chosen,
         "alone": args.alone,
         "steps_per_execution": args.steps_per_execution,
+        "streams": args.order_streams,
     }
     alone = _alone(data, settings) if args.alone else {}
     run = run_function(
