@@ -121,14 +121,14 @@ def test_aligned_streams_with_fewer_blocks_than_streams_are_cut_by_records() -> 
 def test_claimed_steps_cut_at_blocks_only_where_blocks_divide_a_share_and_keep_the_epochs_steps(
     records, batch, streams, order_block
 ) -> None:
-    from tfdist.data.order.claims import steps_per_pass
-    from tfdist.data.order.reader import StreamLayout
-    from tfdist.data.pipeline._resumable import claimed_aligned
+    import types
 
-    for block_of in (lambda per: min(order_block, per), lambda per: per):  # 256 does not divide 400 or 384.
-        layout = StreamLayout(global_batch=batch, streams=streams, num_workers=1, worker=0, policy="data")
-        block = block_of(layout.per_stream)
-        aligned = claimed_aligned(layout, block)
-        assert aligned == (layout.per_stream % block == 0)
+    from tfdist.data.order.claims import steps_per_pass
+    from tfdist.data.pipeline._resumable import claimed_layout
+
+    for asked in (order_block, batch):  # 256 does not divide 400 or 384; a block of the batch is cut to a share.
+        pipeline = types.SimpleNamespace(batch_size=batch, order_streams=streams, order_block=asked)
+        layout, block, aligned = claimed_layout(pipeline, records)
+        assert block == min(asked, layout.per_stream) and aligned == (layout.per_stream % block == 0)
         order = EpochOrder(counts=(records,), block=block, streams=streams, window=0, seed=2, aligned=aligned)
         assert steps_per_pass(order, batch) == -(-records // batch)  # Cut at blocks or not, the same steps.

@@ -74,12 +74,10 @@ def claimed(pipeline: Any, index: RecordIndex, *, strategy: Any, finish: Any, st
     """Under parameter servers: the dataset function whose workers claim global steps, reading names and byte
     offsets from the index by range (nothing of the size of the data travels in the graph but counts)."""
     from tfdist.data.order.claims import steps_per_pass
-    from tfdist.data.pipeline._resumable import claimed_aligned, claiming_steps
+    from tfdist.data.pipeline._resumable import claimed_layout, claiming_steps
 
-    streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=index.num_records)
-    layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
-    block = min(pipeline.order_block, layout.per_stream)
-    order = _order(pipeline, index, layout, block=block, window=0, aligned=claimed_aligned(layout, block))
+    layout, block, aligned = claimed_layout(pipeline, index.num_records)
+    order = _order(pipeline, index, layout, block=block, window=0, aligned=aligned)
     paths, compression = list(index.paths), index.compression
     dataset_fn = claiming_steps(
         pipeline, order, layout, paths, compression, strategy=strategy, finish=finish, state=state, index=index
@@ -87,6 +85,6 @@ def claimed(pipeline: Any, index: RecordIndex, *, strategy: Any, finish: Any, st
 
     text = (
         f"claimed steps from the record index {index.path}: {order.num_records} records, "
-        f"{steps_per_pass(order, pipeline.batch_size)} steps per data epoch of {streams} streams"
+        f"{steps_per_pass(order, pipeline.batch_size)} steps per data epoch of {layout.streams} streams"
     )
     return dataset_fn, text

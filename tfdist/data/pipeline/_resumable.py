@@ -426,11 +426,16 @@ def _claimed_draws(
     return dataset_fn, text
 
 
-def claimed_aligned(layout: StreamLayout, block: int) -> bool:
-    """Whether the streams of claimed steps start at block borders: when blocks divide a step's share of a
-    stream, each share is then whole blocks (one piece each, but across files), and a data epoch keeps its
-    ceil(records / batch) steps; else the streams are cut by records (a share spans one block more)."""
-    return layout.per_stream % block == 0
+def claimed_layout(pipeline: Any, records: int | None) -> tuple[StreamLayout, int, bool]:
+    """The one reader of claimed steps for the whole cluster (checks that the streams divide the batch, and
+    sizes a step's share of a stream), the order's block (at most that share), and whether the streams start
+    at block borders: when the block divides the share, each share is whole blocks (one piece each, but across
+    files) and a data epoch keeps its ceil(records / batch) steps; else they are cut by records (a share then
+    spans one block more)."""
+    streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=records)
+    layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
+    block = min(pipeline.order_block, layout.per_stream)
+    return layout, block, layout.per_stream % block == 0
 
 
 def _claimed_steps(
@@ -440,19 +445,16 @@ def _claimed_steps(
     from tfdist.data.order.claims import steps_per_pass
 
     known = listing.records([f.path for f in listing.files])
-    streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=known)
-    # One reader for the whole cluster: checks that the streams divide the batch, and sizes a step's share.
-    layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
-    block = min(pipeline.order_block, layout.per_stream)
+    layout, block, aligned = claimed_layout(pipeline, known)
     order = epoch_order(
         listing,
         block=block,
-        streams=streams,
+        streams=layout.streams,
         window=0,
         seed=pipeline.seed or 0,
         shuffle=bool(pipeline.shuffle_buffer),
         compression=pipeline.compression,
-        aligned=claimed_aligned(layout, block),
+        aligned=aligned,
     )
     paths = [f.path for f in listing.files]
     compression = reading.one_compression(paths, pipeline.source)
@@ -462,7 +464,7 @@ def _claimed_steps(
 
     text = (
         f"claimed steps: {order.num_records} records, {steps_per_pass(order, pipeline.batch_size)} steps per "
-        f"data epoch of {streams} streams ({layout.per_stream} record(s) of each per step); each step "
+        f"data epoch of {layout.streams} streams ({layout.per_stream} record(s) of each per step); each step "
         "is claimed by the worker that runs it"
     )
     return dataset_fn, text
