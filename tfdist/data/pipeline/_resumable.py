@@ -427,11 +427,10 @@ def _claimed_draws(
 
 
 def claimed_layout(pipeline: Any, records: int | None) -> tuple[StreamLayout, int, bool]:
-    """The one reader of claimed steps for the whole cluster (checks that the streams divide the batch, and
-    sizes a step's share of a stream), the order's block (at most that share), and whether the streams start
-    at block borders: when the block divides the share, each share is whole blocks (one piece each, but across
-    files) and a data epoch keeps its ceil(records / batch) steps; else they are cut by records (a share then
-    spans one block more)."""
+    """The one reader of claimed steps for the whole cluster (sizes a step's share of a stream), the order's
+    block (at most that share), and whether the streams start at block borders: when the block divides the
+    share, each share is whole blocks (one piece each) and a data epoch keeps its ceil(records / batch) steps;
+    else they are cut by records (a share then spans one block more)."""
     streams = pipeline.order_streams or default_streams(pipeline.batch_size, 1, "data", records=records)
     layout = StreamLayout(global_batch=pipeline.batch_size, streams=streams, num_workers=1, worker=0, policy="data")
     block = min(pipeline.order_block, layout.per_stream)
