@@ -27,7 +27,8 @@ def test_ps_fit_reads_every_s3_record_through_the_workers_staging_agents(
     run = testing.run_cluster(
         s3_ps_task.fit_from_s3, workers=2, ps=1, chief=True, timeout=360, args=["tfdist-ps"], env=env
     )
-    assert run.ok, run.result.summary()
+    tails = "".join(f"\n--- {task}:\n" + run.output(task)[-2000:] for task in ("worker:0", "worker:1", "chief:0"))
+    assert run.ok, run.result.summary() + tails  # Where each task stood when it failed or timed out.
     result = run.values["chief:0"]
     # Every record read, each worker's stream in the same order: 1200 records over 600 ids, so every id at
     # least once, and no id more than (workers) times more often than another.
