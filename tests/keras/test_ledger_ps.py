@@ -72,8 +72,9 @@ def test_a_straggler_takes_fewer_steps_and_every_record_is_trained_once(run) -> 
     assert value["claimed"] == value["iterations"] == 2 * STEPS
     fast, slow = value["ran"]
     sys.stderr.write(f"steps per worker, worker:1 a straggler: {value['ran']}\n")
-    # Both take steps; without the fault each takes about half.
-    assert fast + slow == 2 * STEPS and 1 <= slow <= 0.35 * 2 * STEPS, value["ran"]
+    # Both take steps; without the fault each takes about half. The straggler took 9-10 of 40 on an idle
+    # machine, up to 17 beside two CPU hogs and 15 in a loaded CI (the fast worker then shares its cores too).
+    assert fast + slow == 2 * STEPS and 1 <= slow <= 0.45 * 2 * STEPS, value["ran"]
     began = [s for s in STATUSES if s.startswith("fault injection: worker:1 runs 25% of the time")]
     ended = [s for s in STATUSES if s.startswith("fault injection: worker:1 runs all the time again")]
     assert len(began) == len(ended) == 1 and "/^EPOCH straggler 1$/" in ended[0], STATUSES
