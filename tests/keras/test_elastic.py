@@ -116,10 +116,11 @@ def test_workers_lost_or_cut_off_leave_and_rejoin_and_the_global_batch_is_kept(t
         np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-6, err_msg=f"epoch {got[0]}")
     np.testing.assert_allclose(_final(leader), _final(reference), rtol=1e-5, atol=1e-6)
     assert np.abs(_final(leader)).max() > 0.1, "the model did not train"
-    # The cut worker is lost as its peers failed of it (not one of them), and is back with its link.
+    # The cut worker is lost (not a peer), whichever side of the cut failed first: a peer, or worker:1 itself
+    # (seen once in CI on a loaded machine); and it is back with its link.
     lost = [s for s in statuses if s.startswith("elastic: losing")]
     assert len(lost) == 2 and lost[0].startswith("elastic: losing worker:2 after "), lost
-    assert re.match(r"elastic: losing worker:1 \(its link is cut; worker:[02] exited", lost[1]), lost
+    assert re.match(r"elastic: losing worker:1 \(its link is cut; worker:[012] exited", lost[1]), lost
     assert any(re.match(r"elastic: worker:1 is available again \(its link is back after", s) for s in statuses)
     # TF's coordination service named the missed heartbeats: "heartbeat timeout" (2.17), "stopped sending
     # heartbeats" (2.21).
