@@ -5,8 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import json
+import os
+import random
 import re
 import socket
+import tempfile
+import time
+from collections.abc import Iterator
 
 from tfdist.errors import ClusterSpecError, LaunchError, LaunchFailure, invalid
 
@@ -118,9 +124,14 @@ def join_address(host: str, port: int) -> str:
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns ``count`` distinct ports that were free on ``host`` a moment ago.
 
-    All sockets stay open until every port is picked, so the ports differ.
-    Another process may still take one before it is used: the launcher checks
-    again (see :func:`port_is_free`) just before starting any task.
+    A task binds its port seconds after the launcher picked it (TensorFlow starts first), and any listener
+    that binds port 0 meanwhile may be given the same one by the kernel. So on Linux the ports come from above
+    the kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), where no port-0 bind and no
+    outgoing connection lands, and each pick is reserved for :data:`RESERVE_SECONDS` in a file that every
+    picker on this machine reads under a lock (``tfdist-ports-UID`` in the temporary directory): two
+    launchers never pick the same port. Where that range is too small, the kernel picks. Another program
+    may still take a port first: the launcher checks again (see :func:`port_is_free`) just before starting
+    any task.
 
     Example:
         >>> from tfdist.cluster import free_ports
@@ -129,6 +140,82 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         True
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    span = _quiet_span()
+    if span is None:
+        return _kernel_ports(count, host, family)
+    _kernel_ports(1, host, family)  # Raises when ``host`` is not this machine's.
+    picker = random.Random()
+    with _reservations() as reserved:
+        ports: list[int] = []
+        for _ in range(count):
+            for _ in range(_TRIES):
+                port = picker.choice(span)
+                if port not in reserved and port not in ports and _bindable(host, port, family):
+                    break
+            else:  # The range is full of reservations and listeners: let the kernel pick.
+                port = _kernel_ports(1, host, family)[0]
+            ports.append(port)
+            reserved[port] = time.time()
+        return ports
+
+
+RESERVE_SECONDS = 120.0  # How long another picker on this machine leaves a picked port alone.
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_MIN_SPAN = 1024  # Fewer ports above the ephemeral range than this: the kernel picks.
+_TRIES = 64  # Random ports tried per port picked.
+
+
+def _quiet_span() -> range | None:
+    """The ports above the kernel's ephemeral range (None: unknown, or fewer than :data:`_MIN_SPAN`)."""
+    try:
+        with open(_EPHEMERAL_RANGE, encoding="ascii") as ranges:
+            _, high = (int(part) for part in ranges.read().split())
+    except (OSError, ValueError):
+        return None
+    span = range(max(high + 1, 1024), 65536)
+    return span if len(span) >= _MIN_SPAN else None
+
+
+@contextlib.contextmanager
+def _reservations() -> Iterator[dict[int, float]]:
+    """This machine's reserved ports (port -> when), under an exclusive lock; written back at the end.
+    Without a lockable file (another OS, a read-only temporary directory) the reservations are this call's."""
+    path = os.path.join(tempfile.gettempdir(), f"tfdist-ports-{os.getuid()}")
+    try:
+        import fcntl
+
+        ledger = open(path, "a+", encoding="ascii")
+    except (ImportError, OSError):
+        yield {}
+        return
+    with ledger:
+        fcntl.flock(ledger, fcntl.LOCK_EX)
+        ledger.seek(0)
+        try:
+            kept = {int(port): float(when) for port, when in json.loads(ledger.read() or "{}").items()}
+        except (ValueError, AttributeError):  # A broken file: start again.
+            kept = {}
+        now = time.time()
+        reserved = {port: when for port, when in kept.items() if now - when < RESERVE_SECONDS}
+        yield reserved
+        ledger.seek(0)
+        ledger.truncate()
+        ledger.write(json.dumps({str(port): when for port, when in reserved.items()}))
+
+
+def _bindable(host: str, port: int, family: socket.AddressFamily) -> bool:
+    """Whether ``port`` binds on ``host`` and on every interface (as TensorFlow's server binds) right now."""
+    for address in (host, "::" if family == socket.AF_INET6 else "0.0.0.0"):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((address, port))
+            except OSError:
+                return False
+    return True
+
+
+def _kernel_ports(count: int, host: str, family: socket.AddressFamily) -> list[int]:
+    """``count`` distinct ports the kernel picks on ``host`` (binds to port 0); bad hosts raise."""
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(count):
