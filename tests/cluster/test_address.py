@@ -45,7 +45,7 @@ def test_two_pickers_never_get_the_same_port(ports_file: Path, tmp_path: Path, m
     _kernel_range(tmp_path / "range", 1024, 65527, monkeypatch)
     monkeypatch.setattr(_address, "_MIN_SPAN", 8)
     quiet = set(range(65528, 65536))
-    if not all(_address._bindable("127.0.0.1", port, socket.AF_INET) for port in quiet):
+    if not all(_address.port_is_free("127.0.0.1", port) for port in quiet):
         pytest.skip("a program on this machine listens on a port of 65528-65535")
     mine = _address.free_ports(4)
     code = (
@@ -63,7 +63,7 @@ def test_reservations_expire(ports_file: Path, tmp_path: Path, monkeypatch: pyte
     _kernel_range(tmp_path / "range", 1024, 65533, monkeypatch)
     monkeypatch.setattr(_address, "_MIN_SPAN", 2)
     quiet = {65534, 65535}
-    if not all(_address._bindable("127.0.0.1", port, socket.AF_INET) for port in quiet):
+    if not all(_address.port_is_free("127.0.0.1", port) for port in quiet):
         pytest.skip("a program on this machine listens on port 65534 or 65535")
     stale = _address.time.time() - _address.RESERVE_SECONDS - 1
     ports_file.write_text(json.dumps({"65534": stale, "65535": _address.time.time()}))

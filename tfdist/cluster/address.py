@@ -121,6 +121,12 @@ def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+RESERVE_SECONDS = 120.0  # How long another picker on this machine leaves a picked port alone.
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_MIN_SPAN = 1024  # Fewer ports above the ephemeral range than this: the kernel picks.
+_TRIES = 64  # Random ports tried per port picked.
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns ``count`` distinct ports that were free on ``host`` a moment ago.
 
@@ -150,19 +156,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         for _ in range(count):
             for _ in range(_TRIES):
                 port = picker.choice(span)
-                if port not in reserved and port not in ports and _bindable(host, port, family):
+                if port not in reserved and port not in ports and port_is_free(host, port):
                     break
             else:  # The range is full of reservations and listeners: let the kernel pick.
                 port = _kernel_ports(1, host, family)[0]
             ports.append(port)
             reserved[port] = time.time()
         return ports
-
-
-RESERVE_SECONDS = 120.0  # How long another picker on this machine leaves a picked port alone.
-_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-_MIN_SPAN = 1024  # Fewer ports above the ephemeral range than this: the kernel picks.
-_TRIES = 64  # Random ports tried per port picked.
 
 
 def _quiet_span() -> range | None:
@@ -201,17 +201,6 @@ def _reservations() -> Iterator[dict[int, float]]:
         ledger.seek(0)
         ledger.truncate()
         ledger.write(json.dumps({str(port): when for port, when in reserved.items()}))
-
-
-def _bindable(host: str, port: int, family: socket.AddressFamily) -> bool:
-    """Whether ``port`` binds on ``host`` and on every interface (as TensorFlow's server binds) right now."""
-    for address in (host, "::" if family == socket.AF_INET6 else "0.0.0.0"):
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((address, port))
-            except OSError:
-                return False
-    return True
 
 
 def _kernel_ports(count: int, host: str, family: socket.AddressFamily) -> list[int]:
