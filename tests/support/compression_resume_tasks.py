@@ -2,9 +2,10 @@
 
 Each fit trains one step per epoch (so each epoch's logged loss is that step's own) over an endless
 ``TFRecordPipeline``, with ``BackupAndRestore`` and ``ResumeInput``: weights, momentum, the compressor's
-errors, Q factors and warm-up steps and the input position all come back. Every worker prints
-``<NAME> STEP k`` after step k's backup (the fault tests' trigger) and writes the losses of the steps its
-attempt trained.
+errors, Q factors and warm-up steps and the input position all come back. Worker 0, whose save is the
+backup, prints ``<NAME> STEP k`` once that save of step k is written (the fault tests' trigger: worker 1
+saves only a copy of its own and may print first, before the backup exists); every worker writes the
+losses of the steps its attempt trained.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def compressed_resume_fit(workdir: str, prefix: str) -> dict[str, Any]:
 
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
                 self.losses[epoch] = float(logs["loss"])
-                print(f"{self.name.upper()} STEP {epoch + 1}", flush=True)
+                if task == "worker0":  # After BackupAndRestore's save: the backup of this step is written.
+                    print(f"{self.name.upper()} STEP {epoch + 1}", flush=True)
 
         backup = os.path.join(workdir, f"backup-{name}")
         callbacks = [
