@@ -156,7 +156,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         for _ in range(count):
             for _ in range(_TRIES):
                 port = picker.choice(span)
-                if port not in reserved and port not in ports and port_is_free(host, port):
+                if port not in reserved and port_is_free(host, port):  # Every pick is reserved at once.
                     break
             else:  # The range is full of reservations and listeners: let the kernel pick.
                 port = _kernel_ports(1, host, family)[0]
